@@ -1,0 +1,135 @@
+//! JSON payloads: inputs, outputs, signal bodies. Kept as text and decoded lazily.
+
+use std::fmt;
+use std::sync::Arc;
+
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Deserializer, Serialize, Serializer};
+
+/// A JSON document kept as its text.
+///
+/// Payloads are stored and replayed as text and only decoded when the workflow asks for the
+/// value, so loading a long history costs no JSON parsing. Cheap to clone (shared string).
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct Payload(Arc<str>);
+
+impl Payload {
+    /// Serializes a value to a payload.
+    pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<Self, serde_json::Error> {
+        Ok(Payload(serde_json::to_string(value)?.into()))
+    }
+
+    /// Parses JSON text, refusing text that is not a single valid JSON document.
+    pub fn from_json(text: impl Into<Arc<str>>) -> Result<Self, serde_json::Error> {
+        let text = text.into();
+        serde_json::from_str::<serde::de::IgnoredAny>(&text)?;
+        Ok(Payload(text))
+    }
+
+    /// Wraps JSON text a store wrote itself, without re-validating it.
+    pub fn from_trusted(text: impl Into<Arc<str>>) -> Self {
+        Payload(text.into())
+    }
+
+    /// The JSON `null` payload.
+    pub fn null() -> Self {
+        Payload("null".into())
+    }
+
+    /// Decodes the payload into `T`.
+    pub fn decode<T: DeserializeOwned>(&self) -> Result<T, serde_json::Error> {
+        serde_json::from_str(&self.0)
+    }
+
+    /// Decodes the payload into a generic JSON value.
+    pub fn to_value(&self) -> serde_json::Value {
+        serde_json::from_str(&self.0).unwrap_or(serde_json::Value::Null)
+    }
+
+    /// The JSON text.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The size of the JSON text in bytes.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether the text is empty (never true for a valid payload).
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+impl fmt::Debug for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.0.len() > 200 {
+            let cut = (0..=200).rev().find(|i| self.0.is_char_boundary(*i)).unwrap_or(0);
+            write!(f, "{}… ({} bytes)", &self.0[..cut], self.0.len())
+        } else {
+            f.write_str(&self.0)
+        }
+    }
+}
+
+impl fmt::Display for Payload {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl Serialize for Payload {
+    fn serialize<S: Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        let raw: &serde_json::value::RawValue = serde_json::from_str(&self.0).map_err(serde::ser::Error::custom)?;
+        raw.serialize(serializer)
+    }
+}
+
+impl<'de> Deserialize<'de> for Payload {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let raw = Box::<serde_json::value::RawValue>::deserialize(deserializer)?;
+        Ok(Payload(raw.get().into()))
+    }
+}
+
+/// Whether `payload` matches `matcher`: every field of the matcher object is present in the
+/// payload with an equal value, recursively for nested objects (a JSON subset test).
+///
+/// A non-object matcher matches a payload equal to it. The empty object matches everything.
+pub fn json_subset(matcher: &serde_json::Value, payload: &serde_json::Value) -> bool {
+    match (matcher, payload) {
+        (serde_json::Value::Object(m), serde_json::Value::Object(p)) => {
+            m.iter().all(|(k, mv)| p.get(k).is_some_and(|pv| json_subset(mv, pv)))
+        }
+        (m, p) => m == p,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use serde_json::json;
+
+    #[test]
+    fn round_trip_and_validation() {
+        let p = Payload::encode(&json!({"a": [1, 2]})).unwrap();
+        assert_eq!(p.as_str(), r#"{"a":[1,2]}"#);
+        assert_eq!(p.decode::<serde_json::Value>().unwrap(), json!({"a": [1, 2]}));
+        assert!(Payload::from_json("{not json").is_err());
+        assert!(Payload::from_json("1 2").is_err());
+        let nested = serde_json::to_string(&json!({"p": p})).unwrap();
+        assert_eq!(nested, r#"{"p":{"a":[1,2]}}"#);
+    }
+
+    #[test]
+    fn subset_matching() {
+        let payload = json!({"order_id": 42, "kind": "paid", "meta": {"a": 1, "b": 2}});
+        assert!(json_subset(&json!({}), &payload));
+        assert!(json_subset(&json!({"order_id": 42}), &payload));
+        assert!(json_subset(&json!({"meta": {"a": 1}}), &payload));
+        assert!(!json_subset(&json!({"order_id": 43}), &payload));
+        assert!(!json_subset(&json!({"missing": null}), &payload));
+        assert!(!json_subset(&json!({"order_id": 42}), &json!(42)));
+    }
+}

@@ -1,0 +1,541 @@
+//! The storage contract every backend implements, and its error type.
+//!
+//! Implementers: read the `# Contract` section of each method. The conformance suite
+//! (`durable-conformance`) checks every rule; run it on your store with
+//! `durable_conformance::store_conformance_tests!(YourFactory)`.
+
+use std::error::Error as StdError;
+use std::fmt;
+
+use async_trait::async_trait;
+
+use crate::{Checkpoint, Millis, NewRun, Payload, Run, RunId, RunStatus, StepError, Waiter};
+
+/// The result type of store calls.
+pub type StoreResult<T> = Result<T, StoreError>;
+
+/// What can go wrong in a store call. Small on purpose: the engine branches on the variant,
+/// never on the message.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum StoreError {
+    /// The thing addressed does not exist.
+    #[error("not found: {what}")]
+    NotFound {
+        /// What was looked for (names the run, seq or token).
+        what: String,
+    },
+    /// The thing to create exists already.
+    #[error("already exists: {what}")]
+    AlreadyExists {
+        /// What exists.
+        what: String,
+    },
+    /// A write lost a race or broke an invariant (for example a status transition that the
+    /// transition table forbids).
+    #[error("conflict: {message}")]
+    Conflict {
+        /// What conflicted.
+        message: String,
+    },
+    /// The caller does not hold the run's lease (any more): its write was refused.
+    #[error("lease lost: run {run_id} is no longer leased by {owner}")]
+    LeaseLost {
+        /// The run.
+        run_id: RunId,
+        /// The owner the caller claimed to be.
+        owner: String,
+    },
+    /// The backend cannot be reached or is overloaded.
+    #[error("store unavailable: {message}")]
+    Unavailable {
+        /// What happened.
+        message: String,
+        /// Whether trying again later can succeed.
+        retryable: bool,
+    },
+    /// Any other backend failure (corrupt file, disk full, SQL error, …).
+    #[error("store backend error: {0}")]
+    Backend(Box<dyn StdError + Send + Sync>),
+}
+
+/// The variant of a [`StoreError`], for matching without the payload.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum StoreErrorKind {
+    /// [`StoreError::NotFound`].
+    NotFound,
+    /// [`StoreError::AlreadyExists`].
+    AlreadyExists,
+    /// [`StoreError::Conflict`].
+    Conflict,
+    /// [`StoreError::LeaseLost`].
+    LeaseLost,
+    /// [`StoreError::Unavailable`].
+    Unavailable,
+    /// [`StoreError::Backend`].
+    Backend,
+}
+
+impl StoreError {
+    /// The variant.
+    pub fn kind(&self) -> StoreErrorKind {
+        match self {
+            StoreError::NotFound { .. } => StoreErrorKind::NotFound,
+            StoreError::AlreadyExists { .. } => StoreErrorKind::AlreadyExists,
+            StoreError::Conflict { .. } => StoreErrorKind::Conflict,
+            StoreError::LeaseLost { .. } => StoreErrorKind::LeaseLost,
+            StoreError::Unavailable { .. } => StoreErrorKind::Unavailable,
+            StoreError::Backend(_) => StoreErrorKind::Backend,
+        }
+    }
+
+    /// Whether the same call may succeed if tried again later.
+    pub fn is_retryable(&self) -> bool {
+        matches!(self, StoreError::Unavailable { retryable: true, .. })
+    }
+
+    /// Wraps any error as [`StoreError::Backend`].
+    pub fn backend(e: impl Into<Box<dyn StdError + Send + Sync>>) -> Self {
+        StoreError::Backend(e.into())
+    }
+
+    /// A retryable [`StoreError::Unavailable`].
+    pub fn unavailable(message: impl Into<String>) -> Self {
+        StoreError::Unavailable { message: message.into(), retryable: true }
+    }
+}
+
+/// What a store can do, for the conformance suite to skip what a backend declares it lacks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Capabilities {
+    /// Several processes can share the store (false for an in-memory store).
+    pub shared_across_processes: bool,
+    /// The store keeps its data when it is dropped and opened again.
+    pub persistent: bool,
+}
+
+impl Capabilities {
+    /// A store that keeps data and may be shared across processes.
+    pub const FULL: Capabilities = Capabilities { shared_across_processes: true, persistent: true };
+    /// An in-process store that loses its data when dropped.
+    pub const IN_MEMORY: Capabilities = Capabilities { shared_across_processes: false, persistent: false };
+}
+
+/// The answer of [`Store::create_run`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum CreateRun {
+    /// The run was created `pending`.
+    Created(Run),
+    /// A run with that id existed; it is returned unchanged.
+    Existing(Run),
+}
+
+impl CreateRun {
+    /// The run, created or existing.
+    pub fn run(&self) -> &Run {
+        match self {
+            CreateRun::Created(r) | CreateRun::Existing(r) => r,
+        }
+    }
+
+    /// The run, created or existing.
+    pub fn into_run(self) -> Run {
+        match self {
+            CreateRun::Created(r) | CreateRun::Existing(r) => r,
+        }
+    }
+
+    /// Whether this call created it.
+    pub fn created(&self) -> bool {
+        matches!(self, CreateRun::Created(_))
+    }
+}
+
+/// A request to take a run's lease and load it for a turn.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Claim {
+    /// The run.
+    pub run_id: RunId,
+    /// The engine instance asking.
+    pub owner: String,
+    /// The lease expiry to set.
+    pub lease_until: Millis,
+    /// The caller's clock.
+    pub now: Millis,
+}
+
+/// The answer of [`Store::claim_run`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ClaimOutcome {
+    /// The lease is the caller's; the run is `running`.
+    Acquired {
+        /// The run after the claim.
+        run: Run,
+        /// Its whole history, by seq.
+        history: Vec<Checkpoint>,
+        /// The status before the claim (to hand the run back unchanged if needed).
+        previous: RunStatus,
+        /// Whether the claim took over an expired lease of another owner (a recovery; the
+        /// run's `recovery_attempts` was incremented).
+        recovered: bool,
+    },
+    /// Another owner holds an unexpired lease.
+    Busy(Run),
+    /// The run is terminal; nothing changed.
+    Terminal(Run),
+    /// No such run.
+    NotFound,
+}
+
+/// How a turn ends, written by the same [`Commit`] as the turn's last checkpoints.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnEnd {
+    /// Park the run: `suspended`, `wake_at` set, lease released — unless a delivery arrived
+    /// since the turn loaded the run (its `wake_gen` differs from `seen_wake_gen`, or a wait in
+    /// this commit consumed a buffered delivery). Then the run stays `running` with the lease
+    /// held and the outcome says `woken`.
+    Suspend {
+        /// The earliest time a parked timer is due.
+        wake_at: Option<Millis>,
+        /// The run's `wake_gen` when the turn loaded it.
+        seen_wake_gen: u64,
+    },
+    /// Settle the run: only from `running` (compare-and-set), lease released.
+    Settle {
+        /// `completed`, `failed`, `cancelled` or `dead`.
+        status: RunStatus,
+        /// The output, for `completed`.
+        output: Option<Payload>,
+        /// The error, otherwise.
+        error: Option<StepError>,
+    },
+}
+
+/// A signal sent by a commit (for example a child telling its parent it finished), delivered
+/// atomically with the rest of the commit.
+#[derive(Debug, Clone, PartialEq)]
+pub struct OutgoingSignal {
+    /// The token.
+    pub token: String,
+    /// The payload.
+    pub payload: Payload,
+}
+
+/// Everything one step completion or one suspension changes, applied as one transaction.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Commit {
+    /// The run.
+    pub run_id: RunId,
+    /// The lease owner making the commit.
+    pub owner: String,
+    /// The caller's clock.
+    pub now: Millis,
+    /// Checkpoints to insert or replace, keyed by `(run_id, seq)`.
+    pub checkpoints: Vec<Checkpoint>,
+    /// Waits to register. A wait that a buffered delivery already satisfies consumes it instead.
+    pub waits: Vec<Waiter>,
+    /// Seqs whose wait timed out: their waiters are removed.
+    pub expire_waits: Vec<u32>,
+    /// Query state to set, `(key, value)`.
+    pub state: Vec<(String, Payload)>,
+    /// Child runs to create (idempotent by id, like [`Store::create_run`]).
+    pub children: Vec<NewRun>,
+    /// Signals to send, like [`Store::send_signal`].
+    pub signals: Vec<OutgoingSignal>,
+    /// How the turn ends, if it does.
+    pub end: Option<TurnEnd>,
+}
+
+impl Commit {
+    /// An empty commit for `run_id` by `owner` at `now`.
+    pub fn new(run_id: RunId, owner: impl Into<String>, now: Millis) -> Self {
+        Commit {
+            run_id,
+            owner: owner.into(),
+            now,
+            checkpoints: Vec::new(),
+            waits: Vec::new(),
+            expire_waits: Vec::new(),
+            state: Vec::new(),
+            children: Vec::new(),
+            signals: Vec::new(),
+            end: None,
+        }
+    }
+}
+
+/// Where a signal went.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Delivery {
+    /// A waiter took it: the payload is recorded at `(run_id, seq)` and the run was woken.
+    Delivered {
+        /// The run that received it.
+        run_id: RunId,
+        /// The seq it was recorded at.
+        seq: u32,
+    },
+    /// No waiter: the payload is buffered for the next wait on the token.
+    Buffered,
+}
+
+/// The answer of [`Store::commit`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct CommitOutcome {
+    /// A `Suspend` was not applied because something was delivered to the run: run another
+    /// turn (the lease is still held).
+    pub woken: bool,
+    /// For a `Settle`: whether it was applied (false when the run had left `running`, e.g. an
+    /// operator cancelled it mid-turn).
+    pub settled: bool,
+    /// Where each of the commit's signals went, in order.
+    pub deliveries: Vec<Delivery>,
+    /// Seqs of `expire_waits` whose waiter was already taken by a delivery: their timeout
+    /// checkpoints were not written (the delivery stands).
+    pub raced: Vec<u32>,
+}
+
+/// A change to a run row, applied by [`Store::update_run_if`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunPatch {
+    /// New status.
+    pub status: Option<RunStatus>,
+    /// New output (`Some(None)` clears it).
+    pub output: Option<Option<Payload>>,
+    /// New error (`Some(None)` clears it).
+    pub error: Option<Option<StepError>>,
+    /// New wake time (`Some(None)` clears it).
+    pub wake_at: Option<Option<Millis>>,
+    /// Clear the lease.
+    pub release_lease: bool,
+    /// Reset `recovery_attempts` to 0 (operator retry).
+    pub reset_recovery: bool,
+    /// Delete the run's `failed` checkpoints, so the steps run again (operator retry).
+    pub clear_failed_checkpoints: bool,
+    /// The caller's clock (sets `updated_at`).
+    pub now: Millis,
+}
+
+/// Which runs a poller asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RunQuery {
+    /// Only runs of this namespace (`None`: every namespace).
+    pub namespace: Option<String>,
+    /// Only runs of these `(workflow, version)` pairs (`None`: any).
+    pub workflows: Option<Vec<(String, u32)>>,
+    /// The caller's clock.
+    pub now: Millis,
+    /// At most this many ids.
+    pub limit: usize,
+}
+
+/// A filter for [`Store::list_runs`]. Every field narrows; the default lists everything.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RunFilter {
+    /// Workflow name.
+    pub workflow: Option<String>,
+    /// Any of these statuses (empty: any).
+    pub statuses: Vec<RunStatus>,
+    /// Namespace.
+    pub namespace: Option<String>,
+    /// Runs carrying this tag.
+    pub tag: Option<String>,
+    /// Children of this run.
+    pub parent: Option<RunId>,
+    /// Created at or after.
+    pub created_after: Option<Millis>,
+    /// Created before.
+    pub created_before: Option<Millis>,
+    /// Page size (0 means the default of 100).
+    pub limit: usize,
+    /// Continue after this cursor (from [`RunPage::next_cursor`]).
+    pub cursor: Option<String>,
+}
+
+/// One page of [`Store::list_runs`].
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RunPage {
+    /// Runs, newest first (`created_at` descending, then id descending).
+    pub runs: Vec<Run>,
+    /// Pass as [`RunFilter::cursor`] for the next page; `None` on the last page.
+    pub next_cursor: Option<String>,
+}
+
+/// The cursor format shared by the in-tree stores: `<created_at>:<id>`.
+pub fn encode_cursor(run: &Run) -> String {
+    format!("{}:{}", run.created_at, run.id)
+}
+
+/// Parses [`encode_cursor`]'s format.
+pub fn decode_cursor(cursor: &str) -> StoreResult<(Millis, RunId)> {
+    cursor.split_once(':').and_then(|(t, id)| Some((t.parse().ok()?, RunId::new(id)))).ok_or_else(|| {
+        StoreError::NotFound {
+            what: format!("list cursor {cursor:?} is malformed; pass a cursor returned by list_runs"),
+        }
+    })
+}
+
+/// The storage backend of the engine.
+///
+/// Object-safe: the engine holds an `Arc<dyn Store>`. Every method is one round trip and
+/// every write is atomic. Times are the caller's clock (`now` arguments), never the store's.
+#[async_trait]
+pub trait Store: Send + Sync + fmt::Debug + 'static {
+    /// What this store can do.
+    ///
+    /// # Contract
+    /// Constant for the lifetime of the store.
+    fn capabilities(&self) -> Capabilities;
+
+    /// Creates a run in `pending`.
+    ///
+    /// # Contract
+    /// Idempotent on `run.id`: if a run with that id exists, nothing is written and it is
+    /// returned as [`CreateRun::Existing`]. Concurrent creators of one id: exactly one gets
+    /// `Created`.
+    async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun>;
+
+    /// Reads a run.
+    ///
+    /// # Contract
+    /// `Ok(None)` when it does not exist.
+    async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>>;
+
+    /// Lists runs matching `filter`, newest first, one page at a time.
+    ///
+    /// # Contract
+    /// Ordered by `created_at` descending, then id descending; at most `filter.limit` runs
+    /// (100 when 0); `next_cursor` is `Some` exactly when more runs match. Paging through with
+    /// the cursor visits every matching run once.
+    async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage>;
+
+    /// Reads a run's checkpoints.
+    ///
+    /// # Contract
+    /// Ordered by seq; empty when the run has none or does not exist.
+    async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>>;
+
+    /// Takes the run's lease and loads it for a turn, in one atomic call.
+    ///
+    /// # Contract
+    /// - Missing → `NotFound`; terminal → `Terminal` (nothing written).
+    /// - A lease held by another owner with `lease_until >= now` → `Busy` (nothing written).
+    /// - Otherwise: lease set to `(owner, lease_until)`, status `running`, `updated_at = now`.
+    ///   If the run was `running` under another owner (an expired lease), `recovery_attempts`
+    ///   is incremented and `recovered` is true. The same owner may claim again (no recovery).
+    /// - Concurrent claimers: exactly one acquires.
+    async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome>;
+
+    /// Extends a lease.
+    ///
+    /// # Contract
+    /// Succeeds (`true`) only if `owner` holds the lease (expired or not, as long as nobody
+    /// took it over); then `lease_until` is set.
+    async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool>;
+
+    /// Gives a lease up.
+    ///
+    /// # Contract
+    /// Clears the lease only if `owner` holds it; returns whether it did. The status is
+    /// unchanged: a `running` run without a lease is picked up by [`Store::orphaned_runs`].
+    async fn release_lease(&self, id: &RunId, owner: &str) -> StoreResult<bool>;
+
+    /// Applies one commit atomically: all of it or none of it.
+    ///
+    /// # Contract
+    /// - `LeaseLost` (nothing written) unless `commit.owner` holds the run's lease.
+    /// - Checkpoints are upserted by `(run_id, seq)`.
+    /// - Each wait in `waits`: a `Signal` wait consumes the oldest buffered signal for its
+    ///   token, an `Event` wait the oldest buffered event of its name that its matcher accepts;
+    ///   either way the payload is recorded as the `completed` checkpoint at the wait's seq
+    ///   and `wake_gen` is incremented; otherwise the waiter is registered.
+    /// - Each seq in `expire_waits`: its waiter is removed; if there was none (a delivery took
+    ///   it), the commit's checkpoint at that seq is not written and the seq is in `raced`.
+    /// - `state` upserted per `(run, key)`; `children` created as by `create_run`; `signals`
+    ///   sent as by `send_signal` (results in `deliveries`).
+    /// - `end`: see [`TurnEnd`]. A `Settle` that finds the run no longer `running` changes
+    ///   nothing of the run row and reports `settled = false` (checkpoints are still written).
+    async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome>;
+
+    /// Compare-and-set on the run row.
+    ///
+    /// # Contract
+    /// Applies `patch` only if the run's status is in `expected` (any status when empty),
+    /// checked in the same atomic write; returns whether it applied. `Ok(false)` for a missing
+    /// run. A patched status must be allowed by [`RunStatus::can_become`] from the current one
+    /// (or equal to it), else nothing is written and `Conflict` is returned. Concurrent racers
+    /// with the same expectation: exactly one wins.
+    async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool>;
+
+    /// Pending runs to start, oldest first.
+    ///
+    /// # Contract
+    /// Status `pending` without a live lease (none, or `lease_until < now`), matching the
+    /// query's namespace and workflows; ordered by priority descending, then `created_at`,
+    /// then id; at most `limit`.
+    async fn pending_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>>;
+
+    /// Suspended runs that are due.
+    ///
+    /// # Contract
+    /// Status `suspended`, `wake_at <= now`, no live lease, matching the query; earliest
+    /// `wake_at` first; at most `limit`.
+    async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>>;
+
+    /// Runs that are `running` but nobody holds: the lease expired (`lease_until < now`) or was
+    /// released.
+    ///
+    /// # Contract
+    /// Matching the query; oldest `updated_at` first; at most `limit`.
+    async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>>;
+
+    /// Sends a signal to a token.
+    ///
+    /// # Contract
+    /// Atomically: the oldest waiter registered on `token` is removed, the payload recorded as
+    /// the `completed` checkpoint at the waiter's seq, the run's `wake_gen` incremented and, if
+    /// the run is `suspended`, its `wake_at` set to `now` → `Delivered`. With no waiter, the
+    /// payload is appended to the token's FIFO buffer → `Buffered`. Concurrent senders and
+    /// waiters: every payload is consumed exactly once.
+    async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery>;
+
+    /// Publishes an event.
+    ///
+    /// # Contract
+    /// Atomically delivers to every waiter on `name` whose matcher accepts the payload (as
+    /// `send_signal` delivers to one), returning where it went. If none accepts, the event is
+    /// buffered (returned list empty) for the first later wait that matches.
+    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>>;
+
+    /// The waiters a run has registered.
+    ///
+    /// # Contract
+    /// Ordered by seq.
+    async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>>;
+
+    /// Reads a query value set by `ctx.set_state`.
+    ///
+    /// # Contract
+    /// The latest value committed for `(run, key)`, also after the run settled.
+    async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>>;
+
+    /// Deletes a run and everything tied to it.
+    ///
+    /// # Contract
+    /// Removes the run, its checkpoints, waiters and state, and the same for every descendant
+    /// (runs whose parent chain leads to it), atomically. Returns how many runs were removed
+    /// (0 when it did not exist). Buffered signals are not tied to runs and are kept.
+    async fn delete_run(&self, id: &RunId) -> StoreResult<u64>;
+}
+
+/// Helpers on top of [`Store`], for every store.
+#[async_trait]
+pub trait StoreExt: Store {
+    /// Reads a run that must exist, or `NotFound` naming it.
+    async fn require_run(&self, id: &RunId) -> StoreResult<Run> {
+        self.get_run(id).await?.ok_or_else(|| StoreError::NotFound { what: format!("run {id}") })
+    }
+}
+
+impl<S: Store + ?Sized> StoreExt for S {}

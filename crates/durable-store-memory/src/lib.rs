@@ -1,0 +1,490 @@
+//! # durable-store-memory
+//!
+//! [`MemoryStore`]: the reference implementation of the [`Store`] contract, kept in process
+//! memory. Every call takes one lock, so each call is atomic against concurrent callers. It is
+//! what the runtime's and conformance crate's tests run on, and a good default for unit tests
+//! of your own workflows. It keeps nothing when dropped and cannot be shared between processes
+//! (use the SQLite or PostgreSQL store for that).
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durable_core::Store;
+//! use durable_store_memory::MemoryStore;
+//!
+//! let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+//! assert!(!store.capabilities().persistent);
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+
+use async_trait::async_trait;
+use durable_core::{
+    Capabilities, Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery,
+    Millis, NewRun, Payload, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StepKind, Store,
+    StoreError, StoreResult, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor, json_subset,
+};
+use parking_lot::Mutex;
+
+/// The in-memory [`Store`]. Cheap to create; share it with `Arc`.
+#[derive(Debug, Default)]
+pub struct MemoryStore {
+    inner: Mutex<Inner>,
+}
+
+#[derive(Debug, Default)]
+struct Inner {
+    runs: HashMap<RunId, Run>,
+    checkpoints: HashMap<RunId, BTreeMap<u32, Checkpoint>>,
+    /// Every registered waiter by registration number (registration order = delivery order).
+    waiters: BTreeMap<u64, Waiter>,
+    by_token: HashMap<String, BTreeSet<u64>>,
+    by_event: HashMap<String, BTreeSet<u64>>,
+    by_run: HashMap<RunId, BTreeMap<u32, u64>>,
+    signal_buffer: HashMap<String, VecDeque<Payload>>,
+    event_buffer: HashMap<String, VecDeque<Payload>>,
+    state: HashMap<RunId, HashMap<String, Payload>>,
+    next_waiter: u64,
+}
+
+impl MemoryStore {
+    /// An empty store.
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+fn lease_is_live(run: &Run, now: Millis) -> bool {
+    run.lease_owner.is_some() && run.lease_until.is_some_and(|until| until >= now)
+}
+
+fn matches_query(run: &Run, q: &RunQuery) -> bool {
+    q.namespace.as_ref().is_none_or(|ns| *ns == run.namespace)
+        && q.workflows.as_ref().is_none_or(|ws| ws.iter().any(|(w, v)| *w == run.workflow && *v == run.version))
+}
+
+fn check_transition(run: &Run, next: RunStatus) -> StoreResult<()> {
+    if run.status == next || run.status.can_become(next) {
+        Ok(())
+    } else {
+        Err(StoreError::Conflict { message: format!("run {}: status {} cannot become {next}", run.id, run.status) })
+    }
+}
+
+impl Inner {
+    fn create(&mut self, new: NewRun) -> CreateRun {
+        if let Some(existing) = self.runs.get(&new.id) {
+            return CreateRun::Existing(existing.clone());
+        }
+        let run = new.into_run();
+        self.runs.insert(run.id.clone(), run.clone());
+        CreateRun::Created(run)
+    }
+
+    fn remove_waiter(&mut self, id: u64) -> Option<Waiter> {
+        let w = self.waiters.remove(&id)?;
+        match &w.kind {
+            WaitKind::Signal { token } => remove_index(&mut self.by_token, token, id),
+            WaitKind::Event { name, .. } => remove_index(&mut self.by_event, name, id),
+        }
+        if let Some(m) = self.by_run.get_mut(&w.run_id) {
+            m.remove(&w.seq);
+            if m.is_empty() {
+                self.by_run.remove(&w.run_id);
+            }
+        }
+        Some(w)
+    }
+
+    /// Records a delivered payload at the waiter's seq and wakes its run.
+    fn resolve(&mut self, run_id: &RunId, seq: u32, name: &str, kind: StepKind, payload: Payload, now: Millis) {
+        let cps = self.checkpoints.entry(run_id.clone()).or_default();
+        let cp = cps
+            .entry(seq)
+            .or_insert_with(|| Checkpoint::new(run_id.clone(), seq, name, kind, CheckpointStatus::Waiting, now));
+        cp.status = CheckpointStatus::Completed;
+        cp.output = Some(payload);
+        cp.updated_at = now;
+        if let Some(run) = self.runs.get_mut(run_id) {
+            run.wake_gen += 1;
+            if run.status == RunStatus::Suspended {
+                run.wake_at = Some(run.wake_at.map_or(now, |w| w.min(now)));
+            }
+            run.updated_at = now;
+        }
+    }
+
+    fn send_signal(&mut self, token: &str, payload: Payload, now: Millis) -> Delivery {
+        let first = self.by_token.get(token).and_then(|s| s.first().copied());
+        if let Some(id) = first {
+            let w = self.remove_waiter(id).expect("indexed waiter exists");
+            self.resolve(&w.run_id, w.seq, &w.name, StepKind::Signal, payload, now);
+            return Delivery::Delivered { run_id: w.run_id, seq: w.seq };
+        }
+        self.signal_buffer.entry(token.to_string()).or_default().push_back(payload);
+        Delivery::Buffered
+    }
+
+    fn register_wait(&mut self, w: Waiter, now: Millis) {
+        match &w.kind {
+            WaitKind::Signal { token } => {
+                if let Some(payload) = self.signal_buffer.get_mut(token).and_then(VecDeque::pop_front) {
+                    self.resolve(&w.run_id, w.seq, &w.name, StepKind::Signal, payload, now);
+                    return;
+                }
+            }
+            WaitKind::Event { name, matcher } => {
+                let matcher = matcher.to_value();
+                if let Some(buf) = self.event_buffer.get_mut(name) {
+                    if let Some(pos) = buf.iter().position(|p| json_subset(&matcher, &p.to_value())) {
+                        let payload = buf.remove(pos).expect("position is in range");
+                        self.resolve(&w.run_id, w.seq, &w.name, StepKind::Event, payload, now);
+                        return;
+                    }
+                }
+            }
+        }
+        // Replace an earlier registration at the same seq (a re-suspension re-registers).
+        if let Some(old) = self.by_run.get(&w.run_id).and_then(|m| m.get(&w.seq)).copied() {
+            self.remove_waiter(old);
+        }
+        let id = self.next_waiter;
+        self.next_waiter += 1;
+        match &w.kind {
+            WaitKind::Signal { token } => self.by_token.entry(token.clone()).or_default().insert(id),
+            WaitKind::Event { name, .. } => self.by_event.entry(name.clone()).or_default().insert(id),
+        };
+        self.by_run.entry(w.run_id.clone()).or_default().insert(w.seq, id);
+        self.waiters.insert(id, w);
+    }
+
+    fn delete_one(&mut self, id: &RunId) {
+        self.runs.remove(id);
+        self.checkpoints.remove(id);
+        self.state.remove(id);
+        if let Some(ws) = self.by_run.get(id).cloned() {
+            for wid in ws.values() {
+                self.remove_waiter(*wid);
+            }
+        }
+    }
+}
+
+fn remove_index(index: &mut HashMap<String, BTreeSet<u64>>, key: &str, id: u64) {
+    if let Some(set) = index.get_mut(key) {
+        set.remove(&id);
+        if set.is_empty() {
+            index.remove(key);
+        }
+    }
+}
+
+#[async_trait]
+impl Store for MemoryStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::IN_MEMORY
+    }
+
+    async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
+        Ok(self.inner.lock().create(run))
+    }
+
+    async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
+        Ok(self.inner.lock().runs.get(id).cloned())
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
+        let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
+        let limit = if filter.limit == 0 { 100 } else { filter.limit };
+        let inner = self.inner.lock();
+        let mut runs: Vec<&Run> = inner
+            .runs
+            .values()
+            .filter(|r| {
+                filter.workflow.as_ref().is_none_or(|w| *w == r.workflow)
+                    && (filter.statuses.is_empty() || filter.statuses.contains(&r.status))
+                    && filter.namespace.as_ref().is_none_or(|ns| *ns == r.namespace)
+                    && filter.tag.as_ref().is_none_or(|t| r.tags.contains(t))
+                    && filter.parent.as_ref().is_none_or(|p| r.parent.as_ref().is_some_and(|l| l.run_id == *p))
+                    && filter.created_after.is_none_or(|t| r.created_at >= t)
+                    && filter.created_before.is_none_or(|t| r.created_at < t)
+                    && after.as_ref().is_none_or(|(t, id)| (r.created_at, &r.id) < (*t, id))
+            })
+            .collect();
+        runs.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+        let more = runs.len() > limit;
+        runs.truncate(limit);
+        let runs: Vec<Run> = runs.into_iter().cloned().collect();
+        let next_cursor = if more { runs.last().map(encode_cursor) } else { None };
+        Ok(RunPage { runs, next_cursor })
+    }
+
+    async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
+        Ok(self.inner.lock().checkpoints.get(id).map(|m| m.values().cloned().collect()).unwrap_or_default())
+    }
+
+    async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
+        let mut inner = self.inner.lock();
+        let Some(run) = inner.runs.get_mut(&claim.run_id) else {
+            return Ok(ClaimOutcome::NotFound);
+        };
+        if run.status.is_terminal() {
+            return Ok(ClaimOutcome::Terminal(run.clone()));
+        }
+        let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
+        if held_by_other && lease_is_live(run, claim.now) {
+            return Ok(ClaimOutcome::Busy(run.clone()));
+        }
+        let previous = run.status;
+        let recovered = previous == RunStatus::Running && held_by_other;
+        if recovered {
+            run.recovery_attempts += 1;
+        }
+        run.status = RunStatus::Running;
+        run.lease_owner = Some(claim.owner);
+        run.lease_until = Some(claim.lease_until);
+        run.updated_at = claim.now;
+        let run = run.clone();
+        let history = inner.checkpoints.get(&claim.run_id).map(|m| m.values().cloned().collect()).unwrap_or_default();
+        Ok(ClaimOutcome::Acquired { run, history, previous, recovered })
+    }
+
+    async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
+        let mut inner = self.inner.lock();
+        match inner.runs.get_mut(id) {
+            Some(run) if run.lease_owner.as_deref() == Some(owner) => {
+                run.lease_until = Some(lease_until);
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn release_lease(&self, id: &RunId, owner: &str) -> StoreResult<bool> {
+        let mut inner = self.inner.lock();
+        match inner.runs.get_mut(id) {
+            Some(run) if run.lease_owner.as_deref() == Some(owner) => {
+                run.lease_owner = None;
+                run.lease_until = None;
+                Ok(true)
+            }
+            _ => Ok(false),
+        }
+    }
+
+    async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let Some(run) = inner.runs.get(&commit.run_id) else {
+            return Err(StoreError::NotFound { what: format!("run {}", commit.run_id) });
+        };
+        if run.lease_owner.as_deref() != Some(commit.owner.as_str()) {
+            return Err(StoreError::LeaseLost { run_id: commit.run_id, owner: commit.owner });
+        }
+        if let Some(TurnEnd::Settle { status, .. }) = &commit.end {
+            if run.status == RunStatus::Running {
+                check_transition(run, *status)?;
+            }
+        }
+        let now = commit.now;
+        let mut out = CommitOutcome::default();
+        // Expired waits first: a wait whose waiter a delivery already took keeps the delivery.
+        for seq in &commit.expire_waits {
+            let wid = inner.by_run.get(&commit.run_id).and_then(|m| m.get(seq)).copied();
+            match wid {
+                Some(wid) => {
+                    inner.remove_waiter(wid);
+                }
+                None => out.raced.push(*seq),
+            }
+        }
+        let cps = inner.checkpoints.entry(commit.run_id.clone()).or_default();
+        for cp in commit.checkpoints {
+            if out.raced.contains(&cp.seq) {
+                continue;
+            }
+            cps.insert(cp.seq, cp);
+        }
+        for w in commit.waits {
+            inner.register_wait(w, now);
+        }
+        if !commit.state.is_empty() {
+            let st = inner.state.entry(commit.run_id.clone()).or_default();
+            for (k, v) in commit.state {
+                st.insert(k, v);
+            }
+        }
+        for child in commit.children {
+            inner.create(child);
+        }
+        for sig in commit.signals {
+            out.deliveries.push(inner.send_signal(&sig.token, sig.payload, now));
+        }
+        let run = inner.runs.get_mut(&commit.run_id).expect("checked above");
+        run.updated_at = now;
+        match commit.end {
+            None => {}
+            Some(TurnEnd::Suspend { wake_at, seen_wake_gen }) => {
+                if run.wake_gen != seen_wake_gen || !out.raced.is_empty() {
+                    out.woken = true;
+                } else {
+                    run.status = RunStatus::Suspended;
+                    run.wake_at = wake_at;
+                    run.lease_owner = None;
+                    run.lease_until = None;
+                }
+            }
+            Some(TurnEnd::Settle { status, output, error }) => {
+                if run.status == RunStatus::Running {
+                    run.status = status;
+                    run.output = output;
+                    run.error = error;
+                    run.wake_at = None;
+                    run.lease_owner = None;
+                    run.lease_until = None;
+                    out.settled = true;
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {
+        let mut inner = self.inner.lock();
+        let Some(run) = inner.runs.get_mut(id) else {
+            return Ok(false);
+        };
+        if !expected.is_empty() && !expected.contains(&run.status) {
+            return Ok(false);
+        }
+        if let Some(next) = patch.status {
+            check_transition(run, next)?;
+            run.status = next;
+        }
+        if let Some(output) = patch.output {
+            run.output = output;
+        }
+        if let Some(error) = patch.error {
+            run.error = error;
+        }
+        if let Some(wake_at) = patch.wake_at {
+            run.wake_at = wake_at;
+        }
+        if patch.release_lease {
+            run.lease_owner = None;
+            run.lease_until = None;
+        }
+        if patch.reset_recovery {
+            run.recovery_attempts = 0;
+        }
+        run.updated_at = patch.now;
+        if patch.clear_failed_checkpoints {
+            if let Some(cps) = inner.checkpoints.get_mut(id) {
+                cps.retain(|_, cp| cp.status != CheckpointStatus::Failed);
+            }
+        }
+        Ok(true)
+    }
+
+    async fn pending_runs(&self, q: &RunQuery) -> StoreResult<Vec<RunId>> {
+        let inner = self.inner.lock();
+        let mut runs: Vec<&Run> = inner
+            .runs
+            .values()
+            .filter(|r| r.status == RunStatus::Pending && !lease_is_live(r, q.now) && matches_query(r, q))
+            .collect();
+        runs.sort_by(|a, b| (-a.priority, a.created_at, &a.id).cmp(&(-b.priority, b.created_at, &b.id)));
+        Ok(runs.into_iter().take(q.limit).map(|r| r.id.clone()).collect())
+    }
+
+    async fn due_runs(&self, q: &RunQuery) -> StoreResult<Vec<RunId>> {
+        let inner = self.inner.lock();
+        let mut runs: Vec<&Run> = inner
+            .runs
+            .values()
+            .filter(|r| {
+                r.status == RunStatus::Suspended
+                    && r.wake_at.is_some_and(|w| w <= q.now)
+                    && !lease_is_live(r, q.now)
+                    && matches_query(r, q)
+            })
+            .collect();
+        runs.sort_by(|a, b| (a.wake_at, &a.id).cmp(&(b.wake_at, &b.id)));
+        Ok(runs.into_iter().take(q.limit).map(|r| r.id.clone()).collect())
+    }
+
+    async fn orphaned_runs(&self, q: &RunQuery) -> StoreResult<Vec<RunId>> {
+        let inner = self.inner.lock();
+        let mut runs: Vec<&Run> = inner
+            .runs
+            .values()
+            .filter(|r| r.status == RunStatus::Running && !lease_is_live(r, q.now) && matches_query(r, q))
+            .collect();
+        runs.sort_by(|a, b| (a.updated_at, &a.id).cmp(&(b.updated_at, &b.id)));
+        Ok(runs.into_iter().take(q.limit).map(|r| r.id.clone()).collect())
+    }
+
+    async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery> {
+        Ok(self.inner.lock().send_signal(token, payload, now))
+    }
+
+    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+        let mut inner = self.inner.lock();
+        let value = payload.to_value();
+        let ids: Vec<u64> = inner.by_event.get(name).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let mut delivered = Vec::new();
+        for id in ids {
+            let accepts = match &inner.waiters[&id].kind {
+                WaitKind::Event { matcher, .. } => json_subset(&matcher.to_value(), &value),
+                WaitKind::Signal { .. } => false,
+            };
+            if accepts {
+                let w = inner.remove_waiter(id).expect("indexed waiter exists");
+                inner.resolve(&w.run_id, w.seq, &w.name, StepKind::Event, payload.clone(), now);
+                delivered.push(Delivery::Delivered { run_id: w.run_id, seq: w.seq });
+            }
+        }
+        if delivered.is_empty() {
+            inner.event_buffer.entry(name.to_string()).or_default().push_back(payload);
+        }
+        Ok(delivered)
+    }
+
+    async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
+        let inner = self.inner.lock();
+        Ok(inner
+            .by_run
+            .get(id)
+            .map(|m| m.values().filter_map(|wid| inner.waiters.get(wid).cloned()).collect())
+            .unwrap_or_default())
+    }
+
+    async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
+        Ok(self.inner.lock().state.get(id).and_then(|m| m.get(key).cloned()))
+    }
+
+    async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {
+        let mut inner = self.inner.lock();
+        if !inner.runs.contains_key(id) {
+            return Ok(0);
+        }
+        let mut doomed = vec![id.clone()];
+        let mut i = 0;
+        while i < doomed.len() {
+            let parent = doomed[i].clone();
+            doomed.extend(
+                inner
+                    .runs
+                    .values()
+                    .filter(|r| r.parent.as_ref().is_some_and(|p| p.run_id == parent))
+                    .map(|r| r.id.clone()),
+            );
+            i += 1;
+        }
+        for d in &doomed {
+            inner.delete_one(d);
+        }
+        Ok(doomed.len() as u64)
+    }
+}
