@@ -1,5 +1,266 @@
 //! # durable-store-sqlite
 //!
-//! The embedded default store of `durable`, on one SQLite file. Filled in by the SQLite issue.
+//! [`SqliteStore`]: the embedded default [`Store`] of `durable`, on one SQLite file (bundled
+//! SQLite, so nothing to install). Runs, checkpoints, waiters and buffered signals survive
+//! `kill -9`, deploys and power loss; several processes may open the same file.
+//!
+//! ## What it does
+//!
+//! - **WAL mode**, `synchronous = FULL` by default ([`Durability::Full`]: an acknowledged write
+//!   survives a power loss) or `NORMAL` ([`Durability::Normal`]: it survives a process crash).
+//! - **Group commit.** One writer thread per store owns the write connection. When it wakes it
+//!   takes every write request waiting at that moment (up to [`SqliteOptions::max_group`]) and
+//!   applies them in one `BEGIN IMMEDIATE … COMMIT` transaction, so one fsync covers them all.
+//!   Each request runs in its own `SAVEPOINT`: one that fails (`LeaseLost`, `Conflict`, …) is
+//!   rolled back alone. Answers are sent only after the `COMMIT` succeeded; if it fails, every
+//!   request of the group gets the error and nothing of the group was written.
+//! - **Reads never wait for the writer.** Reader threads ([`SqliteOptions::readers`]) each own
+//!   a connection; WAL lets them read the last committed state while a write is in progress.
+//! - **Shared files.** Every transaction that writes starts with `BEGIN IMMEDIATE`, and every
+//!   contract rule (lease checks, compare-and-set, waiter take) is checked inside it, so two
+//!   processes (or two `SqliteStore`s in one process) on one file stay correct. A write that
+//!   waits for another process's lock longer than [`SqliteOptions::busy_timeout`] fails with a
+//!   retryable [`StoreError::Unavailable`](durable_core::StoreError::Unavailable).
+//! - **Versioned schema.** A `durable_schema` table records the schema version. An empty file
+//!   gets the latest schema; an older file is migrated forward in one transaction when opened;
+//!   a file from a newer build is refused ([`Error::SchemaTooNew`]); a file that is not a
+//!   durable database is refused without being written ([`Error::NotADatabase`]).
+//! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
+//!   disk full, corrupt, not a database → [`StoreError::Backend`](durable_core::StoreError::Backend) wrapping an [`Error`].
+//!
+//! ## What it does not do
+//!
+//! - It does not need, detect or spawn on an async runtime: its threads are plain OS threads
+//!   and answers come back on runtime-agnostic channels. It never sleeps or polls.
+//! - It does not work on network file systems (NFS, SMB): SQLite's WAL needs shared memory
+//!   between the processes on one machine. Use the PostgreSQL store across machines.
+//! - It does not vacuum, back up or prune old runs: that is the operator's (or the engine's
+//!   retention policy's) job, through [`Store::delete_run`].
+//! - Times are the caller's: a value past `i64::MAX` ms (a "forever" sentinel such as
+//!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`.
+//!
+//! ## Example
+//!
+//! ```
+//! use durable_core::{NewRun, Payload, RunId, Store};
+//! use durable_store_sqlite::{Durability, SqliteOptions, SqliteStore};
+//!
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let path = std::env::temp_dir().join(format!("durable-doc-{}.db", std::process::id()));
+//! # let _ = std::fs::remove_file(&path);
+//! let store = SqliteStore::open_with(&path, SqliteOptions::new().durability(Durability::Normal))?;
+//! let new = NewRun {
+//!     id: RunId::from("order:42"),
+//!     workflow: "checkout".into(),
+//!     version: 1,
+//!     namespace: "default".into(),
+//!     input: Payload::encode(&42)?,
+//!     tags: vec![],
+//!     priority: 0,
+//!     parent: None,
+//!     created_at: 1_000,
+//! };
+//! // Any executor works; the store needs no tokio runtime.
+//! let created = futures_lite_block_on(store.create_run(new))?;
+//! assert!(created.created());
+//! drop(store);
+//! # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
+//! # Ok(())
+//! # }
+//! # fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {
+//! #     use std::sync::Arc;
+//! #     use std::task::{Context, Poll, Wake, Waker};
+//! #     struct Unpark(std::thread::Thread);
+//! #     impl Wake for Unpark { fn wake(self: Arc<Self>) { self.0.unpark() } }
+//! #     let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+//! #     let mut f = std::pin::pin!(f);
+//! #     loop {
+//! #         if let Poll::Ready(v) = f.as_mut().poll(&mut Context::from_waker(&waker)) { return v; }
+//! #         std::thread::park();
+//! #     }
+//! # }
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+mod error;
+mod ops;
+mod options;
+mod schema;
+mod workers;
+
+use std::fmt;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use durable_core::{
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
+    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreResult, Waiter,
+};
+
+pub use error::{Error, Result};
+pub use options::{Durability, SqliteOptions};
+pub use schema::SCHEMA_VERSION;
+pub use workers::SqliteStats;
+
+use ops::{Ctx, Poll};
+use workers::Workers;
+
+/// The SQLite [`Store`]: one database file, one writer thread with group commit, a few reader
+/// threads. See the [crate docs](crate) for what it guarantees.
+///
+/// Open it once per process and share it (`Arc<SqliteStore>` or `Arc<dyn Store>`). Dropping it
+/// finishes the writes already queued, then closes the file.
+pub struct SqliteStore {
+    path: PathBuf,
+    options: SqliteOptions,
+    workers: Workers,
+}
+
+impl fmt::Debug for SqliteStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SqliteStore").field("path", &self.path).field("options", &self.options).finish_non_exhaustive()
+    }
+}
+
+impl SqliteStore {
+    /// Opens (or creates) the database at `path` with the default [`SqliteOptions`].
+    ///
+    /// See [`SqliteStore::open_with`].
+    pub fn open(path: impl AsRef<Path>) -> Result<SqliteStore> {
+        Self::open_with(path, SqliteOptions::default())
+    }
+
+    /// Opens (or creates) the database at `path`.
+    ///
+    /// A missing or empty file, or an SQLite database without tables, gets the latest schema; a
+    /// file with an older schema is migrated forward (in one transaction: a failed migration
+    /// leaves the file as it was).
+    ///
+    /// # Errors
+    /// - [`Error::NotADatabase`]: the file is not SQLite, or is another program's database.
+    /// - [`Error::SchemaTooNew`]: the file was written by a newer build; upgrade to open it.
+    /// - [`Error::Busy`]: another connection held the write lock past the busy timeout while
+    ///   this one had to create or migrate the schema.
+    /// - [`Error::Sqlite`]: the directory or the file is read-only, the disk is full, …
+    pub fn open_with(path: impl AsRef<Path>, options: SqliteOptions) -> Result<SqliteStore> {
+        let path = path.as_ref().to_path_buf();
+        let writer = schema::open_writer(&path, &options)?;
+        let mut readers = Vec::with_capacity(options.readers);
+        for _ in 0..options.readers {
+            let conn = schema::connect(&path, &options, "reader")?;
+            conn.pragma_update(None, "query_only", true)
+                .map_err(|e| Error::sqlite(&path, options.busy_timeout, "configuring a reader connection", e))?;
+            readers.push(conn);
+        }
+        let ctx = Arc::new(Ctx { path: path.clone(), busy_timeout: options.busy_timeout });
+        let workers = Workers::start(ctx, writer, readers, options.max_group)?;
+        Ok(SqliteStore { path, options, workers })
+    }
+
+    /// The database file.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The options the store was opened with.
+    pub fn options(&self) -> &SqliteOptions {
+        &self.options
+    }
+
+    /// The writer's counters: transactions committed, writes answered, writes queued. With
+    /// group commit, `transactions` grows much slower than `writes` under concurrent load.
+    pub fn stats(&self) -> SqliteStats {
+        self.workers.stats()
+    }
+}
+
+#[async_trait]
+impl Store for SqliteStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::FULL
+    }
+
+    async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
+        self.workers.write("create_run", move |c| ops::create_run(c, run)).await
+    }
+
+    async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
+        let id = id.clone();
+        self.workers.read("get_run", move |c| ops::get_run(c, &id)).await
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
+        let filter = filter.clone();
+        self.workers.read("list_runs", move |c| ops::list_runs(c, &filter)).await
+    }
+
+    async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
+        let id = id.clone();
+        self.workers.read("history", move |c| ops::history(c, &id)).await
+    }
+
+    async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
+        self.workers.write("claim_run", move |c| ops::claim_run(c, claim)).await
+    }
+
+    async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
+        let (id, owner) = (id.clone(), owner.to_string());
+        self.workers.write("renew_lease", move |c| ops::renew_lease(c, &id, &owner, lease_until)).await
+    }
+
+    async fn release_lease(&self, id: &RunId, owner: &str) -> StoreResult<bool> {
+        let (id, owner) = (id.clone(), owner.to_string());
+        self.workers.write("release_lease", move |c| ops::release_lease(c, &id, &owner)).await
+    }
+
+    async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+        self.workers.write("commit", move |c| ops::commit(c, commit)).await
+    }
+
+    async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {
+        let (id, expected) = (id.clone(), expected.to_vec());
+        self.workers.write("update_run_if", move |c| ops::update_run_if(c, &id, &expected, patch)).await
+    }
+
+    async fn pending_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        let query = query.clone();
+        self.workers.read("pending_runs", move |c| ops::poll_runs(c, Poll::Pending, &query)).await
+    }
+
+    async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        let query = query.clone();
+        self.workers.read("due_runs", move |c| ops::poll_runs(c, Poll::Due, &query)).await
+    }
+
+    async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        let query = query.clone();
+        self.workers.read("orphaned_runs", move |c| ops::poll_runs(c, Poll::Orphaned, &query)).await
+    }
+
+    async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery> {
+        let token = token.to_string();
+        self.workers.write("send_signal", move |c| ops::send_signal(c, &token, payload.as_str(), now)).await
+    }
+
+    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+        let name = name.to_string();
+        self.workers.write("publish_event", move |c| ops::publish_event(c, &name, payload.as_str(), now)).await
+    }
+
+    async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
+        let id = id.clone();
+        self.workers.read("waiters", move |c| ops::waiters(c, &id)).await
+    }
+
+    async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
+        let (id, key) = (id.clone(), key.to_string());
+        self.workers.read("get_state", move |c| ops::get_state(c, &id, &key)).await
+    }
+
+    async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {
+        let id = id.clone();
+        self.workers.write("delete_run", move |c| ops::delete_run(c, &id)).await
+    }
+}

@@ -1,0 +1,908 @@
+//! The store's operations as SQL on one connection.
+//!
+//! Write operations run on the writer thread inside the group's `BEGIN IMMEDIATE` transaction
+//! and their own savepoint, so every read they make and every write that depends on it are in
+//! one transaction (the contract's compare-and-set rules hold across processes). Read
+//! operations are single statements on a reader connection. Each mirrors the method of the
+//! same name in `durable-store-memory`, the reference implementation.
+
+use std::collections::HashSet;
+use std::path::PathBuf;
+use std::time::Duration;
+
+use durable_core::{
+    Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun,
+    ParentLink, Payload, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StepError, StepKind,
+    StoreError, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor, json_subset,
+};
+use rusqlite::types::Value;
+use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
+
+use crate::error::Error;
+
+/// What every operation needs to describe its errors.
+#[derive(Debug)]
+pub(crate) struct Ctx {
+    pub(crate) path: PathBuf,
+    pub(crate) busy_timeout: Duration,
+}
+
+/// An operation's failure, before it is turned into a [`StoreError`] naming the file.
+#[derive(Debug)]
+pub(crate) enum OpError {
+    /// SQLite failed.
+    Sql(rusqlite::Error),
+    /// A contract outcome (`LeaseLost`, `Conflict`, `NotFound`, …).
+    Store(StoreError),
+    /// A stored value does not decode.
+    Corrupt(String),
+}
+
+impl From<rusqlite::Error> for OpError {
+    fn from(e: rusqlite::Error) -> Self {
+        OpError::Sql(e)
+    }
+}
+
+impl From<StoreError> for OpError {
+    fn from(e: StoreError) -> Self {
+        OpError::Store(e)
+    }
+}
+
+pub(crate) type OpResult<T> = Result<T, OpError>;
+
+impl OpError {
+    pub(crate) fn into_store_error(self, ctx: &Ctx, op: &str) -> StoreError {
+        match self {
+            OpError::Store(e) => e,
+            OpError::Corrupt(message) => Error::Corrupt { path: ctx.path.clone(), message }.into_store_error(),
+            OpError::Sql(
+                e @ (rusqlite::Error::InvalidColumnType(..)
+                | rusqlite::Error::FromSqlConversionFailure(..)
+                | rusqlite::Error::IntegralValueOutOfRange(..)
+                | rusqlite::Error::Utf8Error(..)),
+            ) => Error::Corrupt { path: ctx.path.clone(), message: format!("{op}: {e}") }.into_store_error(),
+            OpError::Sql(e) => Error::sqlite(&ctx.path, ctx.busy_timeout, op, e).into_store_error(),
+        }
+    }
+}
+
+fn corrupt(message: String) -> OpError {
+    OpError::Corrupt(message)
+}
+
+// ---- value codecs -------------------------------------------------------------------------
+
+/// Times are `u64` milliseconds; SQLite integers are `i64`. Values past `i64::MAX` (only
+/// "forever" sentinels like `u64::MAX`, 292 million years from now) are stored as `i64::MAX`,
+/// which reads back as `u64::MAX`. Order is preserved, so comparisons in SQL stay right.
+pub(crate) fn millis_to_sql(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn millis_from_sql(v: i64, what: impl FnOnce() -> String) -> OpResult<u64> {
+    if v == i64::MAX {
+        return Ok(u64::MAX);
+    }
+    u64::try_from(v).map_err(|_| corrupt(format!("{}: negative value {v}", what())))
+}
+
+fn u32_from_sql(v: i64, what: impl FnOnce() -> String) -> OpResult<u32> {
+    u32::try_from(v).map_err(|_| corrupt(format!("{}: {v} is out of range", what())))
+}
+
+fn tags_json(tags: &[String]) -> OpResult<String> {
+    serde_json::to_string(tags).map_err(|e| OpError::Store(StoreError::backend(e)))
+}
+
+fn error_json(e: &StepError) -> OpResult<String> {
+    serde_json::to_string(e).map_err(|e| OpError::Store(StoreError::backend(e)))
+}
+
+fn text<'a>(row: &'a Row<'_>, i: usize) -> OpResult<&'a str> {
+    Ok(row.get_ref(i)?.as_str().map_err(rusqlite::Error::from)?)
+}
+
+fn opt_text<'a>(row: &'a Row<'_>, i: usize) -> OpResult<Option<&'a str>> {
+    Ok(row.get_ref(i)?.as_str_or_null().map_err(rusqlite::Error::from)?)
+}
+
+fn opt_payload(row: &Row<'_>, i: usize) -> OpResult<Option<Payload>> {
+    Ok(opt_text(row, i)?.map(Payload::from_trusted))
+}
+
+fn opt_step_error(row: &Row<'_>, i: usize, what: impl FnOnce() -> String) -> OpResult<Option<StepError>> {
+    match opt_text(row, i)? {
+        None => Ok(None),
+        Some(s) => {
+            serde_json::from_str(s).map(Some).map_err(|e| corrupt(format!("{}: error is not valid: {e}", what())))
+        }
+    }
+}
+
+fn opt_millis(row: &Row<'_>, i: usize, what: impl FnOnce() -> String) -> OpResult<Option<u64>> {
+    match row.get::<_, Option<i64>>(i)? {
+        None => Ok(None),
+        Some(v) => millis_from_sql(v, what).map(Some),
+    }
+}
+
+fn opt_payload_str(p: &Option<Payload>) -> Option<&str> {
+    p.as_ref().map(Payload::as_str)
+}
+
+fn opt_error_json(e: &Option<StepError>) -> OpResult<Option<String>> {
+    e.as_ref().map(error_json).transpose()
+}
+
+fn run_status(s: &str, id: &RunId) -> OpResult<RunStatus> {
+    s.parse().map_err(|e| corrupt(format!("run {id}: {e}")))
+}
+
+// ---- rows ---------------------------------------------------------------------------------
+
+const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
+     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen";
+
+fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
+    let id = RunId::new(text(row, 0)?);
+    let what = |col: &str| format!("run {id}: {col}");
+    let tags: Vec<String> =
+        serde_json::from_str(text(row, 8)?).map_err(|e| corrupt(format!("{}: {e}", what("tags"))))?;
+    let parent = match (opt_text(row, 10)?, row.get::<_, Option<i64>>(11)?) {
+        (Some(pid), Some(seq)) => {
+            Some(ParentLink { run_id: RunId::new(pid), seq: u32_from_sql(seq, || what("parent_seq"))? })
+        }
+        _ => None,
+    };
+    Ok(Run {
+        workflow: text(row, 1)?.to_string(),
+        version: u32_from_sql(row.get(2)?, || what("version"))?,
+        namespace: text(row, 3)?.to_string(),
+        status: run_status(text(row, 4)?, &id)?,
+        input: Payload::from_trusted(text(row, 5)?),
+        output: opt_payload(row, 6)?,
+        error: opt_step_error(row, 7, || what("error"))?,
+        tags,
+        priority: i32::try_from(row.get::<_, i64>(9)?).map_err(|_| corrupt(what("priority out of range")))?,
+        parent,
+        created_at: millis_from_sql(row.get(12)?, || what("created_at"))?,
+        updated_at: millis_from_sql(row.get(13)?, || what("updated_at"))?,
+        wake_at: opt_millis(row, 14, || what("wake_at"))?,
+        lease_owner: opt_text(row, 15)?.map(str::to_string),
+        lease_until: opt_millis(row, 16, || what("lease_until"))?,
+        recovery_attempts: u32_from_sql(row.get(17)?, || what("recovery_attempts"))?,
+        wake_gen: millis_from_sql(row.get(18)?, || what("wake_gen"))?,
+        id,
+    })
+}
+
+const CHECKPOINT_COLS: &str =
+    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, started_at, updated_at";
+
+fn checkpoint_from_row(row: &Row<'_>) -> OpResult<Checkpoint> {
+    let run_id = RunId::new(text(row, 0)?);
+    let seq_raw: i64 = row.get(1)?;
+    let what = |col: &str| format!("run {run_id} seq {seq_raw}: {col}");
+    let seq = u32_from_sql(seq_raw, || what("seq"))?;
+    Ok(Checkpoint {
+        seq,
+        name: text(row, 2)?.to_string(),
+        kind: text(row, 3)?.parse().map_err(|e| corrupt(format!("{}: {e}", what("kind"))))?,
+        status: text(row, 4)?.parse().map_err(|e| corrupt(format!("{}: {e}", what("status"))))?,
+        input: opt_payload(row, 5)?,
+        output: opt_payload(row, 6)?,
+        error: opt_step_error(row, 7, || what("error"))?,
+        attempts: u32_from_sql(row.get(8)?, || what("attempts"))?,
+        wake_at: opt_millis(row, 9, || what("wake_at"))?,
+        started_at: millis_from_sql(row.get(10)?, || what("started_at"))?,
+        updated_at: millis_from_sql(row.get(11)?, || what("updated_at"))?,
+        run_id,
+    })
+}
+
+const WAITER_COLS: &str = "run_id, seq, name, kind, key, matcher, created_at";
+
+fn waiter_from_row(row: &Row<'_>) -> OpResult<Waiter> {
+    let run_id = RunId::new(text(row, 0)?);
+    let seq_raw: i64 = row.get(1)?;
+    let what = |col: &str| format!("waiter of run {run_id} seq {seq_raw}: {col}");
+    let key = text(row, 4)?.to_string();
+    let kind = match text(row, 3)? {
+        "signal" => WaitKind::Signal { token: key },
+        "event" => WaitKind::Event {
+            name: key,
+            matcher: Payload::from_trusted(opt_text(row, 5)?.ok_or_else(|| corrupt(what("event matcher missing")))?),
+        },
+        other => return Err(corrupt(format!("{}: {other:?}", what("unknown wait kind")))),
+    };
+    Ok(Waiter {
+        seq: u32_from_sql(seq_raw, || what("seq"))?,
+        name: text(row, 2)?.to_string(),
+        kind,
+        created_at: millis_from_sql(row.get(6)?, || what("created_at"))?,
+        run_id,
+    })
+}
+
+// ---- reads --------------------------------------------------------------------------------
+
+pub(crate) fn get_run(conn: &Connection, id: &RunId) -> OpResult<Option<Run>> {
+    let mut stmt = conn.prepare_cached(&format!("SELECT {RUN_COLS} FROM runs WHERE id = ?1"))?;
+    let mut rows = stmt.query([id.as_str()])?;
+    match rows.next()? {
+        Some(row) => run_from_row(row).map(Some),
+        None => Ok(None),
+    }
+}
+
+/// The run's whole history, in one query on the `(run_id, seq)` primary key.
+pub(crate) fn history(conn: &Connection, id: &RunId) -> OpResult<Vec<Checkpoint>> {
+    let mut stmt =
+        conn.prepare_cached(&format!("SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE run_id = ?1 ORDER BY seq"))?;
+    let mut rows = stmt.query([id.as_str()])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(checkpoint_from_row(row)?);
+    }
+    Ok(out)
+}
+
+pub(crate) fn list_runs(conn: &Connection, filter: &RunFilter) -> OpResult<RunPage> {
+    let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
+    let limit = if filter.limit == 0 { 100 } else { filter.limit };
+    let mut sql = format!("SELECT {RUN_COLS} FROM runs WHERE 1");
+    let mut args: Vec<Value> = Vec::new();
+    if let Some(w) = &filter.workflow {
+        sql.push_str(" AND workflow = ?");
+        args.push(Value::Text(w.clone()));
+    }
+    if !filter.statuses.is_empty() {
+        sql.push_str(" AND status IN (");
+        for (i, st) in filter.statuses.iter().enumerate() {
+            sql.push_str(if i == 0 { "?" } else { ", ?" });
+            args.push(Value::Text(st.as_str().to_string()));
+        }
+        sql.push(')');
+    }
+    if let Some(ns) = &filter.namespace {
+        sql.push_str(" AND namespace = ?");
+        args.push(Value::Text(ns.clone()));
+    }
+    if let Some(tag) = &filter.tag {
+        sql.push_str(" AND id IN (SELECT run_id FROM run_tags WHERE tag = ?)");
+        args.push(Value::Text(tag.clone()));
+    }
+    if let Some(parent) = &filter.parent {
+        sql.push_str(" AND parent_id = ?");
+        args.push(Value::Text(parent.as_str().to_string()));
+    }
+    if let Some(t) = filter.created_after {
+        sql.push_str(" AND created_at >= ?");
+        args.push(Value::Integer(millis_to_sql(t)));
+    }
+    if let Some(t) = filter.created_before {
+        sql.push_str(" AND created_at < ?");
+        args.push(Value::Integer(millis_to_sql(t)));
+    }
+    if let Some((t, id)) = &after {
+        sql.push_str(" AND (created_at < ? OR (created_at = ? AND id < ?))");
+        args.push(Value::Integer(millis_to_sql(*t)));
+        args.push(Value::Integer(millis_to_sql(*t)));
+        args.push(Value::Text(id.as_str().to_string()));
+    }
+    sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
+    args.push(Value::Integer(sql_limit(limit.saturating_add(1))));
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params_from_iter(args))?;
+    let mut runs = Vec::new();
+    while let Some(row) = rows.next()? {
+        runs.push(run_from_row(row)?);
+    }
+    let more = runs.len() > limit;
+    runs.truncate(limit);
+    let next_cursor = if more { runs.last().map(encode_cursor) } else { None };
+    Ok(RunPage { runs, next_cursor })
+}
+
+fn sql_limit(limit: usize) -> i64 {
+    i64::try_from(limit).unwrap_or(i64::MAX)
+}
+
+/// Which poller query.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Poll {
+    Pending,
+    Due,
+    Orphaned,
+}
+
+/// `pending_runs`, `due_runs` and `orphaned_runs`: each walks its partial index.
+pub(crate) fn poll_runs(conn: &Connection, which: Poll, q: &RunQuery) -> OpResult<Vec<RunId>> {
+    if q.limit == 0 {
+        return Ok(Vec::new());
+    }
+    let now = millis_to_sql(q.now);
+    // A lease is live when it has an owner and lease_until >= now.
+    let no_live_lease = "(lease_owner IS NULL OR lease_until IS NULL OR lease_until < ?1)";
+    let (head, order) = match which {
+        Poll::Pending => ("status = 'pending'", "priority DESC, created_at, id"),
+        Poll::Due => ("status = 'suspended' AND wake_at <= ?1", "wake_at, id"),
+        Poll::Orphaned => ("status = 'running'", "updated_at, id"),
+    };
+    let mut sql = format!("SELECT id FROM runs WHERE {head} AND {no_live_lease}");
+    let mut args: Vec<Value> = vec![Value::Integer(now)];
+    if let Some(ns) = &q.namespace {
+        args.push(Value::Text(ns.clone()));
+        sql.push_str(&format!(" AND namespace = ?{}", args.len()));
+    }
+    if let Some(ws) = &q.workflows {
+        if ws.is_empty() {
+            sql.push_str(" AND 0");
+        } else {
+            sql.push_str(" AND (");
+            for (i, (w, v)) in ws.iter().enumerate() {
+                if i > 0 {
+                    sql.push_str(" OR ");
+                }
+                args.push(Value::Text(w.clone()));
+                args.push(Value::Integer(i64::from(*v)));
+                sql.push_str(&format!("(workflow = ?{} AND version = ?{})", args.len() - 1, args.len()));
+            }
+            sql.push(')');
+        }
+    }
+    args.push(Value::Integer(sql_limit(q.limit)));
+    sql.push_str(&format!(" ORDER BY {order} LIMIT ?{}", args.len()));
+    let mut stmt = conn.prepare_cached(&sql)?;
+    let mut rows = stmt.query(params_from_iter(args))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(RunId::new(text(row, 0)?));
+    }
+    Ok(out)
+}
+
+pub(crate) fn waiters(conn: &Connection, id: &RunId) -> OpResult<Vec<Waiter>> {
+    let mut stmt = conn.prepare_cached(&format!("SELECT {WAITER_COLS} FROM waiters WHERE run_id = ?1 ORDER BY seq"))?;
+    let mut rows = stmt.query([id.as_str()])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(waiter_from_row(row)?);
+    }
+    Ok(out)
+}
+
+pub(crate) fn get_state(conn: &Connection, id: &RunId, key: &str) -> OpResult<Option<Payload>> {
+    let mut stmt = conn.prepare_cached("SELECT value FROM run_state WHERE run_id = ?1 AND key = ?2")?;
+    let mut rows = stmt.query([id.as_str(), key])?;
+    match rows.next()? {
+        Some(row) => Ok(Some(Payload::from_trusted(text(row, 0)?))),
+        None => Ok(None),
+    }
+}
+
+// ---- writes -------------------------------------------------------------------------------
+
+/// Inserts the run unless its id exists; returns the existing run then.
+fn create(conn: &Connection, new: &NewRun) -> OpResult<Option<Run>> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO runs (id, workflow, version, namespace, status, input, tags, priority, parent_id, parent_seq, \
+         created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, ?10, ?10) \
+         ON CONFLICT (id) DO NOTHING",
+    )?;
+    let inserted = stmt.execute(params![
+        new.id.as_str(),
+        new.workflow,
+        new.version,
+        new.namespace,
+        new.input.as_str(),
+        tags_json(&new.tags)?,
+        new.priority,
+        new.parent.as_ref().map(|p| p.run_id.as_str()),
+        new.parent.as_ref().map(|p| p.seq),
+        millis_to_sql(new.created_at),
+    ])?;
+    if inserted == 0 {
+        return get_run(conn, &new.id)?
+            .map(Some)
+            .ok_or_else(|| corrupt(format!("run {}: insert conflicted but the run is missing", new.id)));
+    }
+    if !new.tags.is_empty() {
+        let mut tag = conn.prepare_cached("INSERT OR IGNORE INTO run_tags (run_id, tag) VALUES (?1, ?2)")?;
+        for t in &new.tags {
+            tag.execute([new.id.as_str(), t.as_str()])?;
+        }
+    }
+    Ok(None)
+}
+
+pub(crate) fn create_run(conn: &Connection, new: NewRun) -> OpResult<CreateRun> {
+    Ok(match create(conn, &new)? {
+        Some(existing) => CreateRun::Existing(existing),
+        None => CreateRun::Created(new.into_run()),
+    })
+}
+
+fn lease_is_live(run: &Run, now: Millis) -> bool {
+    run.lease_owner.is_some() && run.lease_until.is_some_and(|until| until >= now)
+}
+
+pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcome> {
+    let Some(mut run) = get_run(conn, &claim.run_id)? else {
+        return Ok(ClaimOutcome::NotFound);
+    };
+    if run.status.is_terminal() {
+        return Ok(ClaimOutcome::Terminal(run));
+    }
+    let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
+    if held_by_other && lease_is_live(&run, claim.now) {
+        return Ok(ClaimOutcome::Busy(run));
+    }
+    let previous = run.status;
+    let recovered = previous == RunStatus::Running && held_by_other;
+    let mut stmt = conn.prepare_cached(
+        "UPDATE runs SET status = 'running', lease_owner = ?2, lease_until = ?3, updated_at = ?4, \
+         recovery_attempts = recovery_attempts + ?5 WHERE id = ?1",
+    )?;
+    stmt.execute(params![
+        claim.run_id.as_str(),
+        claim.owner,
+        millis_to_sql(claim.lease_until),
+        millis_to_sql(claim.now),
+        i64::from(recovered),
+    ])?;
+    if recovered {
+        run.recovery_attempts += 1;
+    }
+    run.status = RunStatus::Running;
+    run.lease_owner = Some(claim.owner);
+    run.lease_until = Some(claim.lease_until);
+    run.updated_at = claim.now;
+    let history = history(conn, &claim.run_id)?;
+    Ok(ClaimOutcome::Acquired { run, history, previous, recovered })
+}
+
+pub(crate) fn renew_lease(conn: &Connection, id: &RunId, owner: &str, lease_until: Millis) -> OpResult<bool> {
+    let mut stmt = conn.prepare_cached("UPDATE runs SET lease_until = ?3 WHERE id = ?1 AND lease_owner = ?2")?;
+    Ok(stmt.execute(params![id.as_str(), owner, millis_to_sql(lease_until)])? > 0)
+}
+
+pub(crate) fn release_lease(conn: &Connection, id: &RunId, owner: &str) -> OpResult<bool> {
+    let mut stmt = conn
+        .prepare_cached("UPDATE runs SET lease_owner = NULL, lease_until = NULL WHERE id = ?1 AND lease_owner = ?2")?;
+    Ok(stmt.execute(params![id.as_str(), owner])? > 0)
+}
+
+fn check_transition(id: &RunId, from: RunStatus, next: RunStatus) -> OpResult<()> {
+    if from == next || from.can_become(next) {
+        Ok(())
+    } else {
+        Err(StoreError::Conflict { message: format!("run {id}: status {from} cannot become {next}") }.into())
+    }
+}
+
+fn upsert_checkpoint(conn: &Connection, run_id: &RunId, cp: &Checkpoint) -> OpResult<()> {
+    let mut stmt = conn.prepare_cached(
+        "INSERT INTO checkpoints (run_id, seq, name, kind, status, input, output, error, attempts, wake_at, \
+         started_at, updated_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12) \
+         ON CONFLICT (run_id, seq) DO UPDATE SET name = excluded.name, kind = excluded.kind, \
+         status = excluded.status, input = excluded.input, output = excluded.output, error = excluded.error, \
+         attempts = excluded.attempts, wake_at = excluded.wake_at, started_at = excluded.started_at, \
+         updated_at = excluded.updated_at",
+    )?;
+    stmt.execute(params![
+        run_id.as_str(),
+        cp.seq,
+        cp.name,
+        cp.kind.as_str(),
+        cp.status.as_str(),
+        opt_payload_str(&cp.input),
+        opt_payload_str(&cp.output),
+        opt_error_json(&cp.error)?,
+        cp.attempts,
+        cp.wake_at.map(millis_to_sql),
+        millis_to_sql(cp.started_at),
+        millis_to_sql(cp.updated_at),
+    ])?;
+    Ok(())
+}
+
+/// Records a delivered payload as the `completed` checkpoint at the waiter's seq and wakes its
+/// run (`wake_gen + 1`; a suspended run becomes due now).
+fn resolve(
+    conn: &Connection,
+    run_id: &str,
+    seq: i64,
+    name: &str,
+    kind: StepKind,
+    payload: &str,
+    now: i64,
+) -> OpResult<()> {
+    let mut cp = conn.prepare_cached(
+        "INSERT INTO checkpoints (run_id, seq, name, kind, status, output, attempts, started_at, updated_at) \
+         VALUES (?1, ?2, ?3, ?4, 'completed', ?5, 0, ?6, ?6) \
+         ON CONFLICT (run_id, seq) DO UPDATE SET status = 'completed', output = excluded.output, \
+         updated_at = excluded.updated_at",
+    )?;
+    cp.execute(params![run_id, seq, name, kind.as_str(), payload, now])?;
+    let mut run = conn.prepare_cached(
+        "UPDATE runs SET wake_gen = wake_gen + 1, \
+         wake_at = CASE WHEN status = 'suspended' THEN MIN(COALESCE(wake_at, ?2), ?2) ELSE wake_at END, \
+         updated_at = ?2 WHERE id = ?1",
+    )?;
+    run.execute(params![run_id, now])?;
+    Ok(())
+}
+
+fn seq_of(v: i64) -> OpResult<u32> {
+    u32_from_sql(v, || "waiter seq".to_string())
+}
+
+pub(crate) fn send_signal(conn: &Connection, token: &str, payload: &str, now: Millis) -> OpResult<Delivery> {
+    let now = millis_to_sql(now);
+    let waiter = conn
+        .prepare_cached(
+            "SELECT wid, run_id, seq, name FROM waiters WHERE kind = 'signal' AND key = ?1 ORDER BY wid LIMIT 1",
+        )?
+        .query_row([token], |r| {
+            Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?, r.get::<_, i64>(2)?, r.get::<_, String>(3)?))
+        })
+        .optional()?;
+    if let Some((wid, run_id, seq, name)) = waiter {
+        conn.prepare_cached("DELETE FROM waiters WHERE wid = ?1")?.execute([wid])?;
+        resolve(conn, &run_id, seq, &name, StepKind::Signal, payload, now)?;
+        return Ok(Delivery::Delivered { run_id: RunId::new(run_id), seq: seq_of(seq)? });
+    }
+    conn.prepare_cached("INSERT INTO buffered_signals (token, payload, created_at) VALUES (?1, ?2, ?3)")?
+        .execute(params![token, payload, now])?;
+    Ok(Delivery::Buffered)
+}
+
+pub(crate) fn publish_event(conn: &Connection, name: &str, payload: &str, now: Millis) -> OpResult<Vec<Delivery>> {
+    let now = millis_to_sql(now);
+    let value: serde_json::Value = serde_json::from_str(payload).unwrap_or(serde_json::Value::Null);
+    let mut accepted = Vec::new();
+    {
+        let mut stmt = conn.prepare_cached(
+            "SELECT wid, run_id, seq, name, matcher FROM waiters WHERE kind = 'event' AND key = ?1 ORDER BY wid",
+        )?;
+        let mut rows = stmt.query([name])?;
+        while let Some(row) = rows.next()? {
+            let matcher: serde_json::Value =
+                opt_text(row, 4)?.and_then(|m| serde_json::from_str(m).ok()).unwrap_or(serde_json::Value::Null);
+            if json_subset(&matcher, &value) {
+                accepted.push((
+                    row.get::<_, i64>(0)?,
+                    text(row, 1)?.to_string(),
+                    row.get::<_, i64>(2)?,
+                    text(row, 3)?.to_string(),
+                ));
+            }
+        }
+    }
+    let mut delivered = Vec::with_capacity(accepted.len());
+    for (wid, run_id, seq, wname) in accepted {
+        conn.prepare_cached("DELETE FROM waiters WHERE wid = ?1")?.execute([wid])?;
+        resolve(conn, &run_id, seq, &wname, StepKind::Event, payload, now)?;
+        delivered.push(Delivery::Delivered { run_id: RunId::new(run_id), seq: seq_of(seq)? });
+    }
+    if delivered.is_empty() {
+        conn.prepare_cached("INSERT INTO buffered_events (name, payload, created_at) VALUES (?1, ?2, ?3)")?
+            .execute(params![name, payload, now])?;
+    }
+    Ok(delivered)
+}
+
+/// Registers a wait, unless a buffered delivery satisfies it: then that delivery is consumed
+/// and resolves the wait at once.
+fn register_wait(conn: &Connection, w: &Waiter, now: i64) -> OpResult<()> {
+    let run_id = w.run_id.as_str();
+    let seq = i64::from(w.seq);
+    let (kind, key, matcher) = match &w.kind {
+        WaitKind::Signal { token } => {
+            let buffered = conn
+                .prepare_cached("SELECT id, payload FROM buffered_signals WHERE token = ?1 ORDER BY id LIMIT 1")?
+                .query_row([token], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+                .optional()?;
+            if let Some((id, payload)) = buffered {
+                conn.prepare_cached("DELETE FROM buffered_signals WHERE id = ?1")?.execute([id])?;
+                return resolve(conn, run_id, seq, &w.name, StepKind::Signal, &payload, now);
+            }
+            ("signal", token, None)
+        }
+        WaitKind::Event { name, matcher } => {
+            let m = matcher.to_value();
+            let mut found = None;
+            {
+                let mut stmt =
+                    conn.prepare_cached("SELECT id, payload FROM buffered_events WHERE name = ?1 ORDER BY id")?;
+                let mut rows = stmt.query([name])?;
+                while let Some(row) = rows.next()? {
+                    let p = text(row, 1)?;
+                    let v: serde_json::Value = serde_json::from_str(p).unwrap_or(serde_json::Value::Null);
+                    if json_subset(&m, &v) {
+                        found = Some((row.get::<_, i64>(0)?, p.to_string()));
+                        break;
+                    }
+                }
+            }
+            if let Some((id, payload)) = found {
+                conn.prepare_cached("DELETE FROM buffered_events WHERE id = ?1")?.execute([id])?;
+                return resolve(conn, run_id, seq, &w.name, StepKind::Event, &payload, now);
+            }
+            ("event", name, Some(matcher.as_str()))
+        }
+    };
+    // Replaces an earlier registration at the same seq (a re-suspension re-registers); the new
+    // row gets a new wid, so it queues behind the waiters registered before it.
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO waiters (run_id, seq, name, kind, key, matcher, created_at) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7)",
+    )?
+    .execute(params![run_id, seq, w.name, kind, key, matcher, millis_to_sql(w.created_at)])?;
+    Ok(())
+}
+
+pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
+    let row = conn
+        .prepare_cached("SELECT status, lease_owner FROM runs WHERE id = ?1")?
+        .query_row([c.run_id.as_str()], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))
+        .optional()?;
+    let Some((status, owner)) = row else {
+        return Err(StoreError::NotFound { what: format!("run {}", c.run_id) }.into());
+    };
+    if owner.as_deref() != Some(c.owner.as_str()) {
+        return Err(StoreError::LeaseLost { run_id: c.run_id, owner: c.owner }.into());
+    }
+    let status = run_status(&status, &c.run_id)?;
+    if let Some(TurnEnd::Settle { status: next, .. }) = &c.end
+        && status == RunStatus::Running
+    {
+        check_transition(&c.run_id, status, *next)?;
+    }
+    let now = millis_to_sql(c.now);
+    let id = c.run_id.as_str();
+    let mut out = CommitOutcome::default();
+    // Expired waits first: a wait whose waiter a delivery already took keeps the delivery.
+    if !c.expire_waits.is_empty() {
+        let mut del = conn.prepare_cached("DELETE FROM waiters WHERE run_id = ?1 AND seq = ?2")?;
+        for seq in &c.expire_waits {
+            if del.execute(params![id, seq])? == 0 {
+                out.raced.push(*seq);
+            }
+        }
+    }
+    for cp in &c.checkpoints {
+        if !out.raced.contains(&cp.seq) {
+            upsert_checkpoint(conn, &c.run_id, cp)?;
+        }
+    }
+    for w in &c.waits {
+        register_wait(conn, w, now)?;
+    }
+    if !c.state.is_empty() {
+        let mut st = conn.prepare_cached(
+            "INSERT INTO run_state (run_id, key, value) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (run_id, key) DO UPDATE SET value = excluded.value",
+        )?;
+        for (k, v) in &c.state {
+            st.execute(params![id, k, v.as_str()])?;
+        }
+    }
+    for child in &c.children {
+        create(conn, child)?;
+    }
+    for sig in &c.signals {
+        out.deliveries.push(send_signal(conn, &sig.token, sig.payload.as_str(), c.now)?);
+    }
+    let running = status == RunStatus::Running;
+    let touch = |conn: &Connection| -> OpResult<()> {
+        conn.prepare_cached("UPDATE runs SET updated_at = ?2 WHERE id = ?1")?.execute(params![id, now])?;
+        Ok(())
+    };
+    match c.end {
+        None => touch(conn)?,
+        Some(TurnEnd::Suspend { wake_at, seen_wake_gen }) if running => {
+            // Suspends only if nothing was delivered since the turn loaded the run: the
+            // wake_gen compare is part of the UPDATE.
+            let suspended = out.raced.is_empty()
+                && conn
+                    .prepare_cached(
+                        "UPDATE runs SET status = 'suspended', wake_at = ?2, lease_owner = NULL, lease_until = NULL, \
+                         updated_at = ?3 WHERE id = ?1 AND status = 'running' AND wake_gen = ?4",
+                    )?
+                    .execute(params![id, wake_at.map(millis_to_sql), now, millis_to_sql(seen_wake_gen)])?
+                    > 0;
+            if !suspended {
+                out.woken = true;
+                touch(conn)?;
+            }
+        }
+        Some(TurnEnd::Settle { status: next, output, error }) if running => {
+            out.settled = conn
+                .prepare_cached(
+                    "UPDATE runs SET status = ?2, output = ?3, error = ?4, wake_at = NULL, lease_owner = NULL, \
+                     lease_until = NULL, updated_at = ?5 WHERE id = ?1 AND status = 'running'",
+                )?
+                .execute(params![id, next.as_str(), opt_payload_str(&output), opt_error_json(&error)?, now])?
+                > 0;
+            if out.settled {
+                // A settled run must not swallow later signals.
+                remove_waiters_of(conn, id)?;
+            }
+        }
+        // A turn end that finds the run no longer running (an operator cancelled it mid-turn)
+        // changes nothing of the run row: terminal runs accept no transition.
+        Some(_) => {}
+    }
+    Ok(out)
+}
+
+pub(crate) fn update_run_if(conn: &Connection, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> OpResult<bool> {
+    let current = conn
+        .prepare_cached("SELECT status FROM runs WHERE id = ?1")?
+        .query_row([id.as_str()], |r| r.get::<_, String>(0))
+        .optional()?;
+    let Some(current) = current else {
+        return Ok(false);
+    };
+    let current = run_status(&current, id)?;
+    if !expected.is_empty() && !expected.contains(&current) {
+        return Ok(false);
+    }
+    if let Some(next) = patch.status {
+        check_transition(id, current, next)?;
+    }
+    let next = patch.status.unwrap_or(current);
+    let output = patch.output.as_ref().map(opt_payload_str);
+    let error = patch.error.as_ref().map(opt_error_json).transpose()?;
+    let wake_at = patch.wake_at.map(|w| w.map(millis_to_sql));
+    let now = millis_to_sql(patch.now);
+    // The status read above is the compare of this compare-and-set: the UPDATE repeats it.
+    // `wake` acts as a delivery: wake_gen + 1 and a suspended run (after the patch) is due now.
+    let changed = conn
+        .prepare_cached(
+            "UPDATE runs SET status = ?2, \
+             output = CASE WHEN ?3 THEN ?4 ELSE output END, \
+             error = CASE WHEN ?5 THEN ?6 ELSE error END, \
+             wake_at = CASE WHEN ?13 \
+                 THEN MIN(COALESCE(CASE WHEN ?7 THEN ?8 ELSE wake_at END, ?11), ?11) \
+                 ELSE CASE WHEN ?7 THEN ?8 ELSE wake_at END END, \
+             lease_owner = CASE WHEN ?9 THEN NULL ELSE lease_owner END, \
+             lease_until = CASE WHEN ?9 THEN NULL ELSE lease_until END, \
+             recovery_attempts = CASE WHEN ?10 THEN 0 ELSE recovery_attempts END, \
+             wake_gen = wake_gen + ?14, \
+             updated_at = ?11 \
+             WHERE id = ?1 AND status = ?12",
+        )?
+        .execute(params![
+            id.as_str(),
+            next.as_str(),
+            output.is_some(),
+            output.flatten(),
+            error.is_some(),
+            error.flatten(),
+            wake_at.is_some(),
+            wake_at.flatten(),
+            patch.release_lease,
+            patch.reset_recovery,
+            now,
+            current.as_str(),
+            patch.wake && next == RunStatus::Suspended,
+            i64::from(patch.wake),
+        ])?;
+    if changed == 0 {
+        return Err(corrupt(format!("run {id}: the run row changed inside the write transaction")));
+    }
+    if patch.clear_failed_checkpoints {
+        conn.prepare_cached("DELETE FROM checkpoints WHERE run_id = ?1 AND status = ?2")?
+            .execute([id.as_str(), CheckpointStatus::Failed.as_str()])?;
+    }
+    if let Some(from) = patch.truncate_history_from {
+        conn.prepare_cached("DELETE FROM checkpoints WHERE run_id = ?1 AND seq >= ?2")?
+            .execute(params![id.as_str(), from])?;
+    }
+    if next.is_terminal() {
+        // A settled run must not swallow later signals.
+        remove_waiters_of(conn, id.as_str())?;
+    }
+    for sig in &patch.signals {
+        send_signal(conn, &sig.token, sig.payload.as_str(), patch.now)?;
+    }
+    Ok(true)
+}
+
+fn remove_waiters_of(conn: &Connection, run_id: &str) -> OpResult<()> {
+    conn.prepare_cached("DELETE FROM waiters WHERE run_id = ?1")?.execute([run_id])?;
+    Ok(())
+}
+
+pub(crate) fn delete_run(conn: &Connection, id: &RunId) -> OpResult<u64> {
+    let exists = conn.prepare_cached("SELECT 1 FROM runs WHERE id = ?1")?.exists([id.as_str()])?;
+    if !exists {
+        return Ok(0);
+    }
+    let mut doomed: Vec<String> = vec![id.as_str().to_string()];
+    let mut seen: HashSet<String> = doomed.iter().cloned().collect();
+    {
+        let mut children = conn.prepare_cached("SELECT id FROM runs WHERE parent_id = ?1")?;
+        let mut i = 0;
+        while i < doomed.len() {
+            let mut rows = children.query([doomed[i].as_str()])?;
+            while let Some(row) = rows.next()? {
+                let child = text(row, 0)?;
+                if seen.insert(child.to_string()) {
+                    doomed.push(child.to_string());
+                }
+            }
+            i += 1;
+        }
+    }
+    for table in ["checkpoints", "waiters", "run_state", "run_tags"] {
+        let mut stmt = conn.prepare_cached(&format!("DELETE FROM {table} WHERE run_id = ?1"))?;
+        for d in &doomed {
+            stmt.execute([d.as_str()])?;
+        }
+    }
+    let mut stmt = conn.prepare_cached("DELETE FROM runs WHERE id = ?1")?;
+    for d in &doomed {
+        stmt.execute([d.as_str()])?;
+    }
+    Ok(doomed.len() as u64)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn conn() -> Connection {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE durable_schema (version INTEGER PRIMARY KEY NOT NULL, description TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT;").unwrap();
+        for sql in crate::schema::migration_sql() {
+            conn.execute_batch(sql).unwrap();
+        }
+        conn
+    }
+
+    fn plan(conn: &Connection, sql: &str) -> String {
+        let mut stmt = conn.prepare(&format!("EXPLAIN QUERY PLAN {sql}")).unwrap();
+        let rows: Vec<String> =
+            stmt.query_map([], |r| r.get::<_, String>(3)).unwrap().collect::<Result<_, _>>().unwrap();
+        rows.join(" | ")
+    }
+
+    #[test]
+    fn every_poller_and_lookup_uses_an_index() {
+        let conn = conn();
+        let cases = [
+            (
+                "SELECT id FROM runs WHERE status = 'pending' AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < 5) AND namespace = 'x' ORDER BY priority DESC, created_at, id LIMIT 10",
+                "runs_pending",
+            ),
+            (
+                "SELECT id FROM runs WHERE status = 'suspended' AND wake_at <= 5 AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < 5) ORDER BY wake_at, id LIMIT 10",
+                "runs_due",
+            ),
+            (
+                "SELECT id FROM runs WHERE status = 'running' AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < 5) ORDER BY updated_at, id LIMIT 10",
+                "runs_running_lease",
+            ),
+            ("SELECT wid FROM waiters WHERE kind = 'signal' AND key = 't' ORDER BY wid LIMIT 1", "waiters_key"),
+            ("SELECT wid FROM waiters WHERE kind = 'event' AND key = 'e' ORDER BY wid", "waiters_key"),
+            ("SELECT seq FROM waiters WHERE run_id = 'r' ORDER BY seq", "waiters_run"),
+            ("SELECT id FROM buffered_signals WHERE token = 't' ORDER BY id LIMIT 1", "buffered_signals_token"),
+            ("SELECT id FROM buffered_events WHERE name = 'e' ORDER BY id", "buffered_events_name"),
+            ("SELECT seq FROM checkpoints WHERE run_id = 'r' ORDER BY seq", "PRIMARY KEY"),
+            ("SELECT id FROM runs WHERE parent_id = 'p'", "runs_parent"),
+            ("SELECT id FROM runs WHERE 1 ORDER BY created_at DESC, id DESC LIMIT 10", "runs_created"),
+            ("SELECT run_id FROM run_tags WHERE tag = 'x'", "run_tags_tag"),
+        ];
+        for (sql, index) in cases {
+            let plan = plan(&conn, sql);
+            assert!(plan.contains(index), "{sql}\n  plan: {plan}\n  expected index {index}");
+            assert!(!plan.contains("TEMP B-TREE") || index == "runs_running_lease", "{sql}\n  sorts: {plan}");
+        }
+    }
+}

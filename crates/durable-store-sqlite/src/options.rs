@@ -1,0 +1,106 @@
+//! Settings of a [`SqliteStore`](crate::SqliteStore).
+
+use std::time::Duration;
+
+/// How hard a commit waits for the disk.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum Durability {
+    /// `PRAGMA synchronous = FULL`: every commit (every group of commits, see the crate docs)
+    /// is fsynced before it is acknowledged. A power loss or an OS crash loses nothing that was
+    /// acknowledged. The default.
+    #[default]
+    Full,
+    /// `PRAGMA synchronous = NORMAL`: the write-ahead log is fsynced only at checkpoints. A
+    /// process crash (`kill -9`) still loses nothing; a power loss or an OS crash may lose the
+    /// last acknowledged commits (never corrupts the file). Faster on slow disks.
+    Normal,
+}
+
+impl Durability {
+    pub(crate) fn synchronous(self) -> &'static str {
+        match self {
+            Durability::Full => "FULL",
+            Durability::Normal => "NORMAL",
+        }
+    }
+}
+
+/// Settings for [`SqliteStore::open_with`](crate::SqliteStore::open_with).
+///
+/// ```
+/// use std::time::Duration;
+/// use durable_store_sqlite::{Durability, SqliteOptions};
+///
+/// let opts = SqliteOptions::new().durability(Durability::Normal).busy_timeout(Duration::from_secs(10));
+/// assert_eq!(opts.get_durability(), Durability::Normal);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SqliteOptions {
+    pub(crate) durability: Durability,
+    pub(crate) busy_timeout: Duration,
+    pub(crate) readers: usize,
+    pub(crate) max_group: usize,
+}
+
+impl Default for SqliteOptions {
+    fn default() -> Self {
+        SqliteOptions { durability: Durability::Full, busy_timeout: Duration::from_secs(5), readers: 2, max_group: 512 }
+    }
+}
+
+impl SqliteOptions {
+    /// The defaults: [`Durability::Full`], a 5 s busy timeout, 2 reader threads, groups of at
+    /// most 512 writes.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets the durability (default [`Durability::Full`]).
+    pub fn durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    /// Sets how long a write waits for another connection (another process, or another
+    /// `SqliteStore` on the same file) to release the database's write lock before it fails
+    /// with a retryable [`StoreError::Unavailable`](durable_core::StoreError::Unavailable).
+    /// Default 5 s.
+    pub fn busy_timeout(mut self, timeout: Duration) -> Self {
+        self.busy_timeout = timeout;
+        self
+    }
+
+    /// Sets the number of reader threads, each with its own connection (default 2, at least 1).
+    pub fn readers(mut self, readers: usize) -> Self {
+        self.readers = readers.max(1);
+        self
+    }
+
+    /// Sets the largest number of writes folded into one transaction (default 512, at least 1;
+    /// 1 turns group commit off).
+    pub fn max_group(mut self, max_group: usize) -> Self {
+        self.max_group = max_group.max(1);
+        self
+    }
+
+    /// The durability.
+    pub fn get_durability(&self) -> Durability {
+        self.durability
+    }
+
+    /// The busy timeout.
+    pub fn get_busy_timeout(&self) -> Duration {
+        self.busy_timeout
+    }
+
+    /// The number of reader threads.
+    pub fn get_readers(&self) -> usize {
+        self.readers
+    }
+
+    /// The largest group of writes per transaction.
+    pub fn get_max_group(&self) -> usize {
+        self.max_group
+    }
+}

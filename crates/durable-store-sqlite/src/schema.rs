@@ -1,0 +1,372 @@
+//! Opening a database file: header check, connection settings and versioned migrations.
+
+use std::fs::File;
+use std::io::Read;
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use rusqlite::{Connection, OpenFlags};
+
+use crate::error::{Error, Result};
+use crate::options::SqliteOptions;
+
+/// The schema version this build writes and reads. Files with an older version are migrated
+/// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
+/// crate can tell a durable file from another program's SQLite database.
+pub(crate) const APPLICATION_ID: i32 = 0x4455_5241;
+
+/// One step of the schema's history. Applied in order, each in the same transaction as the
+/// row recording it in `durable_schema`.
+struct Migration {
+    version: u32,
+    description: &'static str,
+    sql: &'static str,
+}
+
+/// The whole history of the schema. Never edit an entry once released: add one.
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "runs, checkpoints, waiters, buffered signals and events, query state",
+        sql: "
+CREATE TABLE runs (
+    id                TEXT PRIMARY KEY NOT NULL,
+    workflow          TEXT NOT NULL,
+    version           INTEGER NOT NULL,
+    namespace         TEXT NOT NULL,
+    status            TEXT NOT NULL,
+    input             TEXT NOT NULL,
+    output            TEXT,
+    error             TEXT,
+    tags              TEXT NOT NULL DEFAULT '[]',
+    priority          INTEGER NOT NULL DEFAULT 0,
+    parent_id         TEXT,
+    parent_seq        INTEGER,
+    created_at        INTEGER NOT NULL,
+    updated_at        INTEGER NOT NULL,
+    wake_at           INTEGER,
+    lease_owner       TEXT,
+    lease_until       INTEGER,
+    recovery_attempts INTEGER NOT NULL DEFAULT 0,
+    wake_gen          INTEGER NOT NULL DEFAULT 0
+) STRICT;
+-- Pollers: pending by priority then age, due timers by wake_at, running runs by lease.
+CREATE INDEX runs_pending ON runs (priority DESC, created_at, id) WHERE status = 'pending';
+CREATE INDEX runs_due ON runs (wake_at, id) WHERE status = 'suspended';
+CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';
+-- list_runs (newest first) and children by parent.
+CREATE INDEX runs_created ON runs (created_at DESC, id DESC);
+CREATE INDEX runs_parent ON runs (parent_id) WHERE parent_id IS NOT NULL;
+
+CREATE TABLE checkpoints (
+    run_id     TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    name       TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    status     TEXT NOT NULL,
+    input      TEXT,
+    output     TEXT,
+    error      TEXT,
+    attempts   INTEGER NOT NULL DEFAULT 0,
+    wake_at    INTEGER,
+    started_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) STRICT, WITHOUT ROWID;
+
+-- wid is the registration order, which is the delivery order.
+CREATE TABLE waiters (
+    wid        INTEGER PRIMARY KEY,
+    run_id     TEXT NOT NULL,
+    seq        INTEGER NOT NULL,
+    name       TEXT NOT NULL,
+    kind       TEXT NOT NULL,
+    key        TEXT NOT NULL,
+    matcher    TEXT,
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX waiters_run ON waiters (run_id, seq);
+CREATE INDEX waiters_key ON waiters (kind, key);
+
+CREATE TABLE buffered_signals (
+    id         INTEGER PRIMARY KEY,
+    token      TEXT NOT NULL,
+    payload    TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX buffered_signals_token ON buffered_signals (token);
+
+CREATE TABLE buffered_events (
+    id         INTEGER PRIMARY KEY,
+    name       TEXT NOT NULL,
+    payload    TEXT NOT NULL,
+    created_at INTEGER NOT NULL
+) STRICT;
+CREATE INDEX buffered_events_name ON buffered_events (name);
+
+CREATE TABLE run_state (
+    run_id TEXT NOT NULL,
+    key    TEXT NOT NULL,
+    value  TEXT NOT NULL,
+    PRIMARY KEY (run_id, key)
+) STRICT, WITHOUT ROWID;
+",
+    },
+    Migration {
+        version: 2,
+        description: "run_tags: an index of run tags for list_runs, backfilled from runs.tags",
+        sql: "
+CREATE TABLE run_tags (
+    run_id TEXT NOT NULL,
+    tag    TEXT NOT NULL,
+    PRIMARY KEY (run_id, tag)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX run_tags_tag ON run_tags (tag, run_id);
+INSERT OR IGNORE INTO run_tags (run_id, tag)
+    SELECT runs.id, j.value FROM runs, json_each(runs.tags) AS j WHERE j.type = 'text';
+",
+    },
+];
+
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Refuses a file that exists and is not SQLite, before SQLite opens (and maybe writes) it.
+fn check_header(path: &Path) -> Result<()> {
+    let io_err = |message: &str, source| Error::Io { path: path.to_path_buf(), message: message.into(), source };
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(io_err("cannot read the file's metadata", e)),
+    };
+    if meta.is_dir() {
+        return Err(Error::NotADatabase { path: path.to_path_buf(), reason: "it is a directory".into() });
+    }
+    if meta.len() == 0 {
+        // SQLite treats an empty file as an empty database: it is initialised.
+        return Ok(());
+    }
+    let mut head = Vec::with_capacity(16);
+    File::open(path)
+        .and_then(|f| f.take(16).read_to_end(&mut head))
+        .map_err(|e| io_err("cannot read the file header", e))?;
+    if head.as_slice() != SQLITE_HEADER {
+        return Err(Error::NotADatabase {
+            path: path.to_path_buf(),
+            reason: "it is not an SQLite database (the file does not start with the SQLite header)".into(),
+        });
+    }
+    Ok(())
+}
+
+/// Opens one connection with the store's settings: busy timeout, WAL, synchronous, cache.
+pub(crate) fn connect(path: &Path, opts: &SqliteOptions, role: &str) -> Result<Connection> {
+    let conn = open_plain(path, opts, role)?;
+    configure(&conn, path, opts)?;
+    Ok(conn)
+}
+
+/// Opens a connection without changing anything in the file.
+fn open_plain(path: &Path, opts: &SqliteOptions, role: &str) -> Result<Connection> {
+    let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
+    // No SQLITE_OPEN_URI: the path is a path, never a `file:` URI with options.
+    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let conn =
+        Connection::open_with_flags(path, flags).map_err(|e| err(&format!("opening the {role} connection"), e))?;
+    let ms = opts.busy_timeout.as_millis().min(i32::MAX as u128) as u64;
+    conn.busy_timeout(Duration::from_millis(ms)).map_err(|e| err("setting the busy timeout", e))?;
+    if conn.is_readonly(rusqlite::MAIN_DB).map_err(|e| err("opening the database", e))? {
+        return Err(Error::Sqlite {
+            path: path.to_path_buf(),
+            message: "the database is read-only (check the permissions of the file and of its directory); \
+                      durable needs to write to it"
+                .into(),
+            source: "SQLite opened the file read-only".into(),
+        });
+    }
+    conn.set_prepared_statement_cache_capacity(128);
+    Ok(conn)
+}
+
+/// Switches to WAL and sets the per-connection pragmas.
+fn configure(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
+    let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
+    let mode: String = conn
+        .pragma_update_and_check(None, "journal_mode", "WAL", |row| row.get(0))
+        .map_err(|e| err("switching to WAL mode", e))?;
+    if !mode.eq_ignore_ascii_case("wal") {
+        return Err(Error::Sqlite {
+            path: path.to_path_buf(),
+            message: format!("cannot switch the database to WAL mode (SQLite kept journal mode {mode:?})"),
+            source: "journal_mode=WAL refused".into(),
+        });
+    }
+    let pragmas = format!(
+        "PRAGMA synchronous = {}; PRAGMA foreign_keys = OFF; PRAGMA temp_store = MEMORY; PRAGMA cache_size = -16384;",
+        opts.durability.synchronous()
+    );
+    conn.execute_batch(&pragmas).map_err(|e| err("configuring the connection", e))
+}
+
+/// Opens the writer connection of a store: checks the file, then brings its schema to
+/// [`SCHEMA_VERSION`] (creating it in an empty database) in one transaction.
+pub(crate) fn open_writer(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
+    check_header(path)?;
+    let conn = open_plain(path, opts, "writer")?;
+    // Refuse another program's database, or one from a newer build, before switching it to
+    // WAL (which rewrites the header): a refused file is left exactly as it was.
+    let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
+    match schema_version(&conn).map_err(|e| err("reading the schema version", e))? {
+        None => check_foreign(&conn, path, opts)?,
+        Some(v) if v > SCHEMA_VERSION => {
+            return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
+        }
+        Some(_) => {}
+    }
+    configure(&conn, path, opts)?;
+    migrate(&conn, path, opts)?;
+    Ok(conn)
+}
+
+/// Fails unless a database without a durable schema is empty (then it may be initialised).
+fn check_foreign(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
+    let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
+    let not_durable = |reason: String| Error::NotADatabase { path: path.to_path_buf(), reason };
+    let app_id: i32 =
+        conn.query_row("PRAGMA application_id", [], |r| r.get(0)).map_err(|e| err("reading the header", e))?;
+    if app_id != 0 && app_id != APPLICATION_ID {
+        return Err(not_durable(format!(
+            "it is an SQLite database of another application (application_id {app_id:#x})"
+        )));
+    }
+    let mut stmt = conn
+        .prepare(
+            "SELECT name FROM sqlite_schema WHERE type IN ('table', 'view') AND name NOT LIKE 'sqlite_%' \
+             ORDER BY name LIMIT 6",
+        )
+        .map_err(|e| err("listing tables", e))?;
+    let names: Vec<String> =
+        stmt.query_map([], |r| r.get(0)).and_then(|rows| rows.collect()).map_err(|e| err("listing tables", e))?;
+    if !names.is_empty() {
+        return Err(not_durable(format!(
+            "it is an SQLite database with other tables ({}) and no durable schema; give durable a file of its own",
+            names.join(", ")
+        )));
+    }
+    Ok(())
+}
+
+fn schema_version(conn: &Connection) -> rusqlite::Result<Option<u32>> {
+    let has_table: bool =
+        conn.prepare("SELECT 1 FROM sqlite_schema WHERE type = 'table' AND name = 'durable_schema'")?.exists([])?;
+    if !has_table {
+        return Ok(None);
+    }
+    let v: Option<i64> = conn.query_row("SELECT MAX(version) FROM durable_schema", [], |r| r.get(0))?;
+    Ok(Some(v.unwrap_or(0).clamp(0, i64::from(u32::MAX)) as u32))
+}
+
+fn migrate(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
+    let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
+    // A quick read first, so opening an up-to-date file never waits for the write lock.
+    let current = schema_version(conn).map_err(|e| err("reading the schema version", e))?;
+    match current {
+        Some(v) if v == SCHEMA_VERSION => return Ok(()),
+        Some(v) if v > SCHEMA_VERSION => {
+            return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
+        }
+        _ => {}
+    }
+    conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| err("starting the schema migration", e))?;
+    let result = migrate_locked(conn, path, opts);
+    match result {
+        Ok(()) => conn.execute_batch("COMMIT").map_err(|e| {
+            let _ = conn.execute_batch("ROLLBACK");
+            err("committing the schema migration", e)
+        }),
+        Err(e) => {
+            if !conn.is_autocommit() {
+                let _ = conn.execute_batch("ROLLBACK");
+            }
+            Err(e)
+        }
+    }
+}
+
+/// The migration proper, inside `BEGIN IMMEDIATE` (another process may have migrated since
+/// the first look, so everything is read again).
+fn migrate_locked(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
+    let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
+    let current = schema_version(conn).map_err(|e| err("reading the schema version", e))?;
+    let from = match current {
+        Some(v) if v > SCHEMA_VERSION => {
+            return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
+        }
+        Some(v) => v,
+        None => {
+            // No durable schema: only an empty database may be initialised, never another
+            // program's.
+            check_foreign(conn, path, opts)?;
+            conn.execute_batch(
+                "CREATE TABLE durable_schema (
+                    version     INTEGER PRIMARY KEY NOT NULL,
+                    description TEXT NOT NULL,
+                    applied_at  INTEGER NOT NULL
+                ) STRICT;",
+            )
+            .map_err(|e| err("creating the schema table", e))?;
+            0
+        }
+    };
+    let applied_at = SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, |d| d.as_millis() as i64);
+    for m in MIGRATIONS.iter().filter(|m| m.version > from) {
+        let doing = format!("migrating the schema to version {}", m.version);
+        conn.execute_batch(m.sql).map_err(|e| err(&doing, e))?;
+        conn.execute(
+            "INSERT INTO durable_schema (version, description, applied_at) VALUES (?1, ?2, ?3)",
+            rusqlite::params![m.version, m.description, applied_at],
+        )
+        .map_err(|e| err(&doing, e))?;
+    }
+    conn.pragma_update(None, "application_id", APPLICATION_ID).map_err(|e| err("writing the header", e))?;
+    Ok(())
+}
+
+/// The SQL of every migration, in order.
+#[cfg(test)]
+pub(crate) fn migration_sql() -> impl Iterator<Item = &'static str> {
+    MIGRATIONS.iter().map(|m| m.sql)
+}
+
+/// The schema version recorded in an open connection's file (`None`: no durable schema).
+#[cfg(test)]
+pub(crate) fn version_of(conn: &Connection) -> Option<u32> {
+    schema_version(conn).ok().flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_ordered_and_end_at_the_schema_version() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version as usize, i + 1, "migration versions are 1, 2, … without gaps");
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn every_migration_applies_on_an_empty_database() {
+        let conn = Connection::open_in_memory().unwrap();
+        conn.execute_batch("CREATE TABLE durable_schema (version INTEGER PRIMARY KEY NOT NULL, description TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT;").unwrap();
+        for m in MIGRATIONS {
+            conn.execute_batch(m.sql).unwrap();
+            conn.execute("INSERT INTO durable_schema VALUES (?1, ?2, 0)", rusqlite::params![m.version, m.description])
+                .unwrap();
+        }
+        assert_eq!(version_of(&conn), Some(SCHEMA_VERSION));
+    }
+}

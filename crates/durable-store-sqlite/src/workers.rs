@@ -1,0 +1,470 @@
+//! The threads of a store: one writer doing group commit, a few readers.
+//!
+//! Callers never block a thread: a request is a closure sent over a channel, the answer comes
+//! back on a `tokio::sync::oneshot` (which needs no runtime, only a waker), so the store works
+//! under any executor and spawns nothing on one.
+
+use std::panic::{self, AssertUnwindSafe};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+
+use durable_core::{StoreError, StoreResult};
+use rusqlite::Connection;
+use tokio::sync::oneshot;
+
+use crate::error::{Error, SharedFailure};
+use crate::ops::{Ctx, OpResult};
+
+/// Counters of a store's writer, for observability and tests.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct SqliteStats {
+    /// Write transactions committed (each is one fsync with [`Durability::Full`](crate::Durability::Full)).
+    pub transactions: u64,
+    /// Write requests answered (successful or not).
+    pub writes: u64,
+    /// Write requests submitted and not answered yet (queued or in the running group).
+    pub queued: u64,
+    /// Groups whose transaction failed as a whole (every write in them got the error).
+    pub failed_groups: u64,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    transactions: AtomicU64,
+    submitted: AtomicU64,
+    answered: AtomicU64,
+    failed_groups: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> SqliteStats {
+        // `answered` is read first: `queued` never underflows.
+        let writes = self.answered.load(Ordering::Acquire);
+        let submitted = self.submitted.load(Ordering::Acquire);
+        SqliteStats {
+            transactions: self.transactions.load(Ordering::Acquire),
+            writes,
+            queued: submitted.saturating_sub(writes),
+            failed_groups: self.failed_groups.load(Ordering::Acquire),
+        }
+    }
+}
+
+/// One write request: applied inside the group's transaction, answered after it commits.
+pub(crate) trait WriteJob: Send {
+    /// Runs the operation; returns whether it succeeded (if not, its savepoint is rolled back).
+    fn apply(&mut self, conn: &Connection) -> bool;
+    /// Sends the answer: the operation's result, or the group's failure.
+    fn finish(self: Box<Self>, ctx: &Ctx, failure: Option<&SharedFailure>);
+}
+
+struct Job<F, T> {
+    op: &'static str,
+    f: Option<F>,
+    out: Option<OpResult<T>>,
+    reply: oneshot::Sender<StoreResult<T>>,
+}
+
+impl<F, T> WriteJob for Job<F, T>
+where
+    F: FnOnce(&Connection) -> OpResult<T> + Send,
+    T: Send,
+{
+    fn apply(&mut self, conn: &Connection) -> bool {
+        let Some(f) = self.f.take() else { return false };
+        let out = f(conn);
+        let ok = out.is_ok();
+        self.out = Some(out);
+        ok
+    }
+
+    fn finish(self: Box<Self>, ctx: &Ctx, failure: Option<&SharedFailure>) {
+        let Job { op, out, reply, .. } = *self;
+        let answer = match (failure, out) {
+            // A failed request keeps its own error even when the whole group failed.
+            (_, Some(Err(e))) => Err(e.into_store_error(ctx, op)),
+            (Some(f), _) => Err(f.to_store_error()),
+            (None, Some(Ok(v))) => Ok(v),
+            (None, None) => Err(StoreError::backend(format!(
+                "{}: internal error: the {op} request panicked; nothing of it was written",
+                ctx.path.display()
+            ))),
+        };
+        // The caller may have stopped waiting; the write stands either way.
+        let _ = reply.send(answer);
+    }
+}
+
+type ReadJob = Box<dyn FnOnce(&Connection) + Send>;
+
+/// The handles to a store's threads. Dropping it stops them (after they finish what is queued).
+#[derive(Debug)]
+pub(crate) struct Workers {
+    ctx: Arc<Ctx>,
+    writer: Option<Sender<Box<dyn WriteJob>>>,
+    readers: Option<Sender<ReadJob>>,
+    threads: Vec<JoinHandle<()>>,
+    counters: Arc<Counters>,
+}
+
+impl Workers {
+    pub(crate) fn start(
+        ctx: Arc<Ctx>,
+        writer_conn: Connection,
+        reader_conns: Vec<Connection>,
+        max_group: usize,
+    ) -> Result<Workers, Error> {
+        let counters = Arc::new(Counters::default());
+        let spawn_err = |e: std::io::Error| Error::Io {
+            path: ctx.path.clone(),
+            message: "cannot start the store's threads".into(),
+            source: e,
+        };
+        let (wtx, wrx) = mpsc::channel::<Box<dyn WriteJob>>();
+        let mut threads = Vec::with_capacity(1 + reader_conns.len());
+        let mut workers =
+            Workers { ctx: ctx.clone(), writer: None, readers: None, threads: Vec::new(), counters: counters.clone() };
+        {
+            let ctx = ctx.clone();
+            let counters = counters.clone();
+            threads.push(
+                std::thread::Builder::new()
+                    .name("durable-sqlite-writer".into())
+                    .spawn(move || writer_loop(&writer_conn, &ctx, &wrx, &counters, max_group))
+                    .map_err(spawn_err)?,
+            );
+        }
+        workers.writer = Some(wtx);
+        let (rtx, rrx) = mpsc::channel::<ReadJob>();
+        let rrx = Arc::new(Mutex::new(rrx));
+        for (i, conn) in reader_conns.into_iter().enumerate() {
+            let rrx = rrx.clone();
+            match std::thread::Builder::new()
+                .name(format!("durable-sqlite-reader-{i}"))
+                .spawn(move || reader_loop(&conn, &rrx))
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => {
+                    workers.threads = threads;
+                    return Err(spawn_err(e));
+                }
+            }
+        }
+        workers.readers = Some(rtx);
+        workers.threads = threads;
+        Ok(workers)
+    }
+
+    pub(crate) fn stats(&self) -> SqliteStats {
+        self.counters.snapshot()
+    }
+
+    /// Runs `f` on the writer thread, inside a group's transaction; answers after the commit.
+    pub(crate) async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> OpResult<T> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let job: Box<dyn WriteJob> = Box::new(Job { op, f: Some(f), out: None, reply });
+        let stopped = || Error::Stopped { path: self.ctx.path.clone(), which: "writer" }.into_store_error();
+        let Some(writer) = &self.writer else { return Err(stopped()) };
+        self.counters.submitted.fetch_add(1, Ordering::AcqRel);
+        if writer.send(job).is_err() {
+            self.counters.answered.fetch_add(1, Ordering::AcqRel);
+            return Err(stopped());
+        }
+        rx.await.map_err(|_| stopped())?
+    }
+
+    /// Runs `f` on a reader thread.
+    pub(crate) async fn read<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> OpResult<T> + Send + 'static,
+    {
+        let (reply, rx) = oneshot::channel();
+        let ctx = self.ctx.clone();
+        let job: ReadJob = Box::new(move |conn| {
+            let _ = reply.send(f(conn).map_err(|e| e.into_store_error(&ctx, op)));
+        });
+        let stopped = || Error::Stopped { path: self.ctx.path.clone(), which: "reader" }.into_store_error();
+        let Some(readers) = &self.readers else { return Err(stopped()) };
+        readers.send(job).map_err(|_| stopped())?;
+        rx.await.map_err(|_| {
+            StoreError::backend(format!(
+                "{}: internal error: the {op} request panicked on a reader thread",
+                self.ctx.path.display()
+            ))
+        })?
+    }
+}
+
+impl Drop for Workers {
+    fn drop(&mut self) {
+        // Closing the channels ends the threads once they have answered what is queued; joining
+        // them closes their connections, so the file is released when the store is dropped.
+        self.writer.take();
+        self.readers.take();
+        for t in self.threads.drain(..) {
+            let _ = t.join();
+        }
+    }
+}
+
+fn reader_loop(conn: &Connection, rx: &Mutex<Receiver<ReadJob>>) {
+    loop {
+        let job = {
+            let rx = rx.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            rx.recv()
+        };
+        let Ok(job) = job else { return };
+        // A panicking request drops its reply sender: its caller gets an error, the thread lives.
+        let _ = panic::catch_unwind(AssertUnwindSafe(|| job(conn)));
+    }
+}
+
+fn writer_loop(conn: &Connection, ctx: &Ctx, rx: &Receiver<Box<dyn WriteJob>>, counters: &Counters, max_group: usize) {
+    let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(max_group.min(1024));
+    // Wait for one request, then take every request already waiting: that is the group.
+    while let Ok(first) = rx.recv() {
+        group.push(first);
+        while group.len() < max_group {
+            match rx.try_recv() {
+                Ok(job) => group.push(job),
+                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
+            }
+        }
+        run_group(conn, ctx, &mut group, counters);
+    }
+}
+
+fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
+    conn.prepare_cached(sql)?.execute([])?;
+    Ok(())
+}
+
+/// Applies a group of requests in one `BEGIN IMMEDIATE … COMMIT`, each in its own savepoint,
+/// then answers them all. If the transaction fails as a whole, every request gets the error.
+fn run_group(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, counters: &Counters) {
+    let sql_err = |doing: &str, e| Error::sqlite(&ctx.path, ctx.busy_timeout, doing, e);
+    let mut broken: Option<Error> = None;
+    if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
+        broken = Some(sql_err("starting a write transaction", e));
+    } else {
+        for job in group.iter_mut() {
+            if let Err(e) = exec(conn, "SAVEPOINT write") {
+                broken = Some(sql_err("starting a savepoint", e));
+                break;
+            }
+            let ok = panic::catch_unwind(AssertUnwindSafe(|| job.apply(conn))).unwrap_or(false);
+            if ok {
+                if let Err(e) = exec(conn, "RELEASE write") {
+                    broken = Some(sql_err("releasing a savepoint", e));
+                    break;
+                }
+            } else if conn.is_autocommit() {
+                // SQLite rolled the whole transaction back (disk full, I/O error, …): the writes
+                // applied before this one are gone too.
+                broken = Some(Error::Sqlite {
+                    path: ctx.path.clone(),
+                    message: "a write failed and SQLite rolled back its whole transaction".into(),
+                    source: "transaction rolled back".into(),
+                });
+                break;
+            } else if let Err(e) = exec(conn, "ROLLBACK TO write").and_then(|()| exec(conn, "RELEASE write")) {
+                broken = Some(sql_err("rolling back a failed write", e));
+                break;
+            }
+        }
+        if broken.is_none()
+            && let Err(e) = exec(conn, "COMMIT")
+        {
+            broken = Some(sql_err("committing a write transaction", e));
+        }
+    }
+    let answered = group.len() as u64;
+    match broken {
+        None => {
+            counters.transactions.fetch_add(1, Ordering::AcqRel);
+            counters.answered.fetch_add(answered, Ordering::AcqRel);
+            for job in group.drain(..) {
+                job.finish(ctx, None);
+            }
+        }
+        Some(err) => {
+            if !conn.is_autocommit() {
+                let _ = exec(conn, "ROLLBACK");
+            }
+            let failure = SharedFailure::new(&err);
+            counters.failed_groups.fetch_add(1, Ordering::AcqRel);
+            counters.answered.fetch_add(answered, Ordering::AcqRel);
+            for job in group.drain(..) {
+                job.finish(ctx, Some(&failure));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::path::PathBuf;
+    use std::time::Duration;
+
+    use durable_core::StoreErrorKind;
+
+    use super::*;
+    use crate::ops::OpError;
+
+    struct TempFile(PathBuf);
+
+    impl TempFile {
+        fn new(tag: &str) -> TempFile {
+            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
+            TempFile(std::env::temp_dir().join(format!("durable-sqlite-unit-{tag}-{}-{nanos}.db", std::process::id())))
+        }
+    }
+
+    impl Drop for TempFile {
+        fn drop(&mut self) {
+            for suffix in ["", "-wal", "-shm"] {
+                let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
+            }
+        }
+    }
+
+    fn setup(tag: &str) -> (TempFile, Connection, Ctx) {
+        let file = TempFile::new(tag);
+        let conn = Connection::open(&file.0).unwrap();
+        conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x INTEGER NOT NULL);").unwrap();
+        let ctx = Ctx { path: file.0.clone(), busy_timeout: Duration::from_secs(5) };
+        (file, conn, ctx)
+    }
+
+    type Reply = oneshot::Receiver<StoreResult<()>>;
+
+    fn job(f: impl FnOnce(&Connection) -> OpResult<()> + Send + 'static) -> (Box<dyn WriteJob>, Reply) {
+        let (reply, rx) = oneshot::channel();
+        (Box::new(Job { op: "test", f: Some(f), out: None, reply }), rx)
+    }
+
+    fn insert(x: i64) -> impl FnOnce(&Connection) -> OpResult<()> + Send + 'static {
+        move |c| {
+            c.execute("INSERT INTO t VALUES (?1)", [x])?;
+            Ok(())
+        }
+    }
+
+    fn rows(conn: &Connection) -> Vec<i64> {
+        let mut stmt = conn.prepare("SELECT x FROM t ORDER BY x").unwrap();
+        stmt.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+    }
+
+    fn answer(mut rx: Reply) -> StoreResult<()> {
+        rx.try_recv().expect("answered")
+    }
+
+    #[test]
+    fn each_write_of_a_group_rolls_back_alone() {
+        let (_file, conn, ctx) = setup("savepoints");
+        let counters = Counters::default();
+        let (a, ra) = job(insert(1));
+        // Writes, then fails: its write must be undone, the others kept.
+        let (b, rb) = job(|c| {
+            c.execute("INSERT INTO t VALUES (2)", [])?;
+            Err(OpError::Store(StoreError::Conflict { message: "no".into() }))
+        });
+        let (p, rp) = job(|c| {
+            c.execute("INSERT INTO t VALUES (3)", []).unwrap();
+            panic!("a bug in a write");
+        });
+        let (d, rd) = job(insert(4));
+        let mut group = vec![a, b, p, d];
+        run_group(&conn, &ctx, &mut group, &counters);
+        assert!(group.is_empty());
+        assert_eq!(counters.snapshot().transactions, 1);
+        assert!(answer(ra).is_ok());
+        assert_eq!(answer(rb).unwrap_err().kind(), StoreErrorKind::Conflict);
+        assert_eq!(answer(rp).unwrap_err().kind(), StoreErrorKind::Backend);
+        assert!(answer(rd).is_ok());
+        assert_eq!(rows(&conn), [1, 4]);
+        assert!(conn.is_autocommit(), "no transaction is left open");
+    }
+
+    #[test]
+    fn a_transaction_lost_mid_group_fails_every_write_and_keeps_nothing() {
+        let (_file, conn, ctx) = setup("broken");
+        let counters = Counters::default();
+        let (a, ra) = job(insert(1));
+        // Ends the whole transaction, as SQLite does on disk full or an I/O error.
+        let (b, rb) = job(|c| {
+            c.execute_batch("ROLLBACK")?;
+            Err(OpError::Corrupt("the disk caught fire".into()))
+        });
+        let (d, rd) = job(insert(3));
+        let mut group = vec![a, b, d];
+        run_group(&conn, &ctx, &mut group, &counters);
+        let stats = counters.snapshot();
+        assert_eq!((stats.transactions, stats.failed_groups, stats.writes), (0, 1, 3));
+        // The write that broke it gets its own error; the others the group's.
+        assert_eq!(answer(rb).unwrap_err().kind(), StoreErrorKind::Backend);
+        assert_eq!(answer(ra).unwrap_err().kind(), StoreErrorKind::Backend);
+        assert_eq!(answer(rd).unwrap_err().kind(), StoreErrorKind::Backend);
+        assert!(rows(&conn).is_empty());
+        assert!(conn.is_autocommit());
+    }
+
+    #[test]
+    fn a_full_disk_fails_the_write_that_hit_it_names_the_file_and_keeps_nothing_of_it() {
+        let (file, conn, ctx) = setup("full");
+        // SQLite's page limit stands in for a full disk: the same SQLITE_FULL error.
+        let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
+        conn.execute_batch(&format!("PRAGMA max_page_count = {}", pages + 2)).unwrap();
+        let counters = Counters::default();
+        let (a, ra) = job(insert(1));
+        let (big, rbig) = job(|c| {
+            c.execute("INSERT INTO t VALUES (?1)", [2])?;
+            c.execute("CREATE TABLE blobs (b BLOB)", [])?;
+            c.execute("INSERT INTO blobs VALUES (zeroblob(1000000))", [])?;
+            Ok(())
+        });
+        let mut group = vec![a, big];
+        run_group(&conn, &ctx, &mut group, &counters);
+        let err = answer(rbig).unwrap_err();
+        assert_eq!(err.kind(), StoreErrorKind::Backend);
+        let msg = err.to_string();
+        assert!(msg.contains("disk is full") && msg.contains(&file.0.display().to_string()), "{msg}");
+        // Whether SQLite kept the transaction (then the other write commits) or rolled it
+        // back (then it fails too), nothing of the failed write is left and no transaction
+        // stays open.
+        let kept_a = answer(ra).is_ok();
+        assert_eq!(rows(&conn), if kept_a { vec![1] } else { vec![] });
+        assert!(conn.is_autocommit());
+        let (c, rc) = job(insert(3));
+        run_group(&conn, &ctx, &mut vec![c], &counters);
+        answer(rc).unwrap();
+    }
+
+    #[test]
+    fn a_group_that_cannot_start_is_unavailable_and_retryable() {
+        let (file, conn, _) = setup("busy");
+        let ctx = Ctx { path: file.0.clone(), busy_timeout: Duration::from_millis(1) };
+        conn.busy_timeout(Duration::from_millis(1)).unwrap();
+        let other = Connection::open(&file.0).unwrap();
+        other.execute_batch("BEGIN IMMEDIATE").unwrap();
+        let counters = Counters::default();
+        let (a, ra) = job(insert(1));
+        run_group(&conn, &ctx, &mut vec![a], &counters);
+        let err = answer(ra).unwrap_err();
+        assert!(err.is_retryable(), "{err}");
+        assert!(err.to_string().contains(&file.0.display().to_string()), "names the file: {err}");
+        other.execute_batch("ROLLBACK").unwrap();
+        let (b, rb) = job(insert(2));
+        run_group(&conn, &ctx, &mut vec![b], &counters);
+        answer(rb).unwrap();
+        assert_eq!(rows(&conn), [2]);
+    }
+}

@@ -1,0 +1,407 @@
+//! Differential test: random sequences of store calls run on `MemoryStore` (the reference
+//! implementation) and on `SqliteStore`; every answer must be the same (errors compared by kind).
+
+mod common;
+
+use common::TempDir;
+use durable_core::{
+    Checkpoint, CheckpointStatus, Claim, Commit, NewRun, OutgoingSignal, ParentLink, Payload, RunFilter, RunId,
+    RunPatch, RunQuery, RunStatus, StepError, StepKind, Store, StoreErrorKind, StoreResult, TurnEnd, WaitKind, Waiter,
+    splitmix64,
+};
+use durable_store_memory::MemoryStore;
+use serde_json::json;
+
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 = splitmix64(self.0);
+        self.0
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n
+    }
+    fn chance(&mut self, percent: u64) -> bool {
+        self.below(100) < percent
+    }
+    fn pick<'a, T>(&mut self, items: &'a [T]) -> &'a T {
+        &items[self.below(items.len() as u64) as usize]
+    }
+}
+
+const RUNS: &[&str] = &["r0", "r1", "r2", "r3", "r4", "r0.child.1", "r0.child.1.child.2"];
+const OWNERS: &[&str] = &["a", "b"];
+const TOKENS: &[&str] = &["t0", "t1", "t2"];
+const EVENTS: &[&str] = &["e0", "e1"];
+const TAGS: &[&str] = &["red", "blue"];
+const NAMESPACES: &[&str] = &["default", "other"];
+
+fn run_id(rng: &mut Rng) -> RunId {
+    RunId::from(*rng.pick(RUNS))
+}
+
+fn status(rng: &mut Rng) -> RunStatus {
+    *rng.pick(&RunStatus::ALL)
+}
+
+fn payload(rng: &mut Rng) -> Payload {
+    Payload::encode(&json!({"k": rng.below(3), "n": rng.below(1000)})).unwrap()
+}
+
+fn matcher(rng: &mut Rng) -> Payload {
+    match rng.below(3) {
+        0 => Payload::encode(&json!({})).unwrap(),
+        _ => Payload::encode(&json!({"k": rng.below(3)})).unwrap(),
+    }
+}
+
+fn step_error(rng: &mut Rng) -> Option<StepError> {
+    match rng.below(3) {
+        0 => None,
+        1 => Some(StepError::retryable(format!("boom {}", rng.below(10)))),
+        _ => Some(StepError::fatal("fatal").with_code("bad")),
+    }
+}
+
+fn new_run(rng: &mut Rng, now: u64) -> NewRun {
+    let id = run_id(rng);
+    let parent = if rng.chance(30) { Some(ParentLink { run_id: run_id(rng), seq: rng.below(4) as u32 }) } else { None };
+    let parent = match id.as_str() {
+        "r0.child.1" => Some(ParentLink { run_id: RunId::from("r0"), seq: 1 }),
+        "r0.child.1.child.2" => Some(ParentLink { run_id: RunId::from("r0.child.1"), seq: 2 }),
+        // Parents come earlier in RUNS: no cycles (MemoryStore's delete_run would loop on one).
+        _ => parent.filter(|p| {
+            let pos = |r: &str| RUNS.iter().position(|x| *x == r);
+            pos(p.run_id.as_str()) < pos(id.as_str())
+        }),
+    };
+    let mut tags = Vec::new();
+    for t in TAGS {
+        if rng.chance(40) {
+            tags.push(t.to_string());
+        }
+    }
+    NewRun {
+        id,
+        workflow: if rng.chance(70) { "wf".into() } else { "other".into() },
+        version: 1 + rng.below(2) as u32,
+        namespace: rng.pick(NAMESPACES).to_string(),
+        input: payload(rng),
+        tags,
+        priority: rng.below(3) as i32 - 1,
+        parent,
+        created_at: now,
+    }
+}
+
+fn checkpoint(rng: &mut Rng, run: &RunId, now: u64) -> Checkpoint {
+    let kinds = [StepKind::Step, StepKind::Sleep, StepKind::Signal, StepKind::Event, StepKind::Child];
+    let statuses = CheckpointStatus::ALL;
+    let mut cp = Checkpoint::new(run.clone(), rng.below(6) as u32, "s", *rng.pick(&kinds), *rng.pick(&statuses), now);
+    if rng.chance(50) {
+        cp.output = Some(payload(rng));
+    }
+    if rng.chance(20) {
+        cp.input = Some(payload(rng));
+    }
+    cp.error = step_error(rng);
+    cp.attempts = rng.below(4) as u32;
+    if rng.chance(30) {
+        cp.wake_at = Some(now + rng.below(50));
+    }
+    cp
+}
+
+fn waiter(rng: &mut Rng, run: &RunId, now: u64) -> Waiter {
+    let kind = if rng.chance(60) {
+        WaitKind::Signal { token: rng.pick(TOKENS).to_string() }
+    } else {
+        WaitKind::Event { name: rng.pick(EVENTS).to_string(), matcher: matcher(rng) }
+    };
+    Waiter { run_id: run.clone(), seq: rng.below(6) as u32, name: "w".into(), kind, created_at: now }
+}
+
+fn query(rng: &mut Rng, now: u64) -> RunQuery {
+    RunQuery {
+        namespace: if rng.chance(50) { Some(rng.pick(NAMESPACES).to_string()) } else { None },
+        workflows: match rng.below(4) {
+            0 => Some(vec![("wf".into(), 1)]),
+            1 => Some(vec![("wf".into(), 1), ("other".into(), 2)]),
+            2 => Some(vec![]),
+            _ => None,
+        },
+        now,
+        limit: rng.below(5) as usize,
+    }
+}
+
+fn filter(rng: &mut Rng, now: u64) -> RunFilter {
+    RunFilter {
+        workflow: if rng.chance(30) { Some("wf".into()) } else { None },
+        statuses: (0..rng.below(3)).map(|_| status(rng)).collect(),
+        namespace: if rng.chance(30) { Some(rng.pick(NAMESPACES).to_string()) } else { None },
+        tag: if rng.chance(30) { Some(rng.pick(TAGS).to_string()) } else { None },
+        parent: if rng.chance(20) { Some(run_id(rng)) } else { None },
+        created_after: if rng.chance(20) { Some(now.saturating_sub(rng.below(100))) } else { None },
+        created_before: if rng.chance(20) { Some(now.saturating_sub(rng.below(100))) } else { None },
+        limit: rng.below(4) as usize,
+        cursor: None,
+    }
+}
+
+/// One store call.
+#[derive(Debug, Clone)]
+enum Op {
+    Create(NewRun),
+    Claim(Claim),
+    Renew(RunId, String, u64),
+    Release(RunId, String),
+    Commit(Commit),
+    Update(RunId, Vec<RunStatus>, RunPatch),
+    Signal(String, Payload, u64),
+    Publish(String, Payload, u64),
+    Delete(RunId),
+    Poll(RunQuery),
+    List(RunFilter),
+    Inspect(RunId, String),
+}
+
+impl Op {
+    fn is_write(&self) -> bool {
+        !matches!(self, Op::Poll(_) | Op::List(_) | Op::Inspect(..))
+    }
+}
+
+/// An answer, comparable across stores: the `Debug` text of the value, or the error kind.
+type Answer = Result<String, StoreErrorKind>;
+
+fn answer<T: std::fmt::Debug>(r: StoreResult<T>) -> Answer {
+    r.map(|v| format!("{v:?}")).map_err(|e| e.kind())
+}
+
+/// Applies one call; several answers for the reads that page or look at several things.
+async fn apply(store: &dyn Store, op: Op) -> Vec<Answer> {
+    match op {
+        Op::Create(n) => vec![answer(store.create_run(n).await)],
+        Op::Claim(c) => vec![answer(store.claim_run(c).await)],
+        Op::Renew(id, owner, until) => vec![answer(store.renew_lease(&id, &owner, until).await)],
+        Op::Release(id, owner) => vec![answer(store.release_lease(&id, &owner).await)],
+        Op::Commit(c) => vec![answer(store.commit(c).await)],
+        Op::Update(id, expected, patch) => vec![answer(store.update_run_if(&id, &expected, patch).await)],
+        Op::Signal(token, p, now) => vec![answer(store.send_signal(&token, p, now).await)],
+        Op::Publish(name, p, now) => vec![answer(store.publish_event(&name, p, now).await)],
+        Op::Delete(id) => vec![answer(store.delete_run(&id).await)],
+        Op::Poll(q) => vec![
+            answer(store.pending_runs(&q).await),
+            answer(store.due_runs(&q).await),
+            answer(store.orphaned_runs(&q).await),
+        ],
+        Op::List(mut f) => {
+            // Page through with the cursor.
+            let mut pages = Vec::new();
+            for _ in 0..20 {
+                let page = store.list_runs(&f).await;
+                let next = page.as_ref().ok().and_then(|p| p.next_cursor.clone());
+                pages.push(answer(page));
+                match next {
+                    Some(c) => f.cursor = Some(c),
+                    None => break,
+                }
+            }
+            pages
+        }
+        Op::Inspect(id, key) => vec![
+            answer(store.get_run(&id).await),
+            answer(store.history(&id).await),
+            answer(store.waiters(&id).await),
+            answer(store.get_state(&id, &key).await),
+        ],
+    }
+}
+
+/// Generates the next call. `mem` is read only to pick a realistic `seen_wake_gen`.
+async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
+    match rng.below(20) {
+        0 | 1 => Op::Create(new_run(rng, now)),
+        2 | 3 => Op::Claim(Claim {
+            run_id: run_id(rng),
+            owner: rng.pick(OWNERS).to_string(),
+            lease_until: now + rng.below(60),
+            now,
+        }),
+        4 => Op::Renew(run_id(rng), rng.pick(OWNERS).to_string(), now + rng.below(60)),
+        5 => Op::Release(run_id(rng), rng.pick(OWNERS).to_string()),
+        6..=9 => {
+            let id = run_id(rng);
+            let mut c = Commit::new(id.clone(), *rng.pick(OWNERS), now);
+            for _ in 0..rng.below(3) {
+                c.checkpoints.push(checkpoint(rng, &id, now));
+            }
+            for _ in 0..rng.below(3) {
+                c.waits.push(waiter(rng, &id, now));
+            }
+            for _ in 0..rng.below(2) {
+                c.expire_waits.push(rng.below(6) as u32);
+            }
+            if rng.chance(30) {
+                c.state.push((format!("key{}", rng.below(2)), payload(rng)));
+            }
+            if rng.chance(20) {
+                let mut child = new_run(rng, now);
+                let pos = |r: &RunId| RUNS.iter().position(|x| *x == r.as_str());
+                if pos(&id) < pos(&child.id) {
+                    child.parent = Some(ParentLink { run_id: id.clone(), seq: 1 });
+                }
+                c.children.push(child);
+            }
+            for _ in 0..rng.below(2) {
+                c.signals.push(OutgoingSignal { token: rng.pick(TOKENS).to_string(), payload: payload(rng) });
+            }
+            c.end = match rng.below(3) {
+                0 => None,
+                1 => {
+                    let seen = match mem.get_run(&id).await.unwrap() {
+                        Some(r) if rng.chance(80) => r.wake_gen,
+                        _ => rng.below(3),
+                    };
+                    let wake_at = if rng.chance(60) { Some(now + rng.below(40)) } else { None };
+                    Some(TurnEnd::Suspend { wake_at, seen_wake_gen: seen })
+                }
+                _ => Some(TurnEnd::Settle {
+                    status: status(rng),
+                    output: if rng.chance(50) { Some(payload(rng)) } else { None },
+                    error: step_error(rng),
+                }),
+            };
+            Op::Commit(c)
+        }
+        10 => {
+            let id = run_id(rng);
+            let expected: Vec<RunStatus> = (0..rng.below(3)).map(|_| status(rng)).collect();
+            let patch = RunPatch {
+                status: if rng.chance(70) { Some(status(rng)) } else { None },
+                output: match rng.below(3) {
+                    0 => None,
+                    1 => Some(None),
+                    _ => Some(Some(payload(rng))),
+                },
+                error: match rng.below(3) {
+                    0 => None,
+                    1 => Some(None),
+                    _ => Some(step_error(rng)),
+                },
+                wake_at: match rng.below(3) {
+                    0 => None,
+                    1 => Some(None),
+                    _ => Some(Some(now + rng.below(30))),
+                },
+                release_lease: rng.chance(40),
+                reset_recovery: rng.chance(30),
+                clear_failed_checkpoints: rng.chance(30),
+                truncate_history_from: if rng.chance(20) { Some(rng.below(6) as u32) } else { None },
+                wake: rng.chance(30),
+                signals: (0..rng.below(2))
+                    .map(|_| OutgoingSignal { token: rng.pick(TOKENS).to_string(), payload: payload(rng) })
+                    .collect(),
+                now,
+            };
+            Op::Update(id, expected, patch)
+        }
+        11 => Op::Signal(rng.pick(TOKENS).to_string(), payload(rng), now),
+        12 => Op::Publish(rng.pick(EVENTS).to_string(), payload(rng), now),
+        13 if rng.chance(30) => Op::Delete(run_id(rng)),
+        14 => {
+            let at = now + rng.below(40);
+            Op::Poll(query(rng, at))
+        }
+        15 => Op::List(filter(rng, now)),
+        _ => Op::Inspect(run_id(rng), format!("key{}", rng.below(2))),
+    }
+}
+
+/// Polls futures in order until all are done: each is first polled (so each write is queued
+/// on the writer) before any answer comes back, and in the order given.
+async fn join_in_order<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> Vec<F::Output> {
+    let mut out: Vec<Option<F::Output>> = futures.iter().map(|_| None).collect();
+    std::future::poll_fn(|cx| {
+        let mut pending = false;
+        for (i, f) in futures.iter_mut().enumerate() {
+            if out[i].is_none() {
+                match std::pin::Pin::new(f).poll(cx) {
+                    std::task::Poll::Ready(v) => out[i] = Some(v),
+                    std::task::Poll::Pending => pending = true,
+                }
+            }
+        }
+        if pending { std::task::Poll::Pending } else { std::task::Poll::Ready(()) }
+    })
+    .await;
+    out.into_iter().map(|v| v.expect("every future finished")).collect()
+}
+
+async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Store) {
+    let trace = std::env::var("DURABLE_DIFF_TRACE").is_ok();
+    let mut rng = Rng(seed);
+    let mut now = 1_000u64;
+    let mut step = 0;
+    while step < steps {
+        now += rng.below(20);
+        // Mostly one call at a time; sometimes a burst of writes submitted together, so the
+        // SQLite writer folds them into one group: groups must not change any answer.
+        let burst = if rng.chance(15) { 2 + rng.below(10) as usize } else { 1 };
+        let mut ops = Vec::with_capacity(burst);
+        while ops.len() < burst {
+            let op = gen_op(&mut rng, now, mem).await;
+            if burst == 1 || op.is_write() {
+                ops.push(op);
+            }
+        }
+        if trace {
+            eprintln!("step {step}: {ops:?}");
+        }
+        let mut expected = Vec::with_capacity(ops.len());
+        for op in ops.clone() {
+            expected.push(apply(mem, op).await);
+        }
+        let got = join_in_order(ops.iter().cloned().map(|op| Box::pin(apply(sql, op))).collect()).await;
+        for (i, (e, g)) in expected.into_iter().zip(got).enumerate() {
+            assert_eq!(e, g, "step {step}: {:?}: answers differ (left MemoryStore, right SqliteStore)", ops[i]);
+        }
+        step += ops.len();
+    }
+    // Final state: every run, its history, waiters and state agree.
+    for id in RUNS {
+        for key in ["key0", "key1"] {
+            let op = Op::Inspect(RunId::from(*id), key.into());
+            assert_eq!(apply(mem, op.clone()).await, apply(sql, op).await, "final state of {id}");
+        }
+    }
+    let all = Op::List(RunFilter { limit: 1000, ..RunFilter::default() });
+    assert_eq!(apply(mem, all.clone()).await, apply(sql, all).await, "final list");
+}
+
+#[test]
+fn sqlite_answers_like_the_memory_store() {
+    let dir = TempDir::new("diff");
+    let rt = common::rt();
+    let from: u64 = std::env::var("DURABLE_DIFF_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
+    let seeds: u64 = std::env::var("DURABLE_DIFF_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
+    for seed in from..seeds {
+        let path = dir.db(&format!("seed-{seed}.db"));
+        let sql = common::open(&path);
+        let mem = MemoryStore::new();
+        rt.block_on(run_sequence(seed.wrapping_mul(0x9E37_79B9), 400, &mem, &sql));
+        let stats = sql.stats();
+        assert!(stats.transactions < stats.writes, "some writes shared a transaction: {stats:?}");
+        drop(sql);
+        // And again after reopening the file: the state read back is the same.
+        let sql = common::open(&path);
+        rt.block_on(async {
+            for id in RUNS {
+                let op = Op::Inspect(RunId::from(*id), "key0".into());
+                assert_eq!(apply(&mem, op.clone()).await, apply(&sql, op).await, "reopened: {id}");
+            }
+        });
+    }
+}

@@ -1,0 +1,113 @@
+//! What a store keeps when it is dropped and the file opened again.
+
+mod common;
+
+use common::{TempDir, claim, create_and_claim, new_run, rt, step};
+use durable_core::{ClaimOutcome, Commit, Delivery, Payload, RunFilter, RunId, Store, TurnEnd, WaitKind, Waiter};
+use durable_store_sqlite::{Durability, SqliteOptions, SqliteStore};
+use serde_json::json;
+
+#[test]
+fn everything_survives_close_and_reopen() {
+    for durability in [Durability::Full, Durability::Normal] {
+        let dir = TempDir::new("reopen");
+        let path = dir.db("reopen.db");
+        let opts = SqliteOptions::new().durability(durability);
+        let rt = rt();
+        let (runs, histories, waiters, state) = {
+            let store = SqliteStore::open_with(&path, opts.clone()).unwrap();
+            rt.block_on(async {
+                let s: &dyn Store = &store;
+                let mut tagged = new_run("tagged", 1_000);
+                tagged.tags = vec!["blue".into()];
+                s.create_run(tagged).await.unwrap();
+                create_and_claim(s, "done", "engine", 1_000).await;
+                let mut c = Commit::new(RunId::from("done"), "engine", 1_100);
+                c.checkpoints.push(step("done", 0, 1_100, json!({"receipt": "ü-42"})));
+                c.state.push(("progress".into(), Payload::encode(&json!(100)).unwrap()));
+                c.end = Some(TurnEnd::Settle {
+                    status: durable_core::RunStatus::Completed,
+                    output: Some(Payload::encode(&json!("ok")).unwrap()),
+                    error: None,
+                });
+                s.commit(c).await.unwrap();
+                create_and_claim(s, "parked", "engine", 1_000).await;
+                let mut c = Commit::new(RunId::from("parked"), "engine", 1_200);
+                c.waits.push(Waiter {
+                    run_id: RunId::from("parked"),
+                    seq: 0,
+                    name: "approval".into(),
+                    kind: WaitKind::Signal { token: "approve".into() },
+                    created_at: 1_200,
+                });
+                c.end = Some(TurnEnd::Suspend { wake_at: Some(9_000), seen_wake_gen: 0 });
+                s.commit(c).await.unwrap();
+                // A lease "forever" round-trips.
+                create_and_claim(s, "held", "engine", 1_000).await;
+                assert!(s.renew_lease(&RunId::from("held"), "engine", u64::MAX).await.unwrap());
+                assert_eq!(
+                    s.send_signal("early", Payload::encode(&json!(1)).unwrap(), 1_300).await.unwrap(),
+                    Delivery::Buffered
+                );
+                assert_eq!(
+                    s.publish_event("evt", Payload::encode(&json!({"k": 1})).unwrap(), 1_300).await.unwrap(),
+                    vec![]
+                );
+                let runs = s.list_runs(&RunFilter::default()).await.unwrap();
+                let mut histories = Vec::new();
+                let mut waiters = Vec::new();
+                for r in &runs.runs {
+                    histories.push(s.history(&r.id).await.unwrap());
+                    waiters.push(s.waiters(&r.id).await.unwrap());
+                }
+                let state = s.get_state(&RunId::from("done"), "progress").await.unwrap();
+                (runs, histories, waiters, state)
+            })
+        };
+        // Dropped: the file is closed. Open it again.
+        let store = SqliteStore::open_with(&path, opts).unwrap();
+        rt.block_on(async {
+            let s: &dyn Store = &store;
+            let again = s.list_runs(&RunFilter::default()).await.unwrap();
+            assert_eq!(again, runs, "{durability:?}");
+            for (i, r) in again.runs.iter().enumerate() {
+                assert_eq!(s.history(&r.id).await.unwrap(), histories[i]);
+                assert_eq!(s.waiters(&r.id).await.unwrap(), waiters[i]);
+            }
+            assert_eq!(s.get_state(&RunId::from("done"), "progress").await.unwrap(), state);
+            let held = s.get_run(&RunId::from("held")).await.unwrap().unwrap();
+            assert_eq!(held.lease_until, Some(u64::MAX));
+            assert!(matches!(
+                s.claim_run(claim("held", "other", 2_000, u64::MAX - 1)).await.unwrap(),
+                ClaimOutcome::Busy(_)
+            ));
+            let tagged = s.list_runs(&RunFilter { tag: Some("blue".into()), ..RunFilter::default() }).await.unwrap();
+            assert_eq!(tagged.runs.len(), 1);
+            // The waiter, the buffered signal and the buffered event still work.
+            assert_eq!(
+                s.send_signal("approve", Payload::encode(&json!("yes")).unwrap(), 2_000).await.unwrap(),
+                Delivery::Delivered { run_id: RunId::from("parked"), seq: 0 }
+            );
+            create_and_claim(s, "late", "engine", 2_000).await;
+            let mut c = Commit::new(RunId::from("late"), "engine", 2_100);
+            c.waits.push(Waiter {
+                run_id: RunId::from("late"),
+                seq: 0,
+                name: "early".into(),
+                kind: WaitKind::Signal { token: "early".into() },
+                created_at: 2_100,
+            });
+            c.waits.push(Waiter {
+                run_id: RunId::from("late"),
+                seq: 1,
+                name: "evt".into(),
+                kind: WaitKind::Event { name: "evt".into(), matcher: Payload::encode(&json!({"k": 1})).unwrap() },
+                created_at: 2_100,
+            });
+            s.commit(c).await.unwrap();
+            let outputs: Vec<_> =
+                s.history(&RunId::from("late")).await.unwrap().into_iter().map(|cp| cp.output.unwrap()).collect();
+            assert_eq!(outputs, [Payload::encode(&json!(1)).unwrap(), Payload::encode(&json!({"k": 1})).unwrap()]);
+        });
+    }
+}

@@ -1,0 +1,307 @@
+//! Opening files: fresh, empty, older schema (migrated), newer schema (refused), not a
+//! database, another program's database, a directory, a read-only directory, a locked file.
+
+mod common;
+
+use std::path::Path;
+use std::time::Duration;
+
+use common::{TempDir, block_on, new_run};
+use durable_core::{RunFilter, RunId, Store};
+use durable_store_sqlite::{Error, SCHEMA_VERSION, SqliteOptions, SqliteStore};
+use rusqlite::Connection;
+
+fn versions(path: &Path) -> Vec<u32> {
+    let conn = Connection::open(path).unwrap();
+    let mut stmt = conn.prepare("SELECT version FROM durable_schema ORDER BY version").unwrap();
+    stmt.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap()
+}
+
+fn open_err(path: &Path) -> Error {
+    match SqliteStore::open(path) {
+        Ok(_) => panic!("{} opened, expected an error", path.display()),
+        Err(e) => e,
+    }
+}
+
+/// Prints a skip past the test harness's output capture, so it shows in a plain `cargo test`.
+fn skip(test: &str, why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "skipped {test}: {why}");
+}
+
+fn assert_names_path(e: &Error, path: &Path) {
+    assert_eq!(e.path(), path);
+    assert!(e.to_string().contains(&path.display().to_string()), "message names the path: {e}");
+}
+
+#[test]
+fn a_missing_file_gets_the_latest_schema() {
+    let dir = TempDir::new("fresh");
+    let path = dir.db("fresh.db");
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(store.path(), path);
+    block_on(store.create_run(new_run("r", 1))).unwrap();
+    drop(store);
+    assert_eq!(versions(&path), (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    let conn = Connection::open(&path).unwrap();
+    let mode: String = conn.query_row("PRAGMA journal_mode", [], |r| r.get(0)).unwrap();
+    assert_eq!(mode, "wal");
+}
+
+#[test]
+fn an_empty_file_is_initialised() {
+    let dir = TempDir::new("empty");
+    let path = dir.db("empty.db");
+    std::fs::write(&path, b"").unwrap();
+    let store = SqliteStore::open(&path).unwrap();
+    assert!(block_on(store.create_run(new_run("r", 1))).unwrap().created());
+    drop(store);
+    assert_eq!(versions(&path).last(), Some(&SCHEMA_VERSION));
+}
+
+#[test]
+fn an_sqlite_database_without_tables_is_initialised() {
+    let dir = TempDir::new("bare");
+    let path = dir.db("bare.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA user_version = 7; PRAGMA page_size = 8192; VACUUM;").unwrap();
+    drop(conn);
+    let store = SqliteStore::open(&path).unwrap();
+    assert!(block_on(store.create_run(new_run("r", 1))).unwrap().created());
+}
+
+#[test]
+fn reopening_an_up_to_date_file_changes_nothing() {
+    let dir = TempDir::new("again");
+    let path = dir.db("again.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let before = versions(&path);
+    let store = SqliteStore::open(&path).unwrap();
+    drop(store);
+    assert_eq!(versions(&path), before);
+}
+
+/// The version-1 schema, exactly as release 1 of this crate wrote it (kept here by hand, so
+/// the test does not depend on the migration code it checks).
+const V1_SCHEMA: &str = "
+CREATE TABLE durable_schema (version INTEGER PRIMARY KEY NOT NULL, description TEXT NOT NULL, applied_at INTEGER NOT NULL) STRICT;
+INSERT INTO durable_schema VALUES (1, 'runs, checkpoints, waiters, buffered signals and events, query state', 0);
+CREATE TABLE runs (
+    id TEXT PRIMARY KEY NOT NULL, workflow TEXT NOT NULL, version INTEGER NOT NULL, namespace TEXT NOT NULL,
+    status TEXT NOT NULL, input TEXT NOT NULL, output TEXT, error TEXT, tags TEXT NOT NULL DEFAULT '[]',
+    priority INTEGER NOT NULL DEFAULT 0, parent_id TEXT, parent_seq INTEGER, created_at INTEGER NOT NULL,
+    updated_at INTEGER NOT NULL, wake_at INTEGER, lease_owner TEXT, lease_until INTEGER,
+    recovery_attempts INTEGER NOT NULL DEFAULT 0, wake_gen INTEGER NOT NULL DEFAULT 0
+) STRICT;
+CREATE INDEX runs_pending ON runs (priority DESC, created_at, id) WHERE status = 'pending';
+CREATE INDEX runs_due ON runs (wake_at, id) WHERE status = 'suspended';
+CREATE INDEX runs_running_lease ON runs (lease_until) WHERE status = 'running';
+CREATE INDEX runs_created ON runs (created_at DESC, id DESC);
+CREATE INDEX runs_parent ON runs (parent_id) WHERE parent_id IS NOT NULL;
+CREATE TABLE checkpoints (
+    run_id TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL, status TEXT NOT NULL,
+    input TEXT, output TEXT, error TEXT, attempts INTEGER NOT NULL DEFAULT 0, wake_at INTEGER,
+    started_at INTEGER NOT NULL, updated_at INTEGER NOT NULL, PRIMARY KEY (run_id, seq)
+) STRICT, WITHOUT ROWID;
+CREATE TABLE waiters (
+    wid INTEGER PRIMARY KEY, run_id TEXT NOT NULL, seq INTEGER NOT NULL, name TEXT NOT NULL, kind TEXT NOT NULL,
+    key TEXT NOT NULL, matcher TEXT, created_at INTEGER NOT NULL
+) STRICT;
+CREATE UNIQUE INDEX waiters_run ON waiters (run_id, seq);
+CREATE INDEX waiters_key ON waiters (kind, key);
+CREATE TABLE buffered_signals (id INTEGER PRIMARY KEY, token TEXT NOT NULL, payload TEXT NOT NULL, created_at INTEGER NOT NULL) STRICT;
+CREATE INDEX buffered_signals_token ON buffered_signals (token);
+CREATE TABLE buffered_events (id INTEGER PRIMARY KEY, name TEXT NOT NULL, payload TEXT NOT NULL, created_at INTEGER NOT NULL) STRICT;
+CREATE INDEX buffered_events_name ON buffered_events (name);
+CREATE TABLE run_state (run_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT NULL, PRIMARY KEY (run_id, key)) STRICT, WITHOUT ROWID;
+PRAGMA application_id = 1146442305;
+";
+
+#[test]
+fn a_version_1_file_is_migrated_forward_with_its_data() {
+    let dir = TempDir::new("v1");
+    let path = dir.db("v1.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA journal_mode = WAL;").unwrap();
+    conn.execute_batch(V1_SCHEMA).unwrap();
+    conn.execute_batch(
+        r#"
+        INSERT INTO runs (id, workflow, version, namespace, status, input, tags, created_at, updated_at)
+            VALUES ('old-1', 'wf', 1, 'default', 'completed', '{"n":1}', '["red","blue"]', 10, 20),
+                   ('old-2', 'wf', 1, 'default', 'suspended', '{"n":2}', '["blue"]', 11, 21),
+                   ('old-3', 'wf', 1, 'default', 'pending', '{"n":3}', '[]', 12, 12);
+        INSERT INTO checkpoints (run_id, seq, name, kind, status, output, attempts, started_at, updated_at)
+            VALUES ('old-1', 0, 'charge', 'step', 'completed', '"receipt"', 1, 10, 15);
+        INSERT INTO waiters (run_id, seq, name, kind, key, created_at)
+            VALUES ('old-2', 0, 'approval', 'signal', 'approve:2', 11);
+        "#,
+    )
+    .unwrap();
+    drop(conn);
+    assert_eq!(versions(&path), [1]);
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(versions(&path), (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    block_on(async {
+        // The data is all there and reads through the store.
+        let old1 = store.get_run(&RunId::from("old-1")).await.unwrap().unwrap();
+        assert_eq!(old1.tags, ["red", "blue"]);
+        assert_eq!(old1.input.as_str(), r#"{"n":1}"#);
+        let history = store.history(&RunId::from("old-1")).await.unwrap();
+        assert_eq!(history.len(), 1);
+        assert_eq!(history[0].output.as_ref().map(|p| p.as_str()), Some(r#""receipt""#));
+        assert_eq!(store.waiters(&RunId::from("old-2")).await.unwrap().len(), 1);
+        // Version 2's tag index was backfilled from the version-1 rows.
+        let ids = |tag: &str| {
+            let filter = RunFilter { tag: Some(tag.into()), ..RunFilter::default() };
+            let store = &store;
+            async move {
+                store.list_runs(&filter).await.unwrap().runs.into_iter().map(|r| r.id.to_string()).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(ids("blue").await, ["old-2", "old-1"]);
+        assert_eq!(ids("red").await, ["old-1"]);
+        // And new runs work on the migrated file.
+        let mut tagged = new_run("new", 30);
+        tagged.tags = vec!["red".into()];
+        store.create_run(tagged).await.unwrap();
+        assert_eq!(ids("red").await, ["new", "old-1"]);
+    });
+}
+
+#[test]
+fn a_file_from_a_newer_build_is_refused_and_left_alone() {
+    let dir = TempDir::new("newer");
+    let path = dir.db("newer.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    conn.execute("INSERT INTO durable_schema VALUES (?1, 'from the future', 0)", [SCHEMA_VERSION + 97]).unwrap();
+    drop(conn);
+    let before = std::fs::read(&path).unwrap();
+
+    let e = open_err(&path);
+    match &e {
+        Error::SchemaTooNew { found, supported, .. } => {
+            assert_eq!(*found, SCHEMA_VERSION + 97);
+            assert_eq!(*supported, SCHEMA_VERSION);
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    assert_names_path(&e, &path);
+    let msg = e.to_string();
+    assert!(msg.contains(&(SCHEMA_VERSION + 97).to_string()) && msg.contains(&SCHEMA_VERSION.to_string()), "{msg}");
+    assert!(msg.contains("upgrade"), "tells the user to upgrade: {msg}");
+    assert!(std::fs::read(&path).unwrap() == before, "the file is unchanged");
+}
+
+#[test]
+fn a_text_file_is_not_a_durable_database() {
+    let dir = TempDir::new("text");
+    let path = dir.db("notes.txt");
+    let text = b"These are my notes, not a database.\nSecond line.\n";
+    std::fs::write(&path, text).unwrap();
+    let e = open_err(&path);
+    assert!(matches!(e, Error::NotADatabase { .. }), "{e:?}");
+    assert!(e.to_string().starts_with(&format!("{} is not a durable database: ", path.display())), "{e}");
+    assert!(std::fs::read(&path).unwrap() == text, "the file is unchanged");
+    assert!(!dir.db("notes.txt-wal").exists() && !dir.db("notes.txt-shm").exists(), "no WAL files were created");
+    // A tiny file that is not even a header long is refused too.
+    std::fs::write(&path, b"x").unwrap();
+    assert!(matches!(open_err(&path), Error::NotADatabase { .. }));
+}
+
+#[test]
+fn another_programs_database_is_refused_and_left_alone() {
+    let dir = TempDir::new("foreign");
+    let path = dir.db("app.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users VALUES (1, 'ann');")
+        .unwrap();
+    drop(conn);
+    let before = std::fs::read(&path).unwrap();
+    let e = open_err(&path);
+    assert!(matches!(e, Error::NotADatabase { .. }), "{e:?}");
+    assert!(e.to_string().contains("users"), "names what it found: {e}");
+    assert_names_path(&e, &path);
+    assert!(std::fs::read(&path).unwrap() == before, "the file is unchanged");
+}
+
+#[test]
+fn a_directory_is_not_a_durable_database() {
+    let dir = TempDir::new("dir");
+    let e = open_err(&dir.path);
+    assert!(matches!(e, Error::NotADatabase { .. }), "{e:?}");
+    assert_names_path(&e, &dir.path);
+}
+
+#[test]
+fn a_missing_directory_is_a_clear_error() {
+    let dir = TempDir::new("nodir");
+    let path = dir.path.join("no").join("such").join("dir.db");
+    let e = open_err(&path);
+    assert!(matches!(e, Error::Sqlite { .. }), "{e:?}");
+    assert_names_path(&e, &path);
+    assert!(e.to_string().contains("cannot open"), "{e}");
+}
+
+#[cfg(unix)]
+#[test]
+fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("readonly");
+    std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o555)).unwrap();
+    // Root (and CAP_DAC_OVERRIDE) can write to a read-only directory: find out by trying.
+    let probe = dir.path.join("probe");
+    if std::fs::write(&probe, b"x").is_ok() {
+        let _ = std::fs::remove_file(&probe);
+        skip("a_read_only_directory_is_a_clear_error", "this user can write to a read-only directory (root?)");
+        return;
+    }
+    let path = dir.db("ro.db");
+    let e = open_err(&path);
+    assert!(matches!(e, Error::Sqlite { .. }), "{e:?}");
+    assert_names_path(&e, &path);
+    assert!(!path.exists(), "no file was created");
+    // Through the Store error type it is a Backend error.
+    assert_eq!(durable_core::StoreError::from(e).kind(), durable_core::StoreErrorKind::Backend);
+}
+
+#[cfg(unix)]
+#[test]
+fn a_read_only_file_is_a_clear_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = TempDir::new("rofile");
+    let path = dir.db("ro.db");
+    drop(SqliteStore::open(&path).unwrap());
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
+    if std::fs::OpenOptions::new().append(true).open(&path).is_ok() {
+        skip("a_read_only_file_is_a_clear_error", "this user can write to a read-only file (root?)");
+        return;
+    }
+    let e = open_err(&path);
+    assert!(matches!(e, Error::Sqlite { .. }), "{e:?}");
+    assert_names_path(&e, &path);
+    assert!(e.to_string().contains("read-only"), "{e}");
+}
+
+#[test]
+fn a_file_locked_past_the_busy_timeout_is_busy_and_retryable() {
+    let dir = TempDir::new("locked");
+    let path = dir.db("locked.db");
+    // Another program holds an exclusive lock on a fresh (rollback-journal) database.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE t (x);").unwrap();
+    let opts = SqliteOptions::new().busy_timeout(Duration::from_millis(20));
+    let e = SqliteStore::open_with(&path, opts.clone()).expect_err("the file is locked");
+    assert!(matches!(e, Error::Busy { .. }), "{e:?}");
+    assert!(e.is_retryable());
+    assert_names_path(&e, &path);
+    let store_err = durable_core::StoreError::from(e);
+    assert!(store_err.is_retryable(), "{store_err}");
+    // Once the lock is gone (the other program's table was rolled back), it opens.
+    conn.execute_batch("ROLLBACK").unwrap();
+    drop(conn);
+    let store = SqliteStore::open_with(&path, opts).unwrap();
+    assert!(block_on(store.create_run(new_run("r", 1))).unwrap().created());
+}
