@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use async_trait::async_trait;
@@ -136,12 +137,12 @@ impl Inner {
             }
             WaitKind::Event { name, matcher } => {
                 let matcher = matcher.to_value();
-                if let Some(buf) = self.event_buffer.get_mut(name) {
-                    if let Some(pos) = buf.iter().position(|p| json_subset(&matcher, &p.to_value())) {
-                        let payload = buf.remove(pos).expect("position is in range");
-                        self.resolve(&w.run_id, w.seq, &w.name, StepKind::Event, payload, now);
-                        return;
-                    }
+                if let Some(buf) = self.event_buffer.get_mut(name)
+                    && let Some(pos) = buf.iter().position(|p| json_subset(&matcher, &p.to_value()))
+                {
+                    let payload = buf.remove(pos).expect("position is in range");
+                    self.resolve(&w.run_id, w.seq, &w.name, StepKind::Event, payload, now);
+                    return;
                 }
             }
         }
@@ -159,15 +160,19 @@ impl Inner {
         self.waiters.insert(id, w);
     }
 
-    fn delete_one(&mut self, id: &RunId) {
-        self.runs.remove(id);
-        self.checkpoints.remove(id);
-        self.state.remove(id);
+    fn remove_waiters_of(&mut self, id: &RunId) {
         if let Some(ws) = self.by_run.get(id).cloned() {
             for wid in ws.values() {
                 self.remove_waiter(*wid);
             }
         }
+    }
+
+    fn delete_one(&mut self, id: &RunId) {
+        self.runs.remove(id);
+        self.checkpoints.remove(id);
+        self.state.remove(id);
+        self.remove_waiters_of(id);
     }
 }
 
@@ -282,10 +287,10 @@ impl Store for MemoryStore {
         if run.lease_owner.as_deref() != Some(commit.owner.as_str()) {
             return Err(StoreError::LeaseLost { run_id: commit.run_id, owner: commit.owner });
         }
-        if let Some(TurnEnd::Settle { status, .. }) = &commit.end {
-            if run.status == RunStatus::Running {
-                check_transition(run, *status)?;
-            }
+        if let Some(TurnEnd::Settle { status, .. }) = &commit.end
+            && run.status == RunStatus::Running
+        {
+            check_transition(run, *status)?;
         }
         let now = commit.now;
         let mut out = CommitOutcome::default();
@@ -322,10 +327,10 @@ impl Store for MemoryStore {
             out.deliveries.push(inner.send_signal(&sig.token, sig.payload, now));
         }
         let run = inner.runs.get_mut(&commit.run_id).expect("checked above");
-        run.updated_at = now;
         match commit.end {
-            None => {}
-            Some(TurnEnd::Suspend { wake_at, seen_wake_gen }) => {
+            None => run.updated_at = now,
+            Some(TurnEnd::Suspend { wake_at, seen_wake_gen }) if run.status == RunStatus::Running => {
+                run.updated_at = now;
                 if run.wake_gen != seen_wake_gen || !out.raced.is_empty() {
                     out.woken = true;
                 } else {
@@ -335,17 +340,20 @@ impl Store for MemoryStore {
                     run.lease_until = None;
                 }
             }
-            Some(TurnEnd::Settle { status, output, error }) => {
-                if run.status == RunStatus::Running {
-                    run.status = status;
-                    run.output = output;
-                    run.error = error;
-                    run.wake_at = None;
-                    run.lease_owner = None;
-                    run.lease_until = None;
-                    out.settled = true;
-                }
+            Some(TurnEnd::Settle { status, output, error }) if run.status == RunStatus::Running => {
+                run.status = status;
+                run.output = output;
+                run.error = error;
+                run.wake_at = None;
+                run.lease_owner = None;
+                run.lease_until = None;
+                run.updated_at = now;
+                out.settled = true;
+                inner.remove_waiters_of(&commit.run_id);
             }
+            // A turn end that finds the run no longer running (an operator cancelled it
+            // mid-turn) changes nothing of the run row: terminal runs accept no transition.
+            Some(_) => {}
         }
         Ok(out)
     }
@@ -378,11 +386,27 @@ impl Store for MemoryStore {
         if patch.reset_recovery {
             run.recovery_attempts = 0;
         }
+        if patch.wake {
+            run.wake_gen += 1;
+            if run.status == RunStatus::Suspended {
+                run.wake_at = Some(run.wake_at.map_or(patch.now, |w| w.min(patch.now)));
+            }
+        }
         run.updated_at = patch.now;
-        if patch.clear_failed_checkpoints {
-            if let Some(cps) = inner.checkpoints.get_mut(id) {
+        let terminal = run.status.is_terminal();
+        if let Some(cps) = inner.checkpoints.get_mut(id) {
+            if patch.clear_failed_checkpoints {
                 cps.retain(|_, cp| cp.status != CheckpointStatus::Failed);
             }
+            if let Some(from) = patch.truncate_history_from {
+                cps.retain(|seq, _| *seq < from);
+            }
+        }
+        if terminal {
+            inner.remove_waiters_of(id);
+        }
+        for signal in patch.signals {
+            inner.send_signal(&signal.token, signal.payload, patch.now);
         }
         Ok(true)
     }
@@ -394,7 +418,9 @@ impl Store for MemoryStore {
             .values()
             .filter(|r| r.status == RunStatus::Pending && !lease_is_live(r, q.now) && matches_query(r, q))
             .collect();
-        runs.sort_by(|a, b| (-a.priority, a.created_at, &a.id).cmp(&(-b.priority, b.created_at, &b.id)));
+        runs.sort_by(|a, b| {
+            (Reverse(a.priority), a.created_at, &a.id).cmp(&(Reverse(b.priority), b.created_at, &b.id))
+        });
         Ok(runs.into_iter().take(q.limit).map(|r| r.id.clone()).collect())
     }
 

@@ -1,0 +1,129 @@
+//! Signals: `send_signal` to waiters and into the per-token buffer, and races with waits.
+
+use std::sync::Arc;
+
+use durable_core::{CheckpointStatus, Delivery, RunId, RunQuery, RunStatus, Store};
+use serde_json::json;
+
+use super::fixtures::*;
+use crate::CaseResult;
+
+/// A signal to a token with a waiter is delivered atomically: the waiter is removed, the
+/// payload recorded as the `completed` checkpoint at its seq, `wake_gen` incremented and the
+/// suspended run made due now.
+pub async fn signal_to_waiter_records_and_wakes(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let parked = park_on_signal(s, "w", 2, "tok", Some(T0 + 10 * LEASE)).await?;
+    let now = T0 + 50;
+    let delivery = s.send_signal("tok", json(json!({"approved": true})), now).await?;
+    assert_eq!(delivery, Delivery::Delivered { run_id: RunId::from("w"), seq: 2 });
+
+    let cp = checkpoint_at(s, "w", 2).await?;
+    assert_eq!((cp.seq, cp.status), (2, CheckpointStatus::Completed));
+    assert_eq!(cp.output, Some(json(json!({"approved": true}))));
+    let run = get(s, "w").await?;
+    assert_eq!(run.wake_gen, parked.wake_gen + 1);
+    assert_eq!((run.status, run.wake_at), (RunStatus::Suspended, Some(now)), "due now, for the timer poller");
+    assert_eq!(waiter_seqs(s, "w").await?, Vec::<u32>::new(), "the waiter was taken");
+    let due = s.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 10 }).await?;
+    assert_eq!(due, [RunId::from("w")]);
+    assert_eq!(s.send_signal("tok", json(json!(2)), now).await?, Delivery::Buffered, "one waiter, one delivery");
+    Ok(())
+}
+
+/// Signals with no waiter are buffered FIFO per token, and consumed one per wait in order;
+/// tokens do not share buffers.
+pub async fn signals_are_buffered_fifo_per_token(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    for (token, n) in [("a", 1), ("b", 1), ("a", 2), ("a", 3)] {
+        let delivery = s.send_signal(token, json(json!(format!("{token}{n}"))), T0).await?;
+        assert_eq!(delivery, Delivery::Buffered);
+    }
+    start(s, "r").await?;
+    let waits = [("a", Some("a1")), ("b", Some("b1")), ("a", Some("a2")), ("b", None), ("a", Some("a3"))];
+    for (seq, (token, expected)) in (0..).zip(waits) {
+        register_wait(s, signal_wait("r", seq, token)).await?;
+        let output = history(s, "r").await?.into_iter().find(|cp| cp.seq == seq).and_then(|cp| cp.output);
+        assert_eq!(output, expected.map(|p| json(json!(p))), "wait at seq {seq} on {token}");
+    }
+    assert_eq!(waiter_seqs(s, "r").await?, [3], "only the wait on the empty buffer is registered");
+    Ok(())
+}
+
+/// Of several runs waiting on one token, the oldest waiter is served first; waiters of
+/// other tokens are untouched.
+pub async fn oldest_waiter_is_served_first(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    for id in ["r2", "r3", "r1"] {
+        park_on_signal(s, id, 0, "tok", None).await?;
+    }
+    park_on_signal(s, "x", 0, "other", None).await?;
+    for (n, expected) in [(1, "r2"), (2, "r3"), (3, "r1")] {
+        let delivery = s.send_signal("tok", json(json!(n)), T0 + n).await?;
+        assert_eq!(delivery, Delivery::Delivered { run_id: RunId::from(expected), seq: 0 }, "signal {n}");
+        assert_eq!(checkpoint_at(s, expected, 0).await?.output, Some(json(json!(n))));
+    }
+    assert_eq!(s.send_signal("tok", json(json!(4)), T0 + 4).await?, Delivery::Buffered);
+    assert_eq!(waiter_seqs(s, "x").await?, [0]);
+    Ok(())
+}
+
+/// 50 concurrent `send_signal` calls race 50 waits registering on one token: every payload
+/// is consumed exactly once — each wait ends up holding one, none is left in the buffer,
+/// none is lost or duplicated — and every reported delivery points at the checkpoint holding
+/// that payload.
+pub async fn concurrent_signals_and_waits_lose_nothing(store: Arc<dyn Store>) -> CaseResult {
+    signal_race(&[store]).await
+}
+
+/// How many signals and how many waits race in [`signal_race`].
+const RACING: usize = 50;
+/// The token they race on.
+const CONTENDED: &str = "contended";
+
+/// Racer `i` of [`signal_race`]: the first [`RACING`] send signal `i`, the others register
+/// the wait of `waiter`.
+async fn send_or_wait(store: Arc<dyn Store>, i: usize, waiter: String) -> CaseResult<Option<Delivery>> {
+    if i < RACING {
+        return Ok(Some(store.send_signal(CONTENDED, json(json!(i)), T0 + 1).await?));
+    }
+    register_wait(&*store, signal_wait(&waiter, 0, CONTENDED)).await?;
+    Ok(None)
+}
+
+/// The race of [`concurrent_signals_and_waits_lose_nothing`], across `handles`.
+pub(crate) async fn signal_race(handles: &[Arc<dyn Store>]) -> CaseResult {
+    let s = &*handles[0];
+    let racers: Vec<String> = (0..RACING).map(|i| format!("racer-{i}")).collect();
+    for id in &racers {
+        start(s, id).await?;
+    }
+    let results = race(2 * RACING, |i| send_or_wait(handle_for(handles, i), i, racers[i % RACING].clone())).await;
+
+    // As many signals as waits: once the race is over, in a store where each call is atomic
+    // every wait holds a payload (no waiter is left while a signal sits in the buffer).
+    let mut consumed = Vec::new();
+    for id in &racers {
+        let cp = history(s, id).await?.into_iter().find(|cp| cp.seq == 0);
+        let cp = cp.unwrap_or_else(|| panic!("{id} still waits, though as many signals as waits were sent"));
+        assert_eq!(cp.status, CheckpointStatus::Completed, "{id}");
+        assert_eq!(waiter_seqs(s, id).await?, Vec::<u32>::new(), "{id} received a signal and still waits");
+        let payload = cp.output.unwrap_or_else(|| panic!("{id} received a signal without payload"));
+        consumed.push(payload.decode::<usize>().unwrap_or_else(|e| panic!("{id}: bad payload: {e}")));
+    }
+    consumed.sort_unstable();
+    assert_eq!(consumed, (0..RACING).collect::<Vec<_>>(), "every signal is consumed exactly once");
+
+    // And nothing is left over: a fresh wait finds the buffer empty.
+    start(s, "late").await?;
+    register_wait(s, signal_wait("late", 0, CONTENDED)).await?;
+    assert_eq!(waiter_seqs(s, "late").await?, [0], "a signal was buffered twice");
+
+    for (i, result) in results.into_iter().enumerate() {
+        if let Some(Delivery::Delivered { run_id, seq }) = result? {
+            let cp = checkpoint_at(s, run_id.as_str(), seq).await?;
+            assert_eq!(cp.output, Some(json(json!(i))), "signal {i} was reported delivered to {run_id}:{seq}");
+        }
+    }
+    Ok(())
+}

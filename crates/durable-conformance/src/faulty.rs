@@ -1,0 +1,592 @@
+//! [`FaultyStore`]: a store wrapper that injects errors and latency.
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use durable_core::{
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
+    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreError, StoreResult, Waiter,
+};
+use parking_lot::Mutex;
+
+/// A method of the [`Store`] trait (all but `capabilities`, which cannot fail).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+#[non_exhaustive]
+pub enum Method {
+    /// [`Store::create_run`].
+    CreateRun,
+    /// [`Store::get_run`].
+    GetRun,
+    /// [`Store::list_runs`].
+    ListRuns,
+    /// [`Store::history`].
+    History,
+    /// [`Store::claim_run`].
+    ClaimRun,
+    /// [`Store::renew_lease`].
+    RenewLease,
+    /// [`Store::release_lease`].
+    ReleaseLease,
+    /// [`Store::commit`].
+    Commit,
+    /// [`Store::update_run_if`].
+    UpdateRunIf,
+    /// [`Store::pending_runs`].
+    PendingRuns,
+    /// [`Store::due_runs`].
+    DueRuns,
+    /// [`Store::orphaned_runs`].
+    OrphanedRuns,
+    /// [`Store::send_signal`].
+    SendSignal,
+    /// [`Store::publish_event`].
+    PublishEvent,
+    /// [`Store::waiters`].
+    Waiters,
+    /// [`Store::get_state`].
+    GetState,
+    /// [`Store::delete_run`].
+    DeleteRun,
+}
+
+impl Method {
+    /// Every method, in trait order.
+    pub const ALL: [Method; 17] = [
+        Method::CreateRun,
+        Method::GetRun,
+        Method::ListRuns,
+        Method::History,
+        Method::ClaimRun,
+        Method::RenewLease,
+        Method::ReleaseLease,
+        Method::Commit,
+        Method::UpdateRunIf,
+        Method::PendingRuns,
+        Method::DueRuns,
+        Method::OrphanedRuns,
+        Method::SendSignal,
+        Method::PublishEvent,
+        Method::Waiters,
+        Method::GetState,
+        Method::DeleteRun,
+    ];
+
+    /// The method's name in the trait (`"create_run"`, `"commit"`, …).
+    pub fn name(self) -> &'static str {
+        match self {
+            Method::CreateRun => "create_run",
+            Method::GetRun => "get_run",
+            Method::ListRuns => "list_runs",
+            Method::History => "history",
+            Method::ClaimRun => "claim_run",
+            Method::RenewLease => "renew_lease",
+            Method::ReleaseLease => "release_lease",
+            Method::Commit => "commit",
+            Method::UpdateRunIf => "update_run_if",
+            Method::PendingRuns => "pending_runs",
+            Method::DueRuns => "due_runs",
+            Method::OrphanedRuns => "orphaned_runs",
+            Method::SendSignal => "send_signal",
+            Method::PublishEvent => "publish_event",
+            Method::Waiters => "waiters",
+            Method::GetState => "get_state",
+            Method::DeleteRun => "delete_run",
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// One call made to a [`FaultyStore`], as fault predicates and error builders see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Call<'a> {
+    /// The method called.
+    pub method: Method,
+    /// The run the call addresses, if it addresses one (the run created, claimed,
+    /// committed, read, …).
+    pub run_id: Option<&'a RunId>,
+    /// The signal token or event name, for `send_signal` and `publish_event`.
+    pub token: Option<&'a str>,
+    /// The position of this call among every call the wrapper received, from 1.
+    pub number: u64,
+}
+
+type Predicate = Arc<dyn Fn(&Call<'_>) -> bool + Send + Sync>;
+type ErrorBuilder = Arc<dyn Fn(&Call<'_>) -> StoreError + Send + Sync>;
+
+/// A fault to arm on a [`FaultyStore`]: which calls fail, how many times, with what error.
+///
+/// Built from a selector ([`Fault::every_call`], [`Fault::on`], [`Fault::when`],
+/// [`Fault::nth_call`]) and refined with [`Fault::nth`], [`Fault::after`], [`Fault::times`],
+/// [`Fault::error`] and [`Fault::after_apply`]. By default a fault fails every selected call
+/// until it is cleared, before the call reaches the wrapped store, with a retryable
+/// [`StoreError::Unavailable`].
+///
+/// ```
+/// use durable_conformance::{Fault, Method};
+/// use durable_core::StoreError;
+///
+/// // The third commit fails, once.
+/// let third_commit = Fault::on(Method::Commit).nth(3);
+/// // Every claim of run "poison" fails with a non-retryable error, until cleared.
+/// let poison = Fault::when(|c| c.method == Method::ClaimRun && c.run_id.is_some_and(|r| r.as_str() == "poison"))
+///     .error(|_| StoreError::Unavailable { message: "disk gone".into(), retryable: false });
+/// // Two commits are applied but their answers are lost.
+/// let lost_acks = Fault::on(Method::Commit).times(2).after_apply();
+/// # let _ = (third_commit, poison, lost_acks);
+/// ```
+#[derive(Clone)]
+pub struct Fault {
+    selects: Predicate,
+    skip: u64,
+    times: Option<u64>,
+    error: ErrorBuilder,
+    after_apply: bool,
+}
+
+impl Fault {
+    /// Every call.
+    pub fn every_call() -> Self {
+        Fault::when(|_| true)
+    }
+
+    /// Every call of `method`.
+    pub fn on(method: Method) -> Self {
+        Fault::when(move |call| call.method == method)
+    }
+
+    /// Every call `selects` accepts (it sees the method, the run id and the token).
+    pub fn when(selects: impl Fn(&Call<'_>) -> bool + Send + Sync + 'static) -> Self {
+        Fault {
+            selects: Arc::new(selects),
+            skip: 0,
+            times: None,
+            error: Arc::new(|call| StoreError::Unavailable {
+                message: format!("injected fault on {} (call #{})", call.method, call.number),
+                retryable: true,
+            }),
+            after_apply: false,
+        }
+    }
+
+    /// Only the `n`-th call (from 1) of any method made after the fault is armed.
+    pub fn nth_call(n: u64) -> Self {
+        Fault::every_call().nth(n)
+    }
+
+    /// Only the `n`-th selected call (from 1) made after the fault is armed, once.
+    pub fn nth(self, n: u64) -> Self {
+        self.after(n.saturating_sub(1)).times(1)
+    }
+
+    /// Lets the first `n` selected calls through before failing any.
+    pub fn after(mut self, n: u64) -> Self {
+        self.skip = n;
+        self
+    }
+
+    /// Fails `n` selected calls, then disarms itself (default: until cleared).
+    pub fn times(mut self, n: u64) -> Self {
+        self.times = Some(n);
+        self
+    }
+
+    /// The error returned, built per call (default: a retryable `Unavailable`).
+    pub fn error(mut self, error: impl Fn(&Call<'_>) -> StoreError + Send + Sync + 'static) -> Self {
+        self.error = Arc::new(error);
+        self
+    }
+
+    /// The call reaches the wrapped store and is applied, then its answer is replaced by the
+    /// error: a lost acknowledgement (the write happened, the caller cannot know).
+    pub fn after_apply(mut self) -> Self {
+        self.after_apply = true;
+        self
+    }
+}
+
+impl fmt::Debug for Fault {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Fault")
+            .field("skip", &self.skip)
+            .field("times", &self.times)
+            .field("after_apply", &self.after_apply)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A fault armed on a store, with its counters.
+#[derive(Debug)]
+struct Armed {
+    fault: Fault,
+    selected: u64,
+    fired: u64,
+}
+
+#[derive(Debug, Default)]
+struct Control {
+    faults: Vec<Armed>,
+    latency: Duration,
+    method_latency: BTreeMap<Method, Duration>,
+    counts: BTreeMap<Method, u64>,
+    total: u64,
+    injected: u64,
+}
+
+/// What to do with one call, decided under the lock.
+struct Plan {
+    latency: Duration,
+    fail: Option<(StoreError, bool)>,
+}
+
+impl Control {
+    fn plan(&mut self, method: Method, run_id: Option<&RunId>, token: Option<&str>) -> Plan {
+        self.total += 1;
+        *self.counts.entry(method).or_default() += 1;
+        let call = Call { method, run_id, token, number: self.total };
+        let mut fail = None;
+        for armed in &mut self.faults {
+            if !(armed.fault.selects)(&call) {
+                continue;
+            }
+            armed.selected += 1;
+            let exhausted = armed.fault.times.is_some_and(|t| armed.fired >= t);
+            if fail.is_none() && armed.selected > armed.fault.skip && !exhausted {
+                armed.fired += 1;
+                fail = Some(((armed.fault.error)(&call), armed.fault.after_apply));
+            }
+        }
+        self.faults.retain(|a| a.fault.times.is_none_or(|t| a.fired < t));
+        self.injected += u64::from(fail.is_some());
+        let latency = self.method_latency.get(&method).copied().unwrap_or(self.latency);
+        Plan { latency, fail }
+    }
+}
+
+/// A [`Store`] wrapper that injects faults and latency, for testing how an engine (or a
+/// runtime test) copes with a failing backend.
+///
+/// Arm [`Fault`]s with [`FaultyStore::arm`]: the selected calls fail with the fault's error
+/// (before reaching the wrapped store, or after it applied them with
+/// [`Fault::after_apply`]). [`FaultyStore::set_latency`] delays every call with
+/// `tokio::time::sleep` (so a paused tokio clock skips it). Every call is counted per method.
+/// With no fault armed and no latency it is transparent: it passes the conformance suite
+/// itself.
+///
+/// ```
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+/// use std::sync::Arc;
+/// use durable_conformance::{Fault, FaultyStore, Method};
+/// use durable_core::{RunId, Store, StoreErrorKind};
+/// use durable_store_memory::MemoryStore;
+///
+/// let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+/// store.arm(Fault::on(Method::GetRun).times(1));
+/// let engine_view: Arc<dyn Store> = store.clone();
+/// let id = RunId::from("r");
+/// let err = engine_view.get_run(&id).await.unwrap_err();
+/// assert_eq!(err.kind(), StoreErrorKind::Unavailable);
+/// assert!(err.is_retryable());
+/// assert_eq!(engine_view.get_run(&id).await.unwrap(), None); // the fault fired once
+/// assert_eq!(store.calls(Method::GetRun), 2);
+/// # });
+/// ```
+pub struct FaultyStore<S> {
+    inner: S,
+    control: Mutex<Control>,
+}
+
+impl<S: Store> FaultyStore<S> {
+    /// Wraps `inner`, with no fault armed and no latency.
+    pub fn new(inner: S) -> Self {
+        FaultyStore { inner, control: Mutex::new(Control::default()) }
+    }
+
+    /// The wrapped store.
+    pub fn inner(&self) -> &S {
+        &self.inner
+    }
+
+    /// Unwraps the store.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+
+    /// Arms a fault. Faults are checked in the order they were armed; a call fails with the
+    /// first that fires, and is counted by every fault that selects it.
+    pub fn arm(&self, fault: Fault) {
+        self.control.lock().faults.push(Armed { fault, selected: 0, fired: 0 });
+    }
+
+    /// Disarms every fault.
+    pub fn clear_faults(&self) {
+        self.control.lock().faults.clear();
+    }
+
+    /// How many faults are still armed (a fault with [`Fault::times`] disarms itself).
+    pub fn armed(&self) -> usize {
+        self.control.lock().faults.len()
+    }
+
+    /// How many calls failed because of a fault.
+    pub fn injected(&self) -> u64 {
+        self.control.lock().injected
+    }
+
+    /// Delays every call by `latency` (`Duration::ZERO`: none), unless its method has its own.
+    pub fn set_latency(&self, latency: Duration) {
+        self.control.lock().latency = latency;
+    }
+
+    /// Delays every call of `method` by `latency`, instead of the general latency.
+    pub fn set_method_latency(&self, method: Method, latency: Duration) {
+        self.control.lock().method_latency.insert(method, latency);
+    }
+
+    /// How many calls of `method` the wrapper received (failed ones included).
+    pub fn calls(&self, method: Method) -> u64 {
+        self.control.lock().counts.get(&method).copied().unwrap_or(0)
+    }
+
+    /// How many calls of each method the wrapper received (methods never called are absent).
+    pub fn call_counts(&self) -> BTreeMap<Method, u64> {
+        self.control.lock().counts.clone()
+    }
+
+    /// How many calls the wrapper received in all.
+    pub fn total_calls(&self) -> u64 {
+        self.control.lock().total
+    }
+
+    /// Sets every call count back to zero.
+    pub fn reset_counts(&self) {
+        let mut control = self.control.lock();
+        control.counts.clear();
+        control.total = 0;
+    }
+
+    /// Runs one call: counts it, applies latency and faults, and calls the wrapped store.
+    async fn call<T>(
+        &self,
+        method: Method,
+        run_id: Option<&RunId>,
+        token: Option<&str>,
+        inner: impl Future<Output = StoreResult<T>>,
+    ) -> StoreResult<T> {
+        let plan = self.control.lock().plan(method, run_id, token);
+        if !plan.latency.is_zero() {
+            tokio::time::sleep(plan.latency).await;
+        }
+        match plan.fail {
+            None => inner.await,
+            Some((error, false)) => Err(error),
+            Some((error, true)) => {
+                // The write is applied (or fails on its own); either way the caller gets the fault.
+                let _ = inner.await;
+                Err(error)
+            }
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for FaultyStore<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let control = self.control.lock();
+        f.debug_struct("FaultyStore")
+            .field("inner", &self.inner)
+            .field("armed", &control.faults.len())
+            .field("latency", &control.latency)
+            .field("calls", &control.total)
+            .finish()
+    }
+}
+
+#[async_trait]
+impl<S: Store> Store for FaultyStore<S> {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
+        let id = run.id.clone();
+        self.call(Method::CreateRun, Some(&id), None, self.inner.create_run(run)).await
+    }
+
+    async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
+        self.call(Method::GetRun, Some(id), None, self.inner.get_run(id)).await
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
+        self.call(Method::ListRuns, None, None, self.inner.list_runs(filter)).await
+    }
+
+    async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
+        self.call(Method::History, Some(id), None, self.inner.history(id)).await
+    }
+
+    async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
+        let id = claim.run_id.clone();
+        self.call(Method::ClaimRun, Some(&id), None, self.inner.claim_run(claim)).await
+    }
+
+    async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
+        self.call(Method::RenewLease, Some(id), None, self.inner.renew_lease(id, owner, lease_until)).await
+    }
+
+    async fn release_lease(&self, id: &RunId, owner: &str) -> StoreResult<bool> {
+        self.call(Method::ReleaseLease, Some(id), None, self.inner.release_lease(id, owner)).await
+    }
+
+    async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+        let id = commit.run_id.clone();
+        self.call(Method::Commit, Some(&id), None, self.inner.commit(commit)).await
+    }
+
+    async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {
+        self.call(Method::UpdateRunIf, Some(id), None, self.inner.update_run_if(id, expected, patch)).await
+    }
+
+    async fn pending_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.call(Method::PendingRuns, None, None, self.inner.pending_runs(query)).await
+    }
+
+    async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.call(Method::DueRuns, None, None, self.inner.due_runs(query)).await
+    }
+
+    async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.call(Method::OrphanedRuns, None, None, self.inner.orphaned_runs(query)).await
+    }
+
+    async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery> {
+        self.call(Method::SendSignal, None, Some(token), self.inner.send_signal(token, payload, now)).await
+    }
+
+    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+        self.call(Method::PublishEvent, None, Some(name), self.inner.publish_event(name, payload, now)).await
+    }
+
+    async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
+        self.call(Method::Waiters, Some(id), None, self.inner.waiters(id)).await
+    }
+
+    async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
+        self.call(Method::GetState, Some(id), None, self.inner.get_state(id, key)).await
+    }
+
+    async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {
+        self.call(Method::DeleteRun, Some(id), None, self.inner.delete_run(id)).await
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use durable_core::{NewRun, StoreErrorKind, StoreExt};
+    use durable_store_memory::MemoryStore;
+
+    use super::*;
+
+    fn store() -> FaultyStore<MemoryStore> {
+        FaultyStore::new(MemoryStore::new())
+    }
+
+    fn new_run(id: &str) -> NewRun {
+        NewRun {
+            id: RunId::from(id),
+            workflow: "wf".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: Payload::null(),
+            tags: vec![],
+            priority: 0,
+            parent: None,
+            created_at: 1,
+        }
+    }
+
+    fn block_on<F: Future>(f: F) -> F::Output {
+        tokio::runtime::Builder::new_current_thread().enable_all().build().expect("runtime").block_on(f)
+    }
+
+    #[test]
+    fn nth_call_fails_once_before_reaching_the_store() {
+        block_on(async {
+            let s = store();
+            s.arm(Fault::nth_call(2));
+            s.create_run(new_run("a")).await.unwrap();
+            let err = s.create_run(new_run("b")).await.unwrap_err();
+            assert_eq!(err.kind(), StoreErrorKind::Unavailable);
+            assert!(err.is_retryable());
+            assert_eq!(s.inner().get_run(&RunId::from("b")).await.unwrap(), None, "refused before the store");
+            s.create_run(new_run("b")).await.unwrap();
+            assert_eq!((s.armed(), s.injected(), s.total_calls()), (0, 1, 3));
+        });
+    }
+
+    #[test]
+    fn method_faults_with_custom_error_until_cleared() {
+        block_on(async {
+            let s = store();
+            s.arm(Fault::on(Method::GetRun).error(|_| StoreError::Conflict { message: "nope".into() }));
+            for _ in 0..3 {
+                assert_eq!(s.get_run(&RunId::from("x")).await.unwrap_err().kind(), StoreErrorKind::Conflict);
+            }
+            assert!(s.history(&RunId::from("x")).await.is_ok(), "other methods pass");
+            s.clear_faults();
+            assert_eq!(s.get_run(&RunId::from("x")).await.unwrap(), None);
+            assert_eq!(s.calls(Method::GetRun), 4);
+            assert_eq!(s.call_counts(), BTreeMap::from([(Method::GetRun, 4), (Method::History, 1)]));
+        });
+    }
+
+    #[test]
+    fn predicate_sees_run_id_and_token_and_times_limits() {
+        block_on(async {
+            let s = store();
+            s.arm(Fault::when(|c| c.run_id.is_some_and(|r| r.as_str() == "poison")).times(2));
+            s.arm(Fault::when(|c| c.token == Some("t")).after(1));
+            s.create_run(new_run("fine")).await.unwrap();
+            for _ in 0..2 {
+                assert!(s.create_run(new_run("poison")).await.is_err());
+            }
+            s.create_run(new_run("poison")).await.unwrap();
+            s.send_signal("t", Payload::null(), 1).await.unwrap();
+            assert!(s.send_signal("t", Payload::null(), 1).await.is_err());
+            assert!(s.send_signal("u", Payload::null(), 1).await.is_ok());
+            assert_eq!(s.armed(), 1);
+        });
+    }
+
+    #[test]
+    fn after_apply_writes_then_fails() {
+        block_on(async {
+            let s = store();
+            s.arm(Fault::on(Method::CreateRun).nth(1).after_apply());
+            assert!(s.create_run(new_run("a")).await.is_err());
+            assert!(s.require_run(&RunId::from("a")).await.is_ok(), "the write happened");
+            s.reset_counts();
+            s.get_run(&RunId::from("a")).await.unwrap();
+            assert_eq!((s.total_calls(), s.calls(Method::CreateRun)), (1, 0));
+        });
+    }
+
+    #[test]
+    fn latency_delays_calls_without_changing_answers() {
+        block_on(async {
+            let s = store();
+            s.set_latency(Duration::from_millis(1));
+            s.set_method_latency(Method::GetRun, Duration::ZERO);
+            s.create_run(new_run("a")).await.unwrap();
+            assert!(s.get_run(&RunId::from("a")).await.unwrap().is_some());
+        });
+    }
+}

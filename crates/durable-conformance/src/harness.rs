@@ -1,0 +1,246 @@
+//! The workflow test harness: an engine on a virtual clock, step helpers that fail on
+//! purpose, and assertions on runs and their histories.
+
+use std::fmt;
+use std::ops::Deref;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use durable_core::{Checkpoint, RunId, RunStatus, StepError, StepKind, Store};
+use durable_runtime::{Engine, EngineConfig, VirtualClock};
+use durable_store_memory::MemoryStore;
+use serde::de::DeserializeOwned;
+
+/// An [`Engine`] on a [`VirtualClock`]: a 30-day sleep completes as soon as the test calls
+/// [`TestEngine::advance`]. Derefs to the engine, so `register`, `start`, `wait_for_run`, …
+/// are called on it directly.
+///
+/// ```
+/// use std::time::Duration;
+/// use durable_conformance::TestEngine;
+/// use durable_runtime::{RunStatus, StartOptions, WorkflowCtx, WorkflowError};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() {
+/// let t = TestEngine::new();
+/// t.register("month", 1, |ctx: WorkflowCtx, _: ()| async move {
+///     ctx.sleep(Duration::from_secs(30 * 86_400)).await;
+///     Ok::<_, WorkflowError>("done")
+/// });
+/// let run = t.start("month", &(), StartOptions::id("m")).await.unwrap();
+/// t.assert_settled_status(&run.id, RunStatus::Suspended).await;
+/// t.advance(Duration::from_secs(30 * 86_400));
+/// t.assert_output(&run.id, "done".to_string()).await;
+/// # }
+/// ```
+pub struct TestEngine {
+    engine: Engine,
+    clock: VirtualClock,
+    store: Arc<dyn Store>,
+    config: EngineConfig,
+}
+
+impl fmt::Debug for TestEngine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TestEngine").field("engine", &self.engine).field("clock", &self.clock).finish()
+    }
+}
+
+impl Deref for TestEngine {
+    type Target = Engine;
+    fn deref(&self) -> &Engine {
+        &self.engine
+    }
+}
+
+/// The harness's engine configuration: fast polling, so runs parked by an earlier engine are
+/// found at once; everything else at its default.
+pub fn test_config() -> EngineConfig {
+    let mut config = EngineConfig::default();
+    config.poll_interval = Duration::from_millis(20);
+    config.orphan_poll_interval = Duration::from_millis(100);
+    config.wait_poll_interval = Duration::from_millis(20);
+    config.store_retry_backoff = Duration::from_millis(10);
+    config
+}
+
+impl TestEngine {
+    /// A test engine on a fresh [`MemoryStore`], with the clock at 2026-01-01.
+    pub fn new() -> Self {
+        Self::with_store(Arc::new(MemoryStore::new()))
+    }
+
+    /// A test engine on the given store.
+    pub fn with_store(store: Arc<dyn Store>) -> Self {
+        Self::with_parts(store, VirtualClock::starting_2026(), test_config())
+    }
+
+    /// A test engine on the given store, clock and configuration.
+    pub fn with_parts(store: Arc<dyn Store>, clock: VirtualClock, config: EngineConfig) -> Self {
+        let engine = Engine::builder()
+            .shared_store(store.clone())
+            .clock(clock.clone())
+            .config(config.clone())
+            .build()
+            .expect("a store is set");
+        TestEngine { engine, clock, store, config }
+    }
+
+    /// The engine.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
+    /// The virtual clock.
+    pub fn clock(&self) -> &VirtualClock {
+        &self.clock
+    }
+
+    /// The store.
+    pub fn shared_store(&self) -> Arc<dyn Store> {
+        self.store.clone()
+    }
+
+    /// Moves virtual time forward by `d`: timers that come due fire, and the pollers look for
+    /// due runs parked by other engines on the same store.
+    pub fn advance(&self, d: Duration) {
+        self.clock.advance(d);
+        self.engine.poll_now();
+    }
+
+    /// Shuts this engine down (turns dropped, leases released) and builds a new one on the
+    /// same store and clock — a process restart. Register the workflows again on the result.
+    pub async fn restart(self) -> TestEngine {
+        self.engine.shutdown().await;
+        Self::with_parts(self.store, self.clock, self.config)
+    }
+
+    /// Drops this engine without any cleanup — its turns vanish mid-flight and their leases
+    /// stay held until they expire, as after `kill -9` — and builds a new one on the same store
+    /// and clock. Advance the clock past the lease TTL for the new engine to recover the runs.
+    pub fn crash(self) -> TestEngine {
+        let TestEngine { engine, clock, store, config } = self;
+        drop(engine);
+        Self::with_parts(store, clock, config)
+    }
+
+    /// A second engine on the same store and clock (another process sharing the store).
+    pub fn sibling(&self) -> TestEngine {
+        Self::with_parts(self.store.clone(), self.clock.clone(), self.config.clone())
+    }
+
+    /// The run's checkpoints (panics if the store fails).
+    pub async fn checkpoints(&self, id: &RunId) -> Vec<Checkpoint> {
+        self.engine.history(id).await.expect("history")
+    }
+
+    /// Names of the run's recorded `step` checkpoints, by seq.
+    pub async fn step_names(&self, id: &RunId) -> Vec<String> {
+        self.checkpoints(id).await.into_iter().filter(|c| c.kind == StepKind::Step).map(|c| c.name).collect()
+    }
+
+    /// Attempts recorded for the step named `name` (panics if there is none).
+    pub async fn attempts(&self, id: &RunId, name: &str) -> u32 {
+        self.checkpoints(id)
+            .await
+            .into_iter()
+            .find(|c| c.kind == StepKind::Step && c.name == name)
+            .unwrap_or_else(|| panic!("run {id} has no step named {name:?}"))
+            .attempts
+    }
+
+    /// Waits for the run to be terminal and asserts its status.
+    pub async fn assert_status(&self, id: &RunId, status: RunStatus) {
+        let outcome = self.engine.wait_for_run(id).await.expect("wait_for_run");
+        assert_eq!(outcome.status(), status, "run {id}: {:?}", outcome.run.error);
+    }
+
+    /// Waits for the run to be terminal or suspended and asserts its status.
+    pub async fn assert_settled_status(&self, id: &RunId, status: RunStatus) {
+        let outcome = self.engine.wait_for_settled(id).await.expect("wait_for_settled");
+        assert_eq!(outcome.status(), status, "run {id}: {:?}", outcome.run.error);
+    }
+
+    /// Waits for the run to complete and asserts its output.
+    pub async fn assert_output<O: DeserializeOwned + PartialEq + fmt::Debug>(&self, id: &RunId, expected: O) {
+        let outcome = self.engine.wait_for_run(id).await.expect("wait_for_run");
+        let output: O = outcome.output().unwrap_or_else(|e| panic!("run {id}: {e}"));
+        assert_eq!(output, expected, "run {id}");
+    }
+
+    /// Asserts the run's recorded step names, in seq order.
+    pub async fn assert_step_names(&self, id: &RunId, expected: &[&str]) {
+        assert_eq!(self.step_names(id).await, expected, "run {id}");
+    }
+
+    /// Asserts the attempts recorded for a step.
+    pub async fn assert_attempts(&self, id: &RunId, step: &str, expected: u32) {
+        assert_eq!(self.attempts(id, step).await, expected, "run {id}, step {step:?}");
+    }
+}
+
+impl Default for TestEngine {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// A step helper that fails its first `n` calls with a retryable error, then succeeds with the
+/// call number. Clones share the count.
+///
+/// ```
+/// let flaky = durable_conformance::FailFirst::new(2);
+/// assert!(flaky.call().is_err());
+/// assert!(flaky.call().is_err());
+/// assert_eq!(flaky.call().unwrap(), 3);
+/// assert_eq!(flaky.calls(), 3);
+/// ```
+#[derive(Debug, Clone)]
+pub struct FailFirst {
+    failures: u32,
+    calls: Arc<AtomicU32>,
+}
+
+impl FailFirst {
+    /// Fails the first `n` calls.
+    pub fn new(n: u32) -> Self {
+        FailFirst { failures: n, calls: Arc::new(AtomicU32::new(0)) }
+    }
+
+    /// One call: `Err` (retryable) for the first `n`, then `Ok(call number)`.
+    pub fn call(&self) -> Result<u32, StepError> {
+        let n = self.calls.fetch_add(1, Ordering::SeqCst) + 1;
+        if n <= self.failures {
+            Err(StepError::retryable(format!("planned failure {n} of {}", self.failures)))
+        } else {
+            Ok(n)
+        }
+    }
+
+    /// How many times it was called.
+    pub fn calls(&self) -> u32 {
+        self.calls.load(Ordering::SeqCst)
+    }
+}
+
+/// Counts executions, e.g. of a step closure, so a test can assert "exactly once".
+#[derive(Debug, Clone, Default)]
+pub struct Counter(Arc<AtomicU32>);
+
+impl Counter {
+    /// A counter at zero.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds one; returns the new count.
+    pub fn bump(&self) -> u32 {
+        self.0.fetch_add(1, Ordering::SeqCst) + 1
+    }
+
+    /// The count.
+    pub fn get(&self) -> u32 {
+        self.0.load(Ordering::SeqCst)
+    }
+}

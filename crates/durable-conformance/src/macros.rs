@@ -1,0 +1,160 @@
+//! The case list (one place) and the macros built from it: the [`CASES`](crate::CASES) table
+//! and [`store_conformance_tests!`](crate::store_conformance_tests).
+
+/// Emits one `#[test]` per conformance case, each running the case on a fresh store from the
+/// factory expression, on a multi-thread tokio runtime owned by this crate (no
+/// `#[tokio::test]` needed).
+///
+/// The expression is evaluated once per test and must implement
+/// [`StoreFactory`](crate::StoreFactory). A case the store cannot run prints one line,
+/// `skipped <case>: store lacks <requirement>`, and passes. The tests are named after the
+/// cases (`claim_is_busy_under_live_lease`, …); to certify two stores in one file, call the
+/// macro in two modules.
+///
+/// ```
+/// use durable_conformance::FnFactory;
+/// use durable_store_memory::MemoryStore;
+///
+/// mod memory {
+///     use super::*;
+///     durable_conformance::store_conformance_tests!(FnFactory::new(|| async { Ok(MemoryStore::new()) }));
+/// }
+/// ```
+#[macro_export]
+macro_rules! store_conformance_tests {
+    ($factory:expr $(,)?) => {
+        $crate::__store_cases!(__store_case_tests { $factory });
+    };
+}
+
+/// The list of cases: `area::name(kind, [requirements])`, handed to `$callback` after the
+/// callback's own arguments. The single source of [`CASES`](crate::CASES) and of the tests
+/// emitted by [`store_conformance_tests!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_cases {
+    ($callback:ident { $($args:tt)* }) => {
+        $crate::$callback! {
+            { $($args)* }
+            runs::capabilities_are_constant(Store, []),
+            runs::create_run_is_idempotent(Store, []),
+            runs::concurrent_creates_have_one_winner(Store, []),
+            runs::missing_run_reads_as_absent(Store, []),
+            runs::history_is_ordered_by_seq(Store, []),
+            list::list_is_newest_first(Store, []),
+            list::list_filters_by_workflow(Store, []),
+            list::list_filters_by_statuses(Store, []),
+            list::list_filters_by_namespace(Store, []),
+            list::list_filters_by_tag(Store, []),
+            list::list_filters_by_parent(Store, []),
+            list::list_filters_by_created_range(Store, []),
+            list::list_filters_combine(Store, []),
+            list::list_limit_and_default_page_size(Store, []),
+            list::list_cursor_visits_every_run_once(Store, []),
+            list::list_rejects_malformed_cursor(Store, []),
+            update::update_applies_only_from_expected_status(Store, []),
+            update::update_with_no_expectation_matches_any_status(Store, []),
+            update::update_missing_run_is_false(Store, []),
+            update::update_forbidden_transition_is_conflict(Store, []),
+            update::update_applies_every_patch_field(Store, []),
+            update::concurrent_updates_have_one_winner(Store, []),
+            update::update_truncates_history_from_seq(Store, []),
+            update::update_wake_counts_as_a_delivery(Store, []),
+            update::terminal_update_removes_waiters(Store, []),
+            update::update_signals_are_sent_only_when_applied(Store, []),
+            leases::claim_acquires_pending_run(Store, []),
+            leases::claim_is_busy_under_live_lease(Store, []),
+            leases::claim_again_by_owner_is_not_recovery(Store, []),
+            leases::claim_terminal_run_reports_terminal(Store, []),
+            leases::claim_missing_run_is_not_found(Store, []),
+            leases::claim_takes_over_expired_lease(Store, []),
+            leases::claim_after_release_is_not_recovery(Store, []),
+            leases::concurrent_claims_have_one_winner(Store, []),
+            leases::renew_only_by_owner(Store, []),
+            leases::release_only_by_owner(Store, []),
+            commit::commit_without_lease_is_lease_lost(Store, []),
+            commit::commit_after_takeover_is_lease_lost(Store, []),
+            commit::step_commit_is_atomic_with_settle(Store, []),
+            commit::commit_upserts_checkpoints_by_seq(Store, []),
+            commit::settle_records_terminal_status(Store, []),
+            commit::settle_after_cancel_is_not_applied(Store, []),
+            commit::settle_removes_waiters(Store, []),
+            commit::suspend_parks_run_and_releases_lease(Store, []),
+            commit::suspend_after_cancel_leaves_run_cancelled(Store, []),
+            commit::suspend_after_delivery_stays_running(Store, []),
+            commit::wait_consuming_buffered_signal_wakes_turn(Store, []),
+            commit::expire_wait_removes_waiter(Store, []),
+            commit::expire_wait_raced_by_delivery_keeps_delivery(Store, []),
+            commit::state_is_upserted_and_outlives_settle(Store, []),
+            commit::children_are_created_idempotently(Store, []),
+            commit::outgoing_signals_report_deliveries(Store, []),
+            signals::signal_to_waiter_records_and_wakes(Store, []),
+            signals::signals_are_buffered_fifo_per_token(Store, []),
+            signals::oldest_waiter_is_served_first(Store, []),
+            signals::concurrent_signals_and_waits_lose_nothing(Store, []),
+            events::event_reaches_every_matching_waiter(Store, []),
+            events::unmatched_event_is_buffered_for_a_matching_wait(Store, []),
+            queues::pending_runs_by_priority_then_age(Store, []),
+            queues::pending_runs_filter_and_limit(Store, []),
+            queues::pending_runs_skip_leased_runs(Store, []),
+            queues::due_runs_are_due_earliest_first(Store, []),
+            queues::orphaned_runs_are_running_without_live_lease(Store, []),
+            delete::delete_removes_run_and_subtree(Store, []),
+            delete::delete_child_keeps_parent(Store, []),
+            delete::delete_missing_run_is_zero(Store, []),
+            payloads::large_payloads_round_trip(Store, []),
+            payloads::unicode_ids_and_tokens_round_trip(Store, []),
+            handles::handles_share_data_and_leases(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
+            handles::concurrent_claims_across_handles_have_one_winner(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
+            handles::concurrent_creates_across_handles_have_one_winner(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
+            handles::signal_race_across_handles_loses_nothing(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
+            persistence::data_survives_reopen(Factory, [Persistent, Reopen]),
+        }
+    };
+}
+
+/// Builds [`CASES`](crate::CASES) from the case list.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_case_table {
+    ({} $($area:ident :: $name:ident ($kind:ident, [$($req:ident),*]),)*) => {
+        /// Every case of the store suite, grouped by area, in the order [`run_all`] runs them.
+        pub const CASES: &[Case] = &[$(
+            Case {
+                name: ::core::stringify!($name),
+                area: ::core::stringify!($area),
+                requires: &[$(Requirement::$req),*],
+                run: $crate::__case_fn!($kind, $crate::cases::$area::$name),
+            },
+        )*];
+    };
+}
+
+/// The [`CaseFn`](crate::CaseFn) calling a case function of the given kind.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __case_fn {
+    (Store, $f:path) => {
+        $crate::CaseFn::Store(|store| ::std::boxed::Box::pin($f(store)))
+    };
+    (TwoHandles, $f:path) => {
+        $crate::CaseFn::TwoHandles(|a, b| ::std::boxed::Box::pin($f(a, b)))
+    };
+    (Factory, $f:path) => {
+        $crate::CaseFn::Factory(|factory, store| ::std::boxed::Box::pin($f(factory, store)))
+    };
+}
+
+/// Emits one `#[test]` per case (see [`store_conformance_tests!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __store_case_tests {
+    ({ $factory:expr } $($area:ident :: $name:ident ($kind:ident, [$($req:ident),*]),)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::__private::run_test(&$factory, ::core::stringify!($name));
+            }
+        )*
+    };
+}

@@ -1,0 +1,174 @@
+//! Certifying stores that are not in the tree, the way a third party does: a small custom
+//! store written against the public API only, and the fault-injecting `FaultyStore` with no
+//! fault armed, both run through `store_conformance_tests!`. Also shows `run_all` and
+//! `run_case` as a custom harness would use them, and that the suite catches a broken store.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use async_trait::async_trait;
+use durable_conformance::{
+    CaseOutcome, Fault, FaultyStore, FnFactory, Method, Requirement, StoreFactory, TestStore, find_case, run_all,
+    run_case,
+};
+use durable_core::{
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
+    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreResult, Waiter,
+};
+use durable_store_memory::MemoryStore;
+
+/// A third party's store: keeps its data in a `MemoryStore` and counts the writes it makes,
+/// for its own metrics.
+#[derive(Debug, Default)]
+struct AuditedStore {
+    inner: MemoryStore,
+    writes: AtomicU64,
+}
+
+impl AuditedStore {
+    fn write(&self) {
+        self.writes.fetch_add(1, Ordering::Relaxed);
+    }
+}
+
+#[async_trait]
+impl Store for AuditedStore {
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+
+    async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
+        self.write();
+        self.inner.create_run(run).await
+    }
+
+    async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
+        self.inner.get_run(id).await
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
+        self.inner.list_runs(filter).await
+    }
+
+    async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
+        self.inner.history(id).await
+    }
+
+    async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
+        self.write();
+        self.inner.claim_run(claim).await
+    }
+
+    async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
+        self.write();
+        self.inner.renew_lease(id, owner, lease_until).await
+    }
+
+    async fn release_lease(&self, id: &RunId, owner: &str) -> StoreResult<bool> {
+        self.write();
+        self.inner.release_lease(id, owner).await
+    }
+
+    async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+        self.write();
+        self.inner.commit(commit).await
+    }
+
+    async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {
+        self.write();
+        self.inner.update_run_if(id, expected, patch).await
+    }
+
+    async fn pending_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.inner.pending_runs(query).await
+    }
+
+    async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.inner.due_runs(query).await
+    }
+
+    async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.inner.orphaned_runs(query).await
+    }
+
+    async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery> {
+        self.write();
+        self.inner.send_signal(token, payload, now).await
+    }
+
+    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+        self.write();
+        self.inner.publish_event(name, payload, now).await
+    }
+
+    async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
+        self.inner.waiters(id).await
+    }
+
+    async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
+        self.inner.get_state(id, key).await
+    }
+
+    async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {
+        self.write();
+        self.inner.delete_run(id).await
+    }
+}
+
+/// The factory a third party writes by hand (the closure-based `FnFactory` works too).
+struct AuditedFactory;
+
+#[async_trait]
+impl StoreFactory for AuditedFactory {
+    async fn create(&self) -> StoreResult<TestStore> {
+        Ok(TestStore::new(AuditedStore::default()))
+    }
+}
+
+mod audited {
+    durable_conformance::store_conformance_tests!(super::AuditedFactory);
+}
+
+mod faulty_without_faults {
+    use super::*;
+
+    durable_conformance::store_conformance_tests!(FnFactory::new(|| async {
+        Ok(FaultyStore::new(MemoryStore::new()))
+    }));
+}
+
+/// A custom harness: `run_all` runs every case and reports skips instead of failing them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn run_all_reports_every_case() {
+    let report = run_all(&AuditedFactory).await;
+    report.assert_success();
+    let skipped: Vec<_> = report.skipped().collect();
+    assert!(
+        skipped.iter().any(|(_, req)| *req == Requirement::Persistent),
+        "an in-memory store skips the persistence cases: {report}"
+    );
+    assert!(skipped.iter().any(|(_, req)| *req == Requirement::SharedAcrossProcesses), "{report}");
+    assert_eq!(report.passed() + skipped.len(), durable_conformance::CASES.len());
+}
+
+/// The suite fails a store that breaks the contract, and says which call failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn a_failing_store_fails_the_suite() {
+    let broken = FnFactory::new(|| async {
+        let store = FaultyStore::new(MemoryStore::new());
+        store.arm(Fault::on(Method::Commit));
+        Ok(store)
+    });
+    let case = find_case("step_commit_is_atomic_with_settle").expect("the case exists");
+    match run_case(&broken, case).await {
+        CaseOutcome::Failed(why) => assert!(why.contains("commit.rs"), "the failure names the call site: {why}"),
+        other => panic!("a store whose commits fail passed {}: {other:?}", case.name),
+    }
+    let lost_acks = FnFactory::new(|| async {
+        let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+        store.arm(Fault::on(Method::CreateRun).after_apply());
+        Ok(TestStore::from_arc(store))
+    });
+    let case = find_case("create_run_is_idempotent").expect("the case exists");
+    assert!(matches!(run_case(&lost_acks, case).await, CaseOutcome::Failed(_)));
+}
