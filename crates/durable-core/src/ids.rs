@@ -57,10 +57,10 @@ impl RunId {
 
     /// The root of a continue-as-new chain and this run's position in it (0 for the root).
     pub fn chain_position(&self) -> (&str, u32) {
-        if let Some((root, n)) = self.0.rsplit_once('~') {
-            if let Ok(n) = n.parse::<u32>() {
-                return (root, n);
-            }
+        if let Some((root, n)) = self.0.rsplit_once('~')
+            && let Ok(n) = n.parse::<u32>()
+        {
+            return (root, n);
         }
         (&self.0, 0)
     }

@@ -87,4 +87,11 @@ pub mod codes {
     pub const BAD_PAYLOAD: &str = "bad_payload";
     /// A payload is over the configured size limit.
     pub const PAYLOAD_TOO_LARGE: &str = "payload_too_large";
+    /// An operator asked for the run to be cancelled with compensation; set on the run's
+    /// error while it compensates.
+    pub const CANCEL_REQUESTED: &str = "cancel_requested";
+    /// A child run failed, was cancelled or died.
+    pub const CHILD_FAILED: &str = "child_failed";
+    /// A wait's deadline passed before a delivery.
+    pub const WAIT_TIMEOUT: &str = "wait_timeout";
 }

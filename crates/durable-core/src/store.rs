@@ -202,7 +202,8 @@ pub enum TurnEnd {
         /// The run's `wake_gen` when the turn loaded it.
         seen_wake_gen: u64,
     },
-    /// Settle the run: only from `running` (compare-and-set), lease released.
+    /// Settle the run: only from `running` (compare-and-set), lease released, every waiter of
+    /// the run removed (a settled run must not swallow later signals).
     Settle {
         /// `completed`, `failed`, `cancelled` or `dead`.
         status: RunStatus,
@@ -313,6 +314,15 @@ pub struct RunPatch {
     pub reset_recovery: bool,
     /// Delete the run's `failed` checkpoints, so the steps run again (operator retry).
     pub clear_failed_checkpoints: bool,
+    /// Delete the run's checkpoints from this seq on, so that part of the body runs again
+    /// (operator retry resumes from the first failed step).
+    pub truncate_history_from: Option<u32>,
+    /// Wake the run as a delivery does: increment `wake_gen` and, if it is `suspended`, set
+    /// `wake_at` to `now` (a turn in progress sees the change when it tries to suspend).
+    pub wake: bool,
+    /// Signals sent (as by [`Store::send_signal`]) in the same transaction, only if the patch
+    /// applies — for example a cancelled child telling its parent.
+    pub signals: Vec<OutgoingSignal>,
     /// The caller's clock (sets `updated_at`).
     pub now: Millis,
 }
@@ -465,7 +475,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// checked in the same atomic write; returns whether it applied. `Ok(false)` for a missing
     /// run. A patched status must be allowed by [`RunStatus::can_become`] from the current one
     /// (or equal to it), else nothing is written and `Conflict` is returned. Concurrent racers
-    /// with the same expectation: exactly one wins.
+    /// with the same expectation: exactly one wins. A patch that makes the run terminal also
+    /// removes its waiters. The patch's `signals` are sent in the same transaction.
     async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool>;
 
     /// Pending runs to start, oldest first.

@@ -20,6 +20,8 @@ pub enum TurnStop {
     /// Stop quietly without writing anything more (the lease was lost, the store failed, the
     /// run was cancelled); the run's durable state decides what happens next.
     Abort(String),
+    /// Complete the run and start its successor (`<id>~N`) with this input and a fresh history.
+    ContinueAsNew(Payload),
 }
 
 /// The state of one turn. See the module docs.
@@ -77,6 +79,11 @@ impl Turn {
         let seq = self.next_seq;
         self.next_seq += 1;
         seq
+    }
+
+    /// The seq the next call will take.
+    pub fn next_seq(&self) -> u32 {
+        self.next_seq
     }
 
     /// Decides the call `(name, kind)` at `seq` (see [`History::decide`]).

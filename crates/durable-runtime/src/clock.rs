@@ -1,0 +1,117 @@
+//! Time as the engine sees it: the real clock, or a virtual one tests move by hand.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use durable_core::Millis;
+use tokio::sync::watch;
+
+/// A boxed, sendable future.
+pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+/// The engine's source of durable time: what `ctx.now()` records, what `wake_at` is measured
+/// against, and what sleeps and retry backoffs wait on.
+///
+/// Infrastructure timing (poll intervals, lease renewal cadence) uses tokio's timer, not this.
+pub trait Clock: Send + Sync + fmt::Debug + 'static {
+    /// Milliseconds since the Unix epoch.
+    fn now(&self) -> Millis;
+
+    /// Resolves once `now() >= at`.
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()>;
+}
+
+/// The wall clock, with tokio's timer for sleeps.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct SystemClock;
+
+impl Clock for SystemClock {
+    fn now(&self) -> Millis {
+        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
+    }
+
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
+        let now = self.now();
+        Box::pin(async move {
+            if at > now {
+                tokio::time::sleep(Duration::from_millis(at - now)).await;
+            }
+        })
+    }
+}
+
+/// A clock that only moves when told to: a 30-day sleep completes as soon as a test calls
+/// [`VirtualClock::advance`] by 30 days. Clones share the same time.
+#[derive(Clone)]
+pub struct VirtualClock {
+    now: Arc<watch::Sender<Millis>>,
+}
+
+impl fmt::Debug for VirtualClock {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("VirtualClock").field("now", &*self.now.borrow()).finish()
+    }
+}
+
+impl VirtualClock {
+    /// A virtual clock starting at `start` (epoch milliseconds).
+    pub fn new(start: Millis) -> Self {
+        VirtualClock { now: Arc::new(watch::Sender::new(start)) }
+    }
+
+    /// A virtual clock starting at 2026-01-01T00:00:00Z.
+    pub fn starting_2026() -> Self {
+        Self::new(1_767_225_600_000)
+    }
+
+    /// Moves time forward by `d`, waking every sleep that is now due.
+    pub fn advance(&self, d: Duration) {
+        let ms = d.as_millis() as Millis;
+        self.now.send_modify(|now| *now += ms);
+    }
+
+    /// Sets the time (never backwards).
+    pub fn set(&self, at: Millis) {
+        self.now.send_modify(|now| *now = (*now).max(at));
+    }
+}
+
+impl Default for VirtualClock {
+    fn default() -> Self {
+        Self::starting_2026()
+    }
+}
+
+impl Clock for VirtualClock {
+    fn now(&self) -> Millis {
+        *self.now.borrow()
+    }
+
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
+        let mut rx = self.now.subscribe();
+        Box::pin(async move {
+            // The sender lives as long as any clone of the clock; if all are gone, time stops.
+            let _ = rx.wait_for(|now| *now >= at).await;
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn virtual_sleep_fires_on_advance() {
+        let clock = VirtualClock::new(1_000);
+        let sleep = clock.sleep_until(1_000 + 86_400_000);
+        let handle = tokio::spawn(sleep);
+        tokio::task::yield_now().await;
+        assert!(!handle.is_finished());
+        clock.advance(Duration::from_secs(86_400));
+        handle.await.unwrap();
+        assert_eq!(clock.now(), 1_000 + 86_400_000);
+    }
+}

@@ -1,0 +1,54 @@
+//! Engine configuration. Every interval and limit of the engine is here.
+
+use std::time::Duration;
+
+/// Tuning knobs of an [`Engine`](crate::Engine). `Default` gives the documented defaults.
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct EngineConfig {
+    /// Only execute, recover and time out runs of this namespace (`None`: all of them). Runs
+    /// started by this engine default to it (or to `"default"`).
+    pub namespace: Option<String>,
+    /// Turns executing at once on this instance; further run ids wait in memory in arrival
+    /// order. Default 256.
+    pub max_concurrent_runs: usize,
+    /// How long a turn's lease lasts; renewed at half-life. Default 30 s.
+    pub lease_ttl: Duration,
+    /// How often the pending and due-timer pollers look at the store. Default 500 ms.
+    pub poll_interval: Duration,
+    /// How often the orphan poller looks for runs whose lease expired. Default 5 s.
+    pub orphan_poll_interval: Duration,
+    /// Runs fetched per poll. Default 512.
+    pub poll_batch: usize,
+    /// Retry backoffs longer than this are durable waits (the run suspends); shorter ones are
+    /// waited in memory. Default 1 s.
+    pub durable_retry_threshold: Duration,
+    /// Largest accepted payload (input, output, signal) in bytes. Default 4 MiB.
+    pub max_payload_bytes: usize,
+    /// Recoveries of one run before it becomes `dead`. Default 10.
+    pub max_recovery_attempts: u32,
+    /// How often `wait_for_run` re-reads the store for runs executed by other processes.
+    /// Default 250 ms.
+    pub wait_poll_interval: Duration,
+    /// First delay before retrying a turn that a store error aborted (doubles up to 30 s).
+    /// Default 100 ms.
+    pub store_retry_backoff: Duration,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            namespace: None,
+            max_concurrent_runs: 256,
+            lease_ttl: Duration::from_secs(30),
+            poll_interval: Duration::from_millis(500),
+            orphan_poll_interval: Duration::from_secs(5),
+            poll_batch: 512,
+            durable_retry_threshold: Duration::from_secs(1),
+            max_payload_bytes: 4 * 1024 * 1024,
+            max_recovery_attempts: 10,
+            wait_poll_interval: Duration::from_millis(250),
+            store_retry_backoff: Duration::from_millis(100),
+        }
+    }
+}

@@ -1,0 +1,227 @@
+//! The runtime's errors: [`Error`] for engine calls, [`WorkflowError`] for workflow bodies and
+//! [`StepFailed`] for a step that failed after its last attempt.
+
+use std::fmt;
+use std::time::Duration;
+
+use durable_core::{InvalidId, RunId, RunStatus, StepError, StoreError};
+
+/// The result type of engine calls.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// What can go wrong in an engine call. Every message names the run, workflow or token it
+/// concerns and what to do about it.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// No workflow of that name is registered.
+    #[error(
+        "unknown workflow {name:?}: register it with engine.register({name:?}, version, fn) before starting runs of it"
+    )]
+    UnknownWorkflow {
+        /// The name asked for.
+        name: String,
+    },
+    /// The input does not deserialize into the workflow's input type. Nothing was persisted.
+    #[error(
+        "invalid input for workflow {workflow:?}: {source}; pass a value that deserializes into the workflow's input type"
+    )]
+    InvalidInput {
+        /// The workflow.
+        workflow: String,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// A value could not be serialized. Nothing was persisted.
+    #[error("could not serialize {what}: {source}")]
+    Serialize {
+        /// What was being serialized.
+        what: String,
+        /// The serialization error.
+        source: serde_json::Error,
+    },
+    /// A payload is over the configured limit. Nothing was persisted.
+    #[error(
+        "{what} is {size} bytes, over the {limit}-byte payload limit; keep large data elsewhere and pass a reference, or raise EngineConfig::max_payload_bytes"
+    )]
+    PayloadTooLarge {
+        /// What the payload is.
+        what: String,
+        /// Its size in bytes.
+        size: usize,
+        /// The limit.
+        limit: usize,
+    },
+    /// A name or token was empty or missing.
+    #[error("invalid {what}: it must be non-empty")]
+    InvalidName {
+        /// What was invalid.
+        what: String,
+    },
+    /// A run id was refused.
+    #[error(transparent)]
+    InvalidId(#[from] InvalidId),
+    /// No run with that id.
+    #[error("run {0} not found")]
+    RunNotFound(RunId),
+    /// A wait ran out of time.
+    #[error("run {id} did not settle within {timeout:?} (it is {status})")]
+    Timeout {
+        /// The run.
+        id: RunId,
+        /// How long was waited.
+        timeout: Duration,
+        /// Its status when the wait gave up.
+        status: RunStatus,
+    },
+    /// The run settled without an output (failed, cancelled or dead).
+    #[error("run {id} is {status}{}", error.as_ref().map(|e| format!(": {e}")).unwrap_or_default())]
+    RunFailed {
+        /// The run.
+        id: RunId,
+        /// Its status.
+        status: RunStatus,
+        /// Its recorded error.
+        error: Option<StepError>,
+    },
+    /// A recorded output does not decode into the type asked for.
+    #[error("the output of run {id} does not decode into the requested type: {source}")]
+    Output {
+        /// The run.
+        id: RunId,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
+    /// Only failed and dead runs can be retried.
+    #[error("run {id} is {status}; only failed or dead runs can be retried")]
+    NotRetryable {
+        /// The run.
+        id: RunId,
+        /// Its status.
+        status: RunStatus,
+    },
+    /// The store failed.
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// The engine was shut down.
+    #[error("the engine is shut down; build a new one")]
+    ShutDown,
+}
+
+/// A step that failed after its last attempt (or with a fatal error). The workflow may handle
+/// it, or return it with `?` to fail the run with the step's message and code.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepFailed {
+    /// The run.
+    pub run_id: RunId,
+    /// The step name.
+    pub name: String,
+    /// The step's seq.
+    pub seq: u32,
+    /// The last error.
+    pub error: StepError,
+    /// How many attempts were made.
+    pub attempts: u32,
+}
+
+impl fmt::Display for StepFailed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "step {:?} (seq {}) of run {} failed after {} attempt{}: {}",
+            self.name,
+            self.seq,
+            self.run_id,
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.error.message
+        )
+    }
+}
+
+impl std::error::Error for StepFailed {}
+
+/// The error a workflow body returns. `?` converts any `std::error::Error` into it; a
+/// [`StepFailed`] keeps its step's error code. Like `anyhow::Error`, it deliberately does not
+/// implement `std::error::Error` itself.
+pub struct WorkflowError {
+    message: String,
+    code: Option<String>,
+}
+
+impl WorkflowError {
+    /// An error with this message.
+    pub fn new(message: impl Into<String>) -> Self {
+        WorkflowError { message: message.into(), code: None }
+    }
+
+    /// Sets the machine-readable code recorded on the run.
+    pub fn with_code(mut self, code: impl Into<String>) -> Self {
+        self.code = Some(code.into());
+        self
+    }
+
+    /// The message.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The code.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// An error carrying a step error's message and code.
+    pub fn from_step_error(e: StepError) -> Self {
+        WorkflowError { message: e.message, code: e.code }
+    }
+
+    /// The error recorded on the failed run.
+    pub fn to_step_error(&self) -> StepError {
+        StepError { message: self.message.clone(), code: self.code.clone(), retryable: false }
+    }
+}
+
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for WorkflowError {
+    fn from(e: E) -> Self {
+        let any: &dyn std::any::Any = &e;
+        let code = any.downcast_ref::<StepFailed>().and_then(|s| s.error.code.clone());
+        WorkflowError { message: e.to_string(), code }
+    }
+}
+
+impl fmt::Display for WorkflowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.code {
+            Some(code) => write!(f, "{} [{code}]", self.message),
+            None => f.write_str(&self.message),
+        }
+    }
+}
+
+impl fmt::Debug for WorkflowError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkflowError").field("message", &self.message).field("code", &self.code).finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn step_failed_keeps_its_code_through_question_mark() {
+        let failed = StepFailed {
+            run_id: RunId::from("r"),
+            name: "charge".into(),
+            seq: 2,
+            error: StepError::fatal("card declined").with_code("declined"),
+            attempts: 1,
+        };
+        let w: WorkflowError = failed.into();
+        assert_eq!(w.code(), Some("declined"));
+        assert!(w.message().contains("card declined") && w.message().contains("seq 2"));
+        let io: WorkflowError = std::io::Error::other("x").into();
+        assert_eq!(io.code(), None);
+    }
+}
