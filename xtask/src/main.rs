@@ -1,1 +1,191 @@
-fn main() {}
+//! `cargo xtask ci` runs the same gates locally and in CI; `cargo xtask bench` runs the
+//! benchmark workloads in release mode and writes `target/bench/results.json`.
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, ExitCode, Stdio};
+
+const USAGE: &str = "\
+usage: cargo xtask <command>
+
+commands:
+  ci                      fmt check, clippy -D warnings, tests, rustdoc -D warnings, core purity, quick bench
+  bench [options]         run benchmark workloads (release mode), write target/bench/results.json
+      --quick             shrink every workload (a smoke run)
+      --store S[,S..]     memory, sqlite (default: memory,sqlite)
+      --workload W[,W..]  chain, long_chain, timers, signals, events (default: all)
+      --workers N         worker processes sharing one SQLite file (chain only; default 1)
+  purity                  check that durable-core pulls in no I/O crates
+";
+
+/// The README's test command: CI runs exactly this.
+const TEST_COMMAND: &[&str] = &["test", "--workspace"];
+
+/// Crates `durable-core` must never depend on (it is the pure, sans-I/O core).
+const FORBIDDEN_IN_CORE: &[&str] = &[
+    "tokio",
+    "mio",
+    "rusqlite",
+    "libsqlite3-sys",
+    "postgres",
+    "tokio-postgres",
+    "sqlx",
+    "reqwest",
+    "hyper",
+    "socket2",
+];
+
+fn main() -> ExitCode {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let result = match args.first().map(String::as_str) {
+        Some("ci") => ci(),
+        Some("bench") => bench(&args[1..]),
+        Some("purity") => purity(),
+        _ => {
+            eprint!("{USAGE}");
+            return ExitCode::from(2);
+        }
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("xtask: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR")).parent().expect("xtask lives in the workspace").to_path_buf()
+}
+
+fn cargo() -> Command {
+    let mut cmd = Command::new(std::env::var("CARGO").unwrap_or_else(|_| "cargo".into()));
+    cmd.current_dir(root());
+    cmd
+}
+
+fn run(step: &str, cmd: &mut Command) -> Result<(), String> {
+    eprintln!("\n==> {step}");
+    let status = cmd.status().map_err(|e| format!("{step}: could not start: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("{step} failed ({status})")) }
+}
+
+fn ci() -> Result<(), String> {
+    run("fmt", cargo().args(["fmt", "--all", "--check"]))?;
+    run("clippy", cargo().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
+    purity()?;
+    run("test", cargo().args(TEST_COMMAND))?;
+    run("doc", cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"))?;
+    bench(&["--quick".to_string()])
+}
+
+fn purity() -> Result<(), String> {
+    eprintln!("\n==> purity: cargo tree -p durable-core -e normal");
+    let out = cargo()
+        .args(["tree", "-p", "durable-core", "-e", "normal", "--prefix", "none", "--format", "{p}"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo tree: {e}"))?;
+    if !out.status.success() {
+        return Err("cargo tree failed".into());
+    }
+    let tree = String::from_utf8_lossy(&out.stdout);
+    let bad: Vec<&str> = tree
+        .lines()
+        .filter_map(|l| l.split_whitespace().next())
+        .filter(|name| FORBIDDEN_IN_CORE.contains(name))
+        .collect();
+    if bad.is_empty() {
+        eprintln!("durable-core depends on no I/O crate ({} crates checked)", tree.lines().count());
+        Ok(())
+    } else {
+        Err(format!("durable-core must stay free of I/O, but its dependency tree contains: {}", bad.join(", ")))
+    }
+}
+
+const WORKLOADS: &[&str] = &["chain", "long_chain", "timers", "signals", "events"];
+const STORES: &[&str] = &["memory", "sqlite"];
+
+fn list(value: Option<&String>, flag: &str, known: &[&str]) -> Result<Vec<String>, String> {
+    let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
+    let items: Vec<String> = value.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+    for item in &items {
+        if !known.contains(&item.as_str()) {
+            return Err(format!("unknown {flag} value {item:?}; known: {}", known.join(", ")));
+        }
+    }
+    Ok(items)
+}
+
+fn bench(args: &[String]) -> Result<(), String> {
+    let mut quick = false;
+    let mut stores: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
+    let mut workloads: Vec<String> = WORKLOADS.iter().map(|s| s.to_string()).collect();
+    let mut workers = 1u32;
+    let mut it = args.iter();
+    while let Some(arg) = it.next() {
+        match arg.as_str() {
+            "--quick" => quick = true,
+            "--store" => stores = list(it.next(), "--store", STORES)?,
+            "--workload" => workloads = list(it.next(), "--workload", WORKLOADS)?,
+            "--workers" => {
+                workers =
+                    it.next().and_then(|v| v.parse().ok()).filter(|n| *n >= 1).ok_or("--workers needs a number ≥ 1")?
+            }
+            other => return Err(format!("unknown bench option {other:?}\n{USAGE}")),
+        }
+    }
+    run("build bench (release)", cargo().args(["build", "--release", "-p", "durable-bench"]))?;
+    let exe = root().join("target/release/durable-bench");
+    let out_dir = root().join("target/bench");
+    std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
+    let mut results = Vec::new();
+    for workload in &workloads {
+        for store in &stores {
+            let mut cmd = Command::new(&exe);
+            cmd.args(["--workload", workload, "--store", store, "--dir"]).arg(&out_dir);
+            cmd.args(["--workers", &workers.to_string()]);
+            if quick {
+                cmd.arg("--quick");
+            }
+            eprintln!("==> bench {workload} on {store}{}", if quick { " (quick)" } else { "" });
+            let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("running {}: {e}", exe.display()))?;
+            if !out.status.success() {
+                return Err(format!("bench {workload} on {store} failed ({})", out.status));
+            }
+            let line = String::from_utf8_lossy(&out.stdout);
+            let value: serde_json::Value = serde_json::from_str(line.trim())
+                .map_err(|e| format!("bench {workload} on {store} printed no JSON result ({e}): {line}"))?;
+            results.push(value);
+        }
+    }
+    let path = out_dir.join("results.json");
+    let json = serde_json::to_string_pretty(&results).expect("JSON values serialize");
+    std::fs::write(&path, json + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
+    print_table(&results);
+    eprintln!("\nwrote {}", path.display());
+    Ok(())
+}
+
+fn print_table(results: &[serde_json::Value]) {
+    println!(
+        "\n{:<11} {:<7} {:>7} {:>6} {:>8} {:>11} {:>9} {:>8} {:>8} {:>8}",
+        "workload", "store", "runs", "steps", "wall_s", "steps/s", "runs/s", "p50_ms", "p99_ms", "rss_mb"
+    );
+    for r in results {
+        let num = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:<11} {:<7} {:>7} {:>6} {:>8.3} {:>11.0} {:>9.0} {:>8.2} {:>8.2} {:>8.1}",
+            r["workload"].as_str().unwrap_or("?"),
+            r["store"].as_str().unwrap_or("?"),
+            num("runs"),
+            num("steps_per_run"),
+            num("wall_s"),
+            num("steps_per_s"),
+            num("runs_per_s"),
+            num("p50_ms"),
+            num("p99_ms"),
+            num("peak_rss_mb"),
+        );
+    }
+}

@@ -1,1 +1,66 @@
-//! placeholder
+//! # durable
+//!
+//! Durable execution for Rust, as a library. Write a workflow as a plain `async fn`; every
+//! step's result is checkpointed in a store, so a run survives `kill -9`, deploys and
+//! restarts and resumes exactly where it stopped. Runs sleep for months, retry with durable
+//! backoff, and detect code changes that would corrupt them. No server to run: the default
+//! store is one embedded SQLite file.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use durable::{Backoff, Engine, SqliteStore, StartOptions, WorkflowCtx, WorkflowError};
+//!
+//! async fn order(ctx: WorkflowCtx, order_id: u64) -> Result<String, WorkflowError> {
+//!     let stock: u32 = ctx.step("reserve", |_| async { Ok(2) }).await?;
+//!     let paid: String = ctx
+//!         .step("charge", |s| async move { Ok(format!("charged, key {}", s.step_id())) })
+//!         .retry(3, Backoff::exponential(Duration::from_millis(100), Duration::from_secs(5)))
+//!         .await?;
+//!     ctx.sleep(Duration::from_secs(3600)).await; // durable: survives restarts
+//!     let label = format!("order {order_id}: {stock} items, {paid}");
+//!     Ok(ctx.step("ship", move |_| { let label = label.clone(); async move { Ok(label) } }).await?)
+//! }
+//!
+//! # #[tokio::main] async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let engine = Engine::builder().store(SqliteStore::open("app.db")?).build()?;
+//! engine.register("order", 1, order);
+//! let run = engine.start("order", &42u64, StartOptions::id("order:42")).await?;
+//! let receipt: String = engine.wait_for_run(&run.id).await?.output()?;
+//! # Ok(()) }
+//! ```
+//!
+//! (The same code is the README's quickstart.)
+//!
+//! Crates behind this facade: `durable-core` (the pure replay state machine and the
+//! [`store::Store`] trait), `durable-runtime` (the engine), `durable-store-memory`,
+//! `durable-store-sqlite` (feature `sqlite`, on by default) and `durable-conformance`
+//! (feature `conformance`: the test harness and the store conformance suite).
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+pub use durable_core::{
+    Backoff, Checkpoint, CheckpointStatus, Millis, Payload, RetryPolicy, Run, RunFilter, RunId, RunPage, RunStatus,
+    StepError, StepKind, codes,
+};
+pub use durable_runtime::{
+    All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildJoin, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
+    EngineConfig, EngineEvent, Error, Metrics, Result, RunOutcome, SignalError, StartOptions, Started, Step,
+    StepContext, StepFailed, StepOptions, SystemClock, TaskError, UpdateOutcome, VirtualClock, WorkflowCtx,
+    WorkflowError, uuid,
+};
+pub use durable_store_memory::MemoryStore;
+#[cfg(feature = "sqlite")]
+pub use durable_store_sqlite::{Durability, Error as SqliteError, SqliteOptions, SqliteStore};
+
+/// The API for implementing a store: the trait, its contract types and its error.
+pub mod store {
+    pub use durable_core::{
+        Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, NewRun, OutgoingSignal,
+        ParentLink, RunPatch, RunQuery, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TurnEnd, WaitKind,
+        Waiter,
+    };
+}
+
+/// The test harness and the store conformance suite.
+#[cfg(feature = "conformance")]
+pub use durable_conformance as conformance;

@@ -1,0 +1,94 @@
+//! Acceptance: bad input and panics give clear errors; the engine keeps serving other runs.
+
+use durable::{Error, RunStatus, StartOptions, StepError, WorkflowCtx, WorkflowError, codes};
+use durable_conformance::{Counter, TestEngine};
+
+fn register_echo(t: &TestEngine, executions: &Counter) {
+    let executions = executions.clone();
+    t.register("echo", 1, move |ctx: WorkflowCtx, n: u32| {
+        let executions = executions.clone();
+        async move {
+            let out: u32 = ctx
+                .step("echo", move |_| {
+                    executions.bump();
+                    async move { Ok(n) }
+                })
+                .await?;
+            Ok::<_, WorkflowError>(out)
+        }
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starting_the_same_id_twice_runs_once() {
+    let t = TestEngine::new();
+    let executions = Counter::new();
+    register_echo(&t, &executions);
+    let first = t.start("echo", &7u32, StartOptions::id("once")).await.unwrap();
+    assert!(first.created);
+    t.assert_output(&first.id, 7u32).await;
+    let second = t.start("echo", &8u32, StartOptions::id("once")).await.unwrap();
+    assert!(!second.created);
+    assert_eq!(second.run.status, RunStatus::Completed);
+    assert_eq!(second.run.input.decode::<u32>().unwrap(), 7, "the existing run is returned unchanged");
+    t.assert_output(&first.id, 7u32).await;
+    assert_eq!(executions.get(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unknown_workflows_and_bad_input_are_refused_before_anything_is_persisted() {
+    let t = TestEngine::new();
+    register_echo(&t, &Counter::new());
+    let err = t.start("nope", &1u32, StartOptions::id("x")).await.unwrap_err();
+    assert!(matches!(&err, Error::UnknownWorkflow { name } if name == "nope"), "{err}");
+    assert!(err.to_string().contains("register"), "{err}");
+
+    let err = t.start("echo", &"not a number", StartOptions::id("bad-input")).await.unwrap_err();
+    assert!(matches!(&err, Error::InvalidInput { workflow, .. } if workflow == "echo"), "{err}");
+    assert!(t.get_run(&"bad-input".into()).await.unwrap().is_none());
+
+    let err = t.start("echo", &1u32, StartOptions::id("")).await.unwrap_err();
+    assert!(matches!(err, Error::InvalidId(_)), "{err}");
+    assert!(t.list_runs(&Default::default()).await.unwrap().runs.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn panics_in_steps_and_bodies_fail_only_their_run() {
+    let t = TestEngine::new();
+    register_echo(&t, &Counter::new());
+    t.register("step_panics", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let r = ctx
+            .step("boom", |_| async {
+                if true {
+                    panic!("step exploded")
+                }
+                Ok::<u32, StepError>(1)
+            })
+            .await;
+        let failed = r.expect_err("a panicking step fails");
+        assert_eq!(failed.error.code(), Some(codes::PANIC));
+        assert!(failed.error.retryable);
+        Ok::<_, WorkflowError>(failed.error.message)
+    });
+    t.register("body_panics", 1, |ctx: WorkflowCtx, _: ()| async move {
+        ctx.step("fine", |_| async { Ok(()) }).await?;
+        if ctx.run_id().as_str().starts_with("body") {
+            panic!("body exploded");
+        }
+        Ok::<_, WorkflowError>(())
+    });
+    let step = t.start("step_panics", &(), StartOptions::id("step")).await.unwrap();
+    let body = t.start("body_panics", &(), StartOptions::id("body")).await.unwrap();
+    let out: String = t.wait_for_run(&step.id).await.unwrap().output().unwrap();
+    assert!(out.contains("step exploded"), "{out}");
+
+    let outcome = t.wait_for_run(&body.id).await.unwrap();
+    assert_eq!(outcome.status(), RunStatus::Failed);
+    let error = outcome.error().unwrap();
+    assert_eq!(error.code(), Some(codes::PANIC));
+    assert!(error.message.contains("body exploded") && error.message.contains("body"), "{}", error.message);
+
+    // The engine keeps serving.
+    let after = t.start("echo", &5u32, StartOptions::id("after")).await.unwrap();
+    t.assert_output(&after.id, 5u32).await;
+}

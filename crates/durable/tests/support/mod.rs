@@ -1,0 +1,119 @@
+//! Helpers shared by the facade's integration tests.
+#![allow(dead_code, unreachable_pub)]
+
+use durable::{EngineEvent, RunId};
+use tokio::sync::broadcast;
+
+/// Waits until `rx` has seen the `StepCompleted` event of `run` at `seq`.
+pub async fn step_committed(rx: &mut broadcast::Receiver<EngineEvent>, run: &RunId, seq: u32) {
+    loop {
+        match rx.recv().await.expect("event stream open") {
+            EngineEvent::StepCompleted { run_id, seq: s, .. } if run_id == *run && s == seq => return,
+            _ => {}
+        }
+    }
+}
+
+/// A gate a workflow body can wait on: closed gates never open (the body stays pending, as
+/// if the process were stuck there), open gates pass at once.
+pub async fn gate(open: bool) {
+    if !open {
+        std::future::pending::<()>().await;
+    }
+}
+
+/// Waits until `rx` has seen a turn of `run` start.
+pub async fn turn_started(rx: &mut broadcast::Receiver<EngineEvent>, run: &RunId) {
+    loop {
+        match rx.recv().await.expect("event stream open") {
+            EngineEvent::TurnStarted { run_id, .. } if run_id == *run => return,
+            _ => {}
+        }
+    }
+}
+
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use durable::store::Store;
+use durable::{MemoryStore, SqliteStore};
+
+/// A SQLite file in the temp dir, removed (with its WAL files) on drop.
+pub struct TempDb {
+    pub path: PathBuf,
+}
+
+impl TempDb {
+    pub fn new(name: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "durable-test-{name}-{}-{}.db",
+            std::process::id(),
+            durable::uuid::Uuid::new_v4().simple()
+        ));
+        TempDb { path }
+    }
+}
+
+impl Drop for TempDb {
+    fn drop(&mut self) {
+        for suffix in ["", "-wal", "-shm"] {
+            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
+        }
+    }
+}
+
+/// A store for one test, on one backend.
+pub struct TestStore {
+    pub store: Arc<dyn Store>,
+    pub db: Option<TempDb>,
+}
+
+impl TestStore {
+    pub fn memory() -> Self {
+        TestStore { store: Arc::new(MemoryStore::new()), db: None }
+    }
+
+    pub fn sqlite(name: &str) -> Self {
+        let db = TempDb::new(name);
+        let store = Arc::new(SqliteStore::open(&db.path).expect("open sqlite"));
+        TestStore { store, db: Some(db) }
+    }
+
+    /// Another handle on the same data: a second `SqliteStore` on the same file (as a second
+    /// process would have), or the same memory store.
+    pub fn second_handle(&self) -> Arc<dyn Store> {
+        match &self.db {
+            Some(db) => Arc::new(SqliteStore::open(&db.path).expect("open sqlite")),
+            None => self.store.clone(),
+        }
+    }
+
+    /// A test engine (virtual clock) on this store.
+    pub fn engine(&self) -> durable_conformance::TestEngine {
+        durable_conformance::TestEngine::with_store(self.store.clone())
+    }
+}
+
+/// Emits, for each async fn `name(store: TestStore)`, a `#[tokio::test]` on the memory
+/// store and one on a fresh SQLite file.
+#[macro_export]
+macro_rules! on_every_store {
+    ($($name:ident),* $(,)?) => {
+        mod memory {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::support::TestStore::memory()).await
+                }
+            )*
+        }
+        mod sqlite {
+            $(
+                #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+                async fn $name() {
+                    super::$name(super::support::TestStore::sqlite(stringify!($name))).await
+                }
+            )*
+        }
+    };
+}

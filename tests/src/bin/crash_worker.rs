@@ -1,0 +1,66 @@
+//! A worker process for the crash tests: runs one 20-step workflow on a SQLite file, each step
+//! appending its step id to a ledger file (the side effect), and prints `committed <seq>` after
+//! each step's commit. The tests SIGKILL it at random points and start it again.
+//!
+//! usage: crash_worker <db> <ledger>
+
+use std::io::Write;
+use std::time::Duration;
+
+use durable::{Engine, EngineConfig, EngineEvent, SqliteStore, StartOptions, WorkflowCtx, WorkflowError};
+
+const STEPS: u64 = 20;
+
+async fn ledger_workflow(ctx: WorkflowCtx, ledger: String) -> Result<u64, WorkflowError> {
+    let mut sum = 0;
+    for i in 0..STEPS {
+        let ledger = ledger.clone();
+        sum += ctx
+            .step(format!("step{i}"), move |s| {
+                let ledger = ledger.clone();
+                async move {
+                    let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&ledger)?;
+                    writeln!(f, "{}", s.step_id())?;
+                    // Some work between the side effect and the commit: kills land here too.
+                    tokio::time::sleep(Duration::from_millis(2)).await;
+                    Ok(i)
+                }
+            })
+            .await?;
+    }
+    Ok(sum)
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let mut args = std::env::args().skip(1);
+    let (db, ledger) = match (args.next(), args.next()) {
+        (Some(db), Some(ledger)) => (db, ledger),
+        _ => {
+            eprintln!("usage: crash_worker <db> <ledger>");
+            std::process::exit(2);
+        }
+    };
+    let mut config = EngineConfig::default();
+    // A killed worker's lease must expire quickly for the next one to recover the run.
+    config.lease_ttl = Duration::from_secs(1);
+    config.poll_interval = Duration::from_millis(50);
+    config.orphan_poll_interval = Duration::from_millis(100);
+    let engine = Engine::builder().store(SqliteStore::open(&db)?).config(config).build()?;
+    let mut events = engine.subscribe();
+    tokio::spawn(async move {
+        let mut out = std::io::stdout();
+        while let Ok(event) = events.recv().await {
+            if let EngineEvent::StepCompleted { seq, .. } = event {
+                let _ = writeln!(out, "committed {seq}");
+                let _ = out.flush();
+            }
+        }
+    });
+    engine.register("ledger", 1, ledger_workflow);
+    let run = engine.start("ledger", &ledger, StartOptions::id("crash-run")).await?;
+    let sum: u64 = engine.wait_for_run(&run.id).await?.output()?;
+    println!("done {sum}");
+    engine.shutdown().await;
+    Ok(())
+}
