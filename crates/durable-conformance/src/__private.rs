@@ -10,9 +10,14 @@ use crate::{CaseOutcome, StoreFactory, find_case, run_case};
 const WORKER_THREADS: usize = 4;
 
 /// Runs the case `name` on a fresh store from `factory`, on a runtime of its own; panics if it
-/// fails, prints one line if it is skipped.
+/// fails, prints one line if it is skipped (also when the factory is
+/// [unavailable](StoreFactory::unavailable): then with the factory's reason).
 pub fn run_test(factory: &dyn StoreFactory, name: &str) {
     let case = find_case(name).unwrap_or_else(|| panic!("no conformance case is named {name}"));
+    if let Some(reason) = factory.unavailable() {
+        let _ = writeln!(std::io::stderr().lock(), "skipped {name}: {reason}");
+        return;
+    }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(WORKER_THREADS)
         .enable_all()

@@ -34,6 +34,19 @@ use durable_core::{Store, StoreResult};
 /// ```
 #[async_trait]
 pub trait StoreFactory: Send + Sync + 'static {
+    /// Why this factory cannot build stores in this environment, or `None` (the default) when
+    /// it can.
+    ///
+    /// For stores that need an external server configured from the environment (like sqlx's
+    /// `DATABASE_URL`): return `Some("DURABLE_PG_URL is not set; run DURABLE_PG_URL=… cargo
+    /// test to run it")` when it is not configured, and every case is skipped — the test prints
+    /// `skipped <case>: <reason>` and passes, and [`run_case`](crate::run_case) reports
+    /// [`Requirement::Environment`](crate::Requirement::Environment) — instead of failing in
+    /// [`create`](StoreFactory::create). Asked before anything else, once per case.
+    fn unavailable(&self) -> Option<String> {
+        None
+    }
+
     /// A fresh, empty store for one case.
     ///
     /// Attach whatever must outlive the store and be cleaned up after it (a temporary

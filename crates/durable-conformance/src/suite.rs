@@ -74,6 +74,9 @@ pub enum Requirement {
     SecondHandle,
     /// The factory reopens a store after a drop ([`StoreFactory::reopen`]).
     Reopen,
+    /// The factory can build stores in this environment ([`StoreFactory::unavailable`] returns
+    /// `None`): an external server it needs is configured.
+    Environment,
 }
 
 impl Requirement {
@@ -84,7 +87,7 @@ impl Requirement {
         match self {
             Requirement::Persistent => caps.persistent,
             Requirement::SharedAcrossProcesses => caps.shared_across_processes,
-            Requirement::SecondHandle | Requirement::Reopen => true,
+            Requirement::SecondHandle | Requirement::Reopen | Requirement::Environment => true,
         }
     }
 }
@@ -96,6 +99,7 @@ impl fmt::Display for Requirement {
             Requirement::SharedAcrossProcesses => "shared_across_processes",
             Requirement::SecondHandle => "second_handle (StoreFactory::second_handle returned None)",
             Requirement::Reopen => "reopen (StoreFactory::reopen returned None)",
+            Requirement::Environment => "a configured environment (StoreFactory::unavailable returned Some)",
         })
     }
 }
@@ -148,7 +152,14 @@ pub enum CaseOutcome {
 /// [`CaseOutcome::Failed`].
 ///
 /// Needs a tokio runtime with the time driver enabled (cases spawn tasks to race store calls).
+///
+/// A factory that reports itself [unavailable](StoreFactory::unavailable) gets every case
+/// [skipped](CaseOutcome::Skipped) with [`Requirement::Environment`], without being asked for a
+/// store.
 pub async fn run_case(factory: &dyn StoreFactory, case: &Case) -> CaseOutcome {
+    if factory.unavailable().is_some() {
+        return CaseOutcome::Skipped(Requirement::Environment);
+    }
     let fixture = match factory.create().await {
         Ok(fixture) => fixture,
         Err(e) => return CaseOutcome::Failed(format!("the factory could not create a store: {e}")),
@@ -401,6 +412,24 @@ mod tests {
         let memory = FnFactory::new(|| async { Ok(MemoryStore::new()) });
         let persistence = find_case("data_survives_reopen").expect("case exists");
         assert_eq!(block_on(run_case(&memory, persistence)), CaseOutcome::Skipped(Requirement::Persistent));
+    }
+
+    #[test]
+    fn an_unavailable_factory_skips_every_case() {
+        struct Unconfigured;
+        #[async_trait::async_trait]
+        impl StoreFactory for Unconfigured {
+            fn unavailable(&self) -> Option<String> {
+                Some("SERVER_URL is not set".into())
+            }
+            async fn create(&self) -> StoreResult<TestStore> {
+                panic!("an unavailable factory is never asked for a store")
+            }
+        }
+        let report = block_on(run_all(&Unconfigured));
+        report.assert_success();
+        assert_eq!(report.skipped().count(), CASES.len());
+        assert!(report.skipped().all(|(_, req)| req == Requirement::Environment), "{report}");
     }
 
     #[test]

@@ -1,0 +1,538 @@
+//! # durable-store-postgres
+//!
+//! [`PostgresStore`]: the [`Store`] of `durable` on PostgreSQL, for when many engines on many
+//! machines share the runs. Everything lives in one schema of your database (default `durable`),
+//! created and migrated on connect.
+//!
+//! ## What it does
+//!
+//! - **One round trip per write, batched.** Every write (a step commit, a suspension, a claim, a
+//!   signal, …) is one call of a server-side PL/pgSQL function taking the whole operation as
+//!   JSON, so its rules are checked and its rows written in one statement. A writer task folds
+//!   every write waiting at that moment (up to [`PostgresOptions::max_batch`]) into one
+//!   transaction, and pipelines `BEGIN`, the batch and `COMMIT` on one connection: one network
+//!   round trip and one WAL flush for the whole batch, answered only after `COMMIT` succeeded.
+//!   [`PostgresStore::stats`] counts them. Reads are one query each, on the pool.
+//! - **Every contract rule is enforced in SQL**, inside the transaction that writes: the
+//!   compare-and-set of [`Store::update_run_if`] and the lease predicate of a claim are in the
+//!   `WHERE` of their `UPDATE` (under the row lock the same function took), the lease check is
+//!   the first statement of a commit, waiters are taken with `DELETE … RETURNING`, and senders
+//!   and waiters of one signal token (or event name) are serialised by a transaction-scoped
+//!   advisory lock, so a signal is never buffered while a wait for it registers. Several
+//!   engines (several `PostgresStore`s) on one schema stay correct.
+//! - **Byte-exact payloads**: JSON payloads are stored as `text`, never `jsonb` (which
+//!   reformats). Ids sort by bytes (`COLLATE "C"`), like Rust strings. Event matchers are
+//!   evaluated on the server with `durable_core::json_subset`'s rules (serde_json equality).
+//! - **Versioned schema.** A `schema_version` table records the version. Connecting creates the
+//!   schema or migrates it forward, in one transaction holding an advisory lock (concurrent
+//!   engines do not race); a schema written by a newer build is refused
+//!   ([`Error::SchemaTooNew`]); a schema holding someone else's tables is refused
+//!   ([`Error::ForeignSchema`]).
+//! - **Network faults are retryable.** A dropped connection, a server restarting or refusing
+//!   connections, a deadlock, a statement timeout, an exhausted pool: the call fails with
+//!   [`StoreError::Unavailable`] `{ retryable: true }`
+//!   and the pool replaces broken connections, so later calls succeed. (A write whose
+//!   connection dropped mid-flight may or may not have committed, as with any database: the
+//!   engine treats it as unknown and retries idempotently.)
+//! - **Clear errors** for bad configuration: a malformed URL, a refused connection, a missing
+//!   database, a rejected login, a newer schema — each one line naming
+//!   `user@host:port/database` (never the password).
+//! - Optionally, `NOTIFY` on run creation and wake-up ([`PostgresOptions::notify_channel`]),
+//!   received with [`PostgresStore::listen`].
+//!
+//! ## What it does not do
+//!
+//! - **No TLS** of its own: [`PostgresStore::connect`] speaks plain TCP or a Unix socket. Build
+//!   a `deadpool_postgres::Pool` with a TLS connector (`tokio-postgres-rustls`,
+//!   `postgres-native-tls`) and pass it to [`PostgresStore::from_pool`].
+//! - It needs a **tokio runtime**: the driver, the pool and the writer are tokio tasks, spawned
+//!   on the runtime that connected the store. It never polls or sleeps.
+//! - It does not retry a failed call for you (the engine decides), vacuum, back up or prune old
+//!   runs, and it does not wire `NOTIFY` into the engine's dispatch (that is the transport's
+//!   job).
+//! - Ids, names and payloads cannot contain NUL characters (PostgreSQL `text` cannot).
+//! - Times are the caller's: a value past `i64::MAX` ms (a "forever" sentinel such as
+//!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`.
+//! - Do not rename the schema once created: the server-side functions name it.
+//!
+//! ## Example
+//!
+//! ```no_run
+//! use durable_core::{NewRun, Payload, RunId, Store};
+//! use durable_store_postgres::{PostgresOptions, PostgresStore};
+//!
+//! # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+//! let store = PostgresStore::connect_with(
+//!     "postgres://postgres@127.0.0.1:5432/test",
+//!     PostgresOptions::new().schema("durable").pool_size(16),
+//! )
+//! .await?;
+//! let created = store
+//!     .create_run(NewRun {
+//!         id: RunId::from("order:42"),
+//!         workflow: "checkout".into(),
+//!         version: 1,
+//!         namespace: "default".into(),
+//!         input: Payload::encode(&42)?,
+//!         tags: vec![],
+//!         priority: 0,
+//!         parent: None,
+//!         created_at: 1_000,
+//!     })
+//!     .await?;
+//! assert!(created.created());
+//! println!("{} round trips so far", store.stats().round_trips());
+//! # Ok(())
+//! # }
+//! ```
+#![forbid(unsafe_code)]
+#![deny(missing_docs)]
+
+mod error;
+mod ops;
+mod options;
+mod queue;
+mod schema;
+mod writer;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use durable_core::{
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
+    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreError, StoreResult, Waiter,
+    encode_cursor,
+};
+use tokio::sync::mpsc;
+use tokio_postgres::types::{ToSql, Type};
+use tokio_postgres::{AsyncMessage, NoTls, Row};
+
+/// The connection pool crate (and, through it, `tokio_postgres`), re-exported so that pools for
+/// [`PostgresStore::from_pool`] are built with the versions this crate uses.
+pub use deadpool_postgres;
+pub use error::{Error, Result};
+pub use options::PostgresOptions;
+pub use schema::SCHEMA_VERSION;
+pub use writer::PostgresStats;
+
+use ops::{Answer, Op, Poll};
+use options::quote_ident;
+use writer::{Counters, Shared, Writer};
+
+/// The PostgreSQL [`Store`]: a connection pool, a writer task with group commit, and one schema
+/// of tables and server-side functions. See the [crate docs](crate) for what it guarantees.
+///
+/// Connect it once per process and share it (it is cheap to clone: clones share the pool and the
+/// writer). Dropping the last clone lets the writer finish the writes already queued; the pool's
+/// connections close with it.
+#[derive(Clone)]
+pub struct PostgresStore {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    shared: Arc<Shared>,
+    writer: Writer,
+    options: PostgresOptions,
+    /// The driver configuration, when the store was connected from a URL (for `listen`).
+    config: Option<tokio_postgres::Config>,
+    sql: Statements,
+    queue_sql: queue::QueueStatements,
+    /// The run queue's LISTEN connection, once [`PostgresStore::queue_wakeups`] started it.
+    listener: tokio::sync::Mutex<Option<queue::QueueListener>>,
+}
+
+/// The fixed read statements, with the schema filled in.
+struct Statements {
+    schema: String,
+    get_run: String,
+    history: String,
+    waiters: String,
+    get_state: String,
+}
+
+impl Statements {
+    fn new(schema: &str) -> Self {
+        let s = quote_ident(schema);
+        Statements {
+            get_run: format!("SELECT {} FROM {s}.runs WHERE id = $1", ops::RUN_COLS),
+            history: format!("SELECT {} FROM {s}.checkpoints WHERE run_id = $1 ORDER BY seq", ops::CHECKPOINT_COLS),
+            waiters: format!("SELECT {} FROM {s}.waiters WHERE run_id = $1 ORDER BY seq", ops::WAITER_COLS),
+            get_state: format!("SELECT value FROM {s}.run_state WHERE run_id = $1 AND key = $2"),
+            schema: s,
+        }
+    }
+}
+
+impl fmt::Debug for PostgresStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("PostgresStore")
+            .field("target", &self.inner.shared.target)
+            .field("options", &self.inner.options)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PostgresStore {
+    /// Connects to the database at `url` with the default [`PostgresOptions`] (schema `durable`).
+    ///
+    /// See [`PostgresStore::connect_with`].
+    pub async fn connect(url: &str) -> Result<PostgresStore> {
+        Self::connect_with(url, PostgresOptions::default()).await
+    }
+
+    /// Connects to the database at `url` (`postgres://user[:password]@host[:port]/database`, or
+    /// libpq's `key=value` form), creates or migrates the schema, and starts the writer task.
+    ///
+    /// One connection is opened now (so a wrong URL fails here, not on the first call); the pool
+    /// opens more as calls need them, up to [`PostgresOptions::pool_size`].
+    ///
+    /// # Errors
+    /// - [`Error::InvalidUrl`], [`Error::InvalidOptions`]: nothing was attempted.
+    /// - [`Error::Connect`]: refused, unreachable or timed out (retryable).
+    /// - [`Error::DatabaseNotFound`], [`Error::AuthFailed`]: fix the URL or the server.
+    /// - [`Error::SchemaTooNew`], [`Error::ForeignSchema`]: nothing was changed.
+    /// - [`Error::Postgres`]: a statement of the migration failed (no permission to create the
+    ///   schema, …); it was rolled back.
+    /// - [`Error::NoRuntime`]: called outside a tokio runtime.
+    pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<PostgresStore> {
+        options.validate()?;
+        let cfg = schema::config(url, &options)?;
+        let target = schema::target(&cfg);
+        let manager =
+            Manager::from_config(cfg.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let pool = Pool::builder(manager)
+            .max_size(options.pool_size)
+            .runtime(Runtime::Tokio1)
+            .wait_timeout(Some(options.acquire_timeout))
+            .create_timeout(Some(options.connect_timeout))
+            .recycle_timeout(Some(options.connect_timeout))
+            .build()
+            .map_err(|e| Error::InvalidOptions { reason: format!("building the connection pool: {e}") })?;
+        Self::start(pool, options, Some(target), Some(cfg)).await
+    }
+
+    /// Uses a pool you built (for TLS, custom connection hooks, or to share it), creates or
+    /// migrates the schema and starts the writer task.
+    ///
+    /// The pool's own settings stand: [`PostgresOptions::pool_size`], `statement_timeout`,
+    /// `connect_timeout`, `acquire_timeout` and `application_name` are not applied (set them on
+    /// the pool and its `tokio_postgres::Config`). Build it with `Runtime::Tokio1` and a wait
+    /// timeout, so an exhausted pool fails calls instead of blocking them forever.
+    ///
+    /// # Errors
+    /// As [`PostgresStore::connect_with`].
+    pub async fn from_pool(pool: Pool, options: PostgresOptions) -> Result<PostgresStore> {
+        options.validate()?;
+        Self::start(pool, options, None, None).await
+    }
+
+    async fn start(
+        pool: Pool,
+        options: PostgresOptions,
+        target: Option<String>,
+        config: Option<tokio_postgres::Config>,
+    ) -> Result<PostgresStore> {
+        if tokio::runtime::Handle::try_current().is_err() {
+            return Err(Error::NoRuntime);
+        }
+        let described = target.clone().unwrap_or_else(|| "(the given pool's server)".into());
+        let client = pool.get().await.map_err(|e| match e {
+            deadpool_postgres::PoolError::Timeout(_) => Error::Connect {
+                target: described.clone(),
+                reason: "timed out: is the host reachable and the port right? (PostgresOptions::connect_timeout)"
+                    .into(),
+                source: None,
+            },
+            e => error::pool_error(&described, e),
+        })?;
+        let target = match target {
+            Some(t) => t,
+            None => schema::server_target(&client).await,
+        };
+        schema::migrate(&client, &target, &options.schema, options.create_if_missing).await?;
+        drop(client);
+        let sql = Statements::new(&options.schema);
+        let queue_sql = queue::QueueStatements::new(&sql.schema);
+        let shared = Arc::new(Shared {
+            pool,
+            target,
+            apply_sql: format!("SELECT r FROM {}.apply($1::jsonb, $2) AS r", sql.schema),
+            channel: options.notify_channel.clone(),
+            max_batch: options.max_batch,
+            counters: Counters::default(),
+        });
+        let writer = Writer::start(shared.clone());
+        let listener = tokio::sync::Mutex::new(None);
+        Ok(PostgresStore { inner: Arc::new(Inner { shared, writer, options, config, sql, queue_sql, listener }) })
+    }
+
+    /// The options the store was connected with.
+    pub fn options(&self) -> &PostgresOptions {
+        &self.inner.options
+    }
+
+    /// The server, as `user@host:port/database`.
+    pub fn target(&self) -> &str {
+        &self.inner.shared.target
+    }
+
+    /// The connection pool (shared with clones of this store).
+    pub fn pool(&self) -> &Pool {
+        &self.inner.shared.pool
+    }
+
+    /// The store's counters: write batches (one round trip each), writes answered, retries,
+    /// reads. Under concurrent load `batches` grows much slower than `writes`.
+    pub fn stats(&self) -> PostgresStats {
+        self.inner.shared.counters.snapshot()
+    }
+
+    /// Listens on [`PostgresOptions::notify_channel`]: every run created, handed back to
+    /// `pending` or woken (by a signal, an event, a `wake` patch) by any engine on this schema
+    /// is announced with its id once its transaction commits.
+    ///
+    /// It opens a dedicated connection (not from the pool). A notification is a hint, not a
+    /// queue: ids may repeat, and none arrive while the connection is down —
+    /// [`RunNotifications::recv`] returns `None` when it drops; listen again and poll
+    /// ([`Store::pending_runs`], [`Store::due_runs`]) for what was missed.
+    ///
+    /// # Errors
+    /// [`Error::InvalidOptions`] if no channel is configured or the store was built with
+    /// [`PostgresStore::from_pool`] (no URL to connect with); connection errors as for
+    /// [`PostgresStore::connect_with`].
+    pub async fn listen(&self) -> Result<RunNotifications> {
+        let Some(channel) = self.inner.options.notify_channel.clone() else {
+            return Err(Error::InvalidOptions {
+                reason: "listen needs a channel: set PostgresOptions::notify_channel".into(),
+            });
+        };
+        let Some(cfg) = self.inner.config.clone() else {
+            return Err(Error::InvalidOptions {
+                reason: "listen needs a store connected with a URL (PostgresStore::connect_with), not from_pool".into(),
+            });
+        };
+        let target = self.target().to_string();
+        let (client, mut connection) = cfg.connect(NoTls).await.map_err(|e| error::connect_error(&target, e))?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let task = tokio::spawn(async move {
+            loop {
+                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+                    Some(Ok(AsyncMessage::Notification(n))) => {
+                        if tx.send(RunId::new(n.payload())).is_err() {
+                            break;
+                        }
+                    }
+                    Some(Ok(_)) => {}
+                    Some(Err(_)) | None => break,
+                }
+            }
+        });
+        client
+            .batch_execute(&format!("LISTEN {}", quote_ident(&channel)))
+            .await
+            .map_err(|e| error::query_error(&target, "subscribing to the notify channel", e))?;
+        Ok(RunNotifications { rx, _client: client, task })
+    }
+
+    // ---- plumbing ---------------------------------------------------------------------------
+
+    async fn write(&self, op: Op<'_>) -> StoreResult<String> {
+        self.inner.writer.write(&self.inner.shared, op.encode()).await
+    }
+
+    fn answer<T>(&self, answer: std::result::Result<T, Answer>) -> StoreResult<T> {
+        answer.map_err(|a| match a {
+            Answer::Store(e) => e,
+            Answer::Corrupt(message) => self.corrupt(message),
+        })
+    }
+
+    fn corrupt(&self, message: String) -> StoreError {
+        Error::Corrupt { target: self.inner.shared.target.clone(), message }.into_store_error()
+    }
+
+    /// One read query, one round trip (unprepared: parse, bind and execute are sent together).
+    async fn query(&self, doing: &str, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> StoreResult<Vec<Row>> {
+        let shared = &self.inner.shared;
+        let client = shared.pool.get().await.map_err(|e| error::pool_error(&shared.target, e).into_store_error())?;
+        shared.counters.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        client
+            .query_typed(sql, params)
+            .await
+            .map_err(|e| error::query_error(&shared.target, doing, e).into_store_error())
+    }
+
+    /// One statement that writes (a queue claim) in a transaction of its own, on the pool: one
+    /// round trip.
+    async fn statement(&self, doing: &str, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> StoreResult<Vec<Row>> {
+        let shared = &self.inner.shared;
+        let client = shared.pool.get().await.map_err(|e| error::pool_error(&shared.target, e).into_store_error())?;
+        client
+            .query_typed(sql, params)
+            .await
+            .map_err(|e| error::query_error(&shared.target, doing, e).into_store_error())
+    }
+
+    /// Decodes rows, mapping a column type mismatch or an invalid value to a corrupt-data error.
+    fn decode<T>(
+        &self,
+        doing: &str,
+        decoded: std::result::Result<std::result::Result<T, String>, tokio_postgres::Error>,
+    ) -> StoreResult<T> {
+        match decoded {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(message)) => Err(self.corrupt(message)),
+            Err(e) => Err(self.corrupt(format!("{doing}: {e}"))),
+        }
+    }
+
+    async fn poll(&self, which: Poll, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let q = ops::poll_query(&self.inner.sql.schema, which, query);
+        let rows = self.query("polling runs", &q.sql, &q.param_refs()).await?;
+        let ids: std::result::Result<Vec<String>, _> = rows.iter().map(|r| r.try_get::<_, String>(0)).collect();
+        self.decode("polling runs", ids.map(|ids| Ok(ids.into_iter().map(RunId::new).collect())))
+    }
+}
+
+/// Run ids announced on a store's notify channel; see [`PostgresStore::listen`].
+///
+/// Dropping it closes its connection.
+#[derive(Debug)]
+pub struct RunNotifications {
+    rx: mpsc::UnboundedReceiver<RunId>,
+    _client: tokio_postgres::Client,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl RunNotifications {
+    /// The next announced run id; `None` once the connection is gone (listen again).
+    pub async fn recv(&mut self) -> Option<RunId> {
+        self.rx.recv().await
+    }
+}
+
+impl Drop for RunNotifications {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+#[async_trait]
+impl Store for PostgresStore {
+    fn capabilities(&self) -> Capabilities {
+        Capabilities::FULL
+    }
+
+    async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
+        let answer = self.write(Op::CreateRun { run: ops::NewRunJson::new(&run) }).await?;
+        self.answer(ops::create_answer(&answer, run))
+    }
+
+    async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
+        let id_s = id.as_str();
+        let rows = self.query("reading a run", &self.inner.sql.get_run, &[(&id_s, Type::TEXT)]).await?;
+        let runs = self.decode("reading a run", ops::run_rows(&rows))?;
+        Ok(runs.into_iter().next())
+    }
+
+    async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
+        let (q, limit) = ops::list_runs_query(&self.inner.sql.schema, filter)?;
+        let rows = self.query("listing runs", &q.sql, &q.param_refs()).await?;
+        let mut runs = self.decode("listing runs", ops::run_rows(&rows))?;
+        let more = runs.len() > limit;
+        runs.truncate(limit);
+        let next_cursor = if more { runs.last().map(encode_cursor) } else { None };
+        Ok(RunPage { runs, next_cursor })
+    }
+
+    async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
+        let id_s = id.as_str();
+        let rows = self.query("reading a history", &self.inner.sql.history, &[(&id_s, Type::TEXT)]).await?;
+        self.decode("reading a history", ops::checkpoint_rows(&rows))
+    }
+
+    async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
+        let answer = self.write(ops::claim_op(&claim)).await?;
+        self.answer(ops::claim_answer(&answer, &claim))
+    }
+
+    async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
+        let op = Op::RenewLease { id: id.as_str(), owner, until: ops::millis_to_sql(lease_until) };
+        let answer = self.write(op).await?;
+        self.answer(ops::bool_answer(&answer, id, "ok"))
+    }
+
+    async fn release_lease(&self, id: &RunId, owner: &str) -> StoreResult<bool> {
+        let answer = self.write(Op::ReleaseLease { id: id.as_str(), owner }).await?;
+        self.answer(ops::bool_answer(&answer, id, "ok"))
+    }
+
+    async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+        let answer = self.write(Op::Commit(ops::CommitJson::new(&commit))).await?;
+        self.answer(ops::commit_answer(&answer, &commit))
+    }
+
+    async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {
+        let answer = self.write(Op::UpdateRunIf(ops::PatchJson::new(id, expected, &patch))).await?;
+        self.answer(ops::bool_answer(&answer, id, "applied"))
+    }
+
+    async fn pending_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.poll(Poll::Pending, query).await
+    }
+
+    async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.poll(Poll::Due, query).await
+    }
+
+    async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
+        self.poll(Poll::Orphaned, query).await
+    }
+
+    async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery> {
+        let op = Op::SendSignal { token, payload: payload.as_str(), now: ops::millis_to_sql(now) };
+        let answer = self.write(op).await?;
+        self.answer(ops::signal_answer(&answer))
+    }
+
+    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+        let op = Op::PublishEvent { name, payload: payload.as_str(), now: ops::millis_to_sql(now) };
+        let answer = self.write(op).await?;
+        self.answer(ops::event_answer(&answer))
+    }
+
+    async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
+        let id_s = id.as_str();
+        let rows = self.query("reading waiters", &self.inner.sql.waiters, &[(&id_s, Type::TEXT)]).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            out.push(self.decode("reading waiters", ops::waiter_from_row(row))?);
+        }
+        Ok(out)
+    }
+
+    async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
+        let id_s = id.as_str();
+        let rows = self
+            .query("reading query state", &self.inner.sql.get_state, &[(&id_s, Type::TEXT), (&key, Type::TEXT)])
+            .await?;
+        match rows.first() {
+            None => Ok(None),
+            Some(row) => {
+                let value = row.try_get::<_, String>(0).map(|v| Ok(Some(Payload::from_trusted(v))));
+                self.decode("reading query state", value)
+            }
+        }
+    }
+
+    async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {
+        let answer = self.write(Op::DeleteRun { id: id.as_str() }).await?;
+        self.answer(ops::delete_answer(&answer, id))
+    }
+}

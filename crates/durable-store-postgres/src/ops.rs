@@ -1,0 +1,848 @@
+//! The store's operations: how writes are encoded for the server-side functions (`sql/v1.sql`)
+//! and how their JSON answers and read queries' rows decode into the data model.
+//!
+//! Each mirrors the method of the same name in `durable-store-memory`, the reference.
+
+use durable_core::{
+    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, NewRun, ParentLink, Payload,
+    QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch, RunQuery, RunStatus, StepError, StoreError, TurnEnd,
+    WaitKind, Waiter, decode_cursor,
+};
+use serde::{Deserialize, Serialize};
+use serde_json::Value;
+use tokio_postgres::Row;
+use tokio_postgres::types::{ToSql, Type};
+
+// ---- value codecs -------------------------------------------------------------------------
+
+/// Times are `u64` milliseconds; PostgreSQL's bigint is `i64`. Values past `i64::MAX` (only
+/// "forever" sentinels like `u64::MAX`) are stored as `i64::MAX`, which reads back as
+/// `u64::MAX`. Order is preserved, so comparisons in SQL stay right.
+pub(crate) fn millis_to_sql(v: u64) -> i64 {
+    i64::try_from(v).unwrap_or(i64::MAX)
+}
+
+fn millis_from_sql(v: i64, what: impl FnOnce() -> String) -> Result<u64, String> {
+    if v == i64::MAX {
+        return Ok(u64::MAX);
+    }
+    u64::try_from(v).map_err(|_| format!("{}: negative value {v}", what()))
+}
+
+fn u32_from_sql(v: i64, what: impl FnOnce() -> String) -> Result<u32, String> {
+    u32::try_from(v).map_err(|_| format!("{}: {v} is out of range", what()))
+}
+
+fn error_json(e: &StepError) -> String {
+    // A struct of strings and a bool: serialising cannot fail.
+    serde_json::to_string(e).unwrap_or_else(|_| String::from("{}"))
+}
+
+fn step_error(s: Option<String>, what: impl FnOnce() -> String) -> Result<Option<StepError>, String> {
+    s.map(|s| serde_json::from_str(&s).map_err(|e| format!("{}: error is not valid: {e}", what()))).transpose()
+}
+
+fn run_status(s: &str, id: &str) -> Result<RunStatus, String> {
+    s.parse().map_err(|e| format!("run {id}: {e}"))
+}
+
+// ---- rows, as columns or as JSON ------------------------------------------------------------
+
+/// The columns of `runs`, in [`RunRow::from_row`]'s order.
+pub(crate) const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
+     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen";
+
+/// A `runs` row, as the server's `to_jsonb(runs)` or a query's columns.
+#[derive(Debug, Deserialize)]
+pub(crate) struct RunRow {
+    id: String,
+    workflow: String,
+    version: i64,
+    namespace: String,
+    status: String,
+    input: String,
+    output: Option<String>,
+    error: Option<String>,
+    tags: Vec<String>,
+    priority: i32,
+    parent_id: Option<String>,
+    parent_seq: Option<i64>,
+    created_at: i64,
+    updated_at: i64,
+    wake_at: Option<i64>,
+    lease_owner: Option<String>,
+    lease_until: Option<i64>,
+    recovery_attempts: i64,
+    wake_gen: i64,
+}
+
+impl RunRow {
+    pub(crate) fn from_row(row: &Row) -> Result<RunRow, tokio_postgres::Error> {
+        Ok(RunRow {
+            id: row.try_get(0)?,
+            workflow: row.try_get(1)?,
+            version: row.try_get(2)?,
+            namespace: row.try_get(3)?,
+            status: row.try_get(4)?,
+            input: row.try_get(5)?,
+            output: row.try_get(6)?,
+            error: row.try_get(7)?,
+            tags: row.try_get(8)?,
+            priority: row.try_get(9)?,
+            parent_id: row.try_get(10)?,
+            parent_seq: row.try_get(11)?,
+            created_at: row.try_get(12)?,
+            updated_at: row.try_get(13)?,
+            wake_at: row.try_get(14)?,
+            lease_owner: row.try_get(15)?,
+            lease_until: row.try_get(16)?,
+            recovery_attempts: row.try_get(17)?,
+            wake_gen: row.try_get(18)?,
+        })
+    }
+
+    pub(crate) fn into_run(self) -> Result<Run, String> {
+        let id = self.id;
+        let what = |col: &str| format!("run {id}: {col}");
+        let parent = match (self.parent_id, self.parent_seq) {
+            (Some(pid), Some(seq)) => {
+                Some(ParentLink { run_id: RunId::new(pid), seq: u32_from_sql(seq, || what("parent_seq"))? })
+            }
+            _ => None,
+        };
+        Ok(Run {
+            workflow: self.workflow,
+            version: u32_from_sql(self.version, || what("version"))?,
+            namespace: self.namespace,
+            status: run_status(&self.status, &id)?,
+            input: Payload::from_trusted(self.input),
+            output: self.output.map(Payload::from_trusted),
+            error: step_error(self.error, || what("error"))?,
+            tags: self.tags,
+            priority: self.priority,
+            parent,
+            created_at: millis_from_sql(self.created_at, || what("created_at"))?,
+            updated_at: millis_from_sql(self.updated_at, || what("updated_at"))?,
+            wake_at: self.wake_at.map(|v| millis_from_sql(v, || what("wake_at"))).transpose()?,
+            lease_owner: self.lease_owner,
+            lease_until: self.lease_until.map(|v| millis_from_sql(v, || what("lease_until"))).transpose()?,
+            recovery_attempts: u32_from_sql(self.recovery_attempts, || what("recovery_attempts"))?,
+            wake_gen: millis_from_sql(self.wake_gen, || what("wake_gen"))?,
+            id: RunId::new(id),
+        })
+    }
+}
+
+/// The columns of `checkpoints`, in [`CheckpointRow::from_row`]'s order.
+pub(crate) const CHECKPOINT_COLS: &str =
+    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, started_at, updated_at";
+
+/// A `checkpoints` row.
+#[derive(Debug, Deserialize)]
+pub(crate) struct CheckpointRow {
+    run_id: String,
+    seq: i64,
+    name: String,
+    kind: String,
+    status: String,
+    input: Option<String>,
+    output: Option<String>,
+    error: Option<String>,
+    attempts: i64,
+    wake_at: Option<i64>,
+    started_at: i64,
+    updated_at: i64,
+}
+
+impl CheckpointRow {
+    pub(crate) fn from_row(row: &Row) -> Result<CheckpointRow, tokio_postgres::Error> {
+        Ok(CheckpointRow {
+            run_id: row.try_get(0)?,
+            seq: row.try_get(1)?,
+            name: row.try_get(2)?,
+            kind: row.try_get(3)?,
+            status: row.try_get(4)?,
+            input: row.try_get(5)?,
+            output: row.try_get(6)?,
+            error: row.try_get(7)?,
+            attempts: row.try_get(8)?,
+            wake_at: row.try_get(9)?,
+            started_at: row.try_get(10)?,
+            updated_at: row.try_get(11)?,
+        })
+    }
+
+    pub(crate) fn into_checkpoint(self) -> Result<Checkpoint, String> {
+        let (run_id, seq_raw) = (self.run_id, self.seq);
+        let what = |col: &str| format!("run {run_id} seq {seq_raw}: {col}");
+        Ok(Checkpoint {
+            seq: u32_from_sql(seq_raw, || what("seq"))?,
+            name: self.name,
+            kind: self.kind.parse().map_err(|e| format!("{}: {e}", what("kind")))?,
+            status: self.status.parse().map_err(|e| format!("{}: {e}", what("status")))?,
+            input: self.input.map(Payload::from_trusted),
+            output: self.output.map(Payload::from_trusted),
+            error: step_error(self.error, || what("error"))?,
+            attempts: u32_from_sql(self.attempts, || what("attempts"))?,
+            wake_at: self.wake_at.map(|v| millis_from_sql(v, || what("wake_at"))).transpose()?,
+            started_at: millis_from_sql(self.started_at, || what("started_at"))?,
+            updated_at: millis_from_sql(self.updated_at, || what("updated_at"))?,
+            run_id: RunId::new(run_id),
+        })
+    }
+}
+
+/// The columns of `waiters` that [`waiter_from_row`] reads.
+pub(crate) const WAITER_COLS: &str = "run_id, seq, name, kind, key, matcher, created_at";
+
+pub(crate) fn waiter_from_row(row: &Row) -> Result<Result<Waiter, String>, tokio_postgres::Error> {
+    let run_id: String = row.try_get(0)?;
+    let seq_raw: i64 = row.try_get(1)?;
+    let name: String = row.try_get(2)?;
+    let kind: String = row.try_get(3)?;
+    let key: String = row.try_get(4)?;
+    let matcher: Option<String> = row.try_get(5)?;
+    let created_at: i64 = row.try_get(6)?;
+    let what = |col: &str| format!("waiter of run {run_id} seq {seq_raw}: {col}");
+    let kind = match kind.as_str() {
+        "signal" => WaitKind::Signal { token: key },
+        "event" => match matcher {
+            Some(m) => WaitKind::Event { name: key, matcher: Payload::from_trusted(m) },
+            None => return Ok(Err(what("event matcher missing"))),
+        },
+        other => return Ok(Err(format!("{}: {other:?}", what("unknown wait kind")))),
+    };
+    let seq = match u32_from_sql(seq_raw, || what("seq")) {
+        Ok(seq) => seq,
+        Err(e) => return Ok(Err(e)),
+    };
+    let created_at = match millis_from_sql(created_at, || what("created_at")) {
+        Ok(t) => t,
+        Err(e) => return Ok(Err(e)),
+    };
+    Ok(Ok(Waiter { run_id: RunId::new(run_id), seq, name, kind, created_at }))
+}
+
+// ---- writes: what the client sends ----------------------------------------------------------
+
+/// One write, as `apply()` reads it.
+#[derive(Debug, Serialize)]
+#[serde(tag = "op", rename_all = "snake_case")]
+pub(crate) enum Op<'a> {
+    CreateRun { run: NewRunJson<'a> },
+    ClaimRun { id: &'a str, owner: &'a str, until: i64, now: i64 },
+    RenewLease { id: &'a str, owner: &'a str, until: i64 },
+    ReleaseLease { id: &'a str, owner: &'a str },
+    Commit(CommitJson<'a>),
+    UpdateRunIf(PatchJson<'a>),
+    SendSignal { token: &'a str, payload: &'a str, now: i64 },
+    PublishEvent { name: &'a str, payload: &'a str, now: i64 },
+    DeleteRun { id: &'a str },
+    Enqueue { items: Vec<QueueItemJson<'a>>, now: i64 },
+    AckQueued { ids: Vec<i64>, owner: &'a str },
+    ReleaseQueued { ids: Vec<i64>, owner: &'a str },
+}
+
+impl Op<'_> {
+    /// The JSON text of the operation.
+    pub(crate) fn encode(&self) -> String {
+        // Strings, numbers and bools only: serialising cannot fail.
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct NewRunJson<'a> {
+    id: &'a str,
+    workflow: &'a str,
+    version: u32,
+    namespace: &'a str,
+    input: &'a str,
+    tags: &'a [String],
+    priority: i32,
+    parent_id: Option<&'a str>,
+    parent_seq: Option<u32>,
+    created_at: i64,
+}
+
+impl<'a> NewRunJson<'a> {
+    pub(crate) fn new(run: &'a NewRun) -> Self {
+        NewRunJson {
+            id: run.id.as_str(),
+            workflow: &run.workflow,
+            version: run.version,
+            namespace: &run.namespace,
+            input: run.input.as_str(),
+            tags: &run.tags,
+            priority: run.priority,
+            parent_id: run.parent.as_ref().map(|p| p.run_id.as_str()),
+            parent_seq: run.parent.as_ref().map(|p| p.seq),
+            created_at: millis_to_sql(run.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct CheckpointJson<'a> {
+    seq: u32,
+    name: &'a str,
+    kind: &'static str,
+    status: &'static str,
+    input: Option<&'a str>,
+    output: Option<&'a str>,
+    error: Option<String>,
+    attempts: u32,
+    wake_at: Option<i64>,
+    started_at: i64,
+    updated_at: i64,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct WaitJson<'a> {
+    run_id: &'a str,
+    seq: u32,
+    name: &'a str,
+    kind: &'static str,
+    key: &'a str,
+    matcher: Option<&'a str>,
+    created_at: i64,
+}
+
+impl<'a> WaitJson<'a> {
+    fn new(w: &'a Waiter) -> Self {
+        let (kind, key, matcher) = match &w.kind {
+            WaitKind::Signal { token } => ("signal", token.as_str(), None),
+            WaitKind::Event { name, matcher } => ("event", name.as_str(), Some(matcher.as_str())),
+        };
+        WaitJson {
+            run_id: w.run_id.as_str(),
+            seq: w.seq,
+            name: &w.name,
+            kind,
+            key,
+            matcher,
+            created_at: millis_to_sql(w.created_at),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct SignalJson<'a> {
+    token: &'a str,
+    payload: &'a str,
+}
+
+#[derive(Debug, Serialize)]
+#[serde(tag = "type", rename_all = "snake_case")]
+pub(crate) enum EndJson<'a> {
+    Suspend {
+        wake_at: Option<i64>,
+        seen_wake_gen: i64,
+    },
+    Settle {
+        status: &'static str,
+        output: Option<&'a str>,
+        error: Option<String>,
+        /// The statuses the run may settle from (the transition table, evaluated here).
+        allowed_from: Vec<&'static str>,
+    },
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct CommitJson<'a> {
+    run: &'a str,
+    owner: &'a str,
+    now: i64,
+    checkpoints: Vec<CheckpointJson<'a>>,
+    waits: Vec<WaitJson<'a>>,
+    expire: &'a [u32],
+    state: Vec<(&'a str, &'a str)>,
+    children: Vec<NewRunJson<'a>>,
+    signals: Vec<SignalJson<'a>>,
+    end: Option<EndJson<'a>>,
+}
+
+/// The statuses that may become `next` (itself included): the transition table, evaluated on
+/// this side so the server-side compare needs no copy of it.
+fn allowed_from(next: RunStatus) -> Vec<&'static str> {
+    RunStatus::ALL.into_iter().filter(|s| *s == next || s.can_become(next)).map(RunStatus::as_str).collect()
+}
+
+impl<'a> CommitJson<'a> {
+    pub(crate) fn new(c: &'a Commit) -> Self {
+        CommitJson {
+            run: c.run_id.as_str(),
+            owner: &c.owner,
+            now: millis_to_sql(c.now),
+            checkpoints: c
+                .checkpoints
+                .iter()
+                .map(|cp| CheckpointJson {
+                    seq: cp.seq,
+                    name: &cp.name,
+                    kind: cp.kind.as_str(),
+                    status: cp.status.as_str(),
+                    input: cp.input.as_ref().map(Payload::as_str),
+                    output: cp.output.as_ref().map(Payload::as_str),
+                    error: cp.error.as_ref().map(error_json),
+                    attempts: cp.attempts,
+                    wake_at: cp.wake_at.map(millis_to_sql),
+                    started_at: millis_to_sql(cp.started_at),
+                    updated_at: millis_to_sql(cp.updated_at),
+                })
+                .collect(),
+            waits: c.waits.iter().map(WaitJson::new).collect(),
+            expire: &c.expire_waits,
+            state: c.state.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
+            children: c.children.iter().map(NewRunJson::new).collect(),
+            signals: c.signals.iter().map(|s| SignalJson { token: &s.token, payload: s.payload.as_str() }).collect(),
+            end: c.end.as_ref().map(|end| match end {
+                TurnEnd::Suspend { wake_at, seen_wake_gen } => EndJson::Suspend {
+                    wake_at: wake_at.map(millis_to_sql),
+                    seen_wake_gen: millis_to_sql(*seen_wake_gen),
+                },
+                TurnEnd::Settle { status, output, error } => EndJson::Settle {
+                    status: status.as_str(),
+                    output: output.as_ref().map(Payload::as_str),
+                    error: error.as_ref().map(error_json),
+                    allowed_from: allowed_from(*status),
+                },
+            }),
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct PatchJson<'a> {
+    id: &'a str,
+    expected: Vec<&'static str>,
+    status: Option<&'static str>,
+    allowed_from: Vec<&'static str>,
+    set_output: bool,
+    output: Option<&'a str>,
+    set_error: bool,
+    error: Option<String>,
+    set_wake_at: bool,
+    wake_at: Option<i64>,
+    release_lease: bool,
+    reset_recovery: bool,
+    clear_failed_checkpoints: bool,
+    truncate_history_from: Option<u32>,
+    wake: bool,
+    signals: Vec<SignalJson<'a>>,
+    now: i64,
+}
+
+impl<'a> PatchJson<'a> {
+    pub(crate) fn new(id: &'a RunId, expected: &[RunStatus], p: &'a RunPatch) -> Self {
+        PatchJson {
+            id: id.as_str(),
+            expected: expected.iter().map(|s| s.as_str()).collect(),
+            status: p.status.map(RunStatus::as_str),
+            allowed_from: p.status.map(allowed_from).unwrap_or_default(),
+            set_output: p.output.is_some(),
+            output: p.output.as_ref().and_then(|o| o.as_ref().map(Payload::as_str)),
+            set_error: p.error.is_some(),
+            error: p.error.as_ref().and_then(|e| e.as_ref().map(error_json)),
+            set_wake_at: p.wake_at.is_some(),
+            wake_at: p.wake_at.flatten().map(millis_to_sql),
+            release_lease: p.release_lease,
+            reset_recovery: p.reset_recovery,
+            clear_failed_checkpoints: p.clear_failed_checkpoints,
+            truncate_history_from: p.truncate_history_from,
+            wake: p.wake,
+            signals: p.signals.iter().map(|s| SignalJson { token: &s.token, payload: s.payload.as_str() }).collect(),
+            now: millis_to_sql(p.now),
+        }
+    }
+}
+
+/// One run-queue item, as `enqueue()` reads it.
+#[derive(Debug, Serialize)]
+pub(crate) struct QueueItemJson<'a> {
+    run_id: &'a str,
+    reason: &'static str,
+    namespace: Option<&'a str>,
+    priority: i32,
+    dedupe_key: &'a str,
+}
+
+impl<'a> QueueItemJson<'a> {
+    pub(crate) fn new(item: &'a QueuedRun) -> Self {
+        QueueItemJson {
+            run_id: item.run_id.as_str(),
+            reason: item.reason.as_str(),
+            namespace: item.namespace.as_deref(),
+            priority: item.priority,
+            dedupe_key: &item.dedupe_key,
+        }
+    }
+}
+
+/// Folds the items of one batch into at most one per run, in first-arrival order, as the queue
+/// itself would (a wake replaces a start, the higher priority is kept, the first namespace
+/// given is kept): one upsert per run keeps `enqueue()` a single statement.
+pub(crate) fn merge_queue_items(items: Vec<QueuedRun>) -> Vec<QueuedRun> {
+    let mut out: Vec<QueuedRun> = Vec::with_capacity(items.len());
+    let mut index: std::collections::HashMap<RunId, usize> = std::collections::HashMap::with_capacity(items.len());
+    for item in items {
+        match index.get(&item.run_id) {
+            Some(&i) => {
+                let queued = &mut out[i];
+                if item.reason == QueueReason::Wake {
+                    queued.reason = QueueReason::Wake;
+                    queued.dedupe_key = item.dedupe_key;
+                }
+                queued.priority = queued.priority.max(item.priority);
+                if queued.namespace.is_none() {
+                    queued.namespace = item.namespace;
+                }
+            }
+            None => {
+                index.insert(item.run_id.clone(), out.len());
+                out.push(item);
+            }
+        }
+    }
+    out
+}
+
+/// Queue item ids as the server's bigint (ids come from an identity column: they fit).
+pub(crate) fn queue_ids(ids: &[u64]) -> Vec<i64> {
+    ids.iter().filter_map(|id| i64::try_from(*id).ok()).collect()
+}
+
+pub(crate) fn claim_op(c: &Claim) -> Op<'_> {
+    Op::ClaimRun {
+        id: c.run_id.as_str(),
+        owner: &c.owner,
+        until: millis_to_sql(c.lease_until),
+        now: millis_to_sql(c.now),
+    }
+}
+
+// ---- writes: what the server answers --------------------------------------------------------
+
+/// Why an answer does not decode, or the contract outcome it carries.
+#[derive(Debug)]
+pub(crate) enum Answer {
+    /// A contract outcome the caller returns as is (`LeaseLost`, `NotFound`, `Conflict`).
+    Store(StoreError),
+    /// The answer is malformed or holds invalid data.
+    Corrupt(String),
+}
+
+/// Parses an answer, turning `{"err": ...}` into the contract error it stands for.
+fn parse(text: &str, run_id: &RunId, owner: Option<&str>) -> Result<Value, Answer> {
+    let value: Value =
+        serde_json::from_str(text).map_err(|e| Answer::Corrupt(format!("the server's answer is not JSON: {e}")))?;
+    let Some(err) = value.get("err").and_then(Value::as_str) else {
+        return Ok(value);
+    };
+    let message = value.get("message").and_then(Value::as_str).unwrap_or_default().to_string();
+    Err(Answer::Store(match err {
+        "lease_lost" => StoreError::LeaseLost { run_id: run_id.clone(), owner: owner.unwrap_or_default().to_string() },
+        "not_found" => StoreError::NotFound { what: format!("run {run_id}") },
+        "conflict" => StoreError::Conflict { message },
+        other => return Err(Answer::Corrupt(format!("the server answered error {other:?}: {message}"))),
+    }))
+}
+
+fn field<T: serde::de::DeserializeOwned>(value: &mut Value, key: &str) -> Result<T, Answer> {
+    let v = value.get_mut(key).map(Value::take).unwrap_or(Value::Null);
+    serde_json::from_value(v).map_err(|e| Answer::Corrupt(format!("the server's answer has a bad {key:?}: {e}")))
+}
+
+fn run_field(value: &mut Value) -> Result<Run, Answer> {
+    field::<RunRow>(value, "run")?.into_run().map_err(Answer::Corrupt)
+}
+
+pub(crate) fn create_answer(text: &str, new: NewRun) -> Result<CreateRun, Answer> {
+    let mut v = parse(text, &new.id, None)?;
+    if field::<bool>(&mut v, "created")? {
+        Ok(CreateRun::Created(new.into_run()))
+    } else {
+        Ok(CreateRun::Existing(run_field(&mut v)?))
+    }
+}
+
+pub(crate) fn claim_answer(text: &str, claim: &Claim) -> Result<ClaimOutcome, Answer> {
+    let mut v = parse(text, &claim.run_id, Some(&claim.owner))?;
+    let outcome: String = field(&mut v, "outcome")?;
+    Ok(match outcome.as_str() {
+        "not_found" => ClaimOutcome::NotFound,
+        "busy" => ClaimOutcome::Busy(run_field(&mut v)?),
+        "terminal" => ClaimOutcome::Terminal(run_field(&mut v)?),
+        "acquired" => {
+            let run = run_field(&mut v)?;
+            let previous: String = field(&mut v, "previous")?;
+            let history: Vec<CheckpointRow> = field(&mut v, "history")?;
+            ClaimOutcome::Acquired {
+                previous: run_status(&previous, run.id.as_str()).map_err(Answer::Corrupt)?,
+                recovered: field(&mut v, "recovered")?,
+                history: history
+                    .into_iter()
+                    .map(CheckpointRow::into_checkpoint)
+                    .collect::<Result<_, _>>()
+                    .map_err(Answer::Corrupt)?,
+                run,
+            }
+        }
+        other => return Err(Answer::Corrupt(format!("unknown claim outcome {other:?}"))),
+    })
+}
+
+/// An answer that only says the operation was applied (`{"ok": true}`).
+pub(crate) fn ok_answer(text: &str) -> Result<(), Answer> {
+    parse(text, &RunId::new(""), None).map(drop)
+}
+
+pub(crate) fn bool_answer(text: &str, run_id: &RunId, key: &str) -> Result<bool, Answer> {
+    let mut v = parse(text, run_id, None)?;
+    field(&mut v, key)
+}
+
+#[derive(Debug, Deserialize)]
+struct DeliveryJson {
+    run: String,
+    seq: i64,
+}
+
+impl DeliveryJson {
+    fn into_delivery(self) -> Result<Delivery, Answer> {
+        let seq = u32_from_sql(self.seq, || format!("delivery to run {}", self.run)).map_err(Answer::Corrupt)?;
+        Ok(Delivery::Delivered { run_id: RunId::new(self.run), seq })
+    }
+}
+
+fn delivery(d: Option<DeliveryJson>) -> Result<Delivery, Answer> {
+    d.map_or(Ok(Delivery::Buffered), DeliveryJson::into_delivery)
+}
+
+pub(crate) fn commit_answer(text: &str, commit: &Commit) -> Result<CommitOutcome, Answer> {
+    let mut v = parse(text, &commit.run_id, Some(&commit.owner))?;
+    let deliveries: Vec<Option<DeliveryJson>> = field(&mut v, "deliveries")?;
+    let raced: Vec<i64> = field(&mut v, "raced")?;
+    Ok(CommitOutcome {
+        woken: field(&mut v, "woken")?,
+        settled: field(&mut v, "settled")?,
+        deliveries: deliveries.into_iter().map(delivery).collect::<Result<_, _>>()?,
+        raced: raced
+            .into_iter()
+            .map(|s| u32_from_sql(s, || "raced seq".into()).map_err(Answer::Corrupt))
+            .collect::<Result<_, _>>()?,
+    })
+}
+
+pub(crate) fn signal_answer(text: &str) -> Result<Delivery, Answer> {
+    let mut v = parse(text, &RunId::new(""), None)?;
+    delivery(field(&mut v, "delivery")?)
+}
+
+pub(crate) fn event_answer(text: &str) -> Result<Vec<Delivery>, Answer> {
+    let mut v = parse(text, &RunId::new(""), None)?;
+    let list: Vec<DeliveryJson> = field(&mut v, "deliveries")?;
+    list.into_iter().map(DeliveryJson::into_delivery).collect()
+}
+
+pub(crate) fn delete_answer(text: &str, id: &RunId) -> Result<u64, Answer> {
+    let mut v = parse(text, id, None)?;
+    let n: i64 = field(&mut v, "deleted")?;
+    u64::try_from(n).map_err(|_| Answer::Corrupt(format!("deleted {n} runs")))
+}
+
+// ---- reads: dynamic queries -----------------------------------------------------------------
+
+/// A query with its parameters and their types (sent in one round trip, unprepared).
+#[derive(Debug, Default)]
+pub(crate) struct Query {
+    pub(crate) sql: String,
+    pub(crate) params: Vec<(Box<dyn ToSql + Sync + Send>, Type)>,
+}
+
+impl Query {
+    /// Adds a parameter and returns its placeholder (`$n`).
+    fn bind(&mut self, value: impl ToSql + Sync + Send + 'static, ty: Type) -> String {
+        self.params.push((Box::new(value), ty));
+        format!("${}", self.params.len())
+    }
+
+    pub(crate) fn param_refs(&self) -> Vec<(&(dyn ToSql + Sync), Type)> {
+        self.params.iter().map(|(v, t)| (&**v as &(dyn ToSql + Sync), t.clone())).collect()
+    }
+}
+
+pub(crate) fn list_runs_query(schema: &str, filter: &RunFilter) -> Result<(Query, usize), StoreError> {
+    let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
+    let limit = if filter.limit == 0 { 100 } else { filter.limit };
+    let mut q = Query::default();
+    let mut sql = format!("SELECT {RUN_COLS} FROM {schema}.runs WHERE true");
+    if let Some(w) = &filter.workflow {
+        sql.push_str(&format!(" AND workflow = {}", q.bind(w.clone(), Type::TEXT)));
+    }
+    if !filter.statuses.is_empty() {
+        let statuses: Vec<String> = filter.statuses.iter().map(|s| s.as_str().to_string()).collect();
+        sql.push_str(&format!(" AND status = ANY ({})", q.bind(statuses, Type::TEXT_ARRAY)));
+    }
+    if let Some(ns) = &filter.namespace {
+        sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
+    }
+    if let Some(tag) = &filter.tag {
+        sql.push_str(&format!(" AND tags @> ARRAY[{}]::text[]", q.bind(tag.clone(), Type::TEXT)));
+    }
+    if let Some(parent) = &filter.parent {
+        sql.push_str(&format!(" AND parent_id = {}", q.bind(parent.as_str().to_string(), Type::TEXT)));
+    }
+    if let Some(t) = filter.created_after {
+        sql.push_str(&format!(" AND created_at >= {}", q.bind(millis_to_sql(t), Type::INT8)));
+    }
+    if let Some(t) = filter.created_before {
+        sql.push_str(&format!(" AND created_at < {}", q.bind(millis_to_sql(t), Type::INT8)));
+    }
+    if let Some((t, id)) = after {
+        let (t, id) = (q.bind(millis_to_sql(t), Type::INT8), q.bind(id.as_str().to_string(), Type::TEXT));
+        sql.push_str(&format!(" AND (created_at, id) < ({t}, {id})"));
+    }
+    let lim = q.bind(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX), Type::INT8);
+    sql.push_str(&format!(" ORDER BY created_at DESC, id DESC LIMIT {lim}"));
+    q.sql = sql;
+    Ok((q, limit))
+}
+
+/// Which poller query.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Poll {
+    Pending,
+    Due,
+    Orphaned,
+}
+
+/// `pending_runs`, `due_runs` and `orphaned_runs`: each walks its partial index.
+pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
+    let mut q = Query::default();
+    let now = q.bind(millis_to_sql(rq.now), Type::INT8);
+    let (head, order) = match which {
+        Poll::Pending => ("status = 'pending'".to_string(), "priority DESC, created_at, id"),
+        Poll::Due => (format!("status = 'suspended' AND wake_at <= {now}"), "wake_at, id"),
+        Poll::Orphaned => ("status = 'running'".to_string(), "updated_at, id"),
+    };
+    // A lease is live when it has an owner and lease_until >= now.
+    let mut sql = format!(
+        "SELECT id FROM {schema}.runs WHERE {head} AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < {now})"
+    );
+    if let Some(ns) = &rq.namespace {
+        sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
+    }
+    if let Some(ws) = &rq.workflows {
+        let names: Vec<String> = ws.iter().map(|(w, _)| w.clone()).collect();
+        let versions: Vec<i64> = ws.iter().map(|(_, v)| i64::from(*v)).collect();
+        let (names, versions) = (q.bind(names, Type::TEXT_ARRAY), q.bind(versions, Type::INT8_ARRAY));
+        sql.push_str(&format!(
+            " AND (workflow, version) IN (SELECT * FROM unnest({names}::text[], {versions}::bigint[]))"
+        ));
+    }
+    let lim = q.bind(i64::try_from(rq.limit).unwrap_or(i64::MAX), Type::INT8);
+    sql.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
+    q.sql = sql;
+    q
+}
+
+/// Whole-row decoding helpers for the read paths.
+pub(crate) fn run_rows(rows: &[Row]) -> Result<Result<Vec<Run>, String>, tokio_postgres::Error> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        match RunRow::from_row(row)?.into_run() {
+            Ok(run) => out.push(run),
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    Ok(Ok(out))
+}
+
+pub(crate) fn checkpoint_rows(rows: &[Row]) -> Result<Result<Vec<Checkpoint>, String>, tokio_postgres::Error> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        match CheckpointRow::from_row(row)?.into_checkpoint() {
+            Ok(cp) => out.push(cp),
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    Ok(Ok(out))
+}
+
+#[cfg(test)]
+mod tests {
+    use durable_core::{CheckpointStatus, StepKind};
+
+    use super::*;
+
+    #[test]
+    fn forever_round_trips() {
+        assert_eq!(millis_to_sql(u64::MAX), i64::MAX);
+        assert_eq!(millis_from_sql(i64::MAX, String::new).unwrap(), u64::MAX);
+        assert!(millis_from_sql(-1, String::new).is_err());
+    }
+
+    #[test]
+    fn payloads_travel_as_strings() {
+        let mut c = Commit::new(RunId::from("r"), "o", 5);
+        let mut cp = Checkpoint::new(RunId::from("r"), 0, "s", StepKind::Step, CheckpointStatus::Completed, 5);
+        cp.output = Some(Payload::from_trusted("{ \"a\" :1.0 }"));
+        c.checkpoints.push(cp);
+        let text = Op::Commit(CommitJson::new(&c)).encode();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["op"], "commit");
+        assert_eq!(v["checkpoints"][0]["output"], "{ \"a\" :1.0 }");
+    }
+
+    #[test]
+    fn settle_carries_the_transition_table() {
+        let all = allowed_from(RunStatus::Completed);
+        assert_eq!(all, vec!["running", "completed"]);
+        assert!(allowed_from(RunStatus::Pending).contains(&"failed"));
+    }
+
+    #[test]
+    fn queue_items_merge_per_run_like_the_queue() {
+        let item = |run: &str, reason: QueueReason, ns: Option<&str>, priority: i32| QueuedRun {
+            id: 0,
+            run_id: RunId::from(run),
+            reason,
+            namespace: ns.map(str::to_string),
+            priority,
+            dedupe_key: format!("{reason}:{run}:{priority}"),
+        };
+        let merged = merge_queue_items(vec![
+            item("a", QueueReason::Start, None, 1),
+            item("b", QueueReason::Wake, Some("x"), 0),
+            item("a", QueueReason::Wake, Some("y"), 0),
+            item("a", QueueReason::Start, Some("z"), 5),
+        ]);
+        assert_eq!(merged.len(), 2);
+        assert_eq!(merged[0].run_id.as_str(), "a");
+        assert_eq!(merged[0].reason, QueueReason::Wake);
+        assert_eq!(merged[0].dedupe_key, "wake:a:0");
+        assert_eq!(merged[0].priority, 5);
+        assert_eq!(merged[0].namespace.as_deref(), Some("y"));
+        assert_eq!(merged[1].run_id.as_str(), "b");
+        let text = Op::Enqueue { items: merged.iter().map(QueueItemJson::new).collect(), now: 7 }.encode();
+        let v: Value = serde_json::from_str(&text).unwrap();
+        assert_eq!(v["op"], "enqueue");
+        assert_eq!(v["items"][0]["reason"], "wake");
+        assert_eq!(
+            Op::AckQueued { ids: queue_ids(&[3, u64::MAX]), owner: "o" }.encode(),
+            r#"{"op":"ack_queued","ids":[3],"owner":"o"}"#
+        );
+    }
+
+    #[test]
+    fn error_answers_become_contract_errors() {
+        let id = RunId::from("r");
+        match parse(r#"{"err":"lease_lost"}"#, &id, Some("me")) {
+            Err(Answer::Store(StoreError::LeaseLost { owner, .. })) => assert_eq!(owner, "me"),
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(parse(r#"{"err":"not_found"}"#, &id, None), Err(Answer::Store(StoreError::NotFound { .. }))));
+        assert!(matches!(parse("nope", &id, None), Err(Answer::Corrupt(_))));
+    }
+}

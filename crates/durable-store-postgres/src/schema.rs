@@ -1,0 +1,272 @@
+//! Connection settings and versioned migrations.
+
+use tokio_postgres::Client;
+use tokio_postgres::config::Host;
+
+use crate::error::{Error, Result, query_error};
+use crate::options::{PostgresOptions, quote_ident};
+
+/// The schema version this build writes and reads. A schema with an older version is migrated
+/// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
+pub const SCHEMA_VERSION: u32 = 2;
+
+/// One step of the schema's history, applied in the same transaction as the row recording it.
+struct Migration {
+    version: u32,
+    description: &'static str,
+    /// A template: `__SCHEMA__` and `__LOCK_SEED__` are filled in by [`render`].
+    sql: &'static str,
+}
+
+/// The whole history of the schema. Never edit an entry once released: add one (server-side
+/// functions too: a changed function is a new migration with `CREATE OR REPLACE FUNCTION`).
+const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 1,
+        description: "runs, checkpoints, waiters, buffered signals and events, query state; server-side write functions",
+        sql: include_str!("sql/v1.sql"),
+    },
+    Migration {
+        version: 2,
+        description: "run_queue: runs to execute (starts and wakes) for the store-backed transport",
+        sql: include_str!("sql/v2.sql"),
+    },
+];
+
+/// 64-bit FNV-1a: a stable hash (across builds and platforms) for advisory lock keys.
+fn fnv1a64(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325_u64, |h, b| (h ^ u64::from(*b)).wrapping_mul(0x0100_0000_01b3))
+}
+
+/// The advisory lock every migration of `schema` holds, so concurrent engines never race.
+fn migration_lock_key(schema: &str) -> i64 {
+    fnv1a64(format!("durable-store-postgres:migrate:{schema}").as_bytes()) as i64
+}
+
+/// The seed of the signal-token and event-name lock keys of `schema`: two schemas in one
+/// database never contend for each other's locks.
+fn lock_seed(schema: &str) -> i64 {
+    fnv1a64(format!("durable-store-postgres:tokens:{schema}").as_bytes()) as i64
+}
+
+/// A migration's SQL for `schema`.
+fn render(sql: &str, schema: &str) -> String {
+    sql.replace("__SCHEMA__", &quote_ident(schema)).replace("__LOCK_SEED__", &format!("({})", lock_seed(schema)))
+}
+
+/// The driver configuration for `url` with the store's settings applied.
+pub(crate) fn config(url: &str, opts: &PostgresOptions) -> Result<tokio_postgres::Config> {
+    let mut cfg: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| Error::InvalidUrl {
+        reason: crate::error::describe(&e).trim_start_matches("invalid configuration: ").to_string(),
+    })?;
+    if cfg.get_hosts().is_empty() {
+        return Err(Error::InvalidUrl { reason: "no host".into() });
+    }
+    match (&opts.application_name, cfg.get_application_name()) {
+        (Some(name), _) => {
+            cfg.application_name(name);
+        }
+        (None, None) => {
+            cfg.application_name("durable");
+        }
+        (None, Some(_)) => {}
+    }
+    if cfg.get_connect_timeout().is_none() {
+        cfg.connect_timeout(opts.connect_timeout);
+    }
+    if let Some(timeout) = opts.statement_timeout {
+        let ms = timeout.as_millis().clamp(1, i32::MAX as u128);
+        let options = match cfg.get_options() {
+            Some(existing) if !existing.trim().is_empty() => format!("{existing} -c statement_timeout={ms}"),
+            _ => format!("-c statement_timeout={ms}"),
+        };
+        cfg.options(&options);
+    }
+    Ok(cfg)
+}
+
+/// `user@host:port/database` for messages (never the password).
+pub(crate) fn target(cfg: &tokio_postgres::Config) -> String {
+    let host = match cfg.get_hosts().first() {
+        Some(Host::Tcp(h)) => h.clone(),
+        Some(Host::Unix(path)) => path.display().to_string(),
+        None => "(no host)".into(),
+    };
+    let more = if cfg.get_hosts().len() > 1 { ",…" } else { "" };
+    let port = cfg.get_ports().first().copied().unwrap_or(5432);
+    let user = cfg.get_user().unwrap_or("(default user)");
+    let db = cfg.get_dbname().or(cfg.get_user()).unwrap_or("(default database)");
+    format!("{user}@{host}:{port}{more}/{db}")
+}
+
+/// `user@host:port/database` as the server reports it (for a pool this crate did not build).
+pub(crate) async fn server_target(client: &Client) -> String {
+    let sql = "SELECT current_user::text, COALESCE(host(inet_server_addr()), 'local socket'), \
+               COALESCE(inet_server_port(), 5432), current_database()::text";
+    match client.query_one(sql, &[]).await {
+        Ok(row) => {
+            let get = |i| row.try_get::<_, String>(i).unwrap_or_default();
+            let port: i32 = row.try_get(2).unwrap_or(5432);
+            format!("{}@{}:{port}/{}", get(0), get(1), get(3))
+        }
+        Err(_) => "(server of the given pool)".into(),
+    }
+}
+
+/// The schema version recorded in `schema`, `None` when it has no durable schema table.
+async fn read_version(client: &Client, target: &str, schema: &str) -> Result<Option<u32>> {
+    let table = format!("{}.schema_version", quote_ident(schema));
+    let exists = client
+        .query_one("SELECT to_regclass($1) IS NOT NULL", &[&table])
+        .await
+        .map_err(|e| query_error(target, "reading the schema version", e))?;
+    if !exists.get::<_, bool>(0) {
+        return Ok(None);
+    }
+    let row = client
+        .query_one(&format!("SELECT COALESCE(max(version), 0) FROM {table}"), &[])
+        .await
+        .map_err(|e| query_error(target, "reading the schema version", e))?;
+    let v: i32 = row.get(0);
+    Ok(Some(u32::try_from(v).unwrap_or(0)))
+}
+
+/// Brings `schema` to [`SCHEMA_VERSION`], creating it if needed (and `create` allows), in one
+/// transaction holding the schema's migration advisory lock (concurrent engines wait for each
+/// other; a failed migration leaves everything as it was).
+pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create: bool) -> Result<()> {
+    // A quick look first, so connecting to an up-to-date schema takes no lock.
+    match read_version(client, target, schema).await? {
+        Some(v) if v == SCHEMA_VERSION => return Ok(()),
+        Some(found) if found > SCHEMA_VERSION => {
+            return Err(too_new(target, schema, found));
+        }
+        None if !create => {
+            return Err(Error::SchemaNotFound { target: target.into(), schema: schema.into() });
+        }
+        _ => {}
+    }
+    client.batch_execute("BEGIN").await.map_err(|e| query_error(target, "starting the schema migration", e))?;
+    match migrate_locked(client, target, schema).await {
+        Ok(()) => {
+            client.batch_execute("COMMIT").await.map_err(|e| query_error(target, "committing the schema migration", e))
+        }
+        Err(e) => {
+            let _ = client.batch_execute("ROLLBACK").await;
+            Err(e)
+        }
+    }
+}
+
+fn too_new(target: &str, schema: &str, found: u32) -> Error {
+    Error::SchemaTooNew { target: target.into(), schema: schema.into(), found, supported: SCHEMA_VERSION }
+}
+
+async fn migrate_locked(client: &Client, target: &str, schema: &str) -> Result<()> {
+    let q = quote_ident(schema);
+    client
+        .execute("SELECT pg_advisory_xact_lock($1)", &[&migration_lock_key(schema)])
+        .await
+        .map_err(|e| query_error(target, "taking the migration lock", e))?;
+    // Everything is read again under the lock: another engine may have migrated meanwhile.
+    let schema_exists = client
+        .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&schema])
+        .await
+        .map_err(|e| query_error(target, "looking for the schema", e))?
+        .get::<_, bool>(0);
+    if !schema_exists {
+        client
+            .batch_execute(&format!("CREATE SCHEMA {q}"))
+            .await
+            .map_err(|e| query_error(target, &format!("creating schema {schema:?}"), e))?;
+    }
+    let from = match read_version(client, target, schema).await? {
+        Some(found) if found > SCHEMA_VERSION => return Err(too_new(target, schema, found)),
+        Some(v) => v,
+        None => {
+            // No durable schema here: only an empty schema may be initialised, never one holding
+            // another program's tables.
+            let rows = client
+                .query(
+                    "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+                     WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') ORDER BY 1 LIMIT 6",
+                    &[&schema],
+                )
+                .await
+                .map_err(|e| query_error(target, "listing the schema's tables", e))?;
+            if !rows.is_empty() {
+                let tables: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+                return Err(Error::ForeignSchema {
+                    target: target.into(),
+                    schema: schema.into(),
+                    tables: tables.join(", "),
+                });
+            }
+            client
+                .batch_execute(&format!(
+                    "CREATE TABLE {q}.schema_version (
+                        version     integer PRIMARY KEY,
+                        description text NOT NULL,
+                        applied_at  timestamptz NOT NULL DEFAULT now()
+                    )"
+                ))
+                .await
+                .map_err(|e| query_error(target, "creating the schema version table", e))?;
+            0
+        }
+    };
+    for m in MIGRATIONS.iter().filter(|m| m.version > from) {
+        let doing = format!("migrating schema {schema:?} to version {}", m.version);
+        client.batch_execute(&render(m.sql, schema)).await.map_err(|e| query_error(target, &doing, e))?;
+        client
+            .execute(
+                &format!("INSERT INTO {q}.schema_version (version, description) VALUES ($1, $2)"),
+                &[&(m.version as i32), &m.description],
+            )
+            .await
+            .map_err(|e| query_error(target, &doing, e))?;
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn migrations_are_ordered_and_end_at_the_schema_version() {
+        for (i, m) in MIGRATIONS.iter().enumerate() {
+            assert_eq!(m.version as usize, i + 1, "migration versions are 1, 2, … without gaps");
+        }
+        assert_eq!(MIGRATIONS.last().map(|m| m.version), Some(SCHEMA_VERSION));
+    }
+
+    #[test]
+    fn rendering_fills_every_placeholder() {
+        let sql = render(MIGRATIONS[0].sql, "My \"Schema\"");
+        assert!(!sql.contains("__SCHEMA__") && !sql.contains("__LOCK_SEED__"));
+        assert!(sql.contains("\"My \"\"Schema\"\"\".runs"));
+    }
+
+    #[test]
+    fn lock_keys_are_stable_and_per_schema() {
+        assert_eq!(fnv1a64(b""), 0xcbf2_9ce4_8422_2325);
+        assert_eq!(fnv1a64(b"a"), 0xaf63_dc4c_8601_ec8c);
+        assert_ne!(lock_seed("a"), lock_seed("b"));
+        assert_ne!(migration_lock_key("a"), lock_seed("a"));
+    }
+
+    #[test]
+    fn config_applies_the_options() {
+        let opts = PostgresOptions::new().statement_timeout(Some(std::time::Duration::from_secs(2)));
+        let cfg = config("postgres://u:secret@db.example:6543/app?options=-c%20search_path%3Dx", &opts).unwrap();
+        assert_eq!(cfg.get_application_name(), Some("durable"));
+        assert_eq!(cfg.get_options(), Some("-c search_path=x -c statement_timeout=2000"));
+        assert_eq!(target(&cfg), "u@db.example:6543/app");
+        let cfg = config("postgres://u@h/d?application_name=mine", &PostgresOptions::new()).unwrap();
+        assert_eq!(cfg.get_application_name(), Some("mine"));
+        let err = config("postgres://u:secret@h:notaport/d", &opts).unwrap_err().to_string();
+        assert!(err.starts_with("invalid PostgreSQL URL") && !err.contains("secret"), "{err}");
+        assert!(config("postgres:///d", &opts).unwrap_err().to_string().contains("no host"));
+    }
+}

@@ -1,0 +1,275 @@
+//! The writer task: group commit over one pooled connection.
+//!
+//! Every write of the store is queued here as one JSON operation. The writer takes every
+//! operation waiting at that moment (up to `max_batch`), and sends them in one pipelined flight
+//! on one connection — `BEGIN`, `SELECT apply($ops)`, `COMMIT` — so a batch costs one network
+//! round trip and one WAL flush however many commits it carries. Answers are sent back only
+//! after the `COMMIT` succeeded.
+//!
+//! Contract outcomes (lease lost, conflict, …) are answers, not errors, so one refused
+//! operation does not disturb its batch. If the batch fails for another reason: a deadlock or a
+//! serialization failure (another engine's transaction) is retried as a whole; a lost
+//! connection fails every operation of the batch with a retryable `Unavailable` (the pool
+//! replaces the connection); any other error re-runs each operation alone, so only the one at
+//! fault reports it.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use deadpool_postgres::Pool;
+use durable_core::StoreError;
+use futures_util::future::join3;
+use tokio::sync::{mpsc, oneshot};
+use tokio_postgres::types::Type;
+
+use crate::error::{Error, is_conflict, pool_error, query_error};
+
+/// How many times a batch that lost a deadlock or serialization conflict is run again.
+const CONFLICT_RETRIES: usize = 4;
+
+/// A batch stops growing past this many bytes of JSON (1 MiB payloads stay in small batches).
+const MAX_BATCH_BYTES: usize = 8 << 20;
+
+/// Counters shared by the store and its writer.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub(crate) batches: AtomicU64,
+    pub(crate) writes: AtomicU64,
+    pub(crate) retries: AtomicU64,
+    pub(crate) reads: AtomicU64,
+    pub(crate) claims: AtomicU64,
+}
+
+/// What the store's counters say; see [`PostgresStore::stats`](crate::PostgresStore::stats).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct PostgresStats {
+    /// Write transactions sent: each one is one network round trip (`BEGIN`, the batch and
+    /// `COMMIT` are pipelined), including the retries of conflicted batches.
+    pub batches: u64,
+    /// Writes answered (commits, creates, claims, signals, …).
+    pub writes: u64,
+    /// Batches run again after a deadlock or serialization failure, or split after an error.
+    pub retries: u64,
+    /// Read queries sent: one round trip each.
+    pub reads: u64,
+    /// Run-queue claims ([`RunQueue::claim_queued`](durable_core::RunQueue::claim_queued)):
+    /// one statement in a transaction of its own, one round trip each.
+    pub claims: u64,
+}
+
+impl PostgresStats {
+    /// Network round trips so far: write batches, reads and queue claims.
+    pub fn round_trips(&self) -> u64 {
+        self.batches + self.reads + self.claims
+    }
+}
+
+impl Counters {
+    pub(crate) fn snapshot(&self) -> PostgresStats {
+        PostgresStats {
+            batches: self.batches.load(Ordering::Relaxed),
+            writes: self.writes.load(Ordering::Relaxed),
+            retries: self.retries.load(Ordering::Relaxed),
+            reads: self.reads.load(Ordering::Relaxed),
+            claims: self.claims.load(Ordering::Relaxed),
+        }
+    }
+}
+
+/// What the writer needs, shared with the store.
+#[derive(Debug)]
+pub(crate) struct Shared {
+    pub(crate) pool: Pool,
+    pub(crate) target: String,
+    /// `SELECT r FROM "schema".apply($1::jsonb, $2) AS r`.
+    pub(crate) apply_sql: String,
+    pub(crate) channel: Option<String>,
+    pub(crate) max_batch: usize,
+    pub(crate) counters: Counters,
+}
+
+/// One queued write: its JSON, and where its answer goes.
+struct Request {
+    op: String,
+    reply: oneshot::Sender<Result<String, StoreError>>,
+}
+
+/// The store's handle on its writer task. Dropping it lets the task finish the queued writes
+/// and stop.
+#[derive(Debug)]
+pub(crate) struct Writer {
+    tx: mpsc::UnboundedSender<Request>,
+}
+
+impl std::fmt::Debug for Request {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Request").field("bytes", &self.op.len()).finish_non_exhaustive()
+    }
+}
+
+impl Writer {
+    /// Spawns the writer task on the current tokio runtime.
+    pub(crate) fn start(shared: Arc<Shared>) -> Writer {
+        let (tx, rx) = mpsc::unbounded_channel();
+        tokio::spawn(run(shared, rx));
+        Writer { tx }
+    }
+
+    /// Queues one operation (JSON text) and waits for its answer (JSON text).
+    pub(crate) async fn write(&self, shared: &Shared, op: String) -> Result<String, StoreError> {
+        let (reply, answer) = oneshot::channel();
+        let stopped = || Error::WriterStopped { target: shared.target.clone() }.into_store_error();
+        self.tx.send(Request { op, reply }).map_err(|_| stopped())?;
+        answer.await.map_err(|_| stopped())?
+    }
+}
+
+async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Request>) {
+    while let Some(first) = rx.recv().await {
+        let mut bytes = first.op.len();
+        let mut batch = vec![first];
+        while batch.len() < shared.max_batch && bytes < MAX_BATCH_BYTES {
+            match rx.try_recv() {
+                Ok(next) => {
+                    bytes += next.op.len();
+                    batch.push(next);
+                }
+                Err(_) => break,
+            }
+        }
+        execute(&shared, batch).await;
+    }
+}
+
+/// How a batch failed.
+enum Failure {
+    /// A deadlock or serialization failure: nothing was written, run it again.
+    Conflict(Error),
+    /// The connection or the pool failed: every operation gets this error.
+    Unavailable(Error),
+    /// A statement failed: nothing was written; one of the operations is at fault.
+    Statement(Error),
+}
+
+async fn execute(shared: &Shared, batch: Vec<Request>) {
+    let ops = join(&batch);
+    match apply_retrying(shared, &ops, batch.len()).await {
+        Ok(answers) => {
+            shared.counters.writes.fetch_add(batch.len() as u64, Ordering::Relaxed);
+            for (req, answer) in batch.into_iter().zip(answers) {
+                let _ = req.reply.send(Ok(answer));
+            }
+        }
+        Err(Failure::Statement(_)) if batch.len() > 1 => {
+            // Someone's operation is at fault: run each alone, so only it gets the error.
+            shared.counters.retries.fetch_add(1, Ordering::Relaxed);
+            for req in batch {
+                let ops = join(std::slice::from_ref(&req));
+                let answer = match apply_retrying(shared, &ops, 1).await {
+                    Ok(mut answers) => {
+                        shared.counters.writes.fetch_add(1, Ordering::Relaxed);
+                        Ok(answers.pop().unwrap_or_default())
+                    }
+                    Err(Failure::Conflict(e) | Failure::Unavailable(e) | Failure::Statement(e)) => {
+                        Err(e.into_store_error())
+                    }
+                };
+                let _ = req.reply.send(answer);
+            }
+        }
+        Err(Failure::Conflict(e) | Failure::Unavailable(e) | Failure::Statement(e)) => {
+            // One error, many receivers: StoreError is not Clone, so rebuild it for each.
+            let retryable = e.is_retryable();
+            let message = e.to_string();
+            let mut first = Some(e);
+            for req in batch {
+                let err = match first.take() {
+                    Some(e) => e.into_store_error(),
+                    None if retryable => StoreError::Unavailable { message: message.clone(), retryable: true },
+                    None => Error::Postgres {
+                        target: shared.target.clone(),
+                        message: message.clone(),
+                        retryable: false,
+                        source: None,
+                    }
+                    .into_store_error(),
+                };
+                let _ = req.reply.send(Err(err));
+            }
+        }
+    }
+}
+
+/// `[op, op, …]`.
+fn join(batch: &[Request]) -> String {
+    let mut s = String::with_capacity(batch.iter().map(|r| r.op.len() + 1).sum::<usize>() + 2);
+    s.push('[');
+    for (i, r) in batch.iter().enumerate() {
+        if i > 0 {
+            s.push(',');
+        }
+        s.push_str(&r.op);
+    }
+    s.push(']');
+    s
+}
+
+async fn apply_retrying(shared: &Shared, ops: &str, expected: usize) -> Result<Vec<String>, Failure> {
+    let mut attempt = 0;
+    loop {
+        match apply(shared, ops, expected).await {
+            Err(Failure::Conflict(_)) if attempt < CONFLICT_RETRIES => {
+                attempt += 1;
+                shared.counters.retries.fetch_add(1, Ordering::Relaxed);
+            }
+            other => return other,
+        }
+    }
+}
+
+/// Runs one batch in one transaction, in one round trip: `BEGIN`, the batch and `COMMIT` are
+/// pipelined on one connection (tokio-postgres sends requests in the order they are first
+/// polled, without waiting for earlier answers). If the batch fails, the server turns the
+/// `COMMIT` into a rollback.
+async fn apply(shared: &Shared, ops: &str, expected: usize) -> Result<Vec<String>, Failure> {
+    let target = &shared.target;
+    let client = shared.pool.get().await.map_err(|e| {
+        let e = pool_error(target, e);
+        if e.is_retryable() { Failure::Unavailable(e) } else { Failure::Statement(e) }
+    })?;
+    shared.counters.batches.fetch_add(1, Ordering::Relaxed);
+    let channel: Option<&str> = shared.channel.as_deref();
+    let (begin, rows, commit) = join3(
+        client.batch_execute("BEGIN"),
+        client.query_typed(&shared.apply_sql, &[(&ops, Type::TEXT), (&channel, Type::TEXT)]),
+        client.batch_execute("COMMIT"),
+    )
+    .await;
+    let classify = |doing: &str, e: tokio_postgres::Error| {
+        let conflict = is_conflict(&e);
+        let err = query_error(target, doing, e);
+        if conflict {
+            Failure::Conflict(err)
+        } else if err.is_retryable() {
+            Failure::Unavailable(err)
+        } else {
+            Failure::Statement(err)
+        }
+    };
+    begin.map_err(|e| classify("starting a write transaction", e))?;
+    let rows = rows.map_err(|e| classify("applying a batch of writes", e))?;
+    commit.map_err(|e| classify("committing a batch of writes", e))?;
+    let mut answers = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let answer: Option<String> = row.try_get(0).map_err(|e| classify("reading the batch's answers", e))?;
+        answers.push(answer.unwrap_or_default());
+    }
+    if answers.len() != expected {
+        return Err(Failure::Statement(Error::Corrupt {
+            target: target.clone(),
+            message: format!("a batch of {expected} writes got {} answers", answers.len()),
+        }));
+    }
+    Ok(answers)
+}

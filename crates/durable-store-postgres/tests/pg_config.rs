@@ -1,0 +1,153 @@
+//! Bad configuration fails on connect with one clear line naming the server (never the
+//! password): a malformed URL, a refused connection, a missing database, a schema from a newer
+//! build, a schema holding someone else's tables. And concurrent engines migrating one fresh
+//! schema do not race.
+
+mod common;
+
+use std::sync::Arc;
+
+use common::{Scratch, url_or_skip, with_database};
+use durable_store_postgres::{Error, PostgresOptions, PostgresStore, SCHEMA_VERSION};
+
+#[track_caller]
+fn assert_one_line(e: &Error) -> String {
+    let msg = e.to_string();
+    assert!(!msg.contains('\n'), "the error is one line: {msg:?}");
+    assert!(!msg.contains("s3cret"), "the error never shows the password: {msg}");
+    msg
+}
+
+#[tokio::test]
+async fn malformed_url_is_a_clear_error() {
+    for url in ["postgres://u:s3cret@db.example:notaport/app", "postgres://u:s3cret@h/d?sslmode=sometimes", ""] {
+        let e = PostgresStore::connect(url).await.expect_err(url);
+        let msg = assert_one_line(&e);
+        assert!(matches!(e, Error::InvalidUrl { .. }), "{url:?}: {e:?}");
+        assert!(msg.starts_with("invalid PostgreSQL URL"), "{msg}");
+        assert!(!e.is_retryable());
+    }
+}
+
+#[tokio::test]
+async fn invalid_options_are_refused_before_connecting() {
+    let e = PostgresStore::connect_with("postgres://u@127.0.0.1:1/d", PostgresOptions::new().schema("")).await;
+    let e = e.expect_err("an empty schema name is refused");
+    assert!(matches!(e, Error::InvalidOptions { .. }), "{e:?}");
+    assert_one_line(&e);
+}
+
+#[tokio::test]
+async fn refused_connection_is_a_clear_retryable_error() {
+    // Port 1 on loopback: nothing listens there.
+    let e = PostgresStore::connect("postgres://postgres:s3cret@127.0.0.1:1/test").await.expect_err("refused");
+    let msg = assert_one_line(&e);
+    assert!(matches!(e, Error::Connect { .. }), "{e:?}");
+    assert!(msg.contains("postgres@127.0.0.1:1/test") && msg.contains("refused"), "{msg}");
+    assert!(e.is_retryable(), "the server may come up later");
+}
+
+#[test]
+fn connecting_outside_a_tokio_runtime_is_a_clear_error() {
+    // A minimal executor that is not tokio.
+    use std::sync::Arc as StdArc;
+    use std::task::{Context, Poll, Wake, Waker};
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: StdArc<Self>) {
+            self.0.unpark()
+        }
+    }
+    let waker = Waker::from(StdArc::new(Unpark(std::thread::current())));
+    let mut fut = std::pin::pin!(PostgresStore::connect("postgres://postgres@127.0.0.1:1/test"));
+    let e = loop {
+        if let Poll::Ready(r) = fut.as_mut().poll(&mut Context::from_waker(&waker)) {
+            break r.expect_err("no runtime");
+        }
+        std::thread::park();
+    };
+    assert!(matches!(e, Error::NoRuntime), "{e:?}");
+    assert_one_line(&e);
+}
+
+#[tokio::test]
+async fn missing_database_is_a_clear_error() {
+    let Some(url) = url_or_skip("missing_database_is_a_clear_error") else { return };
+    let db = format!("durable_no_such_db_{}", std::process::id());
+    let e = PostgresStore::connect(&with_database(&url, &db)).await.expect_err("no such database");
+    let msg = assert_one_line(&e);
+    assert!(matches!(&e, Error::DatabaseNotFound { database, .. } if *database == db), "{e:?}");
+    assert!(msg.contains(&db) && msg.contains("does not exist"), "{msg}");
+    assert!(!e.is_retryable());
+}
+
+#[tokio::test]
+async fn newer_schema_is_refused_naming_both_versions() {
+    let Some(url) = url_or_skip("newer_schema_is_refused_naming_both_versions") else { return };
+    let scratch = Scratch::new(&url, "newer").await;
+    drop(scratch.connect().await);
+    let admin = scratch.client().await;
+    admin
+        .execute(
+            &format!(
+                "INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'from the future')",
+                scratch.schema
+            ),
+            &[],
+        )
+        .await
+        .unwrap();
+    let e = PostgresStore::connect_with(&url, scratch.options()).await.expect_err("schema 99 is refused");
+    let msg = assert_one_line(&e);
+    match &e {
+        Error::SchemaTooNew { found, supported, schema, .. } => {
+            assert_eq!((*found, *supported), (99, SCHEMA_VERSION));
+            assert_eq!(schema, &scratch.schema);
+        }
+        other => panic!("expected SchemaTooNew, got {other:?}"),
+    }
+    assert!(msg.contains("version 99") && msg.contains(&format!("version {SCHEMA_VERSION}")), "{msg}");
+    // Nothing was changed: the version row is still there, once.
+    let n: i64 = admin
+        .query_one(&format!("SELECT count(*) FROM \"{}\".schema_version WHERE version = 99", scratch.schema), &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(n, 1);
+}
+
+#[tokio::test]
+async fn schema_with_foreign_tables_is_refused() {
+    let Some(url) = url_or_skip("schema_with_foreign_tables_is_refused") else { return };
+    let scratch = Scratch::new(&url, "foreign").await;
+    let admin = scratch.client().await;
+    admin
+        .batch_execute(&format!("CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".orders (id int)", scratch.schema))
+        .await
+        .unwrap();
+    let e = PostgresStore::connect_with(&url, scratch.options()).await.expect_err("foreign schema is refused");
+    let msg = assert_one_line(&e);
+    assert!(matches!(e, Error::ForeignSchema { .. }), "{e:?}");
+    assert!(msg.contains("orders"), "{msg}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_engines_migrate_a_fresh_schema_once() {
+    let Some(url) = url_or_skip("concurrent_engines_migrate_a_fresh_schema_once") else { return };
+    let scratch = Arc::new(Scratch::new(&url, "race").await);
+    let mut tasks = Vec::new();
+    for _ in 0..6 {
+        let scratch = scratch.clone();
+        tasks.push(tokio::spawn(async move { PostgresStore::connect_with(&scratch.url, scratch.options()).await }));
+    }
+    for t in tasks {
+        t.await.unwrap().expect("every engine connects");
+    }
+    let admin = scratch.client().await;
+    let rows = admin
+        .query(&format!("SELECT version FROM \"{}\".schema_version ORDER BY version", scratch.schema), &[])
+        .await
+        .unwrap();
+    let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
+    assert_eq!(versions, (1..=SCHEMA_VERSION as i32).collect::<Vec<_>>());
+}

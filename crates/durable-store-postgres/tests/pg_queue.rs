@@ -1,0 +1,224 @@
+//! The run queue (`durable_core::RunQueue`) on PostgreSQL: the contract (one unclaimed item per
+//! run, namespaces and priorities from the run row, each item to exactly one claimer, ack and
+//! release by owner, expired claims), round trips, the `LISTEN/NOTIFY` wake-ups (also across a
+//! terminated listener connection), migrating a version-1 schema, and `create_if_missing(false)`.
+
+mod common;
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::{Scratch, T0, new_run, url_or_skip};
+use durable_core::{NewRun, QueueReason, QueuedRun, RunId, RunQueue, Store};
+use durable_store_postgres::{Error, PostgresStore};
+
+fn item(run: &str, reason: QueueReason, priority: i32) -> QueuedRun {
+    QueuedRun {
+        id: 0,
+        run_id: RunId::from(run),
+        reason,
+        namespace: None,
+        priority,
+        dedupe_key: format!("{reason}:{run}:0"),
+    }
+}
+
+fn run_in(id: &str, namespace: &str, priority: i32) -> NewRun {
+    NewRun { namespace: namespace.into(), priority, ..new_run(id) }
+}
+
+fn ids(items: &[QueuedRun]) -> Vec<&str> {
+    items.iter().map(|i| i.run_id.as_str()).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_queue_keeps_the_run_queue_contract() {
+    let Some(url) = url_or_skip("the_queue_keeps_the_run_queue_contract") else { return };
+    let scratch = Scratch::new(&url, "queue").await;
+    let store = scratch.connect().await;
+    store.create_run(run_in("a", "default", 0)).await.unwrap();
+    store.create_run(run_in("b", "billing", 7)).await.unwrap();
+    store.create_run(run_in("c", "default", 0)).await.unwrap();
+
+    // One unclaimed item per run: a wake replaces a start (in one batch and across batches);
+    // unknown runs are dropped; namespace and priority come from the run row.
+    store
+        .enqueue(
+            vec![item("a", QueueReason::Start, 0), item("zz", QueueReason::Start, 0), item("b", QueueReason::Start, 0)],
+            T0,
+        )
+        .await
+        .unwrap();
+    store.enqueue(vec![item("a", QueueReason::Wake, 2), item("c", QueueReason::Start, 0)], T0 + 1).await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 3);
+
+    // Of one namespace only.
+    let billing = store.claim_queued(Some("billing"), "w1", 10, T0 + 60_000, T0 + 2).await.unwrap();
+    assert_eq!(ids(&billing), ["b"]);
+    assert_eq!(billing[0].namespace.as_deref(), Some("billing"));
+    assert_eq!(billing[0].priority, 7, "the run's priority");
+    // Highest priority first, then oldest; the merged item of `a` is a wake with its key.
+    let rest = store.claim_queued(None, "w2", 10, T0 + 60_000, T0 + 2).await.unwrap();
+    assert_eq!(ids(&rest), ["a", "c"]);
+    assert_eq!((rest[0].reason, rest[0].priority), (QueueReason::Wake, 2));
+    assert_eq!(rest[0].dedupe_key, "wake:a:0");
+    assert_eq!(rest[0].namespace.as_deref(), Some("default"));
+    assert!(store.claim_queued(None, "w3", 10, T0 + 60_000, T0 + 3).await.unwrap().is_empty(), "all claimed");
+
+    // A claimed item leaves the one-per-run rule: a new start of `a` queues next to it.
+    store.enqueue(vec![item("a", QueueReason::Start, 0)], T0 + 4).await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 4);
+
+    // Ack and release act only on the owner's items.
+    store.ack_queued(&[billing[0].id], "w2").await.unwrap();
+    store.release_queued(&[rest[1].id], "w1").await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 4, "not the owner: nothing happened");
+    store.ack_queued(&[billing[0].id], "w1").await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 3);
+    // Released `a` (a wake) merges into the unclaimed start of `a`: one item, a wake.
+    store.release_queued(&[rest[0].id, rest[1].id], "w2").await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 2);
+    let again = store.claim_queued(None, "w3", 10, T0 + 60_000, T0 + 5).await.unwrap();
+    assert_eq!(ids(&again), ["a", "c"]);
+    assert_eq!(again[0].reason, QueueReason::Wake);
+
+    // An expired claim is handed out again; its old owner can no longer ack it.
+    let expired = store.claim_queued(None, "w4", 10, T0 + 60_000, T0 + 60_001).await.unwrap();
+    assert_eq!(ids(&expired), ["a", "c"]);
+    store.ack_queued(&[again[0].id, again[1].id], "w3").await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 2);
+    store.ack_queued(&[expired[0].id, expired[1].id], "w4").await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_claimers_get_each_item_once_and_batches_cost_one_round_trip() {
+    let Some(url) = url_or_skip("concurrent_claimers_get_each_item_once_and_batches_cost_one_round_trip") else {
+        return;
+    };
+    let scratch = Scratch::new(&url, "claimers").await;
+    let store = scratch.connect().await;
+    let other = scratch.connect().await; // a second engine: its own pool and writer
+    const N: usize = 500;
+    let mut tasks = Vec::new();
+    for i in 0..N {
+        let store = store.clone();
+        tasks.push(tokio::spawn(async move { store.create_run(new_run(&format!("r{i:03}"))).await }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+
+    let before = store.stats();
+    let batch: Vec<QueuedRun> = (0..N).map(|i| item(&format!("r{i:03}"), QueueReason::Start, 0)).collect();
+    store.enqueue(batch, T0).await.unwrap();
+    let after = store.stats();
+    assert_eq!(after.round_trips() - before.round_trips(), 1, "a batch of 500 is one write");
+    assert_eq!(store.queued_len().await.unwrap(), N as u64);
+
+    // Eight claimers on two stores race for the items, 7 at a time.
+    let mut claimers = Vec::new();
+    for c in 0..8 {
+        let store = if c % 2 == 0 { store.clone() } else { other.clone() };
+        claimers.push(tokio::spawn(async move {
+            let owner = format!("claimer-{c}");
+            let mut mine = Vec::new();
+            loop {
+                let before = store.stats().claims;
+                let got = store.claim_queued(None, &owner, 7, T0 + 60_000, T0 + 1).await.unwrap();
+                assert!(store.stats().claims > before);
+                if got.is_empty() {
+                    return mine;
+                }
+                assert!(got.len() <= 7);
+                let ids: Vec<u64> = got.iter().map(|i| i.id).collect();
+                store.ack_queued(&ids, &owner).await.unwrap();
+                mine.extend(got.into_iter().map(|i| i.run_id));
+            }
+        }));
+    }
+    let mut all = Vec::new();
+    for c in claimers {
+        all.extend(c.await.unwrap());
+    }
+    let distinct: BTreeSet<&RunId> = all.iter().collect();
+    assert_eq!(all.len(), N, "every item handed out exactly once");
+    assert_eq!(distinct.len(), N);
+    assert_eq!(store.queued_len().await.unwrap(), 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueues_nudge_queue_wakeups_also_after_the_listener_was_terminated() {
+    let Some(url) = url_or_skip("enqueues_nudge_queue_wakeups_also_after_the_listener_was_terminated") else {
+        return;
+    };
+    let scratch = Scratch::new(&url, "wakeups").await;
+    let options = scratch.options().notify_channel("durable_test");
+    let consumer = PostgresStore::connect_with(&url, options.clone()).await.unwrap();
+    let producer = PostgresStore::connect_with(&url, options).await.unwrap();
+    let nudges = consumer.queue_wakeups().await.unwrap();
+    assert!(Arc::ptr_eq(&nudges, &consumer.queue_wakeups().await.unwrap()), "one listener per store");
+
+    producer.create_run(new_run("r1")).await.unwrap();
+    producer.enqueue(vec![item("r1", QueueReason::Start, 0)], T0).await.unwrap();
+    nudges.notified().await; // the NOTIFY of another store's enqueue
+
+    // The listener's connection is terminated (with every other connection of this test): it
+    // reconnects and nudges once, since notifications may have been missed meanwhile…
+    assert!(scratch.terminate_backends().await >= 1);
+    nudges.notified().await;
+    // …and enqueues reach it again (the producer's pool reconnects too).
+    producer.create_run(new_run("r2")).await.ok();
+    let mut queued = false;
+    for _ in 0..20 {
+        if producer.enqueue(vec![item("r2", QueueReason::Start, 0)], T0).await.is_ok() {
+            queued = true;
+            break;
+        }
+    }
+    assert!(queued, "the producer's pool reconnected");
+    tokio::time::timeout(Duration::from_secs(30), nudges.notified()).await.expect("a nudge after reconnecting");
+
+    // Without a channel there is nothing to listen to.
+    let plain = scratch.connect().await;
+    assert!(matches!(plain.queue_wakeups().await, Err(Error::InvalidOptions { .. })));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_nothing() {
+    let Some(url) = url_or_skip("a_version_1_schema_is_migrated_and_create_if_missing_false_creates_nothing") else {
+        return;
+    };
+    let scratch = Scratch::new(&url, "v1").await;
+    // Not created when told not to.
+    let e = PostgresStore::connect_with(&url, scratch.options().create_if_missing(false)).await.unwrap_err();
+    assert!(matches!(e, Error::SchemaNotFound { .. }), "{e:?}");
+    let msg = e.to_string();
+    assert!(!msg.contains('\n') && msg.contains(&scratch.schema), "{msg}");
+    let admin = scratch.client().await;
+    let exists: bool = admin
+        .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&scratch.schema])
+        .await
+        .unwrap()
+        .get(0);
+    assert!(!exists, "no schema was created");
+
+    // A schema as version 1 left it (a run in it): version 2 is applied on connect.
+    let store = scratch.connect().await;
+    store.create_run(new_run("old")).await.unwrap();
+    drop(store);
+    let s = format!("\"{}\"", scratch.schema);
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE {s}.run_queue; DROP FUNCTION {s}.enqueue(jsonb); DROP FUNCTION {s}.ack_queued(jsonb);
+             DROP FUNCTION {s}.release_queued(jsonb); DROP FUNCTION {s}.notify_queue(text);
+             DELETE FROM {s}.schema_version WHERE version = 2"
+        ))
+        .await
+        .unwrap();
+    let store = PostgresStore::connect_with(&url, scratch.options().create_if_missing(false)).await.unwrap();
+    assert!(store.get_run(&RunId::from("old")).await.unwrap().is_some(), "the run survived the migration");
+    store.enqueue(vec![item("old", QueueReason::Start, 0)], T0).await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 1);
+}

@@ -1,0 +1,170 @@
+//! What the conformance suite does not look at: round trips per commit and batching, the
+//! server-side event matcher against `durable_core::json_subset`, NOTIFY, schema isolation and
+//! "forever" times.
+
+mod common;
+
+use common::{Scratch, T0, new_run, url_or_skip};
+use durable_core::{
+    Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, Delivery, Payload, RunId, StepKind, Store, TurnEnd,
+    WaitKind, Waiter, json_subset,
+};
+use durable_store_postgres::{Error, PostgresStore};
+
+async fn claim(store: &PostgresStore, id: &str, lease_until: u64) {
+    let claim = Claim { run_id: RunId::from(id), owner: "me".into(), lease_until, now: T0 };
+    match store.claim_run(claim).await.unwrap() {
+        ClaimOutcome::Acquired { .. } => {}
+        other => panic!("claim of {id}: {other:?}"),
+    }
+}
+
+fn step_commit(id: &str, seq: u32) -> Commit {
+    let run_id = RunId::from(id);
+    let mut c = Commit::new(run_id.clone(), "me", T0 + u64::from(seq));
+    let mut cp = Checkpoint::new(run_id, seq, "step", StepKind::Step, CheckpointStatus::Completed, T0);
+    cp.output = Some(Payload::from_trusted(seq.to_string()));
+    c.checkpoints.push(cp);
+    c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_is_one_round_trip_and_concurrent_commits_share_them() {
+    let Some(url) = url_or_skip("a_commit_is_one_round_trip_and_concurrent_commits_share_them") else { return };
+    let scratch = Scratch::new(&url, "rtt").await;
+    let store = scratch.connect().await;
+    store.create_run(new_run("solo")).await.unwrap();
+    claim(&store, "solo", T0 + 60_000).await;
+
+    let before = store.stats();
+    for seq in 0..10 {
+        store.commit(step_commit("solo", seq)).await.unwrap();
+    }
+    let after = store.stats();
+    assert_eq!(after.writes - before.writes, 10);
+    assert_eq!(after.batches - before.batches, 10, "one transaction, one round trip, per sequential commit");
+    assert_eq!(after.round_trips() - before.round_trips(), 10);
+    assert_eq!(store.history(&RunId::from("solo")).await.unwrap().len(), 10);
+
+    // Concurrent commits are folded into shared transactions.
+    let ids: Vec<String> = (0..100).map(|i| format!("run-{i}")).collect();
+    for id in &ids {
+        store.create_run(new_run(id)).await.unwrap();
+        claim(&store, id, T0 + 60_000).await;
+    }
+    let before = store.stats();
+    let mut tasks = Vec::new();
+    for id in &ids {
+        let (store, id) = (store.clone(), id.clone());
+        tasks.push(tokio::spawn(async move { store.commit(step_commit(&id, 0)).await }));
+    }
+    for t in tasks {
+        t.await.unwrap().unwrap();
+    }
+    let after = store.stats();
+    let (writes, batches) = (after.writes - before.writes, after.batches - before.batches);
+    assert_eq!(writes, 100);
+    assert!(batches < writes, "{writes} concurrent commits took {batches} transactions");
+    eprintln!("100 concurrent commits: {batches} transactions ({:.2} round trips per commit)", batches as f64 / 100.0);
+}
+
+#[tokio::test]
+async fn event_matching_on_the_server_follows_json_subset() {
+    let Some(url) = url_or_skip("event_matching_on_the_server_follows_json_subset") else { return };
+    let scratch = Scratch::new(&url, "match").await;
+    drop(scratch.connect().await);
+    let client = scratch.client().await;
+    let sql = format!("SELECT \"{0}\".json_subset(\"{0}\".json_of($1), \"{0}\".json_of($2))", scratch.schema);
+    let cases: &[(&str, &str)] = &[
+        ("{}", r#"{"a":1}"#),
+        (r#"{"a":1}"#, r#"{"a":1,"b":2}"#),
+        (r#"{"a":1}"#, r#"{"a":2}"#),
+        (r#"{"a":1}"#, r#"{"b":1}"#),
+        (r#"{"a":1}"#, r#"{"a":1.0}"#),
+        (r#"{"a":1.0}"#, r#"{"a":1.00}"#),
+        (r#"{"a":1e2}"#, r#"{"a":100}"#),
+        (r#"{"a":1e2}"#, r#"{"a":100.0}"#),
+        (r#"{"a":-0}"#, r#"{"a":0}"#),
+        (r#"{"a":-0}"#, r#"{"a":-0.0}"#),
+        (r#"{"a":-5}"#, r#"{"a":-5}"#),
+        (r#"{"a":0.1}"#, r#"{"a":0.10000000000000001}"#),
+        (r#"{"a":18446744073709551615}"#, r#"{"a":18446744073709551615}"#),
+        (r#"{"a":18446744073709551616}"#, r#"{"a":18446744073709551616.0}"#),
+        (r#"{"a":[1,2]}"#, r#"{"a":[1,2]}"#),
+        (r#"{"a":[1,2]}"#, r#"{"a":[1,2,3]}"#),
+        (r#"{"a":[2,1]}"#, r#"{"a":[1,2]}"#),
+        (r#"{"a":{"b":1}}"#, r#"{"a":{"b":1,"c":2}}"#),
+        (r#"{"a":[{"b":1}]}"#, r#"{"a":[{"b":1,"c":2}]}"#),
+        (r#"{"a":[{"b":1,"c":2}]}"#, r#"{"a":[{"c":2,"b":1}]}"#),
+        (r#"{"a":"\u00e9"}"#, r#"{"a":"é"}"#),
+        (r#"{"k\u00e9":1}"#, r#"{"ké":1}"#),
+        (r#"{"a":"x\u0000y"}"#, r#"{"a":"x\u0000y"}"#),
+        (r#"{"a":"x\u0000y"}"#, r#"{"a":"x\\u0000y"}"#),
+        (r#"{"a":"x\\\u0000y"}"#, r#"{"a":"x\\\u0000y"}"#),
+        (r#"{"a":1,"a":2}"#, r#"{"a":2}"#),
+        (r#"{"a":2}"#, r#"{"a":1,"a":2}"#),
+        (r#"{"a":null}"#, r#"{}"#),
+        (r#"{"a":null}"#, r#"{"a":null}"#),
+        (r#"{"a":true}"#, r#"{"a":true}"#),
+        (r#"{"a":true}"#, r#"{"a":false}"#),
+        (r#""x""#, r#""x""#),
+        ("1", "1"),
+        ("1", "1.0"),
+        (r#"{"a":1}"#, "[1]"),
+        ("{}", "[]"),
+        ("null", "null"),
+        (" {\n\t\"a\" : 1 } ", r#"{"a":1}"#),
+        (r#"{"a":{"b":{"c":[1,{"d":"e"}]}}}"#, r#"{"z":0,"a":{"b":{"c":[1,{"d":"e"}],"x":1}}}"#),
+    ];
+    for (matcher, payload) in cases {
+        let expected = json_subset(&serde_json::from_str(matcher).unwrap(), &serde_json::from_str(payload).unwrap());
+        let got: bool = client.query_one(&sql, &[matcher, payload]).await.unwrap().get(0);
+        assert_eq!(got, expected, "matcher {matcher} against payload {payload}");
+    }
+}
+
+#[tokio::test]
+async fn notify_announces_created_and_woken_runs() {
+    let Some(url) = url_or_skip("notify_announces_created_and_woken_runs") else { return };
+    let scratch = Scratch::new(&url, "notify").await;
+    let channel = format!("wake_{}", scratch.schema);
+    let store = PostgresStore::connect_with(&url, scratch.options().notify_channel(&channel)).await.unwrap();
+    let mut wakeups = store.listen().await.unwrap();
+
+    store.create_run(new_run("a")).await.unwrap();
+    assert_eq!(wakeups.recv().await, Some(RunId::from("a")));
+
+    claim(&store, "a", T0 + 60_000).await;
+    let mut c = Commit::new(RunId::from("a"), "me", T0);
+    c.waits.push(Waiter {
+        run_id: RunId::from("a"),
+        seq: 0,
+        name: "approval".into(),
+        kind: WaitKind::Signal { token: "tok".into() },
+        created_at: T0,
+    });
+    c.end = Some(TurnEnd::Suspend { wake_at: None, seen_wake_gen: 0 });
+    assert!(!store.commit(c).await.unwrap().woken);
+    let delivered = store.send_signal("tok", Payload::from_trusted("1"), T0 + 1).await.unwrap();
+    assert_eq!(delivered, Delivery::Delivered { run_id: RunId::from("a"), seq: 0 });
+    assert_eq!(wakeups.recv().await, Some(RunId::from("a")), "the delivery wakes the run");
+
+    // Without a channel there is nothing to listen to.
+    let quiet = scratch.connect().await;
+    assert!(matches!(quiet.listen().await, Err(Error::InvalidOptions { .. })));
+}
+
+#[tokio::test]
+async fn schemas_are_isolated_and_forever_round_trips() {
+    let Some(url) = url_or_skip("schemas_are_isolated_and_forever_round_trips") else { return };
+    let (one, two) = (Scratch::new(&url, "iso").await, Scratch::new(&url, "iso").await);
+    let (a, b) = (one.connect().await, two.connect().await);
+    a.create_run(new_run("r")).await.unwrap();
+    assert_eq!(b.get_run(&RunId::from("r")).await.unwrap(), None, "another schema sees nothing");
+    assert!(b.create_run(new_run("r")).await.unwrap().created());
+
+    // A lease "forever" (u64::MAX) is stored as i64::MAX and reads back as u64::MAX.
+    claim(&a, "r", u64::MAX).await;
+    let run = a.get_run(&RunId::from("r")).await.unwrap().unwrap();
+    assert_eq!(run.lease_until, Some(u64::MAX));
+}
