@@ -41,17 +41,24 @@ pub struct SqliteOptions {
     pub(crate) busy_timeout: Duration,
     pub(crate) readers: usize,
     pub(crate) max_group: usize,
+    pub(crate) create_if_missing: bool,
 }
 
 impl Default for SqliteOptions {
     fn default() -> Self {
-        SqliteOptions { durability: Durability::Full, busy_timeout: Duration::from_secs(5), readers: 2, max_group: 512 }
+        SqliteOptions {
+            durability: Durability::Full,
+            busy_timeout: Duration::from_secs(5),
+            readers: 2,
+            max_group: 512,
+            create_if_missing: true,
+        }
     }
 }
 
 impl SqliteOptions {
     /// The defaults: [`Durability::Full`], a 5 s busy timeout, 2 reader threads, groups of at
-    /// most 512 writes.
+    /// most 512 writes, and a missing or empty file is created and initialised.
     pub fn new() -> Self {
         Self::default()
     }
@@ -82,6 +89,38 @@ impl SqliteOptions {
     pub fn max_group(mut self, max_group: usize) -> Self {
         self.max_group = max_group.max(1);
         self
+    }
+
+    /// Whether opening may create the database (default `true`).
+    ///
+    /// With `true`, a missing file is created and a missing, empty or table-less file gets the
+    /// latest schema. With `false`, [`SqliteStore::open_with`](crate::SqliteStore::open_with)
+    /// only opens an existing durable database: a missing file, an empty file or an SQLite
+    /// database without a durable schema is refused with
+    /// [`Error::NotADatabase`](crate::Error::NotADatabase) ("`<path>` is not a durable database:
+    /// …") and nothing is created or written. Tools that inspect or operate on an existing
+    /// database (the `durable` command line's `runs` and `signal` commands) open it this way, so
+    /// a mistyped path is an error instead of a new, empty database.
+    ///
+    /// An existing durable database with an older schema is still migrated forward.
+    ///
+    /// ```
+    /// use durable_store_sqlite::{Error, SqliteOptions, SqliteStore};
+    ///
+    /// let path = std::env::temp_dir().join(format!("durable-doc-missing-{}.db", std::process::id()));
+    /// let err = SqliteStore::open_with(&path, SqliteOptions::new().create_if_missing(false)).unwrap_err();
+    /// assert!(matches!(err, Error::NotADatabase { .. }));
+    /// assert!(err.to_string().contains("is not a durable database"));
+    /// assert!(!path.exists(), "nothing was created");
+    /// ```
+    pub fn create_if_missing(mut self, create: bool) -> Self {
+        self.create_if_missing = create;
+        self
+    }
+
+    /// Whether opening may create and initialise the database.
+    pub fn get_create_if_missing(&self) -> bool {
+        self.create_if_missing
     }
 
     /// The durability.

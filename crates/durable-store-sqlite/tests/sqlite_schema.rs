@@ -82,6 +82,96 @@ fn reopening_an_up_to_date_file_changes_nothing() {
     assert_eq!(versions(&path), before);
 }
 
+fn existing_only() -> SqliteOptions {
+    SqliteOptions::new().create_if_missing(false)
+}
+
+fn open_existing_err(path: &Path) -> Error {
+    match SqliteStore::open_with(path, existing_only()) {
+        Ok(_) => panic!("{} opened with create_if_missing(false), expected an error", path.display()),
+        Err(e) => e,
+    }
+}
+
+fn assert_not_a_durable_database(e: &Error, path: &Path, why: &str) {
+    assert!(matches!(e, Error::NotADatabase { .. }), "{e:?}");
+    assert_names_path(e, path);
+    let msg = e.to_string();
+    assert!(msg.starts_with(&format!("{} is not a durable database: ", path.display())), "{msg}");
+    assert!(msg.contains(why), "says why ({why}): {msg}");
+    assert!(!msg.contains('\n'), "one line: {msg}");
+}
+
+#[test]
+fn without_create_if_missing_a_missing_file_is_refused_and_not_created() {
+    assert!(SqliteOptions::new().get_create_if_missing(), "creating is the default");
+    let dir = TempDir::new("nocreate-missing");
+    let path = dir.db("typo.db");
+    let e = open_existing_err(&path);
+    assert_not_a_durable_database(&e, &path, "does not exist");
+    assert!(!path.exists(), "nothing was created");
+    assert_eq!(std::fs::read_dir(&dir.path).unwrap().count(), 0, "no WAL or SHM files either");
+}
+
+#[test]
+fn without_create_if_missing_an_empty_file_is_refused_and_left_empty() {
+    let dir = TempDir::new("nocreate-empty");
+    let path = dir.db("empty.db");
+    std::fs::write(&path, b"").unwrap();
+    let e = open_existing_err(&path);
+    assert_not_a_durable_database(&e, &path, "empty");
+    assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "the file is still empty");
+    assert!(!dir.db("empty.db-wal").exists(), "no WAL file was created");
+}
+
+#[test]
+fn without_create_if_missing_a_bare_sqlite_database_is_refused_and_left_alone() {
+    let dir = TempDir::new("nocreate-bare");
+    let path = dir.db("bare.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("PRAGMA user_version = 7; VACUUM;").unwrap();
+    drop(conn);
+    let before = std::fs::read(&path).unwrap();
+    let e = open_existing_err(&path);
+    assert_not_a_durable_database(&e, &path, "without a durable schema");
+    assert!(std::fs::read(&path).unwrap() == before, "the file is unchanged");
+}
+
+#[test]
+fn without_create_if_missing_a_text_file_is_still_not_a_durable_database() {
+    let dir = TempDir::new("nocreate-text");
+    let path = dir.db("notes.txt");
+    std::fs::write(&path, b"not a database\n").unwrap();
+    let e = open_existing_err(&path);
+    assert_not_a_durable_database(&e, &path, "SQLite header");
+}
+
+#[test]
+fn without_create_if_missing_an_existing_database_opens_with_its_data() {
+    let dir = TempDir::new("nocreate-existing");
+    let path = dir.db("app.db");
+    let store = SqliteStore::open(&path).unwrap();
+    block_on(store.create_run(new_run("kept", 1))).unwrap();
+    drop(store);
+    let store = SqliteStore::open_with(&path, existing_only()).unwrap();
+    assert!(!store.options().get_create_if_missing());
+    let run = block_on(store.get_run(&RunId::from("kept"))).unwrap();
+    assert!(run.is_some(), "the existing run is there");
+    // It is a normal store: writes work.
+    assert!(block_on(store.create_run(new_run("more", 2))).unwrap().created());
+}
+
+#[test]
+fn without_create_if_missing_a_newer_schema_is_still_refused() {
+    let dir = TempDir::new("nocreate-newer");
+    let path = dir.db("newer.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let conn = Connection::open(&path).unwrap();
+    conn.execute("INSERT INTO durable_schema VALUES (?1, 'from the future', 0)", [SCHEMA_VERSION + 1]).unwrap();
+    drop(conn);
+    assert!(matches!(open_existing_err(&path), Error::SchemaTooNew { .. }));
+}
+
 /// The version-1 schema, exactly as release 1 of this crate wrote it (kept here by hand, so
 /// the test does not depend on the migration code it checks).
 const V1_SCHEMA: &str = "

@@ -1,0 +1,234 @@
+//! The command line's grammar: every command, flag and argument, as clap derive structs. The
+//! doc comments are the `--help` texts.
+
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use durable::RunStatus;
+
+/// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, and try
+/// the engine with a demo.
+///
+/// Operator commands (`runs`, `signal`) never execute workflow code: workers are your own
+/// binaries, which embed the workflow code and an engine. A run set back to `pending` by
+/// `runs retry`, or woken by `signal`, continues when a worker with its workflow registered
+/// picks it up.
+#[derive(Debug, Clone, Parser)]
+#[command(
+    name = "durable",
+    version,
+    arg_required_else_help = true,
+    after_help = "Examples:\n  durable demo --runs 50\n  durable runs list --status failed\n  durable runs show demo-saga-3\n  durable runs retry demo-saga-3\n  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'"
+)]
+pub struct Cli {
+    /// Where the runs are kept.
+    #[command(flatten)]
+    pub store: StoreArgs,
+
+    /// What to do.
+    #[command(subcommand)]
+    pub command: Command,
+}
+
+/// The store flags, shared by every command (they may be given before or after the command).
+///
+/// Only SQLite today. A `--url postgres://…` flag (conflicting with `--db`) belongs here once
+/// the PostgreSQL store lands; [`StoreArgs`] is then the one place that turns the flags into a
+/// store.
+#[derive(Debug, Clone, Args)]
+pub struct StoreArgs {
+    /// The SQLite database file. Operator commands only open an existing durable database and
+    /// never create one; `demo` creates it if needed.
+    #[arg(long, global = true, value_name = "PATH", env = "DURABLE_DB", default_value = "./durable.db")]
+    pub db: PathBuf,
+}
+
+/// The commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum Command {
+    /// Run a mix of example workflows on the embedded SQLite store, with a live progress bar.
+    ///
+    /// Registers five example workflows — an order whose payment step fails twice and is
+    /// retried, a durable sleep, an approval that waits for a signal (which the demo sends), a
+    /// saga whose last step fails so its undos run, and a fan-out over child runs — and runs N
+    /// of them. Run ids are deterministic (`demo-<kind>-<i>`): kill the demo (Ctrl-C, or even
+    /// `kill -9`) and run it again, and it resumes the same runs instead of starting over.
+    Demo(DemoArgs),
+
+    /// List, inspect and operate runs.
+    #[command(subcommand)]
+    Runs(RunsCommand),
+
+    /// Send a signal: the oldest run waiting on TOKEN receives the JSON payload, or it is
+    /// buffered for the next run that waits on TOKEN.
+    ///
+    /// The run resumes when a worker with its workflow registered picks it up.
+    Signal(SignalArgs),
+
+    /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.
+    Completions(CompletionsArgs),
+}
+
+/// Flags of `durable demo`.
+#[derive(Debug, Clone, Args)]
+pub struct DemoArgs {
+    /// How many runs to execute (a mix of the five example workflows, in turn).
+    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub runs: u32,
+}
+
+/// The `durable runs` commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum RunsCommand {
+    /// List runs, newest first: a table, or one JSON object per line with --json.
+    List(ListArgs),
+
+    /// Show a run: its fields, its timeline (one line per checkpoint), its children and what
+    /// it waits for.
+    Show(ShowArgs),
+
+    /// Retry a failed or dead run: it goes back to `pending` and resumes from its first failed
+    /// step (completed steps are kept) when a worker with its workflow registered picks it up.
+    Retry(RunIdArgs),
+
+    /// Cancel an active run (and its children). With --compensate, its undos run first (on a
+    /// worker), then it ends `cancelled`.
+    Cancel(CancelArgs),
+
+    /// Delete a finished run with its whole subtree (children, histories, waiters, state).
+    Delete(DeleteArgs),
+}
+
+/// Flags of `durable runs list`.
+#[derive(Debug, Clone, Args)]
+pub struct ListArgs {
+    /// Only runs with one of these statuses (comma-separated or repeated): pending, running,
+    /// suspended, completed, failed, cancelled, dead.
+    #[arg(long, value_name = "STATUS", value_delimiter = ',', value_parser = parse_status)]
+    pub status: Vec<RunStatus>,
+
+    /// Only runs of this workflow.
+    #[arg(long, value_name = "NAME")]
+    pub workflow: Option<String>,
+
+    /// Only runs of this namespace.
+    #[arg(long, value_name = "NAME")]
+    pub namespace: Option<String>,
+
+    /// At most this many runs (0: all of them).
+    #[arg(long, value_name = "N", default_value_t = 50)]
+    pub limit: usize,
+
+    /// One JSON object per run and per line (the run as stored), instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `durable runs show`.
+#[derive(Debug, Clone, Args)]
+pub struct ShowArgs {
+    /// The run id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// One JSON document: `{"run": …, "history": […], "children": […], "waiters": […]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A run id argument.
+#[derive(Debug, Clone, Args)]
+pub struct RunIdArgs {
+    /// The run id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+}
+
+/// Flags of `durable runs cancel`.
+#[derive(Debug, Clone, Args)]
+pub struct CancelArgs {
+    /// The run id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// Run the run's registered undos (newest first) before it ends `cancelled`. The undos are
+    /// workflow code: a worker with the run's workflow registered runs them.
+    #[arg(long)]
+    pub compensate: bool,
+}
+
+/// Flags of `durable runs delete`.
+#[derive(Debug, Clone, Args)]
+pub struct DeleteArgs {
+    /// The run id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// Delete the run even if it is still active (pending, running or suspended). A worker
+    /// executing it loses its work; cancel it first unless you are sure.
+    #[arg(long)]
+    pub force: bool,
+}
+
+/// Arguments of `durable signal`.
+#[derive(Debug, Clone, Args)]
+pub struct SignalArgs {
+    /// The signal token the run waits on (`ctx.wait_for_signal(token)`).
+    #[arg(value_name = "TOKEN")]
+    pub token: String,
+
+    /// The payload: a JSON document, e.g. '{"approved": true}' or '"yes"'. `-` reads it from
+    /// standard input.
+    #[arg(value_name = "JSON")]
+    pub payload: String,
+}
+
+/// Arguments of `durable completions`.
+#[derive(Debug, Clone, Args)]
+pub struct CompletionsArgs {
+    /// The shell to write a completion script for.
+    #[arg(value_name = "SHELL")]
+    pub shell: clap_complete::Shell,
+}
+
+fn parse_status(s: &str) -> Result<RunStatus, String> {
+    s.trim().parse::<RunStatus>().map_err(|_| {
+        let known: Vec<&str> = RunStatus::ALL.iter().map(|st| st.as_str()).collect();
+        format!("unknown run status {s:?} (known: {})", known.join(", "))
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::CommandFactory;
+
+    #[test]
+    fn the_grammar_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn db_is_global_and_statuses_split_on_commas() {
+        let cli = Cli::try_parse_from(["durable", "runs", "list", "--status", "failed,dead", "--db", "x.db"]).unwrap();
+        assert_eq!(cli.store.db, PathBuf::from("x.db"));
+        match cli.command {
+            Command::Runs(RunsCommand::List(l)) => assert_eq!(l.status, [RunStatus::Failed, RunStatus::Dead]),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn bad_values_are_usage_errors() {
+        for args in [
+            &["durable", "runs", "list", "--status", "bogus"][..],
+            &["durable", "runs", "list", "--limit", "many"],
+            &["durable", "demo", "--runs", "0"],
+            &["durable", "runs", "show"],
+            &["durable", "completions", "tcsh"],
+        ] {
+            let e = Cli::try_parse_from(args).unwrap_err();
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+        }
+    }
+}

@@ -1,0 +1,403 @@
+//! The operator commands: `runs list | show | retry | cancel | delete` and `signal`. None of
+//! them executes workflow code (see [`with_operator_engine`]).
+
+use std::io::{Read, Write};
+
+use durable::store::{WaitKind, Waiter};
+use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus, StepKind};
+use serde_json::json;
+
+use crate::cli::{CancelArgs, DeleteArgs, ListArgs, RunIdArgs, ShowArgs, SignalArgs, StoreArgs};
+use crate::error::{Error, Result};
+use crate::format::{Table, ago, duration_ms, now_ms, timestamp, truncate};
+use crate::store::{Access, with_operator_engine};
+
+/// A run id from the command line.
+fn parse_id(id: &str) -> Result<RunId> {
+    RunId::parse(id).map_err(|e| Error::bad(e.to_string()))
+}
+
+/// Reads a run that must exist.
+async fn require(engine: &Engine, id: &RunId) -> Result<Run> {
+    engine.get_run(id).await?.ok_or_else(|| {
+        Error::bad(format!("run {id} not found (list the runs with `durable runs list`, or check --db)"))
+    })
+}
+
+/// `workflow@version`.
+fn workflow_at(run: &Run) -> String {
+    format!("{}@{}", run.workflow, run.version)
+}
+
+/// `durable runs list`.
+pub(crate) async fn list(store: &StoreArgs, args: &ListArgs, out: &mut dyn Write) -> Result<()> {
+    let store = store.open(Access::Existing)?;
+    with_operator_engine(store, |engine| async move {
+        let (runs, more) = collect(&engine, args).await?;
+        if args.json {
+            for run in &runs {
+                let line =
+                    serde_json::to_string(run).map_err(|e| Error::failed(format!("encoding run {}: {e}", run.id)))?;
+                writeln!(out, "{line}")?;
+            }
+            return Ok(());
+        }
+        if runs.is_empty() {
+            writeln!(out, "no runs match")?;
+            return Ok(());
+        }
+        let now = now_ms();
+        let mut table = Table::new(&["ID", "WORKFLOW", "STATUS", "UPDATED", "RETRIES/RECOV", "WAITING ON / ERROR"]);
+        for run in &runs {
+            let history = engine.history(&run.id).await?;
+            let retries: u32 = history.iter().map(|c| c.attempts.saturating_sub(1)).sum();
+            table.row(vec![
+                run.id.to_string(),
+                workflow_at(run),
+                run.status.to_string(),
+                ago(run.updated_at, now),
+                format!("{retries}/{}", run.recovery_attempts),
+                truncate(&waiting_on(run, &history, now), 72),
+            ]);
+        }
+        table.write(out, "")?;
+        if more {
+            writeln!(out, "(the newest {} shown; more match: raise --limit, or --limit 0 for all)", runs.len())?;
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// The runs `list` shows, following pages up to the limit (0: no limit), and whether more
+/// runs match.
+async fn collect(engine: &Engine, args: &ListArgs) -> Result<(Vec<Run>, bool)> {
+    const PAGE: usize = 500;
+    let mut filter = RunFilter {
+        workflow: args.workflow.clone(),
+        statuses: args.status.clone(),
+        namespace: args.namespace.clone(),
+        ..RunFilter::default()
+    };
+    let mut runs = Vec::new();
+    loop {
+        let want = if args.limit == 0 { PAGE } else { (args.limit - runs.len()).min(PAGE) };
+        filter.limit = want;
+        let page = engine.list_runs(&filter).await?;
+        runs.extend(page.runs);
+        match page.next_cursor {
+            Some(cursor) if args.limit == 0 || runs.len() < args.limit => filter.cursor = Some(cursor),
+            Some(_) => return Ok((runs, true)),
+            None => return Ok((runs, false)),
+        }
+    }
+}
+
+/// What an active run waits for (or, for a finished one, its error), in a few words.
+fn waiting_on(run: &Run, history: &[Checkpoint], now: u64) -> String {
+    match run.status {
+        RunStatus::Completed => "-".into(),
+        RunStatus::Failed | RunStatus::Cancelled | RunStatus::Dead => {
+            run.error.as_ref().map_or_else(|| "-".into(), |e| format!("error: {}", e.message))
+        }
+        RunStatus::Pending => "a worker to pick it up".into(),
+        RunStatus::Running => match (&run.lease_owner, run.lease_until) {
+            (Some(owner), Some(until)) if until >= now => format!("running on {owner} (lease {})", ago(until, now)),
+            (_, Some(until)) => format!("recovery: its worker's lease expired {}", ago(until, now)),
+            _ => "running".into(),
+        },
+        RunStatus::Suspended => {
+            let cancel_requested =
+                run.error.as_ref().is_some_and(|e| e.code() == Some(durable::codes::CANCEL_REQUESTED));
+            let mut waits = waits(history, now);
+            if cancel_requested {
+                waits.insert(0, "a worker to run its undos (cancel requested)".into());
+            }
+            if waits.is_empty() {
+                match run.wake_at {
+                    Some(at) => format!("a wake-up {}", ago(at, now)),
+                    None => "a delivery".into(),
+                }
+            } else {
+                waits.join(", ")
+            }
+        }
+    }
+}
+
+/// The waiting checkpoints of a run, in words; a signal's timeout is folded into its wait.
+fn waits(history: &[Checkpoint], now: u64) -> Vec<String> {
+    let waiting: Vec<&Checkpoint> = history.iter().filter(|c| c.status == CheckpointStatus::Waiting).collect();
+    let timeout_of = |name: &str| {
+        waiting
+            .iter()
+            .find(|c| c.kind == StepKind::Sleep && c.name.strip_prefix("timeout:") == Some(name))
+            .and_then(|c| c.wake_at)
+    };
+    let mut out = Vec::new();
+    for cp in &waiting {
+        let text = match cp.kind {
+            StepKind::Sleep if cp.name.starts_with("timeout:") => {
+                let waited = &cp.name["timeout:".len()..];
+                if waiting.iter().any(|c| c.kind != StepKind::Sleep && c.name == waited) {
+                    continue;
+                }
+                format!("timeout of {waited} {}", cp.wake_at.map_or_else(String::new, |at| ago(at, now)))
+            }
+            StepKind::Sleep => format!("timer due {}", cp.wake_at.map_or_else(|| "-".into(), |at| ago(at, now))),
+            StepKind::Signal | StepKind::Event => {
+                let what = if cp.kind == StepKind::Signal { "signal" } else { "event" };
+                match timeout_of(&cp.name) {
+                    Some(at) => format!("{what} {} (times out {})", cp.name, ago(at, now)),
+                    None => format!("{what} {}", cp.name),
+                }
+            }
+            StepKind::Child => {
+                let child = cp.input.as_ref().and_then(|p| p.decode::<RunId>().ok());
+                format!("child {}", child.map_or_else(|| format!("at seq {}", cp.seq), |c| c.to_string()))
+            }
+            StepKind::Step | StepKind::Compensation => format!(
+                "retry of {} (attempt {} {})",
+                cp.name,
+                cp.attempts + 1,
+                cp.wake_at.map_or_else(|| "soon".into(), |at| ago(at, now))
+            ),
+            StepKind::Remote => format!("remote step {}", cp.name),
+            other => format!("{other} {}", cp.name),
+        };
+        out.push(text.trim_end().to_string());
+    }
+    out
+}
+
+/// `durable runs show`.
+pub(crate) async fn show(store: &StoreArgs, args: &ShowArgs, out: &mut dyn Write) -> Result<()> {
+    let id = parse_id(&args.id)?;
+    let store = store.open(Access::Existing)?;
+    with_operator_engine(store, |engine| async move {
+        let run = require(&engine, &id).await?;
+        let history = engine.history(&id).await?;
+        let children = engine.children(&id).await?;
+        let waiters = engine.store().waiters(&id).await?;
+        if args.json {
+            let doc = json!({ "run": run, "history": history, "children": children, "waiters": waiters });
+            let text =
+                serde_json::to_string_pretty(&doc).map_err(|e| Error::failed(format!("encoding run {id}: {e}")))?;
+            writeln!(out, "{text}")?;
+            return Ok(());
+        }
+        write_run(out, &run, &history, &children, &waiters)?;
+        Ok(())
+    })
+    .await
+}
+
+fn write_run(
+    out: &mut dyn Write,
+    run: &Run,
+    history: &[Checkpoint],
+    children: &[Run],
+    waiters: &[Waiter],
+) -> Result<()> {
+    let now = now_ms();
+    let or_dash = |s: Option<String>| s.unwrap_or_else(|| "-".into());
+    let mut fields = Table::new(&["run", run.id.as_str()]);
+    fields.row(vec!["workflow".into(), workflow_at(run)]);
+    fields.row(vec!["status".into(), run.status.to_string()]);
+    if !run.status.is_terminal() {
+        fields.row(vec!["waiting on".into(), waiting_on(run, history, now)]);
+    }
+    fields.row(vec!["namespace".into(), run.namespace.clone()]);
+    if !run.tags.is_empty() {
+        fields.row(vec!["tags".into(), run.tags.join(", ")]);
+    }
+    if let Some(parent) = &run.parent {
+        fields.row(vec!["parent".into(), format!("{} (seq {})", parent.run_id, parent.seq)]);
+    }
+    fields.row(vec!["created".into(), format!("{} ({})", timestamp(run.created_at), ago(run.created_at, now))]);
+    fields.row(vec![
+        "updated".into(),
+        format!(
+            "{} ({} after creation)",
+            timestamp(run.updated_at),
+            duration_ms(run.updated_at.saturating_sub(run.created_at))
+        ),
+    ]);
+    if let Some(at) = run.wake_at {
+        fields.row(vec!["wake at".into(), format!("{} ({})", timestamp(at), ago(at, now))]);
+    }
+    if let Some(owner) = &run.lease_owner {
+        let until = run.lease_until.map_or_else(String::new, |u| format!(" until {}", timestamp(u)));
+        fields.row(vec!["lease".into(), format!("{owner}{until}")]);
+    }
+    fields.row(vec!["recoveries".into(), run.recovery_attempts.to_string()]);
+    fields.row(vec!["input".into(), truncate(run.input.as_str(), 200)]);
+    fields.row(vec!["output".into(), or_dash(run.output.as_ref().map(|o| truncate(o.as_str(), 200)))]);
+    fields.row(vec!["error".into(), or_dash(run.error.as_ref().map(|e| truncate(&e.to_string(), 200)))]);
+    fields.write(out, "")?;
+
+    writeln!(out, "\ntimeline ({} checkpoint{})", history.len(), if history.len() == 1 { "" } else { "s" })?;
+    if !history.is_empty() {
+        let mut table = Table::new(&["SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "DURATION", "ERROR"]);
+        for cp in history {
+            let name = match cp.input.as_ref().and_then(|p| p.decode::<RunId>().ok()) {
+                Some(child) if cp.kind == StepKind::Child => format!("{} → {child}", cp.name),
+                _ => cp.name.clone(),
+            };
+            table.row(vec![
+                cp.seq.to_string(),
+                name,
+                cp.kind.to_string(),
+                cp.status.to_string(),
+                cp.attempts.to_string(),
+                duration_ms(cp.updated_at.saturating_sub(cp.started_at)),
+                cp.error.as_ref().map_or_else(String::new, |e| truncate(&e.to_string(), 100)),
+            ]);
+        }
+        table.write(out, "  ")?;
+    }
+
+    writeln!(out, "\nchildren ({})", children.len())?;
+    if !children.is_empty() {
+        let mut table = Table::new(&["ID", "WORKFLOW", "STATUS", "UPDATED"]);
+        for child in children {
+            table.row(vec![
+                child.id.to_string(),
+                workflow_at(child),
+                child.status.to_string(),
+                ago(child.updated_at, now),
+            ]);
+        }
+        table.write(out, "  ")?;
+    }
+
+    writeln!(out, "\nwaiters ({})", waiters.len())?;
+    if !waiters.is_empty() {
+        let mut table = Table::new(&["SEQ", "WAITS FOR", "SINCE"]);
+        for w in waiters {
+            let what = match &w.kind {
+                WaitKind::Signal { token } => format!("signal {token}"),
+                WaitKind::Event { name, matcher } => {
+                    format!("event {name} matching {}", truncate(matcher.as_str(), 60))
+                }
+            };
+            table.row(vec![w.seq.to_string(), what, timestamp(w.created_at)]);
+        }
+        table.write(out, "  ")?;
+    }
+    Ok(())
+}
+
+/// `durable runs retry`.
+pub(crate) async fn retry(store: &StoreArgs, args: &RunIdArgs, out: &mut dyn Write) -> Result<()> {
+    let id = parse_id(&args.id)?;
+    let store = store.open(Access::Existing)?;
+    with_operator_engine(store, |engine| async move {
+        let run = require(&engine, &id).await?;
+        let from = engine.history(&id).await?.into_iter().find(|c| c.status == CheckpointStatus::Failed);
+        let status = engine.retry(&id).await?;
+        if status != RunStatus::Pending {
+            return Err(Error::bad(format!("run {id} is {status} now (it changed meanwhile); it was not retried")));
+        }
+        let resume = from.map_or_else(
+            || "from where it stopped".to_string(),
+            |cp| format!("from step {:?} (seq {}) with fresh attempts; the steps before it are kept", cp.name, cp.seq),
+        );
+        writeln!(
+            out,
+            "run {id} is pending again: it resumes {resume} when a worker with workflow {} registered picks it up",
+            workflow_at(&run)
+        )?;
+        Ok(())
+    })
+    .await
+}
+
+/// `durable runs cancel`.
+pub(crate) async fn cancel(store: &StoreArgs, args: &CancelArgs, out: &mut dyn Write) -> Result<()> {
+    let id = parse_id(&args.id)?;
+    let store = store.open(Access::Existing)?;
+    with_operator_engine(store, |engine| async move {
+        let run = require(&engine, &id).await?;
+        if run.status.is_terminal() {
+            writeln!(out, "run {id} is already {}; nothing to cancel", run.status)?;
+            return Ok(());
+        }
+        let how = if args.compensate { Cancel::Compensate } else { Cancel::Abandon };
+        let status = engine.cancel_with(&id, how).await?;
+        match (how, status) {
+            (Cancel::Abandon, RunStatus::Cancelled) => writeln!(out, "run {id} is cancelled (its active children too)")?,
+            (Cancel::Compensate, s) if !s.is_terminal() => writeln!(
+                out,
+                "cancel requested for run {id}: a worker with workflow {} registered runs its undos, then it ends cancelled",
+                workflow_at(&run)
+            )?,
+            (_, s) => writeln!(out, "run {id} finished as {s} before the cancel landed; nothing was cancelled")?,
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// `durable runs delete`.
+pub(crate) async fn delete(store: &StoreArgs, args: &DeleteArgs, out: &mut dyn Write) -> Result<()> {
+    let id = parse_id(&args.id)?;
+    let store = store.open(Access::Existing)?;
+    with_operator_engine(store, |engine| async move {
+        let run = require(&engine, &id).await?;
+        if !run.status.is_terminal() && !args.force {
+            return Err(Error::bad(format!(
+                "run {id} is {} (still active): cancel it first (`durable runs cancel {id}`), or pass --force to delete it anyway",
+                run.status
+            )));
+        }
+        let deleted = engine.delete_run(&id).await?;
+        match deleted {
+            0 => return Err(Error::bad(format!("run {id} not found (deleted meanwhile?)"))),
+            1 => writeln!(out, "deleted run {id}")?,
+            n => writeln!(out, "deleted run {id} and {} descendant run{}", n - 1, if n == 2 { "" } else { "s" })?,
+        }
+        Ok(())
+    })
+    .await
+}
+
+/// `durable signal`.
+pub(crate) async fn signal(store: &StoreArgs, args: &SignalArgs, out: &mut dyn Write) -> Result<()> {
+    if args.token.trim().is_empty() {
+        return Err(Error::bad("the signal token is empty; pass the token the run waits on"));
+    }
+    let text = if args.payload == "-" {
+        let mut text = String::new();
+        std::io::stdin()
+            .read_to_string(&mut text)
+            .map_err(|e| Error::bad(format!("could not read the payload from standard input: {e}")))?;
+        text
+    } else {
+        args.payload.clone()
+    };
+    let payload: serde_json::Value = serde_json::from_str(&text).map_err(|e| {
+        Error::bad(format!(
+            "the payload is not valid JSON ({e}); pass one JSON document, e.g. '{{\"approved\": true}}' or '\"yes\"'"
+        ))
+    })?;
+    let store = store.open(Access::Existing)?;
+    with_operator_engine(store, |engine| async move {
+        match engine.signal(&args.token, &payload).await? {
+            Delivery::Delivered { run_id, seq } => {
+                let workflow = engine.get_run(&run_id).await?.map_or_else(|| "its workflow".into(), |r| workflow_at(&r));
+                writeln!(
+                    out,
+                    "delivered to run {run_id} (seq {seq}): it resumes when a worker with workflow {workflow} registered picks it up"
+                )?;
+            }
+            Delivery::Buffered => writeln!(
+                out,
+                "buffered: no run waits on {:?} now; the next run that waits on it receives this payload",
+                args.token
+            )?,
+        }
+        Ok(())
+    })
+    .await
+}

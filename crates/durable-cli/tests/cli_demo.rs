@@ -1,0 +1,175 @@
+//! `durable demo` as a user runs it: on a fresh directory, and killed with SIGKILL midway then
+//! run again (it resumes the same runs and starts none twice).
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::io::{BufRead, BufReader};
+use std::process::Stdio;
+
+use serde_json::Value;
+use support::{DEMO_WORKFLOWS, TempDir, durable, is_terminal, list_runs, run_ok, summary_count};
+
+fn top_level(runs: &[Value]) -> Vec<&Value> {
+    runs.iter().filter(|r| r["parent"].is_null()).collect()
+}
+
+fn expected_ids(n: u32) -> Vec<String> {
+    let kinds = ["order", "sleep", "approval", "saga", "fanout"];
+    let mut ids: Vec<String> = (0..n).map(|i| format!("demo-{}-{i}", kinds[i as usize % 5])).collect();
+    ids.sort();
+    ids
+}
+
+#[test]
+fn demo_runs_50_workflows_on_a_fresh_directory_and_lists_them() {
+    let dir = TempDir::new("demo-fresh");
+    // No --db: the default ./durable.db in the working directory, created by the demo.
+    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
+    assert!(dir.db().exists(), "the demo created ./durable.db");
+    let out = &ran.stdout;
+    assert!(out.contains("done: 50 of 50 runs finished"), "{out}");
+    assert_eq!(summary_count(out, "completed"), 40, "{out}");
+    assert_eq!(summary_count(out, "failed"), 0, "{out}");
+    assert_eq!(summary_count(out, "compensated"), 10, "{out}");
+    assert_eq!(summary_count(out, "new"), 50, "{out}");
+    assert_eq!(summary_count(out, "resumed"), 0, "{out}");
+    assert!(summary_count(out, "steps executed") >= 200, "{out}");
+    for label in ["steps/s", "wall time"] {
+        assert!(out.lines().any(|l| l.trim_start().starts_with(label)), "no {label} in the summary:\n{out}");
+    }
+    // Without a terminal, progress is plain lines on stderr, ending with the final state.
+    let last = ran.stderr.lines().last().unwrap_or_default();
+    assert!(last.contains("50/50 runs finished"), "stderr: {}", ran.stderr);
+
+    let runs = list_runs(&dir.path, &dir.db());
+    let top = top_level(&runs);
+    assert_eq!(top.len(), 50, "50 top-level runs");
+    let mut ids: Vec<String> = top.iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, expected_ids(50));
+    for run in &top {
+        let status = run["status"].as_str().unwrap();
+        assert!(is_terminal(status), "{} is {status}", run["id"]);
+        assert!(DEMO_WORKFLOWS.contains(&run["workflow"].as_str().unwrap()), "{run}");
+    }
+    // Ten fan-outs over three children each.
+    assert_eq!(runs.len() - top.len(), 30, "fan-out children");
+    assert!(runs.iter().filter(|r| !r["parent"].is_null()).all(|r| r["status"] == "completed"));
+}
+
+#[test]
+fn a_demo_killed_midway_resumes_the_same_runs_when_run_again() {
+    let dir = TempDir::new("demo-kill");
+    let db = dir.db();
+
+    // 1. Start the demo and SIGKILL it once some runs finished and others did not.
+    let mut child = durable(&dir.path)
+        .args(["demo", "--runs", "50"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start durable demo");
+    let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let mut killed_at = None;
+    for line in stderr.lines() {
+        let line = line.expect("read the demo's progress");
+        // "[  0.26s] 40/50 runs finished · …"
+        let finished =
+            line.split_once("] ").and_then(|(_, rest)| rest.split_once('/')).and_then(|(n, _)| n.parse::<u32>().ok());
+        if let Some(n) = finished
+            && n > 0
+        {
+            assert!(n < 50, "the demo finished every run before it could be killed: {line}");
+            child.kill().expect("SIGKILL the demo");
+            killed_at = Some(n);
+            break;
+        }
+    }
+    let _ = child.wait();
+    assert!(killed_at.is_some(), "the demo never reported progress");
+
+    // 2. What the killed demo left.
+    let before = list_runs(&dir.path, &db);
+    let before: BTreeMap<String, (u64, String)> = top_level(&before)
+        .into_iter()
+        .map(|r| {
+            (
+                r["id"].as_str().unwrap().to_string(),
+                (r["created_at"].as_u64().unwrap(), r["status"].as_str().unwrap().into()),
+            )
+        })
+        .collect();
+    let existed = before.len() as u64;
+    let unfinished = before.values().filter(|(_, s)| !is_terminal(s)).count() as u64;
+    assert!(unfinished > 0, "some runs were unfinished when the demo was killed: {before:?}");
+
+    // 3. Run it again: it starts only the missing runs and resumes the unfinished ones.
+    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
+    let out = &ran.stdout;
+    assert!(out.contains("done: 50 of 50 runs finished"), "{out}");
+    assert_eq!(summary_count(out, "new"), 50 - existed, "{out}");
+    assert_eq!(summary_count(out, "resumed"), unfinished, "{out}");
+    assert_eq!(summary_count(out, "already finished"), existed - unfinished, "{out}");
+    assert_eq!(summary_count(out, "completed") + summary_count(out, "compensated"), 50, "{out}");
+
+    // 4. Every run exactly once, all finished; the runs from before were not created again.
+    let after = list_runs(&dir.path, &db);
+    let top = top_level(&after);
+    let mut ids: Vec<String> = top.iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
+    ids.sort();
+    assert_eq!(ids, expected_ids(50), "each demo run exists once");
+    for run in &top {
+        let id = run["id"].as_str().unwrap();
+        assert!(is_terminal(run["status"].as_str().unwrap()), "{id} is {}", run["status"]);
+        if let Some((created_at, _)) = before.get(id) {
+            assert_eq!(run["created_at"].as_u64(), Some(*created_at), "{id} was created again");
+        }
+    }
+    for fan_out in top.iter().filter(|r| r["workflow"] == "demo_fanout") {
+        let children = after.iter().filter(|r| r["parent"]["run_id"] == fan_out["id"]).count();
+        assert_eq!(children, 3, "{} has 3 children", fan_out["id"]);
+    }
+
+    // 5. A third run has nothing left to do.
+    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
+    assert_eq!(summary_count(&ran.stdout, "already finished"), 50, "{}", ran.stdout);
+    assert_eq!(summary_count(&ran.stdout, "new") + summary_count(&ran.stdout, "resumed"), 0, "{}", ran.stdout);
+}
+
+#[cfg(unix)]
+#[test]
+fn ctrl_c_drains_the_demo_and_leaves_no_lease_behind() {
+    let dir = TempDir::new("demo-sigint");
+    let mut child = durable(&dir.path)
+        .args(["demo", "--runs", "50"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start durable demo");
+    let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    for line in stderr.lines() {
+        let line = line.expect("read the demo's progress");
+        if line.split_once("] ").is_some_and(|(_, rest)| !rest.starts_with("0/")) {
+            break;
+        }
+    }
+    let sent = std::process::Command::new("kill").args(["-INT", &child.id().to_string()]).status().expect("kill -INT");
+    assert!(sent.success());
+    let output = child.wait_with_output().expect("wait for the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(130), "stdout: {stdout}");
+    assert!(stdout.contains("interrupted: "), "{stdout}");
+    assert!(stdout.contains("run the same command again to resume the rest"), "{stdout}");
+
+    // Drained: nothing is left running or leased, so the next demo resumes at once.
+    let runs = list_runs(&dir.path, &dir.db());
+    for run in &runs {
+        assert_ne!(run["status"], "running", "{run}");
+        assert!(run["lease_owner"].is_null(), "{run}");
+    }
+    let unfinished = top_level(&runs).iter().filter(|r| !is_terminal(r["status"].as_str().unwrap())).count() as u64;
+    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
+    assert_eq!(summary_count(&ran.stdout, "resumed"), unfinished, "{}", ran.stdout);
+    assert!(ran.stdout.contains("done: 50 of 50 runs finished"), "{}", ran.stdout);
+}
