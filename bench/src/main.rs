@@ -1,8 +1,13 @@
-//! One benchmark workload on one store, in this process; prints one JSON object.
+//! One benchmark workload on one store; prints one JSON object.
 //!
 //! Run through `cargo xtask bench`, which builds this in release mode, runs each
 //! workload × store in a fresh process (so `peak_rss_mb` is that workload's own), collects
 //! the lines into `target/bench/results.json` and prints a table.
+//!
+//! With `--workers N` the runs execute in N worker processes (this binary with
+//! `--role worker`) sharing one SQLite file through the store-backed run queue; this process
+//! is then a client engine that starts the runs and waits for them. `peak_rss_mb` is the
+//! largest of the processes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -15,11 +20,23 @@ struct Args {
     store: String,
     dir: PathBuf,
     quick: bool,
+    /// Worker processes (0: everything in this process).
+    workers: usize,
+    /// `worker`: run as one of the worker processes on `db`.
+    role_worker: bool,
+    db: Option<PathBuf>,
 }
 
 fn parse_args() -> Result<Args, String> {
-    let mut args =
-        Args { workload: String::new(), store: "memory".into(), dir: PathBuf::from("target/bench"), quick: false };
+    let mut args = Args {
+        workload: String::new(),
+        store: "memory".into(),
+        dir: PathBuf::from("target/bench"),
+        quick: false,
+        workers: 0,
+        role_worker: false,
+        db: None,
+    };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
         match a.as_str() {
@@ -28,16 +45,18 @@ fn parse_args() -> Result<Args, String> {
             "--dir" => args.dir = it.next().ok_or("--dir needs a value")?.into(),
             "--quick" => args.quick = true,
             "--workers" => {
-                let n = it.next().ok_or("--workers needs a value")?;
-                if n != "1" {
-                    return Err("--workers > 1 is not supported yet".into());
-                }
+                args.workers = it.next().and_then(|n| n.parse().ok()).ok_or("--workers needs a number")?;
             }
+            "--role" => args.role_worker = it.next().as_deref() == Some("worker"),
+            "--db" => args.db = Some(it.next().ok_or("--db needs a path")?.into()),
             other => return Err(format!("unknown option {other:?}")),
         }
     }
-    if args.workload.is_empty() {
+    if args.workload.is_empty() && !args.role_worker {
         return Err("--workload is required".into());
+    }
+    if args.workers > 0 && args.store != "sqlite" {
+        return Err("--workers needs --store sqlite (processes share one file)".into());
     }
     Ok(args)
 }
@@ -51,21 +70,78 @@ struct Measured {
     latencies: Vec<f64>,
 }
 
-fn engine(args: &Args) -> Result<Engine, String> {
+/// A fresh SQLite file for this workload.
+fn fresh_db(args: &Args) -> Result<PathBuf, String> {
+    std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
+    let path = args.dir.join(format!("bench-{}-{}.db", args.workload, std::process::id()));
+    remove_db(&path);
+    Ok(path)
+}
+
+fn remove_db(path: &std::path::Path) {
+    for suffix in ["", "-wal", "-shm"] {
+        let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
+    }
+}
+
+/// The single in-process engine of a `--workers 0` run.
+fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
     let builder = Engine::builder();
-    let builder = match args.store.as_str() {
-        "memory" => builder.store(MemoryStore::new()),
+    let (builder, db) = match args.store.as_str() {
+        "memory" => (builder.store(MemoryStore::new()), None),
         "sqlite" => {
-            std::fs::create_dir_all(&args.dir).map_err(|e| e.to_string())?;
-            let path = args.dir.join(format!("bench-{}-{}.db", args.workload, std::process::id()));
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", path.display()));
-            }
-            builder.store(durable::SqliteStore::open(&path).map_err(|e| e.to_string())?)
+            let path = fresh_db(args)?;
+            (builder.store(durable::SqliteStore::open(&path).map_err(|e| e.to_string())?), Some(path))
         }
         other => return Err(format!("unknown store {other:?}")),
     };
-    builder.build().map_err(|e| e.to_string())
+    let engine = builder.build().map_err(|e| e.to_string())?;
+    register_all(&engine);
+    Ok((engine, db))
+}
+
+/// An engine of a multi-process run: a worker, or the client that starts and waits.
+fn shared_engine(db: &std::path::Path, worker: bool) -> Result<Engine, String> {
+    let store = Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?);
+    let transport = durable::QueueTransport::new(store.clone()).poll_interval(Duration::from_millis(5));
+    let mut config = durable::EngineConfig::default();
+    config.wait_poll_interval = Duration::from_millis(5);
+    config.execute = worker;
+    let engine =
+        Engine::builder().shared_store(store).transport(transport).config(config).build().map_err(|e| e.to_string())?;
+    register_all(&engine);
+    Ok(engine)
+}
+
+/// Every workload's workflows: workers and clients register the same code.
+fn register_all(engine: &Engine) {
+    register_chain(engine);
+    engine.register("timers", 1, |ctx: WorkflowCtx, sleep_ms: u64| async move {
+        let t0 = ctx.now().await.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
+        ctx.sleep(Duration::from_millis(sleep_ms)).await;
+        let late: u64 = ctx.step("measure", move |_| async move { Ok(now_ms().saturating_sub(t0 + sleep_ms)) }).await?;
+        Ok::<_, WorkflowError>(late)
+    });
+    engine.register("signals", 1, |ctx: WorkflowCtx, i: usize| async move {
+        let n: usize = ctx.wait_for_signal(&format!("sig-{i}")).await?;
+        Ok::<_, WorkflowError>(n)
+    });
+    engine.register("events", 1, |ctx: WorkflowCtx, i: usize| async move {
+        let e: serde_json::Value = ctx.wait_for_event("order.paid", serde_json::json!({ "key": i })).await?;
+        Ok::<_, WorkflowError>(e["key"].as_u64().unwrap_or(0) as usize)
+    });
+    engine.register("leaf", 1, |ctx: WorkflowCtx, i: u64| async move {
+        let out: u64 = ctx.step("work", move |_| async move { Ok(i + 1) }).await?;
+        Ok::<_, WorkflowError>(out)
+    });
+    engine.register("fanout", 1, |ctx: WorkflowCtx, children: u64| async move {
+        let all: Vec<_> = (0..children).map(|i| ctx.child::<_, u64>("leaf", &i)).collect();
+        let mut sum = 0;
+        for r in ctx.all(all).await {
+            sum += r?;
+        }
+        Ok::<_, WorkflowError>(sum)
+    });
 }
 
 fn now_ms() -> u64 {
@@ -115,18 +191,11 @@ fn register_chain(engine: &Engine) {
 }
 
 async fn chain(engine: &Engine, runs: usize, steps: usize) -> Result<Measured, String> {
-    register_chain(engine);
     let (wall, latencies, _) = start_all(engine, "chain", runs, steps).await?;
     Ok(Measured { runs, steps_per_run: steps, wall, latencies })
 }
 
 async fn timers(engine: &Engine, runs: usize) -> Result<Measured, String> {
-    engine.register("timers", 1, |ctx: WorkflowCtx, sleep_ms: u64| async move {
-        let t0 = ctx.now().await.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
-        ctx.sleep(Duration::from_millis(sleep_ms)).await;
-        let late: u64 = ctx.step("measure", move |_| async move { Ok(now_ms().saturating_sub(t0 + sleep_ms)) }).await?;
-        Ok::<_, WorkflowError>(late)
-    });
     let (wall, _, outputs) = start_all(engine, "timers", runs, 10u64).await?;
     let latencies = outputs.iter().map(|v| v.as_f64().unwrap_or(f64::NAN)).collect();
     Ok(Measured { runs, steps_per_run: 1, wall, latencies })
@@ -170,10 +239,6 @@ where
 }
 
 async fn signals(engine: &Engine, runs: usize) -> Result<Measured, String> {
-    engine.register("signals", 1, |ctx: WorkflowCtx, i: usize| async move {
-        let n: usize = ctx.wait_for_signal(&format!("sig-{i}")).await?;
-        Ok::<_, WorkflowError>(n)
-    });
     deliveries(
         engine,
         "signals",
@@ -184,14 +249,16 @@ async fn signals(engine: &Engine, runs: usize) -> Result<Measured, String> {
 }
 
 async fn events(engine: &Engine, runs: usize) -> Result<Measured, String> {
-    engine.register("events", 1, |ctx: WorkflowCtx, i: usize| async move {
-        let e: serde_json::Value = ctx.wait_for_event("order.paid", serde_json::json!({ "key": i })).await?;
-        Ok::<_, WorkflowError>(e["key"].as_u64().unwrap_or(0) as usize)
-    });
     deliveries(engine, "events", runs, |engine, i| async move {
         engine.publish_event("order.paid", &serde_json::json!({ "key": i, "amount": 10 })).await.map(drop)
     })
     .await
+}
+
+/// `parents` parents, each fanning out to `children` one-step children; latency per parent.
+async fn fanout(engine: &Engine, parents: usize, children: usize) -> Result<Measured, String> {
+    let (wall, latencies, _) = start_all(engine, "fanout", parents, children as u64).await?;
+    Ok(Measured { runs: parents, steps_per_run: children, wall, latencies })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -212,19 +279,73 @@ fn peak_rss_mb() -> f64 {
         .unwrap_or(f64::NAN)
 }
 
-async fn run(args: &Args) -> Result<Measured, String> {
-    let engine = engine(args)?;
+async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
     let q = args.quick;
-    let m = match args.workload.as_str() {
-        "chain" => chain(&engine, if q { 100 } else { 1_000 }, 5).await?,
-        "long_chain" => chain(&engine, if q { 4 } else { 20 }, if q { 200 } else { 1_000 }).await?,
-        "timers" => timers(&engine, if q { 200 } else { 2_000 }).await?,
-        "signals" => signals(&engine, if q { 200 } else { 2_000 }).await?,
-        "events" => events(&engine, if q { 200 } else { 2_000 }).await?,
-        other => return Err(format!("workload {other:?} is not implemented yet")),
-    };
-    engine.shutdown().await;
-    Ok(m)
+    match args.workload.as_str() {
+        "chain" => chain(engine, if q { 100 } else { 1_000 }, 5).await,
+        "long_chain" => chain(engine, if q { 4 } else { 20 }, if q { 200 } else { 1_000 }).await,
+        "timers" => timers(engine, if q { 200 } else { 2_000 }).await,
+        "signals" => signals(engine, if q { 200 } else { 2_000 }).await,
+        "events" => events(engine, if q { 200 } else { 2_000 }).await,
+        "fanout" => fanout(engine, if q { 10 } else { 100 }, 20).await,
+        other => Err(format!("unknown workload {other:?}")),
+    }
+}
+
+/// Runs the workload; returns what it measured and the peak RSS (MiB) of the processes.
+async fn run(args: &Args) -> Result<(Measured, f64), String> {
+    if args.workers == 0 {
+        let (engine, db) = engine(args)?;
+        let m = workload(&engine, args).await?;
+        engine.shutdown().await;
+        if let Some(db) = db {
+            remove_db(&db);
+        }
+        return Ok((m, peak_rss_mb()));
+    }
+    let db = fresh_db(args)?;
+    drop(durable::SqliteStore::open(&db).map_err(|e| e.to_string())?); // schema, before the race
+    let exe = std::env::current_exe().map_err(|e| e.to_string())?;
+    let mut workers = Vec::new();
+    for _ in 0..args.workers {
+        let mut child = std::process::Command::new(&exe)
+            .args(["--role", "worker", "--db"])
+            .arg(&db)
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .map_err(|e| format!("starting a worker: {e}"))?;
+        let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().expect("piped")));
+        match lines.next() {
+            Some(Ok(l)) if l == "ready" => {}
+            other => return Err(format!("a worker did not start: {other:?}")),
+        }
+        workers.push((child, lines));
+    }
+    let client = shared_engine(&db, false)?;
+    let m = workload(&client, args).await;
+    client.shutdown().await;
+    let mut rss = peak_rss_mb();
+    for (child, mut lines) in workers {
+        let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+        if let Some(Ok(l)) = lines.next() {
+            rss = rss.max(l.trim_start_matches("rss ").parse().unwrap_or(f64::NAN));
+        }
+        let mut child = child;
+        let _ = child.wait();
+    }
+    remove_db(&db);
+    Ok((m?, rss))
+}
+
+/// A worker process: executes runs from the shared file until SIGTERM, then prints its peak
+/// RSS.
+async fn worker(args: &Args) -> Result<(), String> {
+    let db = args.db.as_ref().ok_or("--role worker needs --db")?;
+    let engine = shared_engine(db, true)?;
+    println!("ready");
+    engine.run_worker(durable::shutdown_signal()).await;
+    println!("rss {}", peak_rss_mb());
+    Ok(())
 }
 
 fn main() -> std::process::ExitCode {
@@ -236,8 +357,17 @@ fn main() -> std::process::ExitCode {
         }
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    if args.role_worker {
+        return match rt.block_on(worker(&args)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("durable-bench worker: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     match rt.block_on(run(&args)) {
-        Ok(mut m) => {
+        Ok((mut m, rss)) => {
             m.latencies.sort_by(f64::total_cmp);
             let wall = m.wall.as_secs_f64();
             let result = serde_json::json!({
@@ -250,7 +380,8 @@ fn main() -> std::process::ExitCode {
                 "runs_per_s": m.runs as f64 / wall,
                 "p50_ms": percentile(&m.latencies, 0.50),
                 "p99_ms": percentile(&m.latencies, 0.99),
-                "peak_rss_mb": peak_rss_mb(),
+                "peak_rss_mb": rss,
+                "workers": args.workers,
             });
             println!("{result}");
             std::process::ExitCode::SUCCESS

@@ -12,8 +12,8 @@ commands:
   bench [options]         run benchmark workloads (release mode), write target/bench/results.json
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite (default: memory,sqlite)
-      --workload W[,W..]  chain, long_chain, timers, signals, events (default: all)
-      --workers N         worker processes sharing one SQLite file (chain only; default 1)
+      --workload W[,W..]  chain, long_chain, timers, signals, events, fanout (default: all)
+      --workers N         run in N worker processes sharing one SQLite file (default 0: in-process)
   purity                  check that durable-core pulls in no I/O crates
 ";
 
@@ -103,7 +103,7 @@ fn purity() -> Result<(), String> {
     }
 }
 
-const WORKLOADS: &[&str] = &["chain", "long_chain", "timers", "signals", "events"];
+const WORKLOADS: &[&str] = &["chain", "long_chain", "timers", "signals", "events", "fanout"];
 const STORES: &[&str] = &["memory", "sqlite"];
 
 fn list(value: Option<&String>, flag: &str, known: &[&str]) -> Result<Vec<String>, String> {
@@ -121,7 +121,7 @@ fn bench(args: &[String]) -> Result<(), String> {
     let mut quick = false;
     let mut stores: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
     let mut workloads: Vec<String> = WORKLOADS.iter().map(|s| s.to_string()).collect();
-    let mut workers = 1u32;
+    let mut workers = 0u32;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -140,6 +140,10 @@ fn bench(args: &[String]) -> Result<(), String> {
     let out_dir = root().join("target/bench");
     std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
     let mut results = Vec::new();
+    if workers > 0 && stores.iter().any(|s| s != "sqlite") {
+        eprintln!("--workers {workers}: worker processes share a file; running on sqlite only");
+        stores = vec!["sqlite".to_string()];
+    }
     for workload in &workloads {
         for store in &stores {
             let mut cmd = Command::new(&exe);
@@ -148,7 +152,8 @@ fn bench(args: &[String]) -> Result<(), String> {
             if quick {
                 cmd.arg("--quick");
             }
-            eprintln!("==> bench {workload} on {store}{}", if quick { " (quick)" } else { "" });
+            let procs = if workers > 0 { format!(" with {workers} worker processes") } else { String::new() };
+            eprintln!("==> bench {workload} on {store}{procs}{}", if quick { " (quick)" } else { "" });
             let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("running {}: {e}", exe.display()))?;
             if !out.status.success() {
                 return Err(format!("bench {workload} on {store} failed ({})", out.status));
@@ -169,15 +174,16 @@ fn bench(args: &[String]) -> Result<(), String> {
 
 fn print_table(results: &[serde_json::Value]) {
     println!(
-        "\n{:<11} {:<7} {:>7} {:>6} {:>8} {:>11} {:>9} {:>8} {:>8} {:>8}",
-        "workload", "store", "runs", "steps", "wall_s", "steps/s", "runs/s", "p50_ms", "p99_ms", "rss_mb"
+        "\n{:<11} {:<7} {:>3} {:>7} {:>6} {:>8} {:>11} {:>9} {:>8} {:>8} {:>8}",
+        "workload", "store", "wrk", "runs", "steps", "wall_s", "steps/s", "runs/s", "p50_ms", "p99_ms", "rss_mb"
     );
     for r in results {
         let num = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         println!(
-            "{:<11} {:<7} {:>7} {:>6} {:>8.3} {:>11.0} {:>9.0} {:>8.2} {:>8.2} {:>8.1}",
+            "{:<11} {:<7} {:>3} {:>7} {:>6} {:>8.3} {:>11.0} {:>9.0} {:>8.2} {:>8.2} {:>8.1}",
             r["workload"].as_str().unwrap_or("?"),
             r["store"].as_str().unwrap_or("?"),
+            num("workers"),
             num("runs"),
             num("steps_per_run"),
             num("wall_s"),

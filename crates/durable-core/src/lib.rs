@@ -52,6 +52,7 @@ mod history;
 mod ids;
 mod model;
 mod payload;
+mod queue;
 mod retry;
 mod store;
 mod turn;
@@ -63,6 +64,7 @@ pub use model::{
     UnknownName, WaitKind, Waiter,
 };
 pub use payload::{Payload, json_subset};
+pub use queue::{QueueReason, QueuedRun, RunQueue};
 pub use retry::{Backoff, RetryDecision, RetryPolicy, seed_for, splitmix64};
 pub use store::{
     Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, OutgoingSignal, RunFilter, RunPage,

@@ -440,7 +440,8 @@ pub struct Checkpoint {
     pub input: Option<Payload>,
     /// The result.
     pub output: Option<Payload>,
-    /// The last error (failed, or the error before a durable retry wait).
+    /// The last error: of a failed checkpoint, before a durable retry wait, or of the last
+    /// failed attempt of a step that then succeeded.
     pub error: Option<StepError>,
     /// Attempts made so far.
     pub attempts: u32,

@@ -15,6 +15,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::clock::BoxFuture;
 use crate::ctx::{StepBody, TurnShared, corrupt, halt, park, run_step};
+use crate::engine::Shared;
 use crate::error::{Error, Result};
 use crate::events::EngineEvent;
 use crate::{Engine, RunOutcome, StepOptions, WorkflowCtx, WorkflowError};
@@ -358,18 +359,7 @@ pub enum Cancel {
 impl Engine {
     /// The run's children, oldest first.
     pub async fn children(&self, id: &RunId) -> Result<Vec<Run>> {
-        let mut filter = RunFilter { parent: Some(id.clone()), limit: 500, ..Default::default() };
-        let mut out = Vec::new();
-        loop {
-            let page = self.list_runs(&filter).await?;
-            out.extend(page.runs);
-            match page.next_cursor {
-                Some(c) => filter.cursor = Some(c),
-                None => break,
-            }
-        }
-        out.reverse();
-        Ok(out)
+        self.shared().children(id).await
     }
 
     /// Cancels an active run at once (its children too, recursively; its parent is told, as of
@@ -381,54 +371,7 @@ impl Engine {
 
     /// Cancels an active run, abandoning it or running its undos first (see [`Cancel`]).
     pub async fn cancel_with(&self, id: &RunId, how: Cancel) -> Result<RunStatus> {
-        let shared = self.shared();
-        let run = shared.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
-        if run.status.is_terminal() {
-            return Ok(run.status);
-        }
-        let now = shared.clock.now();
-        let (patch, status) = match how {
-            Cancel::Abandon => {
-                let error =
-                    StepError::fatal(format!("run {id} was cancelled by an operator")).with_code(codes::CANCELLED);
-                let notice = child_notice(&run, RunStatus::Cancelled, None, Some(error.clone()));
-                let patch = RunPatch {
-                    status: Some(RunStatus::Cancelled),
-                    error: Some(Some(error)),
-                    wake_at: Some(None),
-                    release_lease: true,
-                    signals: notice.into_iter().collect(),
-                    now,
-                    ..Default::default()
-                };
-                (patch, RunStatus::Cancelled)
-            }
-            Cancel::Compensate => {
-                let marker = StepError::fatal(format!("run {id}: cancel requested; running its undos"))
-                    .with_code(codes::CANCEL_REQUESTED);
-                (RunPatch { error: Some(Some(marker)), wake: true, now, ..Default::default() }, run.status)
-            }
-        };
-        if !shared.store.update_run_if(id, &RunStatus::ACTIVE, patch).await? {
-            // It settled meanwhile.
-            let run = shared.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
-            return Ok(run.status);
-        }
-        if status == RunStatus::Cancelled {
-            shared.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
-            shared.notify_run(id);
-            if let Some(parent) = &run.parent {
-                shared.dispatch(parent.run_id.clone());
-            }
-        } else {
-            shared.dispatch(id.clone());
-        }
-        for child in self.children(id).await? {
-            if !child.status.is_terminal() {
-                Box::pin(self.cancel_with(&child.id, how)).await?;
-            }
-        }
-        Ok(status)
+        self.shared().cancel_run(id, how, None).await
     }
 
     /// Retries a `failed` or `dead` run: it goes back to `pending` and resumes from its first
@@ -442,6 +385,9 @@ impl Engine {
             return Err(Error::NotRetryable { id: id.clone(), status: run.status });
         }
         let history = shared.store.history(id).await?;
+        if history.iter().any(|c| c.kind == StepKind::Compensation) {
+            return Err(Error::Compensated { id: id.clone() });
+        }
         let from = history.iter().find(|c| c.status == CheckpointStatus::Failed).map(|c| c.seq);
         for cp in history.iter().filter(|c| c.kind == StepKind::Child && from.is_some_and(|f| c.seq >= f)) {
             let Some(child) = cp.input.as_ref().and_then(|p| p.decode::<RunId>().ok()) else { continue };
@@ -466,7 +412,7 @@ impl Engine {
             let run = shared.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
             return Ok(run.status);
         }
-        shared.dispatch(id.clone());
+        shared.queue_start(id.clone(), &run.namespace, run.priority, shared.clock.now());
         Ok(RunStatus::Pending)
     }
 
@@ -511,3 +457,74 @@ impl Engine {
 
 /// A boxed child join, for fan-outs over heterogeneous children.
 pub type ChildJoin<O> = BoxFuture<'static, Result<O, ChildFailed>>;
+
+impl Shared {
+    /// Every child of a run, oldest first.
+    pub(crate) async fn children(&self, id: &RunId) -> Result<Vec<Run>> {
+        let mut filter = RunFilter { parent: Some(id.clone()), limit: 500, ..Default::default() };
+        let mut out = Vec::new();
+        loop {
+            let page = self.store.list_runs(&filter).await?;
+            out.extend(page.runs);
+            match page.next_cursor {
+                Some(c) => filter.cursor = Some(c),
+                None => break,
+            }
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Cancels an active run (and its active children, recursively). `error` overrides the
+    /// recorded error of an abandoning cancel (an execution timeout sets its own).
+    pub(crate) async fn cancel_run(&self, id: &RunId, how: Cancel, error: Option<StepError>) -> Result<RunStatus> {
+        let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+        if run.status.is_terminal() {
+            return Ok(run.status);
+        }
+        let now = self.clock.now();
+        let (patch, status) = match how {
+            Cancel::Abandon => {
+                let error = error.unwrap_or_else(|| {
+                    StepError::fatal(format!("run {id} was cancelled by an operator")).with_code(codes::CANCELLED)
+                });
+                let notice = child_notice(&run, RunStatus::Cancelled, None, Some(error.clone()));
+                let patch = RunPatch {
+                    status: Some(RunStatus::Cancelled),
+                    error: Some(Some(error)),
+                    wake_at: Some(None),
+                    release_lease: true,
+                    signals: notice.into_iter().collect(),
+                    now,
+                    ..Default::default()
+                };
+                (patch, RunStatus::Cancelled)
+            }
+            Cancel::Compensate => {
+                let marker = StepError::fatal(format!("run {id}: cancel requested; running its undos"))
+                    .with_code(codes::CANCEL_REQUESTED);
+                (RunPatch { error: Some(Some(marker)), wake: true, now, ..Default::default() }, run.status)
+            }
+        };
+        if !self.store.update_run_if(id, &RunStatus::ACTIVE, patch).await? {
+            // It settled meanwhile.
+            let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+            return Ok(run.status);
+        }
+        if status == RunStatus::Cancelled {
+            self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
+            self.notify_run(id);
+            if let Some(parent) = &run.parent {
+                self.wake(parent.run_id.clone());
+            }
+        } else {
+            self.wake(id.clone());
+        }
+        for child in self.children(id).await? {
+            if !child.status.is_terminal() {
+                Box::pin(self.cancel_run(&child.id, how, None)).await?;
+            }
+        }
+        Ok(status)
+    }
+}

@@ -33,6 +33,22 @@ pub struct EngineConfig {
     /// First delay before retrying a turn that a store error aborted (doubles up to 30 s).
     /// Default 100 ms.
     pub store_retry_backoff: Duration,
+    /// With a transport: most runs per batch sent to the run queue. Default 500.
+    pub dispatch_batch: usize,
+    /// With a transport: how often the outgoing batch is flushed when not full. Default 10 ms.
+    pub dispatch_tick: Duration,
+    /// With a transport: queued runs this engine executes at once. Default 64.
+    pub queue_concurrency: usize,
+    /// A wake that found another engine's lease is looked at again this often… Default 2 s.
+    pub recheck_interval: Duration,
+    /// …at most this many times. Default 30.
+    pub recheck_attempts: u32,
+    /// How long `run_worker` lets executing turns finish after a shutdown request. Default 30 s.
+    pub drain_timeout: Duration,
+    /// Whether this engine executes runs. `false` makes a client (an API server, a CLI): it
+    /// starts runs, signals, queries and waits, and leaves the execution to workers. Default
+    /// true.
+    pub execute: bool,
 }
 
 impl Default for EngineConfig {
@@ -49,6 +65,13 @@ impl Default for EngineConfig {
             max_recovery_attempts: 10,
             wait_poll_interval: Duration::from_millis(250),
             store_retry_backoff: Duration::from_millis(100),
+            dispatch_batch: 500,
+            dispatch_tick: Duration::from_millis(10),
+            queue_concurrency: 64,
+            recheck_interval: Duration::from_secs(2),
+            recheck_attempts: 30,
+            drain_timeout: Duration::from_secs(30),
+            execute: true,
         }
     }
 }

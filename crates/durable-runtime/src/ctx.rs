@@ -454,6 +454,9 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
     let span = tracing::debug_span!("step", run_id = %run_id, seq, name = %name);
     let started_at = t.now();
     let policy = options.policy();
+    // Kept on the checkpoint of a step that eventually succeeds, so operators see why the
+    // earlier attempts failed.
+    let mut last_error: Option<StepError> = None;
     loop {
         let sc = StepContext { run_id: run_id.clone(), seq, attempt };
         let result = {
@@ -478,6 +481,7 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
         match result {
             Ok((value, payload)) => {
                 cp.output = Some(payload);
+                cp.error = last_error;
                 let event =
                     EngineEvent::StepCompleted { run_id: run_id.clone(), seq, name: name.clone(), attempts: attempt };
                 if t.commit(Some(cp), Some(event)).await.is_none() {
@@ -499,6 +503,7 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
                     };
                     if delay <= t.engine.config.durable_retry_threshold {
                         t.engine.emit(event);
+                        last_error = Some(error);
                         t.engine.clock.sleep_until(retry_at).await;
                         attempt += 1;
                         continue;

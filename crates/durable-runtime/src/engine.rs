@@ -8,13 +8,14 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
-use dashmap::{DashMap, DashSet};
 use durable_core::{
     Checkpoint, Millis, NewRun, Payload, Run, RunFilter, RunId, RunPage, RunQuery, RunStatus, StepError, Store,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use std::collections::hash_map::Entry;
+use std::collections::{HashMap, HashSet};
 use tokio::sync::{Notify, Semaphore, broadcast, mpsc, watch};
 use tokio::task::JoinHandle;
 
@@ -23,7 +24,9 @@ use crate::clock::{Clock, SystemClock};
 use crate::config::EngineConfig;
 use crate::error::{Error, Result, WorkflowError};
 use crate::events::EngineEvent;
+use crate::fleet::{EngineHandler, Outbox, QueueFailures};
 use crate::registry::Registry;
+use durable_transport::{Consumer, QueueReason, Transport};
 
 /// The durable execution engine. Cheap to clone; all clones are one engine. Dropping the last
 /// clone stops its background tasks (runs in progress are recovered from the store later);
@@ -83,20 +86,33 @@ pub(crate) struct Shared {
     pub(crate) registry: Registry,
     events: broadcast::Sender<EngineEvent>,
     dispatch_tx: mpsc::UnboundedSender<RunId>,
-    active: DashMap<RunId, Active>,
+    active: Mutex<HashMap<RunId, Active>>,
     pub(crate) timers: Timers,
-    watchers: DashMap<RunId, Arc<Notify>>,
+    watchers: Mutex<HashMap<RunId, Arc<Notify>>>,
     poke: Notify,
     shutdown: watch::Sender<bool>,
-    draining: AtomicBool,
+    pub(crate) draining: AtomicBool,
     /// Runs whose turn a `shutdown` dropped: their leases are released once all turns ended.
     interrupted: Mutex<Option<Vec<RunId>>>,
     idle: Notify,
-    pub(crate) store_failures: DashMap<RunId, u32>,
-    pub(crate) warned_versions: DashSet<RunId>,
-    pub(crate) update_validators: DashMap<(String, String), crate::signals::UpdateValidator>,
+    pub(crate) store_failures: Mutex<HashMap<RunId, u32>>,
+    pub(crate) warned_versions: Mutex<HashSet<RunId>>,
+    pub(crate) update_validators: Mutex<HashMap<(String, String), crate::signals::UpdateValidator>>,
     pub(crate) metrics: MetricsInner,
+    /// Execution slots shared by the dispatcher and the transport's consumer.
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) transport: Option<Arc<dyn Transport>>,
+    pub(crate) outbox: Mutex<Outbox>,
+    pub(crate) outbox_full: Notify,
+    consumer: Mutex<Option<Consumer>>,
+    pub(crate) queue_failures: Mutex<QueueFailures>,
+    pub(crate) rechecks: Mutex<HashSet<RunId>>,
+    pub(crate) dead_listeners: RwLock<Vec<DeadListener>>,
+    pub(crate) timeouts: Mutex<HashMap<String, Duration>>,
 }
+
+/// A callback fired when a run becomes `dead`.
+pub(crate) type DeadListener = Arc<dyn Fn(&Run) + Send + Sync>;
 
 /// A run known to the dispatcher: queued (waiting for a slot) or executing.
 #[derive(Default)]
@@ -110,6 +126,9 @@ pub(crate) struct MetricsInner {
     in_flight: AtomicUsize,
     max_in_flight: AtomicUsize,
     pub(crate) turns: AtomicU64,
+    pub(crate) batches: AtomicU64,
+    pub(crate) queued_runs: AtomicU64,
+    pub(crate) enqueued: AtomicU64,
 }
 
 /// A snapshot of the engine's counters.
@@ -124,6 +143,10 @@ pub struct Metrics {
     pub runs_queued: usize,
     /// Turns executed since the engine started.
     pub turns: u64,
+    /// Batches sent to the transport's run queue.
+    pub batches_sent: u64,
+    /// Runs sent to the transport's run queue (in those batches).
+    pub runs_sent: u64,
 }
 
 /// In-memory timers for runs this engine parked: one task sleeps until the earliest.
@@ -164,14 +187,18 @@ impl Shared {
 
     /// Queues a run for execution on this engine.
     pub(crate) fn dispatch(&self, id: RunId) {
-        if !*self.shutdown.borrow() && !self.draining.load(Ordering::Relaxed) {
+        if self.config.execute && !self.is_stopping() && !self.draining.load(Ordering::Relaxed) {
             let _ = self.dispatch_tx.send(id);
         }
     }
 
+    pub(crate) fn is_stopping(&self) -> bool {
+        *self.shutdown.borrow()
+    }
+
     /// Wakes `wait_for_run` callers of this run.
     pub(crate) fn notify_run(&self, id: &RunId) {
-        if let Some(n) = self.watchers.get(id) {
+        if let Some(n) = self.watchers.lock().get(id) {
             n.notify_waiters();
         }
     }
@@ -190,41 +217,59 @@ impl Shared {
     }
 
     async fn dispatch_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<RunId>) {
-        let slots = Arc::new(Semaphore::new(self.config.max_concurrent_runs.max(1)));
         while let Some(id) = rx.recv().await {
             if self.draining.load(Ordering::Relaxed) {
                 continue;
             }
-            match self.active.entry(id.clone()) {
-                dashmap::Entry::Occupied(mut e) => {
+            match self.active.lock().entry(id.clone()) {
+                Entry::Occupied(mut e) => {
                     // Queued runs will see the latest state anyway; executing ones run again.
                     if e.get().started {
                         e.get_mut().rerun = true;
                     }
                     continue;
                 }
-                dashmap::Entry::Vacant(e) => {
+                Entry::Vacant(e) => {
                     e.insert(Active::default());
                 }
             }
-            let Ok(permit) = slots.clone().acquire_owned().await else { return };
+            let Ok(slot) = self.slots.clone().acquire_owned().await else { return };
             if self.draining.load(Ordering::Relaxed) {
-                self.active.remove(&id);
+                self.active.lock().remove(&id);
                 continue;
             }
-            if let Some(mut a) = self.active.get_mut(&id) {
+            if let Some(a) = self.active.lock().get_mut(&id) {
                 a.started = true;
             }
             let shared = self.clone();
             tokio::spawn(async move {
-                let _guard = TaskGuard::new(&shared, id.clone());
-                // A shutdown drops the turn wherever it is (the store keeps what was committed).
-                tokio::select! {
-                    () = shared.run_until_quiet(&id) => {}
-                    () = shared.shutdown_signal() => {}
-                }
-                drop(permit);
+                shared.run_in_slot(id).await;
+                drop(slot);
             });
+        }
+    }
+
+    /// Marks a run as executing here; false (and a re-run request) if it already is.
+    pub(crate) fn begin_local(&self, id: &RunId) -> bool {
+        match self.active.lock().entry(id.clone()) {
+            Entry::Occupied(mut e) => {
+                e.get_mut().rerun = true;
+                false
+            }
+            Entry::Vacant(e) => {
+                e.insert(Active { started: true, rerun: false });
+                true
+            }
+        }
+    }
+
+    /// Executes a run marked as executing here, until it is quiet or the engine shuts down
+    /// (a shutdown drops the turn wherever it is; the store keeps what was committed).
+    pub(crate) async fn run_in_slot(self: &Arc<Self>, id: RunId) {
+        let _guard = TaskGuard::new(self, id.clone());
+        tokio::select! {
+            () = self.run_until_quiet(&id) => {}
+            () = self.shutdown_signal() => {}
         }
     }
 
@@ -232,11 +277,13 @@ impl Shared {
     async fn run_until_quiet(self: &Arc<Self>, id: &RunId) {
         loop {
             self.drive_run(id).await;
-            if self.active.remove_if(id, |_, a| !a.rerun).is_some() {
-                return;
-            }
-            if let Some(mut a) = self.active.get_mut(id) {
-                a.rerun = false;
+            let mut active = self.active.lock();
+            match active.get_mut(id) {
+                Some(a) if a.rerun => a.rerun = false,
+                _ => {
+                    active.remove(id);
+                    return;
+                }
             }
         }
     }
@@ -249,7 +296,7 @@ impl Shared {
                     tokio::select! {
                         () = self.clock.sleep_until(at) => {
                             for id in self.timers.pop_due(self.clock.now()) {
-                                self.dispatch(id);
+                                self.wake(id);
                             }
                         }
                         () = self.timers.changed.notified() => {}
@@ -265,6 +312,7 @@ impl Shared {
             let orphans = last_orphan_scan.is_none_or(|t| t.elapsed() >= self.config.orphan_poll_interval);
             if self.poll_once(orphans).await && orphans {
                 last_orphan_scan = Some(tokio::time::Instant::now());
+                self.enforce_timeouts().await;
             }
             tokio::select! {
                 () = tokio::time::sleep(self.config.poll_interval) => {}
@@ -285,12 +333,12 @@ impl Shared {
             now: self.clock.now(),
             limit: self.config.poll_batch,
         };
-        let mut found = Vec::new();
+        let (mut pending, mut due) = (Vec::new(), Vec::new());
         let result = async {
-            found.extend(self.store.pending_runs(&query).await?);
-            found.extend(self.store.due_runs(&query).await?);
+            pending.extend(self.store.pending_runs(&query).await?);
+            due.extend(self.store.due_runs(&query).await?);
             if orphans {
-                found.extend(self.store.orphaned_runs(&query).await?);
+                due.extend(self.store.orphaned_runs(&query).await?);
             }
             Ok::<_, durable_core::StoreError>(())
         }
@@ -298,8 +346,12 @@ impl Shared {
         if let Err(e) = result {
             tracing::warn!(error = %e, "poller could not read the store; trying again next interval");
         }
-        for id in found {
-            self.dispatch(id);
+        // With a run queue, what a poller finds is handed to every instance, not executed here.
+        for id in pending {
+            self.queue_found(id, QueueReason::Start);
+        }
+        for id in due {
+            self.queue_found(id, QueueReason::Wake);
         }
         true
     }
@@ -325,7 +377,11 @@ impl Drop for TaskGuard {
         if let Some(interrupted) = self.shared.interrupted.lock().as_mut() {
             interrupted.push(self.id.clone());
         }
-        self.shared.active.remove_if(&self.id, |_, a| a.started);
+        let mut active = self.shared.active.lock();
+        if active.get(&self.id).is_some_and(|a| a.started) {
+            active.remove(&self.id);
+        }
+        drop(active);
         self.shared.metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.shared.idle.notify_waiters();
     }
@@ -337,6 +393,7 @@ pub struct EngineBuilder {
     store: Option<Arc<dyn Store>>,
     clock: Arc<dyn Clock>,
     config: EngineConfig,
+    transport: Option<Arc<dyn Transport>>,
 }
 
 impl fmt::Debug for EngineBuilder {
@@ -371,6 +428,21 @@ impl EngineBuilder {
         self
     }
 
+    /// A run queue shared with other engines: starts and wakes are sent to it in batches and
+    /// this engine consumes its share (see `durable-transport`). Without one, runs execute on
+    /// the engine that starts or wakes them, and the pollers share out the rest.
+    pub fn transport(mut self, transport: impl Transport) -> Self {
+        self.transport = Some(Arc::new(transport));
+        self
+    }
+
+    /// A client engine: it starts, signals, queries and waits for runs but executes none
+    /// (workers do). Same as `EngineConfig { execute: false, .. }`.
+    pub fn client_only(mut self) -> Self {
+        self.config.execute = false;
+        self
+    }
+
     /// Only execute runs of this namespace, and start runs in it by default.
     pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
         self.config.namespace = Some(namespace.into());
@@ -390,22 +462,31 @@ impl EngineBuilder {
         let shared = Arc::new(Shared {
             store,
             clock: self.clock,
+            slots: Arc::new(Semaphore::new(self.config.max_concurrent_runs.max(1))),
             config: self.config,
             owner,
             registry: Registry::default(),
             events: broadcast::channel(4096).0,
             dispatch_tx,
-            active: DashMap::new(),
+            active: Mutex::new(HashMap::new()),
             timers: Timers::default(),
-            watchers: DashMap::new(),
+            watchers: Mutex::new(HashMap::new()),
             poke: Notify::new(),
             shutdown: watch::Sender::new(false),
             draining: AtomicBool::new(false),
             interrupted: Mutex::new(None),
             idle: Notify::new(),
-            store_failures: DashMap::new(),
-            warned_versions: DashSet::new(),
-            update_validators: DashMap::new(),
+            store_failures: Mutex::new(HashMap::new()),
+            warned_versions: Mutex::new(HashSet::new()),
+            update_validators: Mutex::new(HashMap::new()),
+            transport: self.transport,
+            outbox: Mutex::new(Outbox::default()),
+            outbox_full: Notify::new(),
+            consumer: Mutex::new(None),
+            queue_failures: Mutex::new(QueueFailures::default()),
+            rechecks: Mutex::new(HashSet::new()),
+            dead_listeners: RwLock::new(Vec::new()),
+            timeouts: Mutex::new(HashMap::new()),
             metrics: MetricsInner::default(),
         });
         let spawn = |f: std::pin::Pin<Box<dyn Future<Output = ()> + Send>>| {
@@ -417,11 +498,21 @@ impl EngineBuilder {
                 }
             })
         };
-        let tasks = vec![
-            spawn(Box::pin(shared.clone().dispatch_loop(dispatch_rx))),
-            spawn(Box::pin(shared.clone().timer_loop())),
-            spawn(Box::pin(shared.clone().poll_loop())),
-        ];
+        let mut tasks = Vec::new();
+        if shared.config.execute {
+            tasks.push(spawn(Box::pin(shared.clone().dispatch_loop(dispatch_rx))));
+            tasks.push(spawn(Box::pin(shared.clone().timer_loop())));
+            tasks.push(spawn(Box::pin(shared.clone().poll_loop())));
+        }
+        if let Some(transport) = &shared.transport {
+            tasks.push(spawn(Box::pin(shared.clone().flush_loop())));
+            if shared.config.execute {
+                let handler = Arc::new(EngineHandler(Arc::downgrade(&shared)));
+                let consumer =
+                    transport.consume_runs(shared.config.namespace.clone(), shared.config.queue_concurrency, handler);
+                *shared.consumer.lock() = Some(consumer);
+            }
+        }
         Ok(Engine { inner: Arc::new(EngineInner { shared, tasks: Mutex::new(tasks) }) })
     }
 }
@@ -518,7 +609,7 @@ impl RunOutcome {
 impl Engine {
     /// Starts building an engine.
     pub fn builder() -> EngineBuilder {
-        EngineBuilder { store: None, clock: Arc::new(SystemClock), config: EngineConfig::default() }
+        EngineBuilder { store: None, clock: Arc::new(SystemClock), config: EngineConfig::default(), transport: None }
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {
@@ -602,8 +693,9 @@ impl Engine {
         let created = shared.store.create_run(new).await?;
         let is_new = created.created();
         if is_new {
+            let run = created.run();
             shared.emit(EngineEvent::RunCreated { run_id: id.clone(), workflow: workflow.to_string() });
-            shared.dispatch(id.clone());
+            shared.queue_start(id.clone(), &run.namespace, run.priority, run.updated_at);
         }
         Ok(Started { id, created: is_new, run: created.into_run() })
     }
@@ -631,7 +723,7 @@ impl Engine {
 
     async fn wait(&self, id: &RunId, suspended_is_enough: bool, timeout: Option<Duration>) -> Result<RunOutcome> {
         let shared = &self.inner.shared;
-        let notify = shared.watchers.entry(id.clone()).or_default().clone();
+        let notify = shared.watchers.lock().entry(id.clone()).or_default().clone();
         let done = |run: &Run| run.status.is_terminal() || (suspended_is_enough && run.status == RunStatus::Suspended);
         let wait = async {
             loop {
@@ -659,7 +751,10 @@ impl Engine {
             },
         };
         drop(notify);
-        shared.watchers.remove_if(id, |_, n| Arc::strong_count(n) == 1);
+        let mut watchers = shared.watchers.lock();
+        if watchers.get(id).is_some_and(|n| Arc::strong_count(n) == 1) {
+            watchers.remove(id);
+        }
         result
     }
 
@@ -708,8 +803,10 @@ impl Engine {
         Metrics {
             turns_in_flight: in_flight,
             max_turns_in_flight: shared.metrics.max_in_flight.load(Ordering::Acquire),
-            runs_queued: shared.active.len().saturating_sub(in_flight),
+            runs_queued: shared.active.lock().len().saturating_sub(in_flight),
             turns: shared.metrics.turns.load(Ordering::Relaxed),
+            batches_sent: shared.metrics.batches.load(Ordering::Relaxed),
+            runs_sent: shared.metrics.queued_runs.load(Ordering::Relaxed),
         }
     }
 
@@ -723,6 +820,11 @@ impl Engine {
     pub async fn shutdown(&self) {
         let shared = &self.inner.shared;
         shared.interrupted.lock().get_or_insert_with(Vec::new);
+        let consumer = shared.consumer.lock().take();
+        if let Some(consumer) = consumer {
+            consumer.stop().await;
+        }
+        shared.flush().await;
         shared.stop_background();
         for task in self.inner.tasks.lock().drain(..) {
             task.abort();
@@ -748,6 +850,12 @@ impl Engine {
     pub async fn drain(&self, timeout: Duration) -> bool {
         let shared = &self.inner.shared;
         shared.draining.store(true, Ordering::Relaxed);
+        // Stop taking queued runs (items in hand are handed back), send what is waiting.
+        let consumer = shared.consumer.lock().take();
+        if let Some(consumer) = consumer {
+            consumer.stop().await;
+        }
+        shared.flush().await;
         let finished = tokio::time::timeout(timeout, async {
             loop {
                 let idle = shared.idle.notified();

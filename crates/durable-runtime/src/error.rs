@@ -100,6 +100,15 @@ pub enum Error {
         /// Its status.
         status: RunStatus,
     },
+    /// The run ran its undos (a saga that failed or was cancelled): retrying it would replay
+    /// steps whose effects were undone.
+    #[error(
+        "run {id} ran its undos after it failed; retrying it would replay steps that were undone — start a new run instead (retry_with_input)"
+    )]
+    Compensated {
+        /// The run.
+        id: RunId,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

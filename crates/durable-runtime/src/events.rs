@@ -22,6 +22,14 @@ pub enum EngineEvent {
         /// Whether the turn took over an expired lease of another worker.
         recovered: bool,
     },
+    /// A wake found the run's lease held by another engine; this engine looks again once the
+    /// lease expires or is released.
+    WakeDeferred {
+        /// The run.
+        run_id: RunId,
+        /// The lease holder.
+        holder: String,
+    },
     /// A step completed and its output was committed.
     StepCompleted {
         /// The run.
@@ -74,6 +82,14 @@ pub enum EngineEvent {
         /// The run.
         run_id: RunId,
         /// The store error.
+        error: String,
+    },
+    /// The run queue refused batches; reported at most once a minute, with the count of runs
+    /// that could not be queued since the last report.
+    QueueUnavailable {
+        /// Runs not queued since the last report.
+        failures: u64,
+        /// The last error.
         error: String,
     },
     /// The run settled.

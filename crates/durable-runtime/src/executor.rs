@@ -107,19 +107,21 @@ impl Shared {
     /// Applies a commit and releases its effects: created children and runs that received a
     /// signal are dispatched (only after the store acknowledged the commit).
     pub(crate) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
-        let children: Vec<RunId> = commit.children.iter().map(|c| c.id.clone()).collect();
+        let children: Vec<(RunId, String, i32, u64)> =
+            commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
         let outcome = self.store.commit(commit).await?;
-        for child in children {
-            self.dispatch(child);
+        for (id, namespace, priority, created_at) in children {
+            self.queue_start(id, &namespace, priority, created_at);
         }
-        self.dispatch_deliveries(&outcome.deliveries);
+        self.wake_delivered(&outcome.deliveries);
         Ok(outcome)
     }
 
-    pub(crate) fn dispatch_deliveries(&self, deliveries: &[Delivery]) {
+    /// Wakes the runs that received a delivery.
+    pub(crate) fn wake_delivered(&self, deliveries: &[Delivery]) {
         for d in deliveries {
             if let Delivery::Delivered { run_id, .. } = d {
-                self.dispatch(run_id.clone());
+                self.wake(run_id.clone());
             }
         }
     }
@@ -134,13 +136,18 @@ impl Shared {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
                 Ok(ClaimOutcome::NotFound) => return,
                 Ok(ClaimOutcome::Terminal(_)) => return self.notify_run(id),
-                Ok(ClaimOutcome::Busy(_)) => return,
+                Ok(ClaimOutcome::Busy(run)) => return self.recheck_later(&run),
                 Err(e) => return self.retry_after_store_error(id, &e),
             };
             if recovered && run.recovery_attempts > self.config.max_recovery_attempts {
                 return self.bury(&run).await;
             }
+            if !self.serves(&run.namespace) {
+                // A wake reached an engine of another pool: leave the run to its own.
+                return self.hand_back(&run, previous).await;
+            }
             let Some(handler) = self.registry.get(&run.workflow, run.version) else {
+                self.warn_unregistered(&run);
                 return self.hand_back(&run, previous).await;
             };
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
@@ -148,7 +155,7 @@ impl Shared {
             match self.execute_turn(run, history, handler).instrument(span).await {
                 TurnEnded::Again => continue,
                 TurnEnded::Done => {
-                    self.store_failures.remove(id);
+                    self.store_failures.lock().remove(id);
                     return;
                 }
                 TurnEnded::StoreFailed(e) => return self.retry_after_store_error(id, &e),
@@ -313,15 +320,21 @@ impl Shared {
                 tracing::error!(run_id = %run.id, "run is dead after {} recoveries", run.recovery_attempts);
                 self.emit(EngineEvent::RunSettled { run_id: run.id.clone(), status: RunStatus::Dead });
                 self.notify_run(&run.id);
+                let listeners = self.dead_listeners.read().clone();
+                if !listeners.is_empty() {
+                    let dead = self.store.get_run(&run.id).await.ok().flatten().unwrap_or_else(|| run.clone());
+                    for listener in listeners {
+                        listener(&dead);
+                    }
+                }
             }
             Ok(_) => {}
             Err(e) => self.retry_after_store_error(&run.id, &e),
         }
     }
 
-    /// A run whose `(workflow, version)` this engine does not have: give it back untouched.
-    async fn hand_back(&self, run: &Run, previous: RunStatus) {
-        if self.warned_versions.insert(run.id.clone()) {
+    fn warn_unregistered(&self, run: &Run) {
+        if self.warned_versions.lock().insert(run.id.clone()) {
             tracing::warn!(
                 run_id = %run.id,
                 "workflow {:?} version {} is not registered on this engine; the run is left as it is \
@@ -330,6 +343,11 @@ impl Shared {
                 run.version
             );
         }
+    }
+
+    /// A run this engine must not execute (another pool's, or a version it lacks): give it
+    /// back as it was.
+    async fn hand_back(&self, run: &Run, previous: RunStatus) {
         let patch =
             RunPatch { status: Some(previous), release_lease: true, now: self.clock.now(), ..Default::default() };
         if let Err(e) = self.store.update_run_if(&run.id, &[RunStatus::Running], patch).await {
@@ -367,7 +385,8 @@ impl Shared {
     /// Dispatches the run again after a backoff that doubles with consecutive failures.
     fn retry_after_store_error(self: &Arc<Self>, id: &RunId, e: &StoreError) {
         let failures = {
-            let mut n = self.store_failures.entry(id.clone()).or_insert(0);
+            let mut failures = self.store_failures.lock();
+            let n = failures.entry(id.clone()).or_insert(0);
             *n += 1;
             *n
         };

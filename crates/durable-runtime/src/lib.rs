@@ -36,6 +36,7 @@ mod engine;
 mod error;
 mod events;
 mod executor;
+mod fleet;
 mod registry;
 mod signals;
 
@@ -48,5 +49,6 @@ pub use durable_core::{Backoff, RetryPolicy, RunFilter, RunId, RunPage, RunStatu
 pub use engine::{Engine, EngineBuilder, Metrics, RunOutcome, StartOptions, Started};
 pub use error::{Error, Result, StepFailed, WorkflowError};
 pub use events::EngineEvent;
+pub use fleet::{WorkflowOptions, shutdown_signal};
 pub use signals::{SignalError, TaskError, UpdateOutcome};
 pub use uuid;

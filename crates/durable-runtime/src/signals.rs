@@ -152,7 +152,12 @@ async fn await_delivery(
     }
     match t.begin(seq, name, kind) {
         None => halt().await,
-        Some(Decision::Replay(p)) => Some(p),
+        Some(Decision::Replay(p)) => {
+            if let Some((dseq, _)) = deadline {
+                settle_deadline(t, dseq);
+            }
+            Some(p)
+        }
         Some(Decision::ReplayError { error, .. }) if error.code() == Some(WAIT_TIMEOUT) => None,
         Some(Decision::Wait { .. }) if passed => expire(t, seq, name, kind).await,
         Some(Decision::Wait { .. }) => park(t, seq, due_at).await,
@@ -165,6 +170,17 @@ async fn await_delivery(
             park(t, seq, if passed { Some(now) } else { due_at }).await
         }
         Some(other) => corrupt(t, seq, name, &other).await,
+    }
+}
+
+/// A delivery beat the deadline: mark the deadline's checkpoint done (rides along with the
+/// next commit) so a finished run shows no timer still waiting.
+fn settle_deadline(t: &TurnShared, dseq: u32) {
+    let waiting = t.turn.lock().history().get(dseq).filter(|c| c.status == CheckpointStatus::Waiting).cloned();
+    if let Some(mut cp) = waiting {
+        cp.status = CheckpointStatus::Completed;
+        cp.updated_at = t.now();
+        t.record(cp);
     }
 }
 
@@ -359,9 +375,7 @@ impl Shared {
     /// Sends a signal and wakes the run that received it.
     async fn deliver(&self, token: &str, payload: Payload) -> Result<Delivery> {
         let delivery = self.store.send_signal(token, payload, self.clock.now()).await?;
-        if let Delivery::Delivered { run_id, .. } = &delivery {
-            self.dispatch(run_id.clone());
-        }
+        self.wake_delivered(std::slice::from_ref(&delivery));
         Ok(delivery)
     }
 
@@ -423,11 +437,7 @@ impl Engine {
         let shared = self.shared();
         let payload = shared.encode_payload(|| format!("the payload of event {name:?}"), payload)?;
         let deliveries = shared.store.publish_event(name, payload, shared.clock.now()).await?;
-        for d in &deliveries {
-            if let Delivery::Delivered { run_id, .. } = d {
-                shared.dispatch(run_id.clone());
-            }
-        }
+        shared.wake_delivered(&deliveries);
         Ok(deliveries)
     }
 
@@ -449,7 +459,7 @@ impl Engine {
             let arg: T = p.decode().map_err(|e| format!("the argument does not decode: {e}"))?;
             validator(&arg)
         });
-        self.shared().update_validators.insert((workflow.to_string(), update.to_string()), v);
+        self.shared().update_validators.lock().insert((workflow.to_string(), update.to_string()), v);
     }
 
     /// Sends an update to a run: validated first (the run must exist and be active; the
@@ -466,7 +476,7 @@ impl Engine {
         if run.status.is_terminal() {
             return reject(format!("run {run_id} is {}; updates go to active runs only", run.status));
         }
-        let validator = shared.update_validators.get(&(run.workflow.clone(), name.to_string())).map(|v| v.clone());
+        let validator = shared.update_validators.lock().get(&(run.workflow.clone(), name.to_string())).cloned();
         if let Some(validator) = validator
             && let Err(reason) = validator(&payload)
         {

@@ -23,8 +23,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use async_trait::async_trait;
 use durable_core::{
     Capabilities, Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery,
-    Millis, NewRun, Payload, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StepKind, Store,
-    StoreError, StoreResult, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor, json_subset,
+    Millis, NewRun, Payload, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunQueue,
+    RunStatus, StepKind, Store, StoreError, StoreResult, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor,
+    json_subset,
 };
 use parking_lot::Mutex;
 
@@ -47,6 +48,15 @@ struct Inner {
     event_buffer: HashMap<String, VecDeque<Payload>>,
     state: HashMap<RunId, HashMap<String, Payload>>,
     next_waiter: u64,
+    queue: BTreeMap<u64, Queued>,
+    next_queued: u64,
+}
+
+#[derive(Debug)]
+struct Queued {
+    item: QueuedRun,
+    enqueued_at: Millis,
+    claim: Option<(String, Millis)>,
 }
 
 impl MemoryStore {
@@ -512,5 +522,84 @@ impl Store for MemoryStore {
             inner.delete_one(d);
         }
         Ok(doomed.len() as u64)
+    }
+}
+
+#[async_trait]
+impl RunQueue for MemoryStore {
+    async fn enqueue(&self, items: Vec<QueuedRun>, now: Millis) -> StoreResult<()> {
+        let mut inner = self.inner.lock();
+        for mut item in items {
+            let Some(run) = inner.runs.get(&item.run_id) else { continue };
+            item.namespace.get_or_insert_with(|| run.namespace.clone());
+            let open = inner.queue.values_mut().find(|q| q.claim.is_none() && q.item.run_id == item.run_id);
+            match open {
+                Some(q) => {
+                    if item.reason == QueueReason::Wake {
+                        q.item.reason = QueueReason::Wake;
+                        q.item.dedupe_key = item.dedupe_key;
+                    }
+                    q.item.priority = q.item.priority.max(item.priority);
+                }
+                None => {
+                    inner.next_queued += 1;
+                    item.id = inner.next_queued;
+                    inner.queue.insert(item.id, Queued { item, enqueued_at: now, claim: None });
+                }
+            }
+        }
+        Ok(())
+    }
+
+    async fn claim_queued(
+        &self,
+        namespace: Option<&str>,
+        owner: &str,
+        limit: usize,
+        claim_until: Millis,
+        now: Millis,
+    ) -> StoreResult<Vec<QueuedRun>> {
+        let mut inner = self.inner.lock();
+        let mut free: Vec<&mut Queued> = inner
+            .queue
+            .values_mut()
+            .filter(|q| q.claim.as_ref().is_none_or(|(_, until)| *until < now))
+            .filter(|q| namespace.is_none_or(|ns| q.item.namespace.as_deref() == Some(ns)))
+            .collect();
+        free.sort_by_key(|q| (Reverse(q.item.priority), q.enqueued_at, q.item.id));
+        Ok(free
+            .into_iter()
+            .take(limit)
+            .map(|q| {
+                q.claim = Some((owner.to_string(), claim_until));
+                q.item.clone()
+            })
+            .collect())
+    }
+
+    async fn ack_queued(&self, ids: &[u64], owner: &str) -> StoreResult<()> {
+        let mut inner = self.inner.lock();
+        for id in ids {
+            if inner.queue.get(id).is_some_and(|q| q.claim.as_ref().is_some_and(|(o, _)| o == owner)) {
+                inner.queue.remove(id);
+            }
+        }
+        Ok(())
+    }
+
+    async fn release_queued(&self, ids: &[u64], owner: &str) -> StoreResult<()> {
+        let mut inner = self.inner.lock();
+        for id in ids {
+            if let Some(q) = inner.queue.get_mut(id)
+                && q.claim.as_ref().is_some_and(|(o, _)| o == owner)
+            {
+                q.claim = None;
+            }
+        }
+        Ok(())
+    }
+
+    async fn queued_len(&self) -> StoreResult<u64> {
+        Ok(self.inner.lock().queue.len() as u64)
     }
 }

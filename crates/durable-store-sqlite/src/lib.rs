@@ -24,7 +24,9 @@
 //! - **Versioned schema.** A `durable_schema` table records the schema version. An empty file
 //!   gets the latest schema; an older file is migrated forward in one transaction when opened;
 //!   a file from a newer build is refused ([`Error::SchemaTooNew`]); a file that is not a
-//!   durable database is refused without being written ([`Error::NotADatabase`]).
+//!   durable database is refused without being written ([`Error::NotADatabase`]). Tools that
+//!   must never create a database (an operator's command line) open with
+//!   [`SqliteOptions::create_if_missing`]`(false)`: a missing or empty file is refused too.
 //! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
 //!   disk full, corrupt, not a database → [`StoreError::Backend`](durable_core::StoreError::Backend) wrapping an [`Error`].
 //!
@@ -86,6 +88,7 @@
 mod error;
 mod ops;
 mod options;
+mod queue;
 mod schema;
 mod workers;
 
@@ -134,12 +137,14 @@ impl SqliteStore {
 
     /// Opens (or creates) the database at `path`.
     ///
-    /// A missing or empty file, or an SQLite database without tables, gets the latest schema; a
-    /// file with an older schema is migrated forward (in one transaction: a failed migration
-    /// leaves the file as it was).
+    /// A missing or empty file, or an SQLite database without tables, gets the latest schema
+    /// (unless [`SqliteOptions::create_if_missing`] is `false`: then it is refused and nothing
+    /// is created); a file with an older schema is migrated forward (in one transaction: a
+    /// failed migration leaves the file as it was).
     ///
     /// # Errors
-    /// - [`Error::NotADatabase`]: the file is not SQLite, or is another program's database.
+    /// - [`Error::NotADatabase`]: the file is not SQLite, or is another program's database; or,
+    ///   with `create_if_missing(false)`, it is missing, empty, or has no durable schema.
     /// - [`Error::SchemaTooNew`]: the file was written by a newer build; upgrade to open it.
     /// - [`Error::Busy`]: another connection held the write lock past the busy timeout while
     ///   this one had to create or migrate the schema.

@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 2;
+pub const SCHEMA_VERSION: u32 = 3;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -129,24 +129,53 @@ INSERT OR IGNORE INTO run_tags (run_id, tag)
     SELECT runs.id, j.value FROM runs, json_each(runs.tags) AS j WHERE j.type = 'text';
 ",
     },
+    Migration {
+        version: 3,
+        description: "run_queue: runs to execute (starts and wakes) for the store-backed transport",
+        sql: "
+CREATE TABLE run_queue (
+    id          INTEGER PRIMARY KEY,
+    run_id      TEXT NOT NULL,
+    reason      TEXT NOT NULL,
+    namespace   TEXT NOT NULL,
+    priority    INTEGER NOT NULL,
+    dedupe_key  TEXT NOT NULL,
+    enqueued_at INTEGER NOT NULL,
+    claimed_by  TEXT,
+    claim_until INTEGER
+) STRICT;
+-- At most one unclaimed item per run.
+CREATE UNIQUE INDEX run_queue_open ON run_queue (run_id) WHERE claimed_by IS NULL;
+CREATE INDEX run_queue_next ON run_queue (namespace, priority DESC, enqueued_at, id);
+",
+    },
 ];
 
 const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
 
-/// Refuses a file that exists and is not SQLite, before SQLite opens (and maybe writes) it.
-fn check_header(path: &Path) -> Result<()> {
+/// Refuses a file that exists and is not SQLite, before SQLite opens (and maybe writes) it;
+/// without `create_if_missing`, also a missing or empty file.
+fn check_header(path: &Path, opts: &SqliteOptions) -> Result<()> {
     let io_err = |message: &str, source| Error::Io { path: path.to_path_buf(), message: message.into(), source };
     let meta = match std::fs::metadata(path) {
         Ok(m) => m,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            if opts.create_if_missing {
+                return Ok(());
+            }
+            return Err(not_created(path, "the file does not exist (nothing was created)"));
+        }
         Err(e) => return Err(io_err("cannot read the file's metadata", e)),
     };
     if meta.is_dir() {
         return Err(Error::NotADatabase { path: path.to_path_buf(), reason: "it is a directory".into() });
     }
     if meta.len() == 0 {
-        // SQLite treats an empty file as an empty database: it is initialised.
-        return Ok(());
+        // SQLite treats an empty file as an empty database: it is initialised, if allowed.
+        if opts.create_if_missing {
+            return Ok(());
+        }
+        return Err(not_created(path, "the file is empty (it was left as it is)"));
     }
     let mut head = Vec::with_capacity(16);
     File::open(path)
@@ -161,6 +190,11 @@ fn check_header(path: &Path) -> Result<()> {
     Ok(())
 }
 
+/// The refusal of a file that `create_if_missing(false)` does not let the store initialise.
+fn not_created(path: &Path, reason: &str) -> Error {
+    Error::NotADatabase { path: path.to_path_buf(), reason: reason.into() }
+}
+
 /// Opens one connection with the store's settings: busy timeout, WAL, synchronous, cache.
 pub(crate) fn connect(path: &Path, opts: &SqliteOptions, role: &str) -> Result<Connection> {
     let conn = open_plain(path, opts, role)?;
@@ -172,7 +206,10 @@ pub(crate) fn connect(path: &Path, opts: &SqliteOptions, role: &str) -> Result<C
 fn open_plain(path: &Path, opts: &SqliteOptions, role: &str) -> Result<Connection> {
     let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
     // No SQLITE_OPEN_URI: the path is a path, never a `file:` URI with options.
-    let flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_CREATE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    let mut flags = OpenFlags::SQLITE_OPEN_READ_WRITE | OpenFlags::SQLITE_OPEN_NO_MUTEX;
+    if opts.create_if_missing {
+        flags |= OpenFlags::SQLITE_OPEN_CREATE;
+    }
     let conn =
         Connection::open_with_flags(path, flags).map_err(|e| err(&format!("opening the {role} connection"), e))?;
     let ms = opts.busy_timeout.as_millis().min(i32::MAX as u128) as u64;
@@ -213,13 +250,18 @@ fn configure(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()>
 /// Opens the writer connection of a store: checks the file, then brings its schema to
 /// [`SCHEMA_VERSION`] (creating it in an empty database) in one transaction.
 pub(crate) fn open_writer(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
-    check_header(path)?;
+    check_header(path, opts)?;
     let conn = open_plain(path, opts, "writer")?;
     // Refuse another program's database, or one from a newer build, before switching it to
     // WAL (which rewrites the header): a refused file is left exactly as it was.
     let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
     match schema_version(&conn).map_err(|e| err("reading the schema version", e))? {
-        None => check_foreign(&conn, path, opts)?,
+        None => {
+            check_foreign(&conn, path, opts)?;
+            if !opts.create_if_missing {
+                return Err(no_schema(path));
+            }
+        }
         Some(v) if v > SCHEMA_VERSION => {
             return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
         }
@@ -228,6 +270,11 @@ pub(crate) fn open_writer(path: &Path, opts: &SqliteOptions) -> Result<Connectio
     configure(&conn, path, opts)?;
     migrate(&conn, path, opts)?;
     Ok(conn)
+}
+
+/// The refusal of an SQLite database without a durable schema under `create_if_missing(false)`.
+fn no_schema(path: &Path) -> Error {
+    not_created(path, "it is an SQLite database without a durable schema (it was left as it is)")
 }
 
 /// Fails unless a database without a durable schema is empty (then it may be initialised).
@@ -307,8 +354,11 @@ fn migrate_locked(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Resul
         Some(v) => v,
         None => {
             // No durable schema: only an empty database may be initialised, never another
-            // program's.
+            // program's, and only when the options allow it.
             check_foreign(conn, path, opts)?;
+            if !opts.create_if_missing {
+                return Err(no_schema(path));
+            }
             conn.execute_batch(
                 "CREATE TABLE durable_schema (
                     version     INTEGER PRIMARY KEY NOT NULL,

@@ -1,7 +1,116 @@
 //! # durable-transport
 //!
-//! Transports move work between engine instances: the run queue (starts and wakes) and step
-//! tasks for remote workers. Until the fleet issue lands, runs are dispatched in-process by
-//! `durable-runtime` and picked up from the store by its pollers.
+//! Transports move work between engine instances. This crate defines the run-queue half: an
+//! engine sends the runs it wants executed (starts and wakes) in batches with
+//! [`Transport::dispatch_runs`], and every instance takes its share with
+//! [`Transport::consume_runs`]. A queued item is only a nudge — the run's durable state in the
+//! store decides what happens (a consumer acts on the run as it finds it), so a lost or
+//! duplicated item never loses or repeats work; the engine's pollers remain the safety net.
+//!
+//! Two transports:
+//! - [`InProcessTransport`]: a channel inside one process (tests, single-process apps).
+//! - [`QueueTransport`]: a queue table in the store itself ([`RunQueue`], implemented by the
+//!   SQLite and memory stores), claimed with a lease so a consumer that dies leaves its items
+//!   to others. Several processes sharing one SQLite file share its queue; several machines
+//!   sharing one PostgreSQL database share its queue, woken within milliseconds by
+//!   `LISTEN/NOTIFY` through a [`Wakeups`] source ([`QueueTransport::with_wakeups`]).
+//!
+//! It does not depend on any store crate: [`RunQueue`] is defined in `durable-core`, next to
+//! the `Store` trait, and re-exported here.
+//!
+//! ```
+//! use std::sync::Arc;
+//! use durable_store_memory::MemoryStore;
+//! use durable_transport::QueueTransport;
+//!
+//! let store = Arc::new(MemoryStore::new());
+//! let transport = QueueTransport::new(store.clone());
+//! # let _ = transport;
+//! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+
+mod in_process;
+mod queue;
+mod wakeups;
+
+use std::fmt;
+use std::sync::Arc;
+
+use async_trait::async_trait;
+pub use durable_core::{QueueReason, QueuedRun, RunQueue};
+pub use in_process::InProcessTransport;
+pub use queue::QueueTransport;
+use tokio::sync::watch;
+use tokio::task::JoinHandle;
+pub use wakeups::{WakeupFuture, Wakeups};
+
+/// What went wrong sending runs.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum TransportError {
+    /// The queue's backend failed.
+    #[error("run queue unavailable: {0}")]
+    Unavailable(String),
+    /// The transport was closed.
+    #[error("the transport is closed")]
+    Closed,
+}
+
+/// What a consumer did with an item.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Handled {
+    /// Done with it (executed, or nothing to do): remove it from the queue.
+    Done,
+    /// Not taken (the engine is draining): put it back for another consumer.
+    HandBack,
+}
+
+/// Executes queued runs; implemented by the engine.
+#[async_trait]
+pub trait RunHandler: Send + Sync + 'static {
+    /// Acts on the run as the store has it now (start it, resume it, or skip a settled one).
+    async fn handle(&self, item: QueuedRun) -> Handled;
+}
+
+/// A running consumer; [`Consumer::stop`] ends it.
+#[derive(Debug)]
+pub struct Consumer {
+    stop: watch::Sender<bool>,
+    task: Option<JoinHandle<()>>,
+}
+
+impl Consumer {
+    /// A consumer whose loop is `task`, stopped through `stop`.
+    pub fn new(stop: watch::Sender<bool>, task: JoinHandle<()>) -> Self {
+        Consumer { stop, task: Some(task) }
+    }
+
+    /// Stops taking items. Items already in hand finish on their own (their handler decides to
+    /// ack or hand them back); the engine's drain bounds how long that may take.
+    pub async fn stop(mut self) {
+        self.stop.send_replace(true);
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Consumer {
+    fn drop(&mut self) {
+        self.stop.send_replace(true);
+    }
+}
+
+/// The run queue between engine instances.
+#[async_trait]
+pub trait Transport: Send + Sync + fmt::Debug + 'static {
+    /// Sends a batch of runs of one namespace (`None`: the senders did not know it) to be
+    /// executed by whichever instance consumes them.
+    async fn dispatch_runs(&self, namespace: Option<&str>, batch: Vec<QueuedRun>) -> Result<(), TransportError>;
+
+    /// Starts handing queued runs of `namespace` (`None`: every namespace) to `handler`, at
+    /// most `concurrency` at once, until the returned consumer is stopped. Must be called
+    /// inside a tokio runtime.
+    fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer;
+}

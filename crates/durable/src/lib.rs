@@ -33,8 +33,10 @@
 //!
 //! Crates behind this facade: `durable-core` (the pure replay state machine and the
 //! [`store::Store`] trait), `durable-runtime` (the engine), `durable-store-memory`,
-//! `durable-store-sqlite` (feature `sqlite`, on by default) and `durable-conformance`
-//! (feature `conformance`: the test harness and the store conformance suite).
+//! `durable-store-sqlite` (feature `sqlite`, on by default), `durable-store-postgres`
+//! (feature `postgres`: `PostgresStore`, many engines sharing one PostgreSQL database) and
+//! `durable-conformance` (feature `conformance`: the test harness and the store conformance
+//! suite).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -46,11 +48,23 @@ pub use durable_runtime::{
     All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildJoin, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
     EngineConfig, EngineEvent, Error, Metrics, Result, RunOutcome, SignalError, StartOptions, Started, Step,
     StepContext, StepFailed, StepOptions, SystemClock, TaskError, UpdateOutcome, VirtualClock, WorkflowCtx,
-    WorkflowError, uuid,
+    WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
+#[cfg(feature = "postgres")]
+pub use durable_store_postgres::{
+    Error as PostgresError, PostgresOptions, PostgresStats, PostgresStore, RunNotifications,
+};
 #[cfg(feature = "sqlite")]
 pub use durable_store_sqlite::{Durability, Error as SqliteError, SqliteOptions, SqliteStore};
+pub use durable_transport::{InProcessTransport, QueueTransport, Transport};
+
+/// The API for implementing a transport: the run queue between engine instances.
+pub mod transport {
+    pub use durable_transport::{
+        Consumer, Handled, QueueReason, QueuedRun, RunHandler, RunQueue, Transport, TransportError,
+    };
+}
 
 /// The API for implementing a store: the trait, its contract types and its error.
 pub mod store {

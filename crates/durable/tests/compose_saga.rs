@@ -64,10 +64,10 @@ async fn undos_run_in_reverse_exactly_once_across_a_restart(s: TestStore) {
     let run = t.start("trip", &(), StartOptions::id("trip")).await.unwrap();
     // The car's undo commits; the hotel's is in progress: tear the engine down.
     loop {
-        if let EngineEvent::StepCompleted { name, .. } = events.recv().await.unwrap() {
-            if name == "undo:car" {
-                break;
-            }
+        if let EngineEvent::StepCompleted { name, .. } = events.recv().await.unwrap()
+            && name == "undo:car"
+        {
+            break;
         }
     }
     let t = t.restart().await;

@@ -1,0 +1,203 @@
+//! Acceptance (many workers, one store) that runs inside one process: the bounded runner,
+//! batched run-queue dispatch and its failure reporting, lost-wake re-checks, child delivery
+//! under store faults, and namespaces.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_trait::async_trait;
+use durable::store::{Claim, ClaimOutcome, Store};
+use durable::transport::{Consumer, QueuedRun, RunHandler, TransportError};
+use durable::{
+    Engine, EngineConfig, EngineEvent, MemoryStore, QueueTransport, RunStatus, StartOptions, Transport, VirtualClock,
+    WorkflowCtx, WorkflowError,
+};
+use durable_conformance::{Fault, FaultyStore, Method, TestEngine, test_config};
+
+fn register_nap(engine: &Engine) {
+    engine.register("nap", 1, |ctx: WorkflowCtx, i: u64| async move {
+        ctx.sleep(Duration::from_millis(1)).await;
+        let out: u64 = ctx.step("double", move |_| async move { Ok(i * 2) }).await?;
+        Ok::<_, WorkflowError>(out)
+    });
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_burst_of_10000_starts_keeps_at_most_256_turns_in_flight() {
+    let engine = Engine::builder().store(MemoryStore::new()).build().unwrap();
+    register_nap(&engine);
+    let mut ids = Vec::new();
+    for i in 0..10_000u64 {
+        ids.push(engine.start("nap", &i, StartOptions::id(format!("burst-{i}"))).await.unwrap().id);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let out: u64 = engine.wait_for_run(id).await.unwrap().output().unwrap();
+        assert_eq!(out, i as u64 * 2);
+    }
+    let m = engine.metrics();
+    assert!(m.max_turns_in_flight <= 256, "{m:?}");
+    assert!(m.max_turns_in_flight > 1, "nothing ran concurrently: {m:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn starts_and_wakes_go_to_the_run_queue_in_batches() {
+    let store = Arc::new(MemoryStore::new());
+    let engine = Engine::builder()
+        .shared_store(store.clone())
+        .transport(QueueTransport::new(store.clone()))
+        .config(test_config())
+        .build()
+        .unwrap();
+    register_nap(&engine);
+    let mut ids = Vec::new();
+    for i in 0..2_000u64 {
+        ids.push(engine.start("nap", &i, StartOptions::id(format!("q-{i}"))).await.unwrap().id);
+    }
+    for id in &ids {
+        assert_eq!(engine.wait_for_run(id).await.unwrap().status(), RunStatus::Completed);
+    }
+    let m = engine.metrics();
+    assert!(m.runs_sent >= 4_000, "every start and every wake goes through the queue: {m:?}");
+    assert!(m.batches_sent * 20 < m.runs_sent, "runs were not batched: {m:?}");
+    eprintln!("{} runs sent in {} batches", m.runs_sent, m.batches_sent);
+}
+
+/// A run queue that is down.
+#[derive(Debug)]
+struct DownTransport;
+
+#[async_trait]
+impl Transport for DownTransport {
+    async fn dispatch_runs(&self, _: Option<&str>, _: Vec<QueuedRun>) -> Result<(), TransportError> {
+        Err(TransportError::Unavailable("broker unreachable".into()))
+    }
+
+    fn consume_runs(&self, _: Option<String>, _: usize, _: Arc<dyn RunHandler>) -> Consumer {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        Consumer::new(stop, tokio::spawn(async move { drop(stopped.wait_for(|s| *s).await) }))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_queue_is_reported_once_a_minute_and_loses_no_run() {
+    let mut config = test_config();
+    config.dispatch_batch = 50;
+    let engine = Engine::builder().store(MemoryStore::new()).transport(DownTransport).config(config).build().unwrap();
+    register_nap(&engine);
+    let mut events = engine.subscribe();
+    let mut ids = Vec::new();
+    for i in 0..500u64 {
+        ids.push(engine.start("nap", &i, StartOptions::id(format!("down-{i}"))).await.unwrap().id);
+    }
+    for id in &ids {
+        assert_eq!(engine.wait_for_run(id).await.unwrap().status(), RunStatus::Completed);
+    }
+    let mut reports = Vec::new();
+    while let Ok(event) = events.try_recv() {
+        if let EngineEvent::QueueUnavailable { failures, error } = event {
+            assert!(error.contains("broker unreachable"));
+            reports.push(failures);
+        }
+    }
+    assert_eq!(reports.len(), 1, "one report per minute, not one per failure: {reports:?}");
+    assert!(reports[0] >= 50, "the report counts the runs that failed: {reports:?}");
+    assert_eq!(engine.metrics().batches_sent, 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signal_that_finds_the_lease_held_elsewhere_is_seen_once_it_frees() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let mut config = test_config();
+    // No poller would find the run in time: only the re-check can.
+    config.poll_interval = Duration::from_secs(3600);
+    config.orphan_poll_interval = Duration::from_secs(3600);
+    config.recheck_interval = Duration::from_millis(20);
+    let t = TestEngine::with_parts(store.clone(), VirtualClock::starting_2026(), config);
+    t.register("approve", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let ok: bool = ctx.wait_for_signal("approve").await?;
+        Ok::<_, WorkflowError>(ok)
+    });
+    let run = t.start("approve", &(), StartOptions::id("held")).await.unwrap();
+    t.assert_settled_status(&run.id, RunStatus::Suspended).await;
+
+    // Another instance holds the lease when the signal arrives.
+    let now = durable::Clock::now(t.clock());
+    let claim = Claim { run_id: run.id.clone(), owner: "intruder".into(), lease_until: now + 60_000, now };
+    assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+    let mut events = t.subscribe();
+    t.signal("approve", &true).await.unwrap();
+    // The engine tried, found the lease held, and will look again.
+    loop {
+        match events.recv().await.unwrap() {
+            EngineEvent::TurnStarted { .. } => panic!("the engine ran the turn under someone else's lease"),
+            EngineEvent::WakeDeferred { run_id, holder } if run_id == run.id => {
+                assert_eq!(holder, "intruder");
+                break;
+            }
+            _ => {}
+        }
+    }
+    assert!(store.release_lease(&run.id, "intruder").await.unwrap());
+    t.assert_output(&run.id, true).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_child_result_reaches_its_parent_once_even_when_the_childs_commits_fail() {
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let t = TestEngine::with_store(faulty.clone());
+    t.register("leaf", 1, |ctx: WorkflowCtx, n: u64| async move {
+        let out: u64 = ctx.step("inc", move |_| async move { Ok(n + 1) }).await?;
+        Ok::<_, WorkflowError>(out)
+    });
+    t.register("root", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let got: u64 = ctx.child("leaf", &41u64).await?;
+        Ok::<_, WorkflowError>(got)
+    });
+    // The child's settling commit (the one that tells the parent) fails twice.
+    faulty.arm(
+        Fault::when(|call| {
+            call.method == Method::Commit && call.run_id.is_some_and(|r| r.as_str().contains(".child."))
+        })
+        .after(1)
+        .times(2),
+    );
+    let run = t.start("root", &(), StartOptions::id("root")).await.unwrap();
+    t.assert_output(&run.id, 42u64).await;
+    assert_eq!(faulty.injected(), 2);
+    let history = t.checkpoints(&run.id).await;
+    assert_eq!(history.len(), 1, "the parent recorded the child once: {history:?}");
+    assert!(t.store().waiters(&run.id).await.unwrap().is_empty());
+    // No stray copy of the result is left buffered: a new wait on the same token would take it.
+    let stray = t.signal(&format!("child:{}:0", run.id), &"probe").await.unwrap();
+    assert_eq!(stray, durable::Delivery::Buffered);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn engines_of_two_namespaces_never_execute_each_others_runs() {
+    let s = support::TestStore::sqlite("namespaces");
+    let engine = |namespace: &'static str, store: Arc<dyn Store>| {
+        let mut config = EngineConfig::default();
+        config.namespace = Some(namespace.to_string());
+        config.poll_interval = Duration::from_millis(20);
+        let engine = Engine::builder().shared_store(store).config(config).build().unwrap();
+        engine.register("whoami", 1, move |ctx: WorkflowCtx, _: ()| async move {
+            let me: String = ctx.step("who", move |_| async move { Ok(namespace.to_string()) }).await?;
+            Ok::<_, WorkflowError>(me)
+        });
+        engine
+    };
+    let a = engine("a", s.store.clone());
+    let b = engine("b", s.second_handle());
+    let mut ids = Vec::new();
+    for i in 0..50 {
+        // Started by the other engine, in the right namespace: only its own pool may run it.
+        ids.push(("a", b.start("whoami", &(), StartOptions::id(format!("a-{i}")).namespace("a")).await.unwrap().id));
+        ids.push(("b", a.start("whoami", &(), StartOptions::id(format!("b-{i}")).namespace("b")).await.unwrap().id));
+    }
+    for (namespace, id) in ids {
+        let ran_on: String = a.wait_for_run(&id).await.unwrap().output().unwrap();
+        assert_eq!(ran_on, namespace, "run {id} of namespace {namespace} ran on engine {ran_on}");
+    }
+}
