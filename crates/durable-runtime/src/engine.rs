@@ -15,8 +15,8 @@ use parking_lot::{Mutex, RwLock};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 use std::collections::hash_map::Entry;
-use std::collections::{HashMap, HashSet};
-use tokio::sync::{Notify, Semaphore, broadcast, mpsc, watch};
+use std::collections::{HashMap, HashSet, VecDeque};
+use tokio::sync::{Notify, Semaphore, broadcast, watch};
 use tokio::task::JoinHandle;
 
 use crate::WorkflowCtx;
@@ -85,7 +85,10 @@ pub(crate) struct Shared {
     pub(crate) owner: String,
     pub(crate) registry: Registry,
     events: broadcast::Sender<EngineEvent>,
-    dispatch_tx: mpsc::UnboundedSender<RunId>,
+    /// Run ids waiting for an execution slot on this engine: wakes are served before starts,
+    /// so runs already in progress finish before new ones begin.
+    ready: Mutex<Ready>,
+    ready_changed: Notify,
     active: Mutex<HashMap<RunId, Active>>,
     pub(crate) timers: Timers,
     watchers: Mutex<HashMap<RunId, Arc<Notify>>>,
@@ -113,6 +116,13 @@ pub(crate) struct Shared {
 
 /// A callback fired when a run becomes `dead`.
 pub(crate) type DeadListener = Arc<dyn Fn(&Run) + Send + Sync>;
+
+/// Run ids waiting for a slot, by kind.
+#[derive(Default)]
+struct Ready {
+    wakes: VecDeque<RunId>,
+    others: VecDeque<RunId>,
+}
 
 /// A run known to the dispatcher: queued (waiting for a slot) or executing.
 #[derive(Default)]
@@ -187,8 +197,37 @@ impl Shared {
 
     /// Queues a run for execution on this engine.
     pub(crate) fn dispatch(&self, id: RunId) {
+        self.dispatch_as(id, false);
+    }
+
+    /// Queues a run that has something new to see (served before starts).
+    pub(crate) fn dispatch_wake(&self, id: RunId) {
+        self.dispatch_as(id, true);
+    }
+
+    fn dispatch_as(&self, id: RunId, wake: bool) {
         if self.config.execute && !self.is_stopping() && !self.draining.load(Ordering::Relaxed) {
-            let _ = self.dispatch_tx.send(id);
+            let mut ready = self.ready.lock();
+            if wake {
+                ready.wakes.push_back(id)
+            } else {
+                ready.others.push_back(id)
+            }
+            drop(ready);
+            self.ready_changed.notify_one();
+        }
+    }
+
+    async fn next_ready(&self) -> RunId {
+        loop {
+            let changed = self.ready_changed.notified();
+            {
+                let mut ready = self.ready.lock();
+                if let Some(id) = ready.wakes.pop_front().or_else(|| ready.others.pop_front()) {
+                    return id;
+                }
+            }
+            changed.await;
         }
     }
 
@@ -216,8 +255,9 @@ impl Shared {
         let _ = rx.wait_for(|stop| *stop).await;
     }
 
-    async fn dispatch_loop(self: Arc<Self>, mut rx: mpsc::UnboundedReceiver<RunId>) {
-        while let Some(id) = rx.recv().await {
+    async fn dispatch_loop(self: Arc<Self>) {
+        loop {
+            let id = self.next_ready().await;
             if self.draining.load(Ordering::Relaxed) {
                 continue;
             }
@@ -457,7 +497,6 @@ impl EngineBuilder {
                 what: "a store: call Engine::builder().store(..) before build()".into(),
             })
         })?;
-        let (dispatch_tx, dispatch_rx) = mpsc::unbounded_channel();
         let owner = format!("engine-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12]);
         let shared = Arc::new(Shared {
             store,
@@ -467,7 +506,8 @@ impl EngineBuilder {
             owner,
             registry: Registry::default(),
             events: broadcast::channel(4096).0,
-            dispatch_tx,
+            ready: Mutex::new(Ready::default()),
+            ready_changed: Notify::new(),
             active: Mutex::new(HashMap::new()),
             timers: Timers::default(),
             watchers: Mutex::new(HashMap::new()),
@@ -500,7 +540,7 @@ impl EngineBuilder {
         };
         let mut tasks = Vec::new();
         if shared.config.execute {
-            tasks.push(spawn(Box::pin(shared.clone().dispatch_loop(dispatch_rx))));
+            tasks.push(spawn(Box::pin(shared.clone().dispatch_loop())));
             tasks.push(spawn(Box::pin(shared.clone().timer_loop())));
             tasks.push(spawn(Box::pin(shared.clone().poll_loop())));
         }

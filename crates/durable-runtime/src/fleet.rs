@@ -101,7 +101,10 @@ impl Shared {
         token: Option<u64>,
     ) {
         if self.transport.is_none() {
-            return self.dispatch(run_id);
+            return match reason {
+                QueueReason::Wake => self.dispatch_wake(run_id),
+                QueueReason::Start => self.dispatch(run_id),
+            };
         }
         if self.is_stopping() {
             return; // persisted: the pollers of this or another engine find it
@@ -175,7 +178,7 @@ impl Shared {
         }
         for item in items {
             if item.reason == QueueReason::Wake {
-                self.dispatch(item.run_id.clone());
+                self.dispatch_wake(item.run_id.clone());
             }
         }
     }
@@ -228,7 +231,7 @@ impl Shared {
                 };
                 if due {
                     tracing::debug!(run_id = %id, "re-check: the lease is free; waking the run");
-                    shared.dispatch(id.clone());
+                    shared.dispatch_wake(id.clone());
                 }
                 break;
             }
