@@ -25,6 +25,8 @@ struct Args {
     /// `worker`: run as one of the worker processes on `db`.
     role_worker: bool,
     db: Option<PathBuf>,
+    /// `--pg-schema`: the PostgreSQL schema a multi-process run shares.
+    pg_schema: Option<String>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -36,6 +38,7 @@ fn parse_args() -> Result<Args, String> {
         workers: 0,
         role_worker: false,
         db: None,
+        pg_schema: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -49,14 +52,15 @@ fn parse_args() -> Result<Args, String> {
             }
             "--role" => args.role_worker = it.next().as_deref() == Some("worker"),
             "--db" => args.db = Some(it.next().ok_or("--db needs a path")?.into()),
+            "--pg-schema" => args.pg_schema = Some(it.next().ok_or("--pg-schema needs a name")?),
             other => return Err(format!("unknown option {other:?}")),
         }
     }
     if args.workload.is_empty() && !args.role_worker {
         return Err("--workload is required".into());
     }
-    if args.workers > 0 && args.store != "sqlite" {
-        return Err("--workers needs --store sqlite (processes share one file)".into());
+    if args.workers > 0 && args.store == "memory" {
+        return Err("--workers needs a store processes can share: --store sqlite or postgres".into());
     }
     Ok(args)
 }
@@ -93,6 +97,7 @@ fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
             let path = fresh_db(args)?;
             (builder.store(durable::SqliteStore::open(&path).map_err(|e| e.to_string())?), Some(path))
         }
+        "postgres" => (builder.store(postgres_store(args)?), None),
         other => return Err(format!("unknown store {other:?}")),
     };
     let engine = builder.build().map_err(|e| e.to_string())?;
@@ -100,15 +105,77 @@ fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
     Ok((engine, db))
 }
 
-/// An engine of a multi-process run: a worker, or the client that starts and waits.
-fn shared_engine(db: &std::path::Path, worker: bool) -> Result<Engine, String> {
-    let store = Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?);
-    let transport = durable::QueueTransport::new(store.clone()).poll_interval(Duration::from_millis(5));
+/// The PostgreSQL bench server when DURABLE_PG_URL is not set.
+const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The PostgreSQL store of this process, and the schema to drop afterwards (if it made it).
+static PG_BENCH: std::sync::OnceLock<(durable::PostgresStore, Option<String>)> = std::sync::OnceLock::new();
+
+/// `--store postgres`: the server of DURABLE_PG_URL, in a schema of this process
+/// (`durable_bench_<workload>_<pid>`, dropped by [`cleanup`]), or the shared schema that
+/// DURABLE_PG_SCHEMA names (left in place).
+fn postgres_store(args: &Args) -> Result<durable::PostgresStore, String> {
+    let url = std::env::var("DURABLE_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.into());
+    let shared = args.pg_schema.clone().or_else(|| std::env::var("DURABLE_PG_SCHEMA").ok());
+    let schema = shared.clone().unwrap_or_else(|| format!("durable_bench_{}_{}", args.workload, std::process::id()));
+    let options = durable::PostgresOptions::new().schema(&schema).notify_channel("durable_bench");
+    // Called inside the (multi-threaded) runtime, and connecting is async.
+    let handle = tokio::runtime::Handle::current();
+    let connect = durable::PostgresStore::connect_with(&url, options);
+    let store = tokio::task::block_in_place(|| handle.block_on(connect)).map_err(|e| e.to_string())?;
+    let _ = PG_BENCH.set((store.clone(), if shared.is_none() { Some(schema) } else { None }));
+    Ok(store)
+}
+
+/// After a PostgreSQL run: prints the store's round trips on stderr and drops the schema this
+/// process created. Nothing to do for the other stores.
+async fn cleanup() {
+    let Some((store, schema)) = PG_BENCH.get() else { return };
+    let s = store.stats();
+    eprintln!(
+        "durable-bench: postgres: {} round trips ({} write batches carrying {} writes, {} reads, {} queue claims)",
+        s.round_trips(),
+        s.batches,
+        s.writes,
+        s.reads,
+        s.claims
+    );
+    if let Some(schema) = schema {
+        let dropped = match store.pool().get().await {
+            Ok(client) => client
+                .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE"))
+                .await
+                .err()
+                .map(|e| e.to_string()),
+            Err(e) => Some(e.to_string()),
+        };
+        if let Some(e) = dropped {
+            eprintln!("durable-bench: could not drop schema {schema}: {e}");
+        }
+    }
+}
+
+/// An engine of a multi-process run: a worker, or the client that starts and waits. The
+/// processes share a SQLite file (`db`) or a PostgreSQL schema, and its run queue.
+async fn shared_engine(args: &Args, db: Option<&std::path::Path>, worker: bool) -> Result<Engine, String> {
     let mut config = durable::EngineConfig::default();
     config.wait_poll_interval = Duration::from_millis(5);
     config.execute = worker;
-    let engine =
-        Engine::builder().shared_store(store).transport(transport).config(config).build().map_err(|e| e.to_string())?;
+    let builder = Engine::builder().config(config);
+    let builder = match db {
+        Some(db) => {
+            let store = Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?);
+            let transport = durable::QueueTransport::new(store.clone()).poll_interval(Duration::from_millis(5));
+            builder.shared_store(store).transport(transport)
+        }
+        None => {
+            let store = Arc::new(postgres_store(args)?);
+            let wakeups = store.queue_wakeups().await.map_err(|e| e.to_string())?;
+            let transport = durable::QueueTransport::new(store.clone()).with_wakeups(wakeups);
+            builder.shared_store(store).transport(transport)
+        }
+    };
+    let engine = builder.build().map_err(|e| e.to_string())?;
     register_all(&engine);
     Ok(engine)
 }
@@ -301,19 +368,30 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         if let Some(db) = db {
             remove_db(&db);
         }
+        cleanup().await;
         return Ok((m, peak_rss_mb()));
     }
-    let db = fresh_db(args)?;
-    drop(durable::SqliteStore::open(&db).map_err(|e| e.to_string())?); // schema, before the race
+    // The shared store exists (schema migrated) before the processes race to open it.
+    let (db, client) = if args.store == "sqlite" {
+        let db = fresh_db(args)?;
+        drop(durable::SqliteStore::open(&db).map_err(|e| e.to_string())?);
+        (Some(db), None)
+    } else {
+        (None, Some(shared_engine(args, None, false).await?))
+    };
+    let schema = PG_BENCH.get().and_then(|(_, s)| s.clone());
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut workers = Vec::new();
     for _ in 0..args.workers {
-        let mut child = std::process::Command::new(&exe)
-            .args(["--role", "worker", "--db"])
-            .arg(&db)
-            .stdout(std::process::Stdio::piped())
-            .spawn()
-            .map_err(|e| format!("starting a worker: {e}"))?;
+        let mut cmd = std::process::Command::new(&exe);
+        cmd.args(["--role", "worker", "--store", &args.store]);
+        match (&db, &schema) {
+            (Some(db), _) => cmd.arg("--db").arg(db),
+            (None, Some(schema)) => cmd.args(["--pg-schema", schema]),
+            (None, None) => return Err("no shared store for the workers".into()),
+        };
+        let mut child =
+            cmd.stdout(std::process::Stdio::piped()).spawn().map_err(|e| format!("starting a worker: {e}"))?;
         let mut lines = std::io::BufRead::lines(std::io::BufReader::new(child.stdout.take().expect("piped")));
         match lines.next() {
             Some(Ok(l)) if l == "ready" => {}
@@ -321,7 +399,10 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         }
         workers.push((child, lines));
     }
-    let client = shared_engine(&db, false)?;
+    let client = match client {
+        Some(client) => client,
+        None => shared_engine(args, db.as_deref(), false).await?,
+    };
     let m = workload(&client, args).await;
     client.shutdown().await;
     let mut rss = peak_rss_mb();
@@ -333,15 +414,17 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         let mut child = child;
         let _ = child.wait();
     }
-    remove_db(&db);
+    if let Some(db) = db {
+        remove_db(&db);
+    }
+    cleanup().await;
     Ok((m?, rss))
 }
 
 /// A worker process: executes runs from the shared file until SIGTERM, then prints its peak
 /// RSS.
 async fn worker(args: &Args) -> Result<(), String> {
-    let db = args.db.as_ref().ok_or("--role worker needs --db")?;
-    let engine = shared_engine(db, true)?;
+    let engine = shared_engine(args, args.db.as_deref(), true).await?;
     println!("ready");
     engine.run_worker(durable::shutdown_signal()).await;
     println!("rss {}", peak_rss_mb());

@@ -11,9 +11,9 @@ commands:
   ci                      fmt check, clippy -D warnings, tests, rustdoc -D warnings, core purity, quick bench
   bench [options]         run benchmark workloads (release mode), write target/bench/results.json
       --quick             shrink every workload (a smoke run)
-      --store S[,S..]     memory, sqlite (default: memory,sqlite)
+      --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout (default: all)
-      --workers N         run in N worker processes sharing one SQLite file (default 0: in-process)
+      --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
   purity                  check that durable-core pulls in no I/O crates
 ";
 
@@ -104,7 +104,10 @@ fn purity() -> Result<(), String> {
 }
 
 const WORKLOADS: &[&str] = &["chain", "long_chain", "timers", "signals", "events", "fanout"];
+/// Stores run by default…
 const STORES: &[&str] = &["memory", "sqlite"];
+/// …and those that may be asked for (`postgres` needs a server: DURABLE_PG_URL).
+const KNOWN_STORES: &[&str] = &["memory", "sqlite", "postgres"];
 
 fn list(value: Option<&String>, flag: &str, known: &[&str]) -> Result<Vec<String>, String> {
     let value = value.ok_or_else(|| format!("{flag} needs a value"))?;
@@ -126,7 +129,7 @@ fn bench(args: &[String]) -> Result<(), String> {
     while let Some(arg) = it.next() {
         match arg.as_str() {
             "--quick" => quick = true,
-            "--store" => stores = list(it.next(), "--store", STORES)?,
+            "--store" => stores = list(it.next(), "--store", KNOWN_STORES)?,
             "--workload" => workloads = list(it.next(), "--workload", WORKLOADS)?,
             "--workers" => {
                 workers =
@@ -140,9 +143,9 @@ fn bench(args: &[String]) -> Result<(), String> {
     let out_dir = root().join("target/bench");
     std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
     let mut results = Vec::new();
-    if workers > 0 && stores.iter().any(|s| s != "sqlite") {
-        eprintln!("--workers {workers}: worker processes share a file; running on sqlite only");
-        stores = vec!["sqlite".to_string()];
+    if workers > 0 && stores.iter().any(|s| s == "memory") {
+        eprintln!("--workers {workers}: worker processes need a shared store; skipping memory");
+        stores.retain(|s| s != "memory");
     }
     for workload in &workloads {
         for store in &stores {

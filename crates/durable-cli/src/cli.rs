@@ -30,23 +30,32 @@ pub struct Cli {
     pub command: Command,
 }
 
-/// The store flags, shared by every command (they may be given before or after the command).
-///
-/// Only SQLite today. A `--url postgres://…` flag (conflicting with `--db`) belongs here once
-/// the PostgreSQL store lands; [`StoreArgs`] is then the one place that turns the flags into a
-/// store.
+/// The store flags, shared by every command (they may be given before or after the command):
+/// an SQLite file (`--db`, the default) or a PostgreSQL database (`--url`, with `--schema`).
+/// [`StoreArgs`] is the one place that turns the flags into a store.
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// The SQLite database file. Operator commands only open an existing durable database and
     /// never create one; `demo` creates it if needed.
     #[arg(long, global = true, value_name = "PATH", env = "DURABLE_DB", default_value = "./durable.db")]
     pub db: PathBuf,
+
+    /// A PostgreSQL database instead of the SQLite file:
+    /// `postgres://user[:password]@host[:port]/database`. Operator commands only open an existing
+    /// durable schema and never create one; `demo` creates it if needed.
+    #[arg(long, global = true, value_name = "URL", env = "DURABLE_URL", hide_env_values = true, conflicts_with = "db")]
+    pub url: Option<String>,
+
+    /// With --url: the schema the runs live in (the workers' `PostgresOptions::schema`).
+    #[arg(long, global = true, value_name = "NAME", env = "DURABLE_SCHEMA", default_value = "durable")]
+    pub schema: String,
 }
 
 /// The commands.
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
-    /// Run a mix of example workflows on the embedded SQLite store, with a live progress bar.
+    /// Run a mix of example workflows (on the SQLite file, or the PostgreSQL database of --url),
+    /// with a live progress bar.
     ///
     /// Registers five example workflows — an order whose payment step fails twice and is
     /// retried, a durable sleep, an approval that waits for a signal (which the demo sends), a
@@ -212,10 +221,24 @@ mod tests {
     fn db_is_global_and_statuses_split_on_commas() {
         let cli = Cli::try_parse_from(["durable", "runs", "list", "--status", "failed,dead", "--db", "x.db"]).unwrap();
         assert_eq!(cli.store.db, PathBuf::from("x.db"));
+        assert_eq!(cli.store.url, None);
         match cli.command {
             Command::Runs(RunsCommand::List(l)) => assert_eq!(l.status, [RunStatus::Failed, RunStatus::Dead]),
             other => panic!("{other:?}"),
         }
+    }
+
+    #[test]
+    fn url_and_schema_are_global_and_url_conflicts_with_db() {
+        let cli =
+            Cli::try_parse_from(["durable", "--url", "postgres://u@h/d", "runs", "list", "--schema", "s"]).unwrap();
+        assert_eq!(cli.store.url.as_deref(), Some("postgres://u@h/d"));
+        assert_eq!(cli.store.schema, "s");
+        let cli = Cli::try_parse_from(["durable", "runs", "list"]).unwrap();
+        assert_eq!(cli.store.schema, "durable");
+        let e =
+            Cli::try_parse_from(["durable", "runs", "list", "--url", "postgres://u@h/d", "--db", "x.db"]).unwrap_err();
+        assert_eq!(e.exit_code(), 2);
     }
 
     #[test]

@@ -205,7 +205,7 @@ impl Demo {
 pub(crate) async fn demo(store_args: &StoreArgs, args: &DemoArgs, out: &mut dyn Write) -> Result<()> {
     let started = Instant::now();
     let total = args.runs as usize;
-    let store = store_args.open(Access::CreateIfMissing)?;
+    let store = store_args.open(Access::CreateIfMissing).await?;
     let engine = Engine::builder().shared_store(store).config(demo_config()).build()?;
     let demo = Arc::new(Demo {
         engine: engine.clone(),
@@ -288,7 +288,7 @@ async fn execute(demo: Arc<Demo>, store_args: &StoreArgs, runs: u32, out: &mut d
             None => to_start.push(i),
             Some(run) if !is_demo_workflow(&run.workflow) => {
                 return Err(Error::bad(format!(
-                    "{} already has a run {id} of workflow {:?}, which is not a demo run; give the demo a database of its own with --db",
+                    "{} already has a run {id} of workflow {:?}, which is not a demo run; give the demo a database of its own with --db (or a schema of its own with --schema)",
                     store_args.describe(),
                     run.workflow
                 )));

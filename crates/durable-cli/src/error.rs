@@ -1,7 +1,7 @@
 //! The command line's error: a one-line message and the exit code it maps to.
 
 use durable::store::StoreError;
-use durable::{Error as EngineError, SqliteError};
+use durable::{Error as EngineError, PostgresError, SqliteError};
 
 /// The result type of the command line's functions.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -66,11 +66,36 @@ impl From<SqliteError> for Error {
     }
 }
 
+/// Whether an error of the PostgreSQL store is about the configuration given (the URL, the
+/// database, the schema: bad input) rather than a failure while using it (a refused or lost
+/// connection, a busy server: trying again may help).
+fn postgres_is_bad_input(e: &PostgresError) -> bool {
+    matches!(
+        e,
+        PostgresError::InvalidUrl { .. }
+            | PostgresError::InvalidOptions { .. }
+            | PostgresError::DatabaseNotFound { .. }
+            | PostgresError::AuthFailed { .. }
+            | PostgresError::SchemaTooNew { .. }
+            | PostgresError::SchemaNotFound { .. }
+            | PostgresError::ForeignSchema { .. }
+    )
+}
+
+impl From<PostgresError> for Error {
+    fn from(e: PostgresError) -> Self {
+        if postgres_is_bad_input(&e) { Error::BadInput(e.to_string()) } else { Error::Failed(e.to_string()) }
+    }
+}
+
 impl From<StoreError> for Error {
     fn from(e: StoreError) -> Self {
         let bad = match &e {
             StoreError::NotFound { .. } => true,
-            StoreError::Backend(source) => source.downcast_ref::<SqliteError>().is_some_and(sqlite_is_bad_input),
+            StoreError::Backend(source) => {
+                source.downcast_ref::<SqliteError>().is_some_and(sqlite_is_bad_input)
+                    || source.downcast_ref::<PostgresError>().is_some_and(postgres_is_bad_input)
+            }
             _ => false,
         };
         if bad { Error::BadInput(e.to_string()) } else { Error::Failed(e.to_string()) }
@@ -106,6 +131,10 @@ mod tests {
         let not_db = SqliteError::NotADatabase { path: "f.db".into(), reason: "it is empty".into() };
         assert_eq!(Error::from(StoreError::Backend(Box::new(not_db))).exit_code(), 2);
         assert_eq!(Error::from(StoreError::unavailable("busy")).exit_code(), 1);
+        let missing = PostgresError::DatabaseNotFound { target: "u@h:5432/d".into(), database: "d".into() };
+        assert_eq!(Error::from(missing).exit_code(), 2);
+        let refused = PostgresError::Connect { target: "u@h:5432/d".into(), reason: "refused".into(), source: None };
+        assert_eq!(Error::from(refused).exit_code(), 1);
         assert_eq!(Error::Interrupted.exit_code(), 130);
     }
 

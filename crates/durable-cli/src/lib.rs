@@ -13,7 +13,9 @@
 //! durable completions <shell>                   a shell completion script
 //! ```
 //!
-//! Every command takes `--db PATH` (default `./durable.db`, or `$DURABLE_DB`).
+//! Every command takes `--db PATH` (default `./durable.db`, or `$DURABLE_DB`), or `--url
+//! postgres://user@host/database` (or `$DURABLE_URL`) with `--schema NAME` (default `durable`,
+//! or `$DURABLE_SCHEMA`) for runs kept in PostgreSQL.
 //!
 //! ## What it does not do
 //!

@@ -20,7 +20,7 @@ fn parse_id(id: &str) -> Result<RunId> {
 /// Reads a run that must exist.
 async fn require(engine: &Engine, id: &RunId) -> Result<Run> {
     engine.get_run(id).await?.ok_or_else(|| {
-        Error::bad(format!("run {id} not found (list the runs with `durable runs list`, or check --db)"))
+        Error::bad(format!("run {id} not found (list the runs with `durable runs list`, or check --db / --url)"))
     })
 }
 
@@ -31,7 +31,7 @@ fn workflow_at(run: &Run) -> String {
 
 /// `durable runs list`.
 pub(crate) async fn list(store: &StoreArgs, args: &ListArgs, out: &mut dyn Write) -> Result<()> {
-    let store = store.open(Access::Existing)?;
+    let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
         let (runs, more) = collect(&engine, args).await?;
         if args.json {
@@ -173,7 +173,7 @@ fn waits(history: &[Checkpoint], now: u64) -> Vec<String> {
 /// `durable runs show`.
 pub(crate) async fn show(store: &StoreArgs, args: &ShowArgs, out: &mut dyn Write) -> Result<()> {
     let id = parse_id(&args.id)?;
-    let store = store.open(Access::Existing)?;
+    let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
         let run = require(&engine, &id).await?;
         let history = engine.history(&id).await?;
@@ -291,7 +291,7 @@ fn write_run(
 /// `durable runs retry`.
 pub(crate) async fn retry(store: &StoreArgs, args: &RunIdArgs, out: &mut dyn Write) -> Result<()> {
     let id = parse_id(&args.id)?;
-    let store = store.open(Access::Existing)?;
+    let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
         let run = require(&engine, &id).await?;
         let from = engine.history(&id).await?.into_iter().find(|c| c.status == CheckpointStatus::Failed);
@@ -316,7 +316,7 @@ pub(crate) async fn retry(store: &StoreArgs, args: &RunIdArgs, out: &mut dyn Wri
 /// `durable runs cancel`.
 pub(crate) async fn cancel(store: &StoreArgs, args: &CancelArgs, out: &mut dyn Write) -> Result<()> {
     let id = parse_id(&args.id)?;
-    let store = store.open(Access::Existing)?;
+    let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
         let run = require(&engine, &id).await?;
         if run.status.is_terminal() {
@@ -342,7 +342,7 @@ pub(crate) async fn cancel(store: &StoreArgs, args: &CancelArgs, out: &mut dyn W
 /// `durable runs delete`.
 pub(crate) async fn delete(store: &StoreArgs, args: &DeleteArgs, out: &mut dyn Write) -> Result<()> {
     let id = parse_id(&args.id)?;
-    let store = store.open(Access::Existing)?;
+    let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
         let run = require(&engine, &id).await?;
         if !run.status.is_terminal() && !args.force {
@@ -381,7 +381,7 @@ pub(crate) async fn signal(store: &StoreArgs, args: &SignalArgs, out: &mut dyn W
             "the payload is not valid JSON ({e}); pass one JSON document, e.g. '{{\"approved\": true}}' or '\"yes\"'"
         ))
     })?;
-    let store = store.open(Access::Existing)?;
+    let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
         match engine.signal(&args.token, &payload).await? {
             Delivery::Delivered { run_id, seq } => {

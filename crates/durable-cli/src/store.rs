@@ -3,7 +3,7 @@
 use std::sync::Arc;
 
 use durable::store::Store;
-use durable::{Durability, Engine, SqliteOptions, SqliteStore};
+use durable::{Durability, Engine, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore};
 
 use crate::cli::StoreArgs;
 use crate::error::Result;
@@ -12,20 +12,33 @@ use crate::error::Result;
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Access {
     /// Operator commands: only an existing durable database is opened; a missing or empty file
-    /// is refused ("… is not a durable database") and nothing is created.
+    /// (or a PostgreSQL schema without durable's tables) is refused and nothing is created.
     Existing,
-    /// The demo (a worker): a missing file is created and initialised.
+    /// The demo (a worker): a missing file (or schema) is created and initialised.
     CreateIfMissing,
 }
 
 impl StoreArgs {
-    /// Where the runs are, for messages.
+    /// Where the runs are, for messages: the file, or the PostgreSQL URL without its password
+    /// (and without its parameters, which may hold one) and the schema.
     pub(crate) fn describe(&self) -> String {
-        self.db.display().to_string()
+        match &self.url {
+            None => self.db.display().to_string(),
+            Some(url) => format!("{} (schema {:?})", redact(url), self.schema),
+        }
     }
 
     /// Opens the store the flags name.
-    pub(crate) fn open(&self, access: Access) -> Result<Arc<dyn Store>> {
+    pub(crate) async fn open(&self, access: Access) -> Result<Arc<dyn Store>> {
+        if let Some(url) = &self.url {
+            let options = PostgresOptions::new().schema(&self.schema).application_name("durable-cli");
+            let options = match access {
+                // One short-lived command: two connections are plenty (the writer and a reader).
+                Access::Existing => options.create_if_missing(false).pool_size(2),
+                Access::CreateIfMissing => options.pool_size(8),
+            };
+            return Ok(Arc::new(PostgresStore::connect_with(url, options).await?));
+        }
         let options = match access {
             // One short-lived command: one reader is plenty.
             Access::Existing => SqliteOptions::new().create_if_missing(false).readers(1),
@@ -35,6 +48,24 @@ impl StoreArgs {
         };
         Ok(Arc::new(SqliteStore::open_with(&self.db, options)?))
     }
+}
+
+/// `postgres://user:secret@host/db?password=x` → `postgres://user@host/db`; a URL in libpq's
+/// `key=value` form is not shown at all (it may hold `password=`).
+fn redact(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return "PostgreSQL".into();
+    };
+    let rest = rest.split('?').next().unwrap_or_default();
+    let (authority, path) = rest.split_once('/').map_or((rest, ""), |(a, p)| (a, p));
+    let authority = match authority.rsplit_once('@') {
+        Some((userinfo, host)) => {
+            let user = userinfo.split(':').next().unwrap_or_default();
+            format!("{user}@{host}")
+        }
+        None => authority.to_string(),
+    };
+    if path.is_empty() { format!("{scheme}://{authority}") } else { format!("{scheme}://{authority}/{path}") }
 }
 
 /// Runs `f` with a client engine on `store`: it executes nothing itself.
@@ -54,4 +85,17 @@ where
     let result = f(engine.clone()).await;
     engine.shutdown().await;
     result
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn urls_are_shown_without_passwords() {
+        assert_eq!(redact("postgres://u:s3cret@db:5433/app?password=x"), "postgres://u@db:5433/app");
+        assert_eq!(redact("postgresql://db/app"), "postgresql://db/app");
+        assert_eq!(redact("postgres://u@db"), "postgres://u@db");
+        assert_eq!(redact("host=db password=s3cret"), "PostgreSQL");
+    }
 }

@@ -281,9 +281,12 @@ impl Shared {
             if let Some(a) = self.active.lock().get_mut(&id) {
                 a.started = true;
             }
+            // Counted as in flight from here, so a shutdown waits for it even if it has not
+            // been polled yet.
+            let guard = TaskGuard::new(&self, id.clone());
             let shared = self.clone();
             tokio::spawn(async move {
-                shared.run_in_slot(id).await;
+                shared.run_in_slot(guard).await;
                 drop(slot);
             });
         }
@@ -304,13 +307,16 @@ impl Shared {
     }
 
     /// Executes a run marked as executing here, until it is quiet or the engine shuts down
-    /// (a shutdown drops the turn wherever it is; the store keeps what was committed).
-    pub(crate) async fn run_in_slot(self: &Arc<Self>, id: RunId) {
-        let _guard = TaskGuard::new(self, id.clone());
+    /// (a shutdown drops the turn wherever it is; the store keeps what was committed, and
+    /// `shutdown` releases the lease).
+    pub(crate) async fn run_in_slot(self: &Arc<Self>, guard: TaskGuard) {
+        let id = guard.id.clone();
         tokio::select! {
-            () = self.run_until_quiet(&id) => {}
+            biased;
             () = self.shutdown_signal() => {}
+            () = self.run_until_quiet(&id) => {}
         }
+        drop(guard);
     }
 
     /// Drives the run, again as long as wakes arrived while it executed.
@@ -399,13 +405,13 @@ impl Shared {
 
 /// Keeps the in-flight gauge and the dispatcher's view right however a run task ends
 /// (including being aborted).
-struct TaskGuard {
+pub(crate) struct TaskGuard {
     shared: Arc<Shared>,
     id: RunId,
 }
 
 impl TaskGuard {
-    fn new(shared: &Arc<Shared>, id: RunId) -> Self {
+    pub(crate) fn new(shared: &Arc<Shared>, id: RunId) -> Self {
         let now = shared.metrics.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         shared.metrics.max_in_flight.fetch_max(now, Ordering::AcqRel);
         TaskGuard { shared: shared.clone(), id }

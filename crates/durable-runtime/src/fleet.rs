@@ -192,7 +192,7 @@ impl Shared {
         if !self.begin_local(&id) {
             return Handled::Done; // already executing here: it runs again when done
         }
-        self.run_in_slot(id).await;
+        self.run_in_slot(crate::engine::TaskGuard::new(self, id)).await;
         // A turn cut off by a shutdown goes back to the queue for another engine.
         if self.is_stopping() { Handled::HandBack } else { Handled::Done }
     }

@@ -39,6 +39,16 @@
 //!   `user@host:port/database` (never the password).
 //! - Optionally, `NOTIFY` on run creation and wake-up ([`PostgresOptions::notify_channel`]),
 //!   received with [`PostgresStore::listen`].
+//! - **The run queue** of the store-backed transport ([`RunQueue`](durable_core::RunQueue), for
+//!   `durable_transport::QueueTransport`): a `run_queue` table with at most one unclaimed item
+//!   per run, claimed with `FOR UPDATE SKIP LOCKED` in one statement, enqueued, acked and
+//!   released in batches by a writer of its own. With a notify channel every enqueue
+//!   `NOTIFY`s, and [`PostgresStore::queue_wakeups`] turns that into wake-ups for the
+//!   transport: an idle worker takes a new run within milliseconds, not at its next poll.
+//! - **Claims never wait for a run another transaction is writing** (its lease holder
+//!   committing, a delivery waking it): [`Store::claim_run`] answers `Busy` with the run as last
+//!   committed and the engine looks again. Engines sharing a run queue often claim runs that
+//!   another engine's batch is writing; waiting there made whole batches deadlock.
 //!
 //! ## What it does not do
 //!
@@ -46,10 +56,11 @@
 //!   a `deadpool_postgres::Pool` with a TLS connector (`tokio-postgres-rustls`,
 //!   `postgres-native-tls`) and pass it to [`PostgresStore::from_pool`].
 //! - It needs a **tokio runtime**: the driver, the pool and the writer are tokio tasks, spawned
-//!   on the runtime that connected the store. It never polls or sleeps.
+//!   on the runtime that connected the store. It never polls; the only timer is the backoff of
+//!   the queue listener's reconnections.
 //! - It does not retry a failed call for you (the engine decides), vacuum, back up or prune old
-//!   runs, and it does not wire `NOTIFY` into the engine's dispatch (that is the transport's
-//!   job).
+//!   runs. It does not wire `NOTIFY` into the engine's dispatch itself: it hands a `Notify` to
+//!   the transport ([`PostgresStore::queue_wakeups`]), which decides when to look.
 //! - Ids, names and payloads cannot contain NUL characters (PostgreSQL `text` cannot).
 //! - Times are the caller's: a value past `i64::MAX` ms (a "forever" sentinel such as
 //!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`.
@@ -84,6 +95,46 @@
 //! println!("{} round trips so far", store.stats().round_trips());
 //! # Ok(())
 //! # }
+//! ```
+//!
+//! ## Several workers on one database
+//!
+//! A worker process, as the README shows it (the same code, kept in sync by a test): engines in
+//! any number of processes and machines share the runs of one schema; the run queue hands each
+//! start and wake to one of them, and `LISTEN/NOTIFY` wakes an idle one at once.
+//!
+//! ```no_run
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//!
+//! use durable::{Engine, PostgresOptions, PostgresStore, QueueTransport, WorkflowCtx, WorkflowError};
+//!
+//! async fn invoice(ctx: WorkflowCtx, customer: u64) -> Result<String, WorkflowError> {
+//!     let total: u64 = ctx.step("total", move |_| async move { Ok(customer * 100) }).await?;
+//!     ctx.sleep(Duration::from_secs(3600)).await; // durable: any worker may continue the run
+//!     Ok(ctx.step("send", move |s| async move { Ok(format!("invoice {} of {total}", s.step_id())) }).await?)
+//! }
+//!
+//! #[tokio::main]
+//! async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//!     // Every process connects to the same database and schema. With a notify channel, every
+//!     // enqueue of the run queue NOTIFYs the workers (set it on every process, clients too).
+//!     let options = PostgresOptions::new().schema("durable").notify_channel("durable");
+//!     let store = PostgresStore::connect_with(&std::env::var("DATABASE_URL")?, options).await?;
+//!     // Starts and wakes go through the run queue in the database; an idle worker is woken by
+//!     // NOTIFY within milliseconds, the poll is only the safety net.
+//!     let transport = QueueTransport::new(Arc::new(store.clone()))
+//!         .poll_interval(Duration::from_secs(1))
+//!         .with_wakeups(store.queue_wakeups().await?);
+//!     let engine = Engine::builder()
+//!         .store(store)
+//!         .transport(transport)
+//!         .namespace("billing") // this pool executes the runs of namespace "billing" only
+//!         .build()?; // an API server that only starts runs adds `.client_only()`
+//!     engine.register("invoice", 1, invoice);
+//!     engine.run_worker(durable::shutdown_signal()).await; // until SIGTERM, then drain
+//!     Ok(())
+//! }
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -135,6 +186,9 @@ pub struct PostgresStore {
 struct Inner {
     shared: Arc<Shared>,
     writer: Writer,
+    /// The run queue's writes (enqueue, ack, release), batched apart from everything else so a
+    /// queue transaction never holds a run row or a signal lock (see `sql/v2.sql`).
+    queue_writer: Writer,
     options: PostgresOptions,
     /// The driver configuration, when the store was connected from a URL (for `listen`).
     config: Option<tokio_postgres::Config>,
@@ -265,8 +319,11 @@ impl PostgresStore {
             counters: Counters::default(),
         });
         let writer = Writer::start(shared.clone());
+        let queue_writer = Writer::start(shared.clone());
         let listener = tokio::sync::Mutex::new(None);
-        Ok(PostgresStore { inner: Arc::new(Inner { shared, writer, options, config, sql, queue_sql, listener }) })
+        Ok(PostgresStore {
+            inner: Arc::new(Inner { shared, writer, queue_writer, options, config, sql, queue_sql, listener }),
+        })
     }
 
     /// The options the store was connected with.
@@ -341,6 +398,11 @@ impl PostgresStore {
 
     async fn write(&self, op: Op<'_>) -> StoreResult<String> {
         self.inner.writer.write(&self.inner.shared, op.encode()).await
+    }
+
+    /// A run-queue write, through the queue's own writer.
+    async fn queue_write(&self, op: Op<'_>) -> StoreResult<String> {
+        self.inner.queue_writer.write(&self.inner.shared, op.encode()).await
     }
 
     fn answer<T>(&self, answer: std::result::Result<T, Answer>) -> StoreResult<T> {

@@ -57,7 +57,7 @@ impl RunQueue for PostgresStore {
             return Ok(());
         }
         let op = Op::Enqueue { items: items.iter().map(QueueItemJson::new).collect(), now: ops::millis_to_sql(now) };
-        let answer = self.write(op).await?;
+        let answer = self.queue_write(op).await?;
         self.answer(ops::ok_answer(&answer))
     }
 
@@ -101,7 +101,7 @@ impl RunQueue for PostgresStore {
         if ids.is_empty() {
             return Ok(());
         }
-        let answer = self.write(Op::AckQueued { ids: ops::queue_ids(ids), owner }).await?;
+        let answer = self.queue_write(Op::AckQueued { ids: ops::queue_ids(ids), owner }).await?;
         self.answer(ops::ok_answer(&answer))
     }
 
@@ -109,7 +109,7 @@ impl RunQueue for PostgresStore {
         if ids.is_empty() {
             return Ok(());
         }
-        let answer = self.write(Op::ReleaseQueued { ids: ops::queue_ids(ids), owner }).await?;
+        let answer = self.queue_write(Op::ReleaseQueued { ids: ops::queue_ids(ids), owner }).await?;
         self.answer(ops::ok_answer(&answer))
     }
 

@@ -213,6 +213,7 @@ async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_noth
         .batch_execute(&format!(
             "DROP TABLE {s}.run_queue; DROP FUNCTION {s}.enqueue(jsonb); DROP FUNCTION {s}.ack_queued(jsonb);
              DROP FUNCTION {s}.release_queued(jsonb); DROP FUNCTION {s}.notify_queue(text);
+             DROP FUNCTION {s}.lock_queue();
              DELETE FROM {s}.schema_version WHERE version = 2"
         ))
         .await

@@ -62,7 +62,8 @@ pub use durable_transport::{InProcessTransport, QueueTransport, Transport};
 /// The API for implementing a transport: the run queue between engine instances.
 pub mod transport {
     pub use durable_transport::{
-        Consumer, Handled, QueueReason, QueuedRun, RunHandler, RunQueue, Transport, TransportError,
+        Consumer, Handled, QueueReason, QueuedRun, RunHandler, RunQueue, Transport, TransportError, WakeupFuture,
+        Wakeups,
     };
 }
 

@@ -2,7 +2,7 @@
 //! appending its step id to a ledger file (the side effect), and prints `committed <seq>` after
 //! each step's commit. The tests SIGKILL it at random points and start it again.
 //!
-//! usage: crash_worker <db> <ledger>
+//! usage: `crash_worker <db> <ledger>`
 
 use std::io::Write;
 use std::time::Duration;

@@ -2,6 +2,7 @@
 //! the workflow code, connects to the shared database, consumes the store-backed run queue
 //! (woken by `LISTEN/NOTIFY`), and runs `Engine::run_worker` until SIGTERM.
 //!
+//! ```text
 //! usage:
 //!   fleet_pg_worker <url> <schema> work <index>   execute `pgfleet` and `ping` runs; print
 //!                                                 `committed <run> <seq>` per step, `turn <run>
@@ -10,6 +11,7 @@
 //!                                                 `settled <run> <status>` per run it settled
 //!   fleet_pg_worker <url> <schema> start <n>      (a client) start n `pgfleet` runs, send each its
 //!                                                 `go:<run>` signal, wait for all of them
+//! ```
 //!
 //! Every step of `pgfleet` first writes one row into `<schema>.ledger` (its step id and the
 //! worker's index): the side effect whose duplicates the tests count.
@@ -100,6 +102,25 @@ async fn pgfleet(ctx: WorkflowCtx, ledger: Ledger) -> Result<u32, WorkflowError>
     Ok(sum)
 }
 
+/// Calls `f` again while it fails with a retryable store error (a terminated connection), as a
+/// client of a database that may drop connections does.
+async fn retrying<T, F, Fut>(mut f: F) -> Result<T, durable::Error>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Result<T, durable::Error>>,
+{
+    let mut tries = 0;
+    loop {
+        match f().await {
+            Err(durable::Error::Store(e)) if e.is_retryable() && tries < 50 => {
+                tries += 1;
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            other => return other,
+        }
+    }
+}
+
 async fn connect(url: &str, schema: &str) -> Result<PostgresStore, durable::PostgresError> {
     let app = std::env::var("APP_NAME").unwrap_or_else(|_| "durable-fleet".into());
     let options = PostgresOptions::new().schema(schema).pool_size(8).application_name(app).notify_channel("durable");
@@ -141,9 +162,14 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 let (engine, chunk) = (engine.clone(), chunk.to_vec());
                 tasks.spawn(async move {
                     for id in chunk {
-                        engine.start("pgfleet", &(), StartOptions::id(id.clone())).await?;
-                        // Usually buffered: the run waits for it after its seventh step.
-                        engine.signal(&format!("go:{id}"), &1u32).await?;
+                        // Starting is idempotent on the id: a start whose connection was cut
+                        // off is simply sent again.
+                        retrying(|| engine.start("pgfleet", &(), StartOptions::id(id.clone()))).await?;
+                        // Usually buffered: the run waits for it after its seventh step. (A
+                        // signal sent again after a lost answer may be delivered twice: the
+                        // second copy stays buffered, unread.)
+                        let token = format!("go:{id}");
+                        retrying(|| engine.signal(&token, &1u32)).await?;
                     }
                     Ok::<_, durable::Error>(())
                 });
@@ -153,7 +179,8 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             }
             out(format_args!("started {n}"));
             for id in ids {
-                let outcome = engine.wait_for_run(&durable::RunId::new(id.clone())).await?;
+                let run_id = durable::RunId::new(id.clone());
+                let outcome = retrying(|| engine.wait_for_run(&run_id)).await?;
                 if outcome.status() != RunStatus::Completed {
                     out(format_args!("not completed {id} {}", outcome.status()));
                 }
@@ -170,10 +197,12 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                 while let Ok(event) = events.recv().await {
                     match event {
                         EngineEvent::StepCompleted { run_id, seq, .. } => out(format_args!("committed {run_id} {seq}")),
-                        EngineEvent::TurnStarted { run_id, .. } if print_turns => {
-                            out(format_args!("turn {run_id} {}", unix_us()))
+                        EngineEvent::TurnStarted { run_id, recovered } if print_turns => {
+                            out(format_args!("turn {run_id} {} recovered={recovered}", unix_us()))
                         }
-                        EngineEvent::TurnAborted { run_id, .. } => out(format_args!("aborted {run_id}")),
+                        EngineEvent::TurnAborted { run_id, error } => {
+                            out(format_args!("aborted {run_id} {}", error.to_string().replace('\n', " ")))
+                        }
                         EngineEvent::RunSettled { run_id, status } => out(format_args!("settled {run_id} {status}")),
                         _ => {}
                     }

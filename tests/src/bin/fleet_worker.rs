@@ -1,12 +1,14 @@
 //! A worker process for the fleet tests, built the way users build theirs: it embeds the
 //! workflow code, opens the shared SQLite file, and runs `Engine::run_worker` until SIGTERM.
 //!
+//! ```text
 //! usage:
 //!   fleet_worker <db> work [step_ms]   execute `fleet` runs; print `committed <run> <seq>` per step
 //!                                      (DRAIN_MS: the drain timeout on SIGTERM, default 5000)
 //!   fleet_worker <db> start <n>        (a client) start n `fleet` runs and wait for all of them
 //!   fleet_worker <db> poison <marker>  start `poison` (it kills its process at step 2) and work;
 //!                                      on_dead appends the run id to <marker>
+//! ```
 
 use std::io::Write;
 use std::time::Duration;

@@ -41,11 +41,16 @@ impl Drop for TempDir {
     }
 }
 
-/// The `durable` binary, run in `dir`, with no `DURABLE_DB` or `RUST_LOG` from the
-/// environment.
+/// The `durable` binary, run in `dir`, with no `DURABLE_DB`, `DURABLE_URL`, `DURABLE_SCHEMA` or
+/// `RUST_LOG` from the environment.
 pub fn durable(dir: &Path) -> Command {
     let mut cmd = Command::new(env!("CARGO_BIN_EXE_durable"));
-    cmd.current_dir(dir).env_remove("DURABLE_DB").env_remove("RUST_LOG").stdin(Stdio::null());
+    cmd.current_dir(dir)
+        .env_remove("DURABLE_DB")
+        .env_remove("DURABLE_URL")
+        .env_remove("DURABLE_SCHEMA")
+        .env_remove("RUST_LOG")
+        .stdin(Stdio::null());
     cmd
 }
 

@@ -7,12 +7,20 @@
 -- * At most one *unclaimed* item per run: the partial unique index `run_queue_open` is the
 --   arbiter of the enqueue's upsert (a wake replaces a start, the higher priority is kept).
 --   A claimed item leaves the index, so a newer unclaimed item of the same run may sit next to it.
--- * Enqueue, ack and release are operations of `apply` (they ride in the writer's batches with
---   the step commits: no round trip of their own). A claim is one statement of its own
+-- * Enqueue, ack and release are operations of `apply`, folded into batches (one round trip and
+--   one transaction for everything waiting) by a writer of their own. A claim is one statement of its own
 --   (`UPDATE … WHERE id IN (SELECT … FOR UPDATE SKIP LOCKED)`, sent by the client): it never
 --   waits for a lock, so it can never be part of a deadlock.
--- * Lock order: enqueue and release upsert items in `run_id` order, so two batches queueing the
---   same runs cannot deadlock on each other's items.
+-- * Queue operations never share a transaction with run-row or signal locks: the store sends them
+--   through a writer of their own (`PostgresStore`'s queue writer), and every enqueue and release
+--   first takes the schema's queue advisory lock (`lock_key('queue', '')`), so queue transactions
+--   that upsert items run one after the other, and only ever wait for that lock or for a claim
+--   statement (which never waits): they cannot deadlock. Items are upserted in `run_id` order.
+-- * `claim_run` is replaced: it no longer waits for a run row that another transaction holds (the
+--   lease holder committing, a delivery waking the run): it answers `busy` with the run as last
+--   committed, and the engine looks again (`recheck_later`). With a shared run queue, engines
+--   often claim runs that another engine's batch is writing; waiting there put claims into
+--   deadlock cycles with whole batches (each one a `deadlock_timeout` stall of two writers).
 -- * With a notify channel configured (PostgresOptions::notify_channel, `C`), every enqueue and
 --   release NOTIFYs `C:queue` with the namespace of the items it queued, once per namespace, when
 --   its transaction commits: consumers (`PostgresStore::queue_wakeups`) claim at once instead of
@@ -47,6 +55,12 @@ BEGIN
 END
 $$;
 
+-- The advisory lock every enqueue and release takes (see the header).
+CREATE FUNCTION __SCHEMA__.lock_queue() RETURNS void
+LANGUAGE sql AS $$
+    SELECT pg_advisory_xact_lock(__SCHEMA__.lock_key('queue', ''))
+$$;
+
 -- Queues runs: `{"items": [{run_id, reason, namespace, priority, dedupe_key}], "now"}`, at most one
 -- item per run (the client merges duplicates). Items of runs that do not exist are dropped;
 -- a missing namespace is the run's, the priority at least the run's. `{"queued": n}`.
@@ -56,6 +70,7 @@ DECLARE
     v_now bigint := (p ->> 'now')::bigint;
     v_namespaces text[];
 BEGIN
+    PERFORM __SCHEMA__.lock_queue();
     WITH items AS (
         SELECT x ->> 'run_id' AS run_id, x ->> 'reason' AS reason, x ->> 'namespace' AS namespace,
                (x ->> 'priority')::integer AS priority, x ->> 'dedupe_key' AS dedupe_key
@@ -95,6 +110,7 @@ LANGUAGE plpgsql AS $$
 DECLARE
     v_namespaces text[];
 BEGIN
+    PERFORM __SCHEMA__.lock_queue();
     WITH gone AS (
         DELETE FROM __SCHEMA__.run_queue
          WHERE id = ANY (ARRAY(SELECT (x #>> '{}')::bigint FROM jsonb_array_elements(p -> 'ids') AS x))
@@ -118,6 +134,54 @@ BEGIN
     SELECT ARRAY(SELECT DISTINCT namespace FROM back) INTO v_namespaces;
     PERFORM __SCHEMA__.notify_queue(ns) FROM unnest(v_namespaces) AS ns;
     RETURN jsonb_build_object('ok', true);
+END
+$$;
+
+-- `claim_run` of version 1, except that a run row another transaction holds is not waited for:
+-- the claim is `busy` (or `terminal`) with the run as last committed.
+CREATE OR REPLACE FUNCTION __SCHEMA__.claim_run(p jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_id text := p ->> 'id';
+    v_owner text := p ->> 'owner';
+    v_until bigint := (p ->> 'until')::bigint;
+    v_now bigint := (p ->> 'now')::bigint;
+    v_prev __SCHEMA__.runs;
+    v_run __SCHEMA__.runs;
+    v_recovered boolean;
+BEGIN
+    -- The row lock makes the outcome reported below the state the UPDATE's predicate sees.
+    SELECT * INTO v_prev FROM __SCHEMA__.runs WHERE id = v_id FOR UPDATE SKIP LOCKED;
+    IF NOT FOUND THEN
+        SELECT * INTO v_prev FROM __SCHEMA__.runs WHERE id = v_id;
+        IF NOT FOUND THEN
+            RETURN jsonb_build_object('outcome', 'not_found');
+        END IF;
+        -- Another transaction is writing the run: someone else's for now.
+        RETURN jsonb_build_object(
+            'outcome', CASE WHEN v_prev.status IN ('pending', 'running', 'suspended') THEN 'busy' ELSE 'terminal' END,
+            'run', to_jsonb(v_prev));
+    END IF;
+    v_recovered := v_prev.status = 'running' AND v_prev.lease_owner IS NOT NULL AND v_prev.lease_owner <> v_owner;
+    UPDATE __SCHEMA__.runs
+       SET status = 'running', lease_owner = v_owner, lease_until = v_until, updated_at = v_now,
+           recovery_attempts = recovery_attempts + CASE WHEN v_recovered THEN 1 ELSE 0 END
+     WHERE id = v_id
+       AND status IN ('pending', 'running', 'suspended')
+       AND NOT (lease_owner IS NOT NULL AND lease_owner <> v_owner AND lease_until IS NOT NULL AND lease_until >= v_now)
+    RETURNING * INTO v_run;
+    IF NOT FOUND THEN
+        RETURN jsonb_build_object(
+            'outcome', CASE WHEN v_prev.status IN ('pending', 'running', 'suspended') THEN 'busy' ELSE 'terminal' END,
+            'run', to_jsonb(v_prev));
+    END IF;
+    RETURN jsonb_build_object(
+        'outcome', 'acquired',
+        'run', to_jsonb(v_run),
+        'previous', v_prev.status,
+        'recovered', v_recovered,
+        'history', (SELECT COALESCE(jsonb_agg(to_jsonb(c) ORDER BY c.seq), '[]'::jsonb)
+                      FROM __SCHEMA__.checkpoints AS c WHERE c.run_id = v_id));
 END
 $$;
 
