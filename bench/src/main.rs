@@ -159,7 +159,9 @@ async fn cleanup() {
 /// processes share a SQLite file (`db`) or a PostgreSQL schema, and its run queue.
 async fn shared_engine(args: &Args, db: Option<&std::path::Path>, worker: bool) -> Result<Engine, String> {
     let mut config = durable::EngineConfig::default();
-    config.wait_poll_interval = Duration::from_millis(5);
+    // The client sees completions by polling the store: cheap on a local file, a round trip
+    // per waiter on a server.
+    config.wait_poll_interval = Duration::from_millis(if db.is_some() { 5 } else { 50 });
     config.execute = worker;
     let builder = Engine::builder().config(config);
     let builder = match db {
