@@ -179,12 +179,12 @@ mod tests {
         }
     }
 
-    #[tokio::test]
-    async fn queued_runs_reach_a_consumer_once_and_leave_the_queue() {
+    /// A memory store holding a pending run for each id.
+    async fn store_with_runs(ids: &[&str]) -> Arc<MemoryStore> {
         let store = Arc::new(MemoryStore::new());
-        for id in ["a", "b"] {
+        for id in ids {
             let new = NewRun {
-                id: RunId::from(id),
+                id: RunId::from(*id),
                 workflow: "w".into(),
                 version: 1,
                 namespace: "default".into(),
@@ -196,6 +196,12 @@ mod tests {
             };
             store.create_run(new).await.unwrap();
         }
+        store
+    }
+
+    #[tokio::test]
+    async fn queued_runs_reach_a_consumer_once_and_leave_the_queue() {
+        let store = store_with_runs(&["a", "b"]).await;
         let transport = QueueTransport::new(store.clone());
         // A wake for an already queued run replaces its start; an unknown run is dropped.
         let batch = vec![
@@ -220,21 +226,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_nudge_wakes_an_idle_consumer_before_its_next_poll() {
-        let store = Arc::new(MemoryStore::new());
-        for id in ["first", "second"] {
-            let new = NewRun {
-                id: RunId::from(id),
-                workflow: "w".into(),
-                version: 1,
-                namespace: "default".into(),
-                input: Payload::null(),
-                tags: vec![],
-                priority: 0,
-                parent: None,
-                created_at: 0,
-            };
-            store.create_run(new).await.unwrap();
-        }
+        let store = store_with_runs(&["first", "second"]).await;
         let nudges = Arc::new(Notify::new());
         // Polling alone would take an hour: only the nudge can explain the second pickup.
         let transport =
