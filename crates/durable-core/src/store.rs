@@ -312,8 +312,6 @@ pub struct RunPatch {
     pub release_lease: bool,
     /// Reset `recovery_attempts` to 0 (operator retry).
     pub reset_recovery: bool,
-    /// Delete the run's `failed` checkpoints, so the steps run again (operator retry).
-    pub clear_failed_checkpoints: bool,
     /// Delete the run's checkpoints from this seq on, so that part of the body runs again
     /// (operator retry resumes from the first failed step).
     pub truncate_history_from: Option<u32>,

@@ -13,7 +13,6 @@ use durable_core::{
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
 
-use crate::clock::BoxFuture;
 use crate::ctx::{StepBody, TurnShared, corrupt, halt, park, run_step};
 use crate::engine::Shared;
 use crate::error::{Error, Result};
@@ -454,9 +453,6 @@ impl Engine {
         }
     }
 }
-
-/// A boxed child join, for fan-outs over heterogeneous children.
-pub type ChildJoin<O> = BoxFuture<'static, Result<O, ChildFailed>>;
 
 impl Shared {
     /// Every child of a run, oldest first.

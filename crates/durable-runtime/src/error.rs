@@ -112,9 +112,6 @@ pub enum Error {
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
-    /// The engine was shut down.
-    #[error("the engine is shut down; build a new one")]
-    ShutDown,
 }
 
 /// A step that failed after its last attempt (or with a fatal error). The workflow may handle

@@ -41,7 +41,7 @@ mod registry;
 mod signals;
 
 pub use clock::{BoxFuture, Clock, SystemClock, VirtualClock};
-pub use compose::{Cancel, ChildFailed, ChildHandle, ChildJoin, ChildOptions};
+pub use compose::{Cancel, ChildFailed, ChildHandle, ChildOptions};
 pub use config::EngineConfig;
 pub use ctx::{All, Step, StepContext, StepOptions, WorkflowCtx};
 pub use durable_core::Delivery;

@@ -404,13 +404,8 @@ impl Store for MemoryStore {
         }
         run.updated_at = patch.now;
         let terminal = run.status.is_terminal();
-        if let Some(cps) = inner.checkpoints.get_mut(id) {
-            if patch.clear_failed_checkpoints {
-                cps.retain(|_, cp| cp.status != CheckpointStatus::Failed);
-            }
-            if let Some(from) = patch.truncate_history_from {
-                cps.retain(|seq, _| *seq < from);
-            }
+        if let (Some(from), Some(cps)) = (patch.truncate_history_from, inner.checkpoints.get_mut(id)) {
+            cps.retain(|seq, _| *seq < from);
         }
         if terminal {
             inner.remove_waiters_of(id);

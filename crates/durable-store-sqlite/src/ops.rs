@@ -11,9 +11,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use durable_core::{
-    Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun,
-    ParentLink, Payload, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StepError, StepKind,
-    StoreError, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor, json_subset,
+    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, ParentLink, Payload,
+    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StepError, StepKind, StoreError, TurnEnd, WaitKind,
+    Waiter, decode_cursor, encode_cursor, json_subset,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
@@ -795,10 +795,6 @@ pub(crate) fn update_run_if(conn: &Connection, id: &RunId, expected: &[RunStatus
         ])?;
     if changed == 0 {
         return Err(corrupt(format!("run {id}: the run row changed inside the write transaction")));
-    }
-    if patch.clear_failed_checkpoints {
-        conn.prepare_cached("DELETE FROM checkpoints WHERE run_id = ?1 AND status = ?2")?
-            .execute([id.as_str(), CheckpointStatus::Failed.as_str()])?;
     }
     if let Some(from) = patch.truncate_history_from {
         conn.prepare_cached("DELETE FROM checkpoints WHERE run_id = ?1 AND seq >= ?2")?

@@ -298,7 +298,6 @@ async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
                 },
                 release_lease: rng.chance(40),
                 reset_recovery: rng.chance(30),
-                clear_failed_checkpoints: rng.chance(30),
                 truncate_history_from: if rng.chance(20) { Some(rng.below(6) as u32) } else { None },
                 wake: rng.chance(30),
                 signals: (0..rng.below(2))

@@ -45,7 +45,7 @@ pub use durable_core::{
     StepError, StepKind, codes,
 };
 pub use durable_runtime::{
-    All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildJoin, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
+    All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
     EngineConfig, EngineEvent, Error, Metrics, Result, RunOutcome, SignalError, StartOptions, Started, Step,
     StepContext, StepFailed, StepOptions, SystemClock, TaskError, UpdateOutcome, VirtualClock, WorkflowCtx,
     WorkflowError, WorkflowOptions, shutdown_signal, uuid,

@@ -142,7 +142,6 @@ pub async fn update_applies_every_patch_field(store: Arc<dyn Store>) -> CaseResu
         error: Some(None),
         wake_at: Some(None),
         reset_recovery: true,
-        clear_failed_checkpoints: true,
         now: takeover + 6,
         ..RunPatch::default()
     };
@@ -152,7 +151,7 @@ pub async fn update_applies_every_patch_field(store: Arc<dyn Store>) -> CaseResu
     assert_eq!((run.output, run.error, run.wake_at), (None, None, None), "`Some(None)` clears");
     assert_eq!(run.recovery_attempts, 0);
     assert_eq!(run.updated_at, takeover + 6);
-    assert_eq!(history_seqs(s, "r").await?, [0, 2], "only the failed checkpoint is deleted");
+    assert_eq!(history_seqs(s, "r").await?, [0, 1, 2], "without truncate_history_from the history is kept");
     Ok(())
 }
 
