@@ -30,6 +30,13 @@ const ENV: &str = "DURABLE_PG_URL";
 /// The line a process's reader sends when its output ends (it exited or was killed).
 const EXITED: &str = "<exited>";
 
+/// Checks a line of the starter process: true once it saw every run complete.
+fn starter_done(line: &str) -> bool {
+    assert!(!line.starts_with("not completed"), "{line}");
+    assert_ne!(line, EXITED, "the starter exited before all its runs were done");
+    line == "all done"
+}
+
 /// How long a test waits for the next line of its processes before it gives up (a hang guard,
 /// not a timing assertion).
 const QUIET_LIMIT: Duration = Duration::from_secs(120);
@@ -309,9 +316,7 @@ fn four_workers_share_2000_runs_with_sleeps_and_signals_and_survive_two_sigkills
     loop {
         let (who, line) = recv(&rx);
         if who == starter {
-            assert!(!line.starts_with("not completed"), "{line}");
-            assert_ne!(line, EXITED, "the starter exited before all its runs were done");
-            if line == "all done" {
+            if starter_done(&line) {
                 break;
             }
             continue;
@@ -490,9 +495,7 @@ fn terminated_connections_are_survived_and_no_run_is_lost_or_duplicated() {
     loop {
         let (who, line) = recv(&rx);
         if who == starter {
-            assert!(!line.starts_with("not completed"), "{line}");
-            assert_ne!(line, EXITED, "the starter exited before all its runs were done");
-            if line == "all done" {
+            if starter_done(&line) {
                 break;
             }
             continue;

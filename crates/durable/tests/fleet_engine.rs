@@ -169,9 +169,16 @@ async fn a_child_result_reaches_its_parent_once_even_when_the_childs_commits_fai
     let history = t.checkpoints(&run.id).await;
     assert_eq!(history.len(), 1, "the parent recorded the child once: {history:?}");
     assert!(t.store().waiters(&run.id).await.unwrap().is_empty());
-    // No stray copy of the result is left buffered: a new wait on the same token would take it.
-    let stray = t.signal(&format!("child:{}:0", run.id), &"probe").await.unwrap();
-    assert_eq!(stray, durable::Delivery::Buffered);
+    // No stray copy of the result is left buffered: a new wait on the same token would take it
+    // at once instead of timing out.
+    t.register("probe", 1, |ctx: WorkflowCtx, token: String| async move {
+        let stray: Option<serde_json::Value> = ctx.wait_for_signal_timeout(&token, Duration::from_secs(60)).await?;
+        Ok::<_, WorkflowError>(stray)
+    });
+    let probe = t.start("probe", &format!("child:{}:0", run.id), StartOptions::id("probe")).await.unwrap();
+    t.assert_settled_status(&probe.id, RunStatus::Suspended).await;
+    t.advance(Duration::from_secs(60));
+    t.assert_output(&probe.id, None::<serde_json::Value>).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
