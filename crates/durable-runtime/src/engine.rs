@@ -309,17 +309,18 @@ impl Shared {
     /// Executes a run marked as executing here, until it is quiet or the engine shuts down
     /// (a shutdown drops the turn wherever it is; the store keeps what was committed, and
     /// `shutdown` releases the lease).
-    pub(crate) async fn run_in_slot(self: &Arc<Self>, guard: TaskGuard) {
+    pub(crate) async fn run_in_slot(self: &Arc<Self>, mut guard: TaskGuard) {
         let id = guard.id.clone();
-        tokio::select! {
+        guard.quiet = tokio::select! {
             biased;
-            () = self.shutdown_signal() => {}
-            () = self.run_until_quiet(&id) => {}
-        }
+            () = self.shutdown_signal() => false,
+            () = self.run_until_quiet(&id) => true,
+        };
         drop(guard);
     }
 
-    /// Drives the run, again as long as wakes arrived while it executed.
+    /// Drives the run, again as long as wakes arrived while it executed. Removes the run's
+    /// dispatcher entry when it returns: from then on, a new wake starts a new task.
     async fn run_until_quiet(self: &Arc<Self>, id: &RunId) {
         loop {
             self.drive_run(id).await;
@@ -408,13 +409,17 @@ impl Shared {
 pub(crate) struct TaskGuard {
     shared: Arc<Shared>,
     id: RunId,
+    /// The run went quiet: `run_until_quiet` already removed its dispatcher entry, and any
+    /// entry there now belongs to a newer task of the same run, which must not be touched
+    /// (removing it would let a third task execute the run beside the second).
+    quiet: bool,
 }
 
 impl TaskGuard {
     pub(crate) fn new(shared: &Arc<Shared>, id: RunId) -> Self {
         let now = shared.metrics.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
         shared.metrics.max_in_flight.fetch_max(now, Ordering::AcqRel);
-        TaskGuard { shared: shared.clone(), id }
+        TaskGuard { shared: shared.clone(), id, quiet: false }
     }
 }
 
@@ -423,11 +428,10 @@ impl Drop for TaskGuard {
         if let Some(interrupted) = self.shared.interrupted.lock().as_mut() {
             interrupted.push(self.id.clone());
         }
-        let mut active = self.shared.active.lock();
-        if active.get(&self.id).is_some_and(|a| a.started) {
-            active.remove(&self.id);
+        if !self.quiet {
+            // Cut off (shutdown or abort): the entry is still this task's.
+            self.shared.active.lock().remove(&self.id);
         }
-        drop(active);
         self.shared.metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
         self.shared.idle.notify_waiters();
     }

@@ -142,3 +142,18 @@ proptest! {
         prop_assert_eq!(clean, crashed, "a resumed run reached another output");
     }
 }
+
+/// Regression: a run whose task went quiet just as a new wake arrived was executed by two
+/// turns of one engine at once (the old task's clean-up removed the new task's dispatcher
+/// entry, so a third wake started a third task beside it). The race window is narrow; this
+/// shape (the driver advancing the clock while the run is already running again) hits it
+/// within a few thousand runs (8 times in 10 at this count when it was there).
+#[test]
+fn a_run_woken_as_its_task_goes_quiet_never_executes_twice() {
+    let ops = [Op::Step, Op::Sleep(1923), Op::Join(4), Op::Step, Op::Step, Op::SideEffect];
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().unwrap();
+    for i in 0..8000 {
+        let (_, violations) = rt.block_on(drive(&ops, &[]));
+        assert_eq!(violations, 0, "run {i}: a completed step executed again");
+    }
+}
