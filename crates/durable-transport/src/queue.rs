@@ -2,6 +2,7 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use async_trait::async_trait;
@@ -14,16 +15,21 @@ use crate::{Consumer, Handled, RunHandler, Transport, TransportError, Wakeups};
 /// processes, other machines) consumes its share. A consumer claims items with a lease
 /// (`claim_ttl`); items of a consumer that died come back once it expires.
 ///
-/// Items sent by this process are claimed at once; items sent by other processes are found by
-/// polling (every 50 ms by default), or at once when a [`Wakeups`] source says so
-/// ([`QueueTransport::with_wakeups`], e.g. PostgreSQL's `LISTEN/NOTIFY`).
+/// When this process sends items, its consumers claim at once as many items as it sent; the
+/// rest of the queue is shared out at each poll (every 50 ms by default) or when a [`Wakeups`]
+/// source says items are waiting ([`QueueTransport::with_wakeups`], e.g. PostgreSQL's
+/// `LISTEN/NOTIFY`). So a busy process, woken again and again by its own wakes, takes back
+/// about what it queued and does not swallow a burst of starts sent by others.
 #[derive(Clone)]
 pub struct QueueTransport {
     queue: Arc<dyn RunQueue>,
     owner: String,
     poll_interval: Duration,
     claim_ttl: Duration,
+    claim_batch: usize,
     local: Arc<Notify>,
+    /// Items this process sent since its consumers last claimed on a local notify.
+    local_sent: Arc<AtomicUsize>,
     wakeups: Option<Arc<dyn Wakeups>>,
 }
 
@@ -33,6 +39,7 @@ impl fmt::Debug for QueueTransport {
             .field("queue", &self.queue)
             .field("owner", &self.owner)
             .field("poll_interval", &self.poll_interval)
+            .field("claim_batch", &self.claim_batch)
             .field("wakeups", &self.wakeups)
             .finish()
     }
@@ -44,14 +51,17 @@ fn now_ms() -> Millis {
 
 impl QueueTransport {
     /// A transport over `queue`, polling every 50 ms for items sent by other processes (items
-    /// sent by this process are picked up at once) and claiming items for 60 s.
+    /// sent by this process are picked up at once), claiming at most 32 items at a time, for
+    /// 60 s.
     pub fn new(queue: Arc<dyn RunQueue>) -> Self {
         QueueTransport {
             queue,
             owner: format!("consumer-{}-{:x}", std::process::id(), now_ms()),
             poll_interval: Duration::from_millis(50),
             claim_ttl: Duration::from_secs(60),
+            claim_batch: 32,
             local: Arc::new(Notify::new()),
+            local_sent: Arc::new(AtomicUsize::new(0)),
             wakeups: None,
         }
     }
@@ -79,6 +89,14 @@ impl QueueTransport {
         self
     }
 
+    /// The most items one claim takes (at least 1). A consumer claims again at once after a
+    /// full batch while it has free execution slots, so this bounds how much of a burst one
+    /// consumer grabs before the others get a look, not its throughput.
+    pub fn claim_batch(mut self, batch: usize) -> Self {
+        self.claim_batch = batch.max(1);
+        self
+    }
+
     /// Items waiting in the queue.
     pub async fn queued(&self) -> Result<u64, TransportError> {
         self.queue.queued_len().await.map_err(|e| TransportError::Unavailable(e.to_string()))
@@ -88,7 +106,9 @@ impl QueueTransport {
 #[async_trait]
 impl Transport for QueueTransport {
     async fn dispatch_runs(&self, _namespace: Option<&str>, batch: Vec<QueuedRun>) -> Result<(), TransportError> {
+        let sent = batch.len();
         self.queue.enqueue(batch, now_ms()).await.map_err(|e| TransportError::Unavailable(e.to_string()))?;
+        self.local_sent.fetch_add(sent, Ordering::AcqRel);
         self.local.notify_waiters();
         Ok(())
     }
@@ -99,15 +119,19 @@ impl Transport for QueueTransport {
         let concurrency = concurrency.max(1);
         let slots = Arc::new(Semaphore::new(concurrency));
         let task = tokio::spawn(async move {
+            // A full look (at start, on a poll or a nudge) claims while batches come back
+            // full; a local notify claims only as many items as this process sent.
+            let mut full_look = true;
             loop {
                 let wake = this.local.notified();
                 tokio::pin!(wake);
                 wake.as_mut().enable();
-                let free = slots.available_permits();
-                if free > 0 {
+                let budget = if full_look { usize::MAX } else { this.local_sent.swap(0, Ordering::AcqRel) };
+                let want = slots.available_permits().min(this.claim_batch).min(budget);
+                if want > 0 {
                     let now = now_ms();
                     let until = now + this.claim_ttl.as_millis() as Millis;
-                    match this.queue.claim_queued(namespace.as_deref(), &this.owner, free, until, now).await {
+                    match this.queue.claim_queued(namespace.as_deref(), &this.owner, want, until, now).await {
                         Ok(items) => {
                             let took = items.len();
                             for item in items {
@@ -125,8 +149,15 @@ impl Transport for QueueTransport {
                                     drop(permit);
                                 });
                             }
-                            if took == free {
-                                continue; // more may be waiting
+                            if took == want {
+                                if full_look {
+                                    continue; // more may be waiting
+                                }
+                                if budget > want {
+                                    // The rest of what this process sent: next batch.
+                                    this.local_sent.fetch_add(budget - want, Ordering::AcqRel);
+                                    continue;
+                                }
                             }
                         }
                         Err(e) => tracing::warn!(error = %e, "could not claim queued runs; trying again"),
@@ -138,12 +169,12 @@ impl Transport for QueueTransport {
                         None => std::future::pending().await,
                     }
                 };
-                tokio::select! {
-                    () = &mut wake => {}
-                    () = nudged => {}
-                    () = tokio::time::sleep(this.poll_interval) => {}
+                full_look = tokio::select! {
+                    () = &mut wake => false,
+                    () = nudged => true,
+                    () = tokio::time::sleep(this.poll_interval) => true,
                     _ = stopped.wait_for(|s| *s) => break,
-                }
+                };
             }
         });
         Consumer::new(stop, task)
@@ -250,5 +281,89 @@ mod tests {
         assert!(picked.is_ok(), "the nudge did not wake the consumer");
         consumer.stop().await;
         assert_eq!(handler.0.lock().clone(), [RunId::from("first"), RunId::from("second")]);
+    }
+
+    /// A queue that records every claim: (items asked for, items handed out).
+    #[derive(Debug)]
+    struct Claims(Arc<MemoryStore>, Mutex<Vec<(usize, usize)>>, Notify);
+
+    impl Claims {
+        fn new(store: Arc<MemoryStore>) -> Arc<Self> {
+            Arc::new(Claims(store, Mutex::new(Vec::new()), Notify::new()))
+        }
+    }
+
+    #[async_trait]
+    impl RunQueue for Claims {
+        async fn enqueue(&self, items: Vec<QueuedRun>, now: Millis) -> durable_core::StoreResult<()> {
+            self.0.enqueue(items, now).await
+        }
+        async fn claim_queued(
+            &self,
+            namespace: Option<&str>,
+            owner: &str,
+            limit: usize,
+            claim_until: Millis,
+            now: Millis,
+        ) -> durable_core::StoreResult<Vec<QueuedRun>> {
+            let items = self.0.claim_queued(namespace, owner, limit, claim_until, now).await?;
+            self.1.lock().push((limit, items.len()));
+            self.2.notify_one();
+            Ok(items)
+        }
+        async fn ack_queued(&self, ids: &[u64], owner: &str) -> durable_core::StoreResult<()> {
+            self.0.ack_queued(ids, owner).await
+        }
+        async fn release_queued(&self, ids: &[u64], owner: &str) -> durable_core::StoreResult<()> {
+            self.0.release_queued(ids, owner).await
+        }
+        async fn queued_len(&self) -> durable_core::StoreResult<u64> {
+            self.0.queued_len().await
+        }
+    }
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("r{i}")).collect()
+    }
+
+    #[tokio::test]
+    async fn a_burst_is_claimed_in_batches_of_at_most_claim_batch() {
+        let ids = names(25);
+        let store = store_with_runs(&ids.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        store.enqueue(ids.iter().map(|id| item(id, QueueReason::Start)).collect(), 0).await.unwrap();
+        let queue = Claims::new(store);
+        let transport = QueueTransport::new(queue.clone()).claim_batch(10).poll_interval(Duration::from_secs(3600));
+        let handler = Arc::new(Collect(Mutex::new(Vec::new()), Notify::new()));
+        // Slots for everything: only the batch bounds the claims.
+        let consumer = transport.consume_runs(None, 256, handler.clone());
+        while handler.0.lock().len() < ids.len() {
+            handler.1.notified().await;
+        }
+        consumer.stop().await;
+        // Full batches are followed by another claim at once; the short one ends the burst.
+        assert_eq!(queue.1.lock().clone(), [(10, 10), (10, 10), (10, 5)]);
+    }
+
+    #[tokio::test]
+    async fn what_this_process_sends_lets_it_claim_that_many_not_the_whole_queue() {
+        let ids = names(21);
+        let store = store_with_runs(&ids.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        let queue = Claims::new(store.clone());
+        let transport = QueueTransport::new(queue.clone()).poll_interval(Duration::from_secs(3600));
+        let handler = Arc::new(Collect(Mutex::new(Vec::new()), Notify::new()));
+        let consumer = transport.consume_runs(None, 256, handler.clone());
+        while queue.1.lock().is_empty() {
+            queue.2.notified().await; // the first look, at start, finds nothing
+        }
+        // Twenty items from another process, then one sent here: the local notify entitles
+        // this consumer to one item (the oldest); the twenty wait for everyone's next look.
+        store.enqueue(ids[..20].iter().map(|id| item(id, QueueReason::Start)).collect(), 0).await.unwrap();
+        transport.dispatch_runs(None, vec![item(&ids[20], QueueReason::Start)]).await.unwrap();
+        while handler.0.lock().is_empty() {
+            handler.1.notified().await;
+        }
+        consumer.stop().await;
+        assert_eq!(queue.1.lock().clone(), [(32, 0), (1, 1)]);
+        assert_eq!(handler.0.lock().clone(), [RunId::from("r0")]);
     }
 }
