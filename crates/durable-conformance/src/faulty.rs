@@ -21,6 +21,8 @@ pub enum Method {
     CreateRun,
     /// [`Store::get_run`].
     GetRun,
+    /// [`Store::get_runs`].
+    GetRuns,
     /// [`Store::list_runs`].
     ListRuns,
     /// [`Store::history`].
@@ -55,9 +57,10 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 17] = [
+    pub const ALL: [Method; 18] = [
         Method::CreateRun,
         Method::GetRun,
+        Method::GetRuns,
         Method::ListRuns,
         Method::History,
         Method::ClaimRun,
@@ -80,6 +83,7 @@ impl Method {
         match self {
             Method::CreateRun => "create_run",
             Method::GetRun => "get_run",
+            Method::GetRuns => "get_runs",
             Method::ListRuns => "list_runs",
             Method::History => "history",
             Method::ClaimRun => "claim_run",
@@ -423,6 +427,10 @@ impl<S: Store> Store for FaultyStore<S> {
 
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
         self.call(Method::GetRun, Some(id), None, self.inner.get_run(id)).await
+    }
+
+    async fn get_runs(&self, ids: &[RunId]) -> StoreResult<Vec<Run>> {
+        self.call(Method::GetRuns, None, None, self.inner.get_runs(ids)).await
     }
 
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {

@@ -40,6 +40,7 @@ macro_rules! __store_cases {
             runs::create_run_is_idempotent(Store, []),
             runs::concurrent_creates_have_one_winner(Store, []),
             runs::missing_run_reads_as_absent(Store, []),
+            runs::get_runs_reads_the_existing_ones(Store, []),
             runs::history_is_ordered_by_seq(Store, []),
             list::list_is_newest_first(Store, []),
             list::list_filters_by_workflow(Store, []),

@@ -410,6 +410,23 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `Ok(None)` when it does not exist.
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>>;
 
+    /// Reads several runs at once (an engine watching runs that execute elsewhere reads all
+    /// of them in one call per interval, not one call per waiter).
+    ///
+    /// # Contract
+    /// Returns the runs among `ids` that exist, each once, in any order; ids that do not
+    /// exist are left out. The default calls [`Store::get_run`] for each id; a store with a
+    /// cheaper way (one query) should override it.
+    async fn get_runs(&self, ids: &[RunId]) -> StoreResult<Vec<Run>> {
+        let mut runs = Vec::with_capacity(ids.len());
+        for id in ids {
+            if let Some(run) = self.get_run(id).await? {
+                runs.push(run);
+            }
+        }
+        Ok(runs)
+    }
+
     /// Lists runs matching `filter`, newest first, one page at a time.
     ///
     /// # Contract

@@ -27,8 +27,9 @@ pub struct EngineConfig {
     pub max_payload_bytes: usize,
     /// Recoveries of one run before it becomes `dead`. Default 10.
     pub max_recovery_attempts: u32,
-    /// How often `wait_for_run` re-reads the store for runs executed by other processes.
-    /// Default 250 ms.
+    /// How often `wait_for_run` re-reads the store for runs executed by other processes: all
+    /// the runs this engine's callers wait on are read together (`Store::get_runs`), one
+    /// call per interval however many callers wait. Default 250 ms.
     pub wait_poll_interval: Duration,
     /// First delay before retrying a turn that a store error aborted (doubles up to 30 s).
     /// Default 100 ms.

@@ -91,7 +91,9 @@ pub(crate) struct Shared {
     ready_changed: Notify,
     active: Mutex<HashMap<RunId, Active>>,
     pub(crate) timers: Timers,
-    watchers: Mutex<HashMap<RunId, Arc<Notify>>>,
+    watchers: Mutex<HashMap<RunId, Arc<Watch>>>,
+    /// When the watched runs were last read together (one store call for every waiter).
+    watch_refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
     poke: Notify,
     shutdown: watch::Sender<bool>,
     pub(crate) draining: AtomicBool,
@@ -124,11 +126,35 @@ struct Ready {
     others: VecDeque<RunId>,
 }
 
+/// A run that `wait_for_run` callers wait on.
+#[derive(Default)]
+struct Watch {
+    /// Notified when this engine settles or suspends the run.
+    notify: Notify,
+    /// What the last shared read found (`Some(None)`: the run does not exist).
+    seen: Mutex<Option<Option<Run>>>,
+}
+
 /// A run known to the dispatcher: queued (waiting for a slot) or executing.
 #[derive(Default)]
 struct Active {
     started: bool,
+    /// A wake arrived while the run executed: run it again.
     rerun: bool,
+    /// A start arrived while the run executed: run it again only if it is `pending` again
+    /// (a retry), not if a poller found it pending before this engine claimed it.
+    rerun_if_pending: bool,
+}
+
+impl Active {
+    /// Records a dispatch that found the run executing here.
+    fn again(&mut self, wake: bool) {
+        if wake {
+            self.rerun = true;
+        } else {
+            self.rerun_if_pending = true;
+        }
+    }
 }
 
 #[derive(Default)]
@@ -205,7 +231,7 @@ impl Shared {
         self.dispatch_as(id, true);
     }
 
-    fn dispatch_as(&self, id: RunId, wake: bool) {
+    pub(crate) fn dispatch_as(&self, id: RunId, wake: bool) {
         if self.config.execute && !self.is_stopping() && !self.draining.load(Ordering::Relaxed) {
             let mut ready = self.ready.lock();
             if wake {
@@ -218,13 +244,17 @@ impl Shared {
         }
     }
 
-    async fn next_ready(&self) -> RunId {
+    /// The next run to execute, and whether it was woken (rather than started).
+    async fn next_ready(&self) -> (RunId, bool) {
         loop {
             let changed = self.ready_changed.notified();
             {
                 let mut ready = self.ready.lock();
-                if let Some(id) = ready.wakes.pop_front().or_else(|| ready.others.pop_front()) {
-                    return id;
+                if let Some(id) = ready.wakes.pop_front() {
+                    return (id, true);
+                }
+                if let Some(id) = ready.others.pop_front() {
+                    return (id, false);
                 }
             }
             changed.await;
@@ -237,9 +267,31 @@ impl Shared {
 
     /// Wakes `wait_for_run` callers of this run.
     pub(crate) fn notify_run(&self, id: &RunId) {
-        if let Some(n) = self.watchers.lock().get(id) {
-            n.notify_waiters();
+        if let Some(w) = self.watchers.lock().get(id) {
+            w.notify.notify_waiters();
         }
+    }
+
+    /// Reads every watched run in one store call per 1,000 ids and records what it found on
+    /// their watches, unless another waiter did so within the last half interval: however
+    /// many callers wait, runs executing elsewhere cost one read per interval, not one each.
+    async fn refresh_watched(&self) -> Result<()> {
+        let mut refreshed = self.watch_refreshed.lock().await;
+        if refreshed.is_some_and(|at| at.elapsed() < self.config.wait_poll_interval / 2) {
+            return Ok(());
+        }
+        let watched: Vec<(RunId, Arc<Watch>)> =
+            self.watchers.lock().iter().map(|(id, w)| (id.clone(), w.clone())).collect();
+        for chunk in watched.chunks(1_000) {
+            let ids: Vec<RunId> = chunk.iter().map(|(id, _)| id.clone()).collect();
+            let mut runs: HashMap<RunId, Run> =
+                self.store.get_runs(&ids).await?.into_iter().map(|r| (r.id.clone(), r)).collect();
+            for (id, watch) in chunk {
+                *watch.seen.lock() = Some(runs.remove(id));
+            }
+        }
+        *refreshed = Some(tokio::time::Instant::now());
+        Ok(())
     }
 
     fn stop_background(&self) {
@@ -257,15 +309,15 @@ impl Shared {
 
     async fn dispatch_loop(self: Arc<Self>) {
         loop {
-            let id = self.next_ready().await;
+            let (id, wake) = self.next_ready().await;
             if self.draining.load(Ordering::Relaxed) {
                 continue;
             }
             match self.active.lock().entry(id.clone()) {
                 Entry::Occupied(mut e) => {
-                    // Queued runs will see the latest state anyway; executing ones run again.
+                    // Queued runs will see the latest state anyway; executing ones may run again.
                     if e.get().started {
-                        e.get_mut().rerun = true;
+                        e.get_mut().again(wake);
                     }
                     continue;
                 }
@@ -293,14 +345,14 @@ impl Shared {
     }
 
     /// Marks a run as executing here; false (and a re-run request) if it already is.
-    pub(crate) fn begin_local(&self, id: &RunId) -> bool {
+    pub(crate) fn begin_local(&self, id: &RunId, wake: bool) -> bool {
         match self.active.lock().entry(id.clone()) {
             Entry::Occupied(mut e) => {
-                e.get_mut().rerun = true;
+                e.get_mut().again(wake);
                 false
             }
             Entry::Vacant(e) => {
-                e.insert(Active { started: true, rerun: false });
+                e.insert(Active { started: true, ..Active::default() });
                 true
             }
         }
@@ -322,16 +374,34 @@ impl Shared {
     /// Drives the run, again as long as wakes arrived while it executed. Removes the run's
     /// dispatcher entry when it returns: from then on, a new wake starts a new task.
     async fn run_until_quiet(self: &Arc<Self>, id: &RunId) {
+        let mut drive = true;
         loop {
-            self.drive_run(id).await;
-            let mut active = self.active.lock();
-            match active.get_mut(id) {
-                Some(a) if a.rerun => a.rerun = false,
-                _ => {
-                    active.remove(id);
-                    return;
-                }
+            if drive {
+                self.drive_run(id).await;
             }
+            let check_pending = {
+                let mut active = self.active.lock();
+                match active.get_mut(id) {
+                    Some(a) if a.rerun => {
+                        (a.rerun, a.rerun_if_pending) = (false, false);
+                        false
+                    }
+                    Some(a) if a.rerun_if_pending => {
+                        a.rerun_if_pending = false;
+                        true
+                    }
+                    _ => {
+                        active.remove(id);
+                        return;
+                    }
+                }
+            };
+            // A read error runs it again: a spare turn is harmless, a missed retry is not.
+            drive = !check_pending
+                || match self.store.get_run(id).await {
+                    Ok(run) => run.is_some_and(|r| r.status == RunStatus::Pending),
+                    Err(_) => true,
+                };
         }
     }
 
@@ -521,6 +591,7 @@ impl EngineBuilder {
             active: Mutex::new(HashMap::new()),
             timers: Timers::default(),
             watchers: Mutex::new(HashMap::new()),
+            watch_refreshed: tokio::sync::Mutex::new(None),
             poke: Notify::new(),
             shutdown: watch::Sender::new(false),
             draining: AtomicBool::new(false),
@@ -773,21 +844,34 @@ impl Engine {
 
     async fn wait(&self, id: &RunId, suspended_is_enough: bool, timeout: Option<Duration>) -> Result<RunOutcome> {
         let shared = &self.inner.shared;
-        let notify = shared.watchers.lock().entry(id.clone()).or_default().clone();
+        let watch = shared.watchers.lock().entry(id.clone()).or_default().clone();
         let done = |run: &Run| run.status.is_terminal() || (suspended_is_enough && run.status == RunStatus::Suspended);
         let wait = async {
+            // First, and after a notify from this engine: read the run itself. When the
+            // interval passes without one: read it with every other watched run.
+            let mut read_alone = true;
             loop {
-                let notified = notify.notified();
+                let notified = watch.notify.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
-                let run = shared.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+                let run = if read_alone {
+                    shared.store.get_run(id).await?
+                } else {
+                    shared.refresh_watched().await?;
+                    let seen = watch.seen.lock().clone();
+                    match seen {
+                        Some(run) => run,
+                        None => shared.store.get_run(id).await?,
+                    }
+                };
+                let run = run.ok_or_else(|| Error::RunNotFound(id.clone()))?;
                 if done(&run) {
                     return Ok(RunOutcome { run });
                 }
-                tokio::select! {
-                    () = notified => {}
-                    () = tokio::time::sleep(shared.config.wait_poll_interval) => {}
-                }
+                read_alone = tokio::select! {
+                    () = notified => true,
+                    () = tokio::time::sleep(shared.config.wait_poll_interval) => false,
+                };
             }
         };
         let result = match timeout {
@@ -800,9 +884,9 @@ impl Engine {
                 }
             },
         };
-        drop(notify);
+        drop(watch);
         let mut watchers = shared.watchers.lock();
-        if watchers.get(id).is_some_and(|n| Arc::strong_count(n) == 1) {
+        if watchers.get(id).is_some_and(|w| Arc::strong_count(w) == 1) {
             watchers.remove(id);
         }
         result

@@ -85,7 +85,7 @@ impl Shared {
     /// queue, so every instance takes a share — or here while the queue is failing.
     pub(crate) fn queue_found(&self, id: RunId, reason: QueueReason) {
         if self.queue_failures.lock().down {
-            return self.dispatch(id);
+            return self.dispatch_as(id, reason == QueueReason::Wake);
         }
         self.enqueue(id, reason, self.config.namespace.clone(), 0, None);
     }
@@ -184,12 +184,12 @@ impl Shared {
     }
 
     /// Executes a run handed over by the transport, in one of this engine's execution slots.
-    async fn run_queued(self: &Arc<Self>, id: RunId) -> Handled {
+    async fn run_queued(self: &Arc<Self>, id: RunId, wake: bool) -> Handled {
         if self.is_stopping() || self.draining.load(Ordering::Relaxed) {
             return Handled::HandBack;
         }
         let Ok(_slot) = self.slots.clone().acquire_owned().await else { return Handled::HandBack };
-        if !self.begin_local(&id) {
+        if !self.begin_local(&id, wake) {
             return Handled::Done; // already executing here: it runs again when done
         }
         self.run_in_slot(crate::engine::TaskGuard::new(self, id)).await;
@@ -287,7 +287,7 @@ pub(crate) struct EngineHandler(pub(crate) Weak<Shared>);
 impl RunHandler for EngineHandler {
     async fn handle(&self, item: QueuedRun) -> Handled {
         match self.0.upgrade() {
-            Some(shared) => shared.run_queued(item.run_id).await,
+            Some(shared) => shared.run_queued(item.run_id, item.reason == QueueReason::Wake).await,
             None => Handled::HandBack,
         }
     }

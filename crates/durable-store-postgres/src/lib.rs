@@ -202,6 +202,7 @@ struct Inner {
 struct Statements {
     schema: String,
     get_run: String,
+    get_runs: String,
     history: String,
     waiters: String,
     get_state: String,
@@ -212,6 +213,7 @@ impl Statements {
         let s = quote_ident(schema);
         Statements {
             get_run: format!("SELECT {} FROM {s}.runs WHERE id = $1", ops::RUN_COLS),
+            get_runs: format!("SELECT {} FROM {s}.runs WHERE id = ANY($1)", ops::RUN_COLS),
             history: format!("SELECT {} FROM {s}.checkpoints WHERE run_id = $1 ORDER BY seq", ops::CHECKPOINT_COLS),
             waiters: format!("SELECT {} FROM {s}.waiters WHERE run_id = $1 ORDER BY seq", ops::WAITER_COLS),
             get_state: format!("SELECT value FROM {s}.run_state WHERE run_id = $1 AND key = $2"),
@@ -501,6 +503,12 @@ impl Store for PostgresStore {
         let rows = self.query("reading a run", &self.inner.sql.get_run, &[(&id_s, Type::TEXT)]).await?;
         let runs = self.decode("reading a run", ops::run_rows(&rows))?;
         Ok(runs.into_iter().next())
+    }
+
+    async fn get_runs(&self, ids: &[RunId]) -> StoreResult<Vec<Run>> {
+        let ids: Vec<&str> = ids.iter().map(RunId::as_str).collect();
+        let rows = self.query("reading runs", &self.inner.sql.get_runs, &[(&ids, Type::TEXT_ARRAY)]).await?;
+        self.decode("reading runs", ops::run_rows(&rows))
     }
 
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {

@@ -196,6 +196,19 @@ impl Store for SqliteStore {
         self.workers.read("get_run", move |c| ops::get_run(c, &id)).await
     }
 
+    async fn get_runs(&self, ids: &[RunId]) -> StoreResult<Vec<Run>> {
+        let ids = ids.to_vec();
+        self.workers
+            .read("get_runs", move |c| {
+                let mut runs = Vec::with_capacity(ids.len());
+                for id in &ids {
+                    runs.extend(ops::get_run(c, id)?);
+                }
+                Ok(runs)
+            })
+            .await
+    }
+
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
         let filter = filter.clone();
         self.workers.read("list_runs", move |c| ops::list_runs(c, &filter)).await

@@ -64,13 +64,14 @@ async fn starts_and_wakes_go_to_the_run_queue_in_batches() {
     eprintln!("{} runs sent in {} batches", m.runs_sent, m.batches_sent);
 }
 
-/// A run queue that is down.
-#[derive(Debug)]
-struct DownTransport;
+/// A run queue that is down; it remembers the size of every batch it refused.
+#[derive(Debug, Clone, Default)]
+struct DownTransport(Arc<parking_lot::Mutex<Vec<usize>>>);
 
 #[async_trait]
 impl Transport for DownTransport {
-    async fn dispatch_runs(&self, _: Option<&str>, _: Vec<QueuedRun>) -> Result<(), TransportError> {
+    async fn dispatch_runs(&self, _: Option<&str>, batch: Vec<QueuedRun>) -> Result<(), TransportError> {
+        self.0.lock().push(batch.len());
         Err(TransportError::Unavailable("broker unreachable".into()))
     }
 
@@ -84,7 +85,8 @@ impl Transport for DownTransport {
 async fn a_failing_queue_is_reported_once_a_minute_and_loses_no_run() {
     let mut config = test_config();
     config.dispatch_batch = 50;
-    let engine = Engine::builder().store(MemoryStore::new()).transport(DownTransport).config(config).build().unwrap();
+    let down = DownTransport::default();
+    let engine = Engine::builder().store(MemoryStore::new()).transport(down.clone()).config(config).build().unwrap();
     register_nap(&engine);
     let mut events = engine.subscribe();
     let mut ids = Vec::new();
@@ -102,7 +104,12 @@ async fn a_failing_queue_is_reported_once_a_minute_and_loses_no_run() {
         }
     }
     assert_eq!(reports.len(), 1, "one report per minute, not one per failure: {reports:?}");
-    assert!(reports[0] >= 50, "the report counts the runs that failed: {reports:?}");
+    let refused = down.0.lock().clone();
+    assert!(refused.iter().sum::<usize>() >= 500, "every start was offered to the queue: {refused:?}");
+    assert!(refused.iter().all(|n| *n <= 50), "batches of at most dispatch_batch: {refused:?}");
+    // The first failure reports at once, counting the runs of that batch; the rest wait for
+    // the next minute.
+    assert_eq!(reports[0], refused[0] as u64, "the report counts the runs that failed: {reports:?}");
     assert_eq!(engine.metrics().batches_sent, 0);
 }
 
@@ -207,4 +214,62 @@ async fn engines_of_two_namespaces_never_execute_each_others_runs() {
         let ran_on: String = a.wait_for_run(&id).await.unwrap().output().unwrap();
         assert_eq!(ran_on, namespace, "run {id} of namespace {namespace} ran on engine {ran_on}");
     }
+}
+
+/// A client engine waiting on many runs that execute elsewhere reads each once on its own,
+/// then all of them together once per interval — not once per waiter per interval — and
+/// still sees every completion.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_waiting_on_many_runs_reads_them_together() {
+    const RUNS: usize = 100;
+    let faulty = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let refreshes = Arc::new(tokio::sync::Notify::new());
+    let seen = refreshes.clone();
+    // Never injects: it only tells the test that a shared read happened.
+    faulty.arm(Fault::when(move |call| {
+        if call.method == Method::GetRuns {
+            seen.notify_one();
+        }
+        false
+    }));
+    let mut config = test_config();
+    config.wait_poll_interval = Duration::from_millis(20);
+    let worker = Engine::builder().shared_store(faulty.clone()).config(config.clone()).build().unwrap();
+    let client = Engine::builder().shared_store(faulty.clone()).config(config).client_only().build().unwrap();
+    for engine in [&worker, &client] {
+        engine.register("await_go", 1, |ctx: WorkflowCtx, i: u64| async move {
+            let go: u64 = ctx.wait_for_signal(&format!("go-{i}")).await?;
+            Ok::<_, WorkflowError>(i + go)
+        });
+    }
+    let mut ids = Vec::new();
+    for i in 0..RUNS as u64 {
+        ids.push(client.start("await_go", &i, StartOptions::id(format!("await-{i}"))).await.unwrap().id);
+    }
+    let reads_before = faulty.calls(Method::GetRun);
+    let waits: Vec<_> = ids
+        .iter()
+        .map(|id| {
+            let (client, id) = (client.clone(), id.clone());
+            tokio::spawn(async move { client.wait_for_run(&id).await.unwrap().output::<u64>().unwrap() })
+        })
+        .collect();
+    // Three shared reads: every waiter has been through several intervals.
+    let three = async {
+        for _ in 0..3 {
+            refreshes.notified().await;
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), three).await.expect("the waiters never read their runs together");
+    for i in 0..RUNS as u64 {
+        worker.signal(&format!("go-{i}"), &1000u64).await.unwrap();
+    }
+    for (i, wait) in waits.into_iter().enumerate() {
+        assert_eq!(wait.await.unwrap(), i as u64 + 1000);
+    }
+    // Each waiter reads its run alone first, and at most once more if its first interval
+    // ended before any shared read included it; polling alone would be one per interval.
+    let alone = faulty.calls(Method::GetRun) - reads_before;
+    assert!(alone <= 2 * RUNS as u64, "{alone} reads of single runs for {RUNS} waiters: they polled one by one");
+    assert!(faulty.calls(Method::GetRuns) >= 3);
 }

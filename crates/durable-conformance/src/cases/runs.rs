@@ -1,4 +1,4 @@
-//! Creating and reading runs: `capabilities`, `create_run`, `get_run`, `history`.
+//! Creating and reading runs: `capabilities`, `create_run`, `get_run`, `get_runs`, `history`.
 
 use std::sync::Arc;
 
@@ -81,6 +81,23 @@ pub async fn missing_run_reads_as_absent(store: Arc<dyn Store>) -> CaseResult {
     assert_eq!(s.history(&missing).await?, vec![]);
     assert_eq!(s.waiters(&missing).await?, vec![]);
     assert_eq!(s.get_state(&missing, "k").await?, None);
+    Ok(())
+}
+
+/// `get_runs` returns each existing run among the ids once, as `get_run` reads it, and
+/// leaves out ids that do not exist (also with duplicates and an empty list).
+pub async fn get_runs_reads_the_existing_ones(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    create(s, new_run("a")).await?;
+    start(s, "b").await?;
+    create(s, new_run("c ü")).await?;
+    let ids: Vec<RunId> = ["c ü", "missing", "a", "b"].into_iter().map(RunId::from).collect();
+    let mut got = s.get_runs(&ids).await?;
+    got.sort_by(|x, y| x.id.as_str().cmp(y.id.as_str()));
+    let expected = vec![get(s, "a").await?, get(s, "b").await?, get(s, "c ü").await?];
+    assert_eq!(got, expected, "the existing runs, as get_run reads them");
+    assert_eq!(s.get_runs(&[]).await?, vec![], "no ids, no runs");
+    assert_eq!(s.get_runs(&[RunId::from("missing")]).await?, vec![], "missing ids are left out");
     Ok(())
 }
 
