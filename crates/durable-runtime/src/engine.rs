@@ -183,6 +183,8 @@ pub struct Metrics {
     pub batches_sent: u64,
     /// Runs sent to the transport's run queue (in those batches).
     pub runs_sent: u64,
+    /// Runs that `wait_for_run` / `wait_for_settled` callers are waiting on right now.
+    pub runs_watched: usize,
 }
 
 /// In-memory timers for runs this engine parked: one task sleeps until the earliest.
@@ -280,14 +282,16 @@ impl Shared {
         if refreshed.is_some_and(|at| at.elapsed() < self.config.wait_poll_interval / 2) {
             return Ok(());
         }
-        let watched: Vec<(RunId, Arc<Watch>)> =
-            self.watchers.lock().iter().map(|(id, w)| (id.clone(), w.clone())).collect();
-        for chunk in watched.chunks(1_000) {
-            let ids: Vec<RunId> = chunk.iter().map(|(id, _)| id.clone()).collect();
+        // Ids only: a clone of a watch held here would keep a finished waiter from removing it.
+        let watched: Vec<RunId> = self.watchers.lock().keys().cloned().collect();
+        for ids in watched.chunks(1_000) {
             let mut runs: HashMap<RunId, Run> =
-                self.store.get_runs(&ids).await?.into_iter().map(|r| (r.id.clone(), r)).collect();
-            for (id, watch) in chunk {
-                *watch.seen.lock() = Some(runs.remove(id));
+                self.store.get_runs(ids).await?.into_iter().map(|r| (r.id.clone(), r)).collect();
+            let watchers = self.watchers.lock();
+            for id in ids {
+                if let Some(watch) = watchers.get(id) {
+                    *watch.seen.lock() = Some(runs.remove(id));
+                }
             }
         }
         *refreshed = Some(tokio::time::Instant::now());
@@ -941,6 +945,7 @@ impl Engine {
             turns: shared.metrics.turns.load(Ordering::Relaxed),
             batches_sent: shared.metrics.batches.load(Ordering::Relaxed),
             runs_sent: shared.metrics.queued_runs.load(Ordering::Relaxed),
+            runs_watched: shared.watchers.lock().len(),
         }
     }
 

@@ -272,4 +272,5 @@ async fn a_client_waiting_on_many_runs_reads_them_together() {
     let alone = faulty.calls(Method::GetRun) - reads_before;
     assert!(alone <= 2 * RUNS as u64, "{alone} reads of single runs for {RUNS} waiters: they polled one by one");
     assert!(faulty.calls(Method::GetRuns) >= 3);
+    assert_eq!(client.metrics().runs_watched, 0, "a finished wait left its run watched (and read forever)");
 }
