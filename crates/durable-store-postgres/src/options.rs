@@ -29,6 +29,7 @@ pub struct PostgresOptions {
     pub(crate) acquire_timeout: Duration,
     pub(crate) application_name: Option<String>,
     pub(crate) max_batch: usize,
+    pub(crate) write_connections: usize,
     pub(crate) notify_channel: Option<String>,
     pub(crate) create_if_missing: bool,
 }
@@ -43,6 +44,7 @@ impl Default for PostgresOptions {
             acquire_timeout: Duration::from_secs(30),
             application_name: None,
             max_batch: 256,
+            write_connections: 2,
             notify_channel: None,
             create_if_missing: true,
         }
@@ -52,7 +54,8 @@ impl Default for PostgresOptions {
 impl PostgresOptions {
     /// The defaults: schema `durable`, 16 pooled connections, a 30 s statement timeout, a 10 s
     /// connect timeout, a 30 s wait for a pooled connection, application name `durable` (unless
-    /// the URL sets one), batches of at most 256 writes, no NOTIFY.
+    /// the URL sets one), batches of at most 256 writes on up to 2 connections at once, no
+    /// NOTIFY.
     pub fn new() -> Self {
         Self::default()
     }
@@ -113,6 +116,16 @@ impl PostgresOptions {
         self
     }
 
+    /// Sets how many write batches may be in flight at once, each on its own pooled
+    /// connection (default 2, at least 1). More lets the server work on several batches in
+    /// parallel (on 2 cores, 2 roughly doubled what one batch at a time committed); 1 keeps
+    /// every write of this store in one sequence of transactions. Writes of one caller are
+    /// awaited one by one either way, so a run's writes never overtake each other.
+    pub fn write_connections(mut self, n: usize) -> Self {
+        self.write_connections = n.max(1);
+        self
+    }
+
     /// Makes every write that creates a run, hands a run back to `pending` or wakes a run
     /// (a delivered signal or event, a `wake` patch) `NOTIFY` the run's id on `channel`, when
     /// its transaction commits. [`PostgresStore::listen`](crate::PostgresStore::listen) receives
@@ -168,6 +181,11 @@ impl PostgresOptions {
     /// The largest batch of writes per transaction.
     pub fn get_max_batch(&self) -> usize {
         self.max_batch
+    }
+
+    /// How many write batches may be in flight at once.
+    pub fn get_write_connections(&self) -> usize {
+        self.write_connections
     }
 
     /// The NOTIFY channel, if any.

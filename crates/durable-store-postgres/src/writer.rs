@@ -1,10 +1,13 @@
 //! The writer task: group commit over one pooled connection.
 //!
-//! Every write of the store is queued here as one JSON operation. The writer takes every
-//! operation waiting at that moment (up to `max_batch`), and sends them in one pipelined flight
-//! on one connection — `BEGIN`, `SELECT apply($ops)`, `COMMIT` — so a batch costs one network
-//! round trip and one WAL flush however many commits it carries. Answers are sent back only
-//! after the `COMMIT` succeeded.
+//! Every write of the store is queued here as one JSON operation. Once one of its
+//! `write_connections` (default 2) is free, the writer takes every operation waiting at that
+//! moment (up to `max_batch`), and sends them in one pipelined flight on one connection —
+//! `BEGIN`, `SELECT apply($ops)`, `COMMIT` — so a batch costs one network round trip and one
+//! WAL flush however many commits it carries, and the server works on up to that many batches
+//! at once. Answers are sent back only after the `COMMIT` succeeded. Batches in flight together
+//! are independent transactions, as those of two processes are; one caller's writes are
+//! awaited one by one, so they never overtake each other.
 //!
 //! Contract outcomes (lease lost, conflict, …) are answers, not errors, so one refused
 //! operation does not disturb its batch. If the batch fails for another reason: a deadlock or a
@@ -19,7 +22,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use deadpool_postgres::Pool;
 use durable_core::StoreError;
 use futures_util::future::join3;
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_postgres::types::Type;
 
 use crate::error::{Error, is_conflict, pool_error, query_error};
@@ -86,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) apply_sql: String,
     pub(crate) channel: Option<String>,
     pub(crate) max_batch: usize,
+    /// Batches in flight at once, each on its own connection.
+    pub(crate) write_connections: usize,
     pub(crate) counters: Counters,
 }
 
@@ -126,7 +131,11 @@ impl Writer {
 }
 
 async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Request>) {
-    while let Some(first) = rx.recv().await {
+    let in_flight = Arc::new(Semaphore::new(shared.write_connections));
+    // A batch is taken once a connection is free for it, so it holds everything that arrived
+    // while the others were in flight.
+    while let Ok(permit) = in_flight.clone().acquire_owned().await {
+        let Some(first) = rx.recv().await else { break };
         let mut bytes = first.op.len();
         let mut batch = vec![first];
         while batch.len() < shared.max_batch && bytes < MAX_BATCH_BYTES {
@@ -138,7 +147,11 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Request>) {
                 Err(_) => break,
             }
         }
-        execute(&shared, batch).await;
+        let shared = shared.clone();
+        tokio::spawn(async move {
+            execute(&shared, batch).await;
+            drop(permit);
+        });
     }
 }
 

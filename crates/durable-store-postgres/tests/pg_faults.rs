@@ -63,29 +63,12 @@ async fn a_call_whose_connection_is_terminated_is_retryable_and_the_pool_reconne
 
     // Park a write inside its transaction: another connection holds the token's advisory lock.
     let admin = scratch.client().await;
-    let key: i64 =
-        admin.query_one(&format!("SELECT \"{}\".lock_key('signal', 'tok')", scratch.schema), &[]).await.unwrap().get(0);
-    admin.batch_execute("BEGIN").await.unwrap();
-    admin.execute("SELECT pg_advisory_xact_lock($1)", &[&key]).await.unwrap();
+    scratch.hold_token_lock(&admin, "tok").await;
     let parked = {
         let store = store.clone();
         tokio::spawn(async move { store.send_signal("tok", payload("lost?"), T0).await })
     };
-    let mut waiting = false;
-    for _ in 0..1_000 {
-        let row = admin
-            .query_one(
-                "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
-                &[&scratch.app_name()],
-            )
-            .await
-            .unwrap();
-        if row.get::<_, i64>(0) > 0 {
-            waiting = true;
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    let waiting = scratch.parked_on_a_lock(&admin).await;
     assert!(waiting, "the signal's transaction waits for the advisory lock");
 
     assert!(scratch.terminate_backends().await >= 1, "the store's connections are terminated");

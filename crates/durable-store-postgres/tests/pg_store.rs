@@ -4,6 +4,8 @@
 
 mod common;
 
+use std::time::Duration;
+
 use common::{Scratch, T0, new_run, url_or_skip};
 use durable_core::{
     Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, Delivery, Payload, RunId, StepKind, Store, TurnEnd,
@@ -167,4 +169,27 @@ async fn schemas_are_isolated_and_forever_round_trips() {
     claim(&a, "r", u64::MAX).await;
     let run = a.get_run(&RunId::from("r")).await.unwrap().unwrap();
     assert_eq!(run.lease_until, Some(u64::MAX));
+}
+
+/// With two write connections (the default), a batch stuck on a lock does not hold up the
+/// next one: another connection takes it. (With `write_connections(1)` the next write waits
+/// behind the stuck batch, and this test fails.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_parked_on_a_lock_does_not_hold_up_the_next_one() {
+    let Some(url) = url_or_skip("a_batch_parked_on_a_lock_does_not_hold_up_the_next_one") else { return };
+    let scratch = Scratch::new(&url, "conns").await;
+    let store = scratch.connect().await;
+    let admin = scratch.client().await;
+    scratch.hold_token_lock(&admin, "tok").await;
+    let parked = {
+        let store = store.clone();
+        tokio::spawn(async move { store.send_signal("tok", Payload::from_trusted("1".to_string()), T0).await })
+    };
+    assert!(scratch.parked_on_a_lock(&admin).await, "the signal's batch waits for the token lock");
+    // A hang guard, not a timing assertion: the lock is held until after this write.
+    let next = tokio::time::timeout(Duration::from_secs(30), store.create_run(new_run("other"))).await;
+    next.expect("the next write waited behind the parked batch").unwrap();
+    assert!(!parked.is_finished(), "the signal is still parked");
+    admin.batch_execute("COMMIT").await.unwrap();
+    assert_eq!(parked.await.unwrap().unwrap(), Delivery::Buffered);
 }

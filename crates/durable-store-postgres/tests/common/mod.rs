@@ -78,6 +78,38 @@ impl Scratch {
         client(&self.url).await
     }
 
+    /// Waits until one of this test's store connections waits on a lock (true), for at most
+    /// 5 s (false). Nothing announces that, so it looks at `pg_stat_activity` every 5 ms.
+    pub async fn parked_on_a_lock(&self, admin: &tokio_postgres::Client) -> bool {
+        for _ in 0..1_000 {
+            let row = admin
+                .query_one(
+                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
+                    &[&self.app_name()],
+                )
+                .await
+                .expect("read pg_stat_activity");
+            if row.get::<_, i64>(0) > 0 {
+                return true;
+            }
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        false
+    }
+
+    /// Takes the transaction-scoped advisory lock of signal token `token` on `admin`, in a
+    /// transaction left open (end it with `COMMIT` or `ROLLBACK`): writes touching the token
+    /// wait for it.
+    pub async fn hold_token_lock(&self, admin: &tokio_postgres::Client, token: &str) {
+        let key: i64 = admin
+            .query_one(&format!("SELECT \"{}\".lock_key('signal', $1)", self.schema), &[&token])
+            .await
+            .expect("lock key")
+            .get(0);
+        admin.batch_execute("BEGIN").await.expect("begin");
+        admin.execute("SELECT pg_advisory_xact_lock($1)", &[&key]).await.expect("advisory lock");
+    }
+
     /// Terminates every connection of this test's stores; returns how many.
     pub async fn terminate_backends(&self) -> i64 {
         let admin = self.client().await;
