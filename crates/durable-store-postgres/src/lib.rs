@@ -12,7 +12,7 @@
 //!   every write waiting at that moment (up to [`PostgresOptions::max_batch`]) into one
 //!   transaction, and pipelines `BEGIN`, the batch and `COMMIT` on one connection: one network
 //!   round trip and one WAL flush for the whole batch, answered only after `COMMIT` succeeded.
-//!   Up to [`PostgresOptions::write_connections`] batches (2) are in flight at once.
+//!   One batch is in flight at a time, or up to [`PostgresOptions::write_connections`].
 //!   [`PostgresStore::stats`] counts them. Reads are one query each, on the pool.
 //! - **Every contract rule is enforced in SQL**, inside the transaction that writes: the
 //!   compare-and-set of [`Store::update_run_if`] and the lease predicate of a claim are in the

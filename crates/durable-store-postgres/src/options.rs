@@ -44,7 +44,7 @@ impl Default for PostgresOptions {
             acquire_timeout: Duration::from_secs(30),
             application_name: None,
             max_batch: 256,
-            write_connections: 2,
+            write_connections: 1,
             notify_channel: None,
             create_if_missing: true,
         }
@@ -54,8 +54,7 @@ impl Default for PostgresOptions {
 impl PostgresOptions {
     /// The defaults: schema `durable`, 16 pooled connections, a 30 s statement timeout, a 10 s
     /// connect timeout, a 30 s wait for a pooled connection, application name `durable` (unless
-    /// the URL sets one), batches of at most 256 writes on up to 2 connections at once, no
-    /// NOTIFY.
+    /// the URL sets one), batches of at most 256 writes, one batch at a time, no NOTIFY.
     pub fn new() -> Self {
         Self::default()
     }
@@ -117,10 +116,13 @@ impl PostgresOptions {
     }
 
     /// Sets how many write batches may be in flight at once, each on its own pooled
-    /// connection (default 2, at least 1). More lets the server work on several batches in
-    /// parallel (on 2 cores, 2 roughly doubled what one batch at a time committed); 1 keeps
-    /// every write of this store in one sequence of transactions. Writes of one caller are
-    /// awaited one by one either way, so a run's writes never overtake each other.
+    /// connection (default 1, at least 1). More lets the server work on several batches in
+    /// parallel: for independent runs (a chain of steps) 2 committed about twice as much on
+    /// 2 cores. But batches in flight together are separate transactions, and when they touch
+    /// the same runs and tokens (children signalling a parent in a fan-out) they can deadlock;
+    /// PostgreSQL breaks a deadlock after `deadlock_timeout` (1 s by default) and the batch
+    /// is retried, which cost a 100×20 fan-out 5× its time. Writes of one caller are awaited
+    /// one by one either way, so a run's writes never overtake each other.
     pub fn write_connections(mut self, n: usize) -> Self {
         self.write_connections = n.max(1);
         self

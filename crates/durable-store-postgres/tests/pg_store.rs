@@ -171,14 +171,14 @@ async fn schemas_are_isolated_and_forever_round_trips() {
     assert_eq!(run.lease_until, Some(u64::MAX));
 }
 
-/// With two write connections (the default), a batch stuck on a lock does not hold up the
-/// next one: another connection takes it. (With `write_connections(1)` the next write waits
-/// behind the stuck batch, and this test fails.)
+/// With two write connections, a batch stuck on a lock does not hold up the next one: the
+/// other connection takes it. (With one, the next write waits behind the stuck batch, and this
+/// test fails.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_parked_on_a_lock_does_not_hold_up_the_next_one() {
     let Some(url) = url_or_skip("a_batch_parked_on_a_lock_does_not_hold_up_the_next_one") else { return };
     let scratch = Scratch::new(&url, "conns").await;
-    let store = scratch.connect().await;
+    let store = PostgresStore::connect_with(&url, scratch.options().write_connections(2)).await.unwrap();
     let admin = scratch.client().await;
     scratch.hold_token_lock(&admin, "tok").await;
     let parked = {
