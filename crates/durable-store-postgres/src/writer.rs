@@ -1,4 +1,4 @@
-//! The writer task: group commit over one pooled connection.
+//! The writer task: group commit over pooled connections (one batch in flight by default).
 //!
 //! Every write of the store is queued here as one JSON operation. Once one of its
 //! `write_connections` (default 1) is free, the writer takes every operation waiting at that
