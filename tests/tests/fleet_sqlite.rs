@@ -82,7 +82,10 @@ fn three_workers_share_500_runs_and_survive_a_sigkill() {
     let (tx, rx) = mpsc::channel();
     // Create the file (and its schema) before four processes race to.
     drop(runs(&db));
-    let mut workers: Vec<Child> = (0..3).map(|i| spawn(i, &db, &["work"], &tx)).collect();
+    // Steps of 2 ms: the runs outlast the two first workers' slots (64 each), so the queue is
+    // never drained before the third has claimed; with instant steps, two workers that win
+    // the file's write lock again and again could finish all 500 before the third claims.
+    let mut workers: Vec<Child> = (0..3).map(|i| spawn(i, &db, &["work", "2"], &tx)).collect();
     let mut ready = 0;
     while ready < 3 {
         ready += usize::from(rx.recv().expect("workers talking").1.starts_with("ready"));
