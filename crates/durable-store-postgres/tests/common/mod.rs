@@ -79,9 +79,11 @@ impl Scratch {
     }
 
     /// Waits until one of this test's store connections waits on a lock (true), for at most
-    /// 5 s (false). Nothing announces that, so it looks at `pg_stat_activity` every 5 ms.
+    /// 60 s (false: a hang guard, not a timing assertion). Nothing announces a lock wait, so
+    /// it looks at `pg_stat_activity` every 5 ms.
     pub async fn parked_on_a_lock(&self, admin: &tokio_postgres::Client) -> bool {
-        for _ in 0..1_000 {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        while std::time::Instant::now() < deadline {
             let row = admin
                 .query_one(
                     "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'",
