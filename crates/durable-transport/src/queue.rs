@@ -50,9 +50,9 @@ fn now_ms() -> Millis {
 }
 
 impl QueueTransport {
-    /// A transport over `queue`, polling every 50 ms for items sent by other processes (items
-    /// sent by this process are picked up at once), claiming at most 32 items at a time, for
-    /// 60 s.
+    /// A transport over `queue`: it polls every 50 ms for items sent by other processes (when
+    /// this process sends items, it claims as many at once), claims at most 32 items at a time,
+    /// and holds each claim for 60 s.
     pub fn new(queue: Arc<dyn RunQueue>) -> Self {
         QueueTransport {
             queue,
