@@ -45,34 +45,24 @@ impl RunId {
 
     /// The id of the child started at `seq` by this run: `<run>.child.<seq>`.
     pub fn child(&self, seq: u32) -> RunId {
-        RunId(format!("{}.child.{seq}", self.0).into())
+        crate::protocol::child_id(self, seq)
     }
 
-    /// The id of the `n`-th successor of a continue-as-new chain: `<root>~<n>`.
-    ///
-    /// `self` may itself be a successor (`a~3`): the root is kept, so `a~3`.successor(4) is `a~4`.
-    pub fn successor(&self, n: u32) -> RunId {
-        RunId(format!("{}~{n}", self.chain_root()).into())
+    /// The id of the run that continues this one as new: `<root>~<n+1>` (see
+    /// [`crate::protocol::successor_id`]).
+    pub fn successor(&self) -> RunId {
+        crate::protocol::successor_id(self)
     }
 
     /// The root of a continue-as-new chain and this run's position in it (0 for the root).
     pub fn chain_position(&self) -> (&str, u32) {
-        if let Some((root, n)) = self.0.rsplit_once('~')
-            && let Ok(n) = n.parse::<u32>()
-        {
-            return (root, n);
-        }
-        (&self.0, 0)
-    }
-
-    fn chain_root(&self) -> &str {
-        self.chain_position().0
+        crate::protocol::chain_position(self)
     }
 
     /// The id of a step: `<run>:<seq>`. Stable across retries and replays, so side effects can
     /// be made idempotent with it.
     pub fn step_id(&self, seq: u32) -> String {
-        format!("{}:{seq}", self.0)
+        crate::protocol::step_id(self, seq)
     }
 }
 
@@ -131,8 +121,8 @@ mod tests {
         let id = RunId::from("order:42");
         assert_eq!(id.child(3).as_str(), "order:42.child.3");
         assert_eq!(id.step_id(7), "order:42:7");
-        assert_eq!(id.successor(1).as_str(), "order:42~1");
-        assert_eq!(id.successor(1).successor(2).as_str(), "order:42~2");
+        assert_eq!(id.successor().as_str(), "order:42~1");
+        assert_eq!(id.successor().successor().as_str(), "order:42~2");
         assert_eq!(RunId::from("a~7").chain_position(), ("a", 7));
         assert_eq!(RunId::from("a~x").chain_position(), ("a~x", 0));
     }

@@ -9,41 +9,56 @@
 //!
 //! ## How the runtime drives it
 //!
-//! Like quinn-proto's `Connection`, the core is a set of method groups called in a fixed order:
+//! Like quinn-proto's `Connection`, the core is a set of method groups called in a fixed order
+//! (the [`Turn`] docs list them all):
 //!
-//! 1. **Load**: the runtime claims a run ([`Store::claim_run`]) and builds a [`History`] from
-//!    its checkpoints, then a [`Turn`] over it.
-//! 2. **Decide** (one per ctx call, in program order): [`Turn::take_seq`] synchronously at the
-//!    call, then [`Turn::decide`] → a [`Decision`]: `Replay`, `ReplayError`, `Execute`, `Wait`
-//!    or `NonDeterminism`.
-//! 3. **Record**: results go in with [`Turn::record`] (and [`Turn::add_wait`],
-//!    [`Turn::set_state`], …); [`Turn::commit`] hands back the [`Commit`] to apply — one
-//!    atomic store call. Nothing is shown to the workflow before that commit is acknowledged.
-//! 4. **Park / end**: parked calls are registered with [`Turn::park`]; when the body is pending
-//!    and [`Turn::is_parked`] is true, [`Turn::suspend_commit`] ends the turn; when the body
-//!    returns, [`Turn::settle_commit`] settles the run.
+//! 1. **Load**: the runtime claims a run ([`Store::claim_run`]) and builds a [`Turn`] over the
+//!    run and its [`History`].
+//! 2. **Call** (one per ctx call, in program order): [`Turn::take_seq`] synchronously at the
+//!    call, then the call's typed method — [`Turn::begin_step`], [`Turn::sleep`],
+//!    [`Turn::wait`], [`Turn::join_child`], … — whose answer says what to do: return a recorded
+//!    value, fail with a recorded error, park, run attempt *n*, or stop. Each answer type holds
+//!    only what that call can do.
+//! 3. **Commit**: an answer that carries a [`Commit`] is applied as one atomic store call and
+//!    its outcome handed back with [`Turn::committed`]; nothing is shown to the workflow before.
+//! 4. **End**: when the body is pending, [`Turn::on_pending`]; when it returns,
+//!    [`Turn::on_body_done`] — each answers with an [`End`]: suspend, settle, compensate (the
+//!    undo stack lives in the turn), continue as new, or stop.
 //!
-//! Policies live beside it: [`RetryPolicy`] (backoff and seeded jitter), the status table
-//! [`TRANSITIONS`] / [`RunStatus::can_become`], and the id scheme on [`RunId`].
+//! Every persisted string and id scheme is formatted and parsed in [`protocol`]. Policies live
+//! beside the turn: [`RetryPolicy`] (backoff and seeded jitter), the status table
+//! [`TRANSITIONS`] / [`RunStatus::can_become`].
 //!
 //! ```
-//! use durable_core::{Checkpoint, CheckpointStatus, Decision, History, Payload, RunId, StepKind, Turn};
+//! use durable_core::{
+//!     Checkpoint, CheckpointStatus, History, NewRun, Payload, RetryPolicy, RunId, StepAfter, StepBegin, StepCall,
+//!     StepKind, Turn, TurnConfig,
+//! };
 //!
-//! let run = RunId::from("order:42");
+//! let run = NewRun {
+//!     id: RunId::from("order:42"), workflow: "order".into(), version: 1, namespace: "default".into(),
+//!     input: Payload::null(), tags: vec![], priority: 0, parent: None, created_at: 0,
+//! }
+//! .into_run();
 //! // A history with one completed step.
-//! let mut cp = Checkpoint::new(run.clone(), 0, "charge", StepKind::Step, CheckpointStatus::Completed, 1_000);
+//! let mut cp = Checkpoint::new(run.id.clone(), 0, "charge", StepKind::Step, CheckpointStatus::Completed, 1_000);
 //! cp.output = Some(Payload::encode(&"receipt-1").unwrap());
-//! let mut turn = Turn::new(run.clone(), "engine-a", 0, History::new([cp]));
+//! let mut turn = Turn::new(run, "engine-a", History::new([cp]), TurnConfig::default());
+//! let policy = RetryPolicy::none();
+//! let step = |name| StepCall { name, kind: StepKind::Step, policy: &policy, undo: false };
 //!
 //! // Replaying: the recorded output comes back, nothing executes.
 //! let seq = turn.take_seq();
-//! assert_eq!(turn.decide(seq, "charge", StepKind::Step, 2_000),
-//!            Decision::Replay(Payload::encode(&"receipt-1").unwrap()));
-//! // The next call is new: execute it.
+//! assert_eq!(turn.begin_step(seq, step("charge"), 2_000), StepBegin::Return(Payload::encode(&"receipt-1").unwrap()));
+//! // The next call is new: run it, then hand its result in and apply the commit.
 //! let seq = turn.take_seq();
-//! assert_eq!(turn.decide(seq, "ship", StepKind::Step, 2_000), Decision::Execute { attempt: 1 });
-//! // A changed body is caught.
-//! assert!(matches!(turn.decide(0, "refund", StepKind::Step, 2_000), Decision::NonDeterminism(_)));
+//! assert_eq!(turn.begin_step(seq, step("ship"), 2_000), StepBegin::Run { attempt: 1 });
+//! let StepAfter::Completed { commit, .. } = turn.finish_step(seq, 1, Ok(Payload::null()), 2_001) else { panic!() };
+//! assert_eq!(commit.checkpoints[0].name, "ship");
+//! // A changed body is caught: the turn stops and the run fails with `non_determinism`.
+//! let mut replay = Turn::new(turn.run().clone(), "engine-a", turn.history().clone(), TurnConfig::default());
+//! let seq = replay.take_seq();
+//! assert_eq!(replay.begin_step(seq, step("refund"), 3_000), StepBegin::Stopped);
 //! ```
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
@@ -52,6 +67,7 @@ mod history;
 mod ids;
 mod model;
 mod payload;
+pub mod protocol;
 mod queue;
 mod retry;
 mod store;
@@ -71,7 +87,10 @@ pub use store::{
     RunPatch, RunQuery, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TurnEnd, decode_cursor,
     encode_cursor,
 };
-pub use turn::{Turn, TurnStop};
+pub use turn::{
+    ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter, StepBegin,
+    StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall, millis_after,
+};
 
 /// Error codes the engine sets on runs and steps.
 pub mod codes {

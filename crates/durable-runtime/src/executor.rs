@@ -1,37 +1,22 @@
 //! The turn executor: claims a run, polls its body until it finishes or every branch is
 //! parked, and applies the turn's end to the store — one place owns a run's turn.
 
-use std::future::Future;
-use std::panic::AssertUnwindSafe;
-use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::task::{Context, Poll};
 use std::time::Instant;
 
 use durable_core::{
-    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, History, Millis, NewRun, Payload, Run, RunId,
-    RunPatch, RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, TurnEnd, TurnStop, codes,
+    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId,
+    RunPatch, RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, Turn, TurnConfig, TurnEnd, codes,
 };
 use tracing::Instrument;
 
 use crate::clock::BoxFuture;
-use crate::compose::{child_notice, compensate, continued_marker};
-use crate::ctx::{TurnShared, WorkflowCtx, panic_message};
+use crate::compose::child_notice;
 use crate::engine::Shared;
 use crate::events::EngineEvent;
-use crate::registry::{BodyResult, ErasedWorkflow};
-
-/// How a body's polling ended.
-enum TurnResult {
-    Finished(BodyResult),
-    Panicked(String),
-    Stopped(TurnStop),
-    /// The undos ran after a failure (`Some(error)`) or a cancel request (`None`).
-    Compensated(Option<StepError>),
-    /// Every live branch is parked: the suspension commit, computed before the body is dropped.
-    Parked(Box<Commit>),
-}
+use crate::registry::ErasedWorkflow;
+use crate::turn::{TurnDriver, TurnEnv, TurnState, WorkflowCtx};
 
 /// What the run loop does after a turn.
 enum TurnEnded {
@@ -43,63 +28,26 @@ enum TurnEnded {
     StoreFailed(StoreError),
 }
 
-/// Polls the body; when it fails (or a cancel with compensation finds it parked) and undos
-/// are registered, polls the compensation instead.
-struct TurnDriver {
-    body: Option<BoxFuture<'static, BodyResult>>,
-    compensation: Option<(BoxFuture<'static, ()>, Option<StepError>)>,
-    t: Arc<TurnShared>,
-}
-
-impl TurnDriver {
-    fn start_compensating(&mut self, error: Option<StepError>) {
-        self.body = None;
-        self.t.compensating.store(true, Ordering::Relaxed);
-        self.compensation = Some((Box::pin(compensate(self.t.clone())), error));
+/// The engine is the turn's environment: its clock, its commit path, its events, its registry.
+impl TurnEnv for Shared {
+    fn now(&self) -> Millis {
+        self.clock.now()
     }
-}
 
-impl Future for TurnDriver {
-    type Output = TurnResult;
-    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<TurnResult> {
-        loop {
-            let this = &mut *self;
-            let polled = match (&mut this.compensation, &mut this.body) {
-                (Some((fut, _)), _) => {
-                    std::panic::catch_unwind(AssertUnwindSafe(|| fut.as_mut().poll(cx).map(|()| None)))
-                }
-                (None, Some(body)) => std::panic::catch_unwind(AssertUnwindSafe(|| body.as_mut().poll(cx).map(Some))),
-                (None, None) => unreachable!("a driver always has a body or a compensation"),
-            };
-            let now = this.t.now();
-            let cancel_requested = this.t.cancel_requested && !this.t.compensating.load(Ordering::Relaxed);
-            let mut turn = this.t.turn.lock();
-            if let Some(stop) = turn.stopped() {
-                return Poll::Ready(TurnResult::Stopped(stop.clone()));
-            }
-            match polled {
-                Err(panic) => return Poll::Ready(TurnResult::Panicked(panic_message(panic.as_ref()))),
-                // The compensation finished.
-                Ok(Poll::Ready(None)) => {
-                    let error = this.compensation.take().and_then(|(_, e)| e);
-                    return Poll::Ready(TurnResult::Compensated(error));
-                }
-                Ok(Poll::Ready(Some(Err(e)))) if this.t.has_compensations() || cancel_requested => {
-                    drop(turn);
-                    let error = if cancel_requested { None } else { Some(e.to_step_error()) };
-                    this.start_compensating(error);
-                }
-                Ok(Poll::Ready(Some(r))) => return Poll::Ready(TurnResult::Finished(r)),
-                Ok(Poll::Pending) if turn.is_parked() && cancel_requested => {
-                    drop(turn);
-                    this.start_compensating(None);
-                }
-                Ok(Poll::Pending) if turn.is_parked() => {
-                    return Poll::Ready(TurnResult::Parked(Box::new(turn.suspend_commit(now))));
-                }
-                Ok(Poll::Pending) => return Poll::Pending,
-            }
-        }
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
+        self.clock.sleep_until(at)
+    }
+
+    fn commit(&self, commit: Commit) -> BoxFuture<'_, StoreResult<CommitOutcome>> {
+        Box::pin(self.apply_commit(commit))
+    }
+
+    fn emit(&self, event: EngineEvent) {
+        Shared::emit(self, event);
+    }
+
+    fn latest_version(&self, workflow: &str) -> Option<u32> {
+        self.registry.latest(workflow).map(|(v, _)| v)
     }
 }
 
@@ -172,126 +120,77 @@ impl Shared {
         self.metrics.turns.fetch_add(1, Ordering::Relaxed);
         let id = run.id.clone();
         let input = run.input.clone();
-        let t = Arc::new(TurnShared::new(run, self.owner.clone(), History::new(history), self.clone()));
-        let body = match handler.call(WorkflowCtx { t: t.clone() }, &input) {
-            Ok(body) => body,
+        let config = TurnConfig {
+            max_payload_bytes: self.config.max_payload_bytes,
+            durable_retry_threshold: self.config.durable_retry_threshold,
+            latest_version: self.registry.latest(&run.workflow).map_or(run.version, |(v, _)| v),
+        };
+        let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
+        let t = Arc::new(TurnState::new(turn, self.clone()));
+        let end = match handler.call(WorkflowCtx { t: t.clone() }, &input) {
+            Ok(body) => {
+                let driver = TurnDriver::new(t.clone(), body);
+                tokio::select! {
+                    end = driver => end,
+                    () = self.keep_lease(&id) => End::Halt(Halt::LeaseLost("the lease could not be renewed".into())),
+                }
+            }
             Err(e) => {
                 let error = StepError::fatal(format!(
                     "run {id}: its input does not decode into the input type of workflow {:?} v{}: {e}",
                     t.run.workflow, t.run.version
                 ))
                 .with_code(codes::BAD_PAYLOAD);
-                return self.settle(&t, RunStatus::Failed, None, Some(error)).await;
+                t.turn.lock().fail(error, self.clock.now())
             }
         };
-        let driver = TurnDriver { body: Some(body), compensation: None, t: t.clone() };
-        let result = tokio::select! {
-            r = driver => r,
-            () = self.keep_lease(&id) => {
-                t.lease_lost.store(true, Ordering::Relaxed);
-                TurnResult::Stopped(TurnStop::Abort("the lease could not be renewed".into()))
-            }
-        };
-        match result {
-            TurnResult::Finished(Ok(output)) => self.settle(&t, RunStatus::Completed, Some(output), None).await,
-            TurnResult::Finished(Err(e)) => self.settle(&t, RunStatus::Failed, None, Some(e.to_step_error())).await,
-            TurnResult::Compensated(Some(error)) => self.settle(&t, RunStatus::Failed, None, Some(error)).await,
-            TurnResult::Compensated(None) => {
-                let error = StepError::fatal(format!("run {id} was cancelled by an operator; its undos ran"))
-                    .with_code(codes::CANCELLED);
-                self.settle(&t, RunStatus::Cancelled, None, Some(error)).await
-            }
-            TurnResult::Panicked(msg) => {
-                tracing::error!(run_id = %id, "workflow body panicked: {msg}");
-                let error =
-                    StepError::fatal(format!("run {id}: the workflow body panicked: {msg}")).with_code(codes::PANIC);
-                self.settle(&t, RunStatus::Failed, None, Some(error)).await
-            }
-            TurnResult::Stopped(TurnStop::Fail(error)) => self.settle(&t, RunStatus::Failed, None, Some(error)).await,
-            TurnResult::Stopped(TurnStop::ContinueAsNew(input)) => self.continue_as_new(&t, input).await,
-            TurnResult::Stopped(TurnStop::Abort(why)) => {
-                if t.rerun.load(Ordering::Relaxed) {
-                    tracing::debug!(run_id = %id, "turn restarted: {why}");
-                    TurnEnded::Again
-                } else if t.lease_lost.load(Ordering::Relaxed) {
-                    tracing::info!(run_id = %id, "turn stopped: {why}; the run belongs to another owner now");
-                    TurnEnded::Done
-                } else {
-                    TurnEnded::StoreFailed(StoreError::unavailable(why))
+        match end {
+            End::Suspend { commit, wake_at } => self.suspend(&id, commit, wake_at).await,
+            End::Settle { commit, status } => {
+                if let Some(durable_core::TurnEnd::Settle { error: Some(e), .. }) = &commit.end
+                    && e.code() == Some(codes::PANIC)
+                {
+                    tracing::error!(run_id = %id, "{}", e.message);
                 }
+                self.finish(&id, commit, status).await
             }
-            TurnResult::Parked(commit) => self.suspend(&t, *commit).await,
+            End::Halt(Halt::Rerun(why)) => {
+                tracing::debug!(run_id = %id, "turn restarted: {why}");
+                TurnEnded::Again
+            }
+            End::Halt(Halt::LeaseLost(why)) => {
+                tracing::info!(run_id = %id, "turn stopped: {why}; the run belongs to another owner now");
+                TurnEnded::Done
+            }
+            End::Halt(Halt::Abort(why)) => TurnEnded::StoreFailed(StoreError::unavailable(why)),
         }
     }
 
-    /// Settles the run; a child run tells its parent in the same commit.
-    async fn settle(
-        &self,
-        t: &TurnShared,
-        status: RunStatus,
-        output: Option<Payload>,
-        error: Option<StepError>,
-    ) -> TurnEnded {
-        let notice = child_notice(&t.run, status, output.clone(), error.clone());
-        let mut commit = t.turn.lock().settle_commit(self.clock.now(), status, output, error);
-        commit.signals.extend(notice);
-        self.finish(t, commit, status).await
-    }
-
-    /// Completes the run with a marker naming its successor, and creates the successor — same
-    /// workflow (newest version), namespace, tags, priority and parent — in the same commit.
-    async fn continue_as_new(&self, t: &TurnShared, input: Payload) -> TurnEnded {
-        let run = &t.run;
-        let (_, position) = run.id.chain_position();
-        let successor = run.id.successor(position + 1);
-        let version = self.registry.latest(&run.workflow).map_or(run.version, |(v, _)| v);
-        let now = self.clock.now();
-        let mut commit =
-            t.turn.lock().settle_commit(now, RunStatus::Completed, Some(continued_marker(&successor)), None);
-        commit.children.push(NewRun {
-            id: successor.clone(),
-            workflow: run.workflow.clone(),
-            version,
-            namespace: run.namespace.clone(),
-            input,
-            tags: run.tags.clone(),
-            priority: run.priority,
-            parent: run.parent.clone(),
-            created_at: now,
-        });
-        tracing::info!(run_id = %run.id, successor = %successor, "continued as new");
-        self.finish(t, commit, RunStatus::Completed).await
-    }
-
-    async fn finish(&self, t: &TurnShared, commit: Commit, status: RunStatus) -> TurnEnded {
+    async fn finish(&self, id: &RunId, commit: Commit, status: RunStatus) -> TurnEnded {
         match self.apply_commit(commit).await {
             Ok(outcome) => {
                 if outcome.settled {
-                    self.emit(EngineEvent::RunSettled { run_id: t.run.id.clone(), status });
+                    self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
                 }
-                self.notify_run(&t.run.id);
+                self.notify_run(id);
                 TurnEnded::Done
             }
-            Err(e) => self.commit_failed(&t.run.id, &e),
+            Err(e) => self.commit_failed(id, &e),
         }
     }
 
-    async fn suspend(&self, t: &TurnShared, commit: Commit) -> TurnEnded {
-        let wake_at = match &commit.end {
-            Some(TurnEnd::Suspend { wake_at, .. }) => *wake_at,
-            _ => None,
-        };
+    async fn suspend(&self, id: &RunId, commit: Commit, wake_at: Option<Millis>) -> TurnEnded {
         match self.apply_commit(commit).await {
             Ok(outcome) if outcome.woken => TurnEnded::Again,
             Ok(_) => {
-                self.emit(EngineEvent::RunSuspended { run_id: t.run.id.clone(), wake_at });
+                self.emit(EngineEvent::RunSuspended { run_id: id.clone(), wake_at });
                 if let Some(at) = wake_at {
-                    self.timers.schedule(at, t.run.id.clone());
+                    self.timers.schedule(at, id.clone());
                 }
-                self.notify_run(&t.run.id);
+                self.notify_run(id);
                 TurnEnded::Done
             }
-            Err(e) => self.commit_failed(&t.run.id, &e),
+            Err(e) => self.commit_failed(id, &e),
         }
     }
 

@@ -31,7 +31,6 @@
 mod clock;
 mod compose;
 mod config;
-mod ctx;
 mod engine;
 mod error;
 mod events;
@@ -39,16 +38,19 @@ mod executor;
 mod fleet;
 mod registry;
 mod signals;
+mod turn;
 
 pub use clock::{BoxFuture, Clock, SystemClock, VirtualClock};
-pub use compose::{Cancel, ChildFailed, ChildHandle, ChildOptions};
+pub use compose::Cancel;
 pub use config::EngineConfig;
-pub use ctx::{All, Step, StepContext, StepOptions, WorkflowCtx};
 pub use durable_core::Delivery;
 pub use durable_core::{Backoff, RetryPolicy, RunFilter, RunId, RunPage, RunStatus, StepError};
 pub use engine::{Engine, EngineBuilder, Metrics, RunOutcome, StartOptions, Started};
 pub use error::{Error, Result, StepFailed, WorkflowError};
 pub use events::EngineEvent;
 pub use fleet::{WorkflowOptions, shutdown_signal};
-pub use signals::{SignalError, TaskError, UpdateOutcome};
+pub use turn::{
+    All, ChildFailed, ChildHandle, ChildOptions, SignalError, Step, StepContext, StepOptions, TaskError, UpdateOutcome,
+    WorkflowCtx,
+};
 pub use uuid;

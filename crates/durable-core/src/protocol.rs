@@ -1,0 +1,254 @@
+//! Every persisted string format and id scheme, formatted and parsed in one place.
+//!
+//! Histories outlive the code that wrote them: a run started by this version must replay in
+//! every later one. So each string the engine stores or sends — checkpoint names it derives,
+//! signal tokens, ids of runs it creates, the output marker of a continued run, the payloads a
+//! child or an external task delivers — is built and read here and nowhere else, and the golden
+//! tests at the bottom pin each format. Changing one of them breaks stored runs: add a new
+//! format beside the old one instead.
+//!
+//! | what | format | example |
+//! |---|---|---|
+//! | step id (idempotency key) | `<run>:<seq>` | `order:42:3` |
+//! | child run id | `<run>.child.<seq>` | `order:42.child.3` |
+//! | continue-as-new successor | `<root>~<n>` | `order:42~2` |
+//! | operator retry with a new input | `<run>~retry~<n>` | `order:42~retry~1` |
+//! | child result token | `child:<parent>:<seq>` | `child:order:42:3` |
+//! | update token | `update:<run>:<name>` | `update:order:42:approve` |
+//! | external task token | `task:<run>:<name>` | `task:order:42:review` |
+//! | external task dispatch step | `task:<name>` | `task:review` |
+//! | wait deadline checkpoint | `timeout:<name>` | `timeout:approve` |
+//! | undo checkpoint | `undo:<name>` | `undo:charge` |
+//! | continued run's output | `{"$continued_as_new": "<successor>"}` | |
+
+use serde::{Deserialize, Serialize};
+
+use crate::{Payload, Run, RunId, RunStatus, StepError};
+
+/// The idempotency key of the step at `seq`: `<run>:<seq>`.
+pub fn step_id(run: &RunId, seq: u32) -> String {
+    format!("{run}:{seq}")
+}
+
+/// The id of the child started at `seq` of `parent` (when the workflow gives none):
+/// `<parent>.child.<seq>`.
+pub fn child_id(parent: &RunId, seq: u32) -> RunId {
+    RunId::new(format!("{parent}.child.{seq}"))
+}
+
+const SUCCESSOR_SEP: char = '~';
+const RETRY_INFIX: &str = "~retry~";
+
+/// The root of a continue-as-new chain and `id`'s position in it (0 for the root): `a~3` is
+/// `("a", 3)`. A retry id (`a~retry~1`) is a root of its own: `("a~retry~1", 0)`.
+pub fn chain_position(id: &RunId) -> (&str, u32) {
+    let s = id.as_str();
+    if let Some((root, n)) = s.rsplit_once(SUCCESSOR_SEP)
+        && !root.is_empty()
+        && !n.is_empty()
+        && n.bytes().all(|b| b.is_ascii_digit())
+        && !root.ends_with(RETRY_INFIX.trim_end_matches(SUCCESSOR_SEP))
+        && let Ok(n) = n.parse::<u32>()
+    {
+        return (root, n);
+    }
+    (s, 0)
+}
+
+/// The id of the run that continues `id` as new: `<root>~<n+1>`, where `id` is the `n`-th run
+/// of its chain (`a` → `a~1`, `a~1` → `a~2`, `a~retry~1` → `a~retry~1~1`).
+pub fn successor_id(id: &RunId) -> RunId {
+    let (root, n) = chain_position(id);
+    RunId::new(format!("{root}{SUCCESSOR_SEP}{}", n.saturating_add(1)))
+}
+
+/// The id of the `n`-th run started by an operator's retry of `id` with a new input:
+/// `<id>~retry~<n>`.
+pub fn retry_id(id: &RunId, n: u32) -> RunId {
+    RunId::new(format!("{id}{RETRY_INFIX}{n}"))
+}
+
+/// The token a child's result is sent to: the parent's wait at the child's seq.
+pub fn child_token(parent: &RunId, seq: u32) -> String {
+    format!("child:{parent}:{seq}")
+}
+
+/// The token `ctx.on_update(name)` waits on.
+pub fn update_token(run: &RunId, name: &str) -> String {
+    format!("update:{run}:{name}")
+}
+
+/// The token `ctx.task(name, ..)` waits on for its completion.
+pub fn task_token(run: &RunId, name: &str) -> String {
+    format!("task:{run}:{name}")
+}
+
+/// The name of the step that hands an external task out.
+pub fn task_step_name(name: &str) -> String {
+    format!("task:{name}")
+}
+
+const TIMEOUT_PREFIX: &str = "timeout:";
+const UNDO_PREFIX: &str = "undo:";
+
+/// The checkpoint name of a wait's deadline (a sleep recorded one seq before the wait).
+pub fn timeout_name(wait: &str) -> String {
+    format!("{TIMEOUT_PREFIX}{wait}")
+}
+
+/// The wait a deadline checkpoint name belongs to (`timeout:approve` → `approve`).
+pub fn parse_timeout_name(name: &str) -> Option<&str> {
+    name.strip_prefix(TIMEOUT_PREFIX)
+}
+
+/// The checkpoint name of the undo of step `step`.
+pub fn undo_name(step: &str) -> String {
+    format!("{UNDO_PREFIX}{step}")
+}
+
+/// The step an undo checkpoint name belongs to (`undo:charge` → `charge`).
+pub fn parse_undo_name(name: &str) -> Option<&str> {
+    name.strip_prefix(UNDO_PREFIX)
+}
+
+const CONTINUED_AS_NEW: &str = "$continued_as_new";
+
+/// The output of a run that continued as new: names its successor.
+pub fn continued_marker(successor: &RunId) -> Payload {
+    let mut map = serde_json::Map::new();
+    map.insert(CONTINUED_AS_NEW.to_string(), serde_json::Value::String(successor.to_string()));
+    Payload::from_trusted(serde_json::Value::Object(map).to_string())
+}
+
+/// The successor a completed run's output names, if it continued as new.
+pub fn successor_of(run: &Run) -> Option<RunId> {
+    if run.status != RunStatus::Completed {
+        return None;
+    }
+    let value = run.output.as_ref()?.to_value();
+    value.get(CONTINUED_AS_NEW)?.as_str().map(RunId::from)
+}
+
+/// What a child run delivers to its parent's wait when it settles.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ChildResult {
+    /// The child.
+    pub run_id: RunId,
+    /// How it ended.
+    pub status: RunStatus,
+    /// Its output, when completed.
+    pub output: Option<Payload>,
+    /// Its error, otherwise.
+    pub error: Option<StepError>,
+}
+
+impl ChildResult {
+    /// The payload sent to the parent.
+    pub fn encode(&self) -> Payload {
+        Payload::encode(self).unwrap_or_else(|_| Payload::null())
+    }
+}
+
+const CHILD_CODE_PREFIX: &str = "child_";
+
+/// The error code a parent records for a child that ended with `status`: `child_<status>`.
+pub fn child_failure_code(status: RunStatus) -> String {
+    format!("{CHILD_CODE_PREFIX}{status}")
+}
+
+/// The child status a `child_<status>` code names.
+pub fn parse_child_failure_code(code: &str) -> Option<RunStatus> {
+    code.strip_prefix(CHILD_CODE_PREFIX)?.parse().ok()
+}
+
+/// What `Engine::complete_task` / `fail_task` deliver to the task's wait.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum TaskResult {
+    /// Completed with this value.
+    Ok(Payload),
+    /// Failed with this reason.
+    Err(String),
+}
+
+impl TaskResult {
+    /// The payload delivered to the wait.
+    pub fn encode(&self) -> Payload {
+        Payload::encode(self).unwrap_or_else(|_| Payload::null())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> RunId {
+        RunId::from(s)
+    }
+
+    /// Golden values: each format is persisted; a change here breaks stored runs.
+    #[test]
+    fn formats_are_pinned() {
+        let r = id("order:42");
+        assert_eq!(step_id(&r, 3), "order:42:3");
+        assert_eq!(child_id(&r, 3).as_str(), "order:42.child.3");
+        assert_eq!(retry_id(&r, 1).as_str(), "order:42~retry~1");
+        assert_eq!(child_token(&r, 3), "child:order:42:3");
+        assert_eq!(update_token(&r, "approve"), "update:order:42:approve");
+        assert_eq!(task_token(&r, "review"), "task:order:42:review");
+        assert_eq!(task_step_name("review"), "task:review");
+        assert_eq!(timeout_name("approve"), "timeout:approve");
+        assert_eq!(undo_name("charge"), "undo:charge");
+        assert_eq!(continued_marker(&id("a~1")).as_str(), r#"{"$continued_as_new":"a~1"}"#);
+        assert_eq!(child_failure_code(RunStatus::Cancelled), "child_cancelled");
+        let cr = ChildResult { run_id: id("c"), status: RunStatus::Completed, output: Some(Payload::null()), error: None };
+        assert_eq!(cr.encode().as_str(), r#"{"run_id":"c","status":"completed","output":null,"error":null}"#);
+        assert_eq!(TaskResult::Ok(Payload::encode(&7).unwrap()).encode().as_str(), r#"{"ok":7}"#);
+        assert_eq!(TaskResult::Err("no".into()).encode().as_str(), r#"{"err":"no"}"#);
+    }
+
+    #[test]
+    fn parsers_invert_formatters() {
+        assert_eq!(parse_timeout_name(&timeout_name("a:b")), Some("a:b"));
+        assert_eq!(parse_timeout_name("sleep"), None);
+        assert_eq!(parse_undo_name(&undo_name("x")), Some("x"));
+        for s in [RunStatus::Failed, RunStatus::Cancelled, RunStatus::Dead] {
+            assert_eq!(parse_child_failure_code(&child_failure_code(s)), Some(s));
+        }
+        assert_eq!(parse_child_failure_code("child_bogus"), None);
+        let mut run = crate::NewRun {
+            id: id("a"),
+            workflow: "w".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: Payload::null(),
+            tags: vec![],
+            priority: 0,
+            parent: None,
+            created_at: 0,
+        }
+        .into_run();
+        run.status = RunStatus::Completed;
+        run.output = Some(continued_marker(&id("a~1")));
+        assert_eq!(successor_of(&run), Some(id("a~1")));
+        run.output = Some(Payload::encode(&5).unwrap());
+        assert_eq!(successor_of(&run), None);
+    }
+
+    #[test]
+    fn chains_and_retries_never_collide() {
+        assert_eq!(successor_id(&id("a")).as_str(), "a~1");
+        assert_eq!(successor_id(&id("a~1")).as_str(), "a~2");
+        assert_eq!(chain_position(&id("a~7")), ("a", 7));
+        // A retry id starts a chain of its own: its successor is not the next retry.
+        let retry = retry_id(&id("r1"), 1);
+        assert_eq!(chain_position(&retry), ("r1~retry~1", 0));
+        assert_eq!(successor_id(&retry).as_str(), "r1~retry~1~1");
+        assert_ne!(successor_id(&retry), retry_id(&id("r1"), 2));
+        assert_eq!(successor_id(&successor_id(&retry)).as_str(), "r1~retry~1~2");
+        // Odd ids are roots.
+        for s in ["~1", "a~", "a~x", "a~-1", "a~+1"] {
+            assert_eq!(chain_position(&id(s)), (s, 0), "{s}");
+        }
+    }
+}

@@ -1,0 +1,690 @@
+//! The typed calls: what each ctx primitive means on a fresh run and on replay.
+
+// Answers carrying a `Commit` are returned once per call and destructured at once; boxing the
+// commit would cost an allocation per step for nothing.
+#![allow(clippy::large_enum_variant)]
+
+use std::time::Duration;
+
+use super::{Attempts, Flight, Mode, Turn, TurnStop, Undo, millis_after};
+use crate::protocol::{self, ChildResult};
+use crate::{
+    CheckpointStatus, Commit, Decision, Millis, NewRun, ParentLink, Payload, RetryDecision, RetryPolicy, RunId,
+    RunStatus, StepError, StepKind, WaitKind, Waiter, codes, seed_for,
+};
+
+/// A local step or an undo.
+#[derive(Debug, Clone, Copy)]
+pub struct StepCall<'a> {
+    /// The step's name.
+    pub name: &'a str,
+    /// [`StepKind::Step`] or [`StepKind::Compensation`].
+    pub kind: StepKind,
+    /// Its retries and backoff.
+    pub policy: &'a RetryPolicy,
+    /// Whether the step registers an undo once it has completed.
+    pub undo: bool,
+}
+
+/// The answer of [`Turn::begin_step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepBegin {
+    /// Completed before: return this output.
+    Return(Payload),
+    /// Failed before, after its last attempt: return this error.
+    Fail {
+        /// The recorded error.
+        error: StepError,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// Park for the rest of the turn: until a durable backoff is due, or (`None`) forever
+    /// (a cancel with compensation is pending).
+    Park(Option<Millis>),
+    /// Run the closure; this is attempt `attempt` (from 1). Then call [`Turn::finish_step`].
+    Run {
+        /// The attempt about to be made.
+        attempt: u32,
+    },
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// The answer of [`Turn::finish_step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StepAfter {
+    /// Apply `commit`, then return `output`.
+    Completed {
+        /// The step's output.
+        output: Payload,
+        /// The commit recording it.
+        commit: Commit,
+    },
+    /// The attempt failed; wait in memory until `at`, then run attempt `attempt`.
+    RetryAt {
+        /// When to retry.
+        at: Millis,
+        /// The attempt to make then.
+        attempt: u32,
+        /// Why the last attempt failed.
+        error: StepError,
+    },
+    /// The attempt failed; apply `commit` (the durable backoff), then park until `at`.
+    Park {
+        /// When the next attempt is due.
+        at: Millis,
+        /// Why the last attempt failed.
+        error: StepError,
+        /// The commit recording the backoff.
+        commit: Commit,
+    },
+    /// The step failed for good; apply `commit`, then return `error`.
+    Failed {
+        /// The final error.
+        error: StepError,
+        /// Attempts made.
+        attempts: u32,
+        /// The commit recording the failure.
+        commit: Commit,
+    },
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// The answer of [`Turn::begin_record`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordBegin {
+    /// Recorded before: return this value.
+    Return(Payload),
+    /// Produce the value, then call [`Turn::finish_record`].
+    Produce,
+    /// Park forever (a cancel with compensation is pending).
+    Park,
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// The answer of [`Turn::finish_record`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RecordOutcome {
+    /// Return the value now; its record rides along with the next commit.
+    Return,
+    /// Apply `commit`, then return the value.
+    Commit(Commit),
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// The answer of [`Turn::sleep`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum SleepBegin {
+    /// The sleep is over.
+    Done,
+    /// Park until the time (or forever, `None`: a cancel with compensation is pending).
+    Park(Option<Millis>),
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// A wait's deadline: a timer recorded at its own seq just before the wait's.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Deadline {
+    /// The deadline's seq.
+    pub seq: u32,
+    /// How long after the first execution the wait gives up.
+    pub after: Duration,
+}
+
+/// A wait for a delivery: a signal (also updates, task results) or an event.
+#[derive(Debug, Clone)]
+pub struct WaitCall<'a> {
+    /// The token or event name (the checkpoint name).
+    pub name: &'a str,
+    /// [`StepKind::Signal`] or [`StepKind::Event`].
+    pub kind: StepKind,
+    /// What the waiter listens for.
+    pub wait: WaitKind,
+    /// The deadline, if the wait has one.
+    pub deadline: Option<Deadline>,
+}
+
+/// The answer of [`Turn::wait`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum WaitBegin {
+    /// Delivered: return this payload.
+    Delivered(Payload),
+    /// The deadline passed first.
+    TimedOut,
+    /// Park until the deadline (`Some`) or a delivery.
+    Park(Option<Millis>),
+    /// The deadline passed with the wait still open: apply `commit` (which records the
+    /// timeout and removes the waiter); if [`Turn::committed`] says go on, it timed out.
+    Expire(Commit),
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// A child run to start.
+#[derive(Debug, Clone)]
+pub struct ChildCall<'a> {
+    /// The child's workflow.
+    pub workflow: &'a str,
+    /// The child's id (default [`protocol::child_id`]).
+    pub id: RunId,
+    /// The newest registered version of the workflow, `None` if it is not registered here.
+    pub version: Option<u32>,
+    /// The child's input, or why it does not serialize.
+    pub input: Result<Payload, String>,
+}
+
+/// The answer of [`Turn::join_child`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum ChildJoin {
+    /// The child completed with this output.
+    Completed(Payload),
+    /// The child did not complete.
+    Failed {
+        /// How it ended.
+        status: RunStatus,
+        /// Its error.
+        error: Option<StepError>,
+    },
+    /// Park until the child settles.
+    Park,
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// The answer of [`Turn::set_state`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum StateBegin {
+    /// Set before (replay): nothing to do.
+    Done,
+    /// Apply `commit`, which sets the value; then return.
+    Commit(Commit),
+    /// Park forever (a cancel with compensation is pending).
+    Park,
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// How a call stands after the shared checks.
+enum Checked {
+    Go(Decision),
+    /// Parked forever: a cancel with compensation is pending.
+    CancelPark,
+    Stopped,
+}
+
+impl Turn {
+    /// Decides `(name, kind)` at `seq`: stops the turn on a changed body, parks new work while
+    /// a cancel with compensation is pending.
+    fn check(&mut self, seq: u32, name: &str, kind: StepKind, now: Millis) -> Checked {
+        if self.stop.is_some() {
+            return Checked::Stopped;
+        }
+        match self.history.decide(&self.run.id, seq, name, kind, now) {
+            Decision::NonDeterminism(nd) => {
+                self.stop(TurnStop::Fail(nd.to_error()));
+                Checked::Stopped
+            }
+            Decision::Execute { .. } | Decision::Wait { .. } if self.mode == Mode::CancelRequested => {
+                self.park(seq, None);
+                Checked::CancelPark
+            }
+            d => Checked::Go(d),
+        }
+    }
+
+    /// A record this kind of call can never have made: the history is corrupt.
+    fn corrupt(&mut self, seq: u32, name: &str, found: &Decision) {
+        let message = format!(
+            "run {}: history at seq {seq} ({name:?}) holds a record this call cannot have made ({found:?}); the history is corrupt",
+            self.run.id
+        );
+        self.stop(TurnStop::Fail(StepError::fatal(message)));
+    }
+
+    fn fail_serialize(&mut self, what: String, error: &str) {
+        let message = format!("run {}: {what} does not serialize: {error}", self.run.id);
+        self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::BAD_PAYLOAD)));
+    }
+
+    pub(super) fn payload_too_large(&self, what: &str, len: usize) -> StepError {
+        StepError::fatal(format!(
+            "{what} of run {} is {len} bytes, over the {}-byte payload limit (max_payload_bytes)",
+            self.run.id, self.config.max_payload_bytes
+        ))
+        .with_code(codes::PAYLOAD_TOO_LARGE)
+    }
+
+    /// Marks a due timer still recorded as waiting as done (rides along with the next commit).
+    fn settle_timer(&mut self, seq: u32, now: Millis) {
+        if let Some(cp) = self.history.get(seq).filter(|c| c.status == CheckpointStatus::Waiting) {
+            let mut cp = cp.clone();
+            cp.status = CheckpointStatus::Completed;
+            cp.updated_at = now;
+            self.record(cp);
+        }
+    }
+
+    // ---- local steps ----
+
+    /// Begins (or replays) the step at `seq`.
+    pub fn begin_step(&mut self, seq: u32, call: StepCall<'_>, now: Millis) -> StepBegin {
+        let attempt = match self.check(seq, call.name, call.kind, now) {
+            Checked::Stopped => return StepBegin::Stopped,
+            Checked::CancelPark => return StepBegin::Park(None),
+            Checked::Go(Decision::Replay(output)) => {
+                if call.undo {
+                    self.undos.push(Undo { step_seq: seq, name: call.name.to_string() });
+                }
+                return StepBegin::Return(output);
+            }
+            Checked::Go(Decision::ReplayError { error, attempts }) => return StepBegin::Fail { error, attempts },
+            Checked::Go(Decision::Wait { wake_at }) => {
+                self.park(seq, wake_at);
+                return StepBegin::Park(wake_at);
+            }
+            Checked::Go(Decision::Execute { attempt }) => attempt,
+            Checked::Go(d @ Decision::NonDeterminism(_)) => {
+                self.corrupt(seq, call.name, &d);
+                return StepBegin::Stopped;
+            }
+        };
+        // A step resumed after a durable backoff keeps the error that caused it.
+        let last_error = self.history.get(seq).and_then(|c| c.error.clone());
+        self.attempts.insert(
+            seq,
+            Attempts {
+                name: call.name.to_string(),
+                kind: call.kind,
+                policy: call.policy.clone(),
+                undo: call.undo,
+                started_at: now,
+                last_error,
+            },
+        );
+        self.flights.insert(seq, Flight::Running);
+        StepBegin::Run { attempt }
+    }
+
+    /// Hands in the result of attempt `attempt` of the step at `seq` (its output encoded, or
+    /// its error) and says what follows: commit and return, retry in memory, park for a
+    /// durable backoff, or fail.
+    pub fn finish_step(
+        &mut self,
+        seq: u32,
+        attempt: u32,
+        result: Result<Payload, StepError>,
+        now: Millis,
+    ) -> StepAfter {
+        if self.stop.is_some() {
+            return StepAfter::Stopped;
+        }
+        let Some(a) = self.attempts.get(&seq).cloned() else {
+            // The call was abandoned meanwhile: nothing of it is recorded.
+            return StepAfter::Stopped;
+        };
+        let result = result.and_then(|p| {
+            if self.too_large(&p) {
+                Err(self.payload_too_large(&format!("the output of step {:?} (seq {seq})", a.name), p.len()))
+            } else {
+                Ok(p)
+            }
+        });
+        let mut cp = self.checkpoint(seq, &a.name, a.kind, CheckpointStatus::Completed, a.started_at, now);
+        cp.attempts = attempt;
+        match result {
+            Ok(output) => {
+                cp.output = Some(output.clone());
+                cp.error = a.last_error;
+                self.record(cp);
+                self.attempts.remove(&seq);
+                if a.undo {
+                    self.undos.push(Undo { step_seq: seq, name: a.name });
+                }
+                StepAfter::Completed { output, commit: self.commit_for(seq, None, now) }
+            }
+            Err(error) => match a.policy.after_failure(attempt, &error, seed_for(self.run.id.as_str(), seq, attempt)) {
+                RetryDecision::RetryAfter(delay) => {
+                    let at = millis_after(now, delay);
+                    if delay <= self.config.durable_retry_threshold {
+                        if let Some(a) = self.attempts.get_mut(&seq) {
+                            a.last_error = Some(error.clone());
+                        }
+                        return StepAfter::RetryAt { at, attempt: attempt + 1, error };
+                    }
+                    cp.status = CheckpointStatus::Waiting;
+                    cp.error = Some(error.clone());
+                    cp.wake_at = Some(at);
+                    self.record(cp);
+                    self.attempts.remove(&seq);
+                    StepAfter::Park { at, error, commit: self.commit_for(seq, Some(at), now) }
+                }
+                RetryDecision::GiveUp => {
+                    cp.status = CheckpointStatus::Failed;
+                    cp.error = Some(error.clone());
+                    self.record(cp);
+                    self.attempts.remove(&seq);
+                    StepAfter::Failed { error, attempts: attempt, commit: self.commit_for(seq, None, now) }
+                }
+            },
+        }
+    }
+
+    // ---- recorded values ----
+
+    /// Begins (or replays) a recorded value at `seq`: `now`, `random`, `uuid` or
+    /// `side_effect` (`kind` says which).
+    pub fn begin_record(&mut self, seq: u32, name: &str, kind: StepKind, now: Millis) -> RecordBegin {
+        match self.check(seq, name, kind, now) {
+            Checked::Stopped => RecordBegin::Stopped,
+            Checked::CancelPark => RecordBegin::Park,
+            Checked::Go(Decision::Replay(p)) => RecordBegin::Return(p),
+            Checked::Go(Decision::Execute { .. }) => RecordBegin::Produce,
+            Checked::Go(d) => {
+                self.corrupt(seq, name, &d);
+                RecordBegin::Stopped
+            }
+        }
+    }
+
+    /// Records the value produced for `seq`. A side effect is committed before it is
+    /// returned; `now`, `random` and `uuid` ride along with the next commit.
+    pub fn finish_record(
+        &mut self,
+        seq: u32,
+        name: &str,
+        kind: StepKind,
+        value: Result<Payload, String>,
+        now: Millis,
+    ) -> RecordOutcome {
+        if self.stop.is_some() {
+            return RecordOutcome::Stopped;
+        }
+        let payload = match value {
+            Ok(p) => p,
+            Err(e) => {
+                self.fail_serialize(format!("the value of {name:?} (seq {seq})"), &e);
+                return RecordOutcome::Stopped;
+            }
+        };
+        if self.too_large(&payload) {
+            let error = self.payload_too_large(&format!("the value of {name:?} (seq {seq})"), payload.len());
+            self.stop(TurnStop::Fail(error));
+            return RecordOutcome::Stopped;
+        }
+        let mut cp = self.checkpoint(seq, name, kind, CheckpointStatus::Completed, now, now);
+        cp.output = Some(payload);
+        cp.attempts = 1;
+        self.record(cp);
+        if kind == StepKind::SideEffect { RecordOutcome::Commit(self.commit_for(seq, None, now)) } else { RecordOutcome::Return }
+    }
+
+    // ---- timers ----
+
+    /// A durable sleep at `seq` until `until`.
+    pub fn sleep(&mut self, seq: u32, until: Millis, now: Millis) -> SleepBegin {
+        match self.check(seq, "sleep", StepKind::Sleep, now) {
+            Checked::Stopped => SleepBegin::Stopped,
+            Checked::CancelPark => SleepBegin::Park(None),
+            Checked::Go(Decision::Replay(_)) => {
+                self.settle_timer(seq, now);
+                SleepBegin::Done
+            }
+            Checked::Go(Decision::Wait { wake_at }) => {
+                self.park(seq, wake_at);
+                SleepBegin::Park(wake_at)
+            }
+            Checked::Go(Decision::Execute { .. }) => {
+                let mut cp = self.checkpoint(seq, "sleep", StepKind::Sleep, CheckpointStatus::Waiting, now, now);
+                cp.wake_at = Some(until);
+                if until <= now {
+                    cp.status = CheckpointStatus::Completed;
+                    self.record(cp);
+                    return SleepBegin::Done;
+                }
+                self.record(cp);
+                self.park(seq, Some(until));
+                SleepBegin::Park(Some(until))
+            }
+            Checked::Go(d) => {
+                self.corrupt(seq, "sleep", &d);
+                SleepBegin::Stopped
+            }
+        }
+    }
+
+    // ---- waits ----
+
+    /// A wait for a delivery at `seq`, optionally bounded by a deadline at its own seq.
+    pub fn wait(&mut self, seq: u32, call: WaitCall<'_>, now: Millis) -> WaitBegin {
+        let mut due_at: Option<Millis> = None;
+        let mut passed = false;
+        if let Some(deadline) = call.deadline {
+            let dname = protocol::timeout_name(call.name);
+            match self.check(deadline.seq, &dname, StepKind::Sleep, now) {
+                Checked::Stopped => return WaitBegin::Stopped,
+                Checked::CancelPark => return WaitBegin::Park(None),
+                Checked::Go(Decision::Replay(_)) => passed = true,
+                Checked::Go(Decision::Wait { wake_at }) => due_at = wake_at,
+                Checked::Go(Decision::Execute { .. }) => {
+                    let at = millis_after(now, deadline.after);
+                    let mut cp =
+                        self.checkpoint(deadline.seq, &dname, StepKind::Sleep, CheckpointStatus::Waiting, now, now);
+                    cp.wake_at = Some(at);
+                    self.record(cp);
+                    due_at = Some(at);
+                }
+                Checked::Go(d) => {
+                    self.corrupt(deadline.seq, &dname, &d);
+                    return WaitBegin::Stopped;
+                }
+            }
+        }
+        match self.check(seq, call.name, call.kind, now) {
+            Checked::Stopped => WaitBegin::Stopped,
+            Checked::CancelPark => WaitBegin::Park(None),
+            Checked::Go(Decision::Replay(p)) => {
+                if let Some(d) = call.deadline {
+                    self.settle_timer(d.seq, now);
+                }
+                WaitBegin::Delivered(p)
+            }
+            Checked::Go(Decision::ReplayError { error, .. }) if error.code() == Some(codes::WAIT_TIMEOUT) => {
+                WaitBegin::TimedOut
+            }
+            Checked::Go(Decision::Wait { .. }) if passed => {
+                let mut cp = self.checkpoint(seq, call.name, call.kind, CheckpointStatus::Failed, now, now);
+                cp.error = Some(
+                    StepError::fatal(format!("wait for {:?} timed out", call.name)).with_code(codes::WAIT_TIMEOUT),
+                );
+                self.record(cp);
+                self.buffer.expire.push(seq);
+                WaitBegin::Expire(self.commit_for(seq, None, now))
+            }
+            Checked::Go(Decision::Wait { .. }) => {
+                self.park(seq, due_at);
+                WaitBegin::Park(due_at)
+            }
+            Checked::Go(Decision::Execute { .. }) => {
+                let cp = self.checkpoint(seq, call.name, call.kind, CheckpointStatus::Waiting, now, now);
+                self.record(cp);
+                self.buffer.waits.push(Waiter {
+                    run_id: self.run.id.clone(),
+                    seq,
+                    name: call.name.to_string(),
+                    kind: call.wait,
+                    created_at: now,
+                });
+                // A deadline that already passed still parks once, so a buffered delivery wins.
+                let wake = if passed { Some(now) } else { due_at };
+                self.park(seq, wake);
+                WaitBegin::Park(wake)
+            }
+            Checked::Go(d) => {
+                self.corrupt(seq, call.name, &d);
+                WaitBegin::Stopped
+            }
+        }
+    }
+
+    // ---- children ----
+
+    /// Starts a child run at `seq` (its creation and the parent's wait for its result go out
+    /// with the next commit). On replay, or while a cancel is pending, nothing happens here.
+    pub fn spawn_child(&mut self, seq: u32, call: ChildCall<'_>, now: Millis) {
+        match self.check(seq, call.workflow, StepKind::Child, now) {
+            Checked::Go(Decision::Execute { .. }) => {}
+            Checked::CancelPark => {
+                // Nothing is started; the join parks.
+                self.parked.remove(&seq);
+                return;
+            }
+            _ => return,
+        }
+        let mut cp = self.checkpoint(seq, call.workflow, StepKind::Child, CheckpointStatus::Waiting, now, now);
+        cp.input = Some(Payload::encode(&call.id).unwrap_or_else(|_| Payload::null()));
+        let not_started = match (call.version, call.input) {
+            (None, _) => Err(format!("workflow {:?} is not registered on the engine that started the child", call.workflow)),
+            (_, Err(e)) => Err(format!("the child's input does not serialize: {e}")),
+            (Some(_), Ok(input)) if self.too_large(&input) => Err(format!(
+                "the child's input is {} bytes, over the {}-byte payload limit (max_payload_bytes)",
+                input.len(),
+                self.config.max_payload_bytes
+            )),
+            (Some(version), Ok(input)) => Ok((version, input)),
+        };
+        let (version, input) = match not_started {
+            Ok(v) => v,
+            Err(reason) => {
+                cp.status = CheckpointStatus::Failed;
+                cp.error = Some(
+                    StepError::fatal(format!("child run {} was not started: {reason}", call.id))
+                        .with_code(codes::CHILD_FAILED),
+                );
+                self.record(cp);
+                return;
+            }
+        };
+        self.record(cp);
+        self.buffer.waits.push(Waiter {
+            run_id: self.run.id.clone(),
+            seq,
+            name: call.workflow.to_string(),
+            kind: WaitKind::Signal { token: protocol::child_token(&self.run.id, seq) },
+            created_at: now,
+        });
+        self.buffer.children.push(NewRun {
+            id: call.id,
+            workflow: call.workflow.to_string(),
+            version,
+            namespace: self.run.namespace.clone(),
+            input,
+            tags: Vec::new(),
+            priority: self.run.priority,
+            parent: Some(ParentLink { run_id: self.run.id.clone(), seq }),
+            created_at: now,
+        });
+    }
+
+    /// Waits for the child started at `seq` to settle.
+    pub fn join_child(&mut self, seq: u32, workflow: &str, now: Millis) -> ChildJoin {
+        match self.check(seq, workflow, StepKind::Child, now) {
+            Checked::Stopped => ChildJoin::Stopped,
+            Checked::CancelPark => ChildJoin::Park,
+            Checked::Go(Decision::Wait { .. }) => {
+                self.park(seq, None);
+                ChildJoin::Park
+            }
+            Checked::Go(Decision::ReplayError { error, .. }) => {
+                let status = error.code().and_then(protocol::parse_child_failure_code).unwrap_or(RunStatus::Failed);
+                ChildJoin::Failed { status, error: Some(error) }
+            }
+            Checked::Go(Decision::Replay(p)) => {
+                let result: ChildResult = match p.decode() {
+                    Ok(r) => r,
+                    Err(e) => {
+                        self.fail_decode(seq, workflow, &e.to_string());
+                        return ChildJoin::Stopped;
+                    }
+                };
+                if result.status == RunStatus::Completed {
+                    return ChildJoin::Completed(result.output.unwrap_or_else(Payload::null));
+                }
+                self.record_child_failure(seq, &result, now);
+                ChildJoin::Failed { status: result.status, error: result.error }
+            }
+            Checked::Go(d) => {
+                // Execute: the spawn recorded nothing, which it always does when it runs.
+                self.corrupt(seq, workflow, &d);
+                ChildJoin::Stopped
+            }
+        }
+    }
+
+    /// Re-records a delivered child failure as a `failed` checkpoint, so an operator's retry of
+    /// the parent re-runs the child call (rides along with the next commit).
+    fn record_child_failure(&mut self, seq: u32, result: &ChildResult, now: Millis) {
+        let Some(cp) = self.history.get(seq).filter(|c| c.status == CheckpointStatus::Completed) else { return };
+        let mut cp = cp.clone();
+        let message = result
+            .error
+            .as_ref()
+            .map_or_else(|| format!("child run {} is {}", result.run_id, result.status), |e| e.message.clone());
+        cp.status = CheckpointStatus::Failed;
+        cp.error = Some(StepError::fatal(message).with_code(protocol::child_failure_code(result.status)));
+        cp.updated_at = now;
+        self.record(cp);
+    }
+
+    // ---- state and the end of a chain ----
+
+    /// Sets query state `key` at `seq`; committed before the call returns.
+    pub fn set_state(&mut self, seq: u32, key: &str, value: Result<Payload, String>, now: Millis) -> StateBegin {
+        match self.check(seq, key, StepKind::State, now) {
+            Checked::Stopped => StateBegin::Stopped,
+            Checked::CancelPark => StateBegin::Park,
+            Checked::Go(Decision::Replay(_)) => StateBegin::Done,
+            Checked::Go(Decision::Execute { .. }) => {
+                let value = match value {
+                    Ok(v) => v,
+                    Err(e) => {
+                        self.fail_serialize(format!("state {key:?} (seq {seq})"), &e);
+                        return StateBegin::Stopped;
+                    }
+                };
+                if self.too_large(&value) {
+                    let error = self.payload_too_large(&format!("state {key:?} (seq {seq})"), value.len());
+                    self.stop(TurnStop::Fail(error));
+                    return StateBegin::Stopped;
+                }
+                let mut cp = self.checkpoint(seq, key, StepKind::State, CheckpointStatus::Completed, now, now);
+                cp.output = Some(value.clone());
+                cp.attempts = 1;
+                self.record(cp);
+                self.buffer.state.retain(|(k, _)| k != key);
+                self.buffer.state.push((key.to_string(), value));
+                StateBegin::Commit(self.commit_for(seq, None, now))
+            }
+            Checked::Go(d) => {
+                self.corrupt(seq, key, &d);
+                StateBegin::Stopped
+            }
+        }
+    }
+
+    /// Ends this run and continues as a fresh run with `input` (or fails it when the input
+    /// does not serialize). The body halts; the end of the turn settles.
+    pub fn continue_as_new(&mut self, input: Result<Payload, String>) {
+        match input {
+            Ok(p) if self.too_large(&p) => {
+                let error = self.payload_too_large("the continue-as-new input", p.len());
+                self.stop(TurnStop::Fail(error));
+            }
+            Ok(p) => self.stop(TurnStop::ContinueAsNew(p)),
+            Err(e) => self.fail_serialize("the continue-as-new input".to_string(), &e),
+        }
+    }
+}

@@ -1,0 +1,207 @@
+//! The end of a turn: suspend, settle, compensate, continue as new, or stop.
+
+// Answers carrying a `Commit` are returned once per call and destructured at once; boxing the
+// commit would cost an allocation per step for nothing.
+#![allow(clippy::large_enum_variant)]
+
+use super::{Mode, Turn, TurnStop};
+use crate::protocol::{self, ChildResult};
+use crate::{
+    Commit, Millis, NewRun, OutgoingSignal, Payload, RetryPolicy, RunStatus, StepError, StepKind, TurnEnd, codes,
+};
+
+/// What follows a `Pending` or finished body.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Next {
+    /// Drop the body and run the registered undos: [`Turn::next_undo`] until `None`, each as a
+    /// step, then [`Turn::on_compensated`].
+    Compensate,
+    /// The turn ends.
+    End(End),
+}
+
+/// Why a turn stops without writing anything more; the run's durable state decides what
+/// follows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Halt {
+    /// A store call failed: retry the run later.
+    Abort(String),
+    /// Another owner holds the run's lease now: leave it.
+    LeaseLost(String),
+    /// The store holds newer facts than this turn saw: run a fresh turn at once.
+    Rerun(String),
+}
+
+/// How a turn ends. Each commit-carrying variant is applied as one store call.
+#[derive(Debug, Clone, PartialEq)]
+pub enum End {
+    /// Every live branch is parked: apply `commit` (`suspended`, the earliest wake time, the
+    /// lease released), then drop the body.
+    Suspend {
+        /// The suspension commit.
+        commit: Commit,
+        /// When a parked timer is due.
+        wake_at: Option<Millis>,
+    },
+    /// Apply `commit`, which settles the run as `status` (a child tells its parent in it; a
+    /// continued run's successor is created in it).
+    Settle {
+        /// The settling commit.
+        commit: Commit,
+        /// The status it settles to.
+        status: RunStatus,
+    },
+    /// Stop without writing anything more.
+    Halt(Halt),
+}
+
+/// An undo to run as a step (kind [`StepKind::Compensation`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UndoCall {
+    /// The seq of the step whose undo this is (the runtime keeps its closure by it).
+    pub step_seq: u32,
+    /// The seq the undo runs at.
+    pub seq: u32,
+    /// Its checkpoint name ([`protocol::undo_name`]).
+    pub name: String,
+}
+
+impl UndoCall {
+    /// The undo as a step call with `policy`.
+    pub fn step_call<'a>(&'a self, policy: &'a RetryPolicy) -> super::StepCall<'a> {
+        super::StepCall { name: &self.name, kind: StepKind::Compensation, policy, undo: false }
+    }
+}
+
+impl Turn {
+    /// The body returned `Pending`. Returns how the turn ends, or `None` to keep polling
+    /// (something is executing, or nothing is parked yet).
+    pub fn on_pending(&mut self, now: Millis) -> Option<Next> {
+        if self.stop.is_some() {
+            return Some(Next::End(self.on_stop(now)));
+        }
+        if !self.flights.is_empty() || self.parked.is_empty() {
+            return None;
+        }
+        if self.mode == Mode::CancelRequested {
+            self.mode = Mode::Compensating { error: None };
+            self.parked.clear();
+            return Some(Next::Compensate);
+        }
+        let wake_at = self.earliest_wake();
+        let mut commit = self.drain(now);
+        commit.end = Some(TurnEnd::Suspend { wake_at, seen_wake_gen: self.run.wake_gen });
+        Some(Next::End(End::Suspend { commit, wake_at }))
+    }
+
+    /// The body returned. A failure with undos registered (or any end while a cancel with
+    /// compensation is pending) compensates; otherwise the run settles.
+    pub fn on_body_done(&mut self, result: Result<Payload, StepError>, now: Millis) -> Next {
+        if self.stop.is_some() {
+            return Next::End(self.on_stop(now));
+        }
+        let end = match result {
+            Err(e) if self.mode == Mode::CancelRequested || !self.undos.is_empty() => {
+                let error = if self.mode == Mode::CancelRequested { None } else { Some(e) };
+                self.mode = Mode::Compensating { error };
+                self.parked.clear();
+                self.flights.clear();
+                return Next::Compensate;
+            }
+            Err(e) => self.settle(RunStatus::Failed, None, Some(e), now),
+            Ok(output) if self.too_large(&output) => {
+                let error = self.payload_too_large("the output", output.len());
+                self.settle(RunStatus::Failed, None, Some(error), now)
+            }
+            Ok(output) => self.settle(RunStatus::Completed, Some(output), None, now),
+        };
+        Next::End(end)
+    }
+
+    /// The body panicked: the run fails (no undos run: the body's state is unknown).
+    pub fn on_panic(&mut self, message: &str, now: Millis) -> End {
+        if self.stop.is_some() {
+            return self.on_stop(now);
+        }
+        let error = StepError::fatal(format!("run {}: the workflow body panicked: {message}", self.run.id))
+            .with_code(codes::PANIC);
+        self.settle(RunStatus::Failed, None, Some(error), now)
+    }
+
+    /// The run cannot start (its input does not decode): it fails with `error`.
+    pub fn fail(&mut self, error: StepError, now: Millis) -> End {
+        self.stop(TurnStop::Fail(error));
+        self.on_stop(now)
+    }
+
+    /// The next undo to run, newest first, at a fresh seq; `None` when all have run.
+    pub fn next_undo(&mut self) -> Option<UndoCall> {
+        let undo = self.undos.pop()?;
+        let seq = self.take_seq();
+        Some(UndoCall { step_seq: undo.step_seq, seq, name: protocol::undo_name(&undo.name) })
+    }
+
+    /// Every undo ran (a failed undo is recorded and skipped): the run settles `failed` with
+    /// the body's error, or `cancelled` after a cancel with compensation.
+    pub fn on_compensated(&mut self, now: Millis) -> End {
+        if self.stop.is_some() {
+            return self.on_stop(now);
+        }
+        match std::mem::replace(&mut self.mode, Mode::Normal) {
+            Mode::Compensating { error: Some(error) } => self.settle(RunStatus::Failed, None, Some(error), now),
+            _ => {
+                let error = StepError::fatal(format!("run {} was cancelled by an operator; its undos ran", self.run.id))
+                    .with_code(codes::CANCELLED);
+                self.settle(RunStatus::Cancelled, None, Some(error), now)
+            }
+        }
+    }
+
+    fn on_stop(&mut self, now: Millis) -> End {
+        match self.stop.clone() {
+            Some(TurnStop::Fail(error)) => self.settle(RunStatus::Failed, None, Some(error), now),
+            Some(TurnStop::ContinueAsNew(input)) => self.continue_as_new_commit(input, now),
+            Some(TurnStop::Abort(why)) => End::Halt(Halt::Abort(why)),
+            Some(TurnStop::LeaseLost(why)) => End::Halt(Halt::LeaseLost(why)),
+            Some(TurnStop::Rerun(why)) => End::Halt(Halt::Rerun(why)),
+            None => End::Halt(Halt::Abort("the turn ended without a reason".into())),
+        }
+    }
+
+    /// Settles the run; a child tells its parent in the same commit.
+    fn settle(&mut self, status: RunStatus, output: Option<Payload>, error: Option<StepError>, now: Millis) -> End {
+        let mut commit = self.drain(now);
+        if let Some(parent) = &self.run.parent {
+            let result = ChildResult { run_id: self.run.id.clone(), status, output: output.clone(), error: error.clone() };
+            commit
+                .signals
+                .push(OutgoingSignal { token: protocol::child_token(&parent.run_id, parent.seq), payload: result.encode() });
+        }
+        commit.end = Some(TurnEnd::Settle { status, output, error });
+        End::Settle { commit, status }
+    }
+
+    /// Completes the run with a marker naming its successor and creates the successor — same
+    /// workflow (newest version), namespace, tags, priority and parent — in the same commit.
+    fn continue_as_new_commit(&mut self, input: Payload, now: Millis) -> End {
+        let successor = protocol::successor_id(&self.run.id);
+        let mut commit = self.drain(now);
+        commit.children.push(NewRun {
+            id: successor.clone(),
+            workflow: self.run.workflow.clone(),
+            version: self.config.latest_version,
+            namespace: self.run.namespace.clone(),
+            input,
+            tags: self.run.tags.clone(),
+            priority: self.run.priority,
+            parent: self.run.parent.clone(),
+            created_at: now,
+        });
+        commit.end = Some(TurnEnd::Settle {
+            status: RunStatus::Completed,
+            output: Some(protocol::continued_marker(&successor)),
+            error: None,
+        });
+        End::Settle { commit, status: RunStatus::Completed }
+    }
+}

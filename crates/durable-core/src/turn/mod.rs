@@ -1,0 +1,373 @@
+//! One turn of a run as a pure state machine.
+//!
+//! A [`Turn`] owns everything a turn knows: the loaded history, the next seq, the calls that
+//! are executing or parked, the buffer of the next [`Commit`], the undo stack of a saga, the
+//! cancel mode and why the turn stopped. The runtime feeds it one typed call per ctx primitive
+//! and does what the answer says; it never decides anything itself.
+//!
+//! # Call order
+//!
+//! 1. [`Turn::new`] over the run as claimed and its history.
+//! 2. For every ctx call, in program order: [`Turn::take_seq`] synchronously at the call, then
+//!    the call's `begin` method when its future is first polled:
+//!    [`Turn::begin_step`] / [`Turn::finish_step`] (local steps and undos, with retries),
+//!    [`Turn::begin_record`] / [`Turn::finish_record`] (`now`, `random`, `uuid`,
+//!    `side_effect`), [`Turn::sleep`], [`Turn::wait`] (signals, events, updates, task
+//!    results, with deadlines), [`Turn::spawn_child`] / [`Turn::join_child`],
+//!    [`Turn::set_state`], [`Turn::patched`], [`Turn::continue_as_new`].
+//! 3. An answer that carries a [`Commit`] is applied to the store, and its outcome handed back
+//!    with [`Turn::committed`] **before** the workflow sees anything.
+//! 4. A call future dropped before it finished (a `select!` loser, the end of the turn) calls
+//!    [`Turn::abandon`].
+//! 5. Each time the body is `Pending`: [`Turn::on_pending`]; when it returns:
+//!    [`Turn::on_body_done`] (or [`Turn::on_panic`]); while undos run: [`Turn::next_undo`]
+//!    then [`Turn::on_compensated`]. Each answers with a [`Next`] or an [`End`] carrying its
+//!    commit.
+//!
+//! ```text
+//!              take_seq + begin_* ──► Return / Fail ─────────────────────► body continues
+//!                    │                Run ──► closure ──► finish_* ──► Commit ──► committed ─┘
+//!                    │                Park ─────────────────────────────┐
+//!                    ▼                                                  ▼
+//!   body Pending ─► on_pending: all branches parked? ── yes ─► End::Suspend(commit)
+//!   body Ready ──► on_body_done: Ok ─► End::Settle(completed)
+//!                                Err + undos ─► Next::Compensate ─► next_undo* ─► on_compensated
+//!                                Err ─► End::Settle(failed)
+//!   stopped ─────► Fail ─► Settle(failed) · ContinueAsNew ─► Settle(completed + successor)
+//!                  Abort / LeaseLost / Rerun ─► End::Halt
+//! ```
+
+mod call;
+mod end;
+#[cfg(test)]
+mod sim;
+#[cfg(test)]
+mod tests;
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+pub use call::{
+    ChildCall, ChildJoin, Deadline, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall,
+    WaitBegin, WaitCall,
+};
+pub use end::{End, Halt, Next, UndoCall};
+
+use crate::{
+    Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, Patched, Payload, RetryPolicy, Run,
+    StepError, StepKind, StoreErrorKind, codes,
+};
+
+/// Why a turn stopped before the body finished.
+#[derive(Debug, Clone, PartialEq)]
+pub enum TurnStop {
+    /// Fail the run with this error (non-determinism, a bad payload, a corrupt history).
+    Fail(StepError),
+    /// Complete the run and start its successor with this input and a fresh history.
+    ContinueAsNew(Payload),
+    /// Stop quietly without writing anything more: a store call failed. Retry the run later.
+    Abort(String),
+    /// Stop quietly: another owner holds the run's lease now.
+    LeaseLost(String),
+    /// Stop quietly and run a fresh turn at once: the store holds newer facts than this turn
+    /// saw (a delivery raced a wait's deadline).
+    Rerun(String),
+}
+
+/// What the runtime tells the turn about its environment at the start.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TurnConfig {
+    /// The largest payload a turn may write (step outputs, recorded values, state, child
+    /// inputs, the run's output).
+    pub max_payload_bytes: usize,
+    /// Retry delays up to this are waited in memory; longer ones suspend the run durably.
+    pub durable_retry_threshold: Duration,
+    /// The newest registered version of the run's workflow (a continued run's successor
+    /// starts on it).
+    pub latest_version: u32,
+}
+
+impl Default for TurnConfig {
+    fn default() -> Self {
+        TurnConfig {
+            max_payload_bytes: 4 * 1024 * 1024,
+            durable_retry_threshold: Duration::from_secs(1),
+            latest_version: 1,
+        }
+    }
+}
+
+/// Converts a duration to milliseconds after `now`, saturating: a huge duration means "never",
+/// not "soon".
+pub fn millis_after(now: Millis, d: Duration) -> Millis {
+    now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
+}
+
+/// Where a call that is executing stands.
+#[derive(Debug, Clone, PartialEq)]
+enum Flight {
+    /// A step attempt (or its in-memory backoff).
+    Running,
+    /// Its commit is being applied; afterwards it parks until the given time (a durable
+    /// backoff) or returns (`None`).
+    Committing { then_park: Option<Millis> },
+}
+
+/// A step between its attempts.
+#[derive(Debug, Clone)]
+struct Attempts {
+    name: String,
+    kind: StepKind,
+    policy: RetryPolicy,
+    undo: bool,
+    started_at: Millis,
+    last_error: Option<StepError>,
+}
+
+/// An undo registered by a completed step.
+#[derive(Debug, Clone, PartialEq)]
+struct Undo {
+    step_seq: u32,
+    name: String,
+}
+
+/// Whether the run is being cancelled with compensation, and how far along.
+#[derive(Debug, Clone, PartialEq)]
+enum Mode {
+    Normal,
+    /// An operator asked for a cancel with compensation: new calls park until every branch is
+    /// parked, then the undos run.
+    CancelRequested,
+    /// The undos run; `error` is the body's failure (`None` for a cancel).
+    Compensating { error: Option<StepError> },
+}
+
+/// The commit being gathered.
+#[derive(Debug, Default)]
+struct Buffer {
+    checkpoints: Vec<Checkpoint>,
+    waits: Vec<crate::Waiter>,
+    expire: Vec<u32>,
+    state: Vec<(String, Payload)>,
+    children: Vec<crate::NewRun>,
+    signals: Vec<crate::OutgoingSignal>,
+}
+
+/// The state of one turn. See the module docs for the call order.
+#[derive(Debug)]
+pub struct Turn {
+    run: Run,
+    owner: String,
+    config: TurnConfig,
+    history: History,
+    next_seq: u32,
+    buffer: Buffer,
+    flights: BTreeMap<u32, Flight>,
+    parked: BTreeMap<u32, Option<Millis>>,
+    attempts: BTreeMap<u32, Attempts>,
+    undos: Vec<Undo>,
+    mode: Mode,
+    stop: Option<TurnStop>,
+}
+
+impl Turn {
+    /// Starts a turn of `run` (as claimed), held by `owner`, over its loaded `history`.
+    pub fn new(run: Run, owner: impl Into<String>, history: History, config: TurnConfig) -> Self {
+        let cancel_requested = run.error.as_ref().is_some_and(|e| e.code() == Some(codes::CANCEL_REQUESTED));
+        Turn {
+            run,
+            owner: owner.into(),
+            config,
+            history,
+            next_seq: 0,
+            buffer: Buffer::default(),
+            flights: BTreeMap::new(),
+            parked: BTreeMap::new(),
+            attempts: BTreeMap::new(),
+            undos: Vec::new(),
+            mode: if cancel_requested { Mode::CancelRequested } else { Mode::Normal },
+            stop: None,
+        }
+    }
+
+    /// The run as claimed.
+    pub fn run(&self) -> &Run {
+        &self.run
+    }
+
+    /// The configuration the turn was started with.
+    pub fn config(&self) -> &TurnConfig {
+        &self.config
+    }
+
+    /// The history as known to this turn (loaded plus recorded).
+    pub fn history(&self) -> &History {
+        &self.history
+    }
+
+    /// Takes the next seq. Call synchronously at the ctx call, so seqs follow call order.
+    pub fn take_seq(&mut self) -> u32 {
+        let seq = self.next_seq;
+        self.next_seq += 1;
+        seq
+    }
+
+    /// The seq the next call will take.
+    pub fn next_seq(&self) -> u32 {
+        self.next_seq
+    }
+
+    /// Whether the next call replays a recorded result.
+    pub fn is_replaying(&self) -> bool {
+        self.next_seq < self.history.len()
+    }
+
+    /// Why the turn stopped, if it did.
+    pub fn stopped(&self) -> Option<&TurnStop> {
+        self.stop.as_ref()
+    }
+
+    /// Calls executing right now (attempts, in-memory backoffs, commits being applied).
+    pub fn in_flight(&self) -> usize {
+        self.flights.len()
+    }
+
+    /// Calls parked for the rest of the turn, with their wake times.
+    pub fn parked(&self) -> impl Iterator<Item = (u32, Option<Millis>)> + '_ {
+        self.parked.iter().map(|(s, w)| (*s, *w))
+    }
+
+    /// The earliest `wake_at` among parked calls.
+    pub fn earliest_wake(&self) -> Option<Millis> {
+        self.parked.values().flatten().min().copied()
+    }
+
+    /// Whether undos are registered (a failure would compensate).
+    pub fn has_undos(&self) -> bool {
+        !self.undos.is_empty()
+    }
+
+    /// `ctx.patched(id)`: true on runs that reach it fresh (a marker is recorded and a seq
+    /// consumed) or recorded it; false on older runs (no seq consumed).
+    pub fn patched(&mut self, id: &str, now: Millis) -> bool {
+        let seq = self.next_seq;
+        match self.history.patched(seq, id) {
+            Patched::Old => false,
+            Patched::Replayed => {
+                self.next_seq += 1;
+                true
+            }
+            Patched::Record => {
+                self.next_seq += 1;
+                let cp = self.checkpoint(seq, id, StepKind::Patch, CheckpointStatus::Completed, now, now);
+                self.record(cp);
+                true
+            }
+        }
+    }
+
+    /// A call future was dropped before it finished (a `select!` loser, or the body dropped
+    /// at the end of the turn): it no longer executes or waits.
+    pub fn abandon(&mut self, seq: u32) {
+        self.flights.remove(&seq);
+        self.parked.remove(&seq);
+        self.attempts.remove(&seq);
+    }
+
+    /// The outcome of applying a commit an answer for `seq` carried. Returns whether the call
+    /// goes on: `false` when the turn must stop (the store refused the commit, or a delivery
+    /// raced the wait's deadline); the call then halts and the end of the turn says why.
+    pub fn committed(&mut self, seq: u32, outcome: Result<&CommitOutcome, (StoreErrorKind, String)>) -> bool {
+        let flight = self.flights.remove(&seq);
+        match outcome {
+            Ok(o) if o.raced.contains(&seq) => {
+                self.stop(TurnStop::Rerun(format!("a delivery raced the deadline of the wait at seq {seq}")));
+                false
+            }
+            Ok(_) => {
+                if let Some(Flight::Committing { then_park: Some(at) }) = flight {
+                    self.parked.insert(seq, Some(at));
+                }
+                self.stop.is_none()
+            }
+            Err((StoreErrorKind::LeaseLost, message)) => {
+                self.stop(TurnStop::LeaseLost(format!("commit refused: {message}")));
+                false
+            }
+            Err((_, message)) => {
+                self.stop(TurnStop::Abort(format!("commit failed: {message}")));
+                false
+            }
+        }
+    }
+
+    /// A recorded value no longer decodes into the type the workflow asks for: the run fails
+    /// naming the seq.
+    pub fn fail_decode(&mut self, seq: u32, name: &str, error: &str) {
+        let message = format!(
+            "run {}: the value recorded at seq {seq} ({name:?}) does not decode into the type the workflow asks for: {error}",
+            self.run.id
+        );
+        self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::BAD_PAYLOAD)));
+    }
+
+    /// Stops the turn; the first reason given wins.
+    pub fn stop(&mut self, reason: TurnStop) {
+        if self.stop.is_none() {
+            self.stop = Some(reason);
+        }
+    }
+
+    // ---- internals shared by the call and end modules ----
+
+    fn checkpoint(
+        &self,
+        seq: u32,
+        name: &str,
+        kind: StepKind,
+        status: CheckpointStatus,
+        started_at: Millis,
+        now: Millis,
+    ) -> Checkpoint {
+        let mut cp = Checkpoint::new(self.run.id.clone(), seq, name, kind, status, started_at);
+        cp.updated_at = now;
+        cp
+    }
+
+    /// Buffers a checkpoint for the next commit and makes it part of this turn's history.
+    fn record(&mut self, cp: Checkpoint) {
+        if let Some(slot) = self.buffer.checkpoints.iter_mut().find(|b| b.seq == cp.seq) {
+            *slot = cp.clone();
+        } else {
+            self.buffer.checkpoints.push(cp.clone());
+        }
+        self.history.record(cp);
+    }
+
+    /// A commit of everything buffered (no turn end).
+    fn drain(&mut self, now: Millis) -> Commit {
+        let b = std::mem::take(&mut self.buffer);
+        let mut c = Commit::new(self.run.id.clone(), self.owner.clone(), now);
+        c.checkpoints = b.checkpoints;
+        c.waits = b.waits;
+        c.expire_waits = b.expire;
+        c.state = b.state;
+        c.children = b.children;
+        c.signals = b.signals;
+        c
+    }
+
+    /// A commit of everything buffered, applied while `seq` stays in flight.
+    fn commit_for(&mut self, seq: u32, then_park: Option<Millis>, now: Millis) -> Commit {
+        self.flights.insert(seq, Flight::Committing { then_park });
+        self.drain(now)
+    }
+
+    fn park(&mut self, seq: u32, wake_at: Option<Millis>) {
+        self.parked.insert(seq, wake_at);
+    }
+
+    fn too_large(&self, payload: &Payload) -> bool {
+        payload.len() > self.config.max_payload_bytes
+    }
+}

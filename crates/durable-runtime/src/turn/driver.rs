@@ -1,0 +1,66 @@
+//! The turn driver: polls the body (then, if the core says so, the undos) and asks the core
+//! after every poll whether the turn ends.
+
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use durable_core::{End, Next};
+
+use super::child::compensate;
+use super::{TurnState, panic_message};
+use crate::clock::BoxFuture;
+use crate::registry::BodyResult;
+
+/// What the driver polls.
+enum Polling {
+    /// The workflow body.
+    Body(BoxFuture<'static, BodyResult>),
+    /// The undos, after the core said to compensate (the body was dropped).
+    Undos(BoxFuture<'static, ()>),
+}
+
+/// Polls the body until the turn ends; resolves to the core's [`End`], whose commit the
+/// caller applies.
+pub(crate) struct TurnDriver {
+    polling: Polling,
+    t: Arc<TurnState>,
+}
+
+impl TurnDriver {
+    pub(crate) fn new(t: Arc<TurnState>, body: BoxFuture<'static, BodyResult>) -> Self {
+        TurnDriver { polling: Polling::Body(body), t }
+    }
+}
+
+impl Future for TurnDriver {
+    type Output = End;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<End> {
+        loop {
+            let this = &mut *self;
+            let now = this.t.now();
+            let polled = std::panic::catch_unwind(AssertUnwindSafe(|| match &mut this.polling {
+                Polling::Body(body) => body.as_mut().poll(cx).map(Some),
+                Polling::Undos(undos) => undos.as_mut().poll(cx).map(|()| None),
+            }));
+            let next = {
+                let mut turn = this.t.turn.lock();
+                match polled {
+                    Err(panic) => return Poll::Ready(turn.on_panic(&panic_message(panic.as_ref()), now)),
+                    Ok(Poll::Ready(None)) => return Poll::Ready(turn.on_compensated(now)),
+                    Ok(Poll::Ready(Some(r))) => Some(turn.on_body_done(r.map_err(|e| e.to_step_error()), now)),
+                    Ok(Poll::Pending) => turn.on_pending(now),
+                }
+            };
+            match next {
+                None => return Poll::Pending,
+                Some(Next::End(end)) => return Poll::Ready(end),
+                // Replacing the body drops it (its calls tell the turn they are gone, so the
+                // turn lock must not be held here), then the undos run.
+                Some(Next::Compensate) => this.polling = Polling::Undos(Box::pin(compensate(this.t.clone()))),
+            }
+        }
+    }
+}

@@ -1,0 +1,22 @@
+//! The narrow environment a turn runs in.
+
+use durable_core::{Commit, CommitOutcome, Millis, StoreResult};
+
+use crate::clock::BoxFuture;
+use crate::events::EngineEvent;
+
+/// Everything a turn needs from the engine: time, the commit, events and the registry's
+/// newest versions. The engine implements it; tests can too.
+pub(crate) trait TurnEnv: Send + Sync + 'static {
+    /// The engine clock's time.
+    fn now(&self) -> Millis;
+    /// Resolves at `at` on the engine clock.
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()>;
+    /// Applies a commit and releases its effects (created children and delivered signals are
+    /// dispatched) only once the store acknowledged it.
+    fn commit(&self, commit: Commit) -> BoxFuture<'_, StoreResult<CommitOutcome>>;
+    /// Sends an engine event.
+    fn emit(&self, event: EngineEvent);
+    /// The newest registered version of `workflow`, if any.
+    fn latest_version(&self, workflow: &str) -> Option<u32>;
+}

@@ -1,0 +1,134 @@
+//! The turn: the [`WorkflowCtx`] a body uses and the driver that polls it. Every decision —
+//! replay or execute, retry or park, suspend or settle — is taken by `durable-core`'s pure
+//! [`Turn`]; this module only runs closures, awaits commits, parks futures and wakes them.
+//!
+//! The turn talks to the rest of the engine through [`TurnEnv`] alone (the clock, the commit,
+//! events, the registry's newest versions), never through the engine's shared state.
+
+mod child;
+mod ctx;
+mod driver;
+mod env;
+mod wait;
+
+use std::collections::HashMap;
+use std::future::Future;
+use std::panic::AssertUnwindSafe;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+pub(crate) use child::Compensation;
+pub use child::{ChildFailed, ChildHandle, ChildOptions};
+pub use ctx::{All, Step, StepContext, StepOptions, WorkflowCtx};
+pub(crate) use driver::TurnDriver;
+pub(crate) use env::TurnEnv;
+pub use wait::{SignalError, TaskError, UpdateOutcome};
+
+use durable_core::{CommitOutcome, Millis, Payload, Run, Turn};
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+
+use crate::events::EngineEvent;
+
+/// The state one turn shares between its `WorkflowCtx` clones and the driver.
+pub(crate) struct TurnState {
+    pub(crate) run: Run,
+    pub(crate) turn: Mutex<Turn>,
+    env: Arc<dyn TurnEnv>,
+    /// The closures of registered undos, by the seq of the step that registered them (the
+    /// core keeps their order).
+    undos: Mutex<HashMap<u32, Compensation>>,
+}
+
+impl TurnState {
+    pub(crate) fn new(turn: Turn, env: Arc<dyn TurnEnv>) -> Self {
+        TurnState { run: turn.run().clone(), turn: Mutex::new(turn), env, undos: Mutex::new(HashMap::new()) }
+    }
+
+    pub(crate) fn now(&self) -> Millis {
+        self.env.now()
+    }
+
+    fn take_seq(&self) -> u32 {
+        self.turn.lock().take_seq()
+    }
+
+    fn emit(&self, event: EngineEvent) {
+        self.env.emit(event);
+    }
+
+    /// Applies a commit the answer for `seq` carried and hands the outcome to the turn.
+    /// `false`: the turn stops (the call halts).
+    async fn apply(&self, seq: u32, commit: durable_core::Commit) -> bool {
+        let result: Result<CommitOutcome, _> = self.env.commit(commit).await;
+        let mut turn = self.turn.lock();
+        match &result {
+            Ok(outcome) => turn.committed(seq, Ok(outcome)),
+            Err(e) => {
+                tracing::warn!(run_id = %self.run.id, seq, error = %e, "commit failed; the turn stops");
+                turn.committed(seq, Err((e.kind(), e.to_string())))
+            }
+        }
+    }
+
+    /// Decodes a recorded payload; when the type changed, the turn fails naming the seq.
+    fn decode<T: DeserializeOwned>(&self, seq: u32, name: &str, payload: &Payload) -> Option<T> {
+        match payload.decode() {
+            Ok(v) => Some(v),
+            Err(e) => {
+                self.turn.lock().fail_decode(seq, name, &e.to_string());
+                None
+            }
+        }
+    }
+}
+
+/// Tells the turn when a call's future is dropped (a `select!` loser, or the body dropped at
+/// the end of the turn), so it no longer counts as executing or parked.
+struct CallGuard {
+    t: Arc<TurnState>,
+    seq: u32,
+}
+
+impl CallGuard {
+    fn new(t: &Arc<TurnState>, seq: u32) -> Self {
+        CallGuard { t: t.clone(), seq }
+    }
+}
+
+impl Drop for CallGuard {
+    fn drop(&mut self) {
+        self.t.turn.lock().abandon(self.seq);
+    }
+}
+
+/// A future that never resolves: the call is parked or the turn is stopping; the end of the
+/// turn drops it.
+async fn halt<T>() -> T {
+    std::future::pending().await
+}
+
+/// Polls a future, turning a panic into `Err(message)`.
+pub(crate) struct CatchUnwind<F>(pub(crate) F);
+
+impl<F: Future + Unpin> Future for CatchUnwind<F> {
+    type Output = Result<F::Output, String>;
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match std::panic::catch_unwind(AssertUnwindSafe(|| Pin::new(&mut self.0).poll(cx))) {
+            Ok(Poll::Ready(v)) => Poll::Ready(Ok(v)),
+            Ok(Poll::Pending) => Poll::Pending,
+            Err(panic) => Poll::Ready(Err(panic_message(panic.as_ref()))),
+        }
+    }
+}
+
+pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
+    if let Some(s) = panic.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = panic.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "panic with a non-string payload".to_string()
+    }
+}
