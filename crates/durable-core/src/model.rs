@@ -499,8 +499,16 @@ pub enum WaitKind {
         /// The event name.
         name: String,
         /// A JSON object the payload must include ([`crate::json_subset`]).
+        // Inside an internally tagged enum serde buffers the fields, which a raw JSON value
+        // cannot be read from: go through a JSON value.
+        #[serde(deserialize_with = "payload_via_value")]
         matcher: Payload,
     },
+}
+
+fn payload_via_value<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Payload, D::Error> {
+    let value = serde_json::Value::deserialize(d)?;
+    Payload::encode(&value).map_err(serde::de::Error::custom)
 }
 
 /// A wait registered by a suspended run: the delivery that resolves it is written at `seq`.
@@ -553,6 +561,18 @@ mod tests {
             assert_eq!(s.as_str().parse::<CheckpointStatus>().unwrap(), s);
         }
         assert!("bogus".parse::<StepKind>().is_err());
+    }
+
+    #[test]
+    fn waiters_round_trip_through_json() {
+        for kind in [
+            WaitKind::Signal { token: "t".into() },
+            WaitKind::Event { name: "e".into(), matcher: Payload::from_json(r#"{"a":{"b":1}}"#).unwrap() },
+        ] {
+            let w = Waiter { run_id: crate::RunId::from("r"), seq: 3, name: "n".into(), kind, created_at: 9 };
+            let text = serde_json::to_string(&w).unwrap();
+            assert_eq!(serde_json::from_str::<Waiter>(&text).unwrap(), w, "{text}");
+        }
     }
 
     #[test]
