@@ -251,6 +251,8 @@ impl WorkflowCtx {
     {
         let name = name.to_string();
         let step = self.step(protocol::task_step_name(&name), dispatch);
+        // The wait takes the seq right after the step's, at this call.
+        let seq = step.seq() + 1;
         let wait = self.wait_for_signal::<TaskResult>(&protocol::task_token(self.run_id(), &name));
         let run_id = self.run_id().clone();
         async move {
@@ -259,7 +261,7 @@ impl WorkflowCtx {
                 TaskResult::Ok(p) => p.decode().map_err(|e| {
                     TaskError::BadPayload(SignalError {
                         run_id: run_id.clone(),
-                        seq: 0,
+                        seq,
                         name: name.clone(),
                         message: e.to_string(),
                         payload: p.as_str().chars().take(500).collect(),
