@@ -3,6 +3,7 @@
 
 use std::io::{Read, Write};
 
+use durable::protocol;
 use durable::store::{WaitKind, Waiter};
 use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus, StepKind};
 use serde_json::json;
@@ -131,14 +132,14 @@ fn waits(history: &[Checkpoint], now: u64) -> Vec<String> {
     let timeout_of = |name: &str| {
         waiting
             .iter()
-            .find(|c| c.kind == StepKind::Sleep && c.name.strip_prefix("timeout:") == Some(name))
+            .find(|c| c.kind == StepKind::Sleep && protocol::parse_timeout_name(&c.name) == Some(name))
             .and_then(|c| c.wake_at)
     };
     let mut out = Vec::new();
     for cp in &waiting {
         let text = match cp.kind {
-            StepKind::Sleep if cp.name.starts_with("timeout:") => {
-                let waited = &cp.name["timeout:".len()..];
+            StepKind::Sleep if protocol::parse_timeout_name(&cp.name).is_some() => {
+                let waited = protocol::parse_timeout_name(&cp.name).unwrap_or_default();
                 if waiting.iter().any(|c| c.kind != StepKind::Sleep && c.name == waited) {
                     continue;
                 }

@@ -88,8 +88,8 @@ pub use store::{
     encode_cursor,
 };
 pub use turn::{
-    ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter, StepBegin,
-    StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall, millis_after,
+    ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter,
+    StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall, millis_after,
 };
 
 /// Error codes the engine sets on runs and steps.

@@ -201,7 +201,8 @@ mod tests {
         assert_eq!(undo_name("charge"), "undo:charge");
         assert_eq!(continued_marker(&id("a~1")).as_str(), r#"{"$continued_as_new":"a~1"}"#);
         assert_eq!(child_failure_code(RunStatus::Cancelled), "child_cancelled");
-        let cr = ChildResult { run_id: id("c"), status: RunStatus::Completed, output: Some(Payload::null()), error: None };
+        let cr =
+            ChildResult { run_id: id("c"), status: RunStatus::Completed, output: Some(Payload::null()), error: None };
         assert_eq!(cr.encode().as_str(), r#"{"run_id":"c","status":"completed","output":null,"error":null}"#);
         assert_eq!(TaskResult::Ok(Payload::encode(&7).unwrap()).encode().as_str(), r#"{"ok":7}"#);
         assert_eq!(TaskResult::Err("no".into()).encode().as_str(), r#"{"err":"no"}"#);

@@ -6,8 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::Instant;
 
 use durable_core::{
-    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId,
-    RunPatch, RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, Turn, TurnConfig, TurnEnd, codes,
+    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId, RunPatch,
+    RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, Turn, TurnConfig, TurnEnd, codes,
 };
 use tracing::Instrument;
 

@@ -76,6 +76,11 @@ pub mod store {
     };
 }
 
+/// Every persisted string format and id scheme (child ids, successor and retry ids, tokens,
+/// checkpoint names of deadlines and undos, the continued-run marker), formatted and parsed in
+/// one place. Tools that read stored runs should use it instead of parsing by hand.
+pub use durable_core::protocol;
+
 /// The test harness and the store conformance suite.
 #[cfg(feature = "conformance")]
 pub use durable_conformance as conformance;

@@ -419,7 +419,11 @@ impl Turn {
         cp.output = Some(payload);
         cp.attempts = 1;
         self.record(cp);
-        if kind == StepKind::SideEffect { RecordOutcome::Commit(self.commit_for(seq, None, now)) } else { RecordOutcome::Return }
+        if kind == StepKind::SideEffect {
+            RecordOutcome::Commit(self.commit_for(seq, None, now))
+        } else {
+            RecordOutcome::Return
+        }
     }
 
     // ---- timers ----
@@ -547,7 +551,9 @@ impl Turn {
         let mut cp = self.checkpoint(seq, call.workflow, StepKind::Child, CheckpointStatus::Waiting, now, now);
         cp.input = Some(Payload::encode(&call.id).unwrap_or_else(|_| Payload::null()));
         let not_started = match (call.version, call.input) {
-            (None, _) => Err(format!("workflow {:?} is not registered on the engine that started the child", call.workflow)),
+            (None, _) => {
+                Err(format!("workflow {:?} is not registered on the engine that started the child", call.workflow))
+            }
             (_, Err(e)) => Err(format!("the child's input does not serialize: {e}")),
             (Some(_), Ok(input)) if self.too_large(&input) => Err(format!(
                 "the child's input is {} bytes, over the {}-byte payload limit (max_payload_bytes)",

@@ -150,8 +150,9 @@ impl Turn {
         match std::mem::replace(&mut self.mode, Mode::Normal) {
             Mode::Compensating { error: Some(error) } => self.settle(RunStatus::Failed, None, Some(error), now),
             _ => {
-                let error = StepError::fatal(format!("run {} was cancelled by an operator; its undos ran", self.run.id))
-                    .with_code(codes::CANCELLED);
+                let error =
+                    StepError::fatal(format!("run {} was cancelled by an operator; its undos ran", self.run.id))
+                        .with_code(codes::CANCELLED);
                 self.settle(RunStatus::Cancelled, None, Some(error), now)
             }
         }
@@ -172,10 +173,12 @@ impl Turn {
     fn settle(&mut self, status: RunStatus, output: Option<Payload>, error: Option<StepError>, now: Millis) -> End {
         let mut commit = self.drain(now);
         if let Some(parent) = &self.run.parent {
-            let result = ChildResult { run_id: self.run.id.clone(), status, output: output.clone(), error: error.clone() };
-            commit
-                .signals
-                .push(OutgoingSignal { token: protocol::child_token(&parent.run_id, parent.seq), payload: result.encode() });
+            let result =
+                ChildResult { run_id: self.run.id.clone(), status, output: output.clone(), error: error.clone() };
+            commit.signals.push(OutgoingSignal {
+                token: protocol::child_token(&parent.run_id, parent.seq),
+                payload: result.encode(),
+            });
         }
         commit.end = Some(TurnEnd::Settle { status, output, error });
         End::Settle { commit, status }

@@ -139,7 +139,9 @@ enum Mode {
     /// parked, then the undos run.
     CancelRequested,
     /// The undos run; `error` is the body's failure (`None` for a cancel).
-    Compensating { error: Option<StepError> },
+    Compensating {
+        error: Option<StepError>,
+    },
 }
 
 /// The commit being gathered.

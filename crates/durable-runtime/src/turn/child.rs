@@ -31,7 +31,8 @@ pub(crate) async fn compensate(t: Arc<TurnState>) {
             continue;
         };
         let (seq, name) = (undo.seq, undo.name);
-        if let Err(failed) = run_step(t.clone(), seq, name, StepKind::Compensation, comp.options, comp.body, None).await {
+        if let Err(failed) = run_step(t.clone(), seq, name, StepKind::Compensation, comp.options, comp.body, None).await
+        {
             tracing::warn!(run_id = %t.run.id, seq, "an undo failed and is skipped: {failed}");
         }
     }
@@ -215,4 +216,3 @@ impl WorkflowCtx {
         }
     }
 }
-

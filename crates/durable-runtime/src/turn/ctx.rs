@@ -240,15 +240,26 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
                 if !t.apply(seq, commit).await {
                     return halt().await;
                 }
-                t.emit(EngineEvent::StepCompleted { run_id: run_id.clone(), seq, name: name.clone(), attempts: attempt });
+                t.emit(EngineEvent::StepCompleted {
+                    run_id: run_id.clone(),
+                    seq,
+                    name: name.clone(),
+                    attempts: attempt,
+                });
                 let Some(value) = value else { return halt().await };
                 register_undo(&t, seq, on_complete, &value);
                 return Ok(value);
             }
             StepAfter::RetryAt { at, attempt: next, error } => {
                 tracing::debug!(run_id = %run_id, seq, attempt, error = %error, "step attempt failed; retrying in memory");
-                let event =
-                    EngineEvent::StepRetrying { run_id: run_id.clone(), seq, name: name.clone(), attempt, retry_at: at, error };
+                let event = EngineEvent::StepRetrying {
+                    run_id: run_id.clone(),
+                    seq,
+                    name: name.clone(),
+                    attempt,
+                    retry_at: at,
+                    error,
+                };
                 t.emit(event);
                 t.env.sleep_until(at).await;
                 attempt = next;
@@ -271,8 +282,13 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
                 if !t.apply(seq, commit).await {
                     return halt().await;
                 }
-                let event =
-                    EngineEvent::StepFailed { run_id: run_id.clone(), seq, name: name.clone(), attempts, error: error.clone() };
+                let event = EngineEvent::StepFailed {
+                    run_id: run_id.clone(),
+                    seq,
+                    name: name.clone(),
+                    attempts,
+                    error: error.clone(),
+                };
                 t.emit(event);
                 return Err(failed(error, attempts));
             }

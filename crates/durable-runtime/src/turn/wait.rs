@@ -137,7 +137,9 @@ impl WorkflowCtx {
         let t = self.t.clone();
         async move {
             let wait = WaitKind::Signal { token: token.clone() };
-            let Some(p) = await_delivery(&t, None, seq, &token, StepKind::Signal, wait).await else { return halt().await };
+            let Some(p) = await_delivery(&t, None, seq, &token, StepKind::Signal, wait).await else {
+                return halt().await;
+            };
             decode_delivery(&t, seq, &token, &p)
         }
     }
@@ -175,7 +177,9 @@ impl WorkflowCtx {
         let t = self.t.clone();
         async move {
             let wait = event_wait(&name, &matcher);
-            let Some(p) = await_delivery(&t, None, seq, &name, StepKind::Event, wait).await else { return halt().await };
+            let Some(p) = await_delivery(&t, None, seq, &name, StepKind::Event, wait).await else {
+                return halt().await;
+            };
             decode_delivery(&t, seq, &name, &p)
         }
     }
@@ -276,4 +280,3 @@ impl WorkflowCtx {
 fn event_wait(name: &str, matcher: &serde_json::Value) -> WaitKind {
     WaitKind::Event { name: name.to_string(), matcher: Payload::encode(matcher).unwrap_or_else(|_| Payload::null()) }
 }
-
