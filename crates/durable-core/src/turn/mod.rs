@@ -373,3 +373,55 @@ impl Turn {
         payload.len() > self.config.max_payload_bytes
     }
 }
+
+/// The answers of the end-of-turn calls as one value, so tests compare whole answers.
+#[cfg(test)]
+#[derive(Debug, Clone, PartialEq)]
+enum Ended {
+    Suspend { commit: Commit, wake_at: Option<Millis> },
+    Settle { commit: Commit, status: crate::RunStatus },
+    Compensate,
+    Stop(TurnStop),
+}
+
+#[cfg(test)]
+impl From<End> for Ended {
+    fn from(end: End) -> Self {
+        match end {
+            End::Suspend { commit, wake_at } => Ended::Suspend { commit, wake_at },
+            End::Settle { commit, status } => Ended::Settle { commit, status },
+            End::Halt(Halt::Abort(why)) => Ended::Stop(TurnStop::Abort(why)),
+            End::Halt(Halt::LeaseLost(why)) => Ended::Stop(TurnStop::LeaseLost(why)),
+            End::Halt(Halt::Rerun(why)) => Ended::Stop(TurnStop::Rerun(why)),
+        }
+    }
+}
+
+#[cfg(test)]
+impl From<Next> for Ended {
+    fn from(next: Next) -> Self {
+        match next {
+            Next::Compensate => Ended::Compensate,
+            Next::End(end) => end.into(),
+        }
+    }
+}
+
+#[cfg(test)]
+impl Turn {
+    fn t_pending(&mut self, now: Millis) -> Option<Ended> {
+        self.on_pending(now).map(Ended::from)
+    }
+    fn t_body_done(&mut self, result: Result<Payload, StepError>, now: Millis) -> Ended {
+        self.on_body_done(result, now).into()
+    }
+    fn t_compensated(&mut self, now: Millis) -> Ended {
+        self.on_compensated(now).into()
+    }
+    fn t_panic(&mut self, message: &str, now: Millis) -> Ended {
+        self.on_panic(message, now).into()
+    }
+    fn t_fail(&mut self, error: StepError, now: Millis) -> Ended {
+        self.fail(error, now).into()
+    }
+}

@@ -1,1 +1,1819 @@
+//! Exact-answer, exact-commit unit tests of the turn state machine.
+//!
+//! Every test drives the turn the way the runtime does (`take_seq`, the typed call, apply the
+//! commit, `committed`, the end of the turn) and compares each answer and each [`Commit`] as a
+//! whole struct: checkpoints with every field, waiters, expired waits, state, children, signals
+//! and the turn end. A test that fails names the first field that differs.
+//!
+//! Tests marked `#[ignore = "..."]` describe behaviour that looks wrong in the core today; the
+//! test states what the behaviour should be.
 
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::*;
+use crate::protocol::{self, ChildResult};
+use crate::{Backoff, NewRun, OutgoingSignal, ParentLink, RunId, RunStatus, TurnEnd, WaitKind, Waiter};
+
+// ---- fixtures ----
+
+const OWNER: &str = "engine-a";
+/// The run's `wake_gen` as claimed: suspends must carry it as `seen_wake_gen`.
+const WAKE_GEN: u64 = 5;
+
+fn rid() -> RunId {
+    RunId::from("r")
+}
+
+fn run() -> Run {
+    let mut run = NewRun {
+        id: rid(),
+        workflow: "wf".into(),
+        version: 2,
+        namespace: "ns".into(),
+        input: Payload::null(),
+        tags: vec!["t1".into()],
+        priority: 7,
+        parent: None,
+        created_at: 1,
+    }
+    .into_run();
+    run.status = RunStatus::Running;
+    run.wake_gen = WAKE_GEN;
+    run
+}
+
+fn child_run() -> Run {
+    Run { parent: Some(ParentLink { run_id: RunId::from("parent"), seq: 4 }), ..run() }
+}
+
+fn config() -> TurnConfig {
+    TurnConfig { max_payload_bytes: 64, durable_retry_threshold: Duration::from_secs(1), latest_version: 3 }
+}
+
+fn turn(history: Vec<Checkpoint>) -> Turn {
+    Turn::new(run(), OWNER, History::new(history), config())
+}
+
+fn turn_of(run: Run, history: Vec<Checkpoint>) -> Turn {
+    Turn::new(run, OWNER, History::new(history), config())
+}
+
+fn p<T: Serialize + ?Sized>(v: &T) -> Payload {
+    Payload::encode(v).unwrap()
+}
+
+/// A checkpoint of run `r` started and last written at `at`, nothing else set.
+fn cp(seq: u32, name: &str, kind: StepKind, status: CheckpointStatus, at: Millis) -> Checkpoint {
+    Checkpoint::new(rid(), seq, name, kind, status, at)
+}
+
+/// An empty commit of run `r` by [`OWNER`] at `now`.
+fn commit(now: Millis) -> Commit {
+    Commit::new(rid(), OWNER, now)
+}
+
+fn suspend(wake_at: Option<Millis>) -> Option<TurnEnd> {
+    Some(TurnEnd::Suspend { wake_at, seen_wake_gen: WAKE_GEN })
+}
+
+fn ok() -> CommitOutcome {
+    CommitOutcome::default()
+}
+
+fn step<'a>(name: &'a str, policy: &'a RetryPolicy) -> StepCall<'a> {
+    StepCall { name, kind: StepKind::Step, policy, undo: false }
+}
+
+fn undo_step<'a>(name: &'a str, policy: &'a RetryPolicy) -> StepCall<'a> {
+    StepCall { name, kind: StepKind::Step, policy, undo: true }
+}
+
+/// Three retries, 100 ms apart: waited in memory (under the 1 s threshold).
+fn in_memory() -> RetryPolicy {
+    RetryPolicy::new(3, Backoff::Fixed(Duration::from_millis(100)))
+}
+
+/// Two retries, 5 s apart: each backoff suspends the run.
+fn durable() -> RetryPolicy {
+    RetryPolicy::new(2, Backoff::Fixed(Duration::from_secs(5)))
+}
+
+/// The whole commit of whatever is buffered: ends the turn with a suspend on a sleep of its own
+/// at `seq`, so the buffered checkpoints come out. Returns the commit without that sleep's cp.
+fn flush(t: &mut Turn, now: Millis) -> Commit {
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, now + 1_000_000, now), SleepBegin::Park(Some(now + 1_000_000)));
+    let Some(Ended::Suspend { mut commit, .. }) = t.t_pending(now) else { panic!("no suspend") };
+    let last = commit.checkpoints.pop().unwrap();
+    assert_eq!((last.seq, last.kind), (seq, StepKind::Sleep));
+    commit.end = None;
+    commit
+}
+
+/// Runs a fresh step at the next seq to completion at `now` and applies its commit.
+fn complete_step(t: &mut Turn, call: StepCall<'_>, output: Payload, now: Millis) -> Commit {
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, call, now), StepBegin::Run { attempt: 1 });
+    let StepAfter::Completed { output: o, commit } = t.finish_step(seq, 1, Ok(output.clone()), now) else {
+        panic!("not completed")
+    };
+    assert_eq!(o, output);
+    assert!(t.committed(seq, Ok(&ok())));
+    commit
+}
+
+// ---- local steps ----
+
+#[test]
+fn step_fresh_success_commits_a_completed_checkpoint() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(seq, 0);
+    assert!(!t.is_replaying());
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    assert_eq!(t.in_flight(), 1);
+    assert_eq!(t.t_pending(11), None, "an attempt is executing");
+
+    let after = t.finish_step(seq, 1, Ok(p("receipt")), 25);
+    assert_eq!(
+        after,
+        StepAfter::Completed {
+            output: p("receipt"),
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    output: Some(p("receipt")),
+                    attempts: 1,
+                    updated_at: 25,
+                    ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 10)
+                }],
+                ..commit(25)
+            },
+        }
+    );
+    assert_eq!(t.in_flight(), 1, "in flight until the commit is applied");
+    assert!(t.committed(seq, Ok(&ok())));
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(t.parked().count(), 0);
+    assert!(!t.has_undos());
+    assert_eq!(t.history().get(0).unwrap().status, CheckpointStatus::Completed);
+}
+
+#[test]
+fn step_in_memory_retry_keeps_the_last_error_on_the_final_checkpoint() {
+    let mut t = turn(vec![]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    let e1 = StepError::retryable("e1");
+    let e2 = StepError::retryable("e2").with_code("flaky");
+    assert_eq!(t.finish_step(seq, 1, Err(e1.clone()), 20), StepAfter::RetryAt { at: 120, attempt: 2, error: e1 });
+    assert_eq!(t.in_flight(), 1, "an in-memory backoff stays in flight");
+    assert_eq!(t.t_pending(50), None);
+    assert_eq!(t.parked().count(), 0);
+    assert_eq!(
+        t.finish_step(seq, 2, Err(e2.clone()), 120),
+        StepAfter::RetryAt { at: 220, attempt: 3, error: e2.clone() }
+    );
+    assert_eq!(
+        t.finish_step(seq, 3, Ok(p(&1)), 230),
+        StepAfter::Completed {
+            output: p(&1),
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    output: Some(p(&1)),
+                    error: Some(e2),
+                    attempts: 3,
+                    updated_at: 230,
+                    ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 10)
+                }],
+                ..commit(230)
+            },
+        }
+    );
+    assert!(t.committed(seq, Ok(&ok())));
+}
+
+#[test]
+fn step_retry_delay_equal_to_the_threshold_is_waited_in_memory() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::new(1, Backoff::Fixed(Duration::from_secs(1)));
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("a", &policy), 0), StepBegin::Run { attempt: 1 });
+    let e = StepError::retryable("e");
+    assert_eq!(t.finish_step(seq, 1, Err(e.clone()), 10), StepAfter::RetryAt { at: 1010, attempt: 2, error: e });
+}
+
+#[test]
+fn step_durable_backoff_commits_a_waiting_checkpoint_then_parks_and_suspends() {
+    let mut t = turn(vec![]);
+    let policy = durable();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    let e1 = StepError::retryable("e1");
+    let after = t.finish_step(seq, 1, Err(e1.clone()), 20);
+    assert_eq!(
+        after,
+        StepAfter::Park {
+            at: 5020,
+            error: e1.clone(),
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    error: Some(e1.clone()),
+                    attempts: 1,
+                    wake_at: Some(5020),
+                    updated_at: 20,
+                    ..cp(0, "charge", StepKind::Step, CheckpointStatus::Waiting, 10)
+                }],
+                ..commit(20)
+            },
+        }
+    );
+    // Not parked before the commit is applied: the turn must not suspend on it yet.
+    assert_eq!(t.parked().count(), 0);
+    assert_eq!(t.in_flight(), 1);
+    assert_eq!(t.t_pending(21), None);
+    assert!(t.committed(seq, Ok(&ok())));
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, Some(5020))]);
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(
+        t.t_pending(30),
+        Some(Ended::Suspend { commit: Commit { end: suspend(Some(5020)), ..commit(30) }, wake_at: Some(5020) })
+    );
+}
+
+#[test]
+fn step_gives_up_after_its_last_retry() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::new(1, Backoff::Fixed(Duration::from_millis(10)));
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    let (e1, e2) = (StepError::retryable("e1"), StepError::retryable("e2"));
+    assert_eq!(t.finish_step(seq, 1, Err(e1.clone()), 20), StepAfter::RetryAt { at: 30, attempt: 2, error: e1 });
+    assert_eq!(
+        t.finish_step(seq, 2, Err(e2.clone()), 30),
+        StepAfter::Failed {
+            error: e2.clone(),
+            attempts: 2,
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    error: Some(e2),
+                    attempts: 2,
+                    updated_at: 30,
+                    ..cp(0, "charge", StepKind::Step, CheckpointStatus::Failed, 10)
+                }],
+                ..commit(30)
+            },
+        }
+    );
+    assert!(t.committed(seq, Ok(&ok())));
+    assert_eq!(t.in_flight(), 0);
+}
+
+#[test]
+fn step_fatal_error_gives_up_at_once() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::new(5, Backoff::None);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    let e = StepError::fatal("card declined").with_code("declined");
+    assert_eq!(
+        t.finish_step(seq, 1, Err(e.clone()), 12),
+        StepAfter::Failed {
+            error: e.clone(),
+            attempts: 1,
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    error: Some(e),
+                    attempts: 1,
+                    updated_at: 12,
+                    ..cp(0, "charge", StepKind::Step, CheckpointStatus::Failed, 10)
+                }],
+                ..commit(12)
+            },
+        }
+    );
+}
+
+#[test]
+fn step_replay_of_a_completed_step_returns_its_output_and_writes_nothing() {
+    let done = Checkpoint {
+        output: Some(p(&7)),
+        attempts: 1,
+        ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 10)
+    };
+    let mut t = turn(vec![done]);
+    let policy = RetryPolicy::none();
+    assert!(t.is_replaying());
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 100), StepBegin::Return(p(&7)));
+    assert_eq!(t.in_flight(), 0);
+    assert!(!t.is_replaying());
+    assert_eq!(flush(&mut t, 100), commit(100));
+}
+
+#[test]
+fn step_replay_of_a_failed_step_returns_its_error() {
+    let e = StepError::fatal("boom").with_code("x");
+    let failed = Checkpoint {
+        error: Some(e.clone()),
+        attempts: 3,
+        ..cp(0, "charge", StepKind::Step, CheckpointStatus::Failed, 10)
+    };
+    let mut t = turn(vec![failed]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 100), StepBegin::Fail { error: e, attempts: 3 });
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(flush(&mut t, 100), commit(100));
+}
+
+fn backoff_cp() -> Checkpoint {
+    Checkpoint {
+        error: Some(StepError::retryable("e2")),
+        attempts: 2,
+        wake_at: Some(5_000),
+        updated_at: 20,
+        ..cp(0, "charge", StepKind::Step, CheckpointStatus::Waiting, 10)
+    }
+}
+
+#[test]
+fn step_replay_of_a_backoff_not_yet_due_parks_until_it() {
+    let mut t = turn(vec![backoff_cp()]);
+    let policy = durable();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 4_999), StepBegin::Park(Some(5_000)));
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, Some(5_000))]);
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(
+        t.t_pending(4_999),
+        Some(Ended::Suspend { commit: Commit { end: suspend(Some(5_000)), ..commit(4_999) }, wake_at: Some(5_000) })
+    );
+}
+
+#[test]
+fn step_replay_of_a_due_backoff_runs_the_next_attempt_and_keeps_the_error() {
+    let mut t = turn(vec![backoff_cp()]);
+    let policy = durable();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 5_000), StepBegin::Run { attempt: 3 });
+    let StepAfter::Completed { output, commit: c } = t.finish_step(seq, 3, Ok(p(&1)), 5_050) else { panic!() };
+    assert_eq!(output, p(&1));
+    // `started_at` is pinned by the ignored test below (it should stay the first run's).
+    let started_at = c.checkpoints[0].started_at;
+    assert_eq!(
+        c,
+        Commit {
+            checkpoints: vec![Checkpoint {
+                output: Some(p(&1)),
+                error: Some(StepError::retryable("e2")),
+                attempts: 3,
+                started_at,
+                updated_at: 5_050,
+                ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 10)
+            }],
+            ..commit(5_050)
+        }
+    );
+}
+
+#[test]
+#[ignore = "core bug: a step resumed after a durable backoff (or a crash) records started_at = the resume time, \
+            but Checkpoint::started_at is documented as 'when the call first ran'"]
+fn step_resumed_after_a_durable_backoff_keeps_its_first_started_at() {
+    let mut t = turn(vec![backoff_cp()]);
+    let policy = durable();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 5_000), StepBegin::Run { attempt: 3 });
+    let StepAfter::Completed { commit: c, .. } = t.finish_step(seq, 3, Ok(p(&1)), 5_050) else { panic!() };
+    assert_eq!(c.checkpoints[0].started_at, 10);
+}
+
+#[test]
+fn step_replay_of_a_step_that_was_running_at_a_crash_runs_it_again() {
+    let crashed = Checkpoint { attempts: 1, ..cp(0, "charge", StepKind::Step, CheckpointStatus::Running, 10) };
+    let mut t = turn(vec![crashed]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 100), StepBegin::Run { attempt: 1 });
+    let StepAfter::Completed { commit: c, .. } = t.finish_step(seq, 1, Ok(p(&2)), 110) else { panic!() };
+    assert_eq!(
+        c,
+        Commit {
+            checkpoints: vec![Checkpoint {
+                output: Some(p(&2)),
+                attempts: 1,
+                updated_at: 110,
+                ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 100)
+            }],
+            ..commit(110)
+        }
+    );
+}
+
+#[test]
+fn step_output_over_max_payload_bytes_fails_with_payload_too_large() {
+    let mut t = turn(vec![]);
+    // Retries are not spent on an output that will never fit.
+    let policy = in_memory();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("big", &policy), 10), StepBegin::Run { attempt: 1 });
+    let big = p(&"x".repeat(100));
+    let error = StepError::fatal(
+        "the output of step \"big\" (seq 0) of run r is 102 bytes, over the 64-byte payload limit (max_payload_bytes)",
+    )
+    .with_code(codes::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        t.finish_step(seq, 1, Ok(big), 11),
+        StepAfter::Failed {
+            error: error.clone(),
+            attempts: 1,
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    error: Some(error),
+                    attempts: 1,
+                    updated_at: 11,
+                    ..cp(0, "big", StepKind::Step, CheckpointStatus::Failed, 10)
+                }],
+                ..commit(11)
+            },
+        }
+    );
+}
+
+#[test]
+fn step_undo_is_registered_on_completion_and_on_replay_but_not_on_failure() {
+    let policy = RetryPolicy::none();
+    // Fresh: registered once the step completed, not when it began.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, undo_step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    assert!(!t.has_undos());
+    let StepAfter::Completed { .. } = t.finish_step(seq, 1, Ok(p(&1)), 11) else { panic!() };
+    assert!(t.has_undos());
+
+    // Replay of the completed step registers it again.
+    let history: Vec<_> = t.history().iter().cloned().collect();
+    let mut t = turn(history);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, undo_step("charge", &policy), 20), StepBegin::Return(p(&1)));
+    assert!(t.has_undos());
+
+    // A step without an undo registers nothing.
+    let history: Vec<_> = t.history().iter().cloned().collect();
+    let mut t = turn(history);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 20), StepBegin::Return(p(&1)));
+    assert!(!t.has_undos());
+
+    // A failed step with an undo registers nothing, fresh or replayed.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, undo_step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    let StepAfter::Failed { .. } = t.finish_step(seq, 1, Err(StepError::fatal("no")), 11) else { panic!() };
+    assert!(!t.has_undos());
+    let history: Vec<_> = t.history().iter().cloned().collect();
+    let mut t = turn(history);
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, undo_step("charge", &policy), 20), StepBegin::Fail { .. }));
+    assert!(!t.has_undos());
+}
+
+#[test]
+fn step_abandoned_mid_attempt_records_nothing() {
+    let mut t = turn(vec![]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, undo_step("a", &policy), 10), StepBegin::Run { attempt: 1 });
+    t.abandon(seq);
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(t.finish_step(seq, 1, Ok(p(&1)), 11), StepAfter::Stopped);
+    assert!(!t.has_undos());
+    assert_eq!(t.stopped(), None, "an abandoned call does not stop the turn");
+    assert_eq!(flush(&mut t, 12), commit(12));
+}
+
+// ---- recorded values ----
+
+#[test]
+fn now_random_uuid_ride_along_and_a_side_effect_commits_them_all() {
+    let mut t = turn(vec![]);
+    let mut expected = Vec::new();
+    for (name, kind, value) in [
+        ("now", StepKind::Now, p(&1234)),
+        ("random", StepKind::Random, p(&99u64)),
+        ("uuid", StepKind::Uuid, p("0190-abcd")),
+    ] {
+        let seq = t.take_seq();
+        assert_eq!(t.begin_record(seq, name, kind, 10 + u64::from(seq)), RecordBegin::Produce);
+        assert_eq!(t.finish_record(seq, name, kind, Ok(value.clone()), 20 + u64::from(seq)), RecordOutcome::Return);
+        assert_eq!(t.in_flight(), 0);
+        let at = 20 + u64::from(seq);
+        expected.push(Checkpoint {
+            output: Some(value),
+            attempts: 1,
+            ..cp(seq, name, kind, CheckpointStatus::Completed, at)
+        });
+    }
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "send-mail", StepKind::SideEffect, 30), RecordBegin::Produce);
+    expected.push(Checkpoint {
+        output: Some(p("sent")),
+        attempts: 1,
+        ..cp(3, "send-mail", StepKind::SideEffect, CheckpointStatus::Completed, 31)
+    });
+    assert_eq!(
+        t.finish_record(seq, "send-mail", StepKind::SideEffect, Ok(p("sent")), 31),
+        RecordOutcome::Commit(Commit { checkpoints: expected, ..commit(31) })
+    );
+    assert_eq!(t.in_flight(), 1);
+    assert!(t.committed(seq, Ok(&ok())));
+    assert_eq!(t.in_flight(), 0);
+}
+
+#[test]
+fn recorded_values_replay_what_was_recorded() {
+    let now = Checkpoint {
+        output: Some(p(&1234)),
+        attempts: 1,
+        ..cp(0, "now", StepKind::Now, CheckpointStatus::Completed, 5)
+    };
+    let fx = Checkpoint {
+        output: Some(p("sent")),
+        attempts: 1,
+        ..cp(1, "send-mail", StepKind::SideEffect, CheckpointStatus::Completed, 5)
+    };
+    let mut t = turn(vec![now, fx]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "now", StepKind::Now, 100), RecordBegin::Return(p(&1234)));
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "send-mail", StepKind::SideEffect, 100), RecordBegin::Return(p("sent")));
+    assert_eq!(flush(&mut t, 100), commit(100));
+}
+
+#[test]
+fn a_recorded_value_that_does_not_serialize_fails_the_run_with_bad_payload() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "fx", StepKind::SideEffect, 10), RecordBegin::Produce);
+    assert_eq!(
+        t.finish_record(seq, "fx", StepKind::SideEffect, Err("key must be a string".into()), 11),
+        RecordOutcome::Stopped
+    );
+    let error = StepError::fatal("run r: the value of \"fx\" (seq 0) does not serialize: key must be a string")
+        .with_code(codes::BAD_PAYLOAD);
+    assert_eq!(t.stopped(), Some(&TurnStop::Fail(error.clone())));
+    // Every later call halts.
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "now", StepKind::Now, 12), RecordBegin::Stopped);
+    assert_eq!(
+        t.t_pending(13),
+        Some(Ended::Settle {
+            commit: Commit {
+                end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(error) }),
+                ..commit(13)
+            },
+            status: RunStatus::Failed,
+        })
+    );
+}
+
+#[test]
+fn a_recorded_value_over_the_limit_fails_the_run_with_payload_too_large() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "fx", StepKind::SideEffect, 10), RecordBegin::Produce);
+    assert_eq!(t.finish_record(seq, "fx", StepKind::SideEffect, Ok(p(&"y".repeat(70))), 11), RecordOutcome::Stopped);
+    let error = StepError::fatal(
+        "the value of \"fx\" (seq 0) of run r is 72 bytes, over the 64-byte payload limit (max_payload_bytes)",
+    )
+    .with_code(codes::PAYLOAD_TOO_LARGE);
+    assert_eq!(t.stopped(), Some(&TurnStop::Fail(error)));
+}
+
+// ---- sleep ----
+
+#[test]
+fn sleep_fresh_parks_with_a_waiting_checkpoint() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 1_000, 10), SleepBegin::Park(Some(1_000)));
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, Some(1_000))]);
+    assert_eq!(
+        t.t_pending(11),
+        Some(Ended::Suspend {
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    wake_at: Some(1_000),
+                    ..cp(0, "sleep", StepKind::Sleep, CheckpointStatus::Waiting, 10)
+                }],
+                end: suspend(Some(1_000)),
+                ..commit(11)
+            },
+            wake_at: Some(1_000),
+        })
+    );
+}
+
+#[test]
+fn sleep_already_due_completes_at_once_and_rides_along() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 10, 10), SleepBegin::Done);
+    assert_eq!(t.parked().count(), 0);
+    assert_eq!(
+        flush(&mut t, 20),
+        Commit {
+            checkpoints: vec![Checkpoint {
+                wake_at: Some(10),
+                ..cp(0, "sleep", StepKind::Sleep, CheckpointStatus::Completed, 10)
+            }],
+            ..commit(20)
+        }
+    );
+}
+
+fn sleep_cp() -> Checkpoint {
+    Checkpoint { wake_at: Some(1_000), ..cp(0, "sleep", StepKind::Sleep, CheckpointStatus::Waiting, 10) }
+}
+
+#[test]
+fn sleep_replay_not_due_parks_until_the_recorded_time() {
+    let mut t = turn(vec![sleep_cp()]);
+    let seq = t.take_seq();
+    // The `until` the body computes now is ignored: the recorded wake time stands.
+    assert_eq!(t.sleep(seq, 9_999, 500), SleepBegin::Park(Some(1_000)));
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, Some(1_000))]);
+    assert_eq!(
+        t.t_pending(500),
+        Some(Ended::Suspend { commit: Commit { end: suspend(Some(1_000)), ..commit(500) }, wake_at: Some(1_000) })
+    );
+}
+
+#[test]
+fn sleep_replay_due_is_done_and_its_completion_rides_along() {
+    let mut t = turn(vec![sleep_cp()]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 9_999, 1_000), SleepBegin::Done);
+    assert_eq!(
+        flush(&mut t, 1_005),
+        Commit {
+            checkpoints: vec![Checkpoint {
+                updated_at: 1_000,
+                ..Checkpoint { status: CheckpointStatus::Completed, ..sleep_cp() }
+            }],
+            ..commit(1_005)
+        }
+    );
+    // A completed sleep replays without writing anything.
+    let history: Vec<_> = t.history().iter().filter(|c| c.seq == 0).cloned().collect();
+    let mut t = turn(history);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 9_999, 2_000), SleepBegin::Done);
+    assert_eq!(flush(&mut t, 2_000), commit(2_000));
+}
+
+// ---- waits ----
+
+fn signal(name: &str) -> WaitCall<'_> {
+    WaitCall { name, kind: StepKind::Signal, wait: WaitKind::Signal { token: name.to_string() }, deadline: None }
+}
+
+fn event_with_deadline(name: &str, seq: u32, after_ms: u64) -> WaitCall<'_> {
+    WaitCall {
+        name,
+        kind: StepKind::Event,
+        wait: WaitKind::Event { name: name.to_string(), matcher: p(&serde_json::json!({"id": 1})) },
+        deadline: Some(Deadline { seq, after: Duration::from_millis(after_ms) }),
+    }
+}
+
+fn signal_with_deadline(name: &str, seq: u32, after_ms: u64) -> WaitCall<'_> {
+    WaitCall { deadline: Some(Deadline { seq, after: Duration::from_millis(after_ms) }), ..signal(name) }
+}
+
+#[test]
+fn wait_fresh_registers_a_waiter_and_parks() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal("tok"), 10), WaitBegin::Park(None));
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, None)]);
+    assert_eq!(
+        t.t_pending(11),
+        Some(Ended::Suspend {
+            commit: Commit {
+                checkpoints: vec![cp(0, "tok", StepKind::Signal, CheckpointStatus::Waiting, 10)],
+                waits: vec![Waiter {
+                    run_id: rid(),
+                    seq: 0,
+                    name: "tok".into(),
+                    kind: WaitKind::Signal { token: "tok".into() },
+                    created_at: 10,
+                }],
+                end: suspend(None),
+                ..commit(11)
+            },
+            wake_at: None,
+        })
+    );
+}
+
+#[test]
+fn wait_fresh_with_a_deadline_records_the_timer_at_its_own_seq() {
+    let mut t = turn(vec![]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, event_with_deadline("paid", d, 500), 10), WaitBegin::Park(Some(510)));
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(1, Some(510))]);
+    assert_eq!(
+        t.t_pending(11),
+        Some(Ended::Suspend {
+            commit: Commit {
+                checkpoints: vec![
+                    Checkpoint {
+                        wake_at: Some(510),
+                        ..cp(0, "timeout:paid", StepKind::Sleep, CheckpointStatus::Waiting, 10)
+                    },
+                    cp(1, "paid", StepKind::Event, CheckpointStatus::Waiting, 10),
+                ],
+                waits: vec![Waiter {
+                    run_id: rid(),
+                    seq: 1,
+                    name: "paid".into(),
+                    kind: WaitKind::Event { name: "paid".into(), matcher: p(&serde_json::json!({"id": 1})) },
+                    created_at: 10,
+                }],
+                end: suspend(Some(510)),
+                ..commit(11)
+            },
+            wake_at: Some(510),
+        })
+    );
+}
+
+#[test]
+fn wait_replay_of_a_delivery_returns_the_payload() {
+    let delivered = Checkpoint {
+        output: Some(p(&"hi")),
+        updated_at: 50,
+        ..cp(0, "tok", StepKind::Signal, CheckpointStatus::Completed, 10)
+    };
+    let mut t = turn(vec![delivered]);
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal("tok"), 100), WaitBegin::Delivered(p(&"hi")));
+    assert_eq!(flush(&mut t, 100), commit(100));
+}
+
+fn deadline_cp() -> Checkpoint {
+    Checkpoint { wake_at: Some(1_000), ..cp(0, "timeout:tok", StepKind::Sleep, CheckpointStatus::Waiting, 10) }
+}
+
+fn open_wait_cp() -> Checkpoint {
+    cp(1, "tok", StepKind::Signal, CheckpointStatus::Waiting, 10)
+}
+
+#[test]
+fn wait_replay_of_a_delivery_settles_the_deadline_timer() {
+    let delivered = Checkpoint {
+        output: Some(p(&"hi")),
+        updated_at: 50,
+        ..Checkpoint { status: CheckpointStatus::Completed, ..open_wait_cp() }
+    };
+    let mut t = turn(vec![deadline_cp(), delivered.clone()]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal_with_deadline("tok", d, 990), 500), WaitBegin::Delivered(p(&"hi")));
+    assert_eq!(t.parked().count(), 0);
+    assert_eq!(
+        flush(&mut t, 600),
+        Commit {
+            checkpoints: vec![Checkpoint { status: CheckpointStatus::Completed, updated_at: 500, ..deadline_cp() }],
+            ..commit(600)
+        }
+    );
+    // Later turns replay the delivery, also once the deadline has passed.
+    let history: Vec<_> = t.history().iter().filter(|c| c.seq < 2).cloned().collect();
+    let mut t = turn(history);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal_with_deadline("tok", d, 990), 5_000), WaitBegin::Delivered(p(&"hi")));
+    assert_eq!(flush(&mut t, 5_000), commit(5_000));
+}
+
+#[test]
+fn wait_replay_still_open_before_its_deadline_parks_until_the_deadline() {
+    let mut t = turn(vec![deadline_cp(), open_wait_cp()]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal_with_deadline("tok", d, 990), 999), WaitBegin::Park(Some(1_000)));
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(1, Some(1_000))]);
+    // Nothing new is registered: the waiter is in the store already.
+    assert_eq!(
+        t.t_pending(999),
+        Some(Ended::Suspend { commit: Commit { end: suspend(Some(1_000)), ..commit(999) }, wake_at: Some(1_000) })
+    );
+}
+
+#[test]
+fn wait_replay_without_a_deadline_still_open_parks_forever() {
+    let mut t = turn(vec![cp(0, "tok", StepKind::Signal, CheckpointStatus::Waiting, 10)]);
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal("tok"), 999_999), WaitBegin::Park(None));
+    assert_eq!(
+        t.t_pending(999_999),
+        Some(Ended::Suspend { commit: Commit { end: suspend(None), ..commit(999_999) }, wake_at: None })
+    );
+}
+
+fn timed_out_error() -> StepError {
+    StepError::fatal("wait for \"tok\" timed out").with_code(codes::WAIT_TIMEOUT)
+}
+
+#[test]
+fn wait_whose_deadline_passed_while_open_expires_with_a_failed_checkpoint() {
+    let mut t = turn(vec![deadline_cp(), open_wait_cp()]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    let answer = t.wait(seq, signal_with_deadline("tok", d, 990), 1_000);
+    let WaitBegin::Expire(c) = answer else { panic!("{answer:?}") };
+    // The deadline checkpoint is pinned by the ignored test below.
+    let (timer, rest): (Vec<_>, Vec<_>) = c.checkpoints.iter().cloned().partition(|c| c.seq == 0);
+    assert!(timer.len() <= 1);
+    assert_eq!(
+        Commit { checkpoints: rest, ..c.clone() },
+        Commit {
+            checkpoints: vec![Checkpoint {
+                error: Some(timed_out_error()),
+                started_at: 1_000,
+                updated_at: 1_000,
+                ..Checkpoint { status: CheckpointStatus::Failed, ..open_wait_cp() }
+            }],
+            expire_waits: vec![1],
+            ..commit(1_000)
+        }
+    );
+    assert_eq!(t.in_flight(), 1, "the expire commit is in flight");
+    assert!(t.committed(seq, Ok(&ok())));
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(t.stopped(), None);
+}
+
+#[test]
+#[ignore = "questionable: a timed-out wait leaves its deadline timer `waiting` forever (due, never settled), \
+            while a delivered wait settles it; the expire commit should record the fired timer as completed"]
+fn wait_expire_commit_settles_the_fired_deadline_timer() {
+    let mut t = turn(vec![deadline_cp(), open_wait_cp()]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    let WaitBegin::Expire(c) = t.wait(seq, signal_with_deadline("tok", d, 990), 1_000) else { panic!() };
+    assert_eq!(
+        c.checkpoints,
+        vec![
+            Checkpoint { status: CheckpointStatus::Completed, updated_at: 1_000, ..deadline_cp() },
+            Checkpoint {
+                error: Some(timed_out_error()),
+                started_at: 1_000,
+                updated_at: 1_000,
+                ..Checkpoint { status: CheckpointStatus::Failed, ..open_wait_cp() }
+            },
+        ]
+    );
+}
+
+#[test]
+fn wait_expire_that_a_delivery_raced_stops_the_turn_to_rerun() {
+    let mut t = turn(vec![deadline_cp(), open_wait_cp()]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    let WaitBegin::Expire(_) = t.wait(seq, signal_with_deadline("tok", d, 990), 1_000) else { panic!() };
+    let raced = CommitOutcome { raced: vec![1], ..ok() };
+    assert!(!t.committed(seq, Ok(&raced)));
+    let reason = TurnStop::Rerun("a delivery raced the deadline of the wait at seq 1".into());
+    assert_eq!(t.stopped(), Some(&reason));
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(t.t_pending(1_001), Some(Ended::Stop(reason)));
+}
+
+#[test]
+fn wait_replay_of_a_timeout_times_out() {
+    let timed_out = Checkpoint {
+        error: Some(timed_out_error()),
+        ..Checkpoint { status: CheckpointStatus::Failed, ..open_wait_cp() }
+    };
+    let mut t = turn(vec![deadline_cp(), timed_out]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal_with_deadline("tok", d, 990), 2_000), WaitBegin::TimedOut);
+    assert_eq!(flush(&mut t, 2_000), commit(2_000));
+}
+
+#[test]
+fn wait_first_reached_after_its_deadline_passed_still_parks_once_for_buffered_deliveries() {
+    // The deadline timer was recorded and is due, the wait never ran (a crash between them is
+    // impossible, but a cancel park between them is not).
+    let mut t = turn(vec![deadline_cp()]);
+    let d = t.take_seq();
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal_with_deadline("tok", d, 990), 2_000), WaitBegin::Park(Some(2_000)));
+    assert_eq!(
+        t.t_pending(2_000),
+        Some(Ended::Suspend {
+            commit: Commit {
+                checkpoints: vec![cp(1, "tok", StepKind::Signal, CheckpointStatus::Waiting, 2_000)],
+                waits: vec![Waiter {
+                    run_id: rid(),
+                    seq: 1,
+                    name: "tok".into(),
+                    kind: WaitKind::Signal { token: "tok".into() },
+                    created_at: 2_000,
+                }],
+                end: suspend(Some(2_000)),
+                ..commit(2_000)
+            },
+            wake_at: Some(2_000),
+        })
+    );
+}
+
+#[test]
+#[ignore = "questionable: a wait abandoned before anything was committed (a select! loser) still registers its \
+            waiter with the next commit, so the next signal on its token is recorded at a seq nobody reads \
+            (a later wait on the same token never sees it)"]
+fn an_abandoned_wait_registers_no_waiter() {
+    let mut t = turn(vec![]);
+    // select!(wait("tok"), sleep(0)): both are polled, the sleep is over at once, the wait loses.
+    let (w, s) = (t.take_seq(), t.take_seq());
+    assert_eq!(t.wait(w, signal("tok"), 10), WaitBegin::Park(None));
+    assert_eq!(t.sleep(s, 10, 10), SleepBegin::Done);
+    t.abandon(w);
+    let c = flush(&mut t, 11);
+    assert_eq!(c.waits, vec![], "the abandoned wait's waiter is registered");
+}
+
+// ---- children ----
+
+fn child_call(input: Result<Payload, String>, version: Option<u32>) -> ChildCall<'static> {
+    ChildCall { workflow: "child-wf", id: protocol::child_id(&rid(), 0), version, input }
+}
+
+fn child_cp(status: CheckpointStatus) -> Checkpoint {
+    Checkpoint { input: Some(p("r.child.0")), ..cp(0, "child-wf", StepKind::Child, status, 10) }
+}
+
+#[test]
+fn spawn_child_records_a_wait_and_creates_the_child_with_the_next_commit() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    t.spawn_child(seq, child_call(Ok(p(&41)), Some(4)), 10);
+    assert_eq!(t.join_child(seq, "child-wf", 10), ChildJoin::Park);
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, None)]);
+    assert_eq!(
+        t.t_pending(11),
+        Some(Ended::Suspend {
+            commit: Commit {
+                checkpoints: vec![child_cp(CheckpointStatus::Waiting)],
+                waits: vec![Waiter {
+                    run_id: rid(),
+                    seq: 0,
+                    name: "child-wf".into(),
+                    kind: WaitKind::Signal { token: "child:r:0".into() },
+                    created_at: 10,
+                }],
+                children: vec![NewRun {
+                    id: RunId::from("r.child.0"),
+                    workflow: "child-wf".into(),
+                    version: 4,
+                    namespace: "ns".into(),
+                    input: p(&41),
+                    tags: vec![],
+                    priority: 7,
+                    parent: Some(ParentLink { run_id: rid(), seq: 0 }),
+                    created_at: 10,
+                }],
+                end: suspend(None),
+                ..commit(11)
+            },
+            wake_at: None,
+        })
+    );
+}
+
+fn assert_not_started(input: Result<Payload, String>, version: Option<u32>, reason: &str) {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    t.spawn_child(seq, child_call(input, version), 10);
+    let error =
+        StepError::fatal(format!("child run r.child.0 was not started: {reason}")).with_code(codes::CHILD_FAILED);
+    assert_eq!(
+        t.join_child(seq, "child-wf", 10),
+        ChildJoin::Failed { status: RunStatus::Failed, error: Some(error.clone()) }
+    );
+    assert_eq!(t.parked().count(), 0);
+    assert_eq!(
+        flush(&mut t, 20),
+        Commit {
+            checkpoints: vec![Checkpoint { error: Some(error), ..child_cp(CheckpointStatus::Failed) }],
+            ..commit(20)
+        }
+    );
+}
+
+#[test]
+fn spawn_child_of_an_unregistered_workflow_fails_the_call_and_creates_nothing() {
+    assert_not_started(
+        Ok(p(&41)),
+        None,
+        "workflow \"child-wf\" is not registered on the engine that started the child",
+    );
+}
+
+#[test]
+fn spawn_child_with_an_input_that_does_not_serialize_fails_the_call_and_creates_nothing() {
+    assert_not_started(Err("bad map key".into()), Some(1), "the child's input does not serialize: bad map key");
+}
+
+#[test]
+fn spawn_child_with_an_input_over_the_limit_fails_the_call_and_creates_nothing() {
+    assert_not_started(
+        Ok(p(&"z".repeat(80))),
+        Some(1),
+        "the child's input is 82 bytes, over the 64-byte payload limit (max_payload_bytes)",
+    );
+}
+
+#[test]
+fn spawn_child_on_replay_creates_nothing() {
+    let mut t = turn(vec![child_cp(CheckpointStatus::Waiting)]);
+    let seq = t.take_seq();
+    t.spawn_child(seq, child_call(Ok(p(&41)), Some(4)), 100);
+    assert_eq!(t.join_child(seq, "child-wf", 100), ChildJoin::Park);
+    assert_eq!(
+        t.t_pending(100),
+        Some(Ended::Suspend { commit: Commit { end: suspend(None), ..commit(100) }, wake_at: None })
+    );
+}
+
+fn delivered_child(result: &ChildResult) -> Checkpoint {
+    Checkpoint { output: Some(result.encode()), updated_at: 50, ..child_cp(CheckpointStatus::Completed) }
+}
+
+#[test]
+fn join_child_that_completed_returns_its_output() {
+    let result = ChildResult {
+        run_id: RunId::from("r.child.0"),
+        status: RunStatus::Completed,
+        output: Some(p(&42)),
+        error: None,
+    };
+    let mut t = turn(vec![delivered_child(&result)]);
+    let seq = t.take_seq();
+    t.spawn_child(seq, child_call(Ok(p(&41)), Some(4)), 100);
+    assert_eq!(t.join_child(seq, "child-wf", 100), ChildJoin::Completed(p(&42)));
+    assert_eq!(flush(&mut t, 100), commit(100));
+}
+
+#[test]
+fn join_child_that_failed_or_was_cancelled_re_records_the_call_as_failed() {
+    for (status, error, message) in [
+        (RunStatus::Failed, Some(StepError::fatal("child boom").with_code("boom")), "child boom"),
+        (RunStatus::Cancelled, None, "child run r.child.0 is cancelled"),
+        (RunStatus::Dead, Some(StepError::fatal("poison").with_code("max_recovery_attempts")), "poison"),
+    ] {
+        let result = ChildResult { run_id: RunId::from("r.child.0"), status, output: None, error: error.clone() };
+        let delivered = delivered_child(&result);
+        let mut t = turn(vec![delivered.clone()]);
+        let seq = t.take_seq();
+        t.spawn_child(seq, child_call(Ok(p(&41)), Some(4)), 100);
+        assert_eq!(t.join_child(seq, "child-wf", 100), ChildJoin::Failed { status, error });
+        assert_eq!(
+            flush(&mut t, 110),
+            Commit {
+                checkpoints: vec![Checkpoint {
+                    status: CheckpointStatus::Failed,
+                    error: Some(StepError::fatal(message).with_code(format!("child_{status}"))),
+                    updated_at: 100,
+                    ..delivered
+                }],
+                ..commit(110)
+            },
+            "{status}"
+        );
+    }
+}
+
+#[test]
+fn join_child_replays_a_recorded_child_failure_with_the_status_from_its_code() {
+    for status in [RunStatus::Failed, RunStatus::Cancelled, RunStatus::Dead] {
+        let error = StepError::fatal("child gone").with_code(protocol::child_failure_code(status));
+        let failed = Checkpoint { error: Some(error.clone()), ..child_cp(CheckpointStatus::Failed) };
+        let mut t = turn(vec![failed]);
+        let seq = t.take_seq();
+        t.spawn_child(seq, child_call(Ok(p(&41)), Some(4)), 100);
+        assert_eq!(t.join_child(seq, "child-wf", 100), ChildJoin::Failed { status, error: Some(error) });
+        assert_eq!(flush(&mut t, 100), commit(100));
+    }
+    // A code that names no status reads as `failed`.
+    let error = StepError::fatal("odd").with_code("child_bogus");
+    let failed = Checkpoint { error: Some(error.clone()), ..child_cp(CheckpointStatus::Failed) };
+    let mut t = turn(vec![failed]);
+    let seq = t.take_seq();
+    assert_eq!(t.join_child(seq, "child-wf", 100), ChildJoin::Failed { status: RunStatus::Failed, error: Some(error) });
+}
+
+#[test]
+#[ignore = "core bug: a failed child's error differs between its first join (the child's own error, or None) \
+            and every replay (the re-recorded error: code child_<status>, fatal, a message when there was none), \
+            so a body that branches on the error is non-deterministic"]
+fn join_child_failure_reads_the_same_fresh_and_replayed() {
+    for (status, error) in
+        [(RunStatus::Failed, Some(StepError::retryable("child boom").with_code("boom"))), (RunStatus::Cancelled, None)]
+    {
+        let result = ChildResult { run_id: RunId::from("r.child.0"), status, output: None, error };
+        let mut t = turn(vec![delivered_child(&result)]);
+        let seq = t.take_seq();
+        let first = t.join_child(seq, "child-wf", 100);
+        let history: Vec<_> = t.history().iter().cloned().collect();
+        let mut replay = turn(history);
+        let seq = replay.take_seq();
+        assert_eq!(replay.join_child(seq, "child-wf", 200), first, "{status}");
+    }
+}
+
+// ---- state ----
+
+#[test]
+fn set_state_commits_the_value_and_its_checkpoint_before_returning() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(
+        t.set_state(seq, "progress", Ok(p(&50)), 10),
+        StateBegin::Commit(Commit {
+            checkpoints: vec![Checkpoint {
+                output: Some(p(&50)),
+                attempts: 1,
+                ..cp(0, "progress", StepKind::State, CheckpointStatus::Completed, 10)
+            }],
+            state: vec![("progress".into(), p(&50))],
+            ..commit(10)
+        })
+    );
+    assert!(t.committed(seq, Ok(&ok())));
+    assert_eq!(t.in_flight(), 0);
+
+    let history: Vec<_> = t.history().iter().cloned().collect();
+    let mut t = turn(history);
+    let seq = t.take_seq();
+    assert_eq!(t.set_state(seq, "progress", Ok(p(&50)), 20), StateBegin::Done);
+    assert_eq!(flush(&mut t, 20), commit(20));
+}
+
+#[test]
+fn set_state_with_a_value_that_does_not_serialize_fails_the_run() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.set_state(seq, "k", Err("nan".into()), 10), StateBegin::Stopped);
+    assert_eq!(
+        t.stopped(),
+        Some(&TurnStop::Fail(
+            StepError::fatal("run r: state \"k\" (seq 0) does not serialize: nan").with_code(codes::BAD_PAYLOAD)
+        ))
+    );
+}
+
+// ---- patches ----
+
+#[test]
+fn patched_fresh_records_a_marker_and_takes_a_seq() {
+    let mut t = turn(vec![]);
+    assert!(t.patched("v2", 10));
+    assert_eq!(t.next_seq(), 1);
+    assert_eq!(
+        flush(&mut t, 20),
+        Commit { checkpoints: vec![cp(0, "v2", StepKind::Patch, CheckpointStatus::Completed, 10)], ..commit(20) }
+    );
+}
+
+#[test]
+fn patched_replayed_takes_the_new_path_and_a_seq_and_writes_nothing() {
+    let mut t = turn(vec![cp(0, "v2", StepKind::Patch, CheckpointStatus::Completed, 10)]);
+    assert!(t.patched("v2", 20));
+    assert_eq!(t.next_seq(), 1);
+    assert_eq!(flush(&mut t, 20), commit(20));
+}
+
+#[test]
+fn patched_on_an_older_run_takes_the_old_path_without_a_seq() {
+    let done = Checkpoint { output: Some(p(&1)), ..cp(0, "a", StepKind::Step, CheckpointStatus::Completed, 10) };
+    let mut t = turn(vec![done]);
+    assert!(!t.patched("v2", 20));
+    assert_eq!(t.next_seq(), 0);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
+    assert_eq!(flush(&mut t, 20), commit(20));
+}
+
+// ---- continue as new ----
+
+#[test]
+fn continue_as_new_settles_completed_with_a_marker_and_creates_the_successor() {
+    let parent = ParentLink { run_id: RunId::from("parent"), seq: 4 };
+    let mut t = turn_of(Run { parent: Some(parent.clone()), ..run() }, vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "now", StepKind::Now, 10), RecordBegin::Produce);
+    assert_eq!(t.finish_record(seq, "now", StepKind::Now, Ok(p(&10)), 10), RecordOutcome::Return);
+    t.continue_as_new(Ok(p(&"next")));
+    assert_eq!(t.stopped(), Some(&TurnStop::ContinueAsNew(p(&"next"))));
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 100, 11), SleepBegin::Stopped, "the body halts");
+    assert_eq!(
+        t.t_pending(12),
+        Some(Ended::Settle {
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    output: Some(p(&10)),
+                    attempts: 1,
+                    ..cp(0, "now", StepKind::Now, CheckpointStatus::Completed, 10)
+                }],
+                children: vec![NewRun {
+                    id: RunId::from("r~1"),
+                    workflow: "wf".into(),
+                    version: 3,
+                    namespace: "ns".into(),
+                    input: p(&"next"),
+                    tags: vec!["t1".into()],
+                    priority: 7,
+                    parent: Some(parent),
+                    created_at: 12,
+                }],
+                // The successor, not this run, tells the parent: no signal here.
+                end: Some(TurnEnd::Settle {
+                    status: RunStatus::Completed,
+                    output: Some(protocol::continued_marker(&RunId::from("r~1"))),
+                    error: None,
+                }),
+                ..commit(12)
+            },
+            status: RunStatus::Completed,
+        })
+    );
+}
+
+#[test]
+fn continue_as_new_also_ends_the_turn_when_the_body_returns() {
+    let mut t = turn(vec![]);
+    t.continue_as_new(Ok(p(&1)));
+    let Ended::Settle { commit: c, status } = t.t_body_done(Ok(p(&"ignored")), 5) else { panic!() };
+    assert_eq!(status, RunStatus::Completed);
+    assert_eq!(c.children[0].id, RunId::from("r~1"));
+    assert_eq!(
+        c.end,
+        Some(TurnEnd::Settle {
+            status: RunStatus::Completed,
+            output: Some(protocol::continued_marker(&RunId::from("r~1"))),
+            error: None
+        })
+    );
+}
+
+#[test]
+fn continue_as_new_with_a_bad_input_fails_the_run() {
+    let mut t = turn(vec![]);
+    t.continue_as_new(Err("bad".into()));
+    assert_eq!(
+        t.stopped(),
+        Some(&TurnStop::Fail(
+            StepError::fatal("run r: the continue-as-new input does not serialize: bad").with_code(codes::BAD_PAYLOAD)
+        ))
+    );
+    let mut t = turn(vec![]);
+    t.continue_as_new(Ok(p(&"q".repeat(70))));
+    assert_eq!(
+        t.stopped(),
+        Some(&TurnStop::Fail(
+            StepError::fatal(
+                "the continue-as-new input of run r is 72 bytes, over the 64-byte payload limit (max_payload_bytes)"
+            )
+            .with_code(codes::PAYLOAD_TOO_LARGE)
+        ))
+    );
+}
+
+// ---- the end of a turn ----
+
+#[test]
+fn suspend_carries_the_earliest_wake_and_the_wake_gen_seen_at_claim() {
+    let mut t = turn(vec![]);
+    let (a, b, c) = (t.take_seq(), t.take_seq(), t.take_seq());
+    assert_eq!(t.sleep(a, 900, 10), SleepBegin::Park(Some(900)));
+    assert_eq!(t.wait(b, signal("tok"), 10), WaitBegin::Park(None));
+    assert_eq!(t.sleep(c, 500, 10), SleepBegin::Park(Some(500)));
+    assert_eq!(t.earliest_wake(), Some(500));
+    let Some(Ended::Suspend { commit: c, wake_at }) = t.t_pending(11) else { panic!() };
+    assert_eq!(wake_at, Some(500));
+    assert_eq!(c.end, suspend(Some(500)));
+    assert_eq!(c.checkpoints.iter().map(|c| c.seq).collect::<Vec<_>>(), vec![0, 1, 2]);
+    assert_eq!(c.waits.len(), 1);
+}
+
+#[test]
+fn on_pending_keeps_polling_while_nothing_is_parked_or_something_is_in_flight() {
+    let mut t = turn(vec![]);
+    assert_eq!(t.t_pending(10), None, "nothing parked yet");
+    let policy = RetryPolicy::none();
+    let (a, b) = (t.take_seq(), t.take_seq());
+    assert_eq!(t.sleep(a, 900, 10), SleepBegin::Park(Some(900)));
+    assert_eq!(t.begin_step(b, step("s", &policy), 10), StepBegin::Run { attempt: 1 });
+    assert_eq!(t.t_pending(10), None, "a step is executing");
+    let StepAfter::Completed { .. } = t.finish_step(b, 1, Ok(p(&1)), 11) else { panic!() };
+    assert_eq!(t.t_pending(11), None, "its commit is being applied");
+    assert!(t.committed(b, Ok(&ok())));
+    assert!(matches!(t.t_pending(12), Some(Ended::Suspend { wake_at: Some(900), .. })));
+}
+
+#[test]
+fn abandon_removes_a_parked_call() {
+    let mut t = turn(vec![]);
+    let (a, b) = (t.take_seq(), t.take_seq());
+    assert_eq!(t.sleep(a, 900, 10), SleepBegin::Park(Some(900)));
+    assert_eq!(t.sleep(b, 500, 10), SleepBegin::Park(Some(500)));
+    t.abandon(b);
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, Some(900))]);
+    t.abandon(a);
+    assert_eq!(t.t_pending(11), None);
+}
+
+#[test]
+fn body_ok_settles_completed_with_what_rode_along() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 5, 10), SleepBegin::Done);
+    assert_eq!(
+        t.t_body_done(Ok(p(&"out")), 20),
+        Ended::Settle {
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    wake_at: Some(5),
+                    ..cp(0, "sleep", StepKind::Sleep, CheckpointStatus::Completed, 10)
+                }],
+                end: Some(TurnEnd::Settle { status: RunStatus::Completed, output: Some(p(&"out")), error: None }),
+                ..commit(20)
+            },
+            status: RunStatus::Completed,
+        }
+    );
+}
+
+#[test]
+fn body_err_without_undos_settles_failed() {
+    let mut t = turn(vec![]);
+    let e = StepError::fatal("nope").with_code("x");
+    assert_eq!(
+        t.t_body_done(Err(e.clone()), 20),
+        Ended::Settle {
+            commit: Commit {
+                end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(e) }),
+                ..commit(20)
+            },
+            status: RunStatus::Failed,
+        }
+    );
+}
+
+#[test]
+fn body_output_over_the_limit_settles_failed() {
+    let mut t = turn(vec![]);
+    let error = StepError::fatal("the output of run r is 82 bytes, over the 64-byte payload limit (max_payload_bytes)")
+        .with_code(codes::PAYLOAD_TOO_LARGE);
+    assert_eq!(
+        t.t_body_done(Ok(p(&"o".repeat(80))), 20),
+        Ended::Settle {
+            commit: Commit {
+                end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(error) }),
+                ..commit(20)
+            },
+            status: RunStatus::Failed,
+        }
+    );
+}
+
+#[test]
+fn a_child_run_tells_its_parent_in_its_settle_commit() {
+    let mut t = turn_of(child_run(), vec![]);
+    let Ended::Settle { commit: c, .. } = t.t_body_done(Ok(p(&9)), 20) else { panic!() };
+    let result = ChildResult { run_id: rid(), status: RunStatus::Completed, output: Some(p(&9)), error: None };
+    assert_eq!(
+        c,
+        Commit {
+            signals: vec![OutgoingSignal { token: "child:parent:4".into(), payload: result.encode() }],
+            end: Some(TurnEnd::Settle { status: RunStatus::Completed, output: Some(p(&9)), error: None }),
+            ..commit(20)
+        }
+    );
+
+    let mut t = turn_of(child_run(), vec![]);
+    let e = StepError::fatal("bad");
+    let Ended::Settle { commit: c, .. } = t.t_body_done(Err(e.clone()), 20) else { panic!() };
+    let result = ChildResult { run_id: rid(), status: RunStatus::Failed, output: None, error: Some(e.clone()) };
+    assert_eq!(
+        c,
+        Commit {
+            signals: vec![OutgoingSignal { token: "child:parent:4".into(), payload: result.encode() }],
+            end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(e) }),
+            ..commit(20)
+        }
+    );
+}
+
+/// Runs the undo `u` to completion at `now` and returns its commit.
+fn run_undo(t: &mut Turn, u: &UndoCall, now: Millis) -> Commit {
+    let policy = RetryPolicy::none();
+    assert_eq!(t.begin_step(u.seq, u.step_call(&policy), now), StepBegin::Run { attempt: 1 });
+    let StepAfter::Completed { commit: c, .. } = t.finish_step(u.seq, 1, Ok(Payload::null()), now) else { panic!() };
+    assert!(t.committed(u.seq, Ok(&ok())));
+    c
+}
+
+#[test]
+fn body_err_with_undos_compensates_newest_first_then_settles_failed() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    complete_step(&mut t, undo_step("reserve", &policy), p(&1), 10);
+    complete_step(&mut t, undo_step("charge", &policy), p(&2), 11);
+    complete_step(&mut t, step("log", &policy), p(&3), 12);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("ship", &policy), 13), StepBegin::Run { attempt: 1 });
+    let e = StepError::fatal("no stock");
+    let StepAfter::Failed { .. } = t.finish_step(seq, 1, Err(e.clone()), 14) else { panic!() };
+    assert!(t.committed(seq, Ok(&ok())));
+
+    assert_eq!(t.t_body_done(Err(e.clone()), 15), Ended::Compensate);
+    let u = t.next_undo().unwrap();
+    assert_eq!(u, UndoCall { step_seq: 1, seq: 4, name: "undo:charge".into() });
+    assert_eq!(
+        run_undo(&mut t, &u, 16),
+        Commit {
+            checkpoints: vec![Checkpoint {
+                output: Some(Payload::null()),
+                attempts: 1,
+                ..cp(4, "undo:charge", StepKind::Compensation, CheckpointStatus::Completed, 16)
+            }],
+            ..commit(16)
+        }
+    );
+    let u = t.next_undo().unwrap();
+    assert_eq!(u, UndoCall { step_seq: 0, seq: 5, name: "undo:reserve".into() });
+    run_undo(&mut t, &u, 17);
+    assert_eq!(t.next_undo(), None);
+    assert!(!t.has_undos());
+    assert_eq!(
+        t.t_compensated(18),
+        Ended::Settle {
+            commit: Commit {
+                end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(e) }),
+                ..commit(18)
+            },
+            status: RunStatus::Failed,
+        }
+    );
+}
+
+#[test]
+fn compensation_replays_finished_undos_after_a_crash() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    complete_step(&mut t, undo_step("reserve", &policy), p(&1), 10);
+    complete_step(&mut t, undo_step("charge", &policy), p(&2), 11);
+    let e = StepError::fatal("no stock");
+    assert_eq!(t.t_body_done(Err(e.clone()), 15), Ended::Compensate);
+    let u = t.next_undo().unwrap();
+    run_undo(&mut t, &u, 16);
+    // Crash here: the next turn replays the body, fails again and replays the first undo.
+    let history: Vec<_> = t.history().iter().cloned().collect();
+    let mut t = turn(history);
+    for (name, out) in [("reserve", 1), ("charge", 2)] {
+        let seq = t.take_seq();
+        assert_eq!(t.begin_step(seq, undo_step(name, &policy), 20), StepBegin::Return(p(&out)));
+    }
+    assert_eq!(t.t_body_done(Err(e.clone()), 21), Ended::Compensate);
+    let u = t.next_undo().unwrap();
+    assert_eq!(u, UndoCall { step_seq: 1, seq: 2, name: "undo:charge".into() });
+    assert_eq!(t.begin_step(u.seq, u.step_call(&policy), 22), StepBegin::Return(Payload::null()));
+    let u = t.next_undo().unwrap();
+    assert_eq!(u, UndoCall { step_seq: 0, seq: 3, name: "undo:reserve".into() });
+    assert_eq!(t.begin_step(u.seq, u.step_call(&policy), 22), StepBegin::Run { attempt: 1 });
+}
+
+#[test]
+#[ignore = "core bug: undos are stacked in completion order on a fresh run but in program (seq) order on \
+            replay, so concurrent steps that complete out of order get their undos at different seqs after \
+            a crash mid-compensation: the replayed undo hits non_determinism"]
+fn compensation_of_concurrent_steps_is_the_same_after_a_crash() {
+    let policy = RetryPolicy::none();
+    let mut t = turn(vec![]);
+    // Two concurrent steps (`join!`): `a` at seq 0 completes after `b` at seq 1.
+    let (a, b) = (t.take_seq(), t.take_seq());
+    assert_eq!(t.begin_step(a, undo_step("a", &policy), 10), StepBegin::Run { attempt: 1 });
+    assert_eq!(t.begin_step(b, undo_step("b", &policy), 10), StepBegin::Run { attempt: 1 });
+    let StepAfter::Completed { .. } = t.finish_step(b, 1, Ok(p(&2)), 11) else { panic!() };
+    assert!(t.committed(b, Ok(&ok())));
+    let StepAfter::Completed { .. } = t.finish_step(a, 1, Ok(p(&1)), 12) else { panic!() };
+    assert!(t.committed(a, Ok(&ok())));
+    let e = StepError::fatal("later failure");
+    assert_eq!(t.t_body_done(Err(e.clone()), 13), Ended::Compensate);
+    let first = t.next_undo().unwrap();
+    run_undo(&mut t, &first, 14);
+
+    // Crash; the next turn replays both steps (in program order) and compensates again.
+    let history: Vec<_> = t.history().iter().cloned().collect();
+    let mut t = turn(history);
+    let (a, b) = (t.take_seq(), t.take_seq());
+    assert_eq!(t.begin_step(a, undo_step("a", &policy), 20), StepBegin::Return(p(&1)));
+    assert_eq!(t.begin_step(b, undo_step("b", &policy), 20), StepBegin::Return(p(&2)));
+    assert_eq!(t.t_body_done(Err(e), 21), Ended::Compensate);
+    let again = t.next_undo().unwrap();
+    assert_eq!(again, first);
+    assert_eq!(t.begin_step(again.seq, again.step_call(&policy), 22), StepBegin::Return(Payload::null()));
+}
+
+#[test]
+fn an_undo_that_fails_is_recorded_and_the_next_one_runs() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    complete_step(&mut t, undo_step("reserve", &policy), p(&1), 10);
+    complete_step(&mut t, undo_step("charge", &policy), p(&2), 11);
+    let e = StepError::fatal("body failed");
+    assert_eq!(t.t_body_done(Err(e.clone()), 12), Ended::Compensate);
+    let u = t.next_undo().unwrap();
+    assert_eq!(t.begin_step(u.seq, u.step_call(&policy), 13), StepBegin::Run { attempt: 1 });
+    let ue = StepError::fatal("refund refused");
+    let StepAfter::Failed { commit: c, .. } = t.finish_step(u.seq, 1, Err(ue.clone()), 14) else { panic!() };
+    assert_eq!(
+        c.checkpoints,
+        vec![Checkpoint {
+            error: Some(ue),
+            attempts: 1,
+            updated_at: 14,
+            ..cp(2, "undo:charge", StepKind::Compensation, CheckpointStatus::Failed, 13)
+        }]
+    );
+    assert!(t.committed(u.seq, Ok(&ok())));
+    let u = t.next_undo().unwrap();
+    assert_eq!(u.name, "undo:reserve");
+    run_undo(&mut t, &u, 15);
+    assert_eq!(t.next_undo(), None);
+    let Ended::Settle { commit: c, .. } = t.t_compensated(16) else { panic!() };
+    assert_eq!(c.end, Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(e) }));
+}
+
+fn cancelling_run() -> Run {
+    Run { error: Some(StepError::fatal("operator").with_code(codes::CANCEL_REQUESTED)), ..run() }
+}
+
+#[test]
+fn cancel_requested_parks_new_calls_then_compensates_and_settles_cancelled() {
+    let done = Checkpoint {
+        output: Some(p(&1)),
+        attempts: 1,
+        ..cp(0, "reserve", StepKind::Step, CheckpointStatus::Completed, 5)
+    };
+    let mut t = turn_of(cancelling_run(), vec![done]);
+    let policy = RetryPolicy::none();
+    // Replays still return.
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, undo_step("reserve", &policy), 10), StepBegin::Return(p(&1)));
+    // New calls of every kind park forever and record nothing.
+    let s = t.take_seq();
+    assert_eq!(t.begin_step(s, step("charge", &policy), 10), StepBegin::Park(None));
+    let s = t.take_seq();
+    assert_eq!(t.begin_record(s, "now", StepKind::Now, 10), RecordBegin::Park);
+    let s = t.take_seq();
+    assert_eq!(t.sleep(s, 100, 10), SleepBegin::Park(None));
+    let s = t.take_seq();
+    assert_eq!(t.wait(s, signal("tok"), 10), WaitBegin::Park(None));
+    let (d, s) = (t.take_seq(), t.take_seq());
+    assert_eq!(t.wait(s, signal_with_deadline("tok2", d, 100), 10), WaitBegin::Park(None));
+    let s = t.take_seq();
+    assert_eq!(t.set_state(s, "k", Ok(p(&1)), 10), StateBegin::Park);
+    let s = t.take_seq();
+    t.spawn_child(s, child_call(Ok(p(&1)), Some(1)), 10);
+    assert_eq!(t.join_child(s, "child-wf", 10), ChildJoin::Park);
+    assert_eq!(t.in_flight(), 0);
+
+    assert_eq!(t.t_pending(11), Some(Ended::Compensate));
+    assert_eq!(t.parked().count(), 0);
+    let u = t.next_undo().unwrap();
+    assert_eq!(u, UndoCall { step_seq: 0, seq: 9, name: "undo:reserve".into() });
+    let c = run_undo(&mut t, &u, 12);
+    assert_eq!(
+        c,
+        Commit {
+            checkpoints: vec![Checkpoint {
+                output: Some(Payload::null()),
+                attempts: 1,
+                ..cp(9, "undo:reserve", StepKind::Compensation, CheckpointStatus::Completed, 12)
+            }],
+            ..commit(12)
+        }
+    );
+    assert_eq!(t.next_undo(), None);
+    let error = StepError::fatal("run r was cancelled by an operator; its undos ran").with_code(codes::CANCELLED);
+    assert_eq!(
+        t.t_compensated(13),
+        Ended::Settle {
+            commit: Commit {
+                end: Some(TurnEnd::Settle { status: RunStatus::Cancelled, output: None, error: Some(error) }),
+                ..commit(13)
+            },
+            status: RunStatus::Cancelled,
+        }
+    );
+}
+
+#[test]
+fn cancel_requested_and_a_body_error_settles_cancelled_after_the_undos() {
+    let mut t = turn_of(cancelling_run(), vec![]);
+    assert_eq!(t.t_body_done(Err(StepError::fatal("x")), 10), Ended::Compensate);
+    assert_eq!(t.next_undo(), None);
+    let Ended::Settle { status, .. } = t.t_compensated(11) else { panic!() };
+    assert_eq!(status, RunStatus::Cancelled);
+}
+
+#[test]
+#[ignore = "doc/code mismatch: on_body_done says 'any end while a cancel with compensation is pending \
+            compensates', but a body that returns Ok while the cancel is pending settles completed"]
+fn cancel_requested_and_a_body_that_returns_ok_still_compensates() {
+    let mut t = turn_of(cancelling_run(), vec![]);
+    assert_eq!(t.t_body_done(Ok(p(&1)), 10), Ended::Compensate);
+}
+
+#[test]
+fn on_panic_fails_the_run_without_compensating() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    complete_step(&mut t, undo_step("reserve", &policy), p(&1), 10);
+    let error = StepError::fatal("run r: the workflow body panicked: index out of bounds").with_code(codes::PANIC);
+    assert_eq!(
+        t.t_panic("index out of bounds", 20),
+        Ended::Settle {
+            commit: Commit {
+                end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(error) }),
+                ..commit(20)
+            },
+            status: RunStatus::Failed,
+        }
+    );
+}
+
+fn nd_error(seq: u32, expected: (&str, StepKind), recorded: (&str, StepKind)) -> StepError {
+    crate::NonDeterminism {
+        run_id: rid(),
+        seq,
+        expected: (expected.0.into(), expected.1),
+        recorded: (recorded.0.into(), recorded.1),
+    }
+    .to_error()
+}
+
+#[test]
+fn a_changed_name_stops_the_turn_and_fails_the_run_with_non_determinism() {
+    let done = Checkpoint { output: Some(p(&1)), ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 5) };
+    let mut t = turn_of(child_run(), vec![done]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("refund", &policy), 10), StepBegin::Stopped);
+    let error = nd_error(0, ("refund", StepKind::Step), ("charge", StepKind::Step));
+    assert_eq!(error.code(), Some(codes::NON_DETERMINISM));
+    assert_eq!(t.stopped(), Some(&TurnStop::Fail(error.clone())));
+    // The body's own end does not matter any more; a child still tells its parent.
+    let result = ChildResult { run_id: rid(), status: RunStatus::Failed, output: None, error: Some(error.clone()) };
+    assert_eq!(
+        t.t_body_done(Ok(p(&1)), 11),
+        Ended::Settle {
+            commit: Commit {
+                signals: vec![OutgoingSignal { token: "child:parent:4".into(), payload: result.encode() }],
+                end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(error) }),
+                ..commit(11)
+            },
+            status: RunStatus::Failed,
+        }
+    );
+}
+
+#[test]
+fn a_changed_kind_is_non_determinism_for_every_call() {
+    let done = || Checkpoint { output: Some(p(&1)), ..cp(0, "x", StepKind::Step, CheckpointStatus::Completed, 5) };
+    let policy = RetryPolicy::none();
+    let expect = |t: &Turn, kind| {
+        assert_eq!(t.stopped(), Some(&TurnStop::Fail(nd_error(0, ("x", kind), ("x", StepKind::Step)))), "{kind}");
+    };
+    let mut t = turn(vec![done()]);
+    assert_eq!(t.begin_record(0, "x", StepKind::SideEffect, 10), RecordBegin::Stopped);
+    expect(&t, StepKind::SideEffect);
+    let mut t = turn(vec![done()]);
+    assert_eq!(
+        t.begin_step(0, StepCall { kind: StepKind::Compensation, ..step("x", &policy) }, 10),
+        StepBegin::Stopped
+    );
+    expect(&t, StepKind::Compensation);
+    let mut t = turn(vec![done()]);
+    assert_eq!(t.wait(0, signal("x"), 10), WaitBegin::Stopped);
+    expect(&t, StepKind::Signal);
+    let mut t = turn(vec![done()]);
+    assert_eq!(t.set_state(0, "x", Ok(p(&1)), 10), StateBegin::Stopped);
+    expect(&t, StepKind::State);
+    let mut t = turn(vec![done()]);
+    assert_eq!(t.join_child(0, "x", 10), ChildJoin::Stopped);
+    expect(&t, StepKind::Child);
+    let mut t = turn(vec![Checkpoint { name: "sleep".into(), ..done() }]);
+    assert_eq!(t.sleep(0, 100, 10), SleepBegin::Stopped);
+    assert_eq!(t.stopped(), Some(&TurnStop::Fail(nd_error(0, ("sleep", StepKind::Sleep), ("sleep", StepKind::Step)))));
+}
+
+#[test]
+fn the_first_stop_reason_wins() {
+    let done = Checkpoint { output: Some(p(&1)), ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 5) };
+    let mut t = turn(vec![done]);
+    let policy = RetryPolicy::none();
+    assert_eq!(t.begin_step(0, step("refund", &policy), 10), StepBegin::Stopped);
+    let first = t.stopped().cloned();
+    t.continue_as_new(Ok(p(&1)));
+    t.fail_decode(0, "charge", "invalid type");
+    t.stop(TurnStop::Abort("later".into()));
+    assert!(!t.committed(9, Err((StoreErrorKind::LeaseLost, "x".into()))));
+    assert_eq!(t.stopped().cloned(), first);
+    assert!(matches!(t.t_panic("p", 11), Ended::Settle { status: RunStatus::Failed, .. }));
+}
+
+#[test]
+fn a_commit_refused_for_a_lost_lease_stops_with_lease_lost() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    let StateBegin::Commit(_) = t.set_state(seq, "k", Ok(p(&1)), 10) else { panic!() };
+    assert!(!t.committed(seq, Err((StoreErrorKind::LeaseLost, "run r is no longer leased by engine-a".into()))));
+    assert_eq!(t.in_flight(), 0);
+    let reason = TurnStop::LeaseLost("commit refused: run r is no longer leased by engine-a".into());
+    assert_eq!(t.stopped(), Some(&reason));
+    assert_eq!(t.t_pending(11), Some(Ended::Stop(reason.clone())));
+    assert_eq!(t.t_body_done(Ok(p(&1)), 11), Ended::Stop(reason.clone()));
+    assert_eq!(t.t_compensated(11), Ended::Stop(reason));
+}
+
+#[test]
+fn a_commit_that_failed_otherwise_stops_with_abort() {
+    for kind in [StoreErrorKind::Unavailable, StoreErrorKind::Backend, StoreErrorKind::Conflict] {
+        let mut t = turn(vec![]);
+        let policy = durable();
+        let seq = t.take_seq();
+        assert_eq!(t.begin_step(seq, step("a", &policy), 10), StepBegin::Run { attempt: 1 });
+        let StepAfter::Park { .. } = t.finish_step(seq, 1, Err(StepError::retryable("e")), 11) else { panic!() };
+        assert!(!t.committed(seq, Err((kind, "db down".into()))));
+        assert_eq!(t.parked().count(), 0, "a backoff whose commit failed is not parked");
+        let reason = TurnStop::Abort("commit failed: db down".into());
+        assert_eq!(t.stopped(), Some(&reason));
+        assert_eq!(t.t_pending(12), Some(Ended::Stop(reason)));
+    }
+}
+
+#[test]
+fn a_recorded_value_that_no_longer_decodes_fails_the_run_with_bad_payload() {
+    let mut t = turn(vec![]);
+    t.fail_decode(3, "charge", "invalid type: string, expected u32");
+    let error = StepError::fatal(
+        "run r: the value recorded at seq 3 (\"charge\") does not decode into the type the workflow asks for: \
+         invalid type: string, expected u32",
+    )
+    .with_code(codes::BAD_PAYLOAD);
+    assert_eq!(t.stopped(), Some(&TurnStop::Fail(error.clone())));
+    let Ended::Settle { commit: c, .. } = t.t_pending(5).unwrap() else { panic!() };
+    assert_eq!(c.end, Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(error) }));
+}
+
+#[test]
+fn a_run_whose_input_does_not_decode_fails_at_once() {
+    let mut t = turn(vec![]);
+    let e = StepError::fatal("bad input").with_code(codes::BAD_PAYLOAD);
+    assert_eq!(
+        t.t_fail(e.clone(), 3),
+        Ended::Settle {
+            commit: Commit {
+                end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(e) }),
+                ..commit(3)
+            },
+            status: RunStatus::Failed,
+        }
+    );
+}
+
+#[test]
+fn a_history_with_a_record_the_call_cannot_have_made_is_corrupt() {
+    // A `now` value recorded as waiting: no record call ever writes that.
+    let odd = Checkpoint { wake_at: None, ..cp(0, "now", StepKind::Now, CheckpointStatus::Waiting, 5) };
+    let mut t = turn(vec![odd]);
+    assert_eq!(t.begin_record(0, "now", StepKind::Now, 10), RecordBegin::Stopped);
+    let Some(TurnStop::Fail(e)) = t.stopped() else { panic!() };
+    assert!(e.message.contains("the history is corrupt"), "{e}");
+}
