@@ -277,7 +277,7 @@ impl Turn {
             Checked::CancelPark => return StepBegin::Park(None),
             Checked::Go(Decision::Replay(output)) => {
                 if call.undo {
-                    self.undos.push(Undo { step_seq: seq, name: call.name.to_string() });
+                    self.push_undo(seq, call.name);
                 }
                 return StepBegin::Return(output);
             }
@@ -292,8 +292,11 @@ impl Turn {
                 return StepBegin::Stopped;
             }
         };
-        // A step resumed after a durable backoff keeps the error that caused it.
-        let last_error = self.history.get(seq).and_then(|c| c.error.clone());
+        // A step resumed after a durable backoff (or a crash) keeps when it first ran and the
+        // error that caused the retry.
+        let recorded = self.history.get(seq);
+        let last_error = recorded.and_then(|c| c.error.clone());
+        let started_at = recorded.map_or(now, |c| c.started_at);
         self.attempts.insert(
             seq,
             Attempts {
@@ -301,7 +304,7 @@ impl Turn {
                 kind: call.kind,
                 policy: call.policy.clone(),
                 undo: call.undo,
-                started_at: now,
+                started_at,
                 last_error,
             },
         );
@@ -342,7 +345,7 @@ impl Turn {
                 self.record(cp);
                 self.attempts.remove(&seq);
                 if a.undo {
-                    self.undos.push(Undo { step_seq: seq, name: a.name });
+                    self.push_undo(seq, &a.name);
                 }
                 StepAfter::Completed { output, commit: self.commit_for(seq, None, now) }
             }
@@ -619,8 +622,9 @@ impl Turn {
                 if result.status == RunStatus::Completed {
                     return ChildJoin::Completed(result.output.unwrap_or_else(Payload::null));
                 }
-                self.record_child_failure(seq, &result, now);
-                ChildJoin::Failed { status: result.status, error: result.error }
+                // The same error every replay reads back from the re-recorded checkpoint.
+                let error = self.record_child_failure(seq, &result, now);
+                ChildJoin::Failed { status: result.status, error: Some(error) }
             }
             Checked::Go(d) => {
                 // Execute: the spawn recorded nothing, which it always does when it runs.
@@ -631,18 +635,33 @@ impl Turn {
     }
 
     /// Re-records a delivered child failure as a `failed` checkpoint, so an operator's retry of
-    /// the parent re-runs the child call (rides along with the next commit).
-    fn record_child_failure(&mut self, seq: u32, result: &ChildResult, now: Millis) {
-        let Some(cp) = self.history.get(seq).filter(|c| c.status == CheckpointStatus::Completed) else { return };
-        let mut cp = cp.clone();
+    /// the parent re-runs the child call (rides along with the next commit). Returns the error
+    /// recorded, which every later replay returns too.
+    fn record_child_failure(&mut self, seq: u32, result: &ChildResult, now: Millis) -> StepError {
         let message = result
             .error
             .as_ref()
             .map_or_else(|| format!("child run {} is {}", result.run_id, result.status), |e| e.message.clone());
-        cp.status = CheckpointStatus::Failed;
-        cp.error = Some(StepError::fatal(message).with_code(protocol::child_failure_code(result.status)));
-        cp.updated_at = now;
-        self.record(cp);
+        let error = StepError::fatal(message).with_code(protocol::child_failure_code(result.status));
+        if let Some(cp) = self.history.get(seq).filter(|c| c.status == CheckpointStatus::Completed) {
+            let mut cp = cp.clone();
+            cp.status = CheckpointStatus::Failed;
+            cp.error = Some(error.clone());
+            cp.updated_at = now;
+            self.record(cp);
+        }
+        error
+    }
+
+    /// Registers the undo of the step at `step_seq`. The stack is kept in program (seq) order,
+    /// so concurrent steps that complete out of order compensate in the same order on every
+    /// replay.
+    fn push_undo(&mut self, step_seq: u32, name: &str) {
+        let at = self.undos.partition_point(|u| u.step_seq < step_seq);
+        if self.undos.get(at).is_some_and(|u| u.step_seq == step_seq) {
+            return;
+        }
+        self.undos.insert(at, Undo { step_seq, name: name.to_string() });
     }
 
     // ---- state and the end of a chain ----

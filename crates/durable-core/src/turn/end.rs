@@ -94,8 +94,9 @@ impl Turn {
         Some(Next::End(End::Suspend { commit, wake_at }))
     }
 
-    /// The body returned. A failure with undos registered (or any end while a cancel with
-    /// compensation is pending) compensates; otherwise the run settles.
+    /// The body returned. A failure with undos registered, or a failure while a cancel with
+    /// compensation is pending, compensates; otherwise the run settles (a body that returns
+    /// `Ok` while a cancel is pending finished first: it completes).
     pub fn on_body_done(&mut self, result: Result<Payload, StepError>, now: Millis) -> Next {
         if self.stop.is_some() {
             return Next::End(self.on_stop(now));

@@ -957,10 +957,9 @@ impl<'a> Sim<'a> {
                 self.note(format!("child({seq}) -> {answer:?}"));
                 match answer {
                     ChildJoin::Completed(v) => self.observe(label, seq, v).map(|()| Flow::Next),
-                    // Only the status: the error differs between the first join and its replays
-                    // (a known core bug, see the ignored unit test
-                    // `join_child_failure_reads_the_same_fresh_and_replayed`).
-                    ChildJoin::Failed { status, .. } => self.observe(label, seq, status).map(|()| Flow::Next),
+                    ChildJoin::Failed { status, error } => {
+                        self.observe(label, seq, (status, error)).map(|()| Flow::Next)
+                    }
                     ChildJoin::Park | ChildJoin::Stopped => Ok(Flow::Pending),
                 }
             }
