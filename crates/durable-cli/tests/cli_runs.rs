@@ -173,7 +173,7 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     register(&engine);
     for (id, token) in [("to-cancel", "tok-cancel"), ("to-signal", "tok-signal")] {
         let run = engine.start("approve", token, StartOptions::id(id)).await.unwrap();
-        assert_eq!(engine.wait_for_settled(&run.id).await.unwrap().status(), RunStatus::Suspended);
+        assert_eq!(engine.wait_until_suspended_or_terminal(&run.id).await.unwrap().status(), RunStatus::Suspended);
     }
     engine.shutdown().await;
     drop(engine);
@@ -208,7 +208,7 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     assert_eq!(outcome.output::<serde_json::Value>().unwrap(), serde_json::json!({"approved": true, "by": "ops"}));
     // One more, parked, for delete.
     let parked = engine.start("approve", "tok-parked", StartOptions::id("parked")).await.unwrap();
-    assert_eq!(engine.wait_for_settled(&parked.id).await.unwrap().status(), RunStatus::Suspended);
+    assert_eq!(engine.wait_until_suspended_or_terminal(&parked.id).await.unwrap().status(), RunStatus::Suspended);
     engine.shutdown().await;
     drop(engine);
 
