@@ -15,7 +15,7 @@ use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
-use support::{DEMO_WORKFLOWS, TempDir, durable, is_terminal, run, run_bad, run_ok, summary_count};
+use support::{DEMO_WORKFLOWS, default_db, durable, is_terminal, run, run_bad, run_ok, summary_count};
 use tokio_postgres::NoTls;
 
 const ENV: &str = "DURABLE_PG_URL";
@@ -99,27 +99,27 @@ fn json_lines(stdout: &str) -> Vec<Value> {
 #[test]
 fn the_demo_and_every_operator_command_work_on_postgres() {
     let Some(url) = url_or_skip("the_demo_and_every_operator_command_work_on_postgres") else { return };
-    let dir = TempDir::new("pg-demo");
+    let dir = tempfile::tempdir().unwrap();
     let schema = Schema::new(&url);
     let pg = ["--url", url.as_str(), "--schema", schema.name.as_str()];
 
     // Operator commands never create the schema.
-    let err = run_bad(&dir.path, &[&["runs", "list"][..], &pg].concat(), "no durable schema");
+    let err = run_bad(dir.path(), &[&["runs", "list"][..], &pg].concat(), "no durable schema");
     assert!(err.contains(&schema.name), "{err}");
     assert!(!schema.exists(), "an operator command created the schema");
 
     // The demo creates it and runs 20 workflows on it.
-    let ran = run_ok(&dir.path, &[&["demo", "--runs", "20"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["demo", "--runs", "20"][..], &pg].concat());
     let out = &ran.stdout;
     assert!(out.contains("done: 20 of 20 runs finished"), "{out}");
     assert!(out.contains(&format!("(schema \"{}\")", schema.name)), "the demo names where it runs: {out}");
     assert!(!out.contains("s3cret"));
     assert_eq!(summary_count(out, "completed"), 16, "{out}");
     assert_eq!(summary_count(out, "compensated"), 4, "{out}");
-    assert!(!dir.db().exists(), "no SQLite file was created");
+    assert!(!default_db(dir.path()).exists(), "no SQLite file was created");
 
     // `runs list --json`: every run, one JSON object per line.
-    let ran = run_ok(&dir.path, &[&["runs", "list", "--json", "--limit", "0"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["runs", "list", "--json", "--limit", "0"][..], &pg].concat());
     let runs = json_lines(&ran.stdout);
     let top: Vec<&Value> = runs.iter().filter(|r| r["parent"].is_null()).collect();
     assert_eq!(top.len(), 20, "20 top-level runs");
@@ -132,7 +132,7 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
         assert!(DEMO_WORKFLOWS.contains(&run["workflow"].as_str().unwrap()), "{run}");
     }
     // The same through the environment, filtered.
-    let ran = durable(&dir.path)
+    let ran = durable(dir.path())
         .env("DURABLE_URL", &url)
         .env("DURABLE_SCHEMA", &schema.name)
         .args(["runs", "list", "--json", "--status", "failed"])
@@ -143,58 +143,58 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
     assert_eq!(failed.len(), 4, "the four sagas failed (and compensated)");
 
     // show, retry, cancel, delete, signal.
-    let ran = run_ok(&dir.path, &[&["runs", "show", "demo-saga-3", "--json"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["runs", "show", "demo-saga-3", "--json"][..], &pg].concat());
     let shown: Value = serde_json::from_str(&ran.stdout).unwrap();
     assert_eq!(shown["run"]["status"], "failed");
     assert_eq!(shown["history"].as_array().map(Vec::len), Some(7), "{shown}");
     // A compensated saga is not retried (its undos ran); cancelling a settled run reports it.
-    run_bad(&dir.path, &[&["runs", "retry", "demo-saga-3"][..], &pg].concat(), "ran its undos");
-    let ran = run_ok(&dir.path, &[&["runs", "cancel", "demo-saga-3"][..], &pg].concat());
+    run_bad(dir.path(), &[&["runs", "retry", "demo-saga-3"][..], &pg].concat(), "ran its undos");
+    let ran = run_ok(dir.path(), &[&["runs", "cancel", "demo-saga-3"][..], &pg].concat());
     assert!(ran.stdout.contains("failed"), "{}", ran.stdout);
-    run_ok(&dir.path, &[&["runs", "delete", "demo-saga-3"][..], &pg].concat());
-    run_bad(&dir.path, &[&["runs", "show", "demo-saga-3"][..], &pg].concat(), "run demo-saga-3 not found");
-    let ran = run_ok(&dir.path, &[&["signal", "nobody-waits", "{\"ok\": true}"][..], &pg].concat());
+    run_ok(dir.path(), &[&["runs", "delete", "demo-saga-3"][..], &pg].concat());
+    run_bad(dir.path(), &[&["runs", "show", "demo-saga-3"][..], &pg].concat(), "run demo-saga-3 not found");
+    let ran = run_ok(dir.path(), &[&["signal", "nobody-waits", "{\"ok\": true}"][..], &pg].concat());
     assert!(ran.stdout.contains("buffered"), "{}", ran.stdout);
     // A demo run again on the same schema resumes nothing and starts nothing.
-    let ran = run_ok(&dir.path, &[&["demo", "--runs", "20"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["demo", "--runs", "20"][..], &pg].concat());
     assert_eq!(summary_count(&ran.stdout, "new"), 1, "only the deleted run is started again: {}", ran.stdout);
 }
 
 #[test]
 fn bad_postgres_configuration_is_one_line_with_the_right_exit_code() {
     let Some(url) = url_or_skip("bad_postgres_configuration_is_one_line_with_the_right_exit_code") else { return };
-    let dir = TempDir::new("pg-bad");
+    let dir = tempfile::tempdir().unwrap();
     let list = |url: &str, schema: &str| -> Vec<String> {
         ["runs", "list", "--url", url, "--schema", schema].iter().map(|s| s.to_string()).collect()
     };
 
     // A malformed URL: bad input, and the password is never shown.
     let bad_url = list("postgres://u:s3cret@127.0.0.1:notaport/test", "durable");
-    let err = run_bad(&dir.path, &args(&bad_url), "invalid PostgreSQL URL");
+    let err = run_bad(dir.path(), &args(&bad_url), "invalid PostgreSQL URL");
     assert!(!err.contains("s3cret"), "{err}");
     // A database that does not exist: bad input, naming it.
     let missing = format!("durable_no_such_db_{}", std::process::id());
-    let err = run_bad(&dir.path, &args(&list(&with_database(&url, &missing), "durable")), "does not exist");
+    let err = run_bad(dir.path(), &args(&list(&with_database(&url, &missing), "durable")), "does not exist");
     assert!(err.contains(&missing), "{err}");
     // A schema written by a newer build: bad input, for every command (the demo too).
     let schema = Schema::new(&url);
     let pg = ["--url", url.as_str(), "--schema", schema.name.as_str()];
-    run_ok(&dir.path, &[&["demo", "--runs", "1"][..], &pg].concat());
+    run_ok(dir.path(), &[&["demo", "--runs", "1"][..], &pg].concat());
     sql(&url, &format!("INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'future')", schema.name))
         .unwrap();
     for command in [&["runs", "list"][..], &["signal", "t", "1"], &["demo", "--runs", "1"]] {
-        let err = run_bad(&dir.path, &[command, &pg].concat(), "newer than version");
+        let err = run_bad(dir.path(), &[command, &pg].concat(), "newer than version");
         assert!(err.contains("version 99") && err.contains("upgrade durable"), "{err}");
     }
     // Nothing listens there: a failure (exit 1), not bad input; one line, no password.
-    let ran = run(&dir.path, &args(&list("postgres://postgres:s3cret@127.0.0.1:1/test", "durable")));
+    let ran = run(dir.path(), &args(&list("postgres://postgres:s3cret@127.0.0.1:1/test", "durable")));
     assert_eq!(ran.code, Some(1), "{ran:?}");
     let err = ran.stderr.trim_end();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("error: ") && err.contains("connection refused") && !err.contains("s3cret"), "{err}");
     // --url and --db together: a usage error.
     let both = ["runs", "list", "--url", url.as_str(), "--db", "x.db"];
-    let ran = run(&dir.path, &both);
+    let ran = run(dir.path(), &both);
     assert_eq!(ran.code, Some(2), "{ran:?}");
     assert!(ran.stderr.contains("--url") && ran.stderr.contains("--db"), "{}", ran.stderr);
 }
