@@ -38,23 +38,25 @@ use std::sync::Arc;
 use durable::store::Store;
 use durable::{MemoryStore, SqliteStore};
 
-/// A store for one test, on one backend.
-pub struct TestStore {
+/// The store fixture of one test: a store on one backend (memory, or a SQLite file of its own),
+/// a second handle on its data, a `TestEngine` on it. (Not `durable_conformance::TestStore`, what
+/// a conformance `StoreFactory` builds.)
+pub struct StoreFixture {
     pub store: Arc<dyn Store>,
     /// The SQLite store's file, in a temp dir removed (with the WAL files) when the test ends.
     pub db: Option<(tempfile::TempDir, PathBuf)>,
 }
 
-impl TestStore {
+impl StoreFixture {
     pub fn memory() -> Self {
-        TestStore { store: Arc::new(MemoryStore::new()), db: None }
+        StoreFixture { store: Arc::new(MemoryStore::new()), db: None }
     }
 
     pub fn sqlite() -> Self {
         let dir = tempfile::tempdir().expect("a temp dir");
         let path = dir.path().join("durable.db");
         let store = Arc::new(SqliteStore::open(&path).expect("open sqlite"));
-        TestStore { store, db: Some((dir, path)) }
+        StoreFixture { store, db: Some((dir, path)) }
     }
 
     /// Another handle on the same data: a second `SqliteStore` on the same file (as a second
@@ -72,7 +74,7 @@ impl TestStore {
     }
 }
 
-/// Emits, for each async fn `name(store: TestStore)`, a `#[tokio::test]` on the memory
+/// Emits, for each async fn `name(store: StoreFixture)`, a `#[tokio::test]` on the memory
 /// store and one on a fresh SQLite file.
 #[macro_export]
 macro_rules! on_every_store {
@@ -81,7 +83,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::support::TestStore::memory()).await
+                    super::$name(super::support::StoreFixture::memory()).await
                 }
             )*
         }
@@ -89,7 +91,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::support::TestStore::sqlite()).await
+                    super::$name(super::support::StoreFixture::sqlite()).await
                 }
             )*
         }
