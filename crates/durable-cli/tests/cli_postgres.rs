@@ -7,85 +7,33 @@
 //! DURABLE_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p durable-cli --test cli_postgres
 //! ```
 //!
-//! Each test uses a schema of its own (`durable_cli_<pid>_<n>`), dropped at the end.
+//! Each test uses a schema of its own (`durable_test_cli_<pid>_<n>_<random>`, from
+//! `durable_store_postgres::test_support`), dropped at the end, also when it fails.
 
 mod support;
 
-use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-
+use durable_store_postgres::deadpool_postgres::tokio_postgres;
+use durable_store_postgres::test_support::{self, ScratchSchema, url_or_skip, with_database};
 use serde_json::Value;
 use support::{DEMO_WORKFLOWS, default_db, durable, is_terminal, run, run_bad, run_ok, summary_count};
-use tokio_postgres::NoTls;
 
-const ENV: &str = "DURABLE_PG_URL";
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
+}
 
-fn url_or_skip(test: &str) -> Option<String> {
-    match std::env::var(ENV).ok().filter(|u| !u.trim().is_empty()) {
-        Some(url) => Some(url),
-        None => {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "skipped {test}: {ENV} is not set; to run it: {ENV}=postgres://postgres@127.0.0.1:5432/test cargo test -p durable-cli --test cli_postgres"
-            );
-            None
-        }
-    }
+/// A scratch schema of the test's own, dropped (with everything in it) when the test ends, also
+/// when it fails. Only its name is reserved: the `durable` command creates it, or not.
+fn scratch_schema(url: &str) -> ScratchSchema {
+    runtime().block_on(ScratchSchema::new(url, "cli")).expect("a scratch schema")
+}
+
+fn exists(schema: &ScratchSchema) -> bool {
+    runtime().block_on(schema.exists()).expect("look the schema up")
 }
 
 /// Runs `sql` on the server (a connection of its own).
 fn sql(url: &str, sql: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-    rt.block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-        let driver = tokio::spawn(connection);
-        let rows = client.query(sql, &[]).await;
-        drop(client);
-        let _ = driver.await;
-        rows
-    })
-}
-
-/// A schema name of its own, dropped (with everything in it) on drop.
-struct Schema {
-    url: String,
-    name: String,
-}
-
-impl Schema {
-    fn new(url: &str) -> Schema {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = format!("durable_cli_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let schema = Schema { url: url.to_string(), name };
-        schema.drop_it();
-        schema
-    }
-
-    fn exists(&self) -> bool {
-        let rows = sql(&self.url, &format!("SELECT 1 FROM pg_namespace WHERE nspname = '{}'", self.name)).unwrap();
-        !rows.is_empty()
-    }
-
-    fn drop_it(&self) {
-        sql(&self.url, &format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name)).expect("drop the schema");
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        self.drop_it();
-    }
-}
-
-/// `url` with its database replaced.
-fn with_database(url: &str, database: &str) -> String {
-    let base = url.split('?').next().unwrap_or(url);
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    format!("{base}/{database}")
+    runtime().block_on(async { test_support::client(url).await?.query(sql, &[]).await })
 }
 
 fn args(v: &[String]) -> Vec<&str> {
@@ -100,19 +48,19 @@ fn json_lines(stdout: &str) -> Vec<Value> {
 fn the_demo_and_every_operator_command_work_on_postgres() {
     let Some(url) = url_or_skip("the_demo_and_every_operator_command_work_on_postgres") else { return };
     let dir = tempfile::tempdir().unwrap();
-    let schema = Schema::new(&url);
-    let pg = ["--url", url.as_str(), "--schema", schema.name.as_str()];
+    let schema = scratch_schema(&url);
+    let pg = ["--url", url.as_str(), "--schema", schema.name()];
 
     // Operator commands never create the schema.
     let err = run_bad(dir.path(), &[&["runs", "list"][..], &pg].concat(), "no durable schema");
-    assert!(err.contains(&schema.name), "{err}");
-    assert!(!schema.exists(), "an operator command created the schema");
+    assert!(err.contains(schema.name()), "{err}");
+    assert!(!exists(&schema), "an operator command created the schema");
 
     // The demo creates it and runs 20 workflows on it.
     let ran = run_ok(dir.path(), &[&["demo", "--runs", "20"][..], &pg].concat());
     let out = &ran.stdout;
     assert!(out.contains("done: 20 of 20 runs finished"), "{out}");
-    assert!(out.contains(&format!("(schema \"{}\")", schema.name)), "the demo names where it runs: {out}");
+    assert!(out.contains(&format!("(schema \"{}\")", schema.name())), "the demo names where it runs: {out}");
     assert!(!out.contains("s3cret"));
     assert_eq!(summary_count(out, "completed"), 16, "{out}");
     assert_eq!(summary_count(out, "compensated"), 4, "{out}");
@@ -134,7 +82,7 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
     // The same through the environment, filtered.
     let ran = durable(dir.path())
         .env("DURABLE_URL", &url)
-        .env("DURABLE_SCHEMA", &schema.name)
+        .env("DURABLE_SCHEMA", schema.name())
         .args(["runs", "list", "--json", "--status", "failed"])
         .output()
         .unwrap();
@@ -177,11 +125,14 @@ fn bad_postgres_configuration_is_one_line_with_the_right_exit_code() {
     let err = run_bad(dir.path(), &args(&list(&with_database(&url, &missing), "durable")), "does not exist");
     assert!(err.contains(&missing), "{err}");
     // A schema written by a newer build: bad input, for every command (the demo too).
-    let schema = Schema::new(&url);
-    let pg = ["--url", url.as_str(), "--schema", schema.name.as_str()];
+    let schema = scratch_schema(&url);
+    let pg = ["--url", url.as_str(), "--schema", schema.name()];
     run_ok(dir.path(), &[&["demo", "--runs", "1"][..], &pg].concat());
-    sql(&url, &format!("INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'future')", schema.name))
-        .unwrap();
+    sql(
+        &url,
+        &format!("INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'future')", schema.name()),
+    )
+    .unwrap();
     for command in [&["runs", "list"][..], &["signal", "t", "1"], &["demo", "--runs", "1"]] {
         let err = run_bad(dir.path(), &[command, &pg].concat(), "newer than version");
         assert!(err.contains("version 99") && err.contains("upgrade durable"), "{err}");
