@@ -138,7 +138,7 @@ async fn concurrent_engines_migrate_a_fresh_schema_once() {
     let mut tasks = Vec::new();
     for _ in 0..6 {
         let scratch = scratch.clone();
-        tasks.push(tokio::spawn(async move { PostgresStore::connect_with(&scratch.url(), scratch.options()).await }));
+        tasks.push(tokio::spawn(async move { PostgresStore::connect_with(scratch.url(), scratch.options()).await }));
     }
     for t in tasks {
         t.await.unwrap().expect("every engine connects");

@@ -195,7 +195,7 @@ async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_noth
     let e = PostgresStore::connect_with(&url, scratch.options().create_if_missing(false)).await.unwrap_err();
     assert!(matches!(e, Error::SchemaNotFound { .. }), "{e:?}");
     let msg = e.to_string();
-    assert!(!msg.contains('\n') && msg.contains(&scratch.name()), "{msg}");
+    assert!(!msg.contains('\n') && msg.contains(scratch.name()), "{msg}");
     let admin = scratch.client().await.unwrap();
     let exists: bool = admin
         .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&scratch.name()])

@@ -386,7 +386,7 @@ fn sqlite_answers_like_the_memory_store() {
     let from: u64 = std::env::var("DURABLE_DIFF_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let seeds: u64 = std::env::var("DURABLE_DIFF_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
     for seed in from..seeds {
-        let path = dir.path().join(&format!("seed-{seed}.db"));
+        let path = dir.path().join(format!("seed-{seed}.db"));
         let sql = common::open(&path);
         let mem = MemoryStore::new();
         rt.block_on(run_sequence(seed.wrapping_mul(0x9E37_79B9), 400, &mem, &sql));
