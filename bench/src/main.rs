@@ -282,7 +282,7 @@ where
         let engine = engine.clone();
         parking.push(tokio::spawn(async move {
             let run = engine.start(workflow, &i, StartOptions::id(format!("{workflow}-{i}"))).await?;
-            engine.wait_for_settled(&run.id).await.map(|_| run.id)
+            engine.wait_until_suspended_or_terminal(&run.id).await.map(|_| run.id)
         }));
     }
     let mut ids = Vec::with_capacity(runs);

@@ -11,18 +11,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 const STEPS: u32 = 20;
 const KILLS: usize = 6;
 
+/// The worker's database and its side-effect ledger, in a temp dir removed (with everything in
+/// it) when the test ends.
 struct Files {
     db: PathBuf,
     ledger: PathBuf,
-}
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", self.db.display()));
-        }
-        let _ = std::fs::remove_file(&self.ledger);
-    }
+    _dir: tempfile::TempDir,
 }
 
 /// A small deterministic PRNG (xorshift), seeded and printed so a failure can be replayed.
@@ -55,11 +49,8 @@ fn a_run_survives_repeated_sigkills_without_repeating_committed_steps() {
         .unwrap_or_else(|| SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1);
     eprintln!("crash test seed: {seed} (set CRASH_SEED to replay)");
     let mut rng = Rng(seed);
-    let tag = format!("{}-{seed}", std::process::id());
-    let files = Files {
-        db: std::env::temp_dir().join(format!("durable-crash-{tag}.db")),
-        ledger: std::env::temp_dir().join(format!("durable-crash-{tag}.ledger")),
-    };
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let files = Files { db: dir.path().join("crash.db"), ledger: dir.path().join("crash.ledger"), _dir: dir };
 
     let mut kills = 0;
     let mut committed_before_kills = Vec::new();

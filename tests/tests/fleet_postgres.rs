@@ -10,22 +10,21 @@
 //! DURABLE_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p durable-tests --test fleet_postgres
 //! ```
 //!
-//! Each test works in a schema of its own (`durable_fleet_<pid>_<tag>_<n>`), dropped at the end
-//! (also when it fails), and terminates only connections with its own application name. The
+//! Each test works in a schema of its own (`durable_test_fleet_<tag>_<pid>_<n>_<random>`, from
+//! `durable_store_postgres::test_support`), dropped at the end (also when it fails), and
+//! terminates only connections with its own application name. The
 //! tests run one at a time. To see what the processes said, set `FLEET_DIAG=<file>` (every line,
 //! with the time it arrived) and `PRINT_TURNS=1` (the workers also print every turn).
 
 use std::collections::{BTreeMap, BTreeSet, HashMap};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use durable::{Engine, PostgresOptions, PostgresStore, QueueTransport, StartOptions, WorkflowCtx, WorkflowError};
-use durable_store_postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
-
-const ENV: &str = "DURABLE_PG_URL";
+use durable_store_postgres::deadpool_postgres::tokio_postgres;
+use durable_store_postgres::test_support::{self, ScratchSchema, url_or_skip};
 
 /// The line a process's reader sends when its output ends (it exited or was killed).
 const EXITED: &str = "<exited>";
@@ -40,19 +39,6 @@ fn starter_done(line: &str) -> bool {
 /// How long a test waits for the next line of its processes before it gives up (a hang guard,
 /// not a timing assertion).
 const QUIET_LIMIT: Duration = Duration::from_secs(120);
-
-fn url_or_skip(test: &str) -> Option<String> {
-    match std::env::var(ENV).ok().filter(|u| !u.trim().is_empty()) {
-        Some(url) => Some(url),
-        None => {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "skipped {test}: {ENV} is not set; to run it: {ENV}=postgres://postgres@127.0.0.1:5432/test cargo test -p durable-tests --test fleet_postgres"
-            );
-            None
-        }
-    }
-}
 
 /// The tests of this file run one at a time: each already runs several processes on the machine's
 /// cores, and the latency test measures an idle worker, not one starved by another test's load.
@@ -69,89 +55,67 @@ fn unix_us() -> u128 {
     SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros()).unwrap_or(0)
 }
 
-async fn client(url: &str) -> tokio_postgres::Client {
-    let (client, connection) = tokio_postgres::connect(url, NoTls).await.expect("connect a plain client");
-    tokio::spawn(connection);
-    client
-}
-
-/// A schema of its own for one test, with the steps' side-effect ledger; dropped on drop.
+/// A scratch schema of its own for one test (dropped at the end, also when the test fails), with
+/// the steps' side-effect ledger.
 struct Db {
-    url: String,
-    schema: String,
+    scratch: ScratchSchema,
 }
 
 impl Db {
     fn new(url: &str, tag: &str) -> Db {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let schema = format!("durable_fleet_{}_{tag}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let db = Db { url: url.to_string(), schema };
         runtime().block_on(async {
-            let admin = client(&db.url).await;
-            admin.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", db.schema)).await.unwrap();
+            let db = Db { scratch: ScratchSchema::new(url, &format!("fleet_{tag}")).await.expect("a scratch schema") };
             // The store creates its schema (so the processes do not race to) …
             drop(db.connect().await);
             // … and the ledger lives next to its tables: one row per execution of a step.
-            admin
+            db.scratch
+                .client()
+                .await
+                .expect("connect a plain client")
                 .batch_execute(&format!(
                     "CREATE TABLE \"{}\".ledger (n bigint GENERATED ALWAYS AS IDENTITY, step_id text NOT NULL, worker integer NOT NULL)",
-                    db.schema
+                    db.schema()
                 ))
                 .await
                 .unwrap();
-        });
-        db
+            db
+        })
     }
 
-    /// The application name of every connection of this test (workers, clients, listeners).
-    fn app_name(&self) -> String {
-        format!("durable-{}", self.schema)
+    fn url(&self) -> &str {
+        self.scratch.url()
     }
 
+    fn schema(&self) -> &str {
+        self.scratch.name()
+    }
+
+    /// Every connection of this test (workers, clients, listeners) carries this application name.
     fn options(&self) -> PostgresOptions {
-        PostgresOptions::new()
-            .schema(&self.schema)
-            .pool_size(4)
-            .application_name(self.app_name())
-            .notify_channel("durable")
+        self.scratch.options().notify_channel("durable")
     }
 
     async fn connect(&self) -> PostgresStore {
-        PostgresStore::connect_with(&self.url, self.options()).await.expect("connect the test's store")
+        PostgresStore::connect_with(self.url(), self.options()).await.expect("connect the test's store")
     }
 
     fn query(&self, sql: &str) -> Vec<tokio_postgres::Row> {
-        runtime().block_on(async { client(&self.url).await.query(sql, &[]).await.expect(sql) })
+        runtime().block_on(async {
+            self.scratch.client().await.expect("connect a plain client").query(sql, &[]).await.expect(sql)
+        })
     }
 
     /// Terminates every connection of this test's processes; returns how many.
     fn terminate_backends(&self) -> i64 {
-        let rows = self.query(&format!(
-            "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity WHERE application_name = '{}'",
-            self.app_name()
-        ));
-        rows[0].get(0)
+        runtime().block_on(self.scratch.terminate_backends()).expect("terminate the test's connections")
     }
 
     /// Every run's (id, status, recovery_attempts).
     fn runs(&self) -> Vec<(String, String, i64)> {
-        self.query(&format!("SELECT id, status, recovery_attempts FROM \"{}\".runs", self.schema))
+        self.query(&format!("SELECT id, status, recovery_attempts FROM \"{}\".runs", self.schema()))
             .iter()
             .map(|r| (r.get(0), r.get(1), r.get(2)))
             .collect()
-    }
-}
-
-impl Drop for Db {
-    fn drop(&mut self) {
-        let (url, schema) = (self.url.clone(), self.schema.clone());
-        let _ = std::thread::spawn(move || {
-            runtime().block_on(async {
-                let admin = client(&url).await;
-                let _ = admin.batch_execute(&format!("DROP SCHEMA IF EXISTS \"{schema}\" CASCADE")).await;
-            })
-        })
-        .join();
     }
 }
 
@@ -174,10 +138,10 @@ impl Procs {
     fn spawn(&mut self, db: &Db, args: &[&str], env: &[(&str, &str)], lines: &mpsc::Sender<(usize, String)>) -> usize {
         let index = self.0.len();
         let mut child = Command::new(env!("CARGO_BIN_EXE_fleet_pg_worker"))
-            .arg(&db.url)
-            .arg(&db.schema)
+            .arg(db.url())
+            .arg(db.schema())
             .args(args)
-            .env("APP_NAME", db.app_name())
+            .env("APP_NAME", db.scratch.application_name())
             .envs(env.iter().copied())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -267,7 +231,7 @@ fn check_runs_and_ledger(db: &Db, runs: usize) -> HashMap<String, Vec<i32>> {
     let rows = db.query(&format!(
         "SELECT run_id, count(*), count(*) FILTER (WHERE kind = 'step' AND status = 'completed'), \
                 count(*) FILTER (WHERE status = 'completed') FROM \"{}\".checkpoints GROUP BY run_id",
-        db.schema
+        db.schema()
     ));
     assert_eq!(rows.len(), runs);
     for r in &rows {
@@ -275,11 +239,11 @@ fn check_runs_and_ledger(db: &Db, runs: usize) -> HashMap<String, Vec<i32>> {
         assert_eq!((total, steps, completed), (12, 10, 12), "run {run}: checkpoints (all, completed steps, completed)");
     }
     let mut ledger: HashMap<String, Vec<i32>> = HashMap::new();
-    for r in db.query(&format!("SELECT step_id, worker FROM \"{}\".ledger ORDER BY n", db.schema)) {
+    for r in db.query(&format!("SELECT step_id, worker FROM \"{}\".ledger ORDER BY n", db.schema())) {
         ledger.entry(r.get(0)).or_default().push(r.get(1));
     }
     let steps: BTreeSet<(String, i64)> = db
-        .query(&format!("SELECT run_id, seq FROM \"{}\".checkpoints WHERE kind = 'step'", db.schema))
+        .query(&format!("SELECT run_id, seq FROM \"{}\".checkpoints WHERE kind = 'step'", db.schema()))
         .iter()
         .map(|r| (r.get(0), r.get(1)))
         .collect();
@@ -352,7 +316,7 @@ fn four_workers_share_2000_runs_with_sleeps_and_signals_and_survive_two_sigkills
     let committed_at: HashMap<String, i64> = db
         .query(&format!(
             "SELECT run_id || ':' || seq, updated_at FROM \"{}\".checkpoints WHERE kind = 'step'",
-            db.schema
+            db.schema()
         ))
         .iter()
         .map(|r| (r.get(0), r.get(1)))
@@ -566,16 +530,14 @@ fn bad_configuration_is_one_clear_line_from_a_worker() {
     assert!(err.contains("127.0.0.1:1") && err.contains("connection refused"), "{err}");
     // A database that does not exist.
     let missing = format!("durable_no_such_db_{}", std::process::id());
-    let base = url.split('?').next().unwrap_or(&url);
-    let base = base.rsplit_once('/').map_or(base, |(b, _)| b);
-    let err = worker(&format!("{base}/{missing}"), "x");
+    let err = worker(&test_support::with_database(&url, &missing), "x");
     assert!(err.contains(&missing) && err.contains("does not exist"), "{err}");
     // A schema written by a newer build.
     let db = Db::new(&url, "newer");
     db.query(&format!(
         "INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'from the future')",
-        db.schema
+        db.schema()
     ));
-    let err = worker(&url, &db.schema);
+    let err = worker(&url, db.schema());
     assert!(err.contains("version 99") && err.contains("upgrade durable"), "{err}");
 }

@@ -8,24 +8,12 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
 
-struct Files(Vec<PathBuf>);
-
-impl Drop for Files {
-    fn drop(&mut self) {
-        for p in &self.0 {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", p.display()));
-            }
-        }
-    }
-}
-
-fn temp(name: &str) -> PathBuf {
-    std::env::temp_dir().join(format!("durable-fleet-{name}-{}-{}.db", std::process::id(), rand_suffix()))
-}
-
-fn rand_suffix() -> u64 {
-    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64
+/// A temp dir of the test's own (removed with everything in it when the test ends) and the
+/// database file the workers share in it.
+fn temp_db() -> (tempfile::TempDir, PathBuf) {
+    let dir = tempfile::tempdir().expect("a temp dir");
+    let db = dir.path().join("fleet.db");
+    (dir, db)
 }
 
 /// A worker process whose stdout lines arrive on `lines` as `(worker, line)`.
@@ -77,8 +65,7 @@ fn runs(db: &PathBuf) -> Vec<durable::Run> {
 #[test]
 fn three_workers_share_500_runs_and_survive_a_sigkill() {
     const RUNS: usize = 500;
-    let db = temp("share");
-    let _files = Files(vec![db.clone()]);
+    let (_dir, db) = temp_db();
     let (tx, rx) = mpsc::channel();
     // Create the file (and its schema) before four processes race to.
     drop(runs(&db));
@@ -150,9 +137,8 @@ fn three_workers_share_500_runs_and_survive_a_sigkill() {
 
 #[test]
 fn a_poison_run_ends_dead_and_on_dead_fires_once() {
-    let db = temp("poison");
+    let (_dir, db) = temp_db();
     let marker = db.with_extension("marker");
-    let _files = Files(vec![db.clone(), marker.clone()]);
     let (tx, rx) = mpsc::channel();
     let marker_arg = marker.to_string_lossy().to_string();
     let mut deaths = 0;
@@ -179,8 +165,7 @@ fn a_poison_run_ends_dead_and_on_dead_fires_once() {
 #[test]
 fn drain_under_load_hands_unfinished_runs_to_another_worker() {
     const RUNS: usize = 200;
-    let db = temp("drain");
-    let _files = Files(vec![db.clone()]);
+    let (_dir, db) = temp_db();
     let (tx, rx) = mpsc::channel();
     drop(runs(&db));
     // Slow steps (100 ms each, ~1 s per run): the first worker holds many turns at once, and

@@ -5,57 +5,34 @@
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use durable_conformance::{StoreFactory, TestStore};
-use durable_core::{Store, StoreResult};
+use durable_core::{Store, StoreError, StoreResult};
 use durable_store_sqlite::SqliteStore;
 
-/// A directory of its own per case, removed with everything in it when the case ends.
-#[derive(Debug)]
-struct TempDb {
-    dir: PathBuf,
-    path: PathBuf,
-}
-
-impl TempDb {
-    fn new() -> TempDb {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let dir = std::env::temp_dir().join(format!(
-            "durable-sqlite-conformance-{}-{nanos}-{}",
-            std::process::id(),
-            NEXT.fetch_add(1, Ordering::Relaxed)
-        ));
-        std::fs::create_dir_all(&dir).expect("create the case's temp dir");
-        let path = dir.join("durable.db");
-        TempDb { dir, path }
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.dir);
-    }
+/// The database file in the case's temp dir (the factory's guard: removed with everything in it
+/// when the case ends).
+fn db_path(dir: &tempfile::TempDir) -> PathBuf {
+    dir.path().join("durable.db")
 }
 
 struct SqliteFactory;
 
 impl SqliteFactory {
     fn open(store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
-        let db = store.guard::<TempDb>()?;
-        Some(SqliteStore::open(&db.path).map(|s| Arc::new(s) as Arc<dyn Store>).map_err(Into::into))
+        let dir = store.guard::<tempfile::TempDir>()?;
+        Some(SqliteStore::open(db_path(dir)).map(|s| Arc::new(s) as Arc<dyn Store>).map_err(Into::into))
     }
 }
 
 #[async_trait]
 impl StoreFactory for SqliteFactory {
     async fn create(&self) -> StoreResult<TestStore> {
-        let db = TempDb::new();
+        let dir = tempfile::tempdir().map_err(StoreError::backend)?;
         // Default options: Durability::Full, as users get it.
-        let store = SqliteStore::open(&db.path)?;
-        Ok(TestStore::new(store).with_guard(db))
+        let store = SqliteStore::open(db_path(&dir))?;
+        Ok(TestStore::new(store).with_guard(dir))
     }
 
     async fn second_handle(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {

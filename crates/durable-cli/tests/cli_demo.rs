@@ -8,7 +8,7 @@ use std::io::{BufRead, BufReader};
 use std::process::Stdio;
 
 use serde_json::Value;
-use support::{DEMO_WORKFLOWS, TempDir, durable, is_terminal, list_runs, run_ok, summary_count};
+use support::{DEMO_WORKFLOWS, default_db, durable, is_terminal, list_runs, run_ok, summary_count};
 
 fn top_level(runs: &[Value]) -> Vec<&Value> {
     runs.iter().filter(|r| r["parent"].is_null()).collect()
@@ -23,10 +23,10 @@ fn expected_ids(n: u32) -> Vec<String> {
 
 #[test]
 fn demo_runs_50_workflows_on_a_fresh_directory_and_lists_them() {
-    let dir = TempDir::new("demo-fresh");
+    let dir = tempfile::tempdir().unwrap();
     // No --db: the default ./durable.db in the working directory, created by the demo.
-    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
-    assert!(dir.db().exists(), "the demo created ./durable.db");
+    let ran = run_ok(dir.path(), &["demo", "--runs", "50"]);
+    assert!(default_db(dir.path()).exists(), "the demo created ./durable.db");
     let out = &ran.stdout;
     assert!(out.contains("done: 50 of 50 runs finished"), "{out}");
     assert_eq!(summary_count(out, "completed"), 40, "{out}");
@@ -42,7 +42,7 @@ fn demo_runs_50_workflows_on_a_fresh_directory_and_lists_them() {
     let last = ran.stderr.lines().last().unwrap_or_default();
     assert!(last.contains("50/50 runs finished"), "stderr: {}", ran.stderr);
 
-    let runs = list_runs(&dir.path, &dir.db());
+    let runs = list_runs(dir.path(), &default_db(dir.path()));
     let top = top_level(&runs);
     assert_eq!(top.len(), 50, "50 top-level runs");
     let mut ids: Vec<String> = top.iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
@@ -60,11 +60,11 @@ fn demo_runs_50_workflows_on_a_fresh_directory_and_lists_them() {
 
 #[test]
 fn a_demo_killed_midway_resumes_the_same_runs_when_run_again() {
-    let dir = TempDir::new("demo-kill");
-    let db = dir.db();
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
 
     // 1. Start the demo and SIGKILL it once some runs finished and others did not.
-    let mut child = durable(&dir.path)
+    let mut child = durable(dir.path())
         .args(["demo", "--runs", "50"])
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
@@ -90,7 +90,7 @@ fn a_demo_killed_midway_resumes_the_same_runs_when_run_again() {
     assert!(killed_at.is_some(), "the demo never reported progress");
 
     // 2. What the killed demo left.
-    let before = list_runs(&dir.path, &db);
+    let before = list_runs(dir.path(), &db);
     let before: BTreeMap<String, (u64, String)> = top_level(&before)
         .into_iter()
         .map(|r| {
@@ -105,7 +105,7 @@ fn a_demo_killed_midway_resumes_the_same_runs_when_run_again() {
     assert!(unfinished > 0, "some runs were unfinished when the demo was killed: {before:?}");
 
     // 3. Run it again: it starts only the missing runs and resumes the unfinished ones.
-    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
+    let ran = run_ok(dir.path(), &["demo", "--runs", "50"]);
     let out = &ran.stdout;
     assert!(out.contains("done: 50 of 50 runs finished"), "{out}");
     assert_eq!(summary_count(out, "new"), 50 - existed, "{out}");
@@ -114,7 +114,7 @@ fn a_demo_killed_midway_resumes_the_same_runs_when_run_again() {
     assert_eq!(summary_count(out, "completed") + summary_count(out, "compensated"), 50, "{out}");
 
     // 4. Every run exactly once, all finished; the runs from before were not created again.
-    let after = list_runs(&dir.path, &db);
+    let after = list_runs(dir.path(), &db);
     let top = top_level(&after);
     let mut ids: Vec<String> = top.iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
     ids.sort();
@@ -132,7 +132,7 @@ fn a_demo_killed_midway_resumes_the_same_runs_when_run_again() {
     }
 
     // 5. A third run has nothing left to do.
-    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
+    let ran = run_ok(dir.path(), &["demo", "--runs", "50"]);
     assert_eq!(summary_count(&ran.stdout, "already finished"), 50, "{}", ran.stdout);
     assert_eq!(summary_count(&ran.stdout, "new") + summary_count(&ran.stdout, "resumed"), 0, "{}", ran.stdout);
 }
@@ -140,8 +140,8 @@ fn a_demo_killed_midway_resumes_the_same_runs_when_run_again() {
 #[cfg(unix)]
 #[test]
 fn ctrl_c_drains_the_demo_and_leaves_no_lease_behind() {
-    let dir = TempDir::new("demo-sigint");
-    let mut child = durable(&dir.path)
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = durable(dir.path())
         .args(["demo", "--runs", "50"])
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -163,13 +163,13 @@ fn ctrl_c_drains_the_demo_and_leaves_no_lease_behind() {
     assert!(stdout.contains("run the same command again to resume the rest"), "{stdout}");
 
     // Drained: nothing is left running or leased, so the next demo resumes at once.
-    let runs = list_runs(&dir.path, &dir.db());
+    let runs = list_runs(dir.path(), &default_db(dir.path()));
     for run in &runs {
         assert_ne!(run["status"], "running", "{run}");
         assert!(run["lease_owner"].is_null(), "{run}");
     }
     let unfinished = top_level(&runs).iter().filter(|r| !is_terminal(r["status"].as_str().unwrap())).count() as u64;
-    let ran = run_ok(&dir.path, &["demo", "--runs", "50"]);
+    let ran = run_ok(dir.path(), &["demo", "--runs", "50"]);
     assert_eq!(summary_count(&ran.stdout, "resumed"), unfinished, "{}", ran.stdout);
     assert!(ran.stdout.contains("done: 50 of 50 runs finished"), "{}", ran.stdout);
 }

@@ -3,7 +3,7 @@
 
 mod support;
 
-use support::{TempDir, path_str, run, run_bad, run_ok};
+use support::{default_db, path_str, run, run_bad, run_ok};
 
 /// Every operator command, with valid arguments, on `db`.
 fn operator_commands(db: &str) -> Vec<Vec<&str>> {
@@ -20,18 +20,18 @@ fn operator_commands(db: &str) -> Vec<Vec<&str>> {
 
 #[test]
 fn files_that_are_not_durable_databases_are_refused_and_left_alone() {
-    let dir = TempDir::new("not-a-db");
-    let empty = dir.file("empty.db");
+    let dir = tempfile::tempdir().unwrap();
+    let empty = dir.path().join("empty.db");
     std::fs::write(&empty, b"").unwrap();
-    let text = dir.file("notes.txt");
+    let text = dir.path().join("notes.txt");
     std::fs::write(&text, b"my notes, not a database\n").unwrap();
-    let missing = dir.file("typo.db");
+    let missing = dir.path().join("typo.db");
 
     for (path, why) in [(&empty, "the file is empty"), (&text, "not an SQLite database"), (&missing, "does not exist")]
     {
         let p = path_str(path);
         for args in operator_commands(p) {
-            let err = run_bad(&dir.path, &args, &format!("{p} is not a durable database"));
+            let err = run_bad(dir.path(), &args, &format!("{p} is not a durable database"));
             assert!(err.contains(why), "{args:?}: {err}");
         }
     }
@@ -39,36 +39,36 @@ fn files_that_are_not_durable_databases_are_refused_and_left_alone() {
     assert_eq!(std::fs::read(&text).unwrap(), b"my notes, not a database\n");
     assert!(!missing.exists(), "no database was created");
     // DURABLE_DB names the database too.
-    let ran = support::durable(&dir.path).env("DURABLE_DB", &missing).args(["runs", "list"]).output().unwrap();
+    let ran = support::durable(dir.path()).env("DURABLE_DB", &missing).args(["runs", "list"]).output().unwrap();
     assert_eq!(ran.status.code(), Some(2));
     assert!(String::from_utf8_lossy(&ran.stderr).contains("typo.db is not a durable database"));
     // The default ./durable.db is not created either.
-    run_bad(&dir.path, &["runs", "list"], "./durable.db is not a durable database");
-    assert!(!dir.db().exists());
+    run_bad(dir.path(), &["runs", "list"], "./durable.db is not a durable database");
+    assert!(!default_db(dir.path()).exists());
     // The demo refuses a text file as well (it only creates missing or empty files).
-    run_bad(&dir.path, &["demo", "--runs", "1", "--db", path_str(&text)], "is not a durable database");
+    run_bad(dir.path(), &["demo", "--runs", "1", "--db", path_str(&text)], "is not a durable database");
 }
 
 #[test]
 fn a_database_from_a_newer_build_is_refused() {
-    let dir = TempDir::new("newer");
-    let db = dir.db();
-    run_ok(&dir.path, &["demo", "--runs", "1", "--db", path_str(&db)]);
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    run_ok(dir.path(), &["demo", "--runs", "1", "--db", path_str(&db)]);
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute("INSERT INTO durable_schema VALUES (999, 'from the future', 0)", []).unwrap();
     drop(conn);
     for args in operator_commands(path_str(&db)) {
-        run_bad(&dir.path, &args, "newer than version");
+        run_bad(dir.path(), &args, "newer than version");
     }
-    run_bad(&dir.path, &["demo", "--runs", "1", "--db", path_str(&db)], "upgrade durable");
+    run_bad(dir.path(), &["demo", "--runs", "1", "--db", path_str(&db)], "upgrade durable");
 }
 
 #[test]
 fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
-    let dir = TempDir::new("bad-args");
-    let db = dir.db();
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
     let dbs = path_str(&db);
-    run_ok(&dir.path, &["demo", "--runs", "1", "--db", dbs]);
+    run_ok(dir.path(), &["demo", "--runs", "1", "--db", dbs]);
 
     let cases: Vec<(Vec<&str>, &str)> = vec![
         // Unknown runs.
@@ -98,13 +98,13 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
         (vec!["--no-such-flag"], "--no-such-flag"),
     ];
     for (args, expected) in cases {
-        run_bad(&dir.path, &args, expected);
+        run_bad(dir.path(), &args, expected);
     }
 }
 
 #[test]
 fn help_works_on_every_command_and_completions_are_printed() {
-    let dir = TempDir::new("help");
+    let dir = tempfile::tempdir().unwrap();
     for args in [
         &["--help"][..],
         &["demo", "--help"],
@@ -118,16 +118,16 @@ fn help_works_on_every_command_and_completions_are_printed() {
         &["completions", "--help"],
         &["help", "runs", "list"],
     ] {
-        let ran = run_ok(&dir.path, args);
+        let ran = run_ok(dir.path(), args);
         assert!(ran.stdout.contains("Usage: durable"), "{args:?}: {}", ran.stdout);
     }
     // No command at all: the help, as a usage error.
-    let ran = run(&dir.path, &[]);
+    let ran = run(dir.path(), &[]);
     assert_eq!(ran.code, Some(2));
     assert!(ran.stderr.contains("Usage: durable"), "{ran:?}");
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
-        let ran = run_ok(&dir.path, &["completions", shell]);
+        let ran = run_ok(dir.path(), &["completions", shell]);
         assert!(ran.stdout.contains("durable"), "{shell}: {}", ran.stdout);
     }
-    assert!(!dir.db().exists(), "help and completions touch no database");
+    assert!(!default_db(dir.path()).exists(), "help and completions touch no database");
 }

@@ -7,85 +7,33 @@
 //! DURABLE_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p durable-cli --test cli_postgres
 //! ```
 //!
-//! Each test uses a schema of its own (`durable_cli_<pid>_<n>`), dropped at the end.
+//! Each test uses a schema of its own (`durable_test_cli_<pid>_<n>_<random>`, from
+//! `durable_store_postgres::test_support`), dropped at the end, also when it fails.
 
 mod support;
 
-use std::io::Write;
-use std::sync::atomic::{AtomicU64, Ordering};
-
+use durable_store_postgres::deadpool_postgres::tokio_postgres;
+use durable_store_postgres::test_support::{self, ScratchSchema, url_or_skip, with_database};
 use serde_json::Value;
-use support::{DEMO_WORKFLOWS, TempDir, durable, is_terminal, run, run_bad, run_ok, summary_count};
-use tokio_postgres::NoTls;
+use support::{DEMO_WORKFLOWS, default_db, durable, is_terminal, run, run_bad, run_ok, summary_count};
 
-const ENV: &str = "DURABLE_PG_URL";
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime")
+}
 
-fn url_or_skip(test: &str) -> Option<String> {
-    match std::env::var(ENV).ok().filter(|u| !u.trim().is_empty()) {
-        Some(url) => Some(url),
-        None => {
-            let _ = writeln!(
-                std::io::stderr().lock(),
-                "skipped {test}: {ENV} is not set; to run it: {ENV}=postgres://postgres@127.0.0.1:5432/test cargo test -p durable-cli --test cli_postgres"
-            );
-            None
-        }
-    }
+/// A scratch schema of the test's own, dropped (with everything in it) when the test ends, also
+/// when it fails. Only its name is reserved: the `durable` command creates it, or not.
+fn scratch_schema(url: &str) -> ScratchSchema {
+    runtime().block_on(ScratchSchema::new(url, "cli")).expect("a scratch schema")
+}
+
+fn exists(schema: &ScratchSchema) -> bool {
+    runtime().block_on(schema.exists()).expect("look the schema up")
 }
 
 /// Runs `sql` on the server (a connection of its own).
 fn sql(url: &str, sql: &str) -> Result<Vec<tokio_postgres::Row>, tokio_postgres::Error> {
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a runtime");
-    rt.block_on(async {
-        let (client, connection) = tokio_postgres::connect(url, NoTls).await?;
-        let driver = tokio::spawn(connection);
-        let rows = client.query(sql, &[]).await;
-        drop(client);
-        let _ = driver.await;
-        rows
-    })
-}
-
-/// A schema name of its own, dropped (with everything in it) on drop.
-struct Schema {
-    url: String,
-    name: String,
-}
-
-impl Schema {
-    fn new(url: &str) -> Schema {
-        static NEXT: AtomicU64 = AtomicU64::new(0);
-        let name = format!("durable_cli_{}_{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
-        let schema = Schema { url: url.to_string(), name };
-        schema.drop_it();
-        schema
-    }
-
-    fn exists(&self) -> bool {
-        let rows = sql(&self.url, &format!("SELECT 1 FROM pg_namespace WHERE nspname = '{}'", self.name)).unwrap();
-        !rows.is_empty()
-    }
-
-    fn drop_it(&self) {
-        sql(&self.url, &format!("DROP SCHEMA IF EXISTS \"{}\" CASCADE", self.name)).expect("drop the schema");
-    }
-}
-
-impl Drop for Schema {
-    fn drop(&mut self) {
-        self.drop_it();
-    }
-}
-
-/// `url` with its database replaced.
-fn with_database(url: &str, database: &str) -> String {
-    let base = url.split('?').next().unwrap_or(url);
-    let authority_start = base.find("://").map_or(0, |i| i + 3);
-    let base = match base[authority_start..].find('/') {
-        Some(slash) => &base[..authority_start + slash],
-        None => base,
-    };
-    format!("{base}/{database}")
+    runtime().block_on(async { test_support::client(url).await?.query(sql, &[]).await })
 }
 
 fn args(v: &[String]) -> Vec<&str> {
@@ -99,27 +47,27 @@ fn json_lines(stdout: &str) -> Vec<Value> {
 #[test]
 fn the_demo_and_every_operator_command_work_on_postgres() {
     let Some(url) = url_or_skip("the_demo_and_every_operator_command_work_on_postgres") else { return };
-    let dir = TempDir::new("pg-demo");
-    let schema = Schema::new(&url);
-    let pg = ["--url", url.as_str(), "--schema", schema.name.as_str()];
+    let dir = tempfile::tempdir().unwrap();
+    let schema = scratch_schema(&url);
+    let pg = ["--url", url.as_str(), "--schema", schema.name()];
 
     // Operator commands never create the schema.
-    let err = run_bad(&dir.path, &[&["runs", "list"][..], &pg].concat(), "no durable schema");
-    assert!(err.contains(&schema.name), "{err}");
-    assert!(!schema.exists(), "an operator command created the schema");
+    let err = run_bad(dir.path(), &[&["runs", "list"][..], &pg].concat(), "no durable schema");
+    assert!(err.contains(schema.name()), "{err}");
+    assert!(!exists(&schema), "an operator command created the schema");
 
     // The demo creates it and runs 20 workflows on it.
-    let ran = run_ok(&dir.path, &[&["demo", "--runs", "20"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["demo", "--runs", "20"][..], &pg].concat());
     let out = &ran.stdout;
     assert!(out.contains("done: 20 of 20 runs finished"), "{out}");
-    assert!(out.contains(&format!("(schema \"{}\")", schema.name)), "the demo names where it runs: {out}");
+    assert!(out.contains(&format!("(schema \"{}\")", schema.name())), "the demo names where it runs: {out}");
     assert!(!out.contains("s3cret"));
     assert_eq!(summary_count(out, "completed"), 16, "{out}");
     assert_eq!(summary_count(out, "compensated"), 4, "{out}");
-    assert!(!dir.db().exists(), "no SQLite file was created");
+    assert!(!default_db(dir.path()).exists(), "no SQLite file was created");
 
     // `runs list --json`: every run, one JSON object per line.
-    let ran = run_ok(&dir.path, &[&["runs", "list", "--json", "--limit", "0"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["runs", "list", "--json", "--limit", "0"][..], &pg].concat());
     let runs = json_lines(&ran.stdout);
     let top: Vec<&Value> = runs.iter().filter(|r| r["parent"].is_null()).collect();
     assert_eq!(top.len(), 20, "20 top-level runs");
@@ -132,9 +80,9 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
         assert!(DEMO_WORKFLOWS.contains(&run["workflow"].as_str().unwrap()), "{run}");
     }
     // The same through the environment, filtered.
-    let ran = durable(&dir.path)
+    let ran = durable(dir.path())
         .env("DURABLE_URL", &url)
-        .env("DURABLE_SCHEMA", &schema.name)
+        .env("DURABLE_SCHEMA", schema.name())
         .args(["runs", "list", "--json", "--status", "failed"])
         .output()
         .unwrap();
@@ -143,58 +91,61 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
     assert_eq!(failed.len(), 4, "the four sagas failed (and compensated)");
 
     // show, retry, cancel, delete, signal.
-    let ran = run_ok(&dir.path, &[&["runs", "show", "demo-saga-3", "--json"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["runs", "show", "demo-saga-3", "--json"][..], &pg].concat());
     let shown: Value = serde_json::from_str(&ran.stdout).unwrap();
     assert_eq!(shown["run"]["status"], "failed");
     assert_eq!(shown["history"].as_array().map(Vec::len), Some(7), "{shown}");
     // A compensated saga is not retried (its undos ran); cancelling a settled run reports it.
-    run_bad(&dir.path, &[&["runs", "retry", "demo-saga-3"][..], &pg].concat(), "ran its undos");
-    let ran = run_ok(&dir.path, &[&["runs", "cancel", "demo-saga-3"][..], &pg].concat());
+    run_bad(dir.path(), &[&["runs", "retry", "demo-saga-3"][..], &pg].concat(), "ran its undos");
+    let ran = run_ok(dir.path(), &[&["runs", "cancel", "demo-saga-3"][..], &pg].concat());
     assert!(ran.stdout.contains("failed"), "{}", ran.stdout);
-    run_ok(&dir.path, &[&["runs", "delete", "demo-saga-3"][..], &pg].concat());
-    run_bad(&dir.path, &[&["runs", "show", "demo-saga-3"][..], &pg].concat(), "run demo-saga-3 not found");
-    let ran = run_ok(&dir.path, &[&["signal", "nobody-waits", "{\"ok\": true}"][..], &pg].concat());
+    run_ok(dir.path(), &[&["runs", "delete", "demo-saga-3"][..], &pg].concat());
+    run_bad(dir.path(), &[&["runs", "show", "demo-saga-3"][..], &pg].concat(), "run demo-saga-3 not found");
+    let ran = run_ok(dir.path(), &[&["signal", "nobody-waits", "{\"ok\": true}"][..], &pg].concat());
     assert!(ran.stdout.contains("buffered"), "{}", ran.stdout);
     // A demo run again on the same schema resumes nothing and starts nothing.
-    let ran = run_ok(&dir.path, &[&["demo", "--runs", "20"][..], &pg].concat());
+    let ran = run_ok(dir.path(), &[&["demo", "--runs", "20"][..], &pg].concat());
     assert_eq!(summary_count(&ran.stdout, "new"), 1, "only the deleted run is started again: {}", ran.stdout);
 }
 
 #[test]
 fn bad_postgres_configuration_is_one_line_with_the_right_exit_code() {
     let Some(url) = url_or_skip("bad_postgres_configuration_is_one_line_with_the_right_exit_code") else { return };
-    let dir = TempDir::new("pg-bad");
+    let dir = tempfile::tempdir().unwrap();
     let list = |url: &str, schema: &str| -> Vec<String> {
         ["runs", "list", "--url", url, "--schema", schema].iter().map(|s| s.to_string()).collect()
     };
 
     // A malformed URL: bad input, and the password is never shown.
     let bad_url = list("postgres://u:s3cret@127.0.0.1:notaport/test", "durable");
-    let err = run_bad(&dir.path, &args(&bad_url), "invalid PostgreSQL URL");
+    let err = run_bad(dir.path(), &args(&bad_url), "invalid PostgreSQL URL");
     assert!(!err.contains("s3cret"), "{err}");
     // A database that does not exist: bad input, naming it.
     let missing = format!("durable_no_such_db_{}", std::process::id());
-    let err = run_bad(&dir.path, &args(&list(&with_database(&url, &missing), "durable")), "does not exist");
+    let err = run_bad(dir.path(), &args(&list(&with_database(&url, &missing), "durable")), "does not exist");
     assert!(err.contains(&missing), "{err}");
     // A schema written by a newer build: bad input, for every command (the demo too).
-    let schema = Schema::new(&url);
-    let pg = ["--url", url.as_str(), "--schema", schema.name.as_str()];
-    run_ok(&dir.path, &[&["demo", "--runs", "1"][..], &pg].concat());
-    sql(&url, &format!("INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'future')", schema.name))
-        .unwrap();
+    let schema = scratch_schema(&url);
+    let pg = ["--url", url.as_str(), "--schema", schema.name()];
+    run_ok(dir.path(), &[&["demo", "--runs", "1"][..], &pg].concat());
+    sql(
+        &url,
+        &format!("INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'future')", schema.name()),
+    )
+    .unwrap();
     for command in [&["runs", "list"][..], &["signal", "t", "1"], &["demo", "--runs", "1"]] {
-        let err = run_bad(&dir.path, &[command, &pg].concat(), "newer than version");
+        let err = run_bad(dir.path(), &[command, &pg].concat(), "newer than version");
         assert!(err.contains("version 99") && err.contains("upgrade durable"), "{err}");
     }
     // Nothing listens there: a failure (exit 1), not bad input; one line, no password.
-    let ran = run(&dir.path, &args(&list("postgres://postgres:s3cret@127.0.0.1:1/test", "durable")));
+    let ran = run(dir.path(), &args(&list("postgres://postgres:s3cret@127.0.0.1:1/test", "durable")));
     assert_eq!(ran.code, Some(1), "{ran:?}");
     let err = ran.stderr.trim_end();
     assert_eq!(err.lines().count(), 1, "{err}");
     assert!(err.starts_with("error: ") && err.contains("connection refused") && !err.contains("s3cret"), "{err}");
     // --url and --db together: a usage error.
     let both = ["runs", "list", "--url", url.as_str(), "--db", "x.db"];
-    let ran = run(&dir.path, &both);
+    let ran = run(dir.path(), &both);
     assert_eq!(ran.code, Some(2), "{ran:?}");
     assert!(ran.stderr.contains("--url") && ran.stderr.contains("--db"), "{}", ran.stderr);
 }

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use durable::{Engine, RunId, RunStatus, SqliteStore, StartOptions, StepError, WorkflowCtx, WorkflowError};
-use support::{TempDir, list_runs, path_str, run, run_bad, run_ok, show, summary_count};
+use support::{default_db, list_runs, path_str, run, run_bad, run_ok, show, summary_count};
 
 /// An engine on the database file, as a worker process of the user's would build it.
 fn worker(db: &std::path::Path) -> Engine {
@@ -22,28 +22,28 @@ fn checkpoint<'a>(history: &'a serde_json::Value, name: &str) -> &'a serde_json:
 
 #[test]
 fn show_prints_the_timeline_with_attempts_errors_and_children() {
-    let dir = TempDir::new("show");
-    let db = dir.db();
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
     let dbs = path_str(&db);
-    run_ok(&dir.path, &["demo", "--runs", "5", "--db", dbs]);
+    run_ok(dir.path(), &["demo", "--runs", "5", "--db", dbs]);
 
     // The order's payment step failed twice and was retried.
-    let order = show(&dir.path, &db, "demo-order-0");
+    let order = show(dir.path(), &db, "demo-order-0");
     assert_eq!(order["run"]["status"], "completed");
     assert_eq!(checkpoint(&order["history"], "charge_card")["attempts"], 3);
-    let text = run_ok(&dir.path, &["runs", "show", "demo-order-0", "--db", dbs]).stdout;
+    let text = run_ok(dir.path(), &["runs", "show", "demo-order-0", "--db", dbs]).stdout;
     let line = text.lines().find(|l| l.contains("charge_card")).unwrap_or_else(|| panic!("{text}"));
     assert_eq!(line.split_whitespace().collect::<Vec<_>>()[..5], ["1", "charge_card", "step", "completed", "3"]);
 
     // The saga's last step failed on every attempt: its attempts and its error are shown, then
     // the undos that ran.
-    let saga = show(&dir.path, &db, "demo-saga-3");
+    let saga = show(dir.path(), &db, "demo-saga-3");
     assert_eq!(saga["run"]["status"], "failed");
     let confirm = checkpoint(&saga["history"], "confirm_trip");
     assert_eq!(confirm["status"], "failed");
     assert_eq!(confirm["attempts"], 3);
     assert!(confirm["error"]["message"].as_str().unwrap().contains("the supplier rejected the itinerary (attempt 3)"));
-    let text = run_ok(&dir.path, &["runs", "show", "demo-saga-3", "--db", dbs]).stdout;
+    let text = run_ok(dir.path(), &["runs", "show", "demo-saga-3", "--db", dbs]).stdout;
     let line = text.lines().find(|l| l.contains("confirm_trip")).unwrap_or_else(|| panic!("{text}"));
     assert!(line.contains("failed") && line.contains(" 3 "), "{line}");
     assert!(line.contains("the supplier rejected the itinerary (attempt 3)"), "{line}");
@@ -56,29 +56,29 @@ fn show_prints_the_timeline_with_attempts_errors_and_children() {
     assert!(text.lines().any(|l| l.starts_with("error") && l.contains("confirm_trip")), "{text}");
 
     // The fan-out's children.
-    let fan_out = show(&dir.path, &db, "demo-fanout-4");
+    let fan_out = show(dir.path(), &db, "demo-fanout-4");
     let children: Vec<&str> =
         fan_out["children"].as_array().unwrap().iter().map(|c| c["id"].as_str().unwrap()).collect();
     assert_eq!(children, ["demo-fanout-4.child.1", "demo-fanout-4.child.2", "demo-fanout-4.child.3"]);
-    let text = run_ok(&dir.path, &["runs", "show", "demo-fanout-4", "--db", dbs]).stdout;
+    let text = run_ok(dir.path(), &["runs", "show", "demo-fanout-4", "--db", dbs]).stdout;
     assert!(text.contains("children (3)"), "{text}");
 
     // List filters.
-    let failed = run_ok(&dir.path, &["runs", "list", "--status", "failed", "--db", dbs]).stdout;
+    let failed = run_ok(dir.path(), &["runs", "list", "--status", "failed", "--db", dbs]).stdout;
     assert_eq!(failed.lines().count(), 2, "a header and the saga: {failed}");
     assert!(failed.lines().nth(1).unwrap().starts_with("demo-saga-3 "), "{failed}");
-    let items = run_ok(&dir.path, &["runs", "list", "--workflow", "demo_fanout_item", "--json", "--db", dbs]).stdout;
+    let items = run_ok(dir.path(), &["runs", "list", "--workflow", "demo_fanout_item", "--json", "--db", dbs]).stdout;
     assert_eq!(items.lines().count(), 3, "{items}");
-    let two = run_ok(&dir.path, &["runs", "list", "--limit", "2", "--json", "--db", dbs]).stdout;
+    let two = run_ok(dir.path(), &["runs", "list", "--limit", "2", "--json", "--db", dbs]).stdout;
     assert_eq!(two.lines().count(), 2, "{two}");
-    let none = run_ok(&dir.path, &["runs", "list", "--namespace", "elsewhere", "--db", dbs]).stdout;
+    let none = run_ok(dir.path(), &["runs", "list", "--namespace", "elsewhere", "--db", dbs]).stdout;
     assert_eq!(none.trim(), "no runs match");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_retried_run_completes_when_a_worker_picks_it_up() {
-    let dir = TempDir::new("retry");
-    let db = dir.db();
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
     let dbs = path_str(&db).to_string();
 
     // A workflow whose second step fails while an outside system is down.
@@ -118,15 +118,15 @@ async fn a_retried_run_completes_when_a_worker_picks_it_up() {
     drop(engine);
 
     // The operator retries it: it is pending, nothing executes it (no worker is running).
-    let out = run_ok(&dir.path, &["runs", "retry", "import-1", "--db", &dbs]).stdout;
+    let out = run_ok(dir.path(), &["runs", "retry", "import-1", "--db", &dbs]).stdout;
     assert!(out.contains("pending") && out.contains("\"fetch\"") && out.contains("import@1"), "{out}");
-    let pending = run_ok(&dir.path, &["runs", "list", "--status", "pending", "--json", "--db", &dbs]).stdout;
+    let pending = run_ok(dir.path(), &["runs", "list", "--status", "pending", "--json", "--db", &dbs]).stdout;
     assert!(pending.contains("\"import-1\""), "{pending}");
-    let shown = show(&dir.path, &db, "import-1");
+    let shown = show(dir.path(), &db, "import-1");
     assert_eq!(shown["run"]["status"], "pending");
     assert!(shown["run"]["lease_owner"].is_null(), "the command left no lease behind: {shown}");
     // Retrying a pending run is refused.
-    run_bad(&dir.path, &["runs", "retry", "import-1", "--db", &dbs], "only failed or dead runs can be retried");
+    run_bad(dir.path(), &["runs", "retry", "import-1", "--db", &dbs], "only failed or dead runs can be retried");
 
     // The outside system is back; a worker with the workflow picks the run up and completes it.
     up.store(true, Ordering::SeqCst);
@@ -136,31 +136,31 @@ async fn a_retried_run_completes_when_a_worker_picks_it_up() {
     assert_eq!(outcome.output::<u32>().unwrap(), 42);
     assert_eq!(prepared.load(Ordering::SeqCst), 1, "the completed step before the failed one was kept");
     engine.shutdown().await;
-    let shown = show(&dir.path, &db, "import-1");
+    let shown = show(dir.path(), &db, "import-1");
     assert_eq!(shown["run"]["status"], "completed");
     assert_eq!(checkpoint(&shown["history"], "fetch")["status"], "completed");
 }
 
 #[test]
 fn retrying_a_compensated_demo_saga_is_refused_and_changes_nothing() {
-    let dir = TempDir::new("retry-demo");
-    let db = dir.db();
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
     let dbs = path_str(&db);
-    run_ok(&dir.path, &["demo", "--runs", "4", "--db", dbs]);
-    let before = show(&dir.path, &db, "demo-saga-3");
+    run_ok(dir.path(), &["demo", "--runs", "4", "--db", dbs]);
+    let before = show(dir.path(), &db, "demo-saga-3");
     assert_eq!(before["run"]["status"], "failed");
     // Its undos ran: a retry would replay bookings that were cancelled.
-    run_bad(&dir.path, &["runs", "retry", "demo-saga-3", "--db", dbs], "ran its undos");
-    assert_eq!(show(&dir.path, &db, "demo-saga-3"), before);
+    run_bad(dir.path(), &["runs", "retry", "demo-saga-3", "--db", dbs], "ran its undos");
+    assert_eq!(show(dir.path(), &db, "demo-saga-3"), before);
     // A later demo finds nothing to resume.
-    let ran = run_ok(&dir.path, &["demo", "--runs", "4", "--db", dbs]);
+    let ran = run_ok(dir.path(), &["demo", "--runs", "4", "--db", dbs]);
     assert_eq!(summary_count(&ran.stdout, "resumed"), 0, "{}", ran.stdout);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn cancel_signal_and_delete_act_on_parked_runs() {
-    let dir = TempDir::new("cancel");
-    let db = dir.db();
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
     let dbs = path_str(&db).to_string();
     let register = |engine: &Engine| {
         engine.register("approve", 1, |ctx: WorkflowCtx, token: String| async move {
@@ -173,31 +173,31 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     register(&engine);
     for (id, token) in [("to-cancel", "tok-cancel"), ("to-signal", "tok-signal")] {
         let run = engine.start("approve", token, StartOptions::id(id)).await.unwrap();
-        assert_eq!(engine.wait_for_settled(&run.id).await.unwrap().status(), RunStatus::Suspended);
+        assert_eq!(engine.wait_until_suspended_or_terminal(&run.id).await.unwrap().status(), RunStatus::Suspended);
     }
     engine.shutdown().await;
     drop(engine);
 
     // A suspended run shows what it waits for.
-    let listed = run_ok(&dir.path, &["runs", "list", "--status", "suspended", "--db", &dbs]).stdout;
+    let listed = run_ok(dir.path(), &["runs", "list", "--status", "suspended", "--db", &dbs]).stdout;
     let line = listed.lines().find(|l| l.starts_with("to-cancel ")).unwrap_or_else(|| panic!("{listed}"));
     assert!(line.contains("signal tok-cancel"), "{line}");
-    let shown = run_ok(&dir.path, &["runs", "show", "to-cancel", "--db", &dbs]).stdout;
+    let shown = run_ok(dir.path(), &["runs", "show", "to-cancel", "--db", &dbs]).stdout;
     assert!(shown.contains("waiters (1)") && shown.contains("signal tok-cancel"), "{shown}");
 
     // Cancel: the suspended run is cancelled; cancelling again changes nothing.
-    let out = run_ok(&dir.path, &["runs", "cancel", "to-cancel", "--db", &dbs]).stdout;
+    let out = run_ok(dir.path(), &["runs", "cancel", "to-cancel", "--db", &dbs]).stdout;
     assert!(out.contains("is cancelled"), "{out}");
-    let shown = show(&dir.path, &db, "to-cancel");
+    let shown = show(dir.path(), &db, "to-cancel");
     assert_eq!(shown["run"]["status"], "cancelled");
     assert_eq!(shown["run"]["error"]["code"], "cancelled");
-    let out = run_ok(&dir.path, &["runs", "cancel", "to-cancel", "--db", &dbs]).stdout;
+    let out = run_ok(dir.path(), &["runs", "cancel", "to-cancel", "--db", &dbs]).stdout;
     assert!(out.contains("already cancelled"), "{out}");
 
     // Signal: delivered to the waiting run, which completes on a worker with the payload.
-    let out = run_ok(&dir.path, &["signal", "tok-signal", r#"{"approved": true, "by": "ops"}"#, "--db", &dbs]).stdout;
+    let out = run_ok(dir.path(), &["signal", "tok-signal", r#"{"approved": true, "by": "ops"}"#, "--db", &dbs]).stdout;
     assert!(out.contains("delivered to run to-signal (seq 1)"), "{out}");
-    let out = run_ok(&dir.path, &["signal", "tok-nobody", "\"hello\"", "--db", &dbs]).stdout;
+    let out = run_ok(dir.path(), &["signal", "tok-nobody", "\"hello\"", "--db", &dbs]).stdout;
     assert!(out.contains("buffered"), "{out}");
     let engine = worker(&db);
     register(&engine);
@@ -208,22 +208,22 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     assert_eq!(outcome.output::<serde_json::Value>().unwrap(), serde_json::json!({"approved": true, "by": "ops"}));
     // One more, parked, for delete.
     let parked = engine.start("approve", "tok-parked", StartOptions::id("parked")).await.unwrap();
-    assert_eq!(engine.wait_for_settled(&parked.id).await.unwrap().status(), RunStatus::Suspended);
+    assert_eq!(engine.wait_until_suspended_or_terminal(&parked.id).await.unwrap().status(), RunStatus::Suspended);
     engine.shutdown().await;
     drop(engine);
 
     // Delete: an active run only with --force; a finished one at once; then it is gone.
-    run_bad(&dir.path, &["runs", "delete", "parked", "--db", &dbs], "cancel it first");
-    let out = run_ok(&dir.path, &["runs", "delete", "parked", "--force", "--db", &dbs]).stdout;
+    run_bad(dir.path(), &["runs", "delete", "parked", "--db", &dbs], "cancel it first");
+    let out = run_ok(dir.path(), &["runs", "delete", "parked", "--force", "--db", &dbs]).stdout;
     assert!(out.contains("deleted run parked"), "{out}");
-    let out = run_ok(&dir.path, &["runs", "delete", "to-signal", "--db", &dbs]).stdout;
+    let out = run_ok(dir.path(), &["runs", "delete", "to-signal", "--db", &dbs]).stdout;
     assert!(out.contains("deleted run to-signal"), "{out}");
-    run_bad(&dir.path, &["runs", "show", "to-signal", "--db", &dbs], "run to-signal not found");
-    let left: Vec<String> = list_runs(&dir.path, &db).iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
+    run_bad(dir.path(), &["runs", "show", "to-signal", "--db", &dbs], "run to-signal not found");
+    let left: Vec<String> = list_runs(dir.path(), &db).iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(left, ["to-cancel"]);
     // A run with children goes with its subtree.
-    let ran = run(&dir.path, &["demo", "--runs", "5", "--db", &dbs]);
+    let ran = run(dir.path(), &["demo", "--runs", "5", "--db", &dbs]);
     assert_eq!(ran.code, Some(0), "{ran:?}");
-    let out = run_ok(&dir.path, &["runs", "delete", "demo-fanout-4", "--db", &dbs]).stdout;
+    let out = run_ok(dir.path(), &["runs", "delete", "demo-fanout-4", "--db", &dbs]).stdout;
     assert!(out.contains("and 3 descendant runs"), "{out}");
 }

@@ -29,7 +29,7 @@ use durable_core::{Store, StoreResult};
 ///     }
 ///     // A file-backed store would also implement `second_handle` (a second connection to the
 ///     // same file) and `reopen` (the file opened again after every handle was dropped),
-///     // finding the file through `store.guard::<MyTempDir>()`.
+///     // finding the file through `store.guard::<tempfile::TempDir>()`.
 /// }
 /// ```
 #[async_trait]

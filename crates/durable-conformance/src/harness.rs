@@ -158,7 +158,7 @@ impl TestEngine {
 
     /// Waits for the run to be terminal or suspended and asserts its status.
     pub async fn assert_settled_status(&self, id: &RunId, status: RunStatus) {
-        let outcome = self.engine.wait_for_settled(id).await.expect("wait_for_settled");
+        let outcome = self.engine.wait_until_suspended_or_terminal(id).await.expect("wait_until_suspended_or_terminal");
         assert_eq!(outcome.status(), status, "run {id}: {:?}", outcome.run.error);
     }
 

@@ -17,6 +17,9 @@
 //! - [`FaultyStore`]: a wrapper that injects errors and latency into any store, for testing
 //!   how an engine copes with a failing backend (it passes the suite itself when no fault is
 //!   armed).
+//! - The workflow test harness: [`TestEngine`] (an engine on a virtual clock), [`FailFirst`],
+//!   [`Counter`]. Applications reach it, and [`FaultyStore`], as `durable::testing` (the facade's
+//!   `testing` feature).
 //!
 //! What it does not do: it runs no engine and no workflow (the cases talk to the store
 //! directly), measures no performance and asserts no durations; cases assert error *kinds*

@@ -183,7 +183,8 @@ pub struct Metrics {
     pub batches_sent: u64,
     /// Runs sent to the transport's run queue (in those batches).
     pub runs_sent: u64,
-    /// Runs that `wait_for_run` / `wait_for_settled` callers are waiting on right now.
+    /// Runs that `wait_for_run` / `wait_until_suspended_or_terminal` callers are waiting on right
+    /// now.
     pub runs_watched: usize,
 }
 
@@ -698,7 +699,7 @@ pub struct Started {
     pub run: Run,
 }
 
-/// A settled (or, for `wait_for_settled`, parked) run.
+/// A terminal run (or, for [`Engine::wait_until_suspended_or_terminal`], a suspended one).
 #[derive(Debug, Clone, PartialEq)]
 pub struct RunOutcome {
     /// The run as stored.
@@ -836,14 +837,35 @@ impl Engine {
         self.wait(id, false, Some(timeout)).await
     }
 
-    /// Waits until the run is terminal or suspended.
-    pub async fn wait_for_settled(&self, id: &RunId) -> Result<RunOutcome> {
+    /// Waits until the run is [suspended](RunStatus::Suspended) (parked on a timer, a signal, a
+    /// child or a remote result) or terminal (completed, failed, cancelled or dead), and returns
+    /// it as first seen in either state: from there it makes no progress until time passes or
+    /// something arrives. Tests use it to reach a run's next wait before they advance a clock or
+    /// send a signal; [`Engine::wait_for_run`] waits for the end. Works for runs executed by
+    /// other processes too (it re-reads the store).
+    pub async fn wait_until_suspended_or_terminal(&self, id: &RunId) -> Result<RunOutcome> {
         self.wait(id, true, None).await
     }
 
-    /// [`Engine::wait_for_settled`] with a timeout.
-    pub async fn wait_for_settled_timeout(&self, id: &RunId, timeout: Duration) -> Result<RunOutcome> {
+    /// [`Engine::wait_until_suspended_or_terminal`] with a timeout ([`Error::Timeout`] when it
+    /// passes).
+    pub async fn wait_until_suspended_or_terminal_timeout(&self, id: &RunId, timeout: Duration) -> Result<RunOutcome> {
         self.wait(id, true, Some(timeout)).await
+    }
+
+    /// The old name of [`Engine::wait_until_suspended_or_terminal`], which also returns when the
+    /// run is only suspended.
+    #[deprecated(note = "renamed to `wait_until_suspended_or_terminal`: it also returns when the run is suspended")]
+    pub async fn wait_for_settled(&self, id: &RunId) -> Result<RunOutcome> {
+        self.wait_until_suspended_or_terminal(id).await
+    }
+
+    /// The old name of [`Engine::wait_until_suspended_or_terminal_timeout`].
+    #[deprecated(
+        note = "renamed to `wait_until_suspended_or_terminal_timeout`: it also returns when the run is suspended"
+    )]
+    pub async fn wait_for_settled_timeout(&self, id: &RunId, timeout: Duration) -> Result<RunOutcome> {
+        self.wait_until_suspended_or_terminal_timeout(id, timeout).await
     }
 
     async fn wait(&self, id: &RunId, suspended_is_enough: bool, timeout: Option<Duration>) -> Result<RunOutcome> {

@@ -137,6 +137,14 @@
 //!     Ok(())
 //! }
 //! ```
+//!
+//! ## Testing on PostgreSQL
+//!
+//! With the `test-support` feature (a dev-dependency:
+//! `durable-store-postgres = { version = "…", features = ["test-support"] }`), the
+//! `test_support` module gives tests the server named by `DURABLE_PG_URL` — or one line saying
+//! the test was skipped and how to run it, so `cargo test` passes without a server — and a scratch
+//! schema per test, dropped when the test ends. Every PostgreSQL test of this workspace uses it.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -145,6 +153,8 @@ mod ops;
 mod options;
 mod queue;
 mod schema;
+#[cfg(feature = "test-support")]
+pub mod test_support;
 mod writer;
 
 use std::fmt;

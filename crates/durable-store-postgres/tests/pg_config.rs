@@ -7,7 +7,7 @@ mod common;
 
 use std::sync::Arc;
 
-use common::{Scratch, url_or_skip, with_database};
+use common::{ScratchSchema, url_or_skip, with_database};
 use durable_store_postgres::{Error, PostgresOptions, PostgresStore, SCHEMA_VERSION};
 
 #[track_caller]
@@ -84,14 +84,14 @@ async fn missing_database_is_a_clear_error() {
 #[tokio::test]
 async fn newer_schema_is_refused_naming_both_versions() {
     let Some(url) = url_or_skip("newer_schema_is_refused_naming_both_versions") else { return };
-    let scratch = Scratch::new(&url, "newer").await;
-    drop(scratch.connect().await);
-    let admin = scratch.client().await;
+    let scratch = ScratchSchema::new(&url, "newer").await.unwrap();
+    drop(scratch.connect().await.unwrap());
+    let admin = scratch.client().await.unwrap();
     admin
         .execute(
             &format!(
                 "INSERT INTO \"{}\".schema_version (version, description) VALUES (99, 'from the future')",
-                scratch.schema
+                scratch.name()
             ),
             &[],
         )
@@ -102,14 +102,14 @@ async fn newer_schema_is_refused_naming_both_versions() {
     match &e {
         Error::SchemaTooNew { found, supported, schema, .. } => {
             assert_eq!((*found, *supported), (99, SCHEMA_VERSION));
-            assert_eq!(schema, &scratch.schema);
+            assert_eq!(schema, &scratch.name());
         }
         other => panic!("expected SchemaTooNew, got {other:?}"),
     }
     assert!(msg.contains("version 99") && msg.contains(&format!("version {SCHEMA_VERSION}")), "{msg}");
     // Nothing was changed: the version row is still there, once.
     let n: i64 = admin
-        .query_one(&format!("SELECT count(*) FROM \"{}\".schema_version WHERE version = 99", scratch.schema), &[])
+        .query_one(&format!("SELECT count(*) FROM \"{}\".schema_version WHERE version = 99", scratch.name()), &[])
         .await
         .unwrap()
         .get(0);
@@ -119,10 +119,10 @@ async fn newer_schema_is_refused_naming_both_versions() {
 #[tokio::test]
 async fn schema_with_foreign_tables_is_refused() {
     let Some(url) = url_or_skip("schema_with_foreign_tables_is_refused") else { return };
-    let scratch = Scratch::new(&url, "foreign").await;
-    let admin = scratch.client().await;
+    let scratch = ScratchSchema::new(&url, "foreign").await.unwrap();
+    let admin = scratch.client().await.unwrap();
     admin
-        .batch_execute(&format!("CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".orders (id int)", scratch.schema))
+        .batch_execute(&format!("CREATE SCHEMA \"{0}\"; CREATE TABLE \"{0}\".orders (id int)", scratch.name()))
         .await
         .unwrap();
     let e = PostgresStore::connect_with(&url, scratch.options()).await.expect_err("foreign schema is refused");
@@ -134,18 +134,18 @@ async fn schema_with_foreign_tables_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn concurrent_engines_migrate_a_fresh_schema_once() {
     let Some(url) = url_or_skip("concurrent_engines_migrate_a_fresh_schema_once") else { return };
-    let scratch = Arc::new(Scratch::new(&url, "race").await);
+    let scratch = Arc::new(ScratchSchema::new(&url, "race").await.unwrap());
     let mut tasks = Vec::new();
     for _ in 0..6 {
         let scratch = scratch.clone();
-        tasks.push(tokio::spawn(async move { PostgresStore::connect_with(&scratch.url, scratch.options()).await }));
+        tasks.push(tokio::spawn(async move { PostgresStore::connect_with(scratch.url(), scratch.options()).await }));
     }
     for t in tasks {
         t.await.unwrap().expect("every engine connects");
     }
-    let admin = scratch.client().await;
+    let admin = scratch.client().await.unwrap();
     let rows = admin
-        .query(&format!("SELECT version FROM \"{}\".schema_version ORDER BY version", scratch.schema), &[])
+        .query(&format!("SELECT version FROM \"{}\".schema_version ORDER BY version", scratch.name()), &[])
         .await
         .unwrap();
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();

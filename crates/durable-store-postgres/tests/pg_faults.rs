@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use common::{Scratch, T0, new_run, url_or_skip};
+use common::{ScratchSchema, T0, hold_token_lock, new_run, parked_on_a_lock, url_or_skip};
 use durable_core::{
     Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, Delivery, Payload, RunId, RunStatus, StepKind, Store,
     StoreError, StoreErrorKind, StoreResult, TurnEnd,
@@ -57,21 +57,21 @@ async fn a_call_whose_connection_is_terminated_is_retryable_and_the_pool_reconne
     let Some(url) = url_or_skip("a_call_whose_connection_is_terminated_is_retryable_and_the_pool_reconnects") else {
         return;
     };
-    let scratch = Scratch::new(&url, "kill").await;
-    let store = scratch.connect().await;
+    let scratch = ScratchSchema::new(&url, "kill").await.unwrap();
+    let store = scratch.connect().await.unwrap();
     store.create_run(new_run("r")).await.unwrap();
 
     // Park a write inside its transaction: another connection holds the token's advisory lock.
-    let admin = scratch.client().await;
-    scratch.hold_token_lock(&admin, "tok").await;
+    let admin = scratch.client().await.unwrap();
+    hold_token_lock(&scratch, &admin, "tok").await;
     let parked = {
         let store = store.clone();
         tokio::spawn(async move { store.send_signal("tok", payload("lost?"), T0).await })
     };
-    let waiting = scratch.parked_on_a_lock(&admin).await;
+    let waiting = parked_on_a_lock(&scratch, &admin).await;
     assert!(waiting, "the signal's transaction waits for the advisory lock");
 
-    assert!(scratch.terminate_backends().await >= 1, "the store's connections are terminated");
+    assert!(scratch.terminate_backends().await.unwrap() >= 1, "the store's connections are terminated");
     let e = parked.await.unwrap().expect_err("the call in flight fails");
     assert_retryable(&e);
     admin.batch_execute("ROLLBACK").await.unwrap();
@@ -121,8 +121,8 @@ async fn terminations_under_load_only_ever_fail_retryably_and_commits_stay_atomi
     let Some(url) = url_or_skip("terminations_under_load_only_ever_fail_retryably_and_commits_stay_atomic") else {
         return;
     };
-    let scratch = Scratch::new(&url, "storm").await;
-    let store = scratch.connect().await;
+    let scratch = ScratchSchema::new(&url, "storm").await.unwrap();
+    let store = scratch.connect().await.unwrap();
     let ops = Arc::new(AtomicU64::new(0));
     let live = Arc::new(AtomicU64::new(8));
     let progress = Arc::new(Notify::new());
@@ -147,7 +147,7 @@ async fn terminations_under_load_only_ever_fail_retryably_and_commits_stay_atomi
         while ops.load(Ordering::SeqCst) < round * 40 && live.load(Ordering::SeqCst) > 0 {
             progress.notified().await;
         }
-        kills += scratch.terminate_backends().await;
+        kills += scratch.terminate_backends().await.unwrap();
     }
     let mut errors = Vec::new();
     while let Some(found) = workers.join_next().await {
@@ -159,13 +159,13 @@ async fn terminations_under_load_only_ever_fail_retryably_and_commits_stay_atomi
     eprintln!("{kills} connections terminated, {} calls failed (all retryable)", errors.len());
 
     // Atomic commits: a run is completed exactly when its last checkpoint (same commit) exists.
-    let admin = scratch.client().await;
+    let admin = scratch.client().await.unwrap();
     let rows = admin
         .query(
             &format!(
                 "SELECT r.id, r.status, EXISTS (SELECT 1 FROM \"{0}\".checkpoints c WHERE c.run_id = r.id AND c.seq = 3) \
                  FROM \"{0}\".runs r",
-                scratch.schema
+                scratch.name()
             ),
             &[],
         )
@@ -233,12 +233,12 @@ async fn a_server_going_away_is_retryable_and_the_store_recovers_when_it_is_back
             return;
         }
     };
-    let scratch = Scratch::new(&url, "restart").await;
+    let scratch = ScratchSchema::new(&url, "restart").await.unwrap();
     let mut proxy = Proxy::start("127.0.0.1:0".parse().unwrap(), upstream).await;
 
     // The store reaches the server through the proxy, with a pool built by hand (from_pool).
     let mut cfg = tokio_postgres::Config::new();
-    cfg.host("127.0.0.1").port(proxy.listen.port()).application_name(scratch.app_name());
+    cfg.host("127.0.0.1").port(proxy.listen.port()).application_name(scratch.application_name());
     if let Some(user) = upstream_cfg.get_user() {
         cfg.user(user);
     }
@@ -256,7 +256,7 @@ async fn a_server_going_away_is_retryable_and_the_store_recovers_when_it_is_back
         .create_timeout(Some(Duration::from_secs(5)))
         .build()
         .unwrap();
-    let store = PostgresStore::from_pool(pool, PostgresOptions::new().schema(&scratch.schema)).await.unwrap();
+    let store = PostgresStore::from_pool(pool, PostgresOptions::new().schema(scratch.name())).await.unwrap();
     assert!(store.target().contains('@'), "{}", store.target());
     store.create_run(new_run("r")).await.unwrap();
 

@@ -9,7 +9,7 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{Scratch, T0, new_run, url_or_skip};
+use common::{ScratchSchema, T0, new_run, url_or_skip};
 use durable_core::{NewRun, QueueReason, QueuedRun, RunId, RunQueue, Store};
 use durable_store_postgres::{Error, PostgresStore};
 
@@ -35,8 +35,8 @@ fn ids(items: &[QueuedRun]) -> Vec<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_queue_keeps_the_run_queue_contract() {
     let Some(url) = url_or_skip("the_queue_keeps_the_run_queue_contract") else { return };
-    let scratch = Scratch::new(&url, "queue").await;
-    let store = scratch.connect().await;
+    let scratch = ScratchSchema::new(&url, "queue").await.unwrap();
+    let store = scratch.connect().await.unwrap();
     store.create_run(run_in("a", "default", 0)).await.unwrap();
     store.create_run(run_in("b", "billing", 7)).await.unwrap();
     store.create_run(run_in("c", "default", 0)).await.unwrap();
@@ -97,9 +97,9 @@ async fn concurrent_claimers_get_each_item_once_and_batches_cost_one_round_trip(
     let Some(url) = url_or_skip("concurrent_claimers_get_each_item_once_and_batches_cost_one_round_trip") else {
         return;
     };
-    let scratch = Scratch::new(&url, "claimers").await;
-    let store = scratch.connect().await;
-    let other = scratch.connect().await; // a second engine: its own pool and writer
+    let scratch = ScratchSchema::new(&url, "claimers").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    let other = scratch.connect().await.unwrap(); // a second engine: its own pool and writer
     const N: usize = 500;
     let mut tasks = Vec::new();
     for i in 0..N {
@@ -153,7 +153,7 @@ async fn enqueues_nudge_queue_wakeups_also_after_the_listener_was_terminated() {
     let Some(url) = url_or_skip("enqueues_nudge_queue_wakeups_also_after_the_listener_was_terminated") else {
         return;
     };
-    let scratch = Scratch::new(&url, "wakeups").await;
+    let scratch = ScratchSchema::new(&url, "wakeups").await.unwrap();
     let options = scratch.options().notify_channel("durable_test");
     let consumer = PostgresStore::connect_with(&url, options.clone()).await.unwrap();
     let producer = PostgresStore::connect_with(&url, options).await.unwrap();
@@ -166,7 +166,7 @@ async fn enqueues_nudge_queue_wakeups_also_after_the_listener_was_terminated() {
 
     // The listener's connection is terminated (with every other connection of this test): it
     // reconnects and nudges once, since notifications may have been missed meanwhile…
-    assert!(scratch.terminate_backends().await >= 1);
+    assert!(scratch.terminate_backends().await.unwrap() >= 1);
     nudges.notified().await;
     // …and enqueues reach it again (the producer's pool reconnects too).
     producer.create_run(new_run("r2")).await.ok();
@@ -181,7 +181,7 @@ async fn enqueues_nudge_queue_wakeups_also_after_the_listener_was_terminated() {
     tokio::time::timeout(Duration::from_secs(30), nudges.notified()).await.expect("a nudge after reconnecting");
 
     // Without a channel there is nothing to listen to.
-    let plain = scratch.connect().await;
+    let plain = scratch.connect().await.unwrap();
     assert!(matches!(plain.queue_wakeups().await, Err(Error::InvalidOptions { .. })));
 }
 
@@ -190,15 +190,15 @@ async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_noth
     let Some(url) = url_or_skip("a_version_1_schema_is_migrated_and_create_if_missing_false_creates_nothing") else {
         return;
     };
-    let scratch = Scratch::new(&url, "v1").await;
+    let scratch = ScratchSchema::new(&url, "v1").await.unwrap();
     // Not created when told not to.
     let e = PostgresStore::connect_with(&url, scratch.options().create_if_missing(false)).await.unwrap_err();
     assert!(matches!(e, Error::SchemaNotFound { .. }), "{e:?}");
     let msg = e.to_string();
-    assert!(!msg.contains('\n') && msg.contains(&scratch.schema), "{msg}");
-    let admin = scratch.client().await;
+    assert!(!msg.contains('\n') && msg.contains(scratch.name()), "{msg}");
+    let admin = scratch.client().await.unwrap();
     let exists: bool = admin
-        .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&scratch.schema])
+        .query_one("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = $1)", &[&scratch.name()])
         .await
         .unwrap()
         .get(0);
@@ -207,10 +207,10 @@ async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_noth
     // A schema as version 1 left it (a run in it): versions 2 and 3 are applied on connect
     // (version 3 only replaces `commit`, so the version-3 function left in place is what
     // re-running it writes anyway).
-    let store = scratch.connect().await;
+    let store = scratch.connect().await.unwrap();
     store.create_run(new_run("old")).await.unwrap();
     drop(store);
-    let s = format!("\"{}\"", scratch.schema);
+    let s = format!("\"{}\"", scratch.name());
     admin
         .batch_execute(&format!(
             "DROP TABLE {s}.run_queue; DROP FUNCTION {s}.enqueue(jsonb); DROP FUNCTION {s}.ack_queued(jsonb);

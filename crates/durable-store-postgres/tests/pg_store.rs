@@ -6,7 +6,7 @@ mod common;
 
 use std::time::Duration;
 
-use common::{Scratch, T0, new_run, url_or_skip};
+use common::{ScratchSchema, T0, hold_token_lock, new_run, parked_on_a_lock, url_or_skip};
 use durable_core::{
     Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, Delivery, Payload, RunId, StepKind, Store, TurnEnd,
     WaitKind, Waiter, json_subset,
@@ -33,8 +33,8 @@ fn step_commit(id: &str, seq: u32) -> Commit {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_is_one_round_trip_and_concurrent_commits_share_them() {
     let Some(url) = url_or_skip("a_commit_is_one_round_trip_and_concurrent_commits_share_them") else { return };
-    let scratch = Scratch::new(&url, "rtt").await;
-    let store = scratch.connect().await;
+    let scratch = ScratchSchema::new(&url, "rtt").await.unwrap();
+    let store = scratch.connect().await.unwrap();
     store.create_run(new_run("solo")).await.unwrap();
     claim(&store, "solo", T0 + 60_000).await;
 
@@ -73,10 +73,10 @@ async fn a_commit_is_one_round_trip_and_concurrent_commits_share_them() {
 #[tokio::test]
 async fn event_matching_on_the_server_follows_json_subset() {
     let Some(url) = url_or_skip("event_matching_on_the_server_follows_json_subset") else { return };
-    let scratch = Scratch::new(&url, "match").await;
-    drop(scratch.connect().await);
-    let client = scratch.client().await;
-    let sql = format!("SELECT \"{0}\".json_subset(\"{0}\".json_of($1), \"{0}\".json_of($2))", scratch.schema);
+    let scratch = ScratchSchema::new(&url, "match").await.unwrap();
+    drop(scratch.connect().await.unwrap());
+    let client = scratch.client().await.unwrap();
+    let sql = format!("SELECT \"{0}\".json_subset(\"{0}\".json_of($1), \"{0}\".json_of($2))", scratch.name());
     let cases: &[(&str, &str)] = &[
         ("{}", r#"{"a":1}"#),
         (r#"{"a":1}"#, r#"{"a":1,"b":2}"#),
@@ -128,8 +128,8 @@ async fn event_matching_on_the_server_follows_json_subset() {
 #[tokio::test]
 async fn notify_announces_created_and_woken_runs() {
     let Some(url) = url_or_skip("notify_announces_created_and_woken_runs") else { return };
-    let scratch = Scratch::new(&url, "notify").await;
-    let channel = format!("wake_{}", scratch.schema);
+    let scratch = ScratchSchema::new(&url, "notify").await.unwrap();
+    let channel = format!("wake_{}", scratch.name());
     let store = PostgresStore::connect_with(&url, scratch.options().notify_channel(&channel)).await.unwrap();
     let mut wakeups = store.listen().await.unwrap();
 
@@ -152,15 +152,15 @@ async fn notify_announces_created_and_woken_runs() {
     assert_eq!(wakeups.recv().await, Some(RunId::from("a")), "the delivery wakes the run");
 
     // Without a channel there is nothing to listen to.
-    let quiet = scratch.connect().await;
+    let quiet = scratch.connect().await.unwrap();
     assert!(matches!(quiet.listen().await, Err(Error::InvalidOptions { .. })));
 }
 
 #[tokio::test]
 async fn schemas_are_isolated_and_forever_round_trips() {
     let Some(url) = url_or_skip("schemas_are_isolated_and_forever_round_trips") else { return };
-    let (one, two) = (Scratch::new(&url, "iso").await, Scratch::new(&url, "iso").await);
-    let (a, b) = (one.connect().await, two.connect().await);
+    let (one, two) = (ScratchSchema::new(&url, "iso").await.unwrap(), ScratchSchema::new(&url, "iso").await.unwrap());
+    let (a, b) = (one.connect().await.unwrap(), two.connect().await.unwrap());
     a.create_run(new_run("r")).await.unwrap();
     assert_eq!(b.get_run(&RunId::from("r")).await.unwrap(), None, "another schema sees nothing");
     assert!(b.create_run(new_run("r")).await.unwrap().created());
@@ -177,15 +177,15 @@ async fn schemas_are_isolated_and_forever_round_trips() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_parked_on_a_lock_does_not_hold_up_the_next_one() {
     let Some(url) = url_or_skip("a_batch_parked_on_a_lock_does_not_hold_up_the_next_one") else { return };
-    let scratch = Scratch::new(&url, "conns").await;
+    let scratch = ScratchSchema::new(&url, "conns").await.unwrap();
     let store = PostgresStore::connect_with(&url, scratch.options().write_connections(2)).await.unwrap();
-    let admin = scratch.client().await;
-    scratch.hold_token_lock(&admin, "tok").await;
+    let admin = scratch.client().await.unwrap();
+    hold_token_lock(&scratch, &admin, "tok").await;
     let parked = {
         let store = store.clone();
         tokio::spawn(async move { store.send_signal("tok", Payload::from_trusted("1".to_string()), T0).await })
     };
-    assert!(scratch.parked_on_a_lock(&admin).await, "the signal's batch waits for the token lock");
+    assert!(parked_on_a_lock(&scratch, &admin).await, "the signal's batch waits for the token lock");
     // A hang guard, not a timing assertion: the lock is held until after this write.
     let next = tokio::time::timeout(Duration::from_secs(30), store.create_run(new_run("other"))).await;
     next.expect("the next write waited behind the parked batch").unwrap();

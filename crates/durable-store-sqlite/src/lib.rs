@@ -48,8 +48,8 @@
 //! use durable_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 //!
 //! # fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let path = std::env::temp_dir().join(format!("durable-doc-{}.db", std::process::id()));
-//! # let _ = std::fs::remove_file(&path);
+//! let dir = tempfile::tempdir()?; // any directory: here a temporary one
+//! let path = dir.path().join("app.db");
 //! let store = SqliteStore::open_with(&path, SqliteOptions::new().durability(Durability::Normal))?;
 //! let new = NewRun {
 //!     id: RunId::from("order:42"),
@@ -66,7 +66,6 @@
 //! let created = futures_lite_block_on(store.create_run(new))?;
 //! assert!(created.created());
 //! drop(store);
-//! # for suffix in ["", "-wal", "-shm"] { let _ = std::fs::remove_file(format!("{}{suffix}", path.display())); }
 //! # Ok(())
 //! # }
 //! # fn futures_lite_block_on<F: std::future::Future>(f: F) -> F::Output {

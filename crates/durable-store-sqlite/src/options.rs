@@ -107,7 +107,8 @@ impl SqliteOptions {
     /// ```
     /// use durable_store_sqlite::{Error, SqliteOptions, SqliteStore};
     ///
-    /// let path = std::env::temp_dir().join(format!("durable-doc-missing-{}.db", std::process::id()));
+    /// let dir = tempfile::tempdir().unwrap();
+    /// let path = dir.path().join("typo.db");
     /// let err = SqliteStore::open_with(&path, SqliteOptions::new().create_if_missing(false)).unwrap_err();
     /// assert!(matches!(err, Error::NotADatabase { .. }));
     /// assert!(err.to_string().contains("is not a durable database"));

@@ -311,7 +311,6 @@ fn run_group(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, c
 
 #[cfg(test)]
 mod tests {
-    use std::path::PathBuf;
     use std::time::Duration;
 
     use durable_core::StoreErrorKind;
@@ -319,29 +318,14 @@ mod tests {
     use super::*;
     use crate::ops::OpError;
 
-    struct TempFile(PathBuf);
-
-    impl TempFile {
-        fn new(tag: &str) -> TempFile {
-            let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-            TempFile(std::env::temp_dir().join(format!("durable-sqlite-unit-{tag}-{}-{nanos}.db", std::process::id())))
-        }
-    }
-
-    impl Drop for TempFile {
-        fn drop(&mut self) {
-            for suffix in ["", "-wal", "-shm"] {
-                let _ = std::fs::remove_file(format!("{}{suffix}", self.0.display()));
-            }
-        }
-    }
-
-    fn setup(tag: &str) -> (TempFile, Connection, Ctx) {
-        let file = TempFile::new(tag);
-        let conn = Connection::open(&file.0).unwrap();
+    /// A WAL database with one table, in a temp dir of its own (removed with the dir).
+    fn setup() -> (tempfile::TempDir, Connection, Ctx) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("unit.db");
+        let conn = Connection::open(&path).unwrap();
         conn.execute_batch("PRAGMA journal_mode = WAL; CREATE TABLE t (x INTEGER NOT NULL);").unwrap();
-        let ctx = Ctx { path: file.0.clone(), busy_timeout: Duration::from_secs(5) };
-        (file, conn, ctx)
+        let ctx = Ctx { path, busy_timeout: Duration::from_secs(5) };
+        (dir, conn, ctx)
     }
 
     type Reply = oneshot::Receiver<StoreResult<()>>;
@@ -369,7 +353,7 @@ mod tests {
 
     #[test]
     fn each_write_of_a_group_rolls_back_alone() {
-        let (_file, conn, ctx) = setup("savepoints");
+        let (_dir, conn, ctx) = setup();
         let counters = Counters::default();
         let (a, ra) = job(insert(1));
         // Writes, then fails: its write must be undone, the others kept.
@@ -396,7 +380,7 @@ mod tests {
 
     #[test]
     fn a_transaction_lost_mid_group_fails_every_write_and_keeps_nothing() {
-        let (_file, conn, ctx) = setup("broken");
+        let (_dir, conn, ctx) = setup();
         let counters = Counters::default();
         let (a, ra) = job(insert(1));
         // Ends the whole transaction, as SQLite does on disk full or an I/O error.
@@ -419,7 +403,7 @@ mod tests {
 
     #[test]
     fn a_full_disk_fails_the_write_that_hit_it_names_the_file_and_keeps_nothing_of_it() {
-        let (file, conn, ctx) = setup("full");
+        let (_dir, conn, ctx) = setup();
         // SQLite's page limit stands in for a full disk: the same SQLITE_FULL error.
         let pages: i64 = conn.query_row("PRAGMA page_count", [], |r| r.get(0)).unwrap();
         conn.execute_batch(&format!("PRAGMA max_page_count = {}", pages + 2)).unwrap();
@@ -436,7 +420,7 @@ mod tests {
         let err = answer(rbig).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Backend);
         let msg = err.to_string();
-        assert!(msg.contains("disk is full") && msg.contains(&file.0.display().to_string()), "{msg}");
+        assert!(msg.contains("disk is full") && msg.contains(&ctx.path.display().to_string()), "{msg}");
         // Whether SQLite kept the transaction (then the other write commits) or rolled it
         // back (then it fails too), nothing of the failed write is left and no transaction
         // stays open.
@@ -450,17 +434,17 @@ mod tests {
 
     #[test]
     fn a_group_that_cannot_start_is_unavailable_and_retryable() {
-        let (file, conn, _) = setup("busy");
-        let ctx = Ctx { path: file.0.clone(), busy_timeout: Duration::from_millis(1) };
+        let (_dir, conn, ctx) = setup();
+        let ctx = Ctx { busy_timeout: Duration::from_millis(1), ..ctx };
         conn.busy_timeout(Duration::from_millis(1)).unwrap();
-        let other = Connection::open(&file.0).unwrap();
+        let other = Connection::open(&ctx.path).unwrap();
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
         let counters = Counters::default();
         let (a, ra) = job(insert(1));
         run_group(&conn, &ctx, &mut vec![a], &counters);
         let err = answer(ra).unwrap_err();
         assert!(err.is_retryable(), "{err}");
-        assert!(err.to_string().contains(&file.0.display().to_string()), "names the file: {err}");
+        assert!(err.to_string().contains(&ctx.path.display().to_string()), "names the file: {err}");
         other.execute_batch("ROLLBACK").unwrap();
         let (b, rb) = job(insert(2));
         run_group(&conn, &ctx, &mut vec![b], &counters);

@@ -3,7 +3,6 @@
 
 mod common;
 
-use common::TempDir;
 use durable_core::{
     Checkpoint, CheckpointStatus, Claim, Commit, NewRun, OutgoingSignal, ParentLink, Payload, RunFilter, RunId,
     RunPatch, RunQuery, RunStatus, StepError, StepKind, Store, StoreErrorKind, StoreResult, TurnEnd, WaitKind, Waiter,
@@ -382,12 +381,12 @@ async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Stor
 
 #[test]
 fn sqlite_answers_like_the_memory_store() {
-    let dir = TempDir::new("diff");
+    let dir = tempfile::tempdir().unwrap();
     let rt = common::rt();
     let from: u64 = std::env::var("DURABLE_DIFF_FROM").ok().and_then(|s| s.parse().ok()).unwrap_or(0);
     let seeds: u64 = std::env::var("DURABLE_DIFF_SEEDS").ok().and_then(|s| s.parse().ok()).unwrap_or(40);
     for seed in from..seeds {
-        let path = dir.db(&format!("seed-{seed}.db"));
+        let path = dir.path().join(format!("seed-{seed}.db"));
         let sql = common::open(&path);
         let mem = MemoryStore::new();
         rt.block_on(run_sequence(seed.wrapping_mul(0x9E37_79B9), 400, &mem, &sql));

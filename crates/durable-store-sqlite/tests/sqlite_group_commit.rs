@@ -11,7 +11,7 @@ mod common;
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TempDir, create_and_claim, rt, step};
+use common::{create_and_claim, rt, step};
 use durable_core::{Commit, Payload, RunId, RunPatch, RunStatus, Store, StoreErrorKind};
 use durable_store_sqlite::{SqliteOptions, SqliteStore};
 use rusqlite::Connection;
@@ -48,8 +48,8 @@ fn patient(path: &std::path::Path) -> Arc<SqliteStore> {
 
 #[test]
 fn two_hundred_concurrent_commits_share_a_few_transactions() {
-    let dir = TempDir::new("group");
-    let path = dir.db("group.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("group.db");
     let store = patient(&path);
     let rt = rt();
     rt.block_on(async {
@@ -95,8 +95,8 @@ fn two_hundred_concurrent_commits_share_a_few_transactions() {
 
 #[test]
 fn a_failing_write_rolls_back_alone_inside_its_group() {
-    let dir = TempDir::new("isolation");
-    let path = dir.db("isolation.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("isolation.db");
     let store = patient(&path);
     let rt = rt();
     rt.block_on(async {
@@ -166,8 +166,8 @@ fn a_failing_write_rolls_back_alone_inside_its_group() {
 
 #[test]
 fn groups_are_bounded_by_max_group() {
-    let dir = TempDir::new("bounded");
-    let path = dir.db("bounded.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bounded.db");
     let store = Arc::new(
         SqliteStore::open_with(&path, SqliteOptions::new().busy_timeout(Duration::from_secs(600)).max_group(10))
             .unwrap(),

@@ -2,7 +2,7 @@
 
 mod common;
 
-use common::{TempDir, claim, create_and_claim, new_run, rt, step};
+use common::{claim, create_and_claim, new_run, rt, step};
 use durable_core::{ClaimOutcome, Commit, Delivery, Payload, RunFilter, RunId, Store, TurnEnd, WaitKind, Waiter};
 use durable_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 use serde_json::json;
@@ -10,8 +10,8 @@ use serde_json::json;
 #[test]
 fn everything_survives_close_and_reopen() {
     for durability in [Durability::Full, Durability::Normal] {
-        let dir = TempDir::new("reopen");
-        let path = dir.db("reopen.db");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("reopen.db");
         let opts = SqliteOptions::new().durability(durability);
         let rt = rt();
         let (runs, histories, waiters, state) = {

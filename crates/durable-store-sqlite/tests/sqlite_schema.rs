@@ -6,7 +6,7 @@ mod common;
 use std::path::Path;
 use std::time::Duration;
 
-use common::{TempDir, block_on, new_run};
+use common::{block_on, new_run};
 use durable_core::{RunFilter, RunId, Store};
 use durable_store_sqlite::{Error, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 use rusqlite::Connection;
@@ -37,8 +37,8 @@ fn assert_names_path(e: &Error, path: &Path) {
 
 #[test]
 fn a_missing_file_gets_the_latest_schema() {
-    let dir = TempDir::new("fresh");
-    let path = dir.db("fresh.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("fresh.db");
     let store = SqliteStore::open(&path).unwrap();
     assert_eq!(store.path(), path);
     block_on(store.create_run(new_run("r", 1))).unwrap();
@@ -51,8 +51,8 @@ fn a_missing_file_gets_the_latest_schema() {
 
 #[test]
 fn an_empty_file_is_initialised() {
-    let dir = TempDir::new("empty");
-    let path = dir.db("empty.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.db");
     std::fs::write(&path, b"").unwrap();
     let store = SqliteStore::open(&path).unwrap();
     assert!(block_on(store.create_run(new_run("r", 1))).unwrap().created());
@@ -62,8 +62,8 @@ fn an_empty_file_is_initialised() {
 
 #[test]
 fn an_sqlite_database_without_tables_is_initialised() {
-    let dir = TempDir::new("bare");
-    let path = dir.db("bare.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bare.db");
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch("PRAGMA user_version = 7; PRAGMA page_size = 8192; VACUUM;").unwrap();
     drop(conn);
@@ -73,8 +73,8 @@ fn an_sqlite_database_without_tables_is_initialised() {
 
 #[test]
 fn reopening_an_up_to_date_file_changes_nothing() {
-    let dir = TempDir::new("again");
-    let path = dir.db("again.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("again.db");
     drop(SqliteStore::open(&path).unwrap());
     let before = versions(&path);
     let store = SqliteStore::open(&path).unwrap();
@@ -105,29 +105,29 @@ fn assert_not_a_durable_database(e: &Error, path: &Path, why: &str) {
 #[test]
 fn without_create_if_missing_a_missing_file_is_refused_and_not_created() {
     assert!(SqliteOptions::new().get_create_if_missing(), "creating is the default");
-    let dir = TempDir::new("nocreate-missing");
-    let path = dir.db("typo.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("typo.db");
     let e = open_existing_err(&path);
     assert_not_a_durable_database(&e, &path, "does not exist");
     assert!(!path.exists(), "nothing was created");
-    assert_eq!(std::fs::read_dir(&dir.path).unwrap().count(), 0, "no WAL or SHM files either");
+    assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 0, "no WAL or SHM files either");
 }
 
 #[test]
 fn without_create_if_missing_an_empty_file_is_refused_and_left_empty() {
-    let dir = TempDir::new("nocreate-empty");
-    let path = dir.db("empty.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("empty.db");
     std::fs::write(&path, b"").unwrap();
     let e = open_existing_err(&path);
     assert_not_a_durable_database(&e, &path, "empty");
     assert_eq!(std::fs::metadata(&path).unwrap().len(), 0, "the file is still empty");
-    assert!(!dir.db("empty.db-wal").exists(), "no WAL file was created");
+    assert!(!dir.path().join("empty.db-wal").exists(), "no WAL file was created");
 }
 
 #[test]
 fn without_create_if_missing_a_bare_sqlite_database_is_refused_and_left_alone() {
-    let dir = TempDir::new("nocreate-bare");
-    let path = dir.db("bare.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bare.db");
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch("PRAGMA user_version = 7; VACUUM;").unwrap();
     drop(conn);
@@ -139,8 +139,8 @@ fn without_create_if_missing_a_bare_sqlite_database_is_refused_and_left_alone() 
 
 #[test]
 fn without_create_if_missing_a_text_file_is_still_not_a_durable_database() {
-    let dir = TempDir::new("nocreate-text");
-    let path = dir.db("notes.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
     std::fs::write(&path, b"not a database\n").unwrap();
     let e = open_existing_err(&path);
     assert_not_a_durable_database(&e, &path, "SQLite header");
@@ -148,8 +148,8 @@ fn without_create_if_missing_a_text_file_is_still_not_a_durable_database() {
 
 #[test]
 fn without_create_if_missing_an_existing_database_opens_with_its_data() {
-    let dir = TempDir::new("nocreate-existing");
-    let path = dir.db("app.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
     let store = SqliteStore::open(&path).unwrap();
     block_on(store.create_run(new_run("kept", 1))).unwrap();
     drop(store);
@@ -163,8 +163,8 @@ fn without_create_if_missing_an_existing_database_opens_with_its_data() {
 
 #[test]
 fn without_create_if_missing_a_newer_schema_is_still_refused() {
-    let dir = TempDir::new("nocreate-newer");
-    let path = dir.db("newer.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("newer.db");
     drop(SqliteStore::open(&path).unwrap());
     let conn = Connection::open(&path).unwrap();
     conn.execute("INSERT INTO durable_schema VALUES (?1, 'from the future', 0)", [SCHEMA_VERSION + 1]).unwrap();
@@ -210,8 +210,8 @@ PRAGMA application_id = 1146442305;
 
 #[test]
 fn a_version_1_file_is_migrated_forward_with_its_data() {
-    let dir = TempDir::new("v1");
-    let path = dir.db("v1.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch("PRAGMA journal_mode = WAL;").unwrap();
     conn.execute_batch(V1_SCHEMA).unwrap();
@@ -262,8 +262,8 @@ fn a_version_1_file_is_migrated_forward_with_its_data() {
 
 #[test]
 fn a_file_from_a_newer_build_is_refused_and_left_alone() {
-    let dir = TempDir::new("newer");
-    let path = dir.db("newer.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("newer.db");
     drop(SqliteStore::open(&path).unwrap());
     let conn = Connection::open(&path).unwrap();
     conn.execute("INSERT INTO durable_schema VALUES (?1, 'from the future', 0)", [SCHEMA_VERSION + 97]).unwrap();
@@ -287,15 +287,18 @@ fn a_file_from_a_newer_build_is_refused_and_left_alone() {
 
 #[test]
 fn a_text_file_is_not_a_durable_database() {
-    let dir = TempDir::new("text");
-    let path = dir.db("notes.txt");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("notes.txt");
     let text = b"These are my notes, not a database.\nSecond line.\n";
     std::fs::write(&path, text).unwrap();
     let e = open_err(&path);
     assert!(matches!(e, Error::NotADatabase { .. }), "{e:?}");
     assert!(e.to_string().starts_with(&format!("{} is not a durable database: ", path.display())), "{e}");
     assert!(std::fs::read(&path).unwrap() == text, "the file is unchanged");
-    assert!(!dir.db("notes.txt-wal").exists() && !dir.db("notes.txt-shm").exists(), "no WAL files were created");
+    assert!(
+        !dir.path().join("notes.txt-wal").exists() && !dir.path().join("notes.txt-shm").exists(),
+        "no WAL files were created"
+    );
     // A tiny file that is not even a header long is refused too.
     std::fs::write(&path, b"x").unwrap();
     assert!(matches!(open_err(&path), Error::NotADatabase { .. }));
@@ -303,8 +306,8 @@ fn a_text_file_is_not_a_durable_database() {
 
 #[test]
 fn another_programs_database_is_refused_and_left_alone() {
-    let dir = TempDir::new("foreign");
-    let path = dir.db("app.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("app.db");
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch("CREATE TABLE users (id INTEGER PRIMARY KEY, name TEXT); INSERT INTO users VALUES (1, 'ann');")
         .unwrap();
@@ -319,16 +322,16 @@ fn another_programs_database_is_refused_and_left_alone() {
 
 #[test]
 fn a_directory_is_not_a_durable_database() {
-    let dir = TempDir::new("dir");
-    let e = open_err(&dir.path);
+    let dir = tempfile::tempdir().unwrap();
+    let e = open_err(dir.path());
     assert!(matches!(e, Error::NotADatabase { .. }), "{e:?}");
-    assert_names_path(&e, &dir.path);
+    assert_names_path(&e, dir.path());
 }
 
 #[test]
 fn a_missing_directory_is_a_clear_error() {
-    let dir = TempDir::new("nodir");
-    let path = dir.path.join("no").join("such").join("dir.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("no").join("such").join("dir.db");
     let e = open_err(&path);
     assert!(matches!(e, Error::Sqlite { .. }), "{e:?}");
     assert_names_path(&e, &path);
@@ -339,16 +342,24 @@ fn a_missing_directory_is_a_clear_error() {
 #[test]
 fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = TempDir::new("readonly");
-    std::fs::set_permissions(&dir.path, std::fs::Permissions::from_mode(0o555)).unwrap();
+    /// Makes the directory writable again before it is removed, also when an assertion fails.
+    struct Writable<'a>(&'a std::path::Path);
+    impl Drop for Writable<'_> {
+        fn drop(&mut self) {
+            let _ = std::fs::set_permissions(self.0, std::fs::Permissions::from_mode(0o755));
+        }
+    }
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o555)).unwrap();
+    let _writable = Writable(dir.path());
     // Root (and CAP_DAC_OVERRIDE) can write to a read-only directory: find out by trying.
-    let probe = dir.path.join("probe");
+    let probe = dir.path().join("probe");
     if std::fs::write(&probe, b"x").is_ok() {
         let _ = std::fs::remove_file(&probe);
         skip("a_read_only_directory_is_a_clear_error", "this user can write to a read-only directory (root?)");
         return;
     }
-    let path = dir.db("ro.db");
+    let path = dir.path().join("ro.db");
     let e = open_err(&path);
     assert!(matches!(e, Error::Sqlite { .. }), "{e:?}");
     assert_names_path(&e, &path);
@@ -361,8 +372,8 @@ fn a_read_only_directory_is_a_clear_error_and_nothing_is_written() {
 #[test]
 fn a_read_only_file_is_a_clear_error() {
     use std::os::unix::fs::PermissionsExt;
-    let dir = TempDir::new("rofile");
-    let path = dir.db("ro.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("ro.db");
     drop(SqliteStore::open(&path).unwrap());
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o444)).unwrap();
     if std::fs::OpenOptions::new().append(true).open(&path).is_ok() {
@@ -377,8 +388,8 @@ fn a_read_only_file_is_a_clear_error() {
 
 #[test]
 fn a_file_locked_past_the_busy_timeout_is_busy_and_retryable() {
-    let dir = TempDir::new("locked");
-    let path = dir.db("locked.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("locked.db");
     // Another program holds an exclusive lock on a fresh (rollback-journal) database.
     let conn = Connection::open(&path).unwrap();
     conn.execute_batch("BEGIN EXCLUSIVE; CREATE TABLE t (x);").unwrap();

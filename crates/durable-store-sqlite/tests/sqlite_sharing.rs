@@ -8,7 +8,7 @@ use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::{TempDir, claim, create_and_claim, new_run, rt, step};
+use common::{claim, create_and_claim, new_run, rt, step};
 use durable_core::{
     ClaimOutcome, Commit, Delivery, Payload, RunId, StepKind, Store, StoreErrorKind, TurnEnd, WaitKind, Waiter,
 };
@@ -17,8 +17,8 @@ use serde_json::json;
 
 #[test]
 fn concurrent_claims_through_two_handles_have_exactly_one_winner() {
-    let dir = TempDir::new("claims");
-    let path = dir.db("claims.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("claims.db");
     let a: Arc<dyn Store> = Arc::new(common::open(&path));
     let b: Arc<dyn Store> = Arc::new(common::open(&path));
     let rt = rt();
@@ -58,8 +58,8 @@ fn concurrent_claims_through_two_handles_have_exactly_one_winner() {
 
 #[test]
 fn signals_and_waits_through_two_handles_lose_nothing() {
-    let dir = TempDir::new("signals");
-    let path = dir.db("signals.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("signals.db");
     let a: Arc<dyn Store> = Arc::new(common::open(&path));
     let b: Arc<dyn Store> = Arc::new(common::open(&path));
     let rt = rt();
@@ -117,8 +117,8 @@ fn signals_and_waits_through_two_handles_lose_nothing() {
 
 #[test]
 fn a_write_locked_out_past_the_busy_timeout_is_unavailable_and_reads_go_on() {
-    let dir = TempDir::new("busy");
-    let path = dir.db("busy.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("busy.db");
     let store = SqliteStore::open_with(&path, SqliteOptions::new().busy_timeout(Duration::from_millis(20))).unwrap();
     let rt = rt();
     rt.block_on(create_and_claim(&store, "r", "engine", 1_000));
@@ -175,8 +175,8 @@ fn two_processes_claiming_the_same_runs_have_one_winner_each() {
     if std::env::var(CHILD_ENV).is_ok() {
         return;
     }
-    let dir = TempDir::new("processes");
-    let path = dir.db("processes.db");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("processes.db");
     {
         let store = common::open(&path);
         rt().block_on(async {

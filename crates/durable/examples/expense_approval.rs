@@ -85,7 +85,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let a = engine.start("expense_approval", &quick, StartOptions::id("exp-1")).await?;
     let b = engine.start("expense_approval", &slow, StartOptions::id("exp-2")).await?;
     for id in [&a.id, &b.id] {
-        engine.wait_for_settled(id).await?;
+        engine.wait_until_suspended_or_terminal(id).await?;
     }
 
     println!("day 1: a day passes");
@@ -98,7 +98,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     }
     for id in [&a.id, &b.id] {
-        engine.wait_for_settled(id).await?;
+        engine.wait_until_suspended_or_terminal(id).await?;
     }
 
     println!("day 2: the manager approves exp-1 (a signal to token \"expense:exp-1\")");

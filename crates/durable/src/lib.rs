@@ -35,8 +35,8 @@
 //! [`store::Store`] trait), `durable-runtime` (the engine), `durable-store-memory`,
 //! `durable-store-sqlite` (feature `sqlite`, on by default), `durable-store-postgres`
 //! (feature `postgres`: `PostgresStore`, many engines sharing one PostgreSQL database) and
-//! `durable-conformance` (feature `conformance`: the test harness and the store conformance
-//! suite).
+//! `durable-conformance` (feature `testing`: the workflow test harness, as `durable::testing`;
+//! feature `conformance`: the store conformance suite, as `durable::conformance`).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
@@ -81,6 +81,63 @@ pub mod store {
 /// one place. Tools that read stored runs should use it instead of parsing by hand.
 pub use durable_core::protocol;
 
-/// The test harness and the store conformance suite.
+
+#[cfg(feature = "testing")]
+pub mod testing {
+    //! Testing your workflows (feature `testing`): an engine on a virtual clock, steps that fail on
+    //! purpose, and a store that fails on purpose.
+    //!
+    //! Turn it on for your tests only:
+    //!
+    //! ```toml
+    //! [dev-dependencies]
+    //! durable = { version = "0.1", features = ["testing"] }
+    //! ```
+    //!
+    //! - [`TestEngine`]: an [`Engine`](crate::Engine) on a [`VirtualClock`](crate::VirtualClock)
+    //!   and, by default, a fresh [`MemoryStore`](crate::MemoryStore). It derefs to the engine
+    //!   (`register`, `start`, `signal`, …); [`TestEngine::advance`] moves time forward, so a run
+    //!   that sleeps for a month completes at once; [`TestEngine::restart`] and
+    //!   [`TestEngine::crash`] play a process restart and a `kill -9` on the same store; assertions
+    //!   on a run's status, output, steps and attempts.
+    //! - [`FailFirst`] (a step helper failing its first `n` calls) and [`Counter`] (how many times a
+    //!   step ran).
+    //! - [`FaultyStore`]: wraps any store and fails the calls a [`Fault`] selects, or delays them.
+    //!
+    //! These are re-exported from `durable-conformance`, which also holds the conformance suite for
+    //! your own stores (feature `conformance`: `durable::conformance`).
+    //!
+    //! ```
+    //! use std::time::Duration;
+    //! use durable::testing::TestEngine;
+    //! use durable::{RunStatus, StartOptions, WorkflowCtx, WorkflowError};
+    //!
+    //! async fn reminder(ctx: WorkflowCtx, who: String) -> Result<String, WorkflowError> {
+    //!     ctx.sleep(Duration::from_secs(24 * 3600)).await; // a day, durably
+    //!     ctx.step("send", |_| async { Ok(()) }).await?;
+    //!     Ok(format!("reminded {who}"))
+    //! }
+    //!
+    //! # #[tokio::main(flavor = "current_thread")]
+    //! # async fn main() {
+    //! let t = TestEngine::new(); // memory store, virtual clock
+    //! t.register("reminder", 1, reminder);
+    //! let run = t.start("reminder", "ada", StartOptions::id("remind-ada")).await.unwrap();
+    //! // Asleep: the run is suspended until the virtual clock passes the day.
+    //! let parked = t.wait_until_suspended_or_terminal(&run.id).await.unwrap();
+    //! assert_eq!(parked.status(), RunStatus::Suspended);
+    //! t.advance(Duration::from_secs(24 * 3600));
+    //! t.assert_status(&run.id, RunStatus::Completed).await;
+    //! t.assert_output(&run.id, "reminded ada".to_string()).await;
+    //! t.assert_step_names(&run.id, &["send"]).await;
+    //! # }
+    //! ```
+
+    pub use durable_conformance::{Call, Counter, FailFirst, Fault, FaultyStore, Method, TestEngine, test_config};
+}
+
+/// The store conformance suite (feature `conformance`): certify your own
+/// [`Store`](crate::store::Store). The whole `durable-conformance` crate, workflow test harness
+/// included (that is also `durable::testing`, feature `testing`).
 #[cfg(feature = "conformance")]
 pub use durable_conformance as conformance;

@@ -9,7 +9,7 @@ use std::time::Duration;
 use durable::{Cancel, ChildFailed, EngineEvent, RunStatus, StartOptions, StepError, WorkflowCtx, WorkflowError};
 use durable_conformance::TestEngine;
 use parking_lot::Mutex;
-use support::TestStore;
+use support::StoreFixture;
 use tokio::sync::watch;
 
 on_every_store!(
@@ -29,7 +29,7 @@ fn register_family(t: &TestEngine) {
     });
 }
 
-async fn a_parent_waits_on_a_sleeping_child_across_a_restart(s: TestStore) {
+async fn a_parent_waits_on_a_sleeping_child_across_a_restart(s: StoreFixture) {
     let t = s.engine();
     register_family(&t);
     let parent = t.start("parent", &5u64, StartOptions::id("p")).await.unwrap();
@@ -48,7 +48,7 @@ async fn a_parent_waits_on_a_sleeping_child_across_a_restart(s: TestStore) {
     assert!(t.store().waiters(&parent.id).await.unwrap().is_empty());
 }
 
-async fn failed_cancelled_and_dead_children_surface_in_the_parent(s: TestStore) {
+async fn failed_cancelled_and_dead_children_surface_in_the_parent(s: StoreFixture) {
     let mut config = durable_conformance::test_config();
     config.max_recovery_attempts = 0;
     let t = TestEngine::with_parts(s.store.clone(), durable::VirtualClock::starting_2026(), config);
@@ -141,7 +141,7 @@ fn register_fan_out(t: &TestEngine, starts: &Arc<Mutex<BTreeMap<String, u32>>>, 
     });
 }
 
-async fn a_fan_out_of_200_children_resumes_without_starting_any_twice(s: TestStore) {
+async fn a_fan_out_of_200_children_resumes_without_starting_any_twice(s: StoreFixture) {
     let starts = Arc::new(Mutex::new(BTreeMap::new()));
     let (_closed, gate) = watch::channel(false);
     let t = s.engine();

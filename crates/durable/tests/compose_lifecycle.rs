@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use durable::{RunStatus, StartOptions, StepError, WorkflowCtx, WorkflowError};
 use durable_conformance::{Counter, FailFirst, TestEngine};
-use support::TestStore;
+use support::StoreFixture;
 
 on_every_store!(
     cancelling_a_parent_cancels_three_levels,
@@ -27,7 +27,7 @@ fn register_tree(t: &TestEngine) {
     });
 }
 
-async fn cancelling_a_parent_cancels_three_levels(s: TestStore) {
+async fn cancelling_a_parent_cancels_three_levels(s: StoreFixture) {
     let t = s.engine();
     register_tree(&t);
     let root = t.start("level", &2u32, StartOptions::id("root")).await.unwrap();
@@ -50,7 +50,7 @@ async fn cancelling_a_parent_cancels_three_levels(s: TestStore) {
     assert_eq!(t.get_run(&done.id).await.unwrap(), before, "cancelling a completed run changed it");
 }
 
-async fn continue_as_new_fifty_times_keeps_histories_small(s: TestStore) {
+async fn continue_as_new_fifty_times_keeps_histories_small(s: StoreFixture) {
     let t = s.engine();
     t.register("counter", 1, |ctx: WorkflowCtx, n: u32| async move {
         let next: u32 = ctx.step("bump", move |_| async move { Ok(n + 1) }).await?;
@@ -70,7 +70,7 @@ async fn continue_as_new_fifty_times_keeps_histories_small(s: TestStore) {
     }
 }
 
-async fn retry_reruns_only_the_failed_step_and_what_follows(s: TestStore) {
+async fn retry_reruns_only_the_failed_step_and_what_follows(s: StoreFixture) {
     let t = s.engine();
     let (before, after) = (Counter::new(), Counter::new());
     let flaky = FailFirst::new(1);
@@ -106,7 +106,7 @@ async fn retry_reruns_only_the_failed_step_and_what_follows(s: TestStore) {
     assert!(t.retry(&run.id).await.is_err(), "a completed run cannot be retried");
 }
 
-async fn retry_with_input_and_delete_leave_the_rest_alone(s: TestStore) {
+async fn retry_with_input_and_delete_leave_the_rest_alone(s: StoreFixture) {
     let t = s.engine();
     t.register("half", 1, |ctx: WorkflowCtx, n: i64| async move {
         if n % 2 != 0 {

@@ -10,7 +10,7 @@ use durable::{
 };
 use durable_conformance::{Counter, TestEngine};
 use parking_lot::Mutex;
-use support::TestStore;
+use support::StoreFixture;
 use tokio::sync::watch;
 
 on_every_store!(
@@ -55,7 +55,7 @@ fn register_trip(t: &TestEngine, undos: &Undos, gate: watch::Receiver<bool>) {
     });
 }
 
-async fn undos_run_in_reverse_exactly_once_across_a_restart(s: TestStore) {
+async fn undos_run_in_reverse_exactly_once_across_a_restart(s: StoreFixture) {
     let undos = Undos::default();
     let (_closed, gate) = watch::channel(false);
     let t = s.engine();
@@ -94,7 +94,7 @@ async fn undos_run_in_reverse_exactly_once_across_a_restart(s: TestStore) {
     );
 }
 
-async fn a_failing_undo_is_recorded_and_skipped(s: TestStore) {
+async fn a_failing_undo_is_recorded_and_skipped(s: StoreFixture) {
     let t = s.engine();
     let undone = Counter::new();
     let u = undone.clone();
@@ -129,7 +129,7 @@ async fn a_failing_undo_is_recorded_and_skipped(s: TestStore) {
     assert!(undo_b.error.as_ref().unwrap().message.contains("refund API gone"));
 }
 
-async fn cancel_with_compensation_runs_the_undos_then_cancels(s: TestStore) {
+async fn cancel_with_compensation_runs_the_undos_then_cancels(s: StoreFixture) {
     let t = s.engine();
     let undone = Arc::new(Mutex::new(Vec::new()));
     let u = undone.clone();

@@ -190,7 +190,7 @@ async fn a_child_result_reaches_its_parent_once_even_when_the_childs_commits_fai
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn engines_of_two_namespaces_never_execute_each_others_runs() {
-    let s = support::TestStore::sqlite("namespaces");
+    let s = support::StoreFixture::sqlite();
     let engine = |namespace: &'static str, store: Arc<dyn Store>| {
         let mut config = EngineConfig::default();
         config.namespace = Some(namespace.to_string());

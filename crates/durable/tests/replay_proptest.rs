@@ -99,7 +99,7 @@ async fn drive(ops: &[Op], crash_after: &[usize]) -> (u64, u32) {
             Other,
         }
         let next = tokio::select! {
-            o = t.wait_for_settled(&run.id) => Next::Settled(o.unwrap().status()),
+            o = t.wait_until_suspended_or_terminal(&run.id) => Next::Settled(o.unwrap().status()),
             e = events.recv() => match e {
                 Ok(EngineEvent::StepCompleted { .. }) => Next::Committed,
                 _ => Next::Other,

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use durable::{Delivery, RunStatus, SignalError, StartOptions, WorkflowCtx, WorkflowError};
 use durable_conformance::TestEngine;
-use support::TestStore;
+use support::StoreFixture;
 
 on_every_store!(
     signal_before_and_after_the_wait_both_deliver,
@@ -28,7 +28,7 @@ fn register_waiter(t: &TestEngine) {
     });
 }
 
-async fn signal_before_and_after_the_wait_both_deliver(s: TestStore) {
+async fn signal_before_and_after_the_wait_both_deliver(s: StoreFixture) {
     let t = s.engine();
     register_waiter(&t);
     // Before: the signal is buffered, the wait takes it.
@@ -44,7 +44,7 @@ async fn signal_before_and_after_the_wait_both_deliver(s: TestStore) {
     assert_eq!(cp.output.as_ref().unwrap().decode::<String>().unwrap(), "world");
 }
 
-async fn two_signals_are_consumed_in_order(s: TestStore) {
+async fn two_signals_are_consumed_in_order(s: StoreFixture) {
     let t = s.engine();
     t.register("wait_two", 1, |ctx: WorkflowCtx, _: ()| async move {
         let first: u32 = ctx.wait_for_signal("tok").await?;
@@ -57,7 +57,7 @@ async fn two_signals_are_consumed_in_order(s: TestStore) {
     t.assert_output(&run.id, (1u32, 2u32)).await;
 }
 
-async fn a_signal_for_a_finished_run_is_buffered_harmlessly(s: TestStore) {
+async fn a_signal_for_a_finished_run_is_buffered_harmlessly(s: StoreFixture) {
     let t = s.engine();
     register_waiter(&t);
     let run = t.start("wait_one", "done-tok", StartOptions::id("done")).await.unwrap();
@@ -68,7 +68,7 @@ async fn a_signal_for_a_finished_run_is_buffered_harmlessly(s: TestStore) {
     assert!(t.store().waiters(&run.id).await.unwrap().is_empty());
 }
 
-async fn concurrent_signals_and_waits_consume_every_payload_once(s: TestStore) {
+async fn concurrent_signals_and_waits_consume_every_payload_once(s: StoreFixture) {
     // Two engines on two store handles (two SQLite connections on one file), racing.
     let a = s.engine();
     let b = TestEngine::with_parts(s.second_handle(), a.clock().clone(), durable_conformance::test_config());
@@ -110,7 +110,7 @@ async fn concurrent_signals_and_waits_consume_every_payload_once(s: TestStore) {
     assert_eq!(unique, expected, "a payload was lost");
 }
 
-async fn a_timed_out_wait_resumes_with_none_and_leaves_no_waiter(s: TestStore) {
+async fn a_timed_out_wait_resumes_with_none_and_leaves_no_waiter(s: StoreFixture) {
     let t = s.engine();
     t.register("approval", 1, |ctx: WorkflowCtx, _: ()| async move {
         let answer: Option<bool> = ctx.wait_for_signal_timeout("approve", Duration::from_secs(3 * 86_400)).await?;
@@ -128,7 +128,7 @@ async fn a_timed_out_wait_resumes_with_none_and_leaves_no_waiter(s: TestStore) {
     t.assert_output(&run.id, None::<bool>).await;
 }
 
-async fn signal_with_start_converges_on_one_run(s: TestStore) {
+async fn signal_with_start_converges_on_one_run(s: StoreFixture) {
     let t = s.engine();
     t.register("collect", 1, |ctx: WorkflowCtx, n: usize| async move {
         let mut got = Vec::new();
@@ -165,7 +165,7 @@ async fn signal_with_start_converges_on_one_run(s: TestStore) {
     t.assert_output(&ordered.id, vec![7u32, 3, 9]).await;
 }
 
-async fn a_bad_payload_is_a_typed_error_the_workflow_handles(s: TestStore) {
+async fn a_bad_payload_is_a_typed_error_the_workflow_handles(s: StoreFixture) {
     let t = s.engine();
     t.register("typed", 1, |ctx: WorkflowCtx, _: ()| async move {
         let outcome = match ctx.wait_for_signal::<u64>("amount").await {
@@ -192,7 +192,7 @@ fn register_late_wait(t: &TestEngine) {
     });
 }
 
-async fn a_buffered_signal_survives_an_engine_teardown(s: TestStore) {
+async fn a_buffered_signal_survives_an_engine_teardown(s: StoreFixture) {
     // Buffered before the run waits; the engine goes away before the run wakes.
     let t = s.engine();
     register_late_wait(&t);

@@ -7,7 +7,7 @@ use std::time::Duration;
 use durable::{Delivery, RunStatus, StartOptions, StepError, TaskError, UpdateOutcome, WorkflowCtx, WorkflowError};
 use durable_conformance::{Counter, TestEngine};
 use serde_json::json;
-use support::TestStore;
+use support::StoreFixture;
 
 on_every_store!(
     events_reach_only_matching_waits,
@@ -25,7 +25,7 @@ fn register_event_waiter(t: &TestEngine) {
     });
 }
 
-async fn events_reach_only_matching_waits(s: TestStore) {
+async fn events_reach_only_matching_waits(s: StoreFixture) {
     let t = s.engine();
     register_event_waiter(&t);
     let forty_two = t.start("wait_event", &json!({"order_id": 42}), StartOptions::id("o42")).await.unwrap();
@@ -53,7 +53,7 @@ async fn events_reach_only_matching_waits(s: TestStore) {
     assert_eq!(t.store().waiters(&seven.id).await.unwrap().len(), 1);
 }
 
-async fn a_buffered_event_is_claimed_by_exactly_one_later_wait(s: TestStore) {
+async fn a_buffered_event_is_claimed_by_exactly_one_later_wait(s: StoreFixture) {
     let t = s.engine();
     register_event_waiter(&t);
     let delivered = t.publish_event("order.paid", &json!({"order_id": 5})).await.unwrap();
@@ -66,7 +66,7 @@ async fn a_buffered_event_is_claimed_by_exactly_one_later_wait(s: TestStore) {
     t.assert_settled_status(&other.id, RunStatus::Suspended).await;
 }
 
-async fn an_event_wait_can_time_out(s: TestStore) {
+async fn an_event_wait_can_time_out(s: StoreFixture) {
     let t = s.engine();
     t.register("event_timeout", 1, |ctx: WorkflowCtx, _: ()| async move {
         let got: Option<u32> = ctx.wait_for_event_timeout("never", json!({}), Duration::from_secs(60)).await?;
@@ -79,7 +79,7 @@ async fn an_event_wait_can_time_out(s: TestStore) {
     assert!(t.store().waiters(&run.id).await.unwrap().is_empty());
 }
 
-async fn get_state_sees_the_latest_value_during_and_after_the_run(s: TestStore) {
+async fn get_state_sees_the_latest_value_during_and_after_the_run(s: StoreFixture) {
     let t = s.engine();
     t.register("progress", 1, |ctx: WorkflowCtx, _: ()| async move {
         ctx.set_state("progress", &25u32).await;
@@ -97,7 +97,7 @@ async fn get_state_sees_the_latest_value_during_and_after_the_run(s: TestStore) 
     assert_eq!(t.get_state::<u32>(&run.id, "progress").await.unwrap(), Some(100));
 }
 
-async fn updates_are_validated_before_they_touch_a_run(s: TestStore) {
+async fn updates_are_validated_before_they_touch_a_run(s: StoreFixture) {
     let t = s.engine();
     t.register("cart", 1, |ctx: WorkflowCtx, _: ()| async move {
         let qty: u32 = ctx.on_update("set_quantity").await?;
@@ -126,7 +126,7 @@ async fn updates_are_validated_before_they_touch_a_run(s: TestStore) {
     t.assert_output(&run.id, 3u32).await;
 }
 
-async fn external_tasks_complete_and_fail(s: TestStore) {
+async fn external_tasks_complete_and_fail(s: StoreFixture) {
     let t = s.engine();
     let dispatched = Counter::new();
     let d = dispatched.clone();

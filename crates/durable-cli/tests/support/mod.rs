@@ -1,44 +1,16 @@
-//! Helpers for the command line's integration tests: temp dirs, running the real `durable`
-//! binary, reading its output.
+//! Helpers for the command line's integration tests: running the real `durable` binary in a
+//! temp dir, reading its output.
 #![allow(dead_code, unreachable_pub)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
-use std::sync::atomic::{AtomicU64, Ordering};
 
 use serde_json::Value;
 
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// A unique directory under the system temp dir, removed with its contents on drop.
-#[derive(Debug)]
-pub struct TempDir {
-    pub path: PathBuf,
-}
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("durable-cli-{tag}-{}-{nanos}-{n}", std::process::id()));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir { path }
-    }
-
-    /// The demo's database in this directory.
-    pub fn db(&self) -> PathBuf {
-        self.path.join("durable.db")
-    }
-
-    pub fn file(&self, name: &str) -> PathBuf {
-        self.path.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
+/// The database the demo and the operator commands use by default: `durable.db` in `dir` (the
+/// working directory they run in; tests run them in a `tempfile::tempdir()`).
+pub fn default_db(dir: &Path) -> PathBuf {
+    dir.join("durable.db")
 }
 
 /// The `durable` binary, run in `dir`, with no `DURABLE_DB`, `DURABLE_URL`, `DURABLE_SCHEMA` or

@@ -1,47 +1,12 @@
-//! Helpers shared by the integration tests: database files in temp dirs, a runtime, builders.
+//! Helpers shared by the integration tests: a runtime, store options, builders. Database files
+//! live in `tempfile::tempdir()`s, removed with everything in them when the test ends.
 #![allow(dead_code, unreachable_pub)]
 
 use std::future::Future;
-use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::path::Path;
 
 use durable_core::{Checkpoint, CheckpointStatus, Claim, ClaimOutcome, NewRun, Payload, RunId, StepKind, Store};
 use durable_store_sqlite::{Durability, SqliteOptions, SqliteStore};
-
-static NEXT: AtomicU64 = AtomicU64::new(0);
-
-/// A unique directory under the system temp dir, removed (with everything in it) on drop.
-#[derive(Debug)]
-pub struct TempDir {
-    pub path: PathBuf,
-}
-
-impl TempDir {
-    pub fn new(tag: &str) -> TempDir {
-        let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(0, |d| d.as_nanos());
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let path = std::env::temp_dir().join(format!("durable-sqlite-{tag}-{}-{nanos}-{n}", std::process::id()));
-        std::fs::create_dir_all(&path).expect("create temp dir");
-        TempDir { path }
-    }
-
-    /// A database path inside the directory (the file is not created).
-    pub fn db(&self, name: &str) -> PathBuf {
-        self.path.join(name)
-    }
-}
-
-impl Drop for TempDir {
-    fn drop(&mut self) {
-        // Restore write permission in case a test made the directory read-only.
-        #[cfg(unix)]
-        {
-            use std::os::unix::fs::PermissionsExt;
-            let _ = std::fs::set_permissions(&self.path, std::fs::Permissions::from_mode(0o755));
-        }
-        let _ = std::fs::remove_dir_all(&self.path);
-    }
-}
 
 /// A current-thread-free runtime for driving the store from a test.
 pub fn rt() -> tokio::runtime::Runtime {

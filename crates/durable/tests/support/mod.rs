@@ -38,52 +38,32 @@ use std::sync::Arc;
 use durable::store::Store;
 use durable::{MemoryStore, SqliteStore};
 
-/// A SQLite file in the temp dir, removed (with its WAL files) on drop.
-pub struct TempDb {
-    pub path: PathBuf,
-}
-
-impl TempDb {
-    pub fn new(name: &str) -> Self {
-        let path = std::env::temp_dir().join(format!(
-            "durable-test-{name}-{}-{}.db",
-            std::process::id(),
-            durable::uuid::Uuid::new_v4().simple()
-        ));
-        TempDb { path }
-    }
-}
-
-impl Drop for TempDb {
-    fn drop(&mut self) {
-        for suffix in ["", "-wal", "-shm"] {
-            let _ = std::fs::remove_file(format!("{}{suffix}", self.path.display()));
-        }
-    }
-}
-
-/// A store for one test, on one backend.
-pub struct TestStore {
+/// The store fixture of one test: a store on one backend (memory, or a SQLite file of its own),
+/// a second handle on its data, a `TestEngine` on it. (Not `durable_conformance::TestStore`, what
+/// a conformance `StoreFactory` builds.)
+pub struct StoreFixture {
     pub store: Arc<dyn Store>,
-    pub db: Option<TempDb>,
+    /// The SQLite store's file, in a temp dir removed (with the WAL files) when the test ends.
+    pub db: Option<(tempfile::TempDir, PathBuf)>,
 }
 
-impl TestStore {
+impl StoreFixture {
     pub fn memory() -> Self {
-        TestStore { store: Arc::new(MemoryStore::new()), db: None }
+        StoreFixture { store: Arc::new(MemoryStore::new()), db: None }
     }
 
-    pub fn sqlite(name: &str) -> Self {
-        let db = TempDb::new(name);
-        let store = Arc::new(SqliteStore::open(&db.path).expect("open sqlite"));
-        TestStore { store, db: Some(db) }
+    pub fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let path = dir.path().join("durable.db");
+        let store = Arc::new(SqliteStore::open(&path).expect("open sqlite"));
+        StoreFixture { store, db: Some((dir, path)) }
     }
 
     /// Another handle on the same data: a second `SqliteStore` on the same file (as a second
     /// process would have), or the same memory store.
     pub fn second_handle(&self) -> Arc<dyn Store> {
         match &self.db {
-            Some(db) => Arc::new(SqliteStore::open(&db.path).expect("open sqlite")),
+            Some((_, path)) => Arc::new(SqliteStore::open(path).expect("open sqlite")),
             None => self.store.clone(),
         }
     }
@@ -94,7 +74,7 @@ impl TestStore {
     }
 }
 
-/// Emits, for each async fn `name(store: TestStore)`, a `#[tokio::test]` on the memory
+/// Emits, for each async fn `name(store: StoreFixture)`, a `#[tokio::test]` on the memory
 /// store and one on a fresh SQLite file.
 #[macro_export]
 macro_rules! on_every_store {
@@ -103,7 +83,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::support::TestStore::memory()).await
+                    super::$name(super::support::StoreFixture::memory()).await
                 }
             )*
         }
@@ -111,7 +91,7 @@ macro_rules! on_every_store {
             $(
                 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                 async fn $name() {
-                    super::$name(super::support::TestStore::sqlite(stringify!($name))).await
+                    super::$name(super::support::StoreFixture::sqlite()).await
                 }
             )*
         }
