@@ -75,7 +75,7 @@ use durable_conformance::{TestEngine, test_config};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use support::TestStore;
+use support::StoreFixture;
 
 /// The fixture format this file writes. Loading must keep accepting every older one.
 const FORMAT: u32 = 1;
@@ -631,7 +631,7 @@ async fn capture(t: &TestEngine, ids: &[RunId]) -> Snapshot {
 
 async fn wait_status(t: &TestEngine, id: &RunId, terminal: bool) -> Run {
     let waited =
-        if terminal { t.wait_for_run_timeout(id, WAIT).await } else { t.wait_for_settled_timeout(id, WAIT).await };
+        if terminal { t.wait_for_run_timeout(id, WAIT).await } else { t.wait_until_suspended_or_terminal_timeout(id, WAIT).await };
     match waited {
         Ok(outcome) => outcome.run,
         Err(e) => {
@@ -869,7 +869,7 @@ async fn replay_resume(f: &Fixture, parked: &Snapshot, store: Arc<dyn Store>) {
 }
 
 /// Replays fixture `name`, each shape on a fresh store from `new_store`.
-async fn replay(name: &str, new_store: fn(&str) -> TestStore) {
+async fn replay(name: &str, new_store: fn(&str) -> StoreFixture) {
     let f = read_fixture(name);
     let s = new_store(name);
     replay_from_scratch(&f, s.store.clone()).await;
@@ -886,7 +886,7 @@ macro_rules! fixture_tests {
                 $(
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn $name() {
-                        crate::replay(stringify!($name), |_| crate::support::TestStore::memory()).await
+                        crate::replay(stringify!($name), |_| crate::support::StoreFixture::memory()).await
                     }
                 )*
             }
@@ -894,7 +894,7 @@ macro_rules! fixture_tests {
                 $(
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn $name() {
-                        crate::replay(stringify!($name), crate::support::TestStore::sqlite).await
+                        crate::replay(stringify!($name), |_| crate::support::StoreFixture::sqlite()).await
                     }
                 )*
             }
