@@ -2,7 +2,8 @@
 //! on a scratch schema of its own (`durable_test_<pid>_<n>`), dropped when the case ends, also
 //! when it fails. The cases across two handles connect a second `PostgresStore` (a second pool
 //! and writer) to the same schema; the persistence case connects again after every handle was
-//! dropped.
+//! dropped. The store's run queue runs the run-queue cases (across two handles: the queue of a
+//! second `PostgresStore` on the schema).
 //!
 //! The server comes from `DURABLE_PG_URL` (like sqlx's `DATABASE_URL`). Without it, every case
 //! prints one line saying how to run it and passes:
@@ -16,7 +17,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use durable_conformance::{StoreFactory, TestStore};
-use durable_core::{Store, StoreError, StoreResult};
+use durable_core::{RunQueue, Store, StoreError, StoreResult};
 use durable_store_postgres::deadpool_postgres::tokio_postgres::{self, NoTls};
 use durable_store_postgres::{PostgresOptions, PostgresStore};
 
@@ -106,12 +107,17 @@ impl StoreFactory for PostgresFactory {
         // A schema left over by an earlier process with the same pid is dropped first.
         ScratchSchema::drop_schema(url, &scratch.schema).await.map_err(StoreError::backend)?;
         let store = scratch.connect().await?;
-        Ok(TestStore::new(store).with_guard(scratch))
+        Ok(TestStore::new_with_queue(store).with_guard(scratch))
     }
 
     async fn second_handle(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
         let scratch = store.guard::<ScratchSchema>()?;
         Some(scratch.connect().await.map(|s| Arc::new(s) as Arc<dyn Store>))
+    }
+
+    async fn second_queue(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn RunQueue>>> {
+        let scratch = store.guard::<ScratchSchema>()?;
+        Some(scratch.connect().await.map(|s| Arc::new(s) as Arc<dyn RunQueue>))
     }
 
     async fn reopen(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {

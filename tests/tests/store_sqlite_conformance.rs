@@ -1,7 +1,8 @@
 //! `SqliteStore` certified by the public store conformance suite: one `#[test]` per case, each
 //! on a fresh database file in a temporary directory; the cases across two handles open a
 //! second `SqliteStore` on the same file, the persistence case reopens the file after every
-//! handle was dropped.
+//! handle was dropped. The store's run queue runs the run-queue cases (across two handles: the
+//! queue of a second `SqliteStore` on the same file).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -9,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 
 use async_trait::async_trait;
 use durable_conformance::{StoreFactory, TestStore};
-use durable_core::{Store, StoreResult};
+use durable_core::{RunQueue, Store, StoreResult};
 use durable_store_sqlite::SqliteStore;
 
 /// A directory of its own per case, removed with everything in it when the case ends.
@@ -43,9 +44,10 @@ impl Drop for TempDb {
 struct SqliteFactory;
 
 impl SqliteFactory {
-    fn open(store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
+    /// Another `SqliteStore` on the case's file.
+    fn open(store: &TestStore) -> Option<StoreResult<Arc<SqliteStore>>> {
         let db = store.guard::<TempDb>()?;
-        Some(SqliteStore::open(&db.path).map(|s| Arc::new(s) as Arc<dyn Store>).map_err(Into::into))
+        Some(SqliteStore::open(&db.path).map(Arc::new).map_err(Into::into))
     }
 }
 
@@ -55,15 +57,19 @@ impl StoreFactory for SqliteFactory {
         let db = TempDb::new();
         // Default options: Durability::Full, as users get it.
         let store = SqliteStore::open(&db.path)?;
-        Ok(TestStore::new(store).with_guard(db))
+        Ok(TestStore::new_with_queue(store).with_guard(db))
     }
 
     async fn second_handle(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
-        Self::open(store)
+        Some(Self::open(store)?.map(|s| s as Arc<dyn Store>))
+    }
+
+    async fn second_queue(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn RunQueue>>> {
+        Some(Self::open(store)?.map(|s| s as Arc<dyn RunQueue>))
     }
 
     async fn reopen(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
-        Self::open(store)
+        self.second_handle(store).await
     }
 }
 
