@@ -1,6 +1,8 @@
 //! `cargo xtask ci` runs the same gates locally and in CI; `cargo xtask bench` runs the
 //! benchmark workloads in release mode and writes `target/bench/results.json`.
 
+mod cycles;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -8,7 +10,7 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci                      fmt check, clippy -D warnings, core purity, package, tests,
+  ci                      fmt check, clippy -D warnings, core purity, package, cycles, tests,
                           rustdoc -D warnings, quick bench
   bench [options]         run benchmark workloads (release mode), write target/bench/results.json
       --quick             shrink every workload (a smoke run)
@@ -17,7 +19,15 @@ commands:
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
   purity                  check that durable-core pulls in no I/O crates
   package                 cargo package every publishable crate (no verify build), warnings fail
+  cycles [--deny]         import cycles between durable-runtime's modules (--deny: fail on one)
 ";
+
+/// Whether `ci` fails on an import cycle between durable-runtime's modules (DESIGN §5). Report
+/// only until the runtime is restructured; then set it to `true`.
+const CYCLES_ENFORCED: bool = false;
+
+/// The crate whose module graph `cycles` checks, relative to the workspace root.
+const CYCLES_CRATE: &str = "crates/durable-runtime/src";
 
 /// The README's test command: CI runs exactly this.
 const TEST_COMMAND: &[&str] = &["test", "--workspace"];
@@ -43,6 +53,11 @@ fn main() -> ExitCode {
         Some("bench") => bench(&args[1..]),
         Some("purity") => purity(),
         Some("package") => package(),
+        Some("cycles") => match &args[1..] {
+            [] => cycles(CYCLES_ENFORCED),
+            [flag] if flag == "--deny" => cycles(true),
+            other => Err(format!("unknown cycles option {other:?}\n{USAGE}")),
+        },
         _ => {
             eprint!("{USAGE}");
             return ExitCode::from(2);
@@ -78,6 +93,7 @@ fn ci() -> Result<(), String> {
     run("clippy", cargo().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
     purity()?;
     package()?;
+    cycles(CYCLES_ENFORCED)?;
     run("test", cargo().args(TEST_COMMAND))?;
     run("doc", cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"))?;
     bench(&["--quick".to_string()])
@@ -152,6 +168,43 @@ fn package() -> Result<(), String> {
     }
     eprintln!("packaged {} crates in {:.1} s", crates.len(), started.elapsed().as_secs_f64());
     Ok(())
+}
+
+/// Import cycles between the top-level modules of durable-runtime (see [`mod@cycles`]): printed,
+/// and an error when `enforce`.
+fn cycles(enforce: bool) -> Result<(), String> {
+    let src = root().join(CYCLES_CRATE);
+    let graph = cycles::Graph::from_dir(&src)?;
+    eprintln!(
+        "\n==> cycles: modules of {CYCLES_CRATE} ({} modules, {} edges){}",
+        graph.modules.len(),
+        graph.edge_count(),
+        if enforce { "" } else { ", report only" }
+    );
+    let components = graph.components();
+    let mut count = 0;
+    for component in &components {
+        for cycle in graph.cycles_in(component) {
+            count += 1;
+            let hops: Vec<(&String, &String)> = cycle.iter().zip(cycle.iter().cycle().skip(1)).collect();
+            eprintln!("cycle: {} -> {}", cycle.join(" -> "), cycle[0]);
+            for (from, to) in hops {
+                eprintln!("    {from} -> {to}  ({})", graph.edges[from][to]);
+            }
+        }
+    }
+    if components.is_empty() {
+        eprintln!("no import cycle");
+        return Ok(());
+    }
+    let tangled: usize = components.iter().map(Vec::len).sum();
+    let summary = format!("{count} import cycles among {tangled} modules of {CYCLES_CRATE}");
+    if enforce {
+        Err(summary)
+    } else {
+        eprintln!("{summary} (report only: CYCLES_ENFORCED in xtask/src/main.rs, or `cargo xtask cycles --deny`)");
+        Ok(())
+    }
 }
 
 const WORKLOADS: &[&str] = &["chain", "long_chain", "timers", "signals", "events", "fanout"];
