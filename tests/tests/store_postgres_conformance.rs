@@ -2,7 +2,9 @@
 //! on a scratch schema of its own (`durable_test_conformance_<pid>_<n>_<random>`, from
 //! `durable_store_postgres::test_support`), dropped when the case ends, also when it fails. The
 //! cases across two handles connect a second `PostgresStore` (a second pool and writer) to the
-//! same schema; the persistence case connects again after every handle was dropped.
+//! same schema; the persistence case connects again after every handle was dropped. The store's
+//! run queue runs the run-queue cases (across two handles: the queue of a second `PostgresStore`
+//! on the schema).
 //!
 //! The server comes from `DURABLE_PG_URL` (like sqlx's `DATABASE_URL`). Without it, every case
 //! prints one line saying how to run it and passes (the factory's `unavailable`):
@@ -15,7 +17,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use durable_conformance::{StoreFactory, TestStore};
-use durable_core::{Store, StoreError, StoreResult};
+use durable_core::{RunQueue, Store, StoreError, StoreResult};
 use durable_store_postgres::test_support::{self, ScratchSchema};
 
 /// Each case on a scratch schema of its own (the `TestStore`'s guard): dropped by the teardown,
@@ -41,12 +43,17 @@ impl StoreFactory for PostgresFactory {
         let url = self.url.as_deref().ok_or_else(|| StoreError::unavailable(test_support::skip_reason()))?;
         let scratch = ScratchSchema::new(url, "conformance").await.map_err(StoreError::backend)?;
         let store = scratch.connect().await?;
-        Ok(TestStore::new(store).with_guard(scratch))
+        Ok(TestStore::new_with_queue(store).with_guard(scratch))
     }
 
     async fn second_handle(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
         let scratch = store.guard::<ScratchSchema>()?;
         Some(scratch.connect().await.map(|s| Arc::new(s) as Arc<dyn Store>).map_err(Into::into))
+    }
+
+    async fn second_queue(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn RunQueue>>> {
+        let scratch = store.guard::<ScratchSchema>()?;
+        Some(scratch.connect().await.map(|s| Arc::new(s) as Arc<dyn RunQueue>).map_err(Into::into))
     }
 
     async fn reopen(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {

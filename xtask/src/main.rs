@@ -1,6 +1,8 @@
 //! `cargo xtask ci` runs the same gates locally and in CI; `cargo xtask bench` runs the
 //! benchmark workloads in release mode and writes `target/bench/results.json`.
 
+mod cycles;
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, ExitCode, Stdio};
 
@@ -8,14 +10,24 @@ const USAGE: &str = "\
 usage: cargo xtask <command>
 
 commands:
-  ci                      fmt check, clippy -D warnings, tests, rustdoc -D warnings, core purity, quick bench
+  ci                      fmt check, clippy -D warnings, core purity, package, cycles, tests,
+                          rustdoc -D warnings, quick bench
   bench [options]         run benchmark workloads (release mode), write target/bench/results.json
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout (default: all)
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
   purity                  check that durable-core pulls in no I/O crates
+  package                 cargo package every publishable crate (no verify build), warnings fail
+  cycles [--deny]         import cycles between durable-runtime's modules (--deny: fail on one)
 ";
+
+/// Whether `ci` fails on an import cycle between durable-runtime's modules (DESIGN §5). Report
+/// only until the runtime is restructured; then set it to `true`.
+const CYCLES_ENFORCED: bool = false;
+
+/// The crate whose module graph `cycles` checks, relative to the workspace root.
+const CYCLES_CRATE: &str = "crates/durable-runtime/src";
 
 /// The README's test command: CI runs exactly this.
 const TEST_COMMAND: &[&str] = &["test", "--workspace"];
@@ -40,6 +52,12 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
         Some("purity") => purity(),
+        Some("package") => package(),
+        Some("cycles") => match &args[1..] {
+            [] => cycles(CYCLES_ENFORCED),
+            [flag] if flag == "--deny" => cycles(true),
+            other => Err(format!("unknown cycles option {other:?}\n{USAGE}")),
+        },
         _ => {
             eprint!("{USAGE}");
             return ExitCode::from(2);
@@ -74,6 +92,8 @@ fn ci() -> Result<(), String> {
     run("fmt", cargo().args(["fmt", "--all", "--check"]))?;
     run("clippy", cargo().args(["clippy", "--workspace", "--all-targets", "--all-features", "--", "-D", "warnings"]))?;
     purity()?;
+    package()?;
+    cycles(CYCLES_ENFORCED)?;
     run("test", cargo().args(TEST_COMMAND))?;
     run("doc", cargo().args(["doc", "--workspace", "--no-deps", "--all-features"]).env("RUSTDOCFLAGS", "-D warnings"))?;
     bench(&["--quick".to_string()])
@@ -100,6 +120,90 @@ fn purity() -> Result<(), String> {
         Ok(())
     } else {
         Err(format!("durable-core must stay free of I/O, but its dependency tree contains: {}", bad.join(", ")))
+    }
+}
+
+/// `cargo package` of every publishable crate of the workspace (those without `publish = false`,
+/// from `cargo metadata`), in one call: cargo packages them in dependency order and resolves
+/// their dependencies on each other from the packages it just made, so nothing needs to be on
+/// crates.io. `--no-verify` skips building each tarball (the rest of `ci` builds the same
+/// sources); a missing description or license, a path dependency without a version, a
+/// dependency cycle through dev-dependencies or any other warning fails the step.
+fn package() -> Result<(), String> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err("cargo metadata failed".into());
+    }
+    let metadata: serde_json::Value =
+        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata printed no JSON: {e}"))?;
+    let crates: Vec<&str> = metadata["packages"]
+        .as_array()
+        .ok_or("cargo metadata: no packages")?
+        .iter()
+        // `publish = false` is an empty list of registries.
+        .filter(|p| p["publish"].as_array().is_none_or(|registries| !registries.is_empty()))
+        .filter_map(|p| p["name"].as_str())
+        .collect();
+    eprintln!("\n==> package: {}", crates.join(", "));
+    let started = std::time::Instant::now();
+    let mut cmd = cargo();
+    // The working tree may hold uncommitted changes locally; CI packages a clean clone.
+    cmd.args(["package", "--no-verify", "--allow-dirty"]);
+    for name in &crates {
+        cmd.args(["-p", name]);
+    }
+    let out = cmd.output().map_err(|e| format!("cargo package: could not start: {e}"))?;
+    let log = String::from_utf8_lossy(&out.stderr);
+    eprint!("{log}");
+    if !out.status.success() {
+        return Err(format!("cargo package failed ({})", out.status));
+    }
+    let warnings: Vec<&str> = log.lines().filter(|l| l.trim_start().starts_with("warning")).collect();
+    if !warnings.is_empty() {
+        return Err(format!("cargo package warned (fix the manifests):\n{}", warnings.join("\n")));
+    }
+    eprintln!("packaged {} crates in {:.1} s", crates.len(), started.elapsed().as_secs_f64());
+    Ok(())
+}
+
+/// Import cycles between the top-level modules of durable-runtime (see [`mod@cycles`]): printed,
+/// and an error when `enforce`.
+fn cycles(enforce: bool) -> Result<(), String> {
+    let src = root().join(CYCLES_CRATE);
+    let graph = cycles::Graph::from_dir(&src)?;
+    eprintln!(
+        "\n==> cycles: modules of {CYCLES_CRATE} ({} modules, {} edges){}",
+        graph.modules.len(),
+        graph.edge_count(),
+        if enforce { "" } else { ", report only" }
+    );
+    let components = graph.components();
+    let mut count = 0;
+    for component in &components {
+        for cycle in graph.cycles_in(component) {
+            count += 1;
+            let hops: Vec<(&String, &String)> = cycle.iter().zip(cycle.iter().cycle().skip(1)).collect();
+            eprintln!("cycle: {} -> {}", cycle.join(" -> "), cycle[0]);
+            for (from, to) in hops {
+                eprintln!("    {from} -> {to}  ({})", graph.edges[from][to]);
+            }
+        }
+    }
+    if components.is_empty() {
+        eprintln!("no import cycle");
+        return Ok(());
+    }
+    let tangled: usize = components.iter().map(Vec::len).sum();
+    let summary = format!("{count} import cycles among {tangled} modules of {CYCLES_CRATE}");
+    if enforce {
+        Err(summary)
+    } else {
+        eprintln!("{summary} (report only: CYCLES_ENFORCED in xtask/src/main.rs, or `cargo xtask cycles --deny`)");
+        Ok(())
     }
 }
 

@@ -6,7 +6,7 @@ use std::future::Future;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-use durable_core::{Store, StoreResult};
+use durable_core::{RunQueue, Store, StoreResult};
 
 /// Builds the stores the conformance suite runs on: one fresh, empty store per case.
 ///
@@ -17,7 +17,7 @@ use durable_core::{Store, StoreResult};
 /// use std::sync::Arc;
 /// use async_trait::async_trait;
 /// use durable_conformance::{StoreFactory, TestStore};
-/// use durable_core::{Store, StoreResult};
+/// use durable_core::{RunQueue, Store, StoreResult};
 /// use durable_store_memory::MemoryStore;
 ///
 /// struct MemoryFactory;
@@ -64,6 +64,19 @@ pub trait StoreFactory: Send + Sync + 'static {
         None
     }
 
+    /// The run queue ([`RunQueue`]) of a second handle on the same data as `store`, open at the
+    /// same time as it: what [`second_handle`](StoreFactory::second_handle) is to the store, for
+    /// a store that also keeps a run queue ([`TestStore::new_with_queue`]).
+    ///
+    /// The case racing claims of the run queue through two handles runs only when this returns
+    /// `Some` (and the store declares
+    /// [`Capabilities::shared_across_processes`](durable_core::Capabilities)). The default
+    /// returns `None`.
+    async fn second_queue(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn RunQueue>>> {
+        let _ = store;
+        None
+    }
+
     /// The data of `store` opened again, after every handle on it was dropped (including the
     /// [`TestStore`]'s own, see [`TestStore::close`]).
     ///
@@ -85,12 +98,14 @@ pub trait StoreFactory: Send + Sync + 'static {
     }
 }
 
-/// A store built by a [`StoreFactory`] for one case, with its cleanup guard.
+/// A store built by a [`StoreFactory`] for one case, with its cleanup guard and, for a store
+/// that keeps one, its run queue ([`RunQueue`]).
 ///
-/// Dropping it drops the store handle first, then the guard.
+/// Dropping it drops the store handle (and the queue handle) first, then the guard.
 pub struct TestStore {
-    // Field order matters: the handle is dropped before the guard it may depend on.
+    // Field order matters: the handles are dropped before the guard they may depend on.
     store: Option<Arc<dyn Store>>,
+    queue: Option<Arc<dyn RunQueue>>,
     guard: Option<Box<dyn Any + Send + Sync>>,
 }
 
@@ -102,7 +117,30 @@ impl TestStore {
 
     /// Wraps a store that is already shared.
     pub fn from_arc(store: Arc<dyn Store>) -> Self {
-        TestStore { store: Some(store), guard: None }
+        TestStore { store: Some(store), queue: None, guard: None }
+    }
+
+    /// Wraps a store that also keeps a run queue ([`RunQueue`], like the in-tree stores): the
+    /// run-queue cases run on it. A store wrapped with [`TestStore::new`] has them skipped.
+    ///
+    /// ```
+    /// use durable_conformance::{FnFactory, StoreFactory, TestStore};
+    /// use durable_store_memory::MemoryStore;
+    ///
+    /// let factory: &dyn StoreFactory =
+    ///     &FnFactory::new(|| async { Ok(TestStore::new_with_queue(MemoryStore::new())) });
+    /// # let _ = factory;
+    /// ```
+    pub fn new_with_queue<S: Store + RunQueue>(store: S) -> Self {
+        let store = Arc::new(store);
+        Self::from_arc(store.clone()).with_queue(store)
+    }
+
+    /// Attaches the run queue kept with the store's data, when it is a value of its own (a
+    /// wrapper, or a queue beside the store). [`TestStore::new_with_queue`] is the usual way.
+    pub fn with_queue(mut self, queue: Arc<dyn RunQueue>) -> Self {
+        self.queue = Some(queue);
+        self
     }
 
     /// Attaches a value dropped after the store (a temporary directory, a handle on a
@@ -126,10 +164,17 @@ impl TestStore {
         self.store.as_ref().expect("TestStore::store called after TestStore::close")
     }
 
-    /// Drops this handle on the store and keeps the guard, so the data can be reopened with
-    /// [`StoreFactory::reopen`].
+    /// The run queue attached with [`TestStore::new_with_queue`] or [`TestStore::with_queue`],
+    /// if any (`None` after [`TestStore::close`]).
+    pub fn queue(&self) -> Option<&Arc<dyn RunQueue>> {
+        self.queue.as_ref()
+    }
+
+    /// Drops this handle on the store (and on its run queue) and keeps the guard, so the data
+    /// can be reopened with [`StoreFactory::reopen`].
     pub fn close(&mut self) {
         self.store = None;
+        self.queue = None;
     }
 
     /// Whether [`TestStore::close`] was called.
@@ -148,6 +193,7 @@ impl fmt::Debug for TestStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("TestStore")
             .field("store", &self.store)
+            .field("queue", &self.queue)
             .field("guard", &self.guard.as_ref().map(|_| ".."))
             .finish()
     }

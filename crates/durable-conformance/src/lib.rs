@@ -3,7 +3,8 @@
 //! The public conformance suite of `durable` stores. Every rule of the
 //! [`Store`](durable_core::Store) contract (the `# Contract` section of each method, and the
 //! store rules of the design: atomic commits, compare-and-set settles, leases, signals that are
-//! never lost, queues) is one case: a `pub async fn` in [`cases`] that drives a fresh store
+//! never lost, queues), and of the [`RunQueue`](durable_core::RunQueue) contract for stores that
+//! keep one ([`TestStore::new_with_queue`]), is one case: a `pub async fn` in [`cases`] that drives a fresh store
 //! through the trait and asserts what the contract promises. The in-tree stores certify
 //! themselves with it, and so can yours.
 //!

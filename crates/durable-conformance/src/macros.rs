@@ -100,6 +100,17 @@ macro_rules! __store_cases {
             queues::pending_runs_skip_leased_runs(Store, []),
             queues::due_runs_are_due_earliest_first(Store, []),
             queues::orphaned_runs_are_running_without_live_lease(Store, []),
+            run_queue::enqueued_items_are_claimed_with_their_fields(Queue, [RunQueue]),
+            run_queue::enqueue_drops_items_of_missing_runs(Queue, [RunQueue]),
+            run_queue::one_unclaimed_item_per_run(Queue, [RunQueue]),
+            run_queue::a_claimed_run_can_be_queued_again(Queue, [RunQueue]),
+            run_queue::claims_are_by_priority_then_age_up_to_the_limit(Queue, [RunQueue]),
+            run_queue::claims_filter_by_namespace(Queue, [RunQueue]),
+            run_queue::expired_claims_are_redelivered(Queue, [RunQueue]),
+            run_queue::released_items_are_claimable_at_once(Queue, [RunQueue]),
+            run_queue::release_keeps_one_unclaimed_item_per_run(Queue, [RunQueue]),
+            run_queue::ack_deletes_only_the_owners_claims(Queue, [RunQueue]),
+            run_queue::concurrent_claims_hand_each_item_out_once(Queue, [RunQueue]),
             delete::delete_removes_run_and_subtree(Store, []),
             delete::delete_child_keeps_parent(Store, []),
             delete::delete_missing_run_is_zero(Store, []),
@@ -109,6 +120,7 @@ macro_rules! __store_cases {
             handles::concurrent_claims_across_handles_have_one_winner(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
             handles::concurrent_creates_across_handles_have_one_winner(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
             handles::signal_race_across_handles_loses_nothing(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
+            run_queue::concurrent_claims_across_handles_hand_each_item_out_once(TwoQueues, [SharedAcrossProcesses, RunQueue, SecondQueue]),
             persistence::data_survives_reopen(Factory, [Persistent, Reopen]),
         }
     };
@@ -143,6 +155,12 @@ macro_rules! __case_fn {
     };
     (Factory, $f:path) => {
         $crate::CaseFn::Factory(|factory, store| ::std::boxed::Box::pin($f(factory, store)))
+    };
+    (Queue, $f:path) => {
+        $crate::CaseFn::Queue(|store, queue| ::std::boxed::Box::pin($f(store, queue)))
+    };
+    (TwoQueues, $f:path) => {
+        $crate::CaseFn::TwoQueues(|store, a, b| ::std::boxed::Box::pin($f(store, a, b)))
     };
 }
 

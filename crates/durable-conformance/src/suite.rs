@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use durable_core::{Capabilities, Store, StoreError};
+use durable_core::{Capabilities, RunQueue, Store, StoreError};
 
 use crate::factory::{StoreFactory, TestStore};
 
@@ -77,17 +77,28 @@ pub enum Requirement {
     /// The factory can build stores in this environment ([`StoreFactory::unavailable`] returns
     /// `None`): an external server it needs is configured.
     Environment,
+    /// The store keeps a run queue ([`RunQueue`]) and the factory hands it over
+    /// ([`TestStore::new_with_queue`]).
+    RunQueue,
+    /// The factory opens the run queue of a second handle on a store
+    /// ([`StoreFactory::second_queue`]).
+    SecondQueue,
 }
 
 impl Requirement {
     /// Whether capabilities declared by a store meet this requirement. The factory
-    /// requirements ([`Requirement::SecondHandle`], [`Requirement::Reopen`]) are only known
-    /// when the case asks the factory, so they count as met here.
+    /// requirements ([`Requirement::SecondHandle`], [`Requirement::Reopen`],
+    /// [`Requirement::RunQueue`], [`Requirement::SecondQueue`]) are only known when the case
+    /// asks the factory, so they count as met here.
     pub fn met_by(self, caps: Capabilities) -> bool {
         match self {
             Requirement::Persistent => caps.persistent,
             Requirement::SharedAcrossProcesses => caps.shared_across_processes,
-            Requirement::SecondHandle | Requirement::Reopen | Requirement::Environment => true,
+            Requirement::SecondHandle
+            | Requirement::Reopen
+            | Requirement::Environment
+            | Requirement::RunQueue
+            | Requirement::SecondQueue => true,
         }
     }
 }
@@ -100,6 +111,8 @@ impl fmt::Display for Requirement {
             Requirement::SecondHandle => "second_handle (StoreFactory::second_handle returned None)",
             Requirement::Reopen => "reopen (StoreFactory::reopen returned None)",
             Requirement::Environment => "a configured environment (StoreFactory::unavailable returned Some)",
+            Requirement::RunQueue => "run_queue (the factory's TestStore has none: TestStore::new_with_queue)",
+            Requirement::SecondQueue => "second_queue (StoreFactory::second_queue returned None)",
         })
     }
 }
@@ -113,6 +126,12 @@ pub enum CaseFn {
     TwoHandles(fn(Arc<dyn Store>, Arc<dyn Store>) -> CaseFuture<'static>),
     /// With the factory and a fresh store; the case tears the store down itself.
     Factory(for<'a> fn(&'a dyn StoreFactory, TestStore) -> CaseFuture<'a>),
+    /// On one fresh store and its run queue ([`TestStore::queue`]).
+    Queue(fn(Arc<dyn Store>, Arc<dyn RunQueue>) -> CaseFuture<'static>),
+    /// On one fresh store, its run queue and the run queue of a second handle on it (from
+    /// [`StoreFactory::second_queue`]).
+    #[allow(clippy::type_complexity)] // a plain fn pointer, like its siblings
+    TwoQueues(fn(Arc<dyn Store>, Arc<dyn RunQueue>, Arc<dyn RunQueue>) -> CaseFuture<'static>),
 }
 
 /// One conformance case: an entry of [`CASES`].
@@ -176,6 +195,18 @@ pub async fn run_case(factory: &dyn StoreFactory, case: &Case) -> CaseOutcome {
             },
             // The case owns the store from here on, and tears it down itself.
             CaseFn::Factory(f) => return outcome(catch_unwind(f(factory, fixture)).await),
+            CaseFn::Queue(f) => match fixture.queue() {
+                None => CaseOutcome::Skipped(Requirement::RunQueue),
+                Some(queue) => outcome(catch_unwind(f(fixture.store().clone(), queue.clone())).await),
+            },
+            CaseFn::TwoQueues(f) => match fixture.queue() {
+                None => CaseOutcome::Skipped(Requirement::RunQueue),
+                Some(queue) => match factory.second_queue(&fixture).await {
+                    None => CaseOutcome::Skipped(Requirement::SecondQueue),
+                    Some(Err(e)) => CaseOutcome::Failed(format!("the factory could not open a second queue: {e}")),
+                    Some(Ok(second)) => outcome(catch_unwind(f(fixture.store().clone(), queue.clone(), second)).await),
+                },
+            },
         },
     };
     match (factory.teardown(fixture).await, outcome) {
@@ -297,8 +328,8 @@ pub async fn run_all(factory: &dyn StoreFactory) -> SuiteReport {
 #[cfg(test)]
 mod tests {
     use durable_core::{
-        Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload, Run,
-        RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StoreResult, Waiter,
+        Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
+        QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StoreResult, Waiter,
     };
     use durable_store_memory::MemoryStore;
 
@@ -368,8 +399,34 @@ mod tests {
         }
     }
 
-    /// Builds [`SharedMemory`] stores; the data lives in the guard, so handles and reopens
-    /// find it.
+    #[async_trait::async_trait]
+    impl RunQueue for SharedMemory {
+        async fn enqueue(&self, items: Vec<QueuedRun>, now: Millis) -> StoreResult<()> {
+            self.0.enqueue(items, now).await
+        }
+        async fn claim_queued(
+            &self,
+            namespace: Option<&str>,
+            owner: &str,
+            limit: usize,
+            claim_until: Millis,
+            now: Millis,
+        ) -> StoreResult<Vec<QueuedRun>> {
+            self.0.claim_queued(namespace, owner, limit, claim_until, now).await
+        }
+        async fn ack_queued(&self, ids: &[u64], owner: &str) -> StoreResult<()> {
+            self.0.ack_queued(ids, owner).await
+        }
+        async fn release_queued(&self, ids: &[u64], owner: &str) -> StoreResult<()> {
+            self.0.release_queued(ids, owner).await
+        }
+        async fn queued_len(&self) -> StoreResult<u64> {
+            self.0.queued_len().await
+        }
+    }
+
+    /// Builds [`SharedMemory`] stores (with their run queue); the data lives in the guard, so
+    /// handles and reopens find it.
     struct SharedFactory {
         handles: bool,
     }
@@ -378,9 +435,13 @@ mod tests {
     impl StoreFactory for SharedFactory {
         async fn create(&self) -> StoreResult<TestStore> {
             let data = SharedMemory::default();
-            Ok(TestStore::new(data.clone()).with_guard(data))
+            Ok(TestStore::new_with_queue(data.clone()).with_guard(data))
         }
         async fn second_handle(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
+            let data = store.guard::<SharedMemory>().filter(|_| self.handles)?;
+            Some(Ok(Arc::new(data.clone())))
+        }
+        async fn second_queue(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn RunQueue>>> {
             let data = store.guard::<SharedMemory>().filter(|_| self.handles)?;
             Some(Ok(Arc::new(data.clone())))
         }
@@ -407,11 +468,18 @@ mod tests {
         report.assert_success();
         let skipped: Vec<_> = report.skipped().collect();
         assert!(!skipped.is_empty());
-        assert!(skipped.iter().all(|(_, req)| *req == Requirement::SecondHandle), "{report}");
+        assert!(
+            skipped.iter().all(|(_, req)| matches!(req, Requirement::SecondHandle | Requirement::SecondQueue)),
+            "{report}"
+        );
 
         let memory = FnFactory::new(|| async { Ok(MemoryStore::new()) });
         let persistence = find_case("data_survives_reopen").expect("case exists");
         assert_eq!(block_on(run_case(&memory, persistence)), CaseOutcome::Skipped(Requirement::Persistent));
+        let queue = find_case("one_unclaimed_item_per_run").expect("case exists");
+        assert_eq!(block_on(run_case(&memory, queue)), CaseOutcome::Skipped(Requirement::RunQueue));
+        let with_queue = FnFactory::new(|| async { Ok(TestStore::new_with_queue(MemoryStore::new())) });
+        assert_eq!(block_on(run_case(&with_queue, queue)), CaseOutcome::Passed);
     }
 
     #[test]

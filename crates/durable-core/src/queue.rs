@@ -67,7 +67,9 @@ pub struct QueuedRun {
 /// - `claim_queued` hands out unclaimed items (or items whose claim expired) of the namespace
 ///   (`None`: any), highest priority first, then oldest; each item to exactly one claimer.
 /// - `ack_queued` deletes items still claimed by the owner; `release_queued` makes them
-///   unclaimed again.
+///   unclaimed again, at once (when the run was queued again meanwhile, the released item
+///   folds into that unclaimed item as an enqueue would, so the run keeps one). An item whose
+///   claim expired and was taken by another claimer is no longer the first owner's.
 #[async_trait]
 pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
     /// Adds items (see the contract).

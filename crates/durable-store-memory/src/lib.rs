@@ -59,6 +59,20 @@ struct Queued {
     claim: Option<(String, Millis)>,
 }
 
+impl Queued {
+    /// Folds `item` (sent at `at`) into this unclaimed item of the same run, keeping the run at
+    /// one unclaimed item: a `Wake` replaces a `Start` (with its dedupe key), the higher
+    /// priority and the earlier place in line are kept.
+    fn fold(&mut self, item: QueuedRun, at: Millis) {
+        if item.reason == QueueReason::Wake {
+            self.item.reason = QueueReason::Wake;
+            self.item.dedupe_key = item.dedupe_key;
+        }
+        self.item.priority = self.item.priority.max(item.priority);
+        self.enqueued_at = self.enqueued_at.min(at);
+    }
+}
+
 impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
@@ -84,6 +98,11 @@ fn check_transition(run: &Run, next: RunStatus) -> StoreResult<()> {
 }
 
 impl Inner {
+    /// The run's unclaimed queue item, if it has one (it has at most one).
+    fn open_item(&mut self, run: &RunId) -> Option<&mut Queued> {
+        self.queue.values_mut().find(|q| q.claim.is_none() && q.item.run_id == *run)
+    }
+
     fn create(&mut self, new: NewRun) -> CreateRun {
         if let Some(existing) = self.runs.get(&new.id) {
             return CreateRun::Existing(existing.clone());
@@ -527,15 +546,8 @@ impl RunQueue for MemoryStore {
         for mut item in items {
             let Some(run) = inner.runs.get(&item.run_id) else { continue };
             item.namespace.get_or_insert_with(|| run.namespace.clone());
-            let open = inner.queue.values_mut().find(|q| q.claim.is_none() && q.item.run_id == item.run_id);
-            match open {
-                Some(q) => {
-                    if item.reason == QueueReason::Wake {
-                        q.item.reason = QueueReason::Wake;
-                        q.item.dedupe_key = item.dedupe_key;
-                    }
-                    q.item.priority = q.item.priority.max(item.priority);
-                }
+            match inner.open_item(&item.run_id) {
+                Some(q) => q.fold(item, now),
                 None => {
                     inner.next_queued += 1;
                     item.id = inner.next_queued;
@@ -585,10 +597,18 @@ impl RunQueue for MemoryStore {
     async fn release_queued(&self, ids: &[u64], owner: &str) -> StoreResult<()> {
         let mut inner = self.inner.lock();
         for id in ids {
-            if let Some(q) = inner.queue.get_mut(id)
-                && q.claim.as_ref().is_some_and(|(o, _)| o == owner)
-            {
-                q.claim = None;
+            match inner.queue.get(id) {
+                Some(q) if q.claim.as_ref().is_some_and(|(o, _)| o == owner) => {}
+                _ => continue,
+            }
+            // Back in line, keeping its place; when the run was queued again meanwhile, the two
+            // fold into the run's one unclaimed item as an enqueue would.
+            let Some(released) = inner.queue.remove(id) else { continue };
+            match inner.open_item(&released.item.run_id) {
+                Some(open) => open.fold(released.item, released.enqueued_at),
+                None => {
+                    inner.queue.insert(*id, Queued { claim: None, ..released });
+                }
             }
         }
         Ok(())

@@ -88,16 +88,44 @@ fn claim(
     Ok(items)
 }
 
-fn settle(conn: &Connection, ids: &[u64], owner: &str, ack: bool) -> OpResult<()> {
-    let sql = if ack {
-        "DELETE FROM run_queue WHERE id = ?1 AND claimed_by = ?2"
-    } else {
-        // Back in line, unless the run already has an unclaimed item (then this one is redundant).
-        "UPDATE OR REPLACE run_queue SET claimed_by = NULL, claim_until = NULL WHERE id = ?1 AND claimed_by = ?2"
-    };
-    let mut stmt = conn.prepare_cached(sql)?;
+fn ack(conn: &Connection, ids: &[u64], owner: &str) -> OpResult<()> {
+    let mut stmt = conn.prepare_cached("DELETE FROM run_queue WHERE id = ?1 AND claimed_by = ?2")?;
     for id in ids {
         stmt.execute(params![*id as i64, owner])?;
+    }
+    Ok(())
+}
+
+/// Puts items claimed by `owner` back in line, keeping their place. When the run was queued
+/// again meanwhile (it has an unclaimed item), the released item folds into that one as an
+/// enqueue would (a wake wins with its dedupe key, the higher priority and the earlier place
+/// are kept), so the run keeps at most one unclaimed item and loses none of what was sent.
+fn release(conn: &Connection, ids: &[u64], owner: &str) -> OpResult<()> {
+    let mut claimed = conn.prepare_cached(
+        "SELECT run_id, reason, priority, dedupe_key, enqueued_at FROM run_queue WHERE id = ?1 AND claimed_by = ?2",
+    )?;
+    let mut fold = conn.prepare_cached(
+        "UPDATE run_queue SET \
+             reason = CASE WHEN ?2 = 'wake' THEN 'wake' ELSE reason END, \
+             dedupe_key = CASE WHEN ?2 = 'wake' THEN ?3 ELSE dedupe_key END, \
+             priority = max(priority, ?4), \
+             enqueued_at = min(enqueued_at, ?5) \
+         WHERE run_id = ?1 AND claimed_by IS NULL",
+    )?;
+    let mut delete = conn.prepare_cached("DELETE FROM run_queue WHERE id = ?1")?;
+    let mut unclaim =
+        conn.prepare_cached("UPDATE run_queue SET claimed_by = NULL, claim_until = NULL WHERE id = ?1")?;
+    for id in ids {
+        let id = *id as i64;
+        let row: Option<(String, String, i32, String, i64)> = claimed
+            .query_row(params![id, owner], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?, r.get(3)?, r.get(4)?)))
+            .optional()?;
+        let Some((run_id, reason, priority, dedupe_key, enqueued_at)) = row else { continue };
+        if fold.execute(params![run_id, reason, dedupe_key, priority, enqueued_at])? > 0 {
+            delete.execute([id])?;
+        } else {
+            unclaim.execute([id])?;
+        }
     }
     Ok(())
 }
@@ -124,12 +152,12 @@ impl RunQueue for SqliteStore {
 
     async fn ack_queued(&self, ids: &[u64], owner: &str) -> StoreResult<()> {
         let (ids, owner) = (ids.to_vec(), owner.to_string());
-        self.workers.write("ack_queued", move |c| settle(c, &ids, &owner, true)).await
+        self.workers.write("ack_queued", move |c| ack(c, &ids, &owner)).await
     }
 
     async fn release_queued(&self, ids: &[u64], owner: &str) -> StoreResult<()> {
         let (ids, owner) = (ids.to_vec(), owner.to_string());
-        self.workers.write("release_queued", move |c| settle(c, &ids, &owner, false)).await
+        self.workers.write("release_queued", move |c| release(c, &ids, &owner)).await
     }
 
     async fn queued_len(&self) -> StoreResult<u64> {

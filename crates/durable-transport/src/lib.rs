@@ -10,8 +10,8 @@
 //! Two transports:
 //! - [`InProcessTransport`]: a channel inside one process (tests, single-process apps).
 //! - [`QueueTransport`]: a queue table in the store itself ([`RunQueue`], implemented by the
-//!   SQLite and memory stores), claimed with a lease so a consumer that dies leaves its items
-//!   to others. Several processes sharing one SQLite file share its queue; several machines
+//!   memory, SQLite and PostgreSQL stores), claimed with a lease so a consumer that dies
+//!   leaves its items to others. Several processes sharing one SQLite file share its queue; several machines
 //!   sharing one PostgreSQL database share its queue, woken within milliseconds by
 //!   `LISTEN/NOTIFY` through a [`Wakeups`] source ([`QueueTransport::with_wakeups`]).
 //!

@@ -36,9 +36,13 @@
 //! `durable-store-sqlite` (feature `sqlite`, on by default), `durable-store-postgres`
 //! (feature `postgres`: `PostgresStore`, many engines sharing one PostgreSQL database) and
 //! `durable-conformance` (feature `testing`: the workflow test harness, as `durable::testing`;
-//! feature `conformance`: the store conformance suite, as `durable::conformance`).
+//! feature `conformance`: the store conformance suite, as `durable::conformance`). The example
+//! `postgres_worker` is a worker process of a deployment on PostgreSQL.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
+// docs.rs builds with every feature and `--cfg docsrs`: feature-gated items say which feature
+// they need.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use durable_core::{
     Backoff, Checkpoint, CheckpointStatus, Millis, Payload, RetryPolicy, Run, RunFilter, RunId, RunPage, RunStatus,
@@ -52,10 +56,12 @@ pub use durable_runtime::{
 };
 pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]
+#[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_store_postgres::{
     Error as PostgresError, PostgresOptions, PostgresStats, PostgresStore, RunNotifications,
 };
 #[cfg(feature = "sqlite")]
+#[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use durable_store_sqlite::{Durability, Error as SqliteError, SqliteOptions, SqliteStore};
 pub use durable_transport::{InProcessTransport, QueueTransport, Transport};
 
@@ -80,7 +86,6 @@ pub mod store {
 /// checkpoint names of deadlines and undos, the continued-run marker), formatted and parsed in
 /// one place. Tools that read stored runs should use it instead of parsing by hand.
 pub use durable_core::protocol;
-
 
 #[cfg(feature = "testing")]
 pub mod testing {
@@ -140,4 +145,5 @@ pub mod testing {
 /// [`Store`](crate::store::Store). The whole `durable-conformance` crate, workflow test harness
 /// included (that is also `durable::testing`, feature `testing`).
 #[cfg(feature = "conformance")]
+#[cfg_attr(docsrs, doc(cfg(feature = "conformance")))]
 pub use durable_conformance as conformance;

@@ -630,8 +630,11 @@ async fn capture(t: &TestEngine, ids: &[RunId]) -> Snapshot {
 }
 
 async fn wait_status(t: &TestEngine, id: &RunId, terminal: bool) -> Run {
-    let waited =
-        if terminal { t.wait_for_run_timeout(id, WAIT).await } else { t.wait_until_suspended_or_terminal_timeout(id, WAIT).await };
+    let waited = if terminal {
+        t.wait_for_run_timeout(id, WAIT).await
+    } else {
+        t.wait_until_suspended_or_terminal_timeout(id, WAIT).await
+    };
     match waited {
         Ok(outcome) => outcome.run,
         Err(e) => {

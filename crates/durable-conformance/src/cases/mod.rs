@@ -18,6 +18,7 @@ pub mod list;
 pub mod payloads;
 pub mod persistence;
 pub mod queues;
+pub mod run_queue;
 pub mod runs;
 pub mod signals;
 pub mod update;

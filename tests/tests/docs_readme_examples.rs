@@ -1,0 +1,32 @@
+//! The README's examples are real programs: "Several workers on one database" is the `durable`
+//! crate's example `postgres_worker` (compiled with the workspace's examples), line for line.
+
+/// The lines of the first fenced block after the heading `heading` in `text`.
+fn block_after(text: &str, heading: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let at = lines
+        .iter()
+        .position(|l| l.trim_start_matches('#').trim() == heading)
+        .unwrap_or_else(|| panic!("no heading {heading:?}"));
+    let open = at + lines[at..].iter().position(|l| l.starts_with("```")).expect("an opening fence");
+    let close = open + 1 + lines[open + 1..].iter().position(|l| l.starts_with("```")).expect("a closing fence");
+    lines[open + 1..close].iter().map(|l| l.to_string()).collect()
+}
+
+/// The code of an example file: its lines after the module docs (`//!`) and the blank line
+/// that ends them.
+fn example_code(text: &str) -> Vec<String> {
+    text.lines().skip_while(|l| l.starts_with("//!")).skip_while(|l| l.trim().is_empty()).map(String::from).collect()
+}
+
+#[test]
+fn the_readme_shows_the_postgres_worker_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let example = std::fs::read_to_string(format!("{root}/crates/durable/examples/postgres_worker.rs"))
+        .expect("crates/durable/examples/postgres_worker.rs");
+    let in_readme = block_after(&readme, "Several workers on one database");
+    let code = example_code(&example);
+    assert!(code.len() > 10 && code.iter().any(|l| l.contains("queue_wakeups")), "{code:#?}");
+    assert_eq!(in_readme, code, "README.md and crates/durable/examples/postgres_worker.rs differ");
+}
