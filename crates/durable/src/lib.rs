@@ -82,7 +82,6 @@ pub mod store {
 /// one place. Tools that read stored runs should use it instead of parsing by hand.
 pub use durable_core::protocol;
 
-
 #[cfg(feature = "testing")]
 pub mod testing {
     //! Testing your workflows (feature `testing`): an engine on a virtual clock, steps that fail on
