@@ -1,21 +1,30 @@
-//! The engine's event stream: what happened to runs and steps, after it was committed.
+//! The engine's event stream: what happened to runs and steps on this engine instance.
 
 use durable_core::{Millis, RunId, RunStatus, StepError};
 
-/// Something that happened on this engine instance. Sent only after the store acknowledged
-/// the commit that made it durable. Subscribe with [`Engine::subscribe`](crate::Engine::subscribe);
-/// a receiver that falls more than 4,096 events behind loses the oldest ones.
+/// Something that happened on this engine instance (turns executed by other engines sharing
+/// the store are not seen here). Most events report a store write and are sent once the store
+/// acknowledged it; each variant says exactly when it is sent — in particular, a
+/// [`StepRetrying`](EngineEvent::StepRetrying) for an in-memory retry is sent with nothing
+/// committed. Subscribe with [`Engine::subscribe`](crate::Engine::subscribe); a receiver that
+/// falls more than 4,096 events behind loses the oldest ones.
 #[derive(Debug, Clone, PartialEq)]
 #[non_exhaustive]
 pub enum EngineEvent {
-    /// A run was created by `start` on this engine.
+    /// A run was created by [`Engine::start`](crate::Engine::start) on this engine (also
+    /// through `signal_with_start` and `retry_with_input`): sent after the store created it.
+    /// Not sent when a run with that id existed already, nor for child runs and
+    /// continue-as-new successors (a turn's commit creates those).
     RunCreated {
         /// The run.
         run_id: RunId,
         /// Its workflow.
         workflow: String,
     },
-    /// A turn began (the run's lease was taken).
+    /// A turn begins: sent after the store granted the run's lease and loaded it, once the
+    /// engine decided to execute it (its version is registered here, its namespace is served,
+    /// recovery has not given up on it), before the body is first polled. Nothing else is
+    /// committed yet.
     TurnStarted {
         /// The run.
         run_id: RunId,
@@ -23,14 +32,15 @@ pub enum EngineEvent {
         recovered: bool,
     },
     /// A wake found the run's lease held by another engine; this engine looks again once the
-    /// lease expires or is released.
+    /// lease expires or is released. Sent when the claim is refused, if no re-check of the run
+    /// is pending already; nothing is written.
     WakeDeferred {
         /// The run.
         run_id: RunId,
         /// The lease holder.
         holder: String,
     },
-    /// A step completed and its output was committed.
+    /// A step completed: sent after the store acknowledged the commit recording its output.
     StepCompleted {
         /// The run.
         run_id: RunId,
@@ -41,7 +51,12 @@ pub enum EngineEvent {
         /// Attempts it took.
         attempts: u32,
     },
-    /// A step attempt failed and will be retried.
+    /// A step attempt failed and will be retried. For a delay up to
+    /// `EngineConfig::durable_retry_threshold` (waited in memory) it is sent as soon as the
+    /// attempt failed, before the wait, and nothing is committed: the failed attempt is not
+    /// recorded (a crash before the step's next commit starts its attempts over). For a longer delay
+    /// (a durable backoff) it is sent after the store acknowledged the commit that records the
+    /// attempt count and `retry_at`; the run then suspends.
     StepRetrying {
         /// The run.
         run_id: RunId,
@@ -56,7 +71,8 @@ pub enum EngineEvent {
         /// The error.
         error: StepError,
     },
-    /// A step failed after its last attempt (or fatally); the failure was committed.
+    /// A step failed after its last attempt (or fatally): sent after the store acknowledged
+    /// the commit recording the failure.
     StepFailed {
         /// The run.
         run_id: RunId,
@@ -69,30 +85,37 @@ pub enum EngineEvent {
         /// The error.
         error: StepError,
     },
-    /// The run parked (sleep, signal, child, retry backoff) and released its lease.
+    /// The run parked (sleep, signal, child, retry backoff) and released its lease: sent after
+    /// the store applied the suspend commit. Not sent when the store kept the run running
+    /// because a delivery arrived during the turn (the next turn starts at once).
     RunSuspended {
         /// The run.
         run_id: RunId,
         /// When it is due, if a timer is parked.
         wake_at: Option<Millis>,
     },
-    /// A turn stopped because a store call failed; the run is retried after a backoff (its
-    /// durable state is whatever the last successful commit left).
+    /// A store call failed (a claim, a commit, the end of a turn): sent when the run is
+    /// scheduled to run again after a backoff. Its durable state is whatever the last
+    /// successful commit left.
     TurnAborted {
         /// The run.
         run_id: RunId,
         /// The store error.
         error: String,
     },
-    /// The run queue refused batches; reported at most once a minute, with the count of runs
-    /// that could not be queued since the last report.
+    /// The run queue refused batches: sent when a batch is refused, at most once a minute,
+    /// with the count of runs that could not be queued since the last report.
     QueueUnavailable {
         /// Runs not queued since the last report.
         failures: u64,
         /// The last error.
         error: String,
     },
-    /// The run settled.
+    /// The run settled: sent after the store applied the commit that settled it on this
+    /// engine (including a run that recovery gave up on, settled `dead`), or, for a cancel
+    /// without compensation ([`Engine::cancel`](crate::Engine::cancel), an execution timeout),
+    /// after the store applied the cancel — on the engine that cancelled it. Not sent when a
+    /// settle found the run no longer running (an operator's cancel won).
     RunSettled {
         /// The run.
         run_id: RunId,

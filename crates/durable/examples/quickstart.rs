@@ -1,13 +1,18 @@
 //! The quickstart: a 4-step order workflow with a retrying step and a durable sleep, on the
-//! embedded SQLite store, printing what happens as it runs.
+//! embedded SQLite store, printing the engine's events as they happen.
 //!
 //! ```text
 //! cargo run --release --example quickstart
 //! ```
+//!
+//! README.md's quickstart is this file from `// quickstart:begin` to `// quickstart:end`, line
+//! for line: `crates/durable/tests/docs_quickstart.rs` fails when the two differ, so change
+//! both together. Below the end marker is the printing of events, which the README leaves out.
 
+// quickstart:begin
 use std::time::Duration;
 
-use durable::{Backoff, Engine, EngineEvent, SqliteStore, StartOptions, StepError, WorkflowCtx, WorkflowError};
+use durable::{Backoff, Engine, SqliteStore, StartOptions, StepError, WorkflowCtx, WorkflowError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -58,10 +63,51 @@ async fn order_workflow(ctx: WorkflowCtx, order: Order) -> Result<Receipt, Workf
     Ok(Receipt { order_id, payment, tracking })
 }
 
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let path = std::env::temp_dir().join("durable-quickstart.db");
+    let engine = Engine::builder().store(SqliteStore::open(&path)?).build()?;
+    engine.register("order", 1, order_workflow);
+    let printer = print_events(&engine); // prints the events as they happen (see examples/quickstart.rs)
+
+    // A fresh run id each time: starting an id that exists returns that run and does nothing.
+    let run_id = format!("order-42-{}", durable::uuid::Uuid::now_v7().simple());
+    let order = Order { id: 42, items: vec!["book".into(), "lamp".into()], total_cents: 4_250 };
+    let run = engine.start("order", &order, StartOptions::id(run_id)).await?;
+    let receipt: Receipt = engine.wait_for_run(&run.id).await?.output()?;
+    printer.await?;
+
+    println!("\nreceipt: {receipt:?}\n\nhistory of {}:", run.id);
+    for cp in engine.history(&run.id).await? {
+        println!("  #{:<2} {:<14} {:<6} {:<10} attempts={}", cp.seq, cp.name, cp.kind, cp.status, cp.attempts);
+    }
+    engine.shutdown().await;
+    Ok(())
+}
+// quickstart:end
+
+use durable::EngineEvent;
+
+/// Prints the engine's events, with the time since the start, until the run settles.
+fn print_events(engine: &Engine) -> tokio::task::JoinHandle<()> {
+    let mut events = engine.subscribe();
+    tokio::spawn(async move {
+        let started = std::time::Instant::now();
+        while let Ok(event) = events.recv().await {
+            if let Some(line) = describe(&event) {
+                println!("[{:>6.3}s] {line}", started.elapsed().as_secs_f64());
+            }
+            if matches!(event, EngineEvent::RunSettled { .. }) {
+                break;
+            }
+        }
+    })
+}
+
 fn describe(event: &EngineEvent) -> Option<String> {
     Some(match event {
         EngineEvent::RunCreated { run_id, workflow } => format!("created   {run_id} ({workflow})"),
-        EngineEvent::TurnStarted { .. } => "turn      lease taken, replaying history".to_string(),
+        EngineEvent::TurnStarted { .. } => "turn      lease taken, body polled from the top".to_string(),
         EngineEvent::StepCompleted { seq, name, attempts, .. } => {
             format!("step      #{seq} {name} completed after {attempts} attempt(s) — checkpointed")
         }
@@ -76,38 +122,4 @@ fn describe(event: &EngineEvent) -> Option<String> {
         EngineEvent::RunSettled { status, .. } => format!("settled   {status}"),
         _ => return None,
     })
-}
-
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let path = std::env::temp_dir().join("durable-quickstart.db");
-    let engine = Engine::builder().store(SqliteStore::open(&path)?).build()?;
-    engine.register("order", 1, order_workflow);
-    println!("durable quickstart — store: {}\n", path.display());
-
-    let mut events = engine.subscribe();
-    let printer = tokio::spawn(async move {
-        let started = std::time::Instant::now();
-        while let Ok(event) = events.recv().await {
-            if let Some(line) = describe(&event) {
-                println!("[{:>6.3}s] {line}", started.elapsed().as_secs_f64());
-            }
-            if matches!(event, EngineEvent::RunSettled { .. }) {
-                break;
-            }
-        }
-    });
-
-    let order = Order { id: 42, items: vec!["book".into(), "lamp".into()], total_cents: 4_250 };
-    let run_id = format!("order-42-{}", durable::uuid::Uuid::now_v7().simple());
-    let run = engine.start("order", &order, StartOptions::id(run_id)).await?;
-    let receipt: Receipt = engine.wait_for_run(&run.id).await?.output()?;
-    printer.await?;
-
-    println!("\nreceipt: {receipt:?}\n\nhistory of {}:", run.id);
-    for cp in engine.history(&run.id).await? {
-        println!("  #{:<2} {:<14} {:<6} {:<10} attempts={}", cp.seq, cp.name, cp.kind, cp.status, cp.attempts);
-    }
-    engine.shutdown().await;
-    Ok(())
 }

@@ -29,7 +29,8 @@
 //! # Ok(()) }
 //! ```
 //!
-//! (The same code is the README's quickstart.)
+//! (The README's quickstart is a longer version of this: `examples/quickstart.rs`, with a
+//! retried payment and the events it prints.)
 //!
 //! Crates behind this facade: `durable-core` (the pure replay state machine and the
 //! [`store::Store`] trait), `durable-runtime` (the engine), `durable-store-memory`,
