@@ -127,7 +127,7 @@ impl Engine {
         Ok(UpdateOutcome::Accepted { delivered: matches!(delivery, Delivery::Delivered { .. }) })
     }
 
-    /// Completes the external task `name` of a run with `value` (see [`WorkflowCtx::task`]).
+    /// Completes the external task `name` of a run with `value` (see [`WorkflowCtx::task`](crate::WorkflowCtx::task)).
     pub async fn complete_task<T: Serialize + ?Sized>(
         &self,
         run_id: &RunId,
@@ -141,7 +141,7 @@ impl Engine {
         shared.deliver(&protocol::task_token(run_id, name), payload).await
     }
 
-    /// Fails the external task `name` of a run; the workflow sees [`TaskError::Failed`].
+    /// Fails the external task `name` of a run; the workflow sees [`TaskError::Failed`](crate::TaskError::Failed).
     pub async fn fail_task(&self, run_id: &RunId, name: &str, message: &str) -> Result<Delivery> {
         check_name("task name", name)?;
         let payload = TaskResult::Err(message.to_string()).encode();

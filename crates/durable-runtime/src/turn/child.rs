@@ -192,7 +192,7 @@ impl WorkflowCtx {
 
     /// Ends this run and continues as a fresh run `<id>~N` of the same workflow with `input`:
     /// this run completes, the successor starts with an empty history (same namespace, tags,
-    /// priority and parent). Callers waiting with [`Engine::wait_for_run_following`] — and a
+    /// priority and parent). Callers waiting with [`Engine::wait_for_run_following`](crate::Engine::wait_for_run_following) — and a
     /// parent waiting on this run as a child — get the final run's outcome.
     ///
     /// ```no_run

@@ -47,7 +47,7 @@ impl std::error::Error for SignalError {}
 pub enum TaskError {
     /// The step that hands the task out failed.
     Dispatch(StepFailed),
-    /// The outside world reported failure with [`Engine::fail_task`].
+    /// The outside world reported failure with [`Engine::fail_task`](crate::Engine::fail_task).
     Failed {
         /// The run.
         run_id: RunId,
@@ -72,7 +72,7 @@ impl fmt::Display for TaskError {
 
 impl std::error::Error for TaskError {}
 
-/// The answer of [`Engine::update`].
+/// The answer of [`Engine::update`](crate::Engine::update).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum UpdateOutcome {
     /// Validated and handed to the run (`delivered`: a waiting `on_update` took it at once;
@@ -125,7 +125,7 @@ async fn await_delivery(
 }
 
 impl WorkflowCtx {
-    /// Waits for a signal sent to `token` with [`Engine::signal`]. The oldest buffered signal
+    /// Waits for a signal sent to `token` with [`Engine::signal`](crate::Engine::signal). The oldest buffered signal
     /// for the token is taken first (FIFO); otherwise the run suspends until one arrives.
     /// 1 seq.
     pub fn wait_for_signal<T: DeserializeOwned + Send + 'static>(
@@ -164,7 +164,7 @@ impl WorkflowCtx {
         }
     }
 
-    /// Waits for an event named `name` published with [`Engine::publish_event`] whose payload
+    /// Waits for an event named `name` published with [`Engine::publish_event`](crate::Engine::publish_event) whose payload
     /// includes every field of `matcher` (a JSON object; `{}` accepts any). A buffered event
     /// that matches is claimed first. 1 seq.
     pub fn wait_for_event<T: DeserializeOwned + Send + 'static>(
@@ -204,7 +204,7 @@ impl WorkflowCtx {
         }
     }
 
-    /// Publishes a query value: [`Engine::get_state`] returns the latest one set, during the
+    /// Publishes a query value: [`Engine::get_state`](crate::Engine::get_state) returns the latest one set, during the
     /// run and after it finished. Committed before the future resolves. 1 seq.
     pub fn set_state<T: Serialize + ?Sized>(
         &self,
@@ -231,7 +231,7 @@ impl WorkflowCtx {
         }
     }
 
-    /// Waits for an update named `name` sent to this run with [`Engine::update`] (after its
+    /// Waits for an update named `name` sent to this run with [`Engine::update`](crate::Engine::update) (after its
     /// validator, if any, accepted it). Updates are buffered like signals. 1 seq.
     pub fn on_update<T: DeserializeOwned + Send + 'static>(
         &self,
@@ -241,8 +241,8 @@ impl WorkflowCtx {
     }
 
     /// An external task: runs `dispatch` as a step (hand the work out — send the email with the
-    /// approval link, enqueue the job), then waits for [`Engine::complete_task`] or
-    /// [`Engine::fail_task`] for this run and `name`. 2 seqs.
+    /// approval link, enqueue the job), then waits for [`Engine::complete_task`](crate::Engine::complete_task) or
+    /// [`Engine::fail_task`](crate::Engine::fail_task) for this run and `name`. 2 seqs.
     pub fn task<'a, T, F, Fut>(
         &self,
         name: &str,
