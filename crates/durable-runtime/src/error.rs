@@ -9,6 +9,9 @@ use durable_core::{InvalidId, RunId, RunStatus, StepError, StoreError};
 /// The result type of engine calls.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
+/// What a workflow body returns once its output is encoded.
+pub(crate) type BodyResult = Result<durable_core::Payload, WorkflowError>;
+
 /// What can go wrong in an engine call. Every message names the run, workflow or token it
 /// concerns and what to do about it.
 #[derive(Debug, thiserror::Error)]

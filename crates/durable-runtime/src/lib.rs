@@ -29,26 +29,22 @@
 #![warn(missing_docs)]
 
 mod clock;
-mod compose;
 mod config;
 mod engine;
 mod error;
 mod events;
-mod executor;
-mod fleet;
 mod registry;
-mod signals;
+mod sched;
 mod turn;
 
 pub use clock::{BoxFuture, Clock, SystemClock, VirtualClock};
-pub use compose::Cancel;
 pub use config::EngineConfig;
 pub use durable_core::Delivery;
 pub use durable_core::{Backoff, RetryPolicy, RunFilter, RunId, RunPage, RunStatus, StepError};
-pub use engine::{Engine, EngineBuilder, Metrics, RunOutcome, StartOptions, Started};
+pub use engine::{Engine, EngineBuilder, Metrics, RunOutcome, StartOptions, Started, WorkflowOptions, shutdown_signal};
 pub use error::{Error, Result, StepFailed, WorkflowError};
 pub use events::EngineEvent;
-pub use fleet::{WorkflowOptions, shutdown_signal};
+pub use sched::Cancel;
 pub use turn::{
     All, ChildFailed, ChildHandle, ChildOptions, SignalError, Step, StepContext, StepOptions, TaskError, UpdateOutcome,
     WorkflowCtx,

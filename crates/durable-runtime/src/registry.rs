@@ -11,7 +11,8 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use crate::clock::BoxFuture;
-use crate::{WorkflowCtx, WorkflowError};
+use crate::error::{BodyResult, WorkflowError};
+use crate::turn::WorkflowCtx;
 
 /// The body of a workflow with its input and output types erased.
 pub(crate) trait ErasedWorkflow: Send + Sync {
@@ -20,9 +21,6 @@ pub(crate) trait ErasedWorkflow: Send + Sync {
     /// Starts the body (not yet polled).
     fn call(&self, ctx: WorkflowCtx, input: &Payload) -> Result<BoxFuture<'static, BodyResult>, serde_json::Error>;
 }
-
-/// What a body returns once its output is encoded.
-pub(crate) type BodyResult = Result<Payload, WorkflowError>;
 
 struct Handler<F, I, O> {
     f: F,

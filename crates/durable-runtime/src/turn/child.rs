@@ -12,7 +12,7 @@ use serde::de::DeserializeOwned;
 
 use super::ctx::{StepBody, run_step};
 use super::{CallGuard, StepOptions, TurnState, WorkflowCtx, halt};
-use crate::WorkflowError;
+use crate::error::WorkflowError;
 
 /// An undo registered by a completed step: its closure and retry options (the core keeps
 /// its name and its place in the stack).

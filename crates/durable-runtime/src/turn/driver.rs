@@ -12,7 +12,7 @@ use durable_core::{End, Next};
 use super::child::compensate;
 use super::{TurnState, panic_message};
 use crate::clock::BoxFuture;
-use crate::registry::BodyResult;
+use crate::error::BodyResult;
 
 /// What the driver polls.
 enum Polling {

@@ -1,9 +1,11 @@
 //! The turn executor: claims a run, polls its body until it finishes or every branch is
-//! parked, and applies the turn's end to the store — one place owns a run's turn.
+//! parked, and applies the turn's end to the store — one place owns a run's turn. What
+//! follows a turn that could not run is here too: a retry after a store error, a re-check
+//! when another engine held the lease.
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use durable_core::{
     Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId, RunPatch,
@@ -11,12 +13,11 @@ use durable_core::{
 };
 use tracing::Instrument;
 
-use crate::clock::BoxFuture;
-use crate::compose::child_notice;
-use crate::engine::Shared;
+use super::Shared;
+use super::operate::child_notice;
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
-use crate::turn::{TurnDriver, TurnEnv, TurnState, WorkflowCtx};
+use crate::turn::{TurnDriver, TurnState, WorkflowCtx};
 
 /// What the run loop does after a turn.
 enum TurnEnded {
@@ -28,33 +29,10 @@ enum TurnEnded {
     StoreFailed(StoreError),
 }
 
-/// The engine is the turn's environment: its clock, its commit path, its events, its registry.
-impl TurnEnv for Shared {
-    fn now(&self) -> Millis {
-        self.clock.now()
-    }
-
-    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
-        self.clock.sleep_until(at)
-    }
-
-    fn commit(&self, commit: Commit) -> BoxFuture<'_, StoreResult<CommitOutcome>> {
-        Box::pin(self.apply_commit(commit))
-    }
-
-    fn emit(&self, event: EngineEvent) {
-        Shared::emit(self, event);
-    }
-
-    fn latest_version(&self, workflow: &str) -> Option<u32> {
-        self.registry.latest(workflow).map(|(v, _)| v)
-    }
-}
-
 impl Shared {
     /// Applies a commit and releases its effects: created children and runs that received a
     /// signal are dispatched (only after the store acknowledged the commit).
-    pub(crate) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+    pub(super) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         let children: Vec<(RunId, String, i32, u64)> =
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
         let outcome = self.store.commit(commit).await?;
@@ -75,7 +53,7 @@ impl Shared {
     }
 
     /// Runs turns of `id` until it settles, suspends or belongs to someone else.
-    pub(crate) async fn drive_run(self: &Arc<Self>, id: &RunId) {
+    pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId) {
         loop {
             let now = self.clock.now();
             let claim =
@@ -277,10 +255,6 @@ impl Shared {
         }
     }
 
-    pub(crate) fn lease_ms(&self) -> Millis {
-        self.config.lease_ttl.as_millis() as Millis
-    }
-
     /// Dispatches the run again after a backoff that doubles with consecutive failures.
     fn retry_after_store_error(self: &Arc<Self>, id: &RunId, e: &StoreError) {
         let failures = {
@@ -304,5 +278,54 @@ impl Shared {
                 shared.dispatch(id);
             }
         });
+    }
+
+    /// A wake found the run's lease held by another engine: look again (every
+    /// `recheck_interval`, at most `recheck_attempts` times) and execute it once the lease is
+    /// free and the run has something new to see, so a wake racing another engine's turn is
+    /// never lost. One re-check per run at a time.
+    fn recheck_later(self: &Arc<Self>, run: &Run) {
+        if !self.rechecks.lock().insert(run.id.clone()) {
+            return;
+        }
+        let holder = run.lease_owner.clone().unwrap_or_default();
+        self.emit(EngineEvent::WakeDeferred { run_id: run.id.clone(), holder });
+        let weak = Arc::downgrade(self);
+        let id = run.id.clone();
+        let mut lease_until = run.lease_until;
+        tokio::spawn(async move {
+            let Some(attempts) = weak.upgrade().map(|s| s.config.recheck_attempts) else { return };
+            for _ in 0..attempts {
+                let Some(wait) = weak.upgrade().map(|s| s.recheck_wait(lease_until)) else { return };
+                tokio::time::sleep(wait).await;
+                let Some(shared) = weak.upgrade() else { return };
+                let run = match shared.store.get_run(&id).await {
+                    Ok(Some(run)) if !run.status.is_terminal() => run,
+                    _ => break,
+                };
+                let now = shared.clock.now();
+                if run.lease_owner.is_some() && run.lease_until.is_some_and(|u| u >= now) {
+                    lease_until = run.lease_until;
+                    continue;
+                }
+                let due = match run.status {
+                    RunStatus::Suspended => run.wake_at.is_some_and(|w| w <= now),
+                    _ => true,
+                };
+                if due {
+                    tracing::debug!(run_id = %id, "re-check: the lease is free; waking the run");
+                    shared.dispatch_wake(id.clone());
+                }
+                break;
+            }
+            if let Some(shared) = weak.upgrade() {
+                shared.rechecks.lock().remove(&id);
+            }
+        });
+    }
+
+    fn recheck_wait(&self, lease_until: Option<u64>) -> Duration {
+        let remaining = lease_until.map_or(0, |u| u.saturating_sub(self.clock.now()));
+        Duration::from_millis(remaining.saturating_add(1)).min(self.config.recheck_interval)
     }
 }

@@ -8,21 +8,23 @@ use durable_core::{Delivery, Payload, RunId};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use crate::engine::Shared;
+use super::{Engine, StartOptions, Started};
 use crate::error::{Error, Result};
-use crate::{Engine, StartOptions, Started, UpdateOutcome};
+use crate::sched::UpdateValidator;
+use crate::turn::UpdateOutcome;
 
-impl Shared {
+impl Engine {
     /// Sends a signal and wakes the run that received it.
     async fn deliver(&self, token: &str, payload: Payload) -> Result<Delivery> {
-        let delivery = self.store.send_signal(token, payload, self.clock.now()).await?;
-        self.wake_delivered(std::slice::from_ref(&delivery));
+        let shared = self.shared();
+        let delivery = shared.store.send_signal(token, payload, shared.clock.now()).await?;
+        shared.wake_delivered(std::slice::from_ref(&delivery));
         Ok(delivery)
     }
 
     fn encode_payload<T: Serialize + ?Sized>(&self, what: impl Fn() -> String, value: &T) -> Result<Payload> {
         let payload = Payload::encode(value).map_err(|source| Error::Serialize { what: what(), source })?;
-        let limit = self.config.max_payload_bytes;
+        let limit = self.shared().config.max_payload_bytes;
         if payload.len() > limit {
             return Err(Error::PayloadTooLarge { what: what(), size: payload.len(), limit });
         }
@@ -37,9 +39,6 @@ fn check_name(what: &str, name: &str) -> Result<()> {
     Ok(())
 }
 
-/// A validator of update arguments, registered per workflow and update name.
-pub(crate) type UpdateValidator = Arc<dyn Fn(&Payload) -> Result<(), String> + Send + Sync>;
-
 impl Engine {
     /// Sends `payload` to the oldest wait on `token`, recording it at that wait's seq and
     /// waking its run; with no wait, buffers it (FIFO per token) for the next one. Every
@@ -47,9 +46,8 @@ impl Engine {
     /// harmlessly and reported as [`Delivery::Buffered`].
     pub async fn signal<T: Serialize + ?Sized>(&self, token: &str, payload: &T) -> Result<Delivery> {
         check_name("signal token", token)?;
-        let shared = self.shared();
-        let payload = shared.encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
-        shared.deliver(token, payload).await
+        let payload = self.encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
+        self.deliver(token, payload).await
     }
 
     /// Starts the run (idempotent on `options.id`, which is required) and then signals it.
@@ -65,9 +63,9 @@ impl Engine {
             return Err(Error::InvalidName { what: "run id for signal_with_start (set StartOptions::id)".into() });
         }
         check_name("signal token", token)?;
-        let payload = self.shared().encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
+        let payload = self.encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
         let started = self.start(workflow, input, options).await?;
-        let delivery = self.shared().deliver(token, payload).await?;
+        let delivery = self.deliver(token, payload).await?;
         Ok((started, delivery))
     }
 
@@ -76,7 +74,7 @@ impl Engine {
     pub async fn publish_event<T: Serialize + ?Sized>(&self, name: &str, payload: &T) -> Result<Vec<Delivery>> {
         check_name("event name", name)?;
         let shared = self.shared();
-        let payload = shared.encode_payload(|| format!("the payload of event {name:?}"), payload)?;
+        let payload = self.encode_payload(|| format!("the payload of event {name:?}"), payload)?;
         let deliveries = shared.store.publish_event(name, payload, shared.clock.now()).await?;
         shared.wake_delivered(&deliveries);
         Ok(deliveries)
@@ -109,7 +107,7 @@ impl Engine {
     pub async fn update<T: Serialize + ?Sized>(&self, run_id: &RunId, name: &str, arg: &T) -> Result<UpdateOutcome> {
         check_name("update name", name)?;
         let shared = self.shared();
-        let payload = shared.encode_payload(|| format!("the argument of update {name:?}"), arg)?;
+        let payload = self.encode_payload(|| format!("the argument of update {name:?}"), arg)?;
         let reject = |reason: String| Ok(UpdateOutcome::Rejected { reason });
         let Some(run) = shared.store.get_run(run_id).await? else {
             return reject(format!("unknown run {run_id}"));
@@ -123,7 +121,7 @@ impl Engine {
         {
             return reject(format!("update {name:?} to run {run_id} rejected: {reason}"));
         }
-        let delivery = shared.deliver(&protocol::update_token(run_id, name), payload).await?;
+        let delivery = self.deliver(&protocol::update_token(run_id, name), payload).await?;
         Ok(UpdateOutcome::Accepted { delivered: matches!(delivery, Delivery::Delivered { .. }) })
     }
 
@@ -135,16 +133,15 @@ impl Engine {
         value: &T,
     ) -> Result<Delivery> {
         check_name("task name", name)?;
-        let shared = self.shared();
-        let value = shared.encode_payload(|| format!("the result of task {name:?} of run {run_id}"), value)?;
+        let value = self.encode_payload(|| format!("the result of task {name:?} of run {run_id}"), value)?;
         let payload = TaskResult::Ok(value).encode();
-        shared.deliver(&protocol::task_token(run_id, name), payload).await
+        self.deliver(&protocol::task_token(run_id, name), payload).await
     }
 
     /// Fails the external task `name` of a run; the workflow sees [`TaskError::Failed`](crate::TaskError::Failed).
     pub async fn fail_task(&self, run_id: &RunId, name: &str, message: &str) -> Result<Delivery> {
         check_name("task name", name)?;
         let payload = TaskResult::Err(message.to_string()).encode();
-        self.shared().deliver(&protocol::task_token(run_id, name), payload).await
+        self.deliver(&protocol::task_token(run_id, name), payload).await
     }
 }

@@ -1,0 +1,320 @@
+//! The `Engine` handle, grouped by audience: starting and observing runs (`runs`),
+//! operating on them (`operate`), messages to running workflows (`messages`) and running
+//! the engine as a worker (`worker`). Everything that moves runs lives in `sched`; an
+//! `Engine` is a handle on its state.
+
+mod messages;
+mod operate;
+mod runs;
+mod worker;
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use durable_core::{Run, RunId, RunStatus, StepError, Store};
+use durable_transport::Transport;
+use parking_lot::Mutex;
+use serde::de::DeserializeOwned;
+use tokio::sync::broadcast;
+use tokio::task::JoinHandle;
+
+use crate::clock::{Clock, SystemClock};
+use crate::config::EngineConfig;
+use crate::error::{Error, Result};
+use crate::events::EngineEvent;
+use crate::sched::Shared;
+
+pub use worker::{WorkflowOptions, shutdown_signal};
+
+/// The durable execution engine. Cheap to clone; all clones are one engine. Dropping the last
+/// clone stops its background tasks (runs in progress are recovered from the store later);
+/// [`Engine::shutdown`] and [`Engine::drain`] stop it in an orderly way.
+///
+/// ```no_run
+/// use durable_runtime::{Engine, StartOptions, WorkflowCtx, WorkflowError};
+/// # use durable_store_memory::MemoryStore;
+/// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+/// let engine = Engine::builder().store(MemoryStore::new()).build()?;
+/// engine.register("greet", 1, |ctx: WorkflowCtx, name: String| async move {
+///     let greeting: String = ctx.step("compose", |_| { let name = name.clone(); async move { Ok(format!("hello {name}")) } }).await?;
+///     Ok::<_, WorkflowError>(greeting)
+/// });
+/// let run = engine.start("greet", &"ada", StartOptions::id("greet:ada")).await?;
+/// let out: String = engine.wait_for_run(&run.id).await?.output()?;
+/// assert_eq!(out, "hello ada");
+/// # Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Engine {
+    inner: Arc<EngineInner>,
+}
+
+struct EngineInner {
+    shared: Arc<Shared>,
+    tasks: Mutex<Vec<JoinHandle<()>>>,
+}
+
+impl Drop for EngineInner {
+    fn drop(&mut self) {
+        // Every task (background loops and turns) ends at its next poll; no lease is released:
+        // like a process that died, the runs are recovered once their leases expire.
+        self.shared.stop_background();
+        for task in self.tasks.lock().drain(..) {
+            task.abort();
+        }
+    }
+}
+
+impl fmt::Debug for Engine {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Engine")
+            .field("owner", &self.inner.shared.owner)
+            .field("store", &self.inner.shared.store)
+            .field("workflows", &self.inner.shared.registry)
+            .finish()
+    }
+}
+
+/// A snapshot of the engine's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Metrics {
+    /// Runs executing turns right now.
+    pub turns_in_flight: usize,
+    /// The most runs ever executing at once on this engine.
+    pub max_turns_in_flight: usize,
+    /// Run ids waiting for an execution slot.
+    pub runs_queued: usize,
+    /// Turns executed since the engine started.
+    pub turns: u64,
+    /// Batches sent to the transport's run queue.
+    pub batches_sent: u64,
+    /// Runs sent to the transport's run queue (in those batches).
+    pub runs_sent: u64,
+    /// Runs that `wait_for_run` / `wait_until_suspended_or_terminal` callers are waiting on right
+    /// now.
+    pub runs_watched: usize,
+}
+
+/// Builds an [`Engine`]: a store is required; clock and config have defaults.
+#[must_use]
+pub struct EngineBuilder {
+    store: Option<Arc<dyn Store>>,
+    clock: Arc<dyn Clock>,
+    config: EngineConfig,
+    transport: Option<Arc<dyn Transport>>,
+}
+
+impl fmt::Debug for EngineBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineBuilder").field("store", &self.store).field("config", &self.config).finish()
+    }
+}
+
+impl EngineBuilder {
+    /// The store runs are kept in.
+    pub fn store(mut self, store: impl Store) -> Self {
+        self.store = Some(Arc::new(store));
+        self
+    }
+
+    /// A store shared with other code (or other engines in this process).
+    pub fn shared_store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// The durable clock (default: the system clock). Tests pass a
+    /// [`VirtualClock`](crate::VirtualClock).
+    pub fn clock(mut self, clock: impl Clock) -> Self {
+        self.clock = Arc::new(clock);
+        self
+    }
+
+    /// All tuning knobs at once.
+    pub fn config(mut self, config: EngineConfig) -> Self {
+        self.config = config;
+        self
+    }
+
+    /// A run queue shared with other engines: starts and wakes are sent to it in batches and
+    /// this engine consumes its share (see `durable-transport`). Without one, runs execute on
+    /// the engine that starts or wakes them, and the pollers share out the rest.
+    pub fn transport(mut self, transport: impl Transport) -> Self {
+        self.transport = Some(Arc::new(transport));
+        self
+    }
+
+    /// A client engine: it starts, signals, queries and waits for runs but executes none
+    /// (workers do). Same as `EngineConfig { execute: false, .. }`.
+    pub fn client_only(mut self) -> Self {
+        self.config.execute = false;
+        self
+    }
+
+    /// Only execute runs of this namespace, and start runs in it by default.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.config.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Builds the engine and starts its background tasks. Must be called inside a tokio
+    /// runtime.
+    pub fn build(self) -> Result<Engine> {
+        let store = self.store.ok_or_else(|| {
+            Error::Store(durable_core::StoreError::NotFound {
+                what: "a store: call Engine::builder().store(..) before build()".into(),
+            })
+        })?;
+        let owner = format!("engine-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let shared = Shared::new(store, self.clock, self.config, self.transport, owner);
+        let tasks = shared.spawn_background();
+        Ok(Engine { inner: Arc::new(EngineInner { shared, tasks: Mutex::new(tasks) }) })
+    }
+}
+
+/// Options of [`Engine::start`].
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct StartOptions {
+    /// The run id (default: a fresh UUID v7). Starting an existing id is a no-op that returns
+    /// the existing run.
+    pub id: Option<String>,
+    /// The namespace (default: the engine's, or `"default"`).
+    pub namespace: Option<String>,
+    /// Tags to filter runs by.
+    pub tags: Vec<String>,
+    /// Scheduling priority, higher first (default 0).
+    pub priority: i32,
+}
+
+impl StartOptions {
+    /// Default options: a generated id.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Options with this run id.
+    pub fn id(id: impl Into<String>) -> Self {
+        StartOptions { id: Some(id.into()), ..Self::default() }
+    }
+
+    /// Sets the namespace.
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Adds a tag.
+    pub fn tag(mut self, tag: impl Into<String>) -> Self {
+        self.tags.push(tag.into());
+        self
+    }
+
+    /// Sets the priority.
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.priority = priority;
+        self
+    }
+}
+
+/// What [`Engine::start`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Started {
+    /// The run id.
+    pub id: RunId,
+    /// Whether this call created the run (false: it existed and nothing was done).
+    pub created: bool,
+    /// The run as stored after the call.
+    pub run: Run,
+}
+
+/// A terminal run (or, for [`Engine::wait_until_suspended_or_terminal`], a suspended one).
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunOutcome {
+    /// The run as stored.
+    pub run: Run,
+}
+
+impl RunOutcome {
+    /// The run's status.
+    pub fn status(&self) -> RunStatus {
+        self.run.status
+    }
+
+    /// The recorded error, for failed, cancelled and dead runs.
+    pub fn error(&self) -> Option<&StepError> {
+        self.run.error.as_ref()
+    }
+
+    /// The output of a completed run, decoded; [`Error::RunFailed`] otherwise.
+    pub fn output<O: DeserializeOwned>(&self) -> Result<O> {
+        match (&self.run.status, &self.run.output) {
+            (RunStatus::Completed, Some(out)) => {
+                out.decode().map_err(|source| Error::Output { id: self.run.id.clone(), source })
+            }
+            _ => Err(Error::RunFailed {
+                id: self.run.id.clone(),
+                status: self.run.status,
+                error: self.run.error.clone(),
+            }),
+        }
+    }
+}
+
+impl Engine {
+    /// Starts building an engine.
+    pub fn builder() -> EngineBuilder {
+        EngineBuilder { store: None, clock: Arc::new(SystemClock), config: EngineConfig::default(), transport: None }
+    }
+
+    pub(crate) fn shared(&self) -> &Arc<Shared> {
+        &self.inner.shared
+    }
+
+    /// This engine instance's lease-owner id.
+    pub fn owner(&self) -> &str {
+        &self.inner.shared.owner
+    }
+
+    /// The store.
+    pub fn store(&self) -> &Arc<dyn Store> {
+        &self.inner.shared.store
+    }
+
+    /// The durable clock.
+    pub fn clock(&self) -> &Arc<dyn Clock> {
+        &self.inner.shared.clock
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &EngineConfig {
+        &self.inner.shared.config
+    }
+
+    /// Subscribes to this engine's [`EngineEvent`]s.
+    pub fn subscribe(&self) -> broadcast::Receiver<EngineEvent> {
+        self.inner.shared.events.subscribe()
+    }
+
+    /// The engine's counters.
+    pub fn metrics(&self) -> Metrics {
+        let shared = &self.inner.shared;
+        let in_flight = shared.in_flight();
+        Metrics {
+            turns_in_flight: in_flight,
+            max_turns_in_flight: shared.metrics.max_in_flight.load(Ordering::Acquire),
+            runs_queued: shared.active.lock().len().saturating_sub(in_flight),
+            turns: shared.metrics.turns.load(Ordering::Relaxed),
+            batches_sent: shared.metrics.batches.load(Ordering::Relaxed),
+            runs_sent: shared.metrics.queued_runs.load(Ordering::Relaxed),
+            runs_watched: shared.watchers.lock().len(),
+        }
+    }
+
+    /// Looks at the store for pending, due and orphaned runs now, instead of at the next poll.
+    pub fn poll_now(&self) {
+        self.inner.shared.poke.notify_one();
+    }
+}

@@ -1,0 +1,190 @@
+//! Execution slots on this engine: the ready queue the dispatcher loop serves, which runs
+//! execute here, and the task that runs one until it is quiet.
+
+use std::collections::VecDeque;
+use std::collections::hash_map::Entry;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+
+use durable_core::{RunId, RunStatus};
+
+use super::Shared;
+
+/// Run ids waiting for a slot, by kind.
+#[derive(Default)]
+pub(super) struct Ready {
+    pub(super) wakes: VecDeque<RunId>,
+    pub(super) others: VecDeque<RunId>,
+}
+
+/// A run known to the dispatcher: queued (waiting for a slot) or executing.
+#[derive(Default)]
+pub(crate) struct Active {
+    started: bool,
+    /// A wake arrived while the run executed: run it again.
+    rerun: bool,
+    /// A start arrived while the run executed: run it again only if it is `pending` again
+    /// (a retry), not if a poller found it pending before this engine claimed it.
+    rerun_if_pending: bool,
+}
+
+impl Active {
+    /// Records a dispatch that found the run executing here.
+    fn again(&mut self, wake: bool) {
+        if wake {
+            self.rerun = true;
+        } else {
+            self.rerun_if_pending = true;
+        }
+    }
+}
+
+impl Shared {
+    /// The next run to execute, and whether it was woken (rather than started).
+    async fn next_ready(&self) -> (RunId, bool) {
+        loop {
+            let changed = self.ready_changed.notified();
+            {
+                let mut ready = self.ready.lock();
+                if let Some(id) = ready.wakes.pop_front() {
+                    return (id, true);
+                }
+                if let Some(id) = ready.others.pop_front() {
+                    return (id, false);
+                }
+            }
+            changed.await;
+        }
+    }
+
+    pub(super) async fn dispatch_loop(self: Arc<Self>) {
+        loop {
+            let (id, wake) = self.next_ready().await;
+            if self.draining.load(Ordering::Relaxed) {
+                continue;
+            }
+            match self.active.lock().entry(id.clone()) {
+                Entry::Occupied(mut e) => {
+                    // Queued runs will see the latest state anyway; executing ones may run again.
+                    if e.get().started {
+                        e.get_mut().again(wake);
+                    }
+                    continue;
+                }
+                Entry::Vacant(e) => {
+                    e.insert(Active::default());
+                }
+            }
+            let Ok(slot) = self.slots.clone().acquire_owned().await else { return };
+            if self.draining.load(Ordering::Relaxed) {
+                self.active.lock().remove(&id);
+                continue;
+            }
+            if let Some(a) = self.active.lock().get_mut(&id) {
+                a.started = true;
+            }
+            // Counted as in flight from here, so a shutdown waits for it even if it has not
+            // been polled yet.
+            let guard = TaskGuard::new(&self, id.clone());
+            let shared = self.clone();
+            tokio::spawn(async move {
+                shared.run_in_slot(guard).await;
+                drop(slot);
+            });
+        }
+    }
+
+    /// Marks a run as executing here; false (and a re-run request) if it already is.
+    pub(super) fn begin_local(&self, id: &RunId, wake: bool) -> bool {
+        match self.active.lock().entry(id.clone()) {
+            Entry::Occupied(mut e) => {
+                e.get_mut().again(wake);
+                false
+            }
+            Entry::Vacant(e) => {
+                e.insert(Active { started: true, ..Active::default() });
+                true
+            }
+        }
+    }
+
+    /// Executes a run marked as executing here, until it is quiet or the engine shuts down
+    /// (a shutdown drops the turn wherever it is; the store keeps what was committed, and
+    /// `shutdown` releases the lease).
+    pub(super) async fn run_in_slot(self: &Arc<Self>, mut guard: TaskGuard) {
+        let id = guard.id.clone();
+        guard.quiet = tokio::select! {
+            biased;
+            () = self.shutdown_signal() => false,
+            () = self.run_until_quiet(&id) => true,
+        };
+        drop(guard);
+    }
+
+    /// Drives the run, again as long as wakes arrived while it executed. Removes the run's
+    /// dispatcher entry when it returns: from then on, a new wake starts a new task.
+    async fn run_until_quiet(self: &Arc<Self>, id: &RunId) {
+        let mut drive = true;
+        loop {
+            if drive {
+                self.drive_run(id).await;
+            }
+            let check_pending = {
+                let mut active = self.active.lock();
+                match active.get_mut(id) {
+                    Some(a) if a.rerun => {
+                        (a.rerun, a.rerun_if_pending) = (false, false);
+                        false
+                    }
+                    Some(a) if a.rerun_if_pending => {
+                        a.rerun_if_pending = false;
+                        true
+                    }
+                    _ => {
+                        active.remove(id);
+                        return;
+                    }
+                }
+            };
+            // A read error runs it again: a spare turn is harmless, a missed retry is not.
+            drive = !check_pending
+                || match self.store.get_run(id).await {
+                    Ok(run) => run.is_some_and(|r| r.status == RunStatus::Pending),
+                    Err(_) => true,
+                };
+        }
+    }
+}
+
+/// Keeps the in-flight gauge and the dispatcher's view right however a run task ends
+/// (including being aborted).
+pub(super) struct TaskGuard {
+    shared: Arc<Shared>,
+    id: RunId,
+    /// The run went quiet: `run_until_quiet` already removed its dispatcher entry, and any
+    /// entry there now belongs to a newer task of the same run, which must not be touched
+    /// (removing it would let a third task execute the run beside the second).
+    quiet: bool,
+}
+
+impl TaskGuard {
+    pub(super) fn new(shared: &Arc<Shared>, id: RunId) -> Self {
+        let now = shared.metrics.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        shared.metrics.max_in_flight.fetch_max(now, Ordering::AcqRel);
+        TaskGuard { shared: shared.clone(), id, quiet: false }
+    }
+}
+
+impl Drop for TaskGuard {
+    fn drop(&mut self) {
+        if let Some(interrupted) = self.shared.interrupted.lock().as_mut() {
+            interrupted.push(self.id.clone());
+        }
+        if !self.quiet {
+            // Cut off (shutdown or abort): the entry is still this task's.
+            self.shared.active.lock().remove(&self.id);
+        }
+        self.shared.metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
+        self.shared.idle.notify_waiters();
+    }
+}

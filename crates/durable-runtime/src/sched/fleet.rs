@@ -1,0 +1,156 @@
+//! Many engines, one store: the batched run queue — the outbox and its flusher on the
+//! sending end, the transport's consumer handing runs to this engine's slots on the other.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+use async_trait::async_trait;
+use durable_core::{QueueReason, QueuedRun, RunId};
+use durable_transport::{Handled, RunHandler};
+
+use super::Shared;
+use super::dispatch::TaskGuard;
+use crate::events::EngineEvent;
+
+/// Runs waiting to be sent to the transport: at most one item per run (a wake replaces a
+/// start), in arrival order.
+#[derive(Default)]
+pub(super) struct Outbox {
+    items: Vec<QueuedRun>,
+    index: HashMap<RunId, usize>,
+}
+
+impl Outbox {
+    /// Adds an item; returns how many are waiting.
+    pub(super) fn add(&mut self, item: QueuedRun) -> usize {
+        match self.index.get(&item.run_id) {
+            Some(&i) => {
+                let queued = &mut self.items[i];
+                if item.reason == QueueReason::Wake {
+                    queued.reason = QueueReason::Wake;
+                    queued.dedupe_key = item.dedupe_key;
+                }
+                queued.priority = queued.priority.max(item.priority);
+                if queued.namespace.is_none() {
+                    queued.namespace = item.namespace;
+                }
+            }
+            None => {
+                self.index.insert(item.run_id.clone(), self.items.len());
+                self.items.push(item);
+            }
+        }
+        self.items.len()
+    }
+
+    fn take(&mut self) -> Vec<QueuedRun> {
+        self.index.clear();
+        std::mem::take(&mut self.items)
+    }
+}
+
+/// Counts queue failures between the (at most once a minute) reports.
+#[derive(Default)]
+pub(super) struct QueueFailures {
+    since_report: u64,
+    last_report: Option<Instant>,
+    /// The last send failed: the pollers execute what they find here instead of queueing it.
+    pub(super) down: bool,
+}
+
+impl Shared {
+    /// Sends the outbox every tick, or at once when a batch is full.
+    pub(super) async fn flush_loop(self: Arc<Self>) {
+        loop {
+            tokio::select! {
+                () = tokio::time::sleep(self.config.dispatch_tick) => {}
+                () = self.outbox_full.notified() => {}
+            }
+            self.flush().await;
+        }
+    }
+
+    /// Sends everything in the outbox, grouped by namespace, in batches.
+    pub(crate) async fn flush(&self) {
+        let Some(transport) = &self.transport else { return };
+        let items = self.outbox.lock().take();
+        if items.is_empty() {
+            return;
+        }
+        let mut groups: BTreeMap<Option<String>, Vec<QueuedRun>> = BTreeMap::new();
+        for item in items {
+            groups.entry(item.namespace.clone()).or_default().push(item);
+        }
+        for (namespace, group) in groups {
+            for chunk in group.chunks(self.config.dispatch_batch.max(1)) {
+                match transport.dispatch_runs(namespace.as_deref(), chunk.to_vec()).await {
+                    Ok(()) => {
+                        self.queue_failures.lock().down = false;
+                        self.metrics.batches.fetch_add(1, Ordering::Relaxed);
+                        self.metrics.queued_runs.fetch_add(chunk.len() as u64, Ordering::Relaxed);
+                    }
+                    Err(e) => self.queue_failed(chunk, &e),
+                }
+            }
+        }
+    }
+
+    /// The queue refused a batch: report at most once a minute; starts stay `pending` for the
+    /// pollers, wakes are executed here.
+    fn queue_failed(&self, items: &[QueuedRun], e: &durable_transport::TransportError) {
+        let report = {
+            let mut f = self.queue_failures.lock();
+            f.down = true;
+            f.since_report += items.len() as u64;
+            if f.last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
+                f.last_report = Some(Instant::now());
+                Some(std::mem::take(&mut f.since_report))
+            } else {
+                None
+            }
+        };
+        if let Some(failures) = report {
+            tracing::warn!(
+                error = %e,
+                failures,
+                "the run queue is failing: {failures} runs could not be queued since the last report; \
+                 starts stay pending for the pollers, wakes run on this engine"
+            );
+            self.emit(EngineEvent::QueueUnavailable { failures, error: e.to_string() });
+        }
+        for item in items {
+            if item.reason == QueueReason::Wake {
+                self.dispatch_wake(item.run_id.clone());
+            }
+        }
+    }
+
+    /// Executes a run handed over by the transport, in one of this engine's execution slots.
+    async fn run_queued(self: &Arc<Self>, id: RunId, wake: bool) -> Handled {
+        if self.is_stopping() || self.draining.load(Ordering::Relaxed) {
+            return Handled::HandBack;
+        }
+        let Ok(_slot) = self.slots.clone().acquire_owned().await else { return Handled::HandBack };
+        if !self.begin_local(&id, wake) {
+            return Handled::Done; // already executing here: it runs again when done
+        }
+        self.run_in_slot(TaskGuard::new(self, id)).await;
+        // A turn cut off by a shutdown goes back to the queue for another engine.
+        if self.is_stopping() { Handled::HandBack } else { Handled::Done }
+    }
+}
+
+/// Hands runs from the transport to the engine.
+pub(super) struct EngineHandler(pub(super) Weak<Shared>);
+
+#[async_trait]
+impl RunHandler for EngineHandler {
+    async fn handle(&self, item: QueuedRun) -> Handled {
+        match self.0.upgrade() {
+            Some(shared) => shared.run_queued(item.run_id, item.reason == QueueReason::Wake).await,
+            None => Handled::HandBack,
+        }
+    }
+}

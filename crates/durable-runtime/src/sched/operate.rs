@@ -1,0 +1,103 @@
+//! Operating on runs from inside the engine: listing children, cancelling (abandon or
+//! compensate) a run and its subtree, and the notice a settling child sends its parent.
+
+use durable_core::protocol::{self, ChildResult};
+use durable_core::{OutgoingSignal, Payload, Run, RunFilter, RunId, RunPatch, RunStatus, StepError, codes};
+
+use super::Shared;
+use crate::error::{Error, Result};
+use crate::events::EngineEvent;
+
+/// The signal a settling child run sends its parent (none for a run without a parent).
+pub(super) fn child_notice(
+    run: &Run,
+    status: RunStatus,
+    output: Option<Payload>,
+    error: Option<StepError>,
+) -> Option<OutgoingSignal> {
+    let parent = run.parent.as_ref()?;
+    let result = ChildResult { run_id: run.id.clone(), status, output, error };
+    Some(OutgoingSignal { token: protocol::child_token(&parent.run_id, parent.seq), payload: result.encode() })
+}
+
+/// How [`Engine::cancel_with`](crate::Engine::cancel_with) cancels.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Cancel {
+    /// Stop the run at once (`cancelled`); no undos run.
+    #[default]
+    Abandon,
+    /// Run the run's registered undos (newest first, each checkpointed), then settle it
+    /// `cancelled`.
+    Compensate,
+}
+
+impl Shared {
+    /// Every child of a run, oldest first.
+    pub(crate) async fn children(&self, id: &RunId) -> Result<Vec<Run>> {
+        let mut filter = RunFilter { parent: Some(id.clone()), limit: 500, ..Default::default() };
+        let mut out = Vec::new();
+        loop {
+            let page = self.store.list_runs(&filter).await?;
+            out.extend(page.runs);
+            match page.next_cursor {
+                Some(c) => filter.cursor = Some(c),
+                None => break,
+            }
+        }
+        out.reverse();
+        Ok(out)
+    }
+
+    /// Cancels an active run (and its active children, recursively). `error` overrides the
+    /// recorded error of an abandoning cancel (an execution timeout sets its own).
+    pub(crate) async fn cancel_run(&self, id: &RunId, how: Cancel, error: Option<StepError>) -> Result<RunStatus> {
+        let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+        if run.status.is_terminal() {
+            return Ok(run.status);
+        }
+        let now = self.clock.now();
+        let (patch, status) = match how {
+            Cancel::Abandon => {
+                let error = error.unwrap_or_else(|| {
+                    StepError::fatal(format!("run {id} was cancelled by an operator")).with_code(codes::CANCELLED)
+                });
+                let notice = child_notice(&run, RunStatus::Cancelled, None, Some(error.clone()));
+                let patch = RunPatch {
+                    status: Some(RunStatus::Cancelled),
+                    error: Some(Some(error)),
+                    wake_at: Some(None),
+                    release_lease: true,
+                    signals: notice.into_iter().collect(),
+                    now,
+                    ..Default::default()
+                };
+                (patch, RunStatus::Cancelled)
+            }
+            Cancel::Compensate => {
+                let marker = StepError::fatal(format!("run {id}: cancel requested; running its undos"))
+                    .with_code(codes::CANCEL_REQUESTED);
+                (RunPatch { error: Some(Some(marker)), wake: true, now, ..Default::default() }, run.status)
+            }
+        };
+        if !self.store.update_run_if(id, &RunStatus::ACTIVE, patch).await? {
+            // It settled meanwhile.
+            let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+            return Ok(run.status);
+        }
+        if status == RunStatus::Cancelled {
+            self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
+            self.notify_run(id);
+            if let Some(parent) = &run.parent {
+                self.wake(parent.run_id.clone());
+            }
+        } else {
+            self.wake(id.clone());
+        }
+        for child in self.children(id).await? {
+            if !child.status.is_terminal() {
+                Box::pin(self.cancel_run(&child.id, how, None)).await?;
+            }
+        }
+        Ok(status)
+    }
+}

@@ -1,0 +1,148 @@
+//! Timers and pollers: in-memory timers for runs this engine parked, and the poller that
+//! looks at the store for pending, due and orphaned runs and runs past their execution
+//! timeout.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable_core::{Millis, QueueReason, RunFilter, RunId, RunQuery, RunStatus, StepError, codes};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::Shared;
+use super::operate::Cancel;
+
+/// In-memory timers for runs this engine parked: one task sleeps until the earliest.
+#[derive(Default)]
+pub(super) struct Timers {
+    due: Mutex<BTreeSet<(Millis, RunId)>>,
+    changed: Notify,
+}
+
+impl Timers {
+    pub(super) fn schedule(&self, at: Millis, id: RunId) {
+        let mut due = self.due.lock();
+        let earliest = due.first().is_none_or(|(first, _)| at < *first);
+        due.insert((at, id));
+        if earliest {
+            self.changed.notify_one();
+        }
+    }
+
+    fn next(&self) -> Option<Millis> {
+        self.due.lock().first().map(|(at, _)| *at)
+    }
+
+    fn pop_due(&self, now: Millis) -> Vec<RunId> {
+        let mut due = self.due.lock();
+        let mut out = Vec::new();
+        while due.first().is_some_and(|(at, _)| *at <= now) {
+            out.push(due.pop_first().expect("checked").1);
+        }
+        out
+    }
+}
+
+impl Shared {
+    pub(super) async fn timer_loop(self: Arc<Self>) {
+        loop {
+            match self.timers.next() {
+                None => self.timers.changed.notified().await,
+                Some(at) => {
+                    tokio::select! {
+                        () = self.clock.sleep_until(at) => {
+                            for id in self.timers.pop_due(self.clock.now()) {
+                                self.wake(id);
+                            }
+                        }
+                        () = self.timers.changed.notified() => {}
+                    }
+                }
+            }
+        }
+    }
+
+    pub(super) async fn poll_loop(self: Arc<Self>) {
+        let mut last_orphan_scan: Option<tokio::time::Instant> = None;
+        loop {
+            let orphans = last_orphan_scan.is_none_or(|t| t.elapsed() >= self.config.orphan_poll_interval);
+            if self.poll_once(orphans).await && orphans {
+                last_orphan_scan = Some(tokio::time::Instant::now());
+                self.enforce_timeouts().await;
+            }
+            tokio::select! {
+                () = tokio::time::sleep(self.config.poll_interval) => {}
+                () = self.poke.notified() => {}
+            }
+        }
+    }
+
+    /// One look at the store for runs to execute. Returns false when nothing is registered.
+    async fn poll_once(&self, orphans: bool) -> bool {
+        let workflows = self.registry.keys();
+        if workflows.is_empty() {
+            return false;
+        }
+        let query = RunQuery {
+            namespace: self.config.namespace.clone(),
+            workflows: Some(workflows),
+            now: self.clock.now(),
+            limit: self.config.poll_batch,
+        };
+        let (mut pending, mut due) = (Vec::new(), Vec::new());
+        let result = async {
+            pending.extend(self.store.pending_runs(&query).await?);
+            due.extend(self.store.due_runs(&query).await?);
+            if orphans {
+                due.extend(self.store.orphaned_runs(&query).await?);
+            }
+            Ok::<_, durable_core::StoreError>(())
+        }
+        .await;
+        if let Err(e) = result {
+            tracing::warn!(error = %e, "poller could not read the store; trying again next interval");
+        }
+        // With a run queue, what a poller finds is handed to every instance, not executed here.
+        for id in pending {
+            self.queue_found(id, QueueReason::Start);
+        }
+        for id in due {
+            self.queue_found(id, QueueReason::Wake);
+        }
+        true
+    }
+
+    /// Cancels active runs older than their workflow's execution timeout.
+    async fn enforce_timeouts(self: &Arc<Self>) {
+        let limits: Vec<(String, Duration)> = self.timeouts.lock().iter().map(|(k, v)| (k.clone(), *v)).collect();
+        for (workflow, limit) in limits {
+            let filter = RunFilter {
+                workflow: Some(workflow.clone()),
+                statuses: RunStatus::ACTIVE.to_vec(),
+                namespace: self.config.namespace.clone(),
+                created_before: Some(self.clock.now().saturating_sub(limit.as_millis() as u64)),
+                limit: 200,
+                ..Default::default()
+            };
+            let runs = match self.store.list_runs(&filter).await {
+                Ok(page) => page.runs,
+                Err(e) => {
+                    tracing::warn!(error = %e, "could not look for runs past their execution timeout");
+                    continue;
+                }
+            };
+            for run in runs {
+                let error = StepError::fatal(format!(
+                    "run {} of workflow {workflow:?} exceeded its execution timeout of {limit:?}",
+                    run.id
+                ))
+                .with_code(codes::EXECUTION_TIMEOUT);
+                tracing::warn!(run_id = %run.id, "{}", error.message);
+                if let Err(e) = self.cancel_run(&run.id, Cancel::Abandon, Some(error)).await {
+                    tracing::warn!(run_id = %run.id, error = %e, "could not time the run out");
+                }
+            }
+        }
+    }
+}

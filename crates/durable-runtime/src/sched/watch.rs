@@ -1,0 +1,112 @@
+//! Waiting for runs: `wait_for_run` callers watch a run by id (never a broadcast every
+//! waiter filters), are notified when this engine settles or suspends it, and read runs
+//! executing elsewhere together, one store call per interval however many wait.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable_core::{Run, RunId, RunStatus};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
+
+use super::Shared;
+use crate::error::{Error, Result};
+
+/// A run that `wait_for_run` callers wait on.
+#[derive(Default)]
+pub(crate) struct Watch {
+    /// Notified when this engine settles or suspends the run.
+    notify: Notify,
+    /// What the last shared read found (`Some(None)`: the run does not exist).
+    seen: Mutex<Option<Option<Run>>>,
+}
+
+impl Shared {
+    /// Wakes `wait_for_run` callers of this run.
+    pub(super) fn notify_run(&self, id: &RunId) {
+        if let Some(w) = self.watchers.lock().get(id) {
+            w.notify.notify_waiters();
+        }
+    }
+
+    /// Reads every watched run in one store call per 1,000 ids and records what it found on
+    /// their watches, unless another waiter did so within the last half interval: however
+    /// many callers wait, runs executing elsewhere cost one read per interval, not one each.
+    async fn refresh_watched(&self) -> Result<()> {
+        let mut refreshed = self.watch_refreshed.lock().await;
+        if refreshed.is_some_and(|at| at.elapsed() < self.config.wait_poll_interval / 2) {
+            return Ok(());
+        }
+        // Ids only: a clone of a watch held here would keep a finished waiter from removing it.
+        let watched: Vec<RunId> = self.watchers.lock().keys().cloned().collect();
+        for ids in watched.chunks(1_000) {
+            let mut runs: HashMap<RunId, Run> =
+                self.store.get_runs(ids).await?.into_iter().map(|r| (r.id.clone(), r)).collect();
+            let watchers = self.watchers.lock();
+            for id in ids {
+                if let Some(watch) = watchers.get(id) {
+                    *watch.seen.lock() = Some(runs.remove(id));
+                }
+            }
+        }
+        *refreshed = Some(tokio::time::Instant::now());
+        Ok(())
+    }
+
+    /// Waits until the run is terminal (or, with `suspended_is_enough`, suspended), for at
+    /// most `timeout`.
+    pub(crate) async fn wait_for(
+        &self,
+        id: &RunId,
+        suspended_is_enough: bool,
+        timeout: Option<Duration>,
+    ) -> Result<Run> {
+        let watch = self.watchers.lock().entry(id.clone()).or_default().clone();
+        let done = |run: &Run| run.status.is_terminal() || (suspended_is_enough && run.status == RunStatus::Suspended);
+        let wait = async {
+            // First, and after a notify from this engine: read the run itself. When the
+            // interval passes without one: read it with every other watched run.
+            let mut read_alone = true;
+            loop {
+                let notified = watch.notify.notified();
+                tokio::pin!(notified);
+                notified.as_mut().enable();
+                let run = if read_alone {
+                    self.store.get_run(id).await?
+                } else {
+                    self.refresh_watched().await?;
+                    let seen = watch.seen.lock().clone();
+                    match seen {
+                        Some(run) => run,
+                        None => self.store.get_run(id).await?,
+                    }
+                };
+                let run = run.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+                if done(&run) {
+                    return Ok(run);
+                }
+                read_alone = tokio::select! {
+                    () = notified => true,
+                    () = tokio::time::sleep(self.config.wait_poll_interval) => false,
+                };
+            }
+        };
+        let result = match timeout {
+            None => wait.await,
+            Some(limit) => match tokio::time::timeout(limit, wait).await {
+                Ok(r) => r,
+                Err(_) => {
+                    let status = self.store.get_run(id).await?.map(|r| r.status).unwrap_or(RunStatus::Pending);
+                    Err(Error::Timeout { id: id.clone(), timeout: limit, status })
+                }
+            },
+        };
+        drop(watch);
+        let mut watchers = self.watchers.lock();
+        if watchers.get(id).is_some_and(|w| Arc::strong_count(w) == 1) {
+            watchers.remove(id);
+        }
+        result
+    }
+}
