@@ -98,7 +98,7 @@ impl Engine {
             let arg: T = p.decode().map_err(|e| format!("the argument does not decode: {e}"))?;
             validator(&arg)
         });
-        self.shared().update_validators.lock().insert((workflow.to_string(), update.to_string()), v);
+        self.shared().hooks.add_update_validator(workflow, update, v);
     }
 
     /// Sends an update to a run: validated first (the run must exist and be active; the
@@ -115,7 +115,7 @@ impl Engine {
         if run.status.is_terminal() {
             return reject(format!("run {run_id} is {}; updates go to active runs only", run.status));
         }
-        let validator = shared.update_validators.lock().get(&(run.workflow.clone(), name.to_string())).cloned();
+        let validator = shared.hooks.update_validator(&run.workflow, name);
         if let Some(validator) = validator
             && let Err(reason) = validator(&payload)
         {

@@ -10,7 +10,6 @@ mod worker;
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use durable_core::{Run, RunId, RunStatus, StepError, Store};
 use durable_transport::Transport;
@@ -295,7 +294,7 @@ impl Engine {
 
     /// Subscribes to this engine's [`EngineEvent`]s.
     pub fn subscribe(&self) -> broadcast::Receiver<EngineEvent> {
-        self.inner.shared.events.subscribe()
+        self.inner.shared.hooks.subscribe()
     }
 
     /// The engine's counters.
@@ -304,17 +303,17 @@ impl Engine {
         let in_flight = shared.in_flight();
         Metrics {
             turns_in_flight: in_flight,
-            max_turns_in_flight: shared.metrics.max_in_flight.load(Ordering::Acquire),
-            runs_queued: shared.active.lock().len().saturating_sub(in_flight),
-            turns: shared.metrics.turns.load(Ordering::Relaxed),
-            batches_sent: shared.metrics.batches.load(Ordering::Relaxed),
-            runs_sent: shared.metrics.queued_runs.load(Ordering::Relaxed),
-            runs_watched: shared.watchers.lock().len(),
+            max_turns_in_flight: shared.max_in_flight(),
+            runs_queued: shared.dispatched().saturating_sub(in_flight),
+            turns: shared.metrics.turns(),
+            batches_sent: shared.metrics.batches(),
+            runs_sent: shared.metrics.queued_runs(),
+            runs_watched: shared.watched(),
         }
     }
 
     /// Looks at the store for pending, due and orphaned runs now, instead of at the next poll.
     pub fn poll_now(&self) {
-        self.inner.shared.poke.notify_one();
+        self.inner.shared.poll_now();
     }
 }

@@ -3,7 +3,6 @@
 
 use std::future::Future;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use durable_core::Run;
@@ -42,7 +41,7 @@ impl Engine {
     {
         self.inner.shared.registry.register(name, version, f);
         // Runs of this workflow may be waiting in the store: look now, not at the next tick.
-        self.inner.shared.poke.notify_one();
+        self.inner.shared.poll_now();
     }
 
     /// [`Engine::register`] with per-workflow options (an execution timeout).
@@ -53,17 +52,14 @@ impl Engine {
         I: serde::de::DeserializeOwned + Send + 'static,
         O: serde::Serialize + Send + 'static,
     {
-        match options.execution_timeout {
-            Some(limit) => self.shared().timeouts.lock().insert(name.to_string(), limit),
-            None => self.shared().timeouts.lock().remove(name),
-        };
+        self.shared().hooks.set_timeout(name, options.execution_timeout);
         self.register(name, version, f);
     }
 
     /// Calls `listener` with the run each time recovery gives up on a run on this engine (it
     /// becomes `dead`). Listeners run inline: keep them short.
     pub fn on_dead(&self, listener: impl Fn(&Run) + Send + Sync + 'static) {
-        self.shared().dead_listeners.write().push(Arc::new(listener));
+        self.shared().hooks.add_dead_listener(Arc::new(listener));
     }
 
     /// Runs this engine as a worker until `shutdown` resolves (for example
@@ -88,29 +84,15 @@ impl Engine {
     /// released, so another engine can continue the runs immediately. Nothing durable is lost.
     pub async fn shutdown(&self) {
         let shared = &self.inner.shared;
-        shared.interrupted.lock().get_or_insert_with(Vec::new);
-        let consumer = shared.consumer.lock().take();
-        if let Some(consumer) = consumer {
-            consumer.stop().await;
-        }
+        shared.record_interrupted();
+        shared.stop_consumer().await;
         shared.flush().await;
         shared.stop_background();
         for task in self.inner.tasks.lock().drain(..) {
             task.abort();
         }
-        while shared.in_flight() > 0 {
-            let idle = shared.idle.notified();
-            tokio::pin!(idle);
-            idle.as_mut().enable();
-            if shared.in_flight() == 0 {
-                break;
-            }
-            idle.await;
-        }
-        let interrupted = shared.interrupted.lock().take().unwrap_or_default();
-        for id in interrupted {
-            let _ = shared.store.release_lease(&id, &shared.owner).await;
-        }
+        shared.until_idle().await;
+        shared.release_interrupted().await;
     }
 
     /// Stops taking work, lets executing turns finish for up to `timeout`, then shuts down
@@ -118,26 +100,11 @@ impl Engine {
     /// finished in time.
     pub async fn drain(&self, timeout: Duration) -> bool {
         let shared = &self.inner.shared;
-        shared.draining.store(true, Ordering::Relaxed);
+        shared.start_draining();
         // Stop taking queued runs (items in hand are handed back), send what is waiting.
-        let consumer = shared.consumer.lock().take();
-        if let Some(consumer) = consumer {
-            consumer.stop().await;
-        }
+        shared.stop_consumer().await;
         shared.flush().await;
-        let finished = tokio::time::timeout(timeout, async {
-            loop {
-                let idle = shared.idle.notified();
-                tokio::pin!(idle);
-                idle.as_mut().enable();
-                if shared.in_flight() == 0 {
-                    return;
-                }
-                idle.await;
-            }
-        })
-        .await
-        .is_ok();
+        let finished = tokio::time::timeout(timeout, shared.until_idle()).await.is_ok();
         self.shutdown().await;
         finished
     }

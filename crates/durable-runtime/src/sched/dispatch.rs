@@ -1,25 +1,74 @@
 //! Execution slots on this engine: the ready queue the dispatcher loop serves, which runs
-//! execute here, and the task that runs one until it is quiet.
+//! execute here, and the task that runs one until it is quiet (also for runs the transport's
+//! consumer hands over).
 
-use std::collections::VecDeque;
 use std::collections::hash_map::Entry;
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use durable_core::{RunId, RunStatus};
+use parking_lot::Mutex;
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
 use super::Shared;
 
+/// Who executes what on this engine.
+pub(super) struct Dispatch {
+    /// Run ids waiting for an execution slot on this engine: wakes are served before starts,
+    /// so runs already in progress finish before new ones begin.
+    ready: Mutex<Ready>,
+    ready_changed: Notify,
+    /// Runs known to the dispatcher: queued for a slot or executing here.
+    active: Mutex<HashMap<RunId, Active>>,
+    /// Execution slots shared by the dispatcher and the transport's consumer.
+    slots: Arc<Semaphore>,
+    /// Run tasks in flight (counted from the moment a slot is taken), and the most ever.
+    in_flight: AtomicUsize,
+    max_in_flight: AtomicUsize,
+    /// Runs whose turn a `shutdown` dropped: their leases are released once all turns ended.
+    interrupted: Mutex<Option<Vec<RunId>>>,
+    /// Notified each time a run task ends.
+    idle: Notify,
+}
+
+impl Dispatch {
+    pub(super) fn new(slots: usize) -> Self {
+        Dispatch {
+            ready: Mutex::new(Ready::default()),
+            ready_changed: Notify::new(),
+            active: Mutex::new(HashMap::new()),
+            slots: Arc::new(Semaphore::new(slots)),
+            in_flight: AtomicUsize::new(0),
+            max_in_flight: AtomicUsize::new(0),
+            interrupted: Mutex::new(None),
+            idle: Notify::new(),
+        }
+    }
+
+    /// Puts a run on the ready queue (wakes are served before starts).
+    pub(super) fn push(&self, id: RunId, wake: bool) {
+        let mut ready = self.ready.lock();
+        if wake {
+            ready.wakes.push_back(id)
+        } else {
+            ready.others.push_back(id)
+        }
+        drop(ready);
+        self.ready_changed.notify_one();
+    }
+}
+
 /// Run ids waiting for a slot, by kind.
 #[derive(Default)]
-pub(super) struct Ready {
-    pub(super) wakes: VecDeque<RunId>,
-    pub(super) others: VecDeque<RunId>,
+struct Ready {
+    wakes: VecDeque<RunId>,
+    others: VecDeque<RunId>,
 }
 
 /// A run known to the dispatcher: queued (waiting for a slot) or executing.
 #[derive(Default)]
-pub(crate) struct Active {
+struct Active {
     started: bool,
     /// A wake arrived while the run executed: run it again.
     rerun: bool,
@@ -40,12 +89,59 @@ impl Active {
 }
 
 impl Shared {
+    /// Run tasks executing turns right now.
+    pub(crate) fn in_flight(&self) -> usize {
+        self.dispatch.in_flight.load(Ordering::Acquire)
+    }
+
+    /// The most run tasks ever in flight at once.
+    pub(crate) fn max_in_flight(&self) -> usize {
+        self.dispatch.max_in_flight.load(Ordering::Acquire)
+    }
+
+    /// Runs known to the dispatcher: queued for a slot or executing.
+    pub(crate) fn dispatched(&self) -> usize {
+        self.dispatch.active.lock().len()
+    }
+
+    /// Waits for an execution slot (`None`: the semaphore is closed).
+    pub(super) async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        self.dispatch.slots.clone().acquire_owned().await.ok()
+    }
+
+    /// From now on, a run task cut off by the shutdown records its run for
+    /// [`Shared::release_interrupted`].
+    pub(crate) fn record_interrupted(&self) {
+        self.dispatch.interrupted.lock().get_or_insert_with(Vec::new);
+    }
+
+    /// Releases the leases of the runs whose turns the shutdown dropped.
+    pub(crate) async fn release_interrupted(&self) {
+        let interrupted = self.dispatch.interrupted.lock().take().unwrap_or_default();
+        for id in interrupted {
+            let _ = self.store.release_lease(&id, &self.owner).await;
+        }
+    }
+
+    /// Resolves once no run task is in flight.
+    pub(crate) async fn until_idle(&self) {
+        loop {
+            let idle = self.dispatch.idle.notified();
+            tokio::pin!(idle);
+            idle.as_mut().enable();
+            if self.in_flight() == 0 {
+                return;
+            }
+            idle.await;
+        }
+    }
+
     /// The next run to execute, and whether it was woken (rather than started).
     async fn next_ready(&self) -> (RunId, bool) {
         loop {
-            let changed = self.ready_changed.notified();
+            let changed = self.dispatch.ready_changed.notified();
             {
-                let mut ready = self.ready.lock();
+                let mut ready = self.dispatch.ready.lock();
                 if let Some(id) = ready.wakes.pop_front() {
                     return (id, true);
                 }
@@ -60,10 +156,10 @@ impl Shared {
     pub(super) async fn dispatch_loop(self: Arc<Self>) {
         loop {
             let (id, wake) = self.next_ready().await;
-            if self.draining.load(Ordering::Relaxed) {
+            if self.is_draining() {
                 continue;
             }
-            match self.active.lock().entry(id.clone()) {
+            match self.dispatch.active.lock().entry(id.clone()) {
                 Entry::Occupied(mut e) => {
                     // Queued runs will see the latest state anyway; executing ones may run again.
                     if e.get().started {
@@ -75,12 +171,12 @@ impl Shared {
                     e.insert(Active::default());
                 }
             }
-            let Ok(slot) = self.slots.clone().acquire_owned().await else { return };
-            if self.draining.load(Ordering::Relaxed) {
-                self.active.lock().remove(&id);
+            let Some(slot) = self.slot().await else { return };
+            if self.is_draining() {
+                self.dispatch.active.lock().remove(&id);
                 continue;
             }
-            if let Some(a) = self.active.lock().get_mut(&id) {
+            if let Some(a) = self.dispatch.active.lock().get_mut(&id) {
                 a.started = true;
             }
             // Counted as in flight from here, so a shutdown waits for it even if it has not
@@ -96,7 +192,7 @@ impl Shared {
 
     /// Marks a run as executing here; false (and a re-run request) if it already is.
     pub(super) fn begin_local(&self, id: &RunId, wake: bool) -> bool {
-        match self.active.lock().entry(id.clone()) {
+        match self.dispatch.active.lock().entry(id.clone()) {
             Entry::Occupied(mut e) => {
                 e.get_mut().again(wake);
                 false
@@ -130,7 +226,7 @@ impl Shared {
                 self.drive_run(id).await;
             }
             let check_pending = {
-                let mut active = self.active.lock();
+                let mut active = self.dispatch.active.lock();
                 match active.get_mut(id) {
                     Some(a) if a.rerun => {
                         (a.rerun, a.rerun_if_pending) = (false, false);
@@ -169,22 +265,23 @@ pub(super) struct TaskGuard {
 
 impl TaskGuard {
     pub(super) fn new(shared: &Arc<Shared>, id: RunId) -> Self {
-        let now = shared.metrics.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
-        shared.metrics.max_in_flight.fetch_max(now, Ordering::AcqRel);
+        let now = shared.dispatch.in_flight.fetch_add(1, Ordering::AcqRel) + 1;
+        shared.dispatch.max_in_flight.fetch_max(now, Ordering::AcqRel);
         TaskGuard { shared: shared.clone(), id, quiet: false }
     }
 }
 
 impl Drop for TaskGuard {
     fn drop(&mut self) {
-        if let Some(interrupted) = self.shared.interrupted.lock().as_mut() {
+        let dispatch = &self.shared.dispatch;
+        if let Some(interrupted) = dispatch.interrupted.lock().as_mut() {
             interrupted.push(self.id.clone());
         }
         if !self.quiet {
             // Cut off (shutdown or abort): the entry is still this task's.
-            self.shared.active.lock().remove(&self.id);
+            dispatch.active.lock().remove(&self.id);
         }
-        self.shared.metrics.in_flight.fetch_sub(1, Ordering::AcqRel);
-        self.shared.idle.notify_waiters();
+        dispatch.in_flight.fetch_sub(1, Ordering::AcqRel);
+        dispatch.idle.notify_waiters();
     }
 }

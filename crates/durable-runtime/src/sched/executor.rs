@@ -3,6 +3,7 @@
 //! follows a turn that could not run is here too: a retry after a store error, a re-check
 //! when another engine held the lease.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
@@ -11,6 +12,7 @@ use durable_core::{
     Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId, RunPatch,
     RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, Turn, TurnConfig, TurnEnd, codes,
 };
+use parking_lot::Mutex;
 use tracing::Instrument;
 
 use super::Shared;
@@ -18,6 +20,17 @@ use super::operate::child_notice;
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
 use crate::turn::{TurnDriver, TurnState, WorkflowCtx};
+
+/// What the executor remembers about runs between turns.
+#[derive(Default)]
+pub(super) struct Executor {
+    /// Consecutive store failures per run: the retry backoff doubles with each.
+    store_failures: Mutex<HashMap<RunId, u32>>,
+    /// Runs with a lease re-check under way (one per run at a time).
+    rechecks: Mutex<HashSet<RunId>>,
+    /// Runs already warned about: their workflow version is not registered here.
+    warned_versions: Mutex<HashSet<RunId>>,
+}
 
 /// What the run loop does after a turn.
 enum TurnEnded {
@@ -81,7 +94,7 @@ impl Shared {
             match self.execute_turn(run, history, handler).instrument(span).await {
                 TurnEnded::Again => continue,
                 TurnEnded::Done => {
-                    self.store_failures.lock().remove(id);
+                    self.executor.store_failures.lock().remove(id);
                     return;
                 }
                 TurnEnded::StoreFailed(e) => return self.retry_after_store_error(id, &e),
@@ -197,7 +210,7 @@ impl Shared {
                 tracing::error!(run_id = %run.id, "run is dead after {} recoveries", run.recovery_attempts);
                 self.emit(EngineEvent::RunSettled { run_id: run.id.clone(), status: RunStatus::Dead });
                 self.notify_run(&run.id);
-                let listeners = self.dead_listeners.read().clone();
+                let listeners = self.hooks.dead_listeners();
                 if !listeners.is_empty() {
                     let dead = self.store.get_run(&run.id).await.ok().flatten().unwrap_or_else(|| run.clone());
                     for listener in listeners {
@@ -211,7 +224,7 @@ impl Shared {
     }
 
     fn warn_unregistered(&self, run: &Run) {
-        if self.warned_versions.lock().insert(run.id.clone()) {
+        if self.executor.warned_versions.lock().insert(run.id.clone()) {
             tracing::warn!(
                 run_id = %run.id,
                 "workflow {:?} version {} is not registered on this engine; the run is left as it is \
@@ -255,10 +268,14 @@ impl Shared {
         }
     }
 
+    fn lease_ms(&self) -> Millis {
+        self.config.lease_ttl.as_millis() as Millis
+    }
+
     /// Dispatches the run again after a backoff that doubles with consecutive failures.
     fn retry_after_store_error(self: &Arc<Self>, id: &RunId, e: &StoreError) {
         let failures = {
-            let mut failures = self.store_failures.lock();
+            let mut failures = self.executor.store_failures.lock();
             let n = failures.entry(id.clone()).or_insert(0);
             *n += 1;
             *n
@@ -285,7 +302,7 @@ impl Shared {
     /// free and the run has something new to see, so a wake racing another engine's turn is
     /// never lost. One re-check per run at a time.
     fn recheck_later(self: &Arc<Self>, run: &Run) {
-        if !self.rechecks.lock().insert(run.id.clone()) {
+        if !self.executor.rechecks.lock().insert(run.id.clone()) {
             return;
         }
         let holder = run.lease_owner.clone().unwrap_or_default();
@@ -319,7 +336,7 @@ impl Shared {
                 break;
             }
             if let Some(shared) = weak.upgrade() {
-                shared.rechecks.lock().remove(&id);
+                shared.executor.rechecks.lock().remove(&id);
             }
         });
     }

@@ -8,23 +8,65 @@ use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
 use durable_core::{QueueReason, QueuedRun, RunId};
-use durable_transport::{Handled, RunHandler};
+use durable_transport::{Consumer, Handled, RunHandler, Transport};
+use parking_lot::Mutex;
+use tokio::sync::Notify;
 
 use super::Shared;
 use super::dispatch::TaskGuard;
 use crate::events::EngineEvent;
 
+/// The run queue shared with other engines, if there is one: what waits to be sent, whether
+/// sending fails, and the consumer taking this engine's share.
+pub(super) struct Fleet {
+    transport: Option<Arc<dyn Transport>>,
+    outbox: Mutex<Outbox>,
+    outbox_full: Notify,
+    consumer: Mutex<Option<Consumer>>,
+    queue_failures: Mutex<QueueFailures>,
+}
+
+impl Fleet {
+    pub(super) fn new(transport: Option<Arc<dyn Transport>>) -> Self {
+        Fleet {
+            transport,
+            outbox: Mutex::new(Outbox::default()),
+            outbox_full: Notify::new(),
+            consumer: Mutex::new(None),
+            queue_failures: Mutex::new(QueueFailures::default()),
+        }
+    }
+
+    /// Whether runs go through a run queue (a transport) rather than straight to this
+    /// engine's dispatcher.
+    pub(super) fn has_queue(&self) -> bool {
+        self.transport.is_some()
+    }
+
+    /// Whether the last send to the queue failed.
+    pub(super) fn is_down(&self) -> bool {
+        self.queue_failures.lock().down
+    }
+
+    /// Adds an item to the outbox; a full batch (`batch` items) is sent at once.
+    pub(super) fn add(&self, item: QueuedRun, batch: usize) {
+        if self.outbox.lock().add(item) >= batch {
+            self.outbox_full.notify_one();
+        }
+    }
+}
+
 /// Runs waiting to be sent to the transport: at most one item per run (a wake replaces a
 /// start), in arrival order.
 #[derive(Default)]
-pub(super) struct Outbox {
+struct Outbox {
     items: Vec<QueuedRun>,
     index: HashMap<RunId, usize>,
 }
 
 impl Outbox {
     /// Adds an item; returns how many are waiting.
-    pub(super) fn add(&mut self, item: QueuedRun) -> usize {
+    fn add(&mut self, item: QueuedRun) -> usize {
         match self.index.get(&item.run_id) {
             Some(&i) => {
                 let queued = &mut self.items[i];
@@ -53,11 +95,11 @@ impl Outbox {
 
 /// Counts queue failures between the (at most once a minute) reports.
 #[derive(Default)]
-pub(super) struct QueueFailures {
+struct QueueFailures {
     since_report: u64,
     last_report: Option<Instant>,
     /// The last send failed: the pollers execute what they find here instead of queueing it.
-    pub(super) down: bool,
+    down: bool,
 }
 
 impl Shared {
@@ -66,7 +108,7 @@ impl Shared {
         loop {
             tokio::select! {
                 () = tokio::time::sleep(self.config.dispatch_tick) => {}
-                () = self.outbox_full.notified() => {}
+                () = self.fleet.outbox_full.notified() => {}
             }
             self.flush().await;
         }
@@ -74,8 +116,8 @@ impl Shared {
 
     /// Sends everything in the outbox, grouped by namespace, in batches.
     pub(crate) async fn flush(&self) {
-        let Some(transport) = &self.transport else { return };
-        let items = self.outbox.lock().take();
+        let Some(transport) = &self.fleet.transport else { return };
+        let items = self.fleet.outbox.lock().take();
         if items.is_empty() {
             return;
         }
@@ -87,7 +129,7 @@ impl Shared {
             for chunk in group.chunks(self.config.dispatch_batch.max(1)) {
                 match transport.dispatch_runs(namespace.as_deref(), chunk.to_vec()).await {
                     Ok(()) => {
-                        self.queue_failures.lock().down = false;
+                        self.fleet.queue_failures.lock().down = false;
                         self.metrics.batches.fetch_add(1, Ordering::Relaxed);
                         self.metrics.queued_runs.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     }
@@ -101,7 +143,7 @@ impl Shared {
     /// pollers, wakes are executed here.
     fn queue_failed(&self, items: &[QueuedRun], e: &durable_transport::TransportError) {
         let report = {
-            let mut f = self.queue_failures.lock();
+            let mut f = self.fleet.queue_failures.lock();
             f.down = true;
             f.since_report += items.len() as u64;
             if f.last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
@@ -127,12 +169,30 @@ impl Shared {
         }
     }
 
+    /// Registers this engine's consumer with the transport: it hands runs to
+    /// [`EngineHandler`].
+    pub(super) fn start_consumer(self: &Arc<Self>) {
+        let Some(transport) = &self.fleet.transport else { return };
+        let handler = Arc::new(EngineHandler(Arc::downgrade(self)));
+        let consumer = transport.consume_runs(self.config.namespace.clone(), self.config.queue_concurrency, handler);
+        *self.fleet.consumer.lock() = Some(consumer);
+    }
+
+    /// Stops the consumer (items in hand are handed back); `drain` and `shutdown` call it
+    /// first.
+    pub(crate) async fn stop_consumer(&self) {
+        let consumer = self.fleet.consumer.lock().take();
+        if let Some(consumer) = consumer {
+            consumer.stop().await;
+        }
+    }
+
     /// Executes a run handed over by the transport, in one of this engine's execution slots.
     async fn run_queued(self: &Arc<Self>, id: RunId, wake: bool) -> Handled {
-        if self.is_stopping() || self.draining.load(Ordering::Relaxed) {
+        if self.is_stopping() || self.is_draining() {
             return Handled::HandBack;
         }
-        let Ok(_slot) = self.slots.clone().acquire_owned().await else { return Handled::HandBack };
+        let Some(_slot) = self.slot().await else { return Handled::HandBack };
         if !self.begin_local(&id, wake) {
             return Handled::Done; // already executing here: it runs again when done
         }
@@ -143,7 +203,7 @@ impl Shared {
 }
 
 /// Hands runs from the transport to the engine.
-pub(super) struct EngineHandler(pub(super) Weak<Shared>);
+struct EngineHandler(Weak<Shared>);
 
 #[async_trait]
 impl RunHandler for EngineHandler {

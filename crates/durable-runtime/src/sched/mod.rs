@@ -1,30 +1,61 @@
-//! Execution: the engine state shared with background tasks and turns, and everything that
-//! moves runs — dispatch slots, timers and pollers, the turn executor, the run queue,
-//! operations on runs and the watchers of `wait_for_run`.
+//! Execution: the engine state shared with background tasks and turns ([`Shared`]), and
+//! everything that moves runs — dispatch slots, timers and pollers, the turn executor, the
+//! run queue, operations on runs and the watchers of `wait_for_run`.
 //!
-//! Submodules, each using only the ones listed after it (no cycle): `fleet` (the run queue's
-//! sending and consuming ends) → `dispatch` (slots, the dispatcher loop) → `executor` (one
-//! run's turns) → `timers` (in-memory timers, pollers) → `operate` (cancel, children) →
-//! `watch` (waiters). Asking for a run to execute is everybody's need and lives here.
+//! # Modules
+//!
+//! Each submodule uses only the ones after it in this list (and this module), so there is
+//! no cycle: `fleet` (the run queue: outbox flusher, consumer) → `dispatch` (slots, the
+//! dispatcher loop, the task that runs a run) → `executor` (a run's turns, and what follows
+//! a turn that could not run) → `timers` (in-memory timers, the pollers) → `operate` (cancel,
+//! children) → `watch` (waiters). Asking for a run to execute (`wake`, `queue_start`,
+//! `dispatch`, …) is what all of them need, so it lives here, as does `impl TurnEnv`.
+//!
+//! # State by owner
+//!
+//! `Shared` holds what never changes after `build` (store, clock, config, owner, registry),
+//! counters, two lifecycle flags (`shutdown`, `draining`), and one struct per owner:
+//! [`Dispatch`], [`Executor`], [`Timers`], [`Fleet`], [`Watchers`] and [`Hooks`]. The fields
+//! of each are private to the file that declares it, so each lock is taken in that file
+//! only: `dispatch.rs` (`ready`, `active`, `interrupted`), `executor.rs` (`store_failures`,
+//! `rechecks`, `warned_versions`), `timers.rs` (`due`), `fleet.rs` (`outbox`,
+//! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`) and
+//! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`).
+//!
+//! # Lock order
+//!
+//! There is exactly one nesting, in `refresh_watched`:
+//!
+//! `Watchers::refreshed` (a tokio mutex, held across the store read) → `Watchers::map` →
+//! `Watch::seen`.
+//!
+//! Every other lock is taken alone: it is released before any other lock is taken, is never
+//! held across an `.await`, and nothing called under it takes a lock of ours (at most a tokio
+//! `Notify` is signalled). User callbacks — dead-run listeners, update validators — are
+//! copied out and called after the lock is released.
+//!
+//! Outside `Shared`: the registry's lock and a turn's locks (`turn/`) are never taken while one
+//! of these is held, and no lock of ours is taken while they are — a turn holds its lock only
+//! around a call into the core, reading the clock (`TurnEnv::now`) at most; `commit`, `emit`
+//! and `latest_version` are called without it. The executor takes a turn's lock once, to fail
+//! a turn whose input does not decode. The engine holds its task list's lock only to abort
+//! the background tasks.
 
 mod dispatch;
 mod executor;
 mod fleet;
+mod hooks;
 mod operate;
 mod timers;
 mod watch;
 
-use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::time::Duration;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use durable_core::{Commit, CommitOutcome, Millis, Payload, QueueReason, QueuedRun, Run, RunId, Store, StoreResult};
-use durable_transport::{Consumer, Transport};
-use parking_lot::{Mutex, RwLock};
-use tokio::sync::{Notify, Semaphore, broadcast};
+use durable_core::{Commit, CommitOutcome, Millis, QueueReason, QueuedRun, RunId, Store, StoreResult};
+use durable_transport::Transport;
 use tokio::task::JoinHandle;
 
 use crate::clock::{BoxFuture, Clock};
@@ -32,66 +63,63 @@ use crate::config::EngineConfig;
 use crate::events::EngineEvent;
 use crate::registry::Registry;
 use crate::turn::TurnEnv;
-use dispatch::{Active, Ready};
-use fleet::{EngineHandler, Outbox, QueueFailures};
+use dispatch::Dispatch;
+use executor::Executor;
+use fleet::Fleet;
+use hooks::Hooks;
 use timers::Timers;
-use watch::Watch;
+use watch::Watchers;
 
+pub(crate) use hooks::UpdateValidator;
 pub use operate::Cancel;
 
-/// Engine state shared with background tasks and turns.
+/// Engine state shared with background tasks and turns: what never changes after `build`,
+/// the two lifecycle flags, and the mutable state split by owner (the module that takes its
+/// locks).
 pub(crate) struct Shared {
     pub(crate) store: Arc<dyn Store>,
     pub(crate) clock: Arc<dyn Clock>,
     pub(crate) config: EngineConfig,
     pub(crate) owner: String,
     pub(crate) registry: Registry,
-    pub(crate) events: broadcast::Sender<EngineEvent>,
-    /// Run ids waiting for an execution slot on this engine: wakes are served before starts,
-    /// so runs already in progress finish before new ones begin.
-    ready: Mutex<Ready>,
-    ready_changed: Notify,
-    pub(crate) active: Mutex<HashMap<RunId, Active>>,
-    timers: Timers,
-    pub(crate) watchers: Mutex<HashMap<RunId, Arc<Watch>>>,
-    /// When the watched runs were last read together (one store call for every waiter).
-    watch_refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
-    pub(crate) poke: Notify,
-    shutdown: tokio::sync::watch::Sender<bool>,
-    pub(crate) draining: AtomicBool,
-    /// Runs whose turn a `shutdown` dropped: their leases are released once all turns ended.
-    pub(crate) interrupted: Mutex<Option<Vec<RunId>>>,
-    pub(crate) idle: Notify,
-    store_failures: Mutex<HashMap<RunId, u32>>,
-    warned_versions: Mutex<HashSet<RunId>>,
-    pub(crate) update_validators: Mutex<HashMap<(String, String), UpdateValidator>>,
     pub(crate) metrics: MetricsInner,
-    /// Execution slots shared by the dispatcher and the transport's consumer.
-    slots: Arc<Semaphore>,
-    transport: Option<Arc<dyn Transport>>,
-    outbox: Mutex<Outbox>,
-    outbox_full: Notify,
-    pub(crate) consumer: Mutex<Option<Consumer>>,
-    queue_failures: Mutex<QueueFailures>,
-    rechecks: Mutex<HashSet<RunId>>,
-    pub(crate) dead_listeners: RwLock<Vec<DeadListener>>,
-    pub(crate) timeouts: Mutex<HashMap<String, Duration>>,
+    pub(crate) hooks: Hooks,
+    /// Set once by `shutdown` (or the last `Engine` clone dropped): background loops and run
+    /// tasks end at their next poll.
+    shutdown: tokio::sync::watch::Sender<bool>,
+    /// Set once by `drain`: no new run is taken; executing turns may finish.
+    draining: AtomicBool,
+    dispatch: Dispatch,
+    executor: Executor,
+    timers: Timers,
+    fleet: Fleet,
+    watchers: Watchers,
 }
 
-/// A callback fired when a run becomes `dead`.
-pub(crate) type DeadListener = Arc<dyn Fn(&Run) + Send + Sync>;
-
-/// A validator of update arguments, registered per workflow and update name.
-pub(crate) type UpdateValidator = Arc<dyn Fn(&Payload) -> Result<(), String> + Send + Sync>;
-
+/// Counters for `Engine::metrics` (the in-flight gauge is the dispatcher's).
 #[derive(Default)]
 pub(crate) struct MetricsInner {
-    pub(crate) in_flight: AtomicUsize,
-    pub(crate) max_in_flight: AtomicUsize,
-    pub(crate) turns: AtomicU64,
-    pub(crate) batches: AtomicU64,
-    pub(crate) queued_runs: AtomicU64,
-    pub(crate) enqueued: AtomicU64,
+    turns: AtomicU64,
+    batches: AtomicU64,
+    queued_runs: AtomicU64,
+    enqueued: AtomicU64,
+}
+
+impl MetricsInner {
+    /// Turns executed.
+    pub(crate) fn turns(&self) -> u64 {
+        self.turns.load(Ordering::Relaxed)
+    }
+
+    /// Batches sent to the run queue.
+    pub(crate) fn batches(&self) -> u64 {
+        self.batches.load(Ordering::Relaxed)
+    }
+
+    /// Runs sent to the run queue.
+    pub(crate) fn queued_runs(&self) -> u64 {
+        self.queued_runs.load(Ordering::Relaxed)
+    }
 }
 
 impl Shared {
@@ -106,34 +134,18 @@ impl Shared {
         Arc::new(Shared {
             store,
             clock,
-            slots: Arc::new(Semaphore::new(config.max_concurrent_runs.max(1))),
+            dispatch: Dispatch::new(config.max_concurrent_runs.max(1)),
             config,
             owner,
             registry: Registry::default(),
-            events: broadcast::channel(4096).0,
-            ready: Mutex::new(Ready::default()),
-            ready_changed: Notify::new(),
-            active: Mutex::new(HashMap::new()),
-            timers: Timers::default(),
-            watchers: Mutex::new(HashMap::new()),
-            watch_refreshed: tokio::sync::Mutex::new(None),
-            poke: Notify::new(),
+            metrics: MetricsInner::default(),
+            hooks: Hooks::new(),
             shutdown: tokio::sync::watch::Sender::new(false),
             draining: AtomicBool::new(false),
-            interrupted: Mutex::new(None),
-            idle: Notify::new(),
-            store_failures: Mutex::new(HashMap::new()),
-            warned_versions: Mutex::new(HashSet::new()),
-            update_validators: Mutex::new(HashMap::new()),
-            transport,
-            outbox: Mutex::new(Outbox::default()),
-            outbox_full: Notify::new(),
-            consumer: Mutex::new(None),
-            queue_failures: Mutex::new(QueueFailures::default()),
-            rechecks: Mutex::new(HashSet::new()),
-            dead_listeners: RwLock::new(Vec::new()),
-            timeouts: Mutex::new(HashMap::new()),
-            metrics: MetricsInner::default(),
+            executor: Executor::default(),
+            timers: Timers::default(),
+            fleet: Fleet::new(transport),
+            watchers: Watchers::default(),
         })
     }
 
@@ -156,32 +168,26 @@ impl Shared {
             tasks.push(spawn(Box::pin(self.clone().timer_loop())));
             tasks.push(spawn(Box::pin(self.clone().poll_loop())));
         }
-        if let Some(transport) = &self.transport {
+        if self.fleet.has_queue() {
             tasks.push(spawn(Box::pin(self.clone().flush_loop())));
             if self.config.execute {
-                let handler = Arc::new(EngineHandler(Arc::downgrade(self)));
-                let consumer =
-                    transport.consume_runs(self.config.namespace.clone(), self.config.queue_concurrency, handler);
-                *self.consumer.lock() = Some(consumer);
+                self.start_consumer();
             }
         }
         tasks
     }
 
     pub(crate) fn emit(&self, event: EngineEvent) {
-        let _ = self.events.send(event);
+        self.hooks.emit(event);
     }
 
     pub(crate) fn is_stopping(&self) -> bool {
         *self.shutdown.borrow()
     }
 
+    /// Background loops and run tasks end at their next poll.
     pub(crate) fn stop_background(&self) {
         self.shutdown.send_replace(true);
-    }
-
-    pub(crate) fn in_flight(&self) -> usize {
-        self.metrics.in_flight.load(Ordering::Acquire)
     }
 
     async fn shutdown_signal(&self) {
@@ -189,8 +195,13 @@ impl Shared {
         let _ = rx.wait_for(|stop| *stop).await;
     }
 
-    fn lease_ms(&self) -> Millis {
-        self.config.lease_ttl.as_millis() as Millis
+    fn is_draining(&self) -> bool {
+        self.draining.load(Ordering::Relaxed)
+    }
+
+    /// From now on no new run is taken (`drain`).
+    pub(crate) fn start_draining(&self) {
+        self.draining.store(true, Ordering::Relaxed);
     }
 
     /// Whether this engine executes runs of `namespace`.
@@ -213,15 +224,8 @@ impl Shared {
     }
 
     fn dispatch_as(&self, id: RunId, wake: bool) {
-        if self.config.execute && !self.is_stopping() && !self.draining.load(Ordering::Relaxed) {
-            let mut ready = self.ready.lock();
-            if wake {
-                ready.wakes.push_back(id)
-            } else {
-                ready.others.push_back(id)
-            }
-            drop(ready);
-            self.ready_changed.notify_one();
+        if self.config.execute && !self.is_stopping() && !self.is_draining() {
+            self.dispatch.push(id, wake);
         }
     }
 
@@ -232,7 +236,7 @@ impl Shared {
 
     /// Asks for a new run to be started (`token` tells this pending state from earlier ones).
     pub(crate) fn queue_start(&self, id: RunId, namespace: &str, priority: i32, token: u64) {
-        if self.transport.is_none() && !self.serves(namespace) {
+        if !self.fleet.has_queue() && !self.serves(namespace) {
             return; // the pollers of its own pool start it
         }
         self.enqueue(id, QueueReason::Start, Some(namespace.to_string()), priority, Some(token));
@@ -241,7 +245,7 @@ impl Shared {
     /// Asks for a run a poller found (pending, due or orphaned) to be executed: through the
     /// queue, so every instance takes a share — or here while the queue is failing.
     fn queue_found(&self, id: RunId, reason: QueueReason) {
-        if self.queue_failures.lock().down {
+        if self.fleet.is_down() {
             return self.dispatch_as(id, reason == QueueReason::Wake);
         }
         self.enqueue(id, reason, self.config.namespace.clone(), 0, None);
@@ -257,7 +261,7 @@ impl Shared {
         priority: i32,
         token: Option<u64>,
     ) {
-        if self.transport.is_none() {
+        if !self.fleet.has_queue() {
             return match reason {
                 QueueReason::Wake => self.dispatch_wake(run_id),
                 QueueReason::Start => self.dispatch(run_id),
@@ -269,9 +273,7 @@ impl Shared {
         let n = token.unwrap_or_else(|| self.metrics.enqueued.fetch_add(1, Ordering::Relaxed));
         let dedupe_key = format!("{reason}:{run_id}:{n}");
         let item = QueuedRun { id: 0, run_id, reason, namespace, priority, dedupe_key };
-        if self.outbox.lock().add(item) >= self.config.dispatch_batch {
-            self.outbox_full.notify_one();
-        }
+        self.fleet.add(item, self.config.dispatch_batch);
     }
 }
 

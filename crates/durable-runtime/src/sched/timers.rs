@@ -13,11 +13,14 @@ use tokio::sync::Notify;
 use super::Shared;
 use super::operate::Cancel;
 
-/// In-memory timers for runs this engine parked: one task sleeps until the earliest.
+/// In-memory timers for runs this engine parked: one task sleeps until the earliest. And the
+/// poller's wake-up call.
 #[derive(Default)]
 pub(super) struct Timers {
     due: Mutex<BTreeSet<(Millis, RunId)>>,
     changed: Notify,
+    /// Look at the store now, not at the next poll (a registration, `poll_now`).
+    poke: Notify,
 }
 
 impl Timers {
@@ -45,6 +48,11 @@ impl Timers {
 }
 
 impl Shared {
+    /// Has the poller look at the store now instead of at its next tick.
+    pub(crate) fn poll_now(&self) {
+        self.timers.poke.notify_one();
+    }
+
     pub(super) async fn timer_loop(self: Arc<Self>) {
         loop {
             match self.timers.next() {
@@ -73,7 +81,7 @@ impl Shared {
             }
             tokio::select! {
                 () = tokio::time::sleep(self.config.poll_interval) => {}
-                () = self.poke.notified() => {}
+                () = self.timers.poke.notified() => {}
             }
         }
     }
@@ -115,7 +123,7 @@ impl Shared {
 
     /// Cancels active runs older than their workflow's execution timeout.
     async fn enforce_timeouts(self: &Arc<Self>) {
-        let limits: Vec<(String, Duration)> = self.timeouts.lock().iter().map(|(k, v)| (k.clone(), *v)).collect();
+        let limits: Vec<(String, Duration)> = self.hooks.timeouts();
         for (workflow, limit) in limits {
             let filter = RunFilter {
                 workflow: Some(workflow.clone()),

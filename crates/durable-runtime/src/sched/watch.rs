@@ -13,9 +13,18 @@ use tokio::sync::Notify;
 use super::Shared;
 use crate::error::{Error, Result};
 
+/// The runs `wait_for_run` callers wait on.
+#[derive(Default)]
+pub(super) struct Watchers {
+    /// One watch per waited-on run, shared by its waiters; the last one out removes it.
+    map: Mutex<HashMap<RunId, Arc<Watch>>>,
+    /// When the watched runs were last read together (one store call for every waiter).
+    refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+}
+
 /// A run that `wait_for_run` callers wait on.
 #[derive(Default)]
-pub(crate) struct Watch {
+struct Watch {
     /// Notified when this engine settles or suspends the run.
     notify: Notify,
     /// What the last shared read found (`Some(None)`: the run does not exist).
@@ -23,9 +32,14 @@ pub(crate) struct Watch {
 }
 
 impl Shared {
+    /// How many runs callers wait on right now.
+    pub(crate) fn watched(&self) -> usize {
+        self.watchers.map.lock().len()
+    }
+
     /// Wakes `wait_for_run` callers of this run.
     pub(super) fn notify_run(&self, id: &RunId) {
-        if let Some(w) = self.watchers.lock().get(id) {
+        if let Some(w) = self.watchers.map.lock().get(id) {
             w.notify.notify_waiters();
         }
     }
@@ -34,16 +48,16 @@ impl Shared {
     /// their watches, unless another waiter did so within the last half interval: however
     /// many callers wait, runs executing elsewhere cost one read per interval, not one each.
     async fn refresh_watched(&self) -> Result<()> {
-        let mut refreshed = self.watch_refreshed.lock().await;
+        let mut refreshed = self.watchers.refreshed.lock().await;
         if refreshed.is_some_and(|at| at.elapsed() < self.config.wait_poll_interval / 2) {
             return Ok(());
         }
         // Ids only: a clone of a watch held here would keep a finished waiter from removing it.
-        let watched: Vec<RunId> = self.watchers.lock().keys().cloned().collect();
+        let watched: Vec<RunId> = self.watchers.map.lock().keys().cloned().collect();
         for ids in watched.chunks(1_000) {
             let mut runs: HashMap<RunId, Run> =
                 self.store.get_runs(ids).await?.into_iter().map(|r| (r.id.clone(), r)).collect();
-            let watchers = self.watchers.lock();
+            let watchers = self.watchers.map.lock();
             for id in ids {
                 if let Some(watch) = watchers.get(id) {
                     *watch.seen.lock() = Some(runs.remove(id));
@@ -62,7 +76,7 @@ impl Shared {
         suspended_is_enough: bool,
         timeout: Option<Duration>,
     ) -> Result<Run> {
-        let watch = self.watchers.lock().entry(id.clone()).or_default().clone();
+        let watch = self.watchers.map.lock().entry(id.clone()).or_default().clone();
         let done = |run: &Run| run.status.is_terminal() || (suspended_is_enough && run.status == RunStatus::Suspended);
         let wait = async {
             // First, and after a notify from this engine: read the run itself. When the
@@ -103,7 +117,7 @@ impl Shared {
             },
         };
         drop(watch);
-        let mut watchers = self.watchers.lock();
+        let mut watchers = self.watchers.map.lock();
         if watchers.get(id).is_some_and(|w| Arc::strong_count(w) == 1) {
             watchers.remove(id);
         }
