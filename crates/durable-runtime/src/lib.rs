@@ -3,8 +3,7 @@
 //! The tokio side of `durable`: the [`Engine`] that starts, executes and observes runs, the
 //! [`WorkflowCtx`] workflow bodies use, the turn executor, the dispatcher, timers and pollers.
 //! It drives the pure state machine of `durable-core` and applies its commits to whatever
-//! [`Store`](durable_core::Store) it is given; it never names a concrete store. It is the only
-//! crate of `durable` that spawns tasks.
+//! [`Store`](durable_core::Store) it is given; it never names a concrete store.
 //!
 //! A run executes in **turns**: the body is polled from the top, every recorded ctx call
 //! replays its result, new calls execute and are committed before the body sees their
@@ -25,6 +24,34 @@
 //! let run = engine.start("reminder", &30u64, StartOptions::id("remind:1")).await?;
 //! # Ok(()) }
 //! ```
+//!
+//! # Modules
+//!
+//! `turn` executes one turn of one run — the [`WorkflowCtx`] and the driver that polls the
+//! body — and sees the rest of the engine only through a narrow environment (clock, commit,
+//! events, newest versions). `sched` holds the engine's state and everything that moves runs
+//! (dispatch slots, timers and pollers, the turn executor, the run queue, waiters) and is that
+//! environment. `engine` is the [`Engine`] handle, grouped by audience (runs, operate,
+//! messages, worker). Dependencies point one way only: `engine` → `sched` → `turn` (and
+//! `engine` → `turn`), all of them → the leaves `clock`, `config`, `error`, `events` and
+//! `registry` (which may use `turn`); nothing but the re-exports below names `engine`.
+//!
+//! # Tasks this crate spawns
+//!
+//! - The dispatcher loop, the timer loop and the poller (pending, due and orphaned runs, and
+//!   after each orphan scan the runs past their execution timeout), on an engine that executes
+//!   runs; the outbox flush loop, with a transport. They end when the engine shuts down or its
+//!   last clone is dropped.
+//! - One task per run the dispatcher gives a slot: it runs the run's turns until the run is
+//!   quiet, and ends early at shutdown. (The lease keeper is no task of its own: it races the
+//!   turn inside this task. Runs from the transport's consumer execute in the consumer's task,
+//!   which the transport spawns.)
+//! - A store-error retry timer per run whose turn hit a store error: it dispatches the run
+//!   again after the backoff.
+//! - A lease re-check per run whose wake found another engine holding the lease (one per run
+//!   at a time): it wakes the run once the lease is free.
+//!
+//! The last two hold the engine weakly and end on their own.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
