@@ -22,9 +22,8 @@ commands:
   cycles [--deny]         import cycles between durable-runtime's modules (--deny: fail on one)
 ";
 
-/// Whether `ci` fails on an import cycle between durable-runtime's modules (DESIGN §5). Report
-/// only until the runtime is restructured; then set it to `true`.
-const CYCLES_ENFORCED: bool = false;
+/// Whether `ci` fails on an import cycle between durable-runtime's modules (DESIGN §5).
+const CYCLES_ENFORCED: bool = true;
 
 /// The crate whose module graph `cycles` checks, relative to the workspace root.
 const CYCLES_CRATE: &str = "crates/durable-runtime/src";
