@@ -10,16 +10,9 @@ use durable_core::{ChildCall, ChildJoin, Payload, RunId, RunStatus, StepError, S
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::ctx::{StepBody, run_step};
-use super::{CallGuard, StepOptions, TurnState, WorkflowCtx, halt};
+use super::ctx::run_step;
+use super::{CallGuard, TurnState, WorkflowCtx, halt};
 use crate::error::WorkflowError;
-
-/// An undo registered by a completed step: its closure and retry options (the core keeps
-/// its name and its place in the stack).
-pub(crate) struct Compensation {
-    pub(crate) options: StepOptions,
-    pub(crate) body: StepBody<'static, ()>,
-}
 
 /// Runs the registered undos newest first, each as a checkpointed step at the next seq. An
 /// undo that fails after its retries is recorded as failed and skipped.

@@ -19,7 +19,7 @@ use durable_core::{
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::{CallGuard, CatchUnwind, Compensation, TurnState, halt};
+use super::{CallGuard, CatchUnwind, TurnState, halt};
 use crate::clock::BoxFuture;
 use crate::error::StepFailed;
 use crate::events::EngineEvent;
@@ -94,6 +94,13 @@ impl StepOptions {
 }
 
 pub(crate) type StepBody<'a, T> = Box<dyn FnMut(StepContext) -> BoxFuture<'a, Result<T, StepError>> + Send + 'a>;
+
+/// An undo registered by a completed step: its closure and retry options (the core keeps
+/// its name and its place in the stack).
+pub(crate) struct Compensation {
+    pub(crate) options: StepOptions,
+    pub(crate) body: StepBody<'static, ()>,
+}
 
 /// Turns a completed step's output into its registered undo.
 type OnComplete<'a, T> = Box<dyn FnOnce(&T) -> Compensation + Send + 'a>;

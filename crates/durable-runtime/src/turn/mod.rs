@@ -18,8 +18,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-pub(crate) use child::Compensation;
 pub use child::{ChildFailed, ChildHandle, ChildOptions};
+pub(crate) use ctx::Compensation;
 pub use ctx::{All, Step, StepContext, StepOptions, WorkflowCtx};
 pub(crate) use driver::TurnDriver;
 pub(crate) use env::TurnEnv;
