@@ -71,6 +71,7 @@ pub mod protocol;
 mod queue;
 mod retry;
 mod store;
+mod time;
 mod turn;
 
 pub use history::{Decision, History, NonDeterminism, Patched};
@@ -89,8 +90,9 @@ pub use store::{
 };
 pub use turn::{
     ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter,
-    StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall, millis_after,
+    StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
 };
+pub use time::{millis, millis_after, millis_before};
 
 /// Error codes the engine sets on runs and steps.
 pub mod codes {

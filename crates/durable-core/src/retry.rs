@@ -102,7 +102,9 @@ impl RetryPolicy {
             return RetryDecision::RetryAfter(delay);
         }
         let unit = (splitmix64(seed) >> 11) as f64 / (1u64 << 53) as f64;
-        RetryDecision::RetryAfter(delay.mul_f64(1.0 - self.jitter * unit))
+        // Through f64 a delay near `Duration::MAX` can round above it: such a delay stays as is.
+        let scaled = Duration::try_from_secs_f64(delay.as_secs_f64() * (1.0 - self.jitter * unit)).unwrap_or(delay);
+        RetryDecision::RetryAfter(scaled.min(delay))
     }
 }
 
@@ -146,6 +148,24 @@ mod tests {
         assert_eq!(p.after_failure(2, &e, 0), RetryDecision::RetryAfter(Duration::from_secs(3)));
         assert_eq!(p.after_failure(3, &e, 0), RetryDecision::GiveUp);
         assert_eq!(p.after_failure(1, &StepError::fatal("x"), 0), RetryDecision::GiveUp);
+    }
+
+    #[test]
+    fn huge_delays_never_panic_or_wrap() {
+        let e = StepError::retryable("x");
+        for backoff in [
+            Backoff::Fixed(Duration::MAX),
+            Backoff::Exponential { initial: Duration::MAX, factor: 2.0, max: Duration::MAX },
+            Backoff::Exponential { initial: Duration::from_secs(1), factor: 1e300, max: Duration::MAX },
+        ] {
+            for jitter in [0.0, 0.5, 1.0] {
+                let p = RetryPolicy::new(u32::MAX, backoff).with_jitter(jitter);
+                for attempt in [1, 2, 64, u32::MAX - 1] {
+                    let RetryDecision::RetryAfter(d) = p.after_failure(attempt, &e, 7) else { panic!() };
+                    assert!(d <= Duration::MAX);
+                }
+            }
+        }
     }
 
     #[test]

@@ -30,7 +30,7 @@ pub struct SystemClock;
 
 impl Clock for SystemClock {
     fn now(&self) -> Millis {
-        SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
+        SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, durable_core::millis)
     }
 
     fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
@@ -67,10 +67,10 @@ impl VirtualClock {
         Self::new(1_767_225_600_000)
     }
 
-    /// Moves time forward by `d`, waking every sleep that is now due.
+    /// Moves time forward by `d` (saturating at the end of time), waking every sleep that is
+    /// now due.
     pub fn advance(&self, d: Duration) {
-        let ms = d.as_millis() as Millis;
-        self.now.send_modify(|now| *now += ms);
+        self.now.send_modify(|now| *now = durable_core::millis_after(*now, d));
     }
 
     /// Sets the time (never backwards).

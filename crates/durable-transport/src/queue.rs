@@ -46,7 +46,7 @@ impl fmt::Debug for QueueTransport {
 }
 
 fn now_ms() -> Millis {
-    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_millis() as Millis).unwrap_or(0)
+    SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, durable_core::millis)
 }
 
 impl QueueTransport {
@@ -130,7 +130,7 @@ impl Transport for QueueTransport {
                 let want = slots.available_permits().min(this.claim_batch).min(budget);
                 if want > 0 {
                     let now = now_ms();
-                    let until = now + this.claim_ttl.as_millis() as Millis;
+                    let until = durable_core::millis_after(now, this.claim_ttl);
                     match this.queue.claim_queued(namespace.as_deref(), &this.owner, want, until, now).await {
                         Ok(items) => {
                             let took = items.len();

@@ -6,7 +6,8 @@
 
 use std::time::Duration;
 
-use super::{Attempts, Flight, Mode, Turn, TurnStop, Undo, millis_after};
+use super::{Attempts, Flight, Mode, Turn, TurnStop, Undo};
+use crate::time::millis_after;
 use crate::protocol::{self, ChildResult};
 use crate::{
     CheckpointStatus, Commit, Decision, Millis, NewRun, ParentLink, Payload, RetryDecision, RetryPolicy, RunId,

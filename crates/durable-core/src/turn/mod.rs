@@ -97,12 +97,6 @@ impl Default for TurnConfig {
     }
 }
 
-/// Converts a duration to milliseconds after `now`, saturating: a huge duration means "never",
-/// not "soon".
-pub fn millis_after(now: Millis, d: Duration) -> Millis {
-    now.saturating_add(u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
-}
-
 /// Where a call that is executing stands.
 #[derive(Debug, Clone, PartialEq)]
 enum Flight {

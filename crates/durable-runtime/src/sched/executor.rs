@@ -70,7 +70,7 @@ impl Shared {
         loop {
             let now = self.clock.now();
             let claim =
-                Claim { run_id: id.clone(), owner: self.owner.clone(), lease_until: now + self.lease_ms(), now };
+                Claim { run_id: id.clone(), owner: self.owner.clone(), lease_until: now.saturating_add(self.lease_ms()), now };
             let (run, history, previous, recovered) = match self.store.claim_run(claim).await {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
                 Ok(ClaimOutcome::NotFound) => return,
@@ -252,7 +252,7 @@ impl Shared {
         let mut last_ok = Instant::now();
         loop {
             tokio::time::sleep(ttl / 2).await;
-            match self.store.renew_lease(id, &self.owner, self.clock.now() + self.lease_ms()).await {
+            match self.store.renew_lease(id, &self.owner, self.clock.now().saturating_add(self.lease_ms())).await {
                 Ok(true) => last_ok = Instant::now(),
                 Ok(false) => {
                     tracing::warn!(run_id = %id, "lease lost to another owner; the turn stops");
@@ -269,7 +269,7 @@ impl Shared {
     }
 
     fn lease_ms(&self) -> Millis {
-        self.config.lease_ttl.as_millis() as Millis
+        durable_core::millis(self.config.lease_ttl)
     }
 
     /// Dispatches the run again after a backoff that doubles with consecutive failures.

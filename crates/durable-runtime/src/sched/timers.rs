@@ -129,7 +129,7 @@ impl Shared {
                 workflow: Some(workflow.clone()),
                 statuses: RunStatus::ACTIVE.to_vec(),
                 namespace: self.config.namespace.clone(),
-                created_before: Some(self.clock.now().saturating_sub(limit.as_millis() as u64)),
+                created_before: Some(durable_core::millis_before(self.clock.now(), limit)),
                 limit: 200,
                 ..Default::default()
             };
