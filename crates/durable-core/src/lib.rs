@@ -88,11 +88,11 @@ pub use store::{
     RunPatch, RunQuery, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TurnEnd, decode_cursor,
     encode_cursor,
 };
+pub use time::{millis, millis_after, millis_before};
 pub use turn::{
     ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter,
     StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
 };
-pub use time::{millis, millis_after, millis_before};
 
 /// Error codes the engine sets on runs and steps.
 pub mod codes {
@@ -117,4 +117,8 @@ pub mod codes {
     pub const CHILD_FAILED: &str = "child_failed";
     /// A wait's deadline passed before a delivery.
     pub const WAIT_TIMEOUT: &str = "wait_timeout";
+    /// A wait named something no message can be sent to (an empty token or name).
+    pub const INVALID_NAME: &str = "invalid_name";
+    /// A run the workflow meant to create has an id an unrelated run already holds.
+    pub const ID_TAKEN: &str = "id_taken";
 }

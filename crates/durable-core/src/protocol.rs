@@ -88,6 +88,16 @@ pub fn task_step_name(name: &str) -> String {
     format!("task:{name}")
 }
 
+/// Whether `name` is usable as a signal token, event name, update name or task name — the same
+/// rule on both sides: the engine refuses to send to an invalid name, and a wait on one fails
+/// its run at once (it could never be satisfied). Names must be non-empty.
+pub fn check_name(what: &str, name: &str) -> Result<(), String> {
+    if name.is_empty() {
+        return Err(format!("invalid {what}: it must be non-empty"));
+    }
+    Ok(())
+}
+
 const TIMEOUT_PREFIX: &str = "timeout:";
 const UNDO_PREFIX: &str = "undo:";
 
@@ -206,6 +216,12 @@ mod tests {
         assert_eq!(cr.encode().as_str(), r#"{"run_id":"c","status":"completed","output":null,"error":null}"#);
         assert_eq!(TaskResult::Ok(Payload::encode(&7).unwrap()).encode().as_str(), r#"{"ok":7}"#);
         assert_eq!(TaskResult::Err("no".into()).encode().as_str(), r#"{"err":"no"}"#);
+    }
+
+    #[test]
+    fn names_are_checked_one_way() {
+        assert_eq!(check_name("signal token", ""), Err("invalid signal token: it must be non-empty".to_string()));
+        assert_eq!(check_name("signal token", "t"), Ok(()));
     }
 
     #[test]

@@ -7,8 +7,8 @@
 use std::time::Duration;
 
 use super::{Attempts, Flight, Mode, Turn, TurnStop, Undo};
-use crate::time::millis_after;
 use crate::protocol::{self, ChildResult};
+use crate::time::millis_after;
 use crate::{
     CheckpointStatus, Commit, Decision, Millis, NewRun, ParentLink, Payload, RetryDecision, RetryPolicy, RunId,
     RunStatus, StepError, StepKind, WaitKind, Waiter, codes, seed_for,
@@ -139,6 +139,9 @@ pub struct Deadline {
 /// A wait for a delivery: a signal (also updates, task results) or an event.
 #[derive(Debug, Clone)]
 pub struct WaitCall<'a> {
+    /// What the workflow named, for the name check: `("signal token", token)`,
+    /// `("update name", name)`, … (see [`protocol::check_name`]).
+    pub named: (&'a str, &'a str),
     /// The token or event name (the checkpoint name).
     pub name: &'a str,
     /// [`StepKind::Signal`] or [`StepKind::Event`].
@@ -466,8 +469,31 @@ impl Turn {
 
     // ---- waits ----
 
+    /// Checks a name the workflow waits on ([`protocol::check_name`]): an invalid one fails the
+    /// run at once, naming the seq, since no message could ever reach it. Returns whether the
+    /// call goes on.
+    pub fn check_name(&mut self, seq: u32, what: &str, name: &str) -> bool {
+        if self.stop.is_some() {
+            return false;
+        }
+        match protocol::check_name(what, name) {
+            Ok(()) => true,
+            Err(reason) => {
+                let message = format!(
+                    "run {}: the wait at seq {seq} can never be satisfied: {reason} (the engine refuses to send to it)",
+                    self.run.id
+                );
+                self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+                false
+            }
+        }
+    }
+
     /// A wait for a delivery at `seq`, optionally bounded by a deadline at its own seq.
     pub fn wait(&mut self, seq: u32, call: WaitCall<'_>, now: Millis) -> WaitBegin {
+        if !self.check_name(seq, call.named.0, call.named.1) {
+            return WaitBegin::Stopped;
+        }
         let mut due_at: Option<Millis> = None;
         let mut passed = false;
         if let Some(deadline) = call.deadline {

@@ -914,6 +914,7 @@ impl<'a> Sim<'a> {
                 let seq = self.turn.take_seq();
                 let name = format!("w{i}");
                 let call = WaitCall {
+                    named: ("signal token", &name),
                     name: &name,
                     kind: if event { StepKind::Event } else { StepKind::Signal },
                     wait: if event {

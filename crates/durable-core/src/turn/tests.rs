@@ -678,11 +678,18 @@ fn sleep_replay_due_is_done_and_its_completion_rides_along() {
 // ---- waits ----
 
 fn signal(name: &str) -> WaitCall<'_> {
-    WaitCall { name, kind: StepKind::Signal, wait: WaitKind::Signal { token: name.to_string() }, deadline: None }
+    WaitCall {
+        named: ("signal token", name),
+        name,
+        kind: StepKind::Signal,
+        wait: WaitKind::Signal { token: name.to_string() },
+        deadline: None,
+    }
 }
 
 fn event_with_deadline(name: &str, seq: u32, after_ms: u64) -> WaitCall<'_> {
     WaitCall {
+        named: ("event name", name),
         name,
         kind: StepKind::Event,
         wait: WaitKind::Event { name: name.to_string(), matcher: p(&serde_json::json!({"id": 1})) },
@@ -692,6 +699,27 @@ fn event_with_deadline(name: &str, seq: u32, after_ms: u64) -> WaitCall<'_> {
 
 fn signal_with_deadline(name: &str, seq: u32, after_ms: u64) -> WaitCall<'_> {
     WaitCall { deadline: Some(Deadline { seq, after: Duration::from_millis(after_ms) }), ..signal(name) }
+}
+
+#[test]
+fn a_wait_on_an_empty_name_fails_the_run_at_once() {
+    for named in [("signal token", ""), ("update name", ""), ("event name", "")] {
+        let mut t = turn(vec![]);
+        let seq = t.take_seq();
+        // The token itself may be non-empty (an update's is `update:<run>:<name>`): the name the
+        // workflow gave is what no message can reach.
+        let call = WaitCall { named, ..signal("update:r:") };
+        assert_eq!(t.wait(seq, call, 10), WaitBegin::Stopped);
+        let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("not failed: {:?}", t.stopped()) };
+        assert_eq!(e.code(), Some(codes::INVALID_NAME));
+        assert!(e.message.contains("seq 0") && e.message.contains(named.0), "{}", e.message);
+        let Some(Ended::Settle { status, .. }) = t.t_pending(11) else { panic!("no settle") };
+        assert_eq!(status, RunStatus::Failed);
+    }
+    // The check alone, as a task uses it before handing the work out.
+    let mut t = turn(vec![]);
+    assert!(t.check_name(0, "task name", "review"));
+    assert!(!t.check_name(1, "task name", ""));
 }
 
 #[test]

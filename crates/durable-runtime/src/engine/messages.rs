@@ -32,11 +32,9 @@ impl Engine {
     }
 }
 
+/// The same rule as a wait's ([`protocol::check_name`]): what cannot be sent cannot be awaited.
 fn check_name(what: &str, name: &str) -> Result<()> {
-    if name.is_empty() {
-        return Err(Error::InvalidName { what: what.to_string() });
-    }
-    Ok(())
+    protocol::check_name(what, name).map_err(|_| Error::InvalidName { what: what.to_string() })
 }
 
 impl Engine {

@@ -69,8 +69,12 @@ impl Shared {
     pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId) {
         loop {
             let now = self.clock.now();
-            let claim =
-                Claim { run_id: id.clone(), owner: self.owner.clone(), lease_until: now.saturating_add(self.lease_ms()), now };
+            let claim = Claim {
+                run_id: id.clone(),
+                owner: self.owner.clone(),
+                lease_until: now.saturating_add(self.lease_ms()),
+                now,
+            };
             let (run, history, previous, recovered) = match self.store.claim_run(claim).await {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
                 Ok(ClaimOutcome::NotFound) => return,

@@ -104,13 +104,14 @@ async fn await_delivery(
     t: &Arc<TurnState>,
     deadline: Option<(u32, Duration)>,
     seq: u32,
+    named: (&str, &str),
     name: &str,
     kind: StepKind,
     wait: WaitKind,
 ) -> Option<Payload> {
     let _call = CallGuard::new(t, seq);
     let deadline = deadline.map(|(seq, after)| Deadline { seq, after });
-    let begin = t.turn.lock().wait(seq, WaitCall { name, kind, wait, deadline }, t.now());
+    let begin = t.turn.lock().wait(seq, WaitCall { named, name, kind, wait, deadline }, t.now());
     match begin {
         WaitBegin::Delivered(p) => Some(p),
         WaitBegin::TimedOut => None,
@@ -132,12 +133,21 @@ impl WorkflowCtx {
         &self,
         token: &str,
     ) -> impl Future<Output = Result<T, SignalError>> + Send + 'static + use<T> {
-        let token = token.to_string();
+        self.signal_wait(("signal token", token.to_string()), token.to_string())
+    }
+
+    /// A signal wait on `token`; `named` is what the workflow named (checked by the core).
+    fn signal_wait<T: DeserializeOwned + Send + 'static>(
+        &self,
+        named: (&'static str, String),
+        token: String,
+    ) -> impl Future<Output = Result<T, SignalError>> + Send + 'static + use<T> {
         let seq = self.t.take_seq();
         let t = self.t.clone();
         async move {
             let wait = WaitKind::Signal { token: token.clone() };
-            let Some(p) = await_delivery(&t, None, seq, &token, StepKind::Signal, wait).await else {
+            let named = (named.0, named.1.as_str());
+            let Some(p) = await_delivery(&t, None, seq, named, &token, StepKind::Signal, wait).await else {
                 return halt().await;
             };
             decode_delivery(&t, seq, &token, &p)
@@ -157,7 +167,8 @@ impl WorkflowCtx {
         let t = self.t.clone();
         async move {
             let wait = WaitKind::Signal { token: token.clone() };
-            match await_delivery(&t, Some((deadline, timeout)), seq, &token, StepKind::Signal, wait).await {
+            let named = ("signal token", token.as_str());
+            match await_delivery(&t, Some((deadline, timeout)), seq, named, &token, StepKind::Signal, wait).await {
                 Some(p) => decode_delivery(&t, seq, &token, &p).map(Some),
                 None => Ok(None),
             }
@@ -177,7 +188,8 @@ impl WorkflowCtx {
         let t = self.t.clone();
         async move {
             let wait = event_wait(&name, &matcher);
-            let Some(p) = await_delivery(&t, None, seq, &name, StepKind::Event, wait).await else {
+            let named = ("event name", name.as_str());
+            let Some(p) = await_delivery(&t, None, seq, named, &name, StepKind::Event, wait).await else {
                 return halt().await;
             };
             decode_delivery(&t, seq, &name, &p)
@@ -197,7 +209,8 @@ impl WorkflowCtx {
         let t = self.t.clone();
         async move {
             let wait = event_wait(&name, &matcher);
-            match await_delivery(&t, Some((deadline, timeout)), seq, &name, StepKind::Event, wait).await {
+            let named = ("event name", name.as_str());
+            match await_delivery(&t, Some((deadline, timeout)), seq, named, &name, StepKind::Event, wait).await {
                 Some(p) => decode_delivery(&t, seq, &name, &p).map(Some),
                 None => Ok(None),
             }
@@ -237,7 +250,7 @@ impl WorkflowCtx {
         &self,
         name: &str,
     ) -> impl Future<Output = Result<T, SignalError>> + Send + 'static + use<T> {
-        self.wait_for_signal(&protocol::update_token(self.run_id(), name))
+        self.signal_wait(("update name", name.to_string()), protocol::update_token(self.run_id(), name))
     }
 
     /// An external task: runs `dispatch` as a step (hand the work out — send the email with the
@@ -257,9 +270,15 @@ impl WorkflowCtx {
         let step = self.step(protocol::task_step_name(&name), dispatch);
         // The wait takes the seq right after the step's, at this call.
         let seq = step.seq() + 1;
-        let wait = self.wait_for_signal::<TaskResult>(&protocol::task_token(self.run_id(), &name));
+        let token = protocol::task_token(self.run_id(), &name);
+        let wait = self.signal_wait::<TaskResult>(("task name", name.clone()), token);
         let run_id = self.run_id().clone();
+        let t = self.t.clone();
         async move {
+            // A task no result can reach is not handed out at all.
+            if !t.turn.lock().check_name(seq, "task name", &name) {
+                return halt().await;
+            }
             step.await.map_err(TaskError::Dispatch)?;
             match wait.await.map_err(TaskError::BadPayload)? {
                 TaskResult::Ok(p) => p.decode().map_err(|e| {
