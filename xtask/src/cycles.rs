@@ -1,19 +1,54 @@
-//! `cargo xtask cycles`: import cycles between the top-level modules of a crate (DESIGN §5: "no
-//! import cycle between runtime modules").
+//! `cargo xtask cycles`: import cycles between the modules of a crate, nested ones included
+//! (DESIGN §5: "no import cycle between runtime modules").
 //!
-//! Reads every `.rs` file under a `src` directory and builds the graph of its top-level modules
-//! (`engine`, `ctx`, …; a file `a/b.rs` or `a/b/mod.rs` belongs to `a`): an edge `a -> b` for
-//! every path in `a` that names something in `b` — `crate::b::…`, `use crate::{b::X, …}`,
-//! `super::…`/`self::…` resolved from the file's (and inline module's) place, and `crate::X`
-//! where the crate root re-exports `X` from `b` (`pub use b::X;` in `lib.rs`). Comments, string
-//! literals and `#[cfg(test)] mod … { }` blocks are ignored. Cycles are the strongly connected
-//! components of that graph (Tarjan), printed as `cycle: a -> b -> a`.
+//! # The graph
+//!
+//! Reads every `.rs` file under a `src` directory. The nodes are module paths: `a.rs` and
+//! `a/mod.rs` are `a`, `a/b.rs` is `a::b`, an inline `mod c { … }` in it is `a::b::c`. Test
+//! modules (`#[cfg(test)] mod … { }`, and the file of a `#[cfg(test)] mod x;`) are left out;
+//! the crate root (`lib.rs`) is no node: it is the crate's façade.
+//!
+//! A reference is a path that names something of the crate, in a `use` item or in code:
+//! `crate::…` (`$crate::…`), `self::…`, `super::…`, or a path starting with the name of a
+//! child module or of an import of the module (`use executor::Executor;` in `sched`). It
+//! resolves to the longest prefix of the path that is a module (`crate::sched::executor::Foo`
+//! → `sched::executor`, `crate::sched::Shared` → `sched`), and when the next name is one the
+//! module imports, on to where that import leads: `crate::Engine` → `engine` when `lib.rs`
+//! has `pub use engine::Engine;`, `super::WorkflowCtx` → `turn::ctx` when `turn` has
+//! `pub use ctx::WorkflowCtx;`. A re-export never hides where a name is defined. Comments and
+//! string literals are ignored; a `mod x;` declaration is no reference.
+//!
+//! A reference from module `m` to module `t` is an edge where the two part: between the
+//! children of their deepest common ancestor that hold them (`turn::ctx` → `sched::executor`
+//! is the edge `turn -> sched`, `sched::executor` → `sched::timers` is itself), or, when one
+//! is inside the other, between the outer one and its child on the way (`a::b::c` → `a` is
+//! `a::b -> a`). So the top-level modules are checked as before, and the modules under each
+//! parent, with the parent itself, are checked the same way.
+//!
+//! # Parents and children
+//!
+//! A child using its parent (`use super::Shared;`) is an edge `child -> parent`: normal, and
+//! never a cycle on its own (the parent's `mod child;` is no edge back). A parent's import of
+//! an item of one of its descendants is an edge only when the parent's own code names what it
+//! imports, outside `use` items: `pub use child::X;` with `X` named nowhere else in the
+//! parent is a re-export — the parent only publishes the name, and whoever uses it gets an
+//! edge to `child` itself — so it is no edge (nor is an unused import, nor `pub use
+//! child::*`). A parent that does use its child — a field of the child's type, a call into
+//! it, a path `child::f()` in its code — while the child uses the parent is a cycle
+//! `parent -> child -> parent`: the two cannot be read or changed apart, and through the
+//! parent the child reaches its siblings (`executor -> sched -> timers`) whatever order the
+//! siblings keep among themselves. The heuristic misses a trait a parent imports from a child
+//! only to call its methods (its name is never written).
+//!
+//! Cycles are the strongly connected components of that graph (Tarjan), printed as
+//! `cycle: a -> b -> a`.
 
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::path::Path;
 
-/// The module graph: each top-level module's dependencies, with where the first reference of
-/// each edge was seen (`file:line`).
+/// The module graph: each module's dependencies, with where the first reference of each edge
+/// was seen (`file:line`, followed by the two modules it joins when those are not the edge's
+/// own: `turn/ctx.rs:9 (turn::ctx -> sched::executor)` for the edge `turn -> sched`).
 #[derive(Debug, Default)]
 pub(crate) struct Graph {
     pub(crate) modules: BTreeSet<String>,
@@ -23,25 +58,12 @@ pub(crate) struct Graph {
 impl Graph {
     /// The graph of the crate whose sources are `files`: `(path relative to src/, source)`.
     pub(crate) fn from_sources(files: &[(String, String)]) -> Graph {
-        let mut graph = Graph::default();
-        let parsed: Vec<(String, Vec<String>, Vec<Token>)> =
-            files.iter().map(|(path, src)| (path.clone(), module_path(path), tokenize(&strip(src)))).collect();
-        for (_, module, _) in &parsed {
-            if let Some(top) = module.first() {
-                graph.modules.insert(top.clone());
-            }
+        let mut krate = Crate::default();
+        for (path, src) in files {
+            krate.scan(path, src);
         }
-        let reexports: BTreeMap<String, String> = parsed
-            .iter()
-            .filter(|(_, module, _)| module.is_empty())
-            .flat_map(|(_, _, tokens)| root_reexports(tokens, &graph.modules))
-            .collect();
-        for (path, module, tokens) in &parsed {
-            for (from, to, line) in references(module, tokens, &graph.modules, &reexports) {
-                graph.edges.entry(from).or_default().entry(to).or_insert_with(|| format!("{path}:{line}"));
-            }
-        }
-        graph
+        krate.drop_test_modules();
+        krate.graph()
     }
 
     /// Reads every `.rs` file under `src`.
@@ -169,9 +191,254 @@ impl Graph {
     }
 }
 
+/// A module path: `[]` is the crate root, `[sched, executor]` is `sched::executor`.
+type ModPath = Vec<String>;
+
+/// What the sources of a crate say about its modules.
+#[derive(Default)]
+struct Crate {
+    /// Every module but the root.
+    modules: BTreeSet<ModPath>,
+    /// Each module's file and references (the root's too).
+    sources: BTreeMap<ModPath, Source>,
+    /// Each module's item-level imports: the name a `use` binds → the path it imports, and
+    /// whether the `use` is `pub` (else only the module and its descendants see it).
+    imports: BTreeMap<ModPath, BTreeMap<String, (Vec<String>, bool)>>,
+    /// Modules declared `#[cfg(test)] mod x;`: their files are left out.
+    test_modules: Vec<ModPath>,
+}
+
+#[derive(Default)]
+struct Source {
+    file: String,
+    refs: Vec<Ref>,
+    /// The identifiers the module's code names outside `use` items (not after `.` or `::`).
+    named: BTreeSet<String>,
+}
+
+/// A path that may name something of the crate.
+struct Ref {
+    path: Vec<String>,
+    line: usize,
+    /// What the `use` leaf is, for a path in a `use` item.
+    import: Option<Import>,
+}
+
+struct Import {
+    /// The name the leaf binds: `None` for a glob or `as _`.
+    binding: Option<String>,
+    glob: bool,
+    public: bool,
+}
+
+impl Import {
+    /// Whether the importing module's own code never uses what this imports: a re-export
+    /// (`pub use child::X;`, `pub use child::*;`) or an unused import. A private glob or an
+    /// `as _` import might be used anywhere: it counts as used.
+    fn unused_by(&self, named: &BTreeSet<String>) -> bool {
+        match &self.binding {
+            Some(name) => !named.contains(name),
+            None => self.glob && self.public,
+        }
+    }
+}
+
+impl Crate {
+    /// Reads one file: its modules (the file's and inline ones), imports and references.
+    fn scan(&mut self, file: &str, src: &str) {
+        let file_module = module_path(file);
+        let tokens = tokenize(&strip(src));
+        // Open modules: (path, brace depth of its body, whether it is a test module).
+        let mut open: Vec<(ModPath, usize, bool)> = vec![(file_module.clone(), 0, false)];
+        self.declare(&file_module, file);
+        let mut depth = 0;
+        let mut i = 0;
+        while i < tokens.len() {
+            let (module, base, test) = open.last().cloned().expect("the file's module stays open");
+            let t = &tokens[i];
+            let prev = i.checked_sub(1).map(|p| tokens[p].text.as_str());
+            match t.text.as_str() {
+                "mod" if tokens.get(i + 1).is_some_and(is_ident) => {
+                    let test = test || is_test_mod(&tokens, i);
+                    let path = [module.as_slice(), &[tokens[i + 1].text.clone()]].concat();
+                    if is(&tokens, i + 2, "{") {
+                        depth += 1;
+                        if !test {
+                            self.declare(&path, file);
+                        }
+                        open.push((path, depth, test));
+                        i += 3;
+                    } else {
+                        if test {
+                            self.test_modules.push(path);
+                        }
+                        i += 2;
+                    }
+                    continue;
+                }
+                "{" => depth += 1,
+                "}" => {
+                    if open.len() > 1 && base == depth {
+                        open.pop();
+                    }
+                    depth = depth.saturating_sub(1);
+                }
+                // Not `+ use<'a, T>`, a bound.
+                "use" if !is(&tokens, i + 1, "<") => {
+                    let end = (i..tokens.len()).find(|&j| tokens[j].text == ";").unwrap_or(tokens.len());
+                    if !test {
+                        let public = is_public(&tokens, i);
+                        for leaf in use_leaves(&tokens[i + 1..end]) {
+                            if depth == base
+                                && let Some(name) = &leaf.binding
+                            {
+                                let imports = self.imports.entry(module.clone()).or_default();
+                                imports.entry(name.clone()).or_insert_with(|| (leaf.path.clone(), public));
+                            }
+                            let import = Import { binding: leaf.binding, glob: leaf.glob, public };
+                            let r = Ref { path: leaf.path, line: leaf.line, import: Some(import) };
+                            self.source(&module).refs.push(r);
+                        }
+                    }
+                    i = end + 1;
+                    continue;
+                }
+                _ if !test && (is_ident(t) || t.text == "$crate") && !matches!(prev, Some("::" | ".")) => {
+                    let source = self.source(&module);
+                    source.named.insert(t.text.clone());
+                    // A path, unless it is the `crate::a` of `pub(in crate::a)`.
+                    let visibility = prev == Some("in") && i >= 3 && tokens[i - 2].text == "(";
+                    if is(&tokens, i + 1, "::") && !visibility {
+                        let mut path = vec![t.text.clone()];
+                        let mut j = i + 1;
+                        while is(&tokens, j, "::") && tokens.get(j + 1).is_some_and(is_ident) {
+                            path.push(tokens[j + 1].text.clone());
+                            j += 2;
+                        }
+                        if path.len() > 1 {
+                            source.refs.push(Ref { path, line: t.line, import: None });
+                        }
+                    }
+                }
+                _ => {}
+            }
+            i += 1;
+        }
+    }
+
+    fn declare(&mut self, module: &ModPath, file: &str) {
+        if !module.is_empty() {
+            self.modules.insert(module.clone());
+        }
+        self.source(module).file = file.to_string();
+    }
+
+    fn source(&mut self, module: &ModPath) -> &mut Source {
+        self.sources.entry(module.clone()).or_default()
+    }
+
+    /// Leaves out the test modules declared `#[cfg(test)] mod x;` and everything inside them.
+    fn drop_test_modules(&mut self) {
+        let tests = std::mem::take(&mut self.test_modules);
+        let kept = |m: &ModPath| !tests.iter().any(|t| m.starts_with(t));
+        self.modules.retain(|m| kept(m));
+        self.sources.retain(|m, _| kept(m));
+        self.imports.retain(|m, _| kept(m));
+    }
+
+    /// The module a path used in `from` names something of, and whether it names that module
+    /// itself (`crate::sched`, `super::*`) rather than an item in it; `None` when it names
+    /// nothing of this crate (`std::…`, a local, another crate) or nothing at all.
+    fn resolve(&self, from: &[String], path: &[String], seen: &mut Vec<(ModPath, String)>) -> Option<(ModPath, bool)> {
+        let (mut module, mut rest): (ModPath, &[String]) = match path.first()?.as_str() {
+            "crate" | "$crate" => (Vec::new(), &path[1..]),
+            "self" => (from.to_vec(), &path[1..]),
+            "super" => (from.to_vec(), path),
+            first if self.modules.contains(&[from, &[first.to_string()]].concat()) => (from.to_vec(), path),
+            // A name this module imports: `use super::operate;` then `operate::f()`.
+            first => match self.import(from, from, first, seen)? {
+                Some((module, true)) => (module, &path[1..]),
+                other => return other,
+            },
+        };
+        while rest.first().is_some_and(|s| s == "super") {
+            module.pop()?;
+            rest = &rest[1..];
+        }
+        while let Some(name) = rest.first() {
+            let child = [module.as_slice(), std::slice::from_ref(name)].concat();
+            if !self.modules.contains(&child) {
+                break;
+            }
+            module = child;
+            rest = &rest[1..];
+        }
+        match rest.first().map(String::as_str) {
+            None | Some("*") => Some((module, true)),
+            Some(name) => self.import(from, &module, name, seen).unwrap_or(Some((module, false))),
+        }
+    }
+
+    /// What `name` imported at item level in `module` resolves to, seen from `from`: `None`
+    /// when the module imports no such name visible from there (a private import is seen by
+    /// the module and its descendants), `Some(None)` when the import leads outside the crate
+    /// (or in a circle).
+    fn import(
+        &self,
+        from: &[String],
+        module: &[String],
+        name: &str,
+        seen: &mut Vec<(ModPath, String)>,
+    ) -> Option<Option<(ModPath, bool)>> {
+        let (path, public) = self.imports.get(module)?.get(name)?;
+        if !public && !from.starts_with(module) {
+            return None;
+        }
+        let key = (module.to_vec(), name.to_string());
+        if seen.contains(&key) {
+            return Some(None);
+        }
+        seen.push(key);
+        Some(self.resolve(module, path, seen))
+    }
+
+    /// The graph: every reference of every module, drawn at the level where its two modules
+    /// part (see the module docs).
+    fn graph(&self) -> Graph {
+        let mut graph = Graph { modules: self.modules.iter().map(|m| m.join("::")).collect(), edges: BTreeMap::new() };
+        for (module, source) in self.sources.iter().filter(|(m, _)| !m.is_empty()) {
+            for r in &source.refs {
+                let Some((target, _)) = self.resolve(module, &r.path, &mut Vec::new()) else { continue };
+                if target.is_empty() || &target == module {
+                    continue;
+                }
+                let downward = target.starts_with(module);
+                if downward && r.import.as_ref().is_some_and(|import| import.unused_by(&source.named)) {
+                    continue;
+                }
+                let (from, to) = level(module, &target);
+                let mut at = format!("{}:{}", source.file, r.line);
+                if (from, to) != (module.as_slice(), target.as_slice()) {
+                    at.push_str(&format!(" ({} -> {})", module.join("::"), target.join("::")));
+                }
+                graph.edges.entry(from.join("::")).or_default().entry(to.join("::")).or_insert(at);
+            }
+        }
+        graph
+    }
+}
+
+/// The two modules an edge for a reference from `from` to `to` joins: the children of their
+/// deepest common ancestor that hold them, or, when one is inside the other, the outer one and
+/// its child on the way.
+fn level<'a>(from: &'a [String], to: &'a [String]) -> (&'a [String], &'a [String]) {
+    let common = from.iter().zip(to).take_while(|(a, b)| a == b).count();
+    (&from[..from.len().min(common + 1)], &to[..to.len().min(common + 1)])
+}
+
 /// The module path of a file under `src/`: `lib.rs` → `[]`, `a.rs` and `a/mod.rs` → `[a]`,
 /// `a/b.rs` → `[a, b]`.
-fn module_path(path: &str) -> Vec<String> {
+fn module_path(path: &str) -> ModPath {
     let mut parts: Vec<String> = path.trim_end_matches(".rs").split('/').map(String::from).collect();
     if parts.last().is_some_and(|p| p == "mod") || (parts.len() == 1 && (parts[0] == "lib" || parts[0] == "main")) {
         parts.pop();
@@ -303,65 +570,81 @@ fn is_ident(token: &Token) -> bool {
     token.text.chars().next().is_some_and(|c| c.is_alphabetic() || c == '_')
 }
 
-/// The first segments of a path that continues at `i`: one identifier, or the first identifier
-/// of each element of a `{ … }` group.
-fn first_segments(tokens: &[Token], i: usize) -> Vec<String> {
-    if !is(tokens, i, "{") {
-        return tokens
-            .get(i)
-            .filter(|t| is_ident(t) || t.text == "*")
-            .map(|t| vec![t.text.clone()])
-            .unwrap_or_default();
-    }
-    let (mut out, mut depth, mut at_element) = (Vec::new(), 0, true);
-    for t in &tokens[i..] {
-        match t.text.as_str() {
-            "{" => {
-                depth += 1;
-                at_element = depth == 1;
-            }
-            "}" => {
-                depth -= 1;
-                if depth == 0 {
-                    break;
+/// One leaf of a `use` tree: `use a::{b::C, d::{self, E as F}, g::*};` has the leaves
+/// `a::b::C` (binding `C`), `a::d` (`d`), `a::d::E` (`F`) and the glob `a::g::*`.
+#[derive(Debug, PartialEq)]
+struct Leaf {
+    path: Vec<String>,
+    binding: Option<String>,
+    glob: bool,
+    line: usize,
+}
+
+/// The leaves of the `use` tree `tokens` (what follows `use`, up to the `;`).
+fn use_leaves(tokens: &[Token]) -> Vec<Leaf> {
+    fn tree(tokens: &[Token], i: &mut usize, mut path: Vec<String>, out: &mut Vec<Leaf>) {
+        if is(tokens, *i, "::") {
+            // `::name`: a crate, never a module of this one.
+            path.push("::".into());
+            *i += 1;
+        }
+        while let Some(t) = tokens.get(*i) {
+            match t.text.as_str() {
+                "{" => {
+                    *i += 1;
+                    while *i < tokens.len() && !is(tokens, *i, "}") {
+                        tree(tokens, i, path.clone(), out);
+                        if is(tokens, *i, ",") {
+                            *i += 1;
+                        } else if !is(tokens, *i, "}") {
+                            return; // not a use tree
+                        }
+                    }
+                    *i += 1;
+                    return;
                 }
+                "*" => {
+                    *i += 1;
+                    out.push(Leaf { path: [path, vec!["*".into()]].concat(), binding: None, glob: true, line: t.line });
+                    return;
+                }
+                name if is_ident(t) => {
+                    *i += 1;
+                    if is(tokens, *i, "::") {
+                        path.push(name.to_string());
+                        *i += 1;
+                        continue;
+                    }
+                    if name != "self" {
+                        path.push(name.to_string());
+                    }
+                    let mut binding = path.last().cloned();
+                    if is(tokens, *i, "as") {
+                        binding = tokens.get(*i + 1).map(|t| t.text.clone()).filter(|alias| alias != "_");
+                        *i += 2;
+                    }
+                    out.push(Leaf { path, binding, glob: false, line: t.line });
+                    return;
+                }
+                _ => return,
             }
-            "," if depth == 1 => at_element = true,
-            text if at_element && depth == 1 => {
-                out.push(text.to_string());
-                at_element = false;
-            }
-            _ => {}
         }
     }
+    let mut out = Vec::new();
+    tree(tokens, &mut 0, Vec::new(), &mut out);
     out
 }
 
-/// Names the crate root re-exports from a module: `pub use engine::{Engine, Started};` maps
-/// `Engine` and `Started` to `engine`.
-fn root_reexports(tokens: &[Token], modules: &BTreeSet<String>) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let mut depth = 0;
-    for (i, t) in tokens.iter().enumerate() {
-        match t.text.as_str() {
-            "{" => depth += 1,
-            "}" => depth -= 1,
-            "use" if depth == 0 => {
-                let mut j = i + 1;
-                if is(tokens, j, "crate") || is(tokens, j, "self") {
-                    j += 2;
-                }
-                let Some(module) = tokens.get(j).filter(|t| modules.contains(&t.text)) else { continue };
-                for name in tokens[j + 1..].iter().take_while(|t| t.text != ";").filter(|t| is_ident(t)) {
-                    if !matches!(name.text.as_str(), "self" | "as" | "crate" | "super") {
-                        out.push((name.text.clone(), module.text.clone()));
-                    }
-                }
-            }
-            _ => {}
+/// Whether the `use` at `i` is `pub` or `pub(…)`.
+fn is_public(tokens: &[Token], i: usize) -> bool {
+    let mut j = i;
+    if j > 0 && tokens[j - 1].text == ")" {
+        while j > 0 && tokens[j - 1].text != "(" {
+            j -= 1;
         }
+        j = j.saturating_sub(1);
     }
-    out
+    j > 0 && tokens[j - 1].text == "pub"
 }
 
 /// Whether the `mod` at `i` has `#[cfg(test)]` right before it (`pub`/`pub(…)` between).
@@ -377,74 +660,6 @@ fn is_test_mod(tokens: &[Token], i: usize) -> bool {
         j -= 1;
     }
     j >= 7 && tokens[j - 7..j].iter().map(|t| t.text.as_str()).eq(["#", "[", "cfg", "(", "test", ")", "]"])
-}
-
-/// The edges `(from, to, line)` of the file whose module path is `file_module`.
-fn references(
-    file_module: &[String],
-    tokens: &[Token],
-    modules: &BTreeSet<String>,
-    reexports: &BTreeMap<String, String>,
-) -> Vec<(String, String, usize)> {
-    let mut out = Vec::new();
-    let mut module: Vec<String> = file_module.to_vec();
-    // Inline modules: (brace depth inside them, whether it is a test module).
-    let mut inline: Vec<(usize, bool)> = Vec::new();
-    let mut depth = 0;
-    let mut i = 0;
-    while i < tokens.len() {
-        let t = &tokens[i];
-        match t.text.as_str() {
-            "mod" if tokens.get(i + 1).is_some_and(is_ident) && is(tokens, i + 2, "{") => {
-                let test = is_test_mod(tokens, i) || inline.last().is_some_and(|(_, test)| *test);
-                module.push(tokens[i + 1].text.clone());
-                depth += 1;
-                inline.push((depth, test));
-                i += 3;
-                continue;
-            }
-            "{" => depth += 1,
-            "}" => {
-                if inline.last().is_some_and(|(d, _)| *d == depth) {
-                    inline.pop();
-                    module.pop();
-                }
-                depth -= 1;
-            }
-            "crate" | "$crate" | "super" | "self"
-                if is(tokens, i + 1, "::") && !(i > 0 && tokens[i - 1].text == "::") =>
-            {
-                let in_test = inline.last().is_some_and(|(_, test)| *test);
-                let mut base: Option<Vec<String>> = match t.text.as_str() {
-                    "self" => Some(module.clone()),
-                    "super" => module.split_last().map(|(_, parent)| parent.to_vec()),
-                    _ => Some(Vec::new()),
-                };
-                let mut j = i + 2;
-                while is(tokens, j, "super") && is(tokens, j + 1, "::") {
-                    base = base.and_then(|b| b.split_last().map(|(_, parent)| parent.to_vec()));
-                    j += 2;
-                }
-                if let (Some(base), Some(from), false) = (base, file_module.first(), in_test) {
-                    for first in first_segments(tokens, j) {
-                        let to = match base.first() {
-                            Some(top) => Some(top.clone()),
-                            None if modules.contains(&first) => Some(first),
-                            None => reexports.get(&first).cloned(),
-                        };
-                        if let Some(to) = to.filter(|to| to != from) {
-                            out.push((from.clone(), to, t.line));
-                        }
-                    }
-                }
-                i = j;
-                continue;
-            }
-            _ => {}
-        }
-        i += 1;
-    }
-    out
 }
 
 #[cfg(test)]
@@ -495,7 +710,7 @@ mod tests {
             ("a/b.rs", "use super::sibling; use super::super::d::{D, E};"),
             ("d/mod.rs", "mod inner { use super::super::a::Y; }"),
         ]);
-        assert_eq!(g.modules, BTreeSet::from(["a".to_string(), "d".to_string()]));
+        assert_eq!(g.modules, BTreeSet::from(["a", "a::b", "d", "d::inner"].map(String::from)));
         assert_eq!(deps(&g, "a"), ["d"]);
         assert_eq!(deps(&g, "d"), ["a"]);
         assert_eq!(g.components(), [["a", "d"]]);
@@ -523,5 +738,139 @@ mod tests {
         let component = &g.components()[0];
         assert_eq!(component, &["a", "b", "c"]);
         assert_eq!(g.cycles_in(component), [vec!["a", "b"], vec!["a", "b", "c"]]);
+    }
+
+    #[test]
+    fn a_cycle_between_nested_siblings_is_found() {
+        let g = graph(&[
+            ("lib.rs", "mod sched;"),
+            ("sched/mod.rs", "mod executor;\nmod timers;\npub(crate) struct Shared;"),
+            ("sched/executor.rs", "use super::Shared;\nuse super::timers::Timer;\npub(crate) fn run(_: &Shared) {}"),
+            (
+                "sched/timers.rs",
+                "use super::Shared;\npub(crate) struct Timer;\nfn f(s: &Shared) {\n    super::executor::run(s);\n}",
+            ),
+        ]);
+        assert_eq!(g.components(), [["sched::executor", "sched::timers"]]);
+        assert_eq!(g.edges["sched::executor"]["sched::timers"], "sched/executor.rs:2");
+        assert_eq!(g.edges["sched::timers"]["sched::executor"], "sched/timers.rs:4");
+        assert_eq!(deps(&g, "sched::executor"), ["sched", "sched::timers"], "a child uses its parent");
+        assert!(deps(&g, "sched").is_empty(), "`mod executor;` is no edge");
+    }
+
+    #[test]
+    fn a_parent_reexporting_its_children_is_no_cycle() {
+        let g = graph(&[
+            ("lib.rs", "mod engine;\nmod turn;"),
+            (
+                "turn/mod.rs",
+                "mod child;\nmod ctx;\nmod wait;\npub use child::ChildHandle;\n\
+                 pub(crate) use ctx::{Step, WorkflowCtx as Ctx};\npub use wait::*;\n\
+                 pub(crate) struct TurnState;\nfn halt() {}",
+            ),
+            ("turn/ctx.rs", "use super::{TurnState, halt};\npub struct WorkflowCtx;\npub struct Step;"),
+            ("turn/child.rs", "use super::{Ctx, TurnState};\npub struct ChildHandle;"),
+            ("turn/wait.rs", "pub struct SignalError;\nfn f(_: super::TurnState) {}"),
+            ("engine.rs", "fn f(_: crate::turn::Ctx) {}"),
+        ]);
+        assert!(g.components().is_empty());
+        assert!(deps(&g, "turn").is_empty(), "re-exports are no edges");
+        assert_eq!(deps(&g, "turn::ctx"), ["turn"]);
+        assert_eq!(deps(&g, "turn::child"), ["turn", "turn::ctx"], "`super::Ctx` is `ctx`'s");
+        assert_eq!(g.edges["engine"]["turn"], "engine.rs:1 (engine -> turn::ctx)");
+    }
+
+    #[test]
+    fn a_parent_using_its_child_while_the_child_uses_it_is_a_cycle() {
+        let g = graph(&[
+            ("lib.rs", "mod sched;\nmod turn;"),
+            (
+                "sched/mod.rs",
+                "mod executor;\nmod hooks;\nmod timers;\nuse executor::Executor;\nuse hooks::Hooks;\n\
+                 pub(crate) struct Shared {\n    executor: Executor,\n    hooks: Hooks,\n}\n\
+                 fn f() {\n    timers::poke();\n}",
+            ),
+            ("sched/executor.rs", "use super::Shared;\npub(crate) struct Executor;"),
+            ("sched/hooks.rs", "pub(crate) struct Hooks;"),
+            ("sched/timers.rs", "pub(crate) fn poke() {}\nfn f(_: &super::Shared) {}"),
+            // A re-export the parent's own code uses too is a use.
+            (
+                "turn/mod.rs",
+                "mod ctx;\npub(crate) use ctx::Undo;\npub(crate) struct TurnState {\n    undos: Vec<Undo>,\n}",
+            ),
+            ("turn/ctx.rs", "pub(crate) struct Undo;\nfn f(_: super::TurnState) {}"),
+        ]);
+        assert_eq!(g.components(), [vec!["sched", "sched::executor", "sched::timers"], vec!["turn", "turn::ctx"]]);
+        assert_eq!(g.cycles_in(&g.components()[0]), [["sched", "sched::executor"], ["sched", "sched::timers"]]);
+        assert_eq!(g.edges["sched"]["sched::executor"], "sched/mod.rs:4");
+        assert_eq!(g.edges["sched"]["sched::timers"], "sched/mod.rs:11");
+        assert_eq!(g.edges["sched::executor"]["sched"], "sched/executor.rs:1");
+        assert_eq!(g.edges["turn"]["turn::ctx"], "turn/mod.rs:2");
+        assert_eq!(deps(&g, "sched"), ["sched::executor", "sched::hooks", "sched::timers"]);
+        assert!(deps(&g, "sched::hooks").is_empty(), "a child that does not use its parent is no cycle");
+    }
+
+    #[test]
+    fn a_reexport_does_not_hide_a_cycle_between_siblings() {
+        let g = graph(&[
+            ("lib.rs", "mod turn;"),
+            ("turn/mod.rs", "mod child;\nmod ctx;\npub use ctx::WorkflowCtx;"),
+            ("turn/child.rs", "use super::WorkflowCtx;\npub(crate) fn spawn() {}"),
+            ("turn/ctx.rs", "pub struct WorkflowCtx;\nfn f() {\n    super::child::spawn();\n}"),
+        ]);
+        assert_eq!(g.components(), [["turn::child", "turn::ctx"]]);
+        assert_eq!(g.edges["turn::child"]["turn::ctx"], "turn/child.rs:1");
+        assert_eq!(g.edges["turn::ctx"]["turn::child"], "turn/ctx.rs:3");
+    }
+
+    #[test]
+    fn paths_resolve_to_the_longest_module_prefix_and_join_at_the_level_they_part() {
+        let g = graph(&[
+            ("lib.rs", "mod engine;\nmod sched;\nmod turn;"),
+            ("sched/mod.rs", "mod executor;\nmod timers;\npub(crate) struct Shared;"),
+            ("sched/executor.rs", "pub(crate) struct Foo;\nmod inner {\n    pub(crate) fn g() {}\n}"),
+            ("sched/timers.rs", "fn f(_: crate::sched::Shared) {\n    crate::sched::executor::inner::g();\n}"),
+            ("engine.rs", "use crate::sched::executor::Foo;"),
+            ("turn/ctx.rs", "fn f() {\n    crate::sched::executor::Foo::new();\n}"),
+            ("turn/mod.rs", "mod ctx;"),
+        ]);
+        assert!(g.modules.contains("sched::executor::inner"));
+        assert_eq!(deps(&g, "sched::timers"), ["sched", "sched::executor"]);
+        assert_eq!(
+            g.edges["sched::timers"]["sched::executor"],
+            "sched/timers.rs:2 (sched::timers -> sched::executor::inner)"
+        );
+        assert_eq!(g.edges["engine"]["sched"], "engine.rs:1 (engine -> sched::executor)");
+        assert_eq!(g.edges["turn"]["sched"], "turn/ctx.rs:2 (turn::ctx -> sched::executor)");
+        assert!(g.components().is_empty());
+    }
+
+    #[test]
+    fn test_modules_in_their_own_file_and_use_bounds_are_left_out() {
+        let g = graph(&[
+            ("lib.rs", "mod a;\nmod b;"),
+            ("a/mod.rs", "#[cfg(test)]\nmod tests;\nfn f<T>(t: T) -> impl Sized + use<T> { t }\npub(crate) struct A;"),
+            ("a/tests.rs", "use crate::b::B;"),
+            ("b.rs", "use crate::a::A;\npub(crate) struct B;"),
+        ]);
+        assert_eq!(g.modules, BTreeSet::from(["a", "b"].map(String::from)));
+        assert!(deps(&g, "a").is_empty());
+        assert_eq!(deps(&g, "b"), ["a"]);
+    }
+
+    #[test]
+    fn use_trees_are_read_leaf_by_leaf() {
+        let tokens = tokenize("crate::{b::C, d::{self, E as F}, g::*, h::T as _}");
+        let leaves: Vec<(String, Option<String>, bool)> =
+            use_leaves(&tokens).into_iter().map(|l| (l.path.join("::"), l.binding, l.glob)).collect();
+        let expected = [
+            ("crate::b::C", Some("C"), false),
+            ("crate::d", Some("d"), false),
+            ("crate::d::E", Some("F"), false),
+            ("crate::g::*", None, true),
+            ("crate::h::T", None, false),
+        ]
+        .map(|(p, b, g)| (p.to_string(), b.map(String::from), g));
+        assert_eq!(leaves, expected);
     }
 }

@@ -19,7 +19,8 @@ commands:
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
   purity                  check that durable-core pulls in no I/O crates
   package                 cargo package every publishable crate (no verify build), warnings fail
-  cycles [--deny]         import cycles between durable-runtime's modules (--deny: fail on one)
+  cycles [--deny]         import cycles between durable-runtime's modules, nested ones included
+                          (--deny: fail on one)
 ";
 
 /// Whether `ci` fails on an import cycle between durable-runtime's modules (DESIGN §5).
@@ -169,8 +170,9 @@ fn package() -> Result<(), String> {
     Ok(())
 }
 
-/// Import cycles between the top-level modules of durable-runtime (see [`mod@cycles`]): printed,
-/// and an error when `enforce`.
+/// Import cycles between the modules of durable-runtime, nested ones included (see
+/// [`mod@cycles`] for the graph and the rule between a parent and its children): printed, and an
+/// error when `enforce`.
 fn cycles(enforce: bool) -> Result<(), String> {
     let src = root().join(CYCLES_CRATE);
     let graph = cycles::Graph::from_dir(&src)?;
