@@ -27,18 +27,14 @@
 //!
 //! # Parents and children
 //!
-//! A child using its parent (`use super::Shared;`) is an edge `child -> parent`: normal, and
-//! never a cycle on its own (the parent's `mod child;` is no edge back). A parent's import of
-//! an item of one of its descendants is an edge only when the parent's own code names what it
-//! imports, outside `use` items: `pub use child::X;` with `X` named nowhere else in the
-//! parent is a re-export — the parent only publishes the name, and whoever uses it gets an
-//! edge to `child` itself — so it is no edge (nor is an unused import, nor `pub use
-//! child::*`). A parent that does use its child — a field of the child's type, a call into
-//! it, a path `child::f()` in its code — while the child uses the parent is a cycle
-//! `parent -> child -> parent`: the two cannot be read or changed apart, and through the
-//! parent the child reaches its siblings (`executor -> sched -> timers`) whatever order the
-//! siblings keep among themselves. The heuristic misses a trait a parent imports from a child
-//! only to call its methods (its name is never written).
+//! A module and its submodules are one unit to the rest of the crate. A child using its parent
+//! (`use super::Shared;`) is an edge `child -> parent`; a parent reaching into its own children
+//! (a field of a child's type, `child::f()`, `pub use child::X`) is no edge: that is the hub
+//! pattern the runtime uses (`sched::Shared` owns each child's state and each child works on
+//! `&Shared`). What the check forbids is a cycle between top-level modules and a cycle between
+//! siblings under one parent (`sched::executor -> sched::timers -> sched::executor`). Paths
+//! only: a dependency through a field access (`shared.timers.schedule()`) or through a trait
+//! method is invisible to it.
 //!
 //! Cycles are the strongly connected components of that graph (Tarjan), printed as
 //! `cycle: a -> b -> a`.
@@ -212,35 +208,12 @@ struct Crate {
 struct Source {
     file: String,
     refs: Vec<Ref>,
-    /// The identifiers the module's code names outside `use` items (not after `.` or `::`).
-    named: BTreeSet<String>,
 }
 
 /// A path that may name something of the crate.
 struct Ref {
     path: Vec<String>,
     line: usize,
-    /// What the `use` leaf is, for a path in a `use` item.
-    import: Option<Import>,
-}
-
-struct Import {
-    /// The name the leaf binds: `None` for a glob or `as _`.
-    binding: Option<String>,
-    glob: bool,
-    public: bool,
-}
-
-impl Import {
-    /// Whether the importing module's own code never uses what this imports: a re-export
-    /// (`pub use child::X;`, `pub use child::*;`) or an unused import. A private glob or an
-    /// `as _` import might be used anywhere: it counts as used.
-    fn unused_by(&self, named: &BTreeSet<String>) -> bool {
-        match &self.binding {
-            Some(name) => !named.contains(name),
-            None => self.glob && self.public,
-        }
-    }
 }
 
 impl Crate {
@@ -295,8 +268,7 @@ impl Crate {
                                 let imports = self.imports.entry(module.clone()).or_default();
                                 imports.entry(name.clone()).or_insert_with(|| (leaf.path.clone(), public));
                             }
-                            let import = Import { binding: leaf.binding, glob: leaf.glob, public };
-                            let r = Ref { path: leaf.path, line: leaf.line, import: Some(import) };
+                            let r = Ref { path: leaf.path, line: leaf.line };
                             self.source(&module).refs.push(r);
                         }
                     }
@@ -305,7 +277,6 @@ impl Crate {
                 }
                 _ if !test && (is_ident(t) || t.text == "$crate") && !matches!(prev, Some("::" | ".")) => {
                     let source = self.source(&module);
-                    source.named.insert(t.text.clone());
                     // A path, unless it is the `crate::a` of `pub(in crate::a)`.
                     let visibility = prev == Some("in") && i >= 3 && tokens[i - 2].text == "(";
                     if is(&tokens, i + 1, "::") && !visibility {
@@ -316,7 +287,7 @@ impl Crate {
                             j += 2;
                         }
                         if path.len() > 1 {
-                            source.refs.push(Ref { path, line: t.line, import: None });
+                            source.refs.push(Ref { path, line: t.line });
                         }
                     }
                 }
@@ -412,8 +383,11 @@ impl Crate {
                 if target.is_empty() || &target == module {
                     continue;
                 }
-                let downward = target.starts_with(module);
-                if downward && r.import.as_ref().is_some_and(|import| import.unused_by(&source.named)) {
+                // A parent reaching into its own children is no edge: a module and its
+                // submodules are one unit (the hub pattern: `sched::Shared` owns each child's
+                // state, each child works on `&Shared`). Cycles between siblings, and between
+                // top-level modules, are what the check forbids.
+                if target.starts_with(module) {
                     continue;
                 }
                 let (from, to) = level(module, &target);
@@ -781,7 +755,7 @@ mod tests {
     }
 
     #[test]
-    fn a_parent_using_its_child_while_the_child_uses_it_is_a_cycle() {
+    fn a_parent_and_its_children_using_each_other_is_no_cycle_but_siblings_are() {
         let g = graph(&[
             ("lib.rs", "mod sched;\nmod turn;"),
             (
@@ -790,24 +764,24 @@ mod tests {
                  pub(crate) struct Shared {\n    executor: Executor,\n    hooks: Hooks,\n}\n\
                  fn f() {\n    timers::poke();\n}",
             ),
-            ("sched/executor.rs", "use super::Shared;\npub(crate) struct Executor;"),
+            (
+                "sched/executor.rs",
+                "use super::Shared;\npub(crate) struct Executor;\nfn g() {\n    super::timers::poke();\n}",
+            ),
             ("sched/hooks.rs", "pub(crate) struct Hooks;"),
-            ("sched/timers.rs", "pub(crate) fn poke() {}\nfn f(_: &super::Shared) {}"),
-            // A re-export the parent's own code uses too is a use.
+            ("sched/timers.rs", "pub(crate) fn poke() {}\nfn f(_: &super::Shared) {\n    super::executor::h();\n}"),
             (
                 "turn/mod.rs",
                 "mod ctx;\npub(crate) use ctx::Undo;\npub(crate) struct TurnState {\n    undos: Vec<Undo>,\n}",
             ),
             ("turn/ctx.rs", "pub(crate) struct Undo;\nfn f(_: super::TurnState) {}"),
         ]);
-        assert_eq!(g.components(), [vec!["sched", "sched::executor", "sched::timers"], vec!["turn", "turn::ctx"]]);
-        assert_eq!(g.cycles_in(&g.components()[0]), [["sched", "sched::executor"], ["sched", "sched::timers"]]);
-        assert_eq!(g.edges["sched"]["sched::executor"], "sched/mod.rs:4");
-        assert_eq!(g.edges["sched"]["sched::timers"], "sched/mod.rs:11");
+        // The hub (parent <-> children) is one unit; the siblings executor and timers are not.
+        assert_eq!(g.components(), [["sched::executor", "sched::timers"]]);
         assert_eq!(g.edges["sched::executor"]["sched"], "sched/executor.rs:1");
-        assert_eq!(g.edges["turn"]["turn::ctx"], "turn/mod.rs:2");
-        assert_eq!(deps(&g, "sched"), ["sched::executor", "sched::hooks", "sched::timers"]);
-        assert!(deps(&g, "sched::hooks").is_empty(), "a child that does not use its parent is no cycle");
+        assert_eq!(g.edges["sched::executor"]["sched::timers"], "sched/executor.rs:4");
+        assert!(deps(&g, "sched").is_empty(), "a parent reaching into its children is no edge");
+        assert_eq!(g.edges["turn::ctx"]["turn"], "turn/ctx.rs:2");
     }
 
     #[test]
