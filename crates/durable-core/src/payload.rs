@@ -96,7 +96,8 @@ impl<'de> Deserialize<'de> for Payload {
 /// Whether `payload` matches `matcher`: every field of the matcher object is present in the
 /// payload with an equal value, recursively for nested objects (a JSON subset test).
 ///
-/// A non-object matcher matches a payload equal to it. The empty object matches everything.
+/// A non-object matcher matches a payload equal to it. The empty object matches every object
+/// payload (not a number, string or array: match those with an equal matcher).
 pub fn json_subset(matcher: &serde_json::Value, payload: &serde_json::Value) -> bool {
     match (matcher, payload) {
         (serde_json::Value::Object(m), serde_json::Value::Object(p)) => {

@@ -250,6 +250,14 @@ pub struct Commit {
 }
 
 impl Commit {
+    /// The status this commit settles the run to, if it settles it.
+    pub fn settles(&self) -> Option<RunStatus> {
+        match &self.end {
+            Some(TurnEnd::Settle { status, .. }) => Some(*status),
+            _ => None,
+        }
+    }
+
     /// An empty commit for `run_id` by `owner` at `now`.
     pub fn new(run_id: RunId, owner: impl Into<String>, now: Millis) -> Self {
         Commit {

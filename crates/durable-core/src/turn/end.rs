@@ -7,7 +7,7 @@
 use super::{Mode, Turn, TurnStop};
 use crate::protocol::{self, ChildResult};
 use crate::{
-    Commit, Millis, NewRun, OutgoingSignal, Payload, RetryPolicy, RunStatus, StepError, StepKind, TurnEnd, codes,
+    Commit, Millis, NewRun, OutgoingSignal, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd, codes,
 };
 
 /// What follows a `Pending` or finished body.
@@ -183,6 +183,76 @@ impl Turn {
         }
         commit.end = Some(TurnEnd::Settle { status, output, error });
         End::Settle { commit, status }
+    }
+
+    /// Checks the runs `commit` creates against the runs that already hold those ids (read from
+    /// the store just before it is applied): a create is idempotent by id, so an unrelated run
+    /// with the id would silently stand in for the one meant. A child whose id another run
+    /// holds is not started — its call fails with `child_failed` — unless that run is this
+    /// call's own child (re-created after an operator's retry). A continued run whose
+    /// successor id is taken fails with `id_taken` instead of completing. Returns the commit
+    /// to apply; when a join is already parked on a child that was not started, the turn stops
+    /// with [`TurnStop::Rerun`] (run it again once the commit is applied).
+    pub fn vet_creations(&mut self, mut commit: Commit, existing: &[Run], now: Millis) -> Commit {
+        let mut keep = Vec::with_capacity(commit.children.len());
+        for new in std::mem::take(&mut commit.children) {
+            let Some(run) = existing.iter().find(|r| r.id == new.id) else {
+                keep.push(new);
+                continue;
+            };
+            match &new.parent {
+                Some(link) if link.run_id == self.run.id => {
+                    if run.parent.as_ref() == Some(link) {
+                        keep.push(new);
+                        continue;
+                    }
+                    let seq = link.seq;
+                    let message = format!(
+                        "child run {} was not started: that id belongs to an existing run of workflow {:?} that is not \
+                         the child at seq {seq} of run {}; give the child another id (ChildOptions::id)",
+                        new.id, run.workflow, self.run.id
+                    );
+                    let error = StepError::fatal(message).with_code(codes::CHILD_FAILED);
+                    commit.waits.retain(|w| w.seq != seq);
+                    if let Some(cp) = commit.checkpoints.iter_mut().find(|c| c.seq == seq) {
+                        cp.status = crate::CheckpointStatus::Failed;
+                        cp.error = Some(error);
+                        cp.updated_at = now;
+                        self.history.record(cp.clone());
+                    }
+                    // A join already parked on the child (or a turn ending now, whose joins were
+                    // dropped) would wait forever: once this commit is applied, the run runs
+                    // again and the join reads the failure.
+                    let ending = matches!(commit.end, Some(TurnEnd::Suspend { .. }));
+                    if self.parked.remove(&seq).is_some() || ending {
+                        self.stop(TurnStop::Rerun(format!("the child at seq {seq} could not be started")));
+                    }
+                }
+                _ => {
+                    let message = format!(
+                        "run {} could not continue as new: its successor id {} is taken by an existing run of \
+                         workflow {:?} that this chain did not create; retry it, or start the next run yourself",
+                        self.run.id, new.id, run.workflow
+                    );
+                    let error = StepError::fatal(message).with_code(codes::ID_TAKEN);
+                    if let Some(parent) = &self.run.parent {
+                        let result = ChildResult {
+                            run_id: self.run.id.clone(),
+                            status: RunStatus::Failed,
+                            output: None,
+                            error: Some(error.clone()),
+                        };
+                        commit.signals.push(OutgoingSignal {
+                            token: protocol::child_token(&parent.run_id, parent.seq),
+                            payload: result.encode(),
+                        });
+                    }
+                    commit.end = Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(error) });
+                }
+            }
+        }
+        commit.children = keep;
+        commit
     }
 
     /// Completes the run with a marker naming its successor and creates the successor — same

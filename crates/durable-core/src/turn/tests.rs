@@ -1839,3 +1839,79 @@ fn a_history_with_a_record_the_call_cannot_have_made_is_corrupt() {
     let Some(TurnStop::Fail(e)) = t.stopped() else { panic!() };
     assert!(e.message.contains("the history is corrupt"), "{e}");
 }
+
+// ---- vetting the runs a commit creates ----
+
+fn existing(id: &str, workflow: &str, parent: Option<ParentLink>) -> Run {
+    NewRun {
+        id: RunId::from(id),
+        workflow: workflow.into(),
+        version: 1,
+        namespace: "ns".into(),
+        input: Payload::null(),
+        tags: vec![],
+        priority: 0,
+        parent,
+        created_at: 0,
+    }
+    .into_run()
+}
+
+#[test]
+fn vet_keeps_new_children_and_a_childs_own_earlier_run() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    t.spawn_child(seq, child_call(Ok(p(&41)), Some(4)), 10);
+    assert_eq!(t.join_child(seq, "child-wf", 10), ChildJoin::Park);
+    let Some(Ended::Suspend { commit, .. }) = t.t_pending(11) else { panic!() };
+    // Nothing holds the id: unchanged.
+    assert_eq!(t.vet_creations(commit.clone(), &[], 12), commit);
+    // The id is held by this call's own child (re-created after an operator's retry): unchanged.
+    let own = existing("r.child.0", "child-wf", Some(ParentLink { run_id: rid(), seq: 0 }));
+    assert_eq!(t.vet_creations(commit.clone(), &[own], 12), commit);
+}
+
+#[test]
+fn vet_fails_a_child_call_whose_id_an_unrelated_run_holds() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    t.spawn_child(seq, child_call(Ok(p(&41)), Some(4)), 10);
+    assert_eq!(t.join_child(seq, "child-wf", 10), ChildJoin::Park);
+    let Some(Ended::Suspend { commit, .. }) = t.t_pending(11) else { panic!() };
+    let other = existing("r.child.0", "billing", None);
+    let vetted = t.vet_creations(commit.clone(), &[other], 12);
+    assert!(vetted.children.is_empty(), "the unrelated run is not adopted");
+    assert!(vetted.waits.is_empty(), "no wait for a child that was never started");
+    let cp = &vetted.checkpoints[0];
+    assert_eq!((cp.seq, cp.status), (0, CheckpointStatus::Failed));
+    let error = cp.error.as_ref().unwrap();
+    assert_eq!(error.code(), Some(codes::CHILD_FAILED));
+    assert!(error.message.contains("r.child.0") && error.message.contains("\"billing\""), "{}", error.message);
+    // The turn ends with that commit and runs again; the next turn's join reads the failure.
+    assert!(matches!(t.stopped(), Some(TurnStop::Rerun(_))));
+    let mut next = turn(t.history().iter().cloned().collect());
+    let seq = next.take_seq();
+    assert!(matches!(next.join_child(seq, "child-wf", 13), ChildJoin::Failed { status: RunStatus::Failed, .. }));
+    assert_eq!(Commit { children: vec![], waits: vec![], checkpoints: vec![], ..vetted.clone() }.end, commit.end);
+}
+
+#[test]
+fn vet_fails_a_continue_as_new_whose_successor_id_is_taken() {
+    let parent = ParentLink { run_id: RunId::from("p"), seq: 3 };
+    let mut t = turn_of(Run { parent: Some(parent.clone()), ..run() }, vec![]);
+    t.continue_as_new(Ok(p(&2)));
+    let Some(Ended::Settle { commit, status: RunStatus::Completed }) = t.t_pending(10) else { panic!() };
+    let successor = protocol::successor_id(&rid());
+    let taken = existing(successor.as_str(), "other", None);
+    let vetted = t.vet_creations(commit, &[taken], 11);
+    assert!(vetted.children.is_empty());
+    assert_eq!(vetted.settles(), Some(RunStatus::Failed));
+    let Some(TurnEnd::Settle { error: Some(e), output: None, .. }) = &vetted.end else { panic!() };
+    assert_eq!(e.code(), Some(codes::ID_TAKEN));
+    assert!(e.message.contains(successor.as_str()), "{}", e.message);
+    // The parent hears of the failure (the successor would have told it otherwise).
+    assert_eq!(vetted.signals.len(), 1);
+    assert_eq!(vetted.signals[0].token, protocol::child_token(&parent.run_id, parent.seq));
+    let told: ChildResult = vetted.signals[0].payload.decode().unwrap();
+    assert_eq!(told.status, RunStatus::Failed);
+}

@@ -140,13 +140,27 @@ impl Shared {
             }
         };
         match end {
-            End::Suspend { commit, wake_at } => self.suspend(&id, commit, wake_at).await,
+            End::Suspend { commit, wake_at } => match t.vet(commit).await {
+                Ok(commit) => {
+                    let ended = self.suspend(&id, commit, wake_at).await;
+                    // Vetting failed a child a join waits on: run again so the join sees it.
+                    let rerun = matches!(t.turn.lock().stopped(), Some(durable_core::TurnStop::Rerun(_)));
+                    if rerun && matches!(ended, TurnEnded::Done) { TurnEnded::Again } else { ended }
+                }
+                Err(e) => self.commit_failed(&id, &e),
+            },
             End::Settle { commit, status } => {
+                let commit = match t.vet(commit).await {
+                    Ok(commit) => commit,
+                    Err(e) => return self.commit_failed(&id, &e),
+                };
                 if let Some(durable_core::TurnEnd::Settle { error: Some(e), .. }) = &commit.end
                     && e.code() == Some(codes::PANIC)
                 {
                     tracing::error!(run_id = %id, "{}", e.message);
                 }
+                // Vetting may turn a continue-as-new into a failure: the commit says how it ends.
+                let status = commit.settles().unwrap_or(status);
                 self.finish(&id, commit, status).await
             }
             End::Halt(Halt::Rerun(why)) => {

@@ -291,6 +291,10 @@ impl TurnEnv for Shared {
         Box::pin(self.apply_commit(commit))
     }
 
+    fn existing_runs(&self, ids: Vec<RunId>) -> BoxFuture<'_, StoreResult<Vec<durable_core::Run>>> {
+        Box::pin(async move { self.store.get_runs(&ids).await })
+    }
+
     fn emit(&self, event: EngineEvent) {
         Shared::emit(self, event);
     }

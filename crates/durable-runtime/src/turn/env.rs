@@ -1,6 +1,6 @@
 //! The narrow environment a turn runs in.
 
-use durable_core::{Commit, CommitOutcome, Millis, StoreResult};
+use durable_core::{Commit, CommitOutcome, Millis, Run, RunId, StoreResult};
 
 use crate::clock::BoxFuture;
 use crate::events::EngineEvent;
@@ -15,6 +15,8 @@ pub(crate) trait TurnEnv: Send + Sync + 'static {
     /// Applies a commit and releases its effects (created children and delivered signals are
     /// dispatched) only once the store acknowledged it.
     fn commit(&self, commit: Commit) -> BoxFuture<'_, StoreResult<CommitOutcome>>;
+    /// The runs that exist with these ids (a commit creating runs is vetted against them).
+    fn existing_runs(&self, ids: Vec<RunId>) -> BoxFuture<'_, StoreResult<Vec<Run>>>;
     /// Sends an engine event.
     fn emit(&self, event: EngineEvent);
     /// The newest registered version of `workflow`, if any.

@@ -25,7 +25,7 @@ pub(crate) use driver::TurnDriver;
 pub(crate) use env::TurnEnv;
 pub use wait::{SignalError, TaskError, UpdateOutcome};
 
-use durable_core::{CommitOutcome, Millis, Payload, Run, Turn};
+use durable_core::{Commit, Millis, Payload, Run, StoreResult, Turn};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 
@@ -58,10 +58,27 @@ impl TurnState {
         self.env.emit(event);
     }
 
+    /// Vets the runs a commit creates against the store (see [`Turn::vet_creations`]): one read
+    /// of the ids, only for a commit that creates runs.
+    pub(crate) async fn vet(&self, commit: Commit) -> StoreResult<Commit> {
+        if commit.children.is_empty() {
+            return Ok(commit);
+        }
+        let ids = commit.children.iter().map(|c| c.id.clone()).collect();
+        let existing = self.env.existing_runs(ids).await?;
+        if existing.is_empty() {
+            return Ok(commit);
+        }
+        Ok(self.turn.lock().vet_creations(commit, &existing, self.now()))
+    }
+
     /// Applies a commit the answer for `seq` carried and hands the outcome to the turn.
     /// `false`: the turn stops (the call halts).
-    async fn apply(&self, seq: u32, commit: durable_core::Commit) -> bool {
-        let result: Result<CommitOutcome, _> = self.env.commit(commit).await;
+    async fn apply(&self, seq: u32, commit: Commit) -> bool {
+        let result = match self.vet(commit).await {
+            Ok(commit) => self.env.commit(commit).await,
+            Err(e) => Err(e),
+        };
         let mut turn = self.turn.lock();
         match &result {
             Ok(outcome) => turn.committed(seq, Ok(outcome)),

@@ -176,7 +176,7 @@ impl WorkflowCtx {
     }
 
     /// Waits for an event named `name` published with [`Engine::publish_event`](crate::Engine::publish_event) whose payload
-    /// includes every field of `matcher` (a JSON object; `{}` accepts any). A buffered event
+    /// includes every field of `matcher` (a JSON object; `{}` accepts any object payload). A buffered event
     /// that matches is claimed first. 1 seq.
     pub fn wait_for_event<T: DeserializeOwned + Send + 'static>(
         &self,
