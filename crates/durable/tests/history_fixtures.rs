@@ -58,8 +58,6 @@
 //! scenario (and file) next to the old one. Times come from the virtual clock (2026-01-01), so
 //! re-recording changes nothing but the values of `random_u64`, `uuid` and the side effect.
 
-mod support;
-
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -75,7 +73,6 @@ use durable_conformance::{TestEngine, test_config};
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use support::StoreFixture;
 
 /// The fixture format this file writes. Loading must keep accepting every older one.
 const FORMAT: u32 = 1;
@@ -871,6 +868,26 @@ async fn replay_resume(f: &Fixture, parked: &Snapshot, store: Arc<dyn Store>) {
     t.shutdown().await;
 }
 
+/// A fresh store of one replay: memory, or a SQLite file of its own. (The runtime's tests share
+/// a fuller fixture, `crates/durable-runtime/tests/support`; this file needs only a fresh store.)
+struct StoreFixture {
+    store: Arc<dyn Store>,
+    /// The SQLite store's temp dir, removed (with the WAL files) when the replay ends.
+    _dir: Option<tempfile::TempDir>,
+}
+
+impl StoreFixture {
+    fn memory() -> Self {
+        StoreFixture { store: Arc::new(durable::MemoryStore::new()), _dir: None }
+    }
+
+    fn sqlite() -> Self {
+        let dir = tempfile::tempdir().expect("a temp dir");
+        let store = Arc::new(durable::SqliteStore::open(dir.path().join("durable.db")).expect("open sqlite"));
+        StoreFixture { store, _dir: Some(dir) }
+    }
+}
+
 /// Replays fixture `name`, each shape on a fresh store from `new_store`.
 async fn replay(name: &str, new_store: fn(&str) -> StoreFixture) {
     let f = read_fixture(name);
@@ -889,7 +906,7 @@ macro_rules! fixture_tests {
                 $(
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn $name() {
-                        crate::replay(stringify!($name), |_| crate::support::StoreFixture::memory()).await
+                        crate::replay(stringify!($name), |_| crate::StoreFixture::memory()).await
                     }
                 )*
             }
@@ -897,7 +914,7 @@ macro_rules! fixture_tests {
                 $(
                     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
                     async fn $name() {
-                        crate::replay(stringify!($name), |_| crate::support::StoreFixture::sqlite()).await
+                        crate::replay(stringify!($name), |_| crate::StoreFixture::sqlite()).await
                     }
                 )*
             }

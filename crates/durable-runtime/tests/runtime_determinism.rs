@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use durable::{RunStatus, StartOptions, WorkflowCtx, WorkflowError, codes};
 use durable_conformance::TestEngine;
+use durable_core::{RunStatus, codes};
+use durable_runtime::{StartOptions, WorkflowCtx, WorkflowError};
 
 const HOUR: Duration = Duration::from_secs(3600);
 

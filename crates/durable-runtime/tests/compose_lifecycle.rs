@@ -5,8 +5,9 @@ mod support;
 
 use std::time::Duration;
 
-use durable::{RunStatus, StartOptions, StepError, WorkflowCtx, WorkflowError};
 use durable_conformance::{Counter, FailFirst, TestEngine};
+use durable_core::{RunStatus, StepError};
+use durable_runtime::{StartOptions, WorkflowCtx, WorkflowError};
 use support::StoreFixture;
 
 on_every_store!(

@@ -3,8 +3,9 @@
 
 use std::sync::Arc;
 
-use durable::{EngineEvent, MemoryStore, StartOptions, WorkflowCtx, WorkflowError};
 use durable_conformance::{Counter, Fault, FaultyStore, Method, TestEngine};
+use durable_runtime::{EngineEvent, StartOptions, WorkflowCtx, WorkflowError};
+use durable_store_memory::MemoryStore;
 
 fn register(t: &TestEngine, counters: &[Counter; 3]) {
     let counters = counters.clone();

@@ -4,8 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use durable::{RunStatus, StartOptions, WorkflowCtx, WorkflowError};
 use durable_conformance::{Counter, TestEngine};
+use durable_core::RunStatus;
+use durable_runtime::{StartOptions, WorkflowCtx, WorkflowError};
 use tokio::sync::watch;
 
 fn register(t: &TestEngine, runs: &Counter) {

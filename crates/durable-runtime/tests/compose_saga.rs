@@ -5,10 +5,9 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable::{
-    Cancel, CheckpointStatus, EngineEvent, RunStatus, StartOptions, StepError, StepKind, WorkflowCtx, WorkflowError,
-};
 use durable_conformance::{Counter, TestEngine};
+use durable_core::{CheckpointStatus, RunStatus, StepError, StepKind};
+use durable_runtime::{Cancel, EngineEvent, StartOptions, WorkflowCtx, WorkflowError};
 use parking_lot::Mutex;
 use support::StoreFixture;
 use tokio::sync::watch;

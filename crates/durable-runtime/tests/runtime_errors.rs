@@ -1,7 +1,8 @@
 //! Acceptance: bad input and panics give clear errors; the engine keeps serving other runs.
 
-use durable::{Error, RunStatus, StartOptions, StepError, WorkflowCtx, WorkflowError, codes};
 use durable_conformance::{Counter, TestEngine};
+use durable_core::{RunStatus, StepError, codes};
+use durable_runtime::{Error, StartOptions, WorkflowCtx, WorkflowError};
 
 fn register_echo(t: &TestEngine, executions: &Counter) {
     let executions = executions.clone();

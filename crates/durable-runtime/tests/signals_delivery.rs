@@ -6,8 +6,9 @@ mod support;
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use durable::{Delivery, RunStatus, SignalError, StartOptions, WorkflowCtx, WorkflowError};
 use durable_conformance::TestEngine;
+use durable_core::{Delivery, RunStatus};
+use durable_runtime::{SignalError, StartOptions, WorkflowCtx, WorkflowError};
 use support::StoreFixture;
 
 on_every_store!(

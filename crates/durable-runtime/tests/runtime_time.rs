@@ -4,9 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use durable::store::RunPatch;
-use durable::{Clock, RunStatus, StartOptions, WorkflowCtx, WorkflowError};
 use durable_conformance::TestEngine;
+use durable_core::{RunPatch, RunStatus};
+use durable_runtime::{Clock, StartOptions, WorkflowCtx, WorkflowError};
 
 const DAY: Duration = Duration::from_secs(86_400);
 

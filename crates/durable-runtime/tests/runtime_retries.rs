@@ -2,8 +2,9 @@
 
 use std::time::{Duration, Instant};
 
-use durable::{Backoff, Clock, RunStatus, StartOptions, StepError, StepOptions, WorkflowCtx, WorkflowError};
 use durable_conformance::{FailFirst, TestEngine};
+use durable_core::{Backoff, RunStatus, StepError};
+use durable_runtime::{Clock, StartOptions, StepOptions, WorkflowCtx, WorkflowError};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flaky_step_is_retried_until_it_succeeds() {

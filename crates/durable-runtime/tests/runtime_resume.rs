@@ -2,8 +2,9 @@
 
 mod support;
 
-use durable::{RunStatus, StartOptions, WorkflowCtx, WorkflowError};
 use durable_conformance::{Counter, TestEngine};
+use durable_core::RunStatus;
+use durable_runtime::{StartOptions, WorkflowCtx, WorkflowError};
 
 #[derive(Clone, Default)]
 struct Counters([Counter; 4]);

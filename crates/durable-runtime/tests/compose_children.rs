@@ -6,8 +6,9 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable::{Cancel, ChildFailed, EngineEvent, RunStatus, StartOptions, StepError, WorkflowCtx, WorkflowError};
 use durable_conformance::TestEngine;
+use durable_core::{RunStatus, StepError};
+use durable_runtime::{Cancel, ChildFailed, EngineEvent, StartOptions, WorkflowCtx, WorkflowError};
 use parking_lot::Mutex;
 use support::StoreFixture;
 use tokio::sync::watch;
@@ -51,7 +52,7 @@ async fn a_parent_waits_on_a_sleeping_child_across_a_restart(s: StoreFixture) {
 async fn failed_cancelled_and_dead_children_surface_in_the_parent(s: StoreFixture) {
     let mut config = durable_conformance::test_config();
     config.max_recovery_attempts = 0;
-    let t = TestEngine::with_parts(s.store.clone(), durable::VirtualClock::starting_2026(), config);
+    let t = TestEngine::with_parts(s.store.clone(), durable_runtime::VirtualClock::starting_2026(), config);
     let register = |t: &TestEngine| {
         t.register("fails", 1, |ctx: WorkflowCtx, _: ()| async move {
             ctx.step("boom", |_| async { Err::<(), _>(StepError::fatal("child broke").with_code("broke")) }).await?;

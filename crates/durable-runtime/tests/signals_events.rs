@@ -4,8 +4,9 @@ mod support;
 
 use std::time::Duration;
 
-use durable::{Delivery, RunStatus, StartOptions, StepError, TaskError, UpdateOutcome, WorkflowCtx, WorkflowError};
 use durable_conformance::{Counter, TestEngine};
+use durable_core::{Delivery, RunStatus, StepError};
+use durable_runtime::{StartOptions, TaskError, UpdateOutcome, WorkflowCtx, WorkflowError};
 use serde_json::json;
 use support::StoreFixture;
 

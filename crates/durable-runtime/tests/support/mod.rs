@@ -1,7 +1,8 @@
-//! Helpers shared by the facade's integration tests.
+//! Helpers shared by the runtime's integration tests.
 #![allow(dead_code, unreachable_pub)]
 
-use durable::{EngineEvent, RunId};
+use durable_core::RunId;
+use durable_runtime::EngineEvent;
 use tokio::sync::broadcast;
 
 /// Waits until `rx` has seen the `StepCompleted` event of `run` at `seq`.
@@ -35,8 +36,9 @@ pub async fn turn_started(rx: &mut broadcast::Receiver<EngineEvent>, run: &RunId
 use std::path::PathBuf;
 use std::sync::Arc;
 
-use durable::store::Store;
-use durable::{MemoryStore, SqliteStore};
+use durable_core::Store;
+use durable_store_memory::MemoryStore;
+use durable_store_sqlite::SqliteStore;
 
 /// The store fixture of one test: a store on one backend (memory, or a SQLite file of its own),
 /// a second handle on its data, a `TestEngine` on it. (Not `durable_conformance::TestStore`, what

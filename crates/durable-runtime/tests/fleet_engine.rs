@@ -8,13 +8,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
-use durable::store::{Claim, ClaimOutcome, Store};
-use durable::transport::{Consumer, QueuedRun, RunHandler, TransportError};
-use durable::{
-    Engine, EngineConfig, EngineEvent, MemoryStore, QueueTransport, RunStatus, StartOptions, Transport, VirtualClock,
-    WorkflowCtx, WorkflowError,
-};
 use durable_conformance::{Fault, FaultyStore, Method, TestEngine, test_config};
+use durable_core::{Claim, ClaimOutcome, RunStatus, Store};
+use durable_runtime::{Engine, EngineConfig, EngineEvent, StartOptions, VirtualClock, WorkflowCtx, WorkflowError};
+use durable_store_memory::MemoryStore;
+use durable_transport::{Consumer, QueueTransport, QueuedRun, RunHandler, Transport, TransportError};
 
 fn register_nap(engine: &Engine) {
     engine.register("nap", 1, |ctx: WorkflowCtx, i: u64| async move {
@@ -130,7 +128,7 @@ async fn a_signal_that_finds_the_lease_held_elsewhere_is_seen_once_it_frees() {
     t.assert_settled_status(&run.id, RunStatus::Suspended).await;
 
     // Another instance holds the lease when the signal arrives.
-    let now = durable::Clock::now(t.clock());
+    let now = durable_runtime::Clock::now(t.clock());
     let claim = Claim { run_id: run.id.clone(), owner: "intruder".into(), lease_until: now + 60_000, now };
     assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
     let mut events = t.subscribe();

@@ -5,11 +5,10 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable::store::Store;
-use durable::{
-    CheckpointStatus, EngineEvent, MemoryStore, RunStatus, StartOptions, VirtualClock, WorkflowCtx, WorkflowError,
-};
 use durable_conformance::{Counter, TestEngine, test_config};
+use durable_core::{CheckpointStatus, RunStatus, StepError, Store};
+use durable_runtime::{EngineEvent, StartOptions, VirtualClock, WorkflowCtx, WorkflowError};
+use durable_store_memory::MemoryStore;
 use proptest::prelude::*;
 use serde::{Deserialize, Serialize};
 
@@ -48,8 +47,7 @@ fn register(t: &TestEngine, store: Arc<dyn Store>, violations: Counter) {
                 ctx.step(format!("s{i}"), move |s| {
                     let (store, violations) = (store.clone(), violations.clone());
                     async move {
-                        let history =
-                            store.history(s.run_id()).await.map_err(|e| durable::StepError::fatal(e.to_string()))?;
+                        let history = store.history(s.run_id()).await.map_err(|e| StepError::fatal(e.to_string()))?;
                         if history.iter().any(|c| c.seq == s.seq() && c.status == CheckpointStatus::Completed) {
                             violations.bump();
                         }
