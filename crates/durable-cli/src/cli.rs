@@ -17,7 +17,10 @@ use durable::RunStatus;
 #[command(
     name = "durable",
     version,
-    arg_required_else_help = true,
+    // Without a command: one line naming the commands (see `usage_error` in lib.rs), not the
+    // whole help on stderr.
+    subcommand_required = true,
+    arg_required_else_help = false,
     after_help = "Examples:\n  durable demo --runs 50\n  durable runs list --status failed\n  durable runs show demo-saga-3\n  durable runs retry demo-saga-3\n  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'"
 )]
 pub struct Cli {
@@ -65,7 +68,7 @@ pub enum Command {
     Demo(DemoArgs),
 
     /// List, inspect and operate runs.
-    #[command(subcommand)]
+    #[command(subcommand, arg_required_else_help = false)]
     Runs(RunsCommand),
 
     /// Send a signal: the oldest run waiting on TOKEN receives the JSON payload, or it is

@@ -136,8 +136,8 @@ fn usage_error(e: &clap::Error) -> ExitCode {
             let _ = e.print();
             ExitCode::SUCCESS
         }
-        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = e.print();
+        ErrorKind::MissingSubcommand => {
+            let _ = writeln!(std::io::stderr().lock(), "{}", missing_subcommand(e));
             ExitCode::from(2)
         }
         _ => {
@@ -155,6 +155,22 @@ fn usage_error(e: &clap::Error) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `durable runs` without its subcommand: one line that names the subcommands, and where the
+/// help is. (clap's own message for it is several lines with the usage.)
+fn missing_subcommand(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let name = match e.get(ContextKind::InvalidSubcommand) {
+        Some(ContextValue::String(name)) => name.clone(),
+        _ => "durable".to_string(),
+    };
+    let subcommands = match e.get(ContextKind::ValidSubcommand) {
+        Some(ContextValue::Strings(names)) => names.iter().filter(|n| *n != "help").cloned().collect(),
+        _ => Vec::new(),
+    };
+    let what = if name.contains(' ') { "subcommand" } else { "command" };
+    format!("error: '{name}' needs a {what}: {} (see '{name} --help')", subcommands.join(", "))
 }
 
 /// A panic (a bug) prints one line instead of a backtrace.

@@ -3,6 +3,7 @@
 
 mod support;
 
+use clap::CommandFactory;
 use support::{default_db, path_str, run, run_bad, run_ok};
 
 /// Every operator command, with valid arguments, on `db`.
@@ -121,13 +122,56 @@ fn help_works_on_every_command_and_completions_are_printed() {
         let ran = run_ok(dir.path(), args);
         assert!(ran.stdout.contains("Usage: durable"), "{args:?}: {}", ran.stdout);
     }
-    // No command at all: the help, as a usage error.
-    let ran = run(dir.path(), &[]);
-    assert_eq!(ran.code, Some(2));
-    assert!(ran.stderr.contains("Usage: durable"), "{ran:?}");
+    // No command at all: one line naming the commands (see
+    // `a_command_without_its_subcommand_is_one_line_naming_them`).
+    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, signal, completions");
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);
         assert!(ran.stdout.contains("durable"), "{shell}: {}", ran.stdout);
     }
     assert!(!default_db(dir.path()).exists(), "help and completions touch no database");
+}
+
+/// Every command that takes a subcommand, by its words after `durable` (`[]` is `durable`
+/// itself), with the names of its subcommands.
+fn command_groups() -> Vec<(Vec<String>, Vec<String>)> {
+    fn walk(cmd: &clap::Command, path: Vec<String>, out: &mut Vec<(Vec<String>, Vec<String>)>) {
+        let subs: Vec<&clap::Command> =
+            cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help").collect();
+        if subs.is_empty() {
+            return;
+        }
+        out.push((path.clone(), subs.iter().map(|s| s.get_name().to_string()).collect()));
+        for sub in subs {
+            walk(sub, [path.clone(), vec![sub.get_name().to_string()]].concat(), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&durable_cli::Cli::command(), Vec::new(), &mut out);
+    out
+}
+
+#[test]
+fn a_command_without_its_subcommand_is_one_line_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    // The case from the issue, word for word.
+    let err = run_bad(dir.path(), &["runs"], "");
+    assert_eq!(
+        err,
+        "error: 'durable runs' needs a subcommand: list, show, retry, cancel, delete (see 'durable runs --help')"
+    );
+    // Every group, with or without flags before the missing subcommand.
+    let groups = command_groups();
+    assert!(groups.len() >= 2, "{groups:?}");
+    for (path, subs) in groups {
+        let name = ["durable".to_string()].iter().chain(&path).cloned().collect::<Vec<_>>().join(" ");
+        let what = if path.is_empty() { "command" } else { "subcommand" };
+        let expected = format!("error: '{name}' needs a {what}: {} (see '{name} --help')", subs.join(", "));
+        let words: Vec<&str> = path.iter().map(String::as_str).collect();
+        for extra in [&[][..], &["--db", "x.db"]] {
+            let args = [&words[..], extra].concat();
+            assert_eq!(run_bad(dir.path(), &args, ""), expected, "durable {args:?}");
+        }
+    }
+    assert!(!default_db(dir.path()).exists());
 }
