@@ -175,3 +175,24 @@ fn a_command_without_its_subcommand_is_one_line_naming_them() {
     }
     assert!(!default_db(dir.path()).exists());
 }
+
+#[test]
+fn an_invalid_run_id_is_quoted_and_escaped_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let hint = "use a non-empty id of at most 512 bytes without control characters";
+    let long = "x".repeat(600);
+    let cases = [
+        ("line\nbreak", format!(r#"error: invalid run id "line\nbreak": it contains a control character; {hint}"#)),
+        ("tab\there", format!(r#"error: invalid run id "tab\there": it contains a control character; {hint}"#)),
+        ("", format!(r#"error: invalid run id "": it is empty; {hint}"#)),
+        (
+            long.as_str(),
+            format!(r#"error: invalid run id "{}…" (600 bytes): it is longer than 512 bytes; {hint}"#, "x".repeat(64)),
+        ),
+    ];
+    for (id, expected) in &cases {
+        for command in ["show", "retry", "cancel", "delete"] {
+            assert_eq!(&run_bad(dir.path(), &["runs", command, id], ""), expected, "runs {command} {id:?}");
+        }
+    }
+}
