@@ -6,6 +6,24 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use durable::RunStatus;
 
+/// The end of `durable --help`: examples, and what the exit codes mean.
+const AFTER_HELP: &str = "\
+Examples:
+  durable demo --runs 50
+  durable runs list --status failed
+  durable runs show demo-saga-3
+  durable runs retry demo-saga-3
+  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'
+
+Exit codes:
+  0    success
+  2    the command was wrong: a usage error, an unknown run, malformed JSON, a run in the wrong
+       state, or a --db / --url that cannot be opened as given (a missing directory, a file that
+       is not a durable database, a newer schema, a malformed URL, an unknown database)
+  1    it failed while running: the store is busy or unreachable, an I/O error (trying again
+       later may help)
+  130  interrupted (Ctrl-C or SIGTERM)";
+
 /// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, and try
 /// the engine with a demo.
 ///
@@ -21,7 +39,7 @@ use durable::RunStatus;
     // whole help on stderr.
     subcommand_required = true,
     arg_required_else_help = false,
-    after_help = "Examples:\n  durable demo --runs 50\n  durable runs list --status failed\n  durable runs show demo-saga-3\n  durable runs retry demo-saga-3\n  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'"
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     /// Where the runs are kept.

@@ -29,9 +29,12 @@
 //!
 //! ## Exit codes
 //!
-//! `0` success; `2` bad input or usage (unknown run id, malformed JSON, not a durable
-//! database, a newer schema, a run in the wrong state); `1` a failure while doing the work (the
-//! store is busy, an I/O error); `130` interrupted. Errors are one line on stderr.
+//! `0` success; `2` the command was wrong: a usage error, an unknown run id, malformed JSON, a
+//! run in the wrong state, or a `--db` / `--url` that cannot be opened as given (a missing
+//! directory, a file that is not a durable database, a newer schema, a malformed URL, an
+//! unknown database); `1` it failed while running (the store is busy or unreachable, an I/O
+//! error: trying again later may help); `130` interrupted. Errors are one line on stderr.
+//! `durable --help` ends with the same list.
 //!
 //! ## As a library
 //!

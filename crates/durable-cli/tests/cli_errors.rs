@@ -196,3 +196,72 @@ fn an_invalid_run_id_is_quoted_and_escaped_once() {
         }
     }
 }
+
+/// Every command, the demo included, with valid arguments, on the SQLite file `db`.
+fn every_command(db: &str) -> Vec<Vec<&str>> {
+    let mut commands = operator_commands(db);
+    commands.push(vec!["demo", "--runs", "1", "--db", db]);
+    commands
+}
+
+#[test]
+fn a_db_path_that_cannot_be_opened_as_given_exits_2_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, b"a file, not a directory\n").unwrap();
+    let in_missing_dir = dir.path().join("no-such-dir").join("durable.db");
+    let under_a_file = file.join("durable.db");
+    for path in [&in_missing_dir, &under_a_file] {
+        let p = path_str(path);
+        for args in every_command(p) {
+            run_bad(dir.path(), &args, p);
+        }
+    }
+    assert!(!dir.path().join("no-such-dir").exists(), "no directory was created");
+    assert_eq!(std::fs::read(&file).unwrap(), b"a file, not a directory\n");
+}
+
+#[test]
+fn an_unreachable_store_is_a_failure_exit_1_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 1: the connection is refused at once.
+    let url = "postgres://durable:s3cret@127.0.0.1:1/durable";
+    for mut args in every_command("unused.db") {
+        let at = args.iter().position(|a| *a == "--db").unwrap();
+        args.splice(at..at + 2, ["--url", url]);
+        let ran = run(dir.path(), &args);
+        assert_eq!(ran.code, Some(1), "durable {args:?}: {ran:?}");
+        let err = ran.stderr.trim_end();
+        assert_eq!(err.lines().count(), 1, "durable {args:?}: {err}");
+        assert!(err.starts_with("error: ") && err.contains("connection refused"), "durable {args:?}: {err}");
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+}
+
+#[test]
+fn a_database_locked_by_another_writer_is_a_failure_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    let dbs = path_str(&db);
+    run_ok(dir.path(), &["demo", "--runs", "1", "--db", dbs]);
+    // Another process holds the write lock for longer than the store's busy timeout (5 s).
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO durable_schema VALUES (998, 'lock holder', 0);").unwrap();
+    let ran = run(dir.path(), &["signal", "some-token", "1", "--db", dbs]);
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    let err = ran.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: ") && err.contains("locked"), "{err}");
+    conn.execute_batch("ROLLBACK").unwrap();
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = run_ok(dir.path(), &["--help"]).stdout;
+    let codes = help.split_once("Exit codes:").map(|(_, rest)| rest).unwrap_or_else(|| panic!("{help}"));
+    for line in ["0  ", "1  ", "2  ", "130  "] {
+        assert!(codes.lines().any(|l| l.trim_start().starts_with(line)), "no {line:?} line in:\n{codes}");
+    }
+    assert!(codes.contains("cannot be opened as given"), "{codes}");
+}
