@@ -6,13 +6,15 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use durable::RunStatus;
 
-/// The end of `durable --help`: examples, and what the exit codes mean.
+/// The end of `durable --help`: examples, and what the exit codes mean. Every `durable …`
+/// line of a help text is run by the tests (tests/cli_examples.rs) on a database the demo
+/// made: it must exit 0, or with the code a trailing `# exits N: …` comment gives.
 const AFTER_HELP: &str = "\
 Examples:
   durable demo --runs 50
   durable runs list --status failed
   durable runs show demo-saga-3
-  durable runs retry demo-saga-3
+  durable runs delete demo-fanout-4
   durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'
 
 Exit codes:
@@ -83,6 +85,10 @@ pub enum Command {
     /// saga whose last step fails so its undos run, and a fan-out over child runs — and runs N
     /// of them. Run ids are deterministic (`demo-<kind>-<i>`): kill the demo (Ctrl-C, or even
     /// `kill -9`) and run it again, and it resumes the same runs instead of starting over.
+    #[command(after_help = "\
+Examples:
+  durable demo
+  durable demo --runs 20 --db demo.db        # a database of its own")]
     Demo(DemoArgs),
 
     /// List, inspect and operate runs.
@@ -93,6 +99,9 @@ pub enum Command {
     /// buffered for the next run that waits on TOKEN.
     ///
     /// The run resumes when a worker with its workflow registered picks it up.
+    #[command(after_help = "\
+Example:
+  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'")]
     Signal(SignalArgs),
 
     /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.
@@ -111,14 +120,30 @@ pub struct DemoArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum RunsCommand {
     /// List runs, newest first: a table, or one JSON object per line with --json.
+    #[command(after_help = "\
+Examples:
+  durable runs list --status failed,dead
+  durable runs list --workflow demo_order --limit 5
+  durable runs list --json --limit 0")]
     List(ListArgs),
 
     /// Show a run: its fields, its timeline (one line per checkpoint), its children and what
     /// it waits for.
+    #[command(after_help = "\
+Examples:
+  durable runs show demo-saga-3
+  durable runs show demo-fanout-4 --json")]
     Show(ShowArgs),
 
     /// Retry a failed or dead run: it goes back to `pending` and resumes from its first failed
     /// step (completed steps are kept) when a worker with its workflow registered picks it up.
+    ///
+    /// A run whose undos ran (a failed saga) is not retried: its steps' effects were undone.
+    /// Start a new run instead.
+    #[command(after_help = "\
+Examples:
+  durable runs list --status failed,dead     # the runs retry applies to
+  durable runs retry demo-saga-3             # exits 2: a demo saga ran its undos")]
     Retry(RunIdArgs),
 
     /// Cancel an active run (and its children). With --compensate, its undos run first (on a
@@ -126,6 +151,9 @@ pub enum RunsCommand {
     Cancel(CancelArgs),
 
     /// Delete a finished run with its whole subtree (children, histories, waiters, state).
+    #[command(after_help = "\
+Example:
+  durable runs delete demo-fanout-4          # and its three children")]
     Delete(DeleteArgs),
 }
 
