@@ -2,7 +2,7 @@
 //!
 //! Run through `cargo xtask bench`, which builds this in release mode, runs each
 //! workload × store in a fresh process (so `peak_rss_mb` is that workload's own), collects
-//! the lines into `target/bench/results.json` and prints a table.
+//! the lines into `bench/results.json` in cargo's target directory and prints a table.
 //!
 //! With `--workers N` the runs execute in N worker processes (this binary with
 //! `--role worker`) sharing one SQLite file through the store-backed run queue; this process

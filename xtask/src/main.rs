@@ -1,5 +1,9 @@
 //! `cargo xtask ci` runs the same gates locally and in CI; `cargo xtask bench` runs the
-//! benchmark workloads in release mode and writes `target/bench/results.json`.
+//! benchmark workloads in release mode and writes `<target dir>/bench/results.json`.
+//!
+//! Built binaries are run from where cargo says it put them (its `compiler-artifact` message),
+//! and outputs go under cargo's target directory (`cargo metadata`), so `CARGO_TARGET_DIR` and
+//! `build.target-dir` are honoured.
 
 mod cycles;
 
@@ -12,7 +16,7 @@ usage: cargo xtask <command>
 commands:
   ci                      fmt check, clippy -D warnings, core purity, package, cycles, tests,
                           rustdoc -D warnings, quick bench
-  bench [options]         run benchmark workloads (release mode), write target/bench/results.json
+  bench [options]         run benchmark workloads (release mode), write <target dir>/bench/results.json
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout (default: all)
@@ -82,6 +86,68 @@ fn cargo() -> Command {
     cmd
 }
 
+/// `cargo metadata --no-deps` of the workspace.
+fn metadata() -> Result<serde_json::Value, String> {
+    let out = cargo()
+        .args(["metadata", "--no-deps", "--format-version", "1"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("cargo metadata: {e}"))?;
+    if !out.status.success() {
+        return Err("cargo metadata failed".into());
+    }
+    serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata printed no JSON: {e}"))
+}
+
+/// Cargo's target directory (`CARGO_TARGET_DIR`, `build.target-dir`, or `target/` of the
+/// workspace), from `cargo metadata`.
+fn target_directory() -> Result<PathBuf, String> {
+    target_directory_of(&metadata()?)
+}
+
+fn target_directory_of(metadata: &serde_json::Value) -> Result<PathBuf, String> {
+    metadata["target_directory"]
+        .as_str()
+        .map(PathBuf::from)
+        .ok_or_else(|| "cargo metadata: no target_directory".to_string())
+}
+
+/// Builds the binary `bin` of `package` in release mode and returns the path of its
+/// executable, as cargo reports it (so it is found wherever the target directory is).
+fn build_release_bin(package: &str, bin: &str) -> Result<PathBuf, String> {
+    let step = format!("build {package} (release)");
+    eprintln!("\n==> {step}");
+    // `json-render-diagnostics`: warnings and errors are still printed for people (stderr);
+    // stdout carries only cargo's JSON messages.
+    let out = cargo()
+        .args(["build", "--release", "-p", package, "--bin", bin, "--message-format=json-render-diagnostics"])
+        .stderr(Stdio::inherit())
+        .output()
+        .map_err(|e| format!("{step}: could not start: {e}"))?;
+    if !out.status.success() {
+        return Err(format!("{step} failed ({})", out.status));
+    }
+    executable_of(&String::from_utf8_lossy(&out.stdout), bin).map_err(|e| format!("{step}: {e}"))
+}
+
+/// The `executable` of the `compiler-artifact` message for the bin target `bin`, among the
+/// JSON lines cargo printed with `--message-format=json…`.
+fn executable_of(messages: &str, bin: &str) -> Result<PathBuf, String> {
+    for line in messages.lines() {
+        let Ok(message) = serde_json::from_str::<serde_json::Value>(line) else { continue };
+        let target = &message["target"];
+        let is_bin = target["kind"].as_array().is_some_and(|kinds| kinds.iter().any(|k| k == "bin"));
+        if message["reason"] == "compiler-artifact"
+            && is_bin
+            && target["name"] == bin
+            && let Some(executable) = message["executable"].as_str()
+        {
+            return Ok(PathBuf::from(executable));
+        }
+    }
+    Err(format!("cargo reported no executable for the binary {bin:?}"))
+}
+
 fn run(step: &str, cmd: &mut Command) -> Result<(), String> {
     eprintln!("\n==> {step}");
     let status = cmd.status().map_err(|e| format!("{step}: could not start: {e}"))?;
@@ -130,16 +196,7 @@ fn purity() -> Result<(), String> {
 /// sources); a missing description or license, a path dependency without a version, a
 /// dependency cycle through dev-dependencies or any other warning fails the step.
 fn package() -> Result<(), String> {
-    let out = cargo()
-        .args(["metadata", "--no-deps", "--format-version", "1"])
-        .stderr(Stdio::inherit())
-        .output()
-        .map_err(|e| format!("cargo metadata: {e}"))?;
-    if !out.status.success() {
-        return Err("cargo metadata failed".into());
-    }
-    let metadata: serde_json::Value =
-        serde_json::from_slice(&out.stdout).map_err(|e| format!("cargo metadata printed no JSON: {e}"))?;
+    let metadata = metadata()?;
     let crates: Vec<&str> = metadata["packages"]
         .as_array()
         .ok_or("cargo metadata: no packages")?
@@ -243,9 +300,8 @@ fn bench(args: &[String]) -> Result<(), String> {
             other => return Err(format!("unknown bench option {other:?}\n{USAGE}")),
         }
     }
-    run("build bench (release)", cargo().args(["build", "--release", "-p", "durable-bench"]))?;
-    let exe = root().join("target/release/durable-bench");
-    let out_dir = root().join("target/bench");
+    let exe = build_release_bin("durable-bench", "durable-bench")?;
+    let out_dir = target_directory()?.join("bench");
     std::fs::create_dir_all(&out_dir).map_err(|e| format!("creating {}: {e}", out_dir.display()))?;
     let mut results = Vec::new();
     if workers > 0 && stores.iter().any(|s| s == "memory") {
@@ -301,5 +357,40 @@ fn print_table(results: &[serde_json::Value]) {
             num("p99_ms"),
             num("peak_rss_mb"),
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `cargo build --release -p durable-bench --message-format=json-render-diagnostics`
+    /// prints on stdout (abridged): artifacts of dependencies, a build script, the bin.
+    const MESSAGES: &str = r#"{"reason":"compiler-artifact","package_id":"registry+https://github.com/rust-lang/crates.io-index#serde@1.0.228","target":{"kind":["lib"],"crate_types":["lib"],"name":"serde","src_path":"/r/serde/src/lib.rs"},"filenames":["/t/release/deps/libserde-1.rlib"],"executable":null,"fresh":true}
+{"reason":"build-script-executed","package_id":"registry+https://github.com/rust-lang/crates.io-index#libsqlite3-sys@0.35.0","out_dir":"/t/release/build/libsqlite3-sys-2/out"}
+{"reason":"compiler-artifact","package_id":"path+file:///w/crates/durable#0.1.0","target":{"kind":["lib"],"crate_types":["lib"],"name":"durable","src_path":"/w/crates/durable/src/lib.rs"},"filenames":["/t/release/deps/libdurable-3.rlib"],"executable":null,"fresh":false}
+{"reason":"compiler-artifact","package_id":"path+file:///w/bench#durable-bench@0.1.0","target":{"kind":["bin"],"crate_types":["bin"],"name":"durable-bench","src_path":"/w/bench/src/main.rs"},"filenames":["/tmp/xt/release/durable-bench"],"executable":"/tmp/xt/release/durable-bench","fresh":false}
+{"reason":"build-finished","success":true}
+"#;
+
+    #[test]
+    fn the_executable_is_the_bin_artifact_cargo_reported() {
+        assert_eq!(executable_of(MESSAGES, "durable-bench"), Ok(PathBuf::from("/tmp/xt/release/durable-bench")));
+        // A library of that name, another bin, or no artifact at all: no executable.
+        let lib_only = MESSAGES.replace(r#""kind":["bin"]"#, r#""kind":["lib"]"#);
+        assert!(executable_of(&lib_only, "durable-bench").is_err());
+        assert!(executable_of(MESSAGES, "durable").is_err());
+        let err = executable_of("", "durable-bench").unwrap_err();
+        assert!(err.contains("durable-bench"), "{err}");
+        // Lines that are not JSON (a cargo that printed something else) are skipped.
+        let noisy = format!("warning: something\n{MESSAGES}");
+        assert_eq!(executable_of(&noisy, "durable-bench"), Ok(PathBuf::from("/tmp/xt/release/durable-bench")));
+    }
+
+    #[test]
+    fn the_target_directory_comes_from_cargo_metadata() {
+        let metadata = serde_json::json!({ "packages": [], "target_directory": "/tmp/xt", "workspace_root": "/w" });
+        assert_eq!(target_directory_of(&metadata), Ok(PathBuf::from("/tmp/xt")));
+        assert!(target_directory_of(&serde_json::json!({ "packages": [] })).is_err());
     }
 }

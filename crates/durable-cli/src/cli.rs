@@ -6,6 +6,26 @@ use std::path::PathBuf;
 use clap::{Args, Parser, Subcommand};
 use durable::RunStatus;
 
+/// The end of `durable --help`: examples, and what the exit codes mean. Every `durable …`
+/// line of a help text is run by the tests (tests/cli_examples.rs) on a database the demo
+/// made: it must exit 0, or with the code a trailing `# exits N: …` comment gives.
+const AFTER_HELP: &str = "\
+Examples:
+  durable demo --runs 50
+  durable runs list --status failed
+  durable runs show demo-saga-3
+  durable runs delete demo-fanout-4
+  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'
+
+Exit codes:
+  0    success
+  2    the command was wrong: a usage error, an unknown run, malformed JSON, a run in the wrong
+       state, or a --db / --url that cannot be opened as given (a missing directory, a file that
+       is not a durable database, a newer schema, a malformed URL, an unknown database)
+  1    it failed while running: the store is busy or unreachable, an I/O error (trying again
+       later may help)
+  130  interrupted (Ctrl-C or SIGTERM)";
+
 /// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, and try
 /// the engine with a demo.
 ///
@@ -17,8 +37,11 @@ use durable::RunStatus;
 #[command(
     name = "durable",
     version,
-    arg_required_else_help = true,
-    after_help = "Examples:\n  durable demo --runs 50\n  durable runs list --status failed\n  durable runs show demo-saga-3\n  durable runs retry demo-saga-3\n  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'"
+    // Without a command: one line naming the commands (see `usage_error` in lib.rs), not the
+    // whole help on stderr.
+    subcommand_required = true,
+    arg_required_else_help = false,
+    after_help = AFTER_HELP
 )]
 pub struct Cli {
     /// Where the runs are kept.
@@ -62,16 +85,23 @@ pub enum Command {
     /// saga whose last step fails so its undos run, and a fan-out over child runs — and runs N
     /// of them. Run ids are deterministic (`demo-<kind>-<i>`): kill the demo (Ctrl-C, or even
     /// `kill -9`) and run it again, and it resumes the same runs instead of starting over.
+    #[command(after_help = "\
+Examples:
+  durable demo
+  durable demo --runs 20 --db demo.db        # a database of its own")]
     Demo(DemoArgs),
 
     /// List, inspect and operate runs.
-    #[command(subcommand)]
+    #[command(subcommand, arg_required_else_help = false)]
     Runs(RunsCommand),
 
     /// Send a signal: the oldest run waiting on TOKEN receives the JSON payload, or it is
     /// buffered for the next run that waits on TOKEN.
     ///
     /// The run resumes when a worker with its workflow registered picks it up.
+    #[command(after_help = "\
+Example:
+  durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'")]
     Signal(SignalArgs),
 
     /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.
@@ -90,14 +120,30 @@ pub struct DemoArgs {
 #[derive(Debug, Clone, Subcommand)]
 pub enum RunsCommand {
     /// List runs, newest first: a table, or one JSON object per line with --json.
+    #[command(after_help = "\
+Examples:
+  durable runs list --status failed,dead
+  durable runs list --workflow demo_order --limit 5
+  durable runs list --json --limit 0")]
     List(ListArgs),
 
     /// Show a run: its fields, its timeline (one line per checkpoint), its children and what
     /// it waits for.
+    #[command(after_help = "\
+Examples:
+  durable runs show demo-saga-3
+  durable runs show demo-fanout-4 --json")]
     Show(ShowArgs),
 
     /// Retry a failed or dead run: it goes back to `pending` and resumes from its first failed
     /// step (completed steps are kept) when a worker with its workflow registered picks it up.
+    ///
+    /// A run whose undos ran (a failed saga) is not retried: its steps' effects were undone.
+    /// Start a new run instead.
+    #[command(after_help = "\
+Examples:
+  durable runs list --status failed,dead     # the runs retry applies to
+  durable runs retry demo-saga-3             # exits 2: a demo saga ran its undos")]
     Retry(RunIdArgs),
 
     /// Cancel an active run (and its children). With --compensate, its undos run first (on a
@@ -105,6 +151,9 @@ pub enum RunsCommand {
     Cancel(CancelArgs),
 
     /// Delete a finished run with its whole subtree (children, histories, waiters, state).
+    #[command(after_help = "\
+Example:
+  durable runs delete demo-fanout-4          # and its three children")]
     Delete(DeleteArgs),
 }
 

@@ -480,7 +480,13 @@ fn summary(demo: &Demo, out: &mut dyn Write, drained: Option<bool>) -> Result<()
         ("resumed", tally.resumed.to_string(), "unfinished at startup, picked up again"),
         ("already finished", tally.already_finished.to_string(), "finished by an earlier demo"),
         ("steps executed", format!("{at_least}{executed}"), ""),
-        ("steps/s", format!("{:.0}", executed as f64 / wall.max(1e-3)), ""),
+        // Wall time includes the deliberate sleeps, backoffs and approval waits of the example
+        // workflows: this is not the engine's speed, which `cargo xtask bench` measures.
+        (
+            "steps/s",
+            format!("{:.0}", executed as f64 / wall.max(1e-3)),
+            "includes the demo's deliberate sleeps and waits; see `cargo xtask bench` for engine throughput",
+        ),
         ("retried attempts", format!("{at_least}{retried}"), ""),
         ("wall time", format!("{wall:.2} s"), ""),
     ];

@@ -11,12 +11,13 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The input was wrong: an unknown run id, malformed JSON, a file that is not a durable
-    /// database, a run in a state the command does not apply to, … Exit code 2 (like a usage
-    /// error): running the same command again will not help.
+    /// The input was wrong: an unknown run id, malformed JSON, a run in a state the command
+    /// does not apply to, a `--db` or `--url` that cannot be opened as given (a missing
+    /// directory, a file that is not a durable database, …). Exit code 2 (like a usage error):
+    /// running the same command again will not help.
     #[error("{0}")]
     BadInput(String),
-    /// Something failed while doing the work: the store is busy or unreadable, an I/O error.
+    /// Something failed while doing the work: the store is busy or unreachable, an I/O error.
     /// Exit code 1: trying again later may help.
     #[error("{0}")]
     Failed(String),

@@ -29,9 +29,12 @@
 //!
 //! ## Exit codes
 //!
-//! `0` success; `2` bad input or usage (unknown run id, malformed JSON, not a durable
-//! database, a newer schema, a run in the wrong state); `1` a failure while doing the work (the
-//! store is busy, an I/O error); `130` interrupted. Errors are one line on stderr.
+//! `0` success; `2` the command was wrong: a usage error, an unknown run id, malformed JSON, a
+//! run in the wrong state, or a `--db` / `--url` that cannot be opened as given (a missing
+//! directory, a file that is not a durable database, a newer schema, a malformed URL, an
+//! unknown database); `1` it failed while running (the store is busy or unreachable, an I/O
+//! error: trying again later may help); `130` interrupted. Errors are one line on stderr.
+//! `durable --help` ends with the same list.
 //!
 //! ## As a library
 //!
@@ -136,8 +139,8 @@ fn usage_error(e: &clap::Error) -> ExitCode {
             let _ = e.print();
             ExitCode::SUCCESS
         }
-        ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand => {
-            let _ = e.print();
+        ErrorKind::MissingSubcommand => {
+            let _ = writeln!(std::io::stderr().lock(), "{}", missing_subcommand(e));
             ExitCode::from(2)
         }
         _ => {
@@ -155,6 +158,22 @@ fn usage_error(e: &clap::Error) -> ExitCode {
             ExitCode::from(2)
         }
     }
+}
+
+/// `durable runs` without its subcommand: one line that names the subcommands, and where the
+/// help is. (clap's own message for it is several lines with the usage.)
+fn missing_subcommand(e: &clap::Error) -> String {
+    use clap::error::{ContextKind, ContextValue};
+    let name = match e.get(ContextKind::InvalidSubcommand) {
+        Some(ContextValue::String(name)) => name.clone(),
+        _ => "durable".to_string(),
+    };
+    let subcommands = match e.get(ContextKind::ValidSubcommand) {
+        Some(ContextValue::Strings(names)) => names.iter().filter(|n| *n != "help").cloned().collect(),
+        _ => Vec::new(),
+    };
+    let what = if name.contains(' ') { "subcommand" } else { "command" };
+    format!("error: '{name}' needs a {what}: {} (see '{name} --help')", subcommands.join(", "))
 }
 
 /// A panic (a bug) prints one line instead of a backtrace.

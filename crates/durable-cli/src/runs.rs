@@ -15,7 +15,26 @@ use crate::store::{Access, with_operator_engine};
 
 /// A run id from the command line.
 fn parse_id(id: &str) -> Result<RunId> {
-    RunId::parse(id).map_err(|e| Error::bad(e.to_string()))
+    RunId::parse(id).map_err(|e| Error::bad(invalid_id_message(id, e.reason)))
+}
+
+/// Why `id` was refused (`reason`, from `RunId::parse`), with the id quoted and escaped once.
+///
+/// Not the parse error's own message: durable-core keeps an id with a control character
+/// already escaped (`escape_debug`) and then prints it with `{:?}`, which escapes it a second
+/// time (`"line\\nbreak"` for `line`, newline, `break`).
+fn invalid_id_message(id: &str, reason: &str) -> String {
+    /// How much of an over-long id is shown.
+    const SHOWN: usize = 64;
+    let shown = if id.len() > RunId::MAX_LEN {
+        format!("{:?} ({} bytes)", format!("{}…", id.chars().take(SHOWN).collect::<String>()), id.len())
+    } else {
+        format!("{id:?}")
+    };
+    format!(
+        "invalid run id {shown}: {reason}; use a non-empty id of at most {} bytes without control characters",
+        RunId::MAX_LEN
+    )
 }
 
 /// Reads a run that must exist.

@@ -3,10 +3,10 @@
 use std::sync::Arc;
 
 use durable::store::Store;
-use durable::{Durability, Engine, PostgresOptions, PostgresStore, SqliteOptions, SqliteStore};
+use durable::{Durability, Engine, PostgresOptions, PostgresStore, SqliteError, SqliteOptions, SqliteStore};
 
 use crate::cli::StoreArgs;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Whether a command may create the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -46,7 +46,18 @@ impl StoreArgs {
             // `Normal`; only a power loss could lose the last commits of a demo.
             Access::CreateIfMissing => SqliteOptions::new().durability(Durability::Normal),
         };
-        Ok(Arc::new(SqliteStore::open_with(&self.db, options)?))
+        Ok(Arc::new(SqliteStore::open_with(&self.db, options).map_err(sqlite_open_error)?))
+    }
+}
+
+/// An error opening the SQLite file is about the path as given (exit 2: a missing directory, a
+/// parent that is a file, no permission, not a durable database, a newer schema), unless
+/// trying again may pass: another writer held the lock too long, or the store's threads
+/// stopped (exit 1). Errors later, while a command works, keep their own classification.
+fn sqlite_open_error(e: SqliteError) -> Error {
+    match e {
+        SqliteError::Busy { .. } | SqliteError::Stopped { .. } => Error::failed(e.to_string()),
+        e => Error::bad(e.to_string()),
     }
 }
 

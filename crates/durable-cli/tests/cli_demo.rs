@@ -38,6 +38,11 @@ fn demo_runs_50_workflows_on_a_fresh_directory_and_lists_them() {
     for label in ["steps/s", "wall time"] {
         assert!(out.lines().any(|l| l.trim_start().starts_with(label)), "no {label} in the summary:\n{out}");
     }
+    // The rate counts the demo's deliberate sleeps and waits: it says so, and where the
+    // engine's throughput is measured.
+    let rate = out.lines().find(|l| l.trim_start().starts_with("steps/s")).unwrap_or_default();
+    assert!(rate.contains("includes the demo's deliberate sleeps and waits"), "{rate}");
+    assert!(rate.contains("cargo xtask bench"), "{rate}");
     // Without a terminal, progress is plain lines on stderr, ending with the final state.
     let last = ran.stderr.lines().last().unwrap_or_default();
     assert!(last.contains("50/50 runs finished"), "stderr: {}", ran.stderr);

@@ -3,6 +3,7 @@
 
 mod support;
 
+use clap::CommandFactory;
 use support::{default_db, path_str, run, run_bad, run_ok};
 
 /// Every operator command, with valid arguments, on `db`.
@@ -121,13 +122,146 @@ fn help_works_on_every_command_and_completions_are_printed() {
         let ran = run_ok(dir.path(), args);
         assert!(ran.stdout.contains("Usage: durable"), "{args:?}: {}", ran.stdout);
     }
-    // No command at all: the help, as a usage error.
-    let ran = run(dir.path(), &[]);
-    assert_eq!(ran.code, Some(2));
-    assert!(ran.stderr.contains("Usage: durable"), "{ran:?}");
+    // No command at all: one line naming the commands (see
+    // `a_command_without_its_subcommand_is_one_line_naming_them`).
+    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, signal, completions");
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);
         assert!(ran.stdout.contains("durable"), "{shell}: {}", ran.stdout);
     }
     assert!(!default_db(dir.path()).exists(), "help and completions touch no database");
+}
+
+/// Every command that takes a subcommand, by its words after `durable` (`[]` is `durable`
+/// itself), with the names of its subcommands.
+fn command_groups() -> Vec<(Vec<String>, Vec<String>)> {
+    fn walk(cmd: &clap::Command, path: Vec<String>, out: &mut Vec<(Vec<String>, Vec<String>)>) {
+        let subs: Vec<&clap::Command> =
+            cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help").collect();
+        if subs.is_empty() {
+            return;
+        }
+        out.push((path.clone(), subs.iter().map(|s| s.get_name().to_string()).collect()));
+        for sub in subs {
+            walk(sub, [path.clone(), vec![sub.get_name().to_string()]].concat(), out);
+        }
+    }
+    let mut out = Vec::new();
+    walk(&durable_cli::Cli::command(), Vec::new(), &mut out);
+    out
+}
+
+#[test]
+fn a_command_without_its_subcommand_is_one_line_naming_them() {
+    let dir = tempfile::tempdir().unwrap();
+    // The case from the issue, word for word.
+    let err = run_bad(dir.path(), &["runs"], "");
+    assert_eq!(
+        err,
+        "error: 'durable runs' needs a subcommand: list, show, retry, cancel, delete (see 'durable runs --help')"
+    );
+    // Every group, with or without flags before the missing subcommand.
+    let groups = command_groups();
+    assert!(groups.len() >= 2, "{groups:?}");
+    for (path, subs) in groups {
+        let name = ["durable".to_string()].iter().chain(&path).cloned().collect::<Vec<_>>().join(" ");
+        let what = if path.is_empty() { "command" } else { "subcommand" };
+        let expected = format!("error: '{name}' needs a {what}: {} (see '{name} --help')", subs.join(", "));
+        let words: Vec<&str> = path.iter().map(String::as_str).collect();
+        for extra in [&[][..], &["--db", "x.db"]] {
+            let args = [&words[..], extra].concat();
+            assert_eq!(run_bad(dir.path(), &args, ""), expected, "durable {args:?}");
+        }
+    }
+    assert!(!default_db(dir.path()).exists());
+}
+
+#[test]
+fn an_invalid_run_id_is_quoted_and_escaped_once() {
+    let dir = tempfile::tempdir().unwrap();
+    let hint = "use a non-empty id of at most 512 bytes without control characters";
+    let long = "x".repeat(600);
+    let cases = [
+        ("line\nbreak", format!(r#"error: invalid run id "line\nbreak": it contains a control character; {hint}"#)),
+        ("tab\there", format!(r#"error: invalid run id "tab\there": it contains a control character; {hint}"#)),
+        ("", format!(r#"error: invalid run id "": it is empty; {hint}"#)),
+        (
+            long.as_str(),
+            format!(r#"error: invalid run id "{}…" (600 bytes): it is longer than 512 bytes; {hint}"#, "x".repeat(64)),
+        ),
+    ];
+    for (id, expected) in &cases {
+        for command in ["show", "retry", "cancel", "delete"] {
+            assert_eq!(&run_bad(dir.path(), &["runs", command, id], ""), expected, "runs {command} {id:?}");
+        }
+    }
+}
+
+/// Every command, the demo included, with valid arguments, on the SQLite file `db`.
+fn every_command(db: &str) -> Vec<Vec<&str>> {
+    let mut commands = operator_commands(db);
+    commands.push(vec!["demo", "--runs", "1", "--db", db]);
+    commands
+}
+
+#[test]
+fn a_db_path_that_cannot_be_opened_as_given_exits_2_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    let file = dir.path().join("notes.txt");
+    std::fs::write(&file, b"a file, not a directory\n").unwrap();
+    let in_missing_dir = dir.path().join("no-such-dir").join("durable.db");
+    let under_a_file = file.join("durable.db");
+    for path in [&in_missing_dir, &under_a_file] {
+        let p = path_str(path);
+        for args in every_command(p) {
+            run_bad(dir.path(), &args, p);
+        }
+    }
+    assert!(!dir.path().join("no-such-dir").exists(), "no directory was created");
+    assert_eq!(std::fs::read(&file).unwrap(), b"a file, not a directory\n");
+}
+
+#[test]
+fn an_unreachable_store_is_a_failure_exit_1_for_every_command() {
+    let dir = tempfile::tempdir().unwrap();
+    // Nothing listens on port 1: the connection is refused at once.
+    let url = "postgres://durable:s3cret@127.0.0.1:1/durable";
+    for mut args in every_command("unused.db") {
+        let at = args.iter().position(|a| *a == "--db").unwrap();
+        args.splice(at..at + 2, ["--url", url]);
+        let ran = run(dir.path(), &args);
+        assert_eq!(ran.code, Some(1), "durable {args:?}: {ran:?}");
+        let err = ran.stderr.trim_end();
+        assert_eq!(err.lines().count(), 1, "durable {args:?}: {err}");
+        assert!(err.starts_with("error: ") && err.contains("connection refused"), "durable {args:?}: {err}");
+        assert!(!err.contains("s3cret"), "{err}");
+    }
+}
+
+#[test]
+fn a_database_locked_by_another_writer_is_a_failure_exit_1() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    let dbs = path_str(&db);
+    run_ok(dir.path(), &["demo", "--runs", "1", "--db", dbs]);
+    // Another process holds the write lock for longer than the store's busy timeout (5 s).
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch("BEGIN IMMEDIATE; INSERT INTO durable_schema VALUES (998, 'lock holder', 0);").unwrap();
+    let ran = run(dir.path(), &["signal", "some-token", "1", "--db", dbs]);
+    assert_eq!(ran.code, Some(1), "{ran:?}");
+    let err = ran.stderr.trim_end();
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.starts_with("error: ") && err.contains("locked"), "{err}");
+    conn.execute_batch("ROLLBACK").unwrap();
+}
+
+#[test]
+fn help_documents_the_exit_codes() {
+    let dir = tempfile::tempdir().unwrap();
+    let help = run_ok(dir.path(), &["--help"]).stdout;
+    let codes = help.split_once("Exit codes:").map(|(_, rest)| rest).unwrap_or_else(|| panic!("{help}"));
+    for line in ["0  ", "1  ", "2  ", "130  "] {
+        assert!(codes.lines().any(|l| l.trim_start().starts_with(line)), "no {line:?} line in:\n{codes}");
+    }
+    assert!(codes.contains("cannot be opened as given"), "{codes}");
 }
