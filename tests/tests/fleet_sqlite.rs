@@ -129,6 +129,8 @@ fn three_workers_share_500_runs_and_survive_a_sigkill() {
     assert_eq!(runs.len(), RUNS);
     assert!(runs.iter().all(|r| r.status == durable::RunStatus::Completed));
     assert!(!recovered.is_empty(), "no run of the killed worker was recovered");
+    // Every recovered run made progress afterwards (it completed): none keeps a recovery count.
+    assert!(runs.iter().all(|r| r.recovery_attempts == 0), "a completed run still counts recoveries");
     // Recovery time (reported, not asserted): from the kill to the first step a recovered run
     // committed on a surviving worker. Bounded by the lease TTL (2 s here) plus a poll.
     let kill = killed_at.unwrap();
