@@ -83,6 +83,8 @@ macro_rules! __store_cases {
             commit::suspend_parks_run_and_releases_lease(Store, []),
             commit::suspend_after_cancel_leaves_run_cancelled(Store, []),
             commit::suspend_after_delivery_stays_running(Store, []),
+            commit::progress_resets_recovery_attempts(Store, []),
+            commit::no_progress_keeps_recovery_attempts(Store, []),
             commit::wait_consuming_buffered_signal_wakes_turn(Store, []),
             commit::expire_wait_removes_waiter(Store, []),
             commit::expire_wait_raced_by_delivery_keeps_delivery(Store, []),

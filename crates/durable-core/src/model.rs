@@ -234,7 +234,11 @@ pub struct Run {
     pub lease_owner: Option<String>,
     /// When the lease expires.
     pub lease_until: Option<Millis>,
-    /// How many times the run was recovered from an expired lease.
+    /// Consecutive recoveries without progress: incremented by each claim that takes the run
+    /// over from an expired lease ([`Store::claim_run`](crate::Store::claim_run)), set back to
+    /// 0 by each commit that records progress — checkpoints or a turn end
+    /// ([`Store::commit`](crate::Store::commit)) — and by an operator retry. The engine buries
+    /// a run recovered more than `max_recovery_attempts` times in a row as `dead`.
     pub recovery_attempts: u32,
     /// Incremented by every delivery to the run (signal, event, child result), so a turn that
     /// suspends can tell that something arrived while it ran.

@@ -178,7 +178,7 @@ pub enum ClaimOutcome {
         /// The status before the claim (to hand the run back unchanged if needed).
         previous: RunStatus,
         /// Whether the claim took over an expired lease of another owner (a recovery; the
-        /// run's `recovery_attempts` was incremented).
+        /// run's `recovery_attempts` was incremented, see [`Store::claim_run`]).
         recovered: bool,
     },
     /// Another owner holds an unexpired lease.
@@ -273,6 +273,14 @@ impl Commit {
             end: None,
         }
     }
+
+    /// Whether the commit records progress: it carries checkpoints or a turn end, other than a
+    /// `Settle` to `dead`. Applied to a `running` run, such a commit sets the run's
+    /// `recovery_attempts` back to 0 (see [`Store::commit`]).
+    pub fn makes_progress(&self) -> bool {
+        let burial = matches!(self.end, Some(TurnEnd::Settle { status: RunStatus::Dead, .. }));
+        (!self.checkpoints.is_empty() || self.end.is_some()) && !burial
+    }
 }
 
 /// Where a signal went.
@@ -318,7 +326,8 @@ pub struct RunPatch {
     pub wake_at: Option<Option<Millis>>,
     /// Clear the lease.
     pub release_lease: bool,
-    /// Reset `recovery_attempts` to 0 (operator retry).
+    /// Reset `recovery_attempts` to 0 (operator retry; a commit that makes progress resets it
+    /// too, see [`Store::commit`]).
     pub reset_recovery: bool,
     /// Delete the run's checkpoints from this seq on, so that part of the body runs again
     /// (operator retry resumes from the first failed step).
@@ -457,6 +466,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// - Otherwise: lease set to `(owner, lease_until)`, status `running`, `updated_at = now`.
     ///   If the run was `running` under another owner (an expired lease), `recovery_attempts`
     ///   is incremented and `recovered` is true. The same owner may claim again (no recovery).
+    ///   A commit that makes progress sets the count back to 0 (see [`Store::commit`]), so it
+    ///   counts the recoveries since the run last got anywhere, not those of its whole life.
     /// - Concurrent claimers: exactly one acquires.
     async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome>;
 
@@ -489,6 +500,14 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   sent as by `send_signal` (results in `deliveries`).
     /// - `end`: see [`TurnEnd`]. A `Settle` that finds the run no longer `running` changes
     ///   nothing of the run row and reports `settled = false` (checkpoints are still written).
+    /// - Progress resets the recovery count: a commit that carries checkpoints or a turn end
+    ///   (a `Suspend`, applied or `woken`, or a `Settle`), applied while the run is `running`,
+    ///   sets its `recovery_attempts` to 0 in the same transaction — the turn that made it got
+    ///   somewhere, so a later recovery starts counting again from 1. Exception: a `Settle` to
+    ///   `dead` keeps the count (that is how the engine buries a run recovered too many times
+    ///   in a row; the dead run shows how many). A commit with neither checkpoints nor an end
+    ///   (an empty one), and a refused one (`LeaseLost`, `Conflict`, any error), leave it as it
+    ///   is.
     async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome>;
 
     /// Compare-and-set on the run row.

@@ -25,7 +25,10 @@ pub struct EngineConfig {
     pub durable_retry_threshold: Duration,
     /// Largest accepted payload (input, output, signal) in bytes. Default 4 MiB.
     pub max_payload_bytes: usize,
-    /// Recoveries of one run before it becomes `dead`. Default 10.
+    /// Consecutive recoveries of one run without progress before it becomes `dead`: a run
+    /// recovered more often than this since it last committed a step or a turn end is buried
+    /// (a poison pill that kills its worker every time); recoveries that make progress never
+    /// add up. Default 10.
     pub max_recovery_attempts: u32,
     /// How often `wait_for_run` re-reads the store for runs executed by other processes: all
     /// the runs this engine's callers wait on are read together (`Store::get_runs`), one

@@ -322,6 +322,7 @@ impl Store for MemoryStore {
             check_transition(run, *status)?;
         }
         let now = commit.now;
+        let progress = commit.makes_progress();
         let mut out = CommitOutcome::default();
         // Expired waits first: a wait whose waiter a delivery already took keeps the delivery.
         for seq in &commit.expire_waits {
@@ -356,6 +357,10 @@ impl Store for MemoryStore {
             out.deliveries.push(inner.send_signal(&sig.token, sig.payload, now));
         }
         let run = inner.runs.get_mut(&commit.run_id).expect("checked above");
+        if progress && run.status == RunStatus::Running {
+            // The turn got somewhere: recoveries count again from here.
+            run.recovery_attempts = 0;
+        }
         match commit.end {
             None => run.updated_at = now,
             Some(TurnEnd::Suspend { wake_at, seen_wake_gen }) if run.status == RunStatus::Running => {

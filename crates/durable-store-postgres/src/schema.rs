@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -35,6 +35,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 3,
         description: "commit skips the statements a commit's empty parts would run",
         sql: include_str!("sql/v3.sql"),
+    },
+    Migration {
+        version: 4,
+        description: "commit resets recovery_attempts when it records progress (checkpoints or a turn end)",
+        sql: include_str!("sql/v4.sql"),
     },
 ];
 

@@ -698,8 +698,14 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
         out.deliveries.push(send_signal(conn, &sig.token, sig.payload.as_str(), c.now)?);
     }
     let running = status == RunStatus::Running;
+    // Progress of a running run resets its recovery count, in the UPDATE the commit makes anyway.
+    let progress = running && c.makes_progress();
     let touch = |conn: &Connection| -> OpResult<()> {
-        conn.prepare_cached("UPDATE runs SET updated_at = ?2 WHERE id = ?1")?.execute(params![id, now])?;
+        conn.prepare_cached(
+            "UPDATE runs SET updated_at = ?2, recovery_attempts = CASE WHEN ?3 THEN 0 ELSE recovery_attempts END \
+             WHERE id = ?1",
+        )?
+        .execute(params![id, now, progress])?;
         Ok(())
     };
     match c.end {
@@ -711,7 +717,7 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
                 && conn
                     .prepare_cached(
                         "UPDATE runs SET status = 'suspended', wake_at = ?2, lease_owner = NULL, lease_until = NULL, \
-                         updated_at = ?3 WHERE id = ?1 AND status = 'running' AND wake_gen = ?4",
+                         updated_at = ?3, recovery_attempts = 0 WHERE id = ?1 AND status = 'running' AND wake_gen = ?4",
                     )?
                     .execute(params![id, wake_at.map(millis_to_sql), now, millis_to_sql(seen_wake_gen)])?
                     > 0;
@@ -721,13 +727,21 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
             }
         }
         Some(TurnEnd::Settle { status: next, output, error }) if running => {
-            out.settled = conn
-                .prepare_cached(
+            out.settled =
+                conn.prepare_cached(
                     "UPDATE runs SET status = ?2, output = ?3, error = ?4, wake_at = NULL, lease_owner = NULL, \
-                     lease_until = NULL, updated_at = ?5 WHERE id = ?1 AND status = 'running'",
+                     lease_until = NULL, updated_at = ?5, \
+                     recovery_attempts = CASE WHEN ?6 THEN 0 ELSE recovery_attempts END \
+                     WHERE id = ?1 AND status = 'running'",
                 )?
-                .execute(params![id, next.as_str(), opt_payload_str(&output), opt_error_json(&error)?, now])?
-                > 0;
+                .execute(params![
+                    id,
+                    next.as_str(),
+                    opt_payload_str(&output),
+                    opt_error_json(&error)?,
+                    now,
+                    progress
+                ])? > 0;
             if out.settled {
                 // A settled run must not swallow later signals.
                 remove_waiters_of(conn, id)?;

@@ -6,7 +6,9 @@
 //! usage:
 //!   fleet_pg_worker <url> <schema> work <index>   execute `pgfleet` and `ping` runs; print
 //!                                                 `committed <run> <seq>` per step, `turn <run>
-//!                                                 <unix_us>` per turn (with PRINT_TURNS=1),
+//!                                                 <unix_us>` per turn (with PRINT_TURNS=1, else
+//!                                                 `recovered <run>` per turn that took over an
+//!                                                 expired lease),
 //!                                                 `aborted <run>` per turn a store error cut off,
 //!                                                 `settled <run> <status>` per run it settled
 //!   fleet_pg_worker <url> <schema> start <n>      (a client) start n `pgfleet` runs, send each its
@@ -200,6 +202,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
                         EngineEvent::TurnStarted { run_id, recovered } if print_turns => {
                             out(format_args!("turn {run_id} {} recovered={recovered}", unix_us()))
                         }
+                        EngineEvent::TurnStarted { run_id, recovered: true } => out(format_args!("recovered {run_id}")),
                         EngineEvent::TurnAborted { run_id, error } => {
                             out(format_args!("aborted {run_id} {}", error.to_string().replace('\n', " ")))
                         }

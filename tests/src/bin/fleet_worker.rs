@@ -4,7 +4,8 @@
 //! ```text
 //! usage:
 //!   fleet_worker <db> work [step_ms]   execute `fleet` runs; print `committed <run> <seq>` per step
-//!                                      (DRAIN_MS: the drain timeout on SIGTERM, default 5000)
+//!                                      and `recovered <run>` per turn that took over an expired
+//!                                      lease (DRAIN_MS: the drain timeout on SIGTERM, default 5000)
 //!   fleet_worker <db> start <n>        (a client) start n `fleet` runs and wait for all of them
 //!   fleet_worker <db> poison <marker>  start `poison` (it kills its process at step 2) and work;
 //!                                      on_dead appends the run id to <marker>
@@ -106,8 +107,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             let mut events = engine.subscribe();
             tokio::spawn(async move {
                 while let Ok(event) = events.recv().await {
-                    if let EngineEvent::StepCompleted { run_id, seq, .. } = event {
-                        out(format_args!("committed {run_id} {seq}"));
+                    match event {
+                        EngineEvent::StepCompleted { run_id, seq, .. } => out(format_args!("committed {run_id} {seq}")),
+                        EngineEvent::TurnStarted { run_id, recovered: true } => out(format_args!("recovered {run_id}")),
+                        _ => {}
                     }
                 }
             });

@@ -268,6 +268,100 @@ pub async fn suspend_after_delivery_stays_running(store: Arc<dyn Store>) -> Case
     Ok(())
 }
 
+/// Takes `id` (leased to [`OWNER`] since [`T0`]) over as [`OTHER`] once the lease expired: a
+/// recovery. Returns the run as claimed, `recovery_attempts` 1.
+async fn recover(s: &dyn Store, id: &str) -> CaseResult<durable_core::Run> {
+    let run = acquire(s, claim(id, OTHER, T0 + LEASE + 1)).await?;
+    assert_eq!(run.recovery_attempts, 1, "taking over an expired lease is a recovery");
+    Ok(run)
+}
+
+/// Progress resets the recovery count. After a takeover (`recovery_attempts` 1), a commit by
+/// the new owner that carries a checkpoint sets it to 0 (the run keeps running under its
+/// lease), and the next takeover counts from 1 again; a `Suspend` with no checkpoint (applied,
+/// or `woken` by a delivery during the turn) and a `Settle` to `completed` reset it too.
+pub async fn progress_resets_recovery_attempts(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    start(s, "step").await?;
+    let recovered = recover(s, "step").await?;
+    let mut c = commit("step", OTHER);
+    c.checkpoints.push(completed("step", 0, json!("progress")));
+    s.commit(c).await?;
+    let run = get(s, "step").await?;
+    assert_eq!(run.recovery_attempts, 0, "a committed step is progress");
+    assert_eq!(
+        (run.status, run.lease_owner, run.lease_until),
+        (RunStatus::Running, recovered.lease_owner, recovered.lease_until)
+    );
+    let again = acquire(s, claim("step", "engine-c", T0 + 2 * LEASE + 2)).await?;
+    assert_eq!(again.recovery_attempts, 1, "recoveries count again from the last progress");
+
+    start(s, "park").await?;
+    let recovered = recover(s, "park").await?;
+    let mut c = commit("park", OTHER);
+    c.end = suspend(&recovered, Some(T0 + 10 * LEASE));
+    assert!(!s.commit(c).await?.woken);
+    let run = get(s, "park").await?;
+    assert_eq!((run.status, run.recovery_attempts), (RunStatus::Suspended, 0), "a suspension is progress");
+
+    start(s, "woken").await?;
+    let recovered = recover(s, "woken").await?;
+    let wake = RunPatch { wake: true, now: T0 + LEASE + 2, ..RunPatch::default() };
+    assert!(s.update_run_if(&RunId::from("woken"), &[RunStatus::Running], wake).await?);
+    let mut c = commit("woken", OTHER);
+    c.end = suspend(&recovered, Some(T0 + 10 * LEASE));
+    assert!(s.commit(c).await?.woken, "a delivery moved wake_gen during the turn");
+    let run = get(s, "woken").await?;
+    assert_eq!((run.status, run.recovery_attempts), (RunStatus::Running, 0), "a woken suspension is progress");
+
+    start(s, "done").await?;
+    recover(s, "done").await?;
+    let mut c = commit("done", OTHER);
+    c.end = complete(json!("done"));
+    assert!(s.commit(c).await?.settled);
+    let run = get(s, "done").await?;
+    assert_eq!((run.status, run.recovery_attempts), (RunStatus::Completed, 0), "completing is progress");
+    Ok(())
+}
+
+/// What records no progress leaves the recovery count alone: an empty commit, a refused one
+/// (the old owner's after the takeover: `LeaseLost`, nothing written), a commit to a run that
+/// is no longer `running` (cancelled mid-turn, lease left in place: its row is unchanged), and
+/// a `Settle` to `dead` — how an engine buries a run recovered too often, which keeps its count.
+pub async fn no_progress_keeps_recovery_attempts(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    start(s, "r").await?;
+    let recovered = recover(s, "r").await?;
+    s.commit(commit("r", OTHER)).await?;
+    let run = get(s, "r").await?;
+    assert_eq!((run.status, run.recovery_attempts), (RunStatus::Running, 1), "an empty commit is no progress");
+    let mut zombie = commit("r", OWNER);
+    zombie.checkpoints.push(completed("r", 0, json!("zombie")));
+    zombie.end = suspend(&recovered, None);
+    assert_lease_lost(s, zombie).await?;
+    assert_eq!(get(s, "r").await?.recovery_attempts, 1, "a refused commit resets nothing");
+
+    start(s, "cancelled").await?;
+    recover(s, "cancelled").await?;
+    let cancelled = cancel_mid_turn(s, "cancelled").await?;
+    let mut c = Commit { now: T0 + LEASE + 3, ..commit("cancelled", OTHER) };
+    c.checkpoints.push(completed("cancelled", 0, json!("last step")));
+    s.commit(c).await?;
+    let run = get(s, "cancelled").await?;
+    assert_eq!(run.recovery_attempts, 1, "a cancelled run keeps its count");
+    assert_eq!(run.status, cancelled.status);
+
+    start(s, "dead").await?;
+    recover(s, "dead").await?;
+    let mut c = commit("dead", OTHER);
+    let error = StepError::fatal("recovered too many times").with_code(codes::MAX_RECOVERY_ATTEMPTS);
+    c.end = Some(TurnEnd::Settle { status: RunStatus::Dead, output: None, error: Some(error) });
+    assert!(s.commit(c).await?.settled);
+    let run = get(s, "dead").await?;
+    assert_eq!((run.status, run.recovery_attempts), (RunStatus::Dead, 1), "a burial keeps the count");
+    Ok(())
+}
+
 /// A wait in a commit that a buffered signal satisfies consumes it: the payload becomes the
 /// `completed` checkpoint at the wait's seq (over the commit's own `waiting` one), no waiter
 /// is registered, `wake_gen` is incremented and the turn's `Suspend` reports `woken`.

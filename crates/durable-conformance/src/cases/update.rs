@@ -108,13 +108,14 @@ pub async fn update_applies_every_patch_field(store: Arc<dyn Store>) -> CaseResu
     let id = RunId::from("r");
     create(s, new_run("r")).await?;
     acquire(s, claim("r", OWNER, T0)).await?;
-    let takeover = T0 + LEASE + 1;
-    acquire(s, claim("r", OTHER, takeover)).await?;
-    let mut c = commit("r", OTHER);
+    let mut c = commit("r", OWNER);
     let mut failed = step("r", 1, CheckpointStatus::Failed, None);
     failed.error = Some(StepError::fatal("card declined"));
     c.checkpoints = vec![completed("r", 0, json!("ok")), failed, waiting(&signal_wait("r", 2, "t"))];
     s.commit(c).await?;
+    // Taken over after the commit (one that carries checkpoints resets the recovery count).
+    let takeover = T0 + LEASE + 1;
+    acquire(s, claim("r", OTHER, takeover)).await?;
 
     let fail = RunPatch {
         status: Some(RunStatus::Failed),
