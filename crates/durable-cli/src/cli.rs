@@ -237,7 +237,8 @@ pub struct SignalArgs {
 
     /// The payload: a JSON document, e.g. '{"approved": true}' or '"yes"'. `-` reads it from
     /// standard input.
-    #[arg(value_name = "JSON")]
+    // A negative number (`-1`, `-2.5`) is a payload, not a flag.
+    #[arg(value_name = "JSON", allow_negative_numbers = true)]
     pub payload: String,
 }
 
@@ -288,6 +289,19 @@ mod tests {
         let e =
             Cli::try_parse_from(["durable", "runs", "list", "--url", "postgres://u@h/d", "--db", "x.db"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
+    }
+
+    #[test]
+    fn a_negative_number_is_a_signal_payload() {
+        for payload in ["-1", "-2.5", "-1e3"] {
+            let cli = Cli::try_parse_from(["durable", "signal", "tok", payload, "--db", "x.db"]).unwrap();
+            match cli.command {
+                Command::Signal(s) => assert_eq!(s.payload, payload),
+                other => panic!("{other:?}"),
+            }
+        }
+        // Other dashes are still flags: a mistyped flag is not taken for a payload.
+        assert!(Cli::try_parse_from(["durable", "signal", "tok", "--bd", "x.db"]).is_err());
     }
 
     #[test]

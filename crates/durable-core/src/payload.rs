@@ -3,7 +3,7 @@
 use std::fmt;
 use std::sync::Arc;
 
-use serde::de::DeserializeOwned;
+use serde::de::{DeserializeOwned, MapAccess, SeqAccess, Visitor};
 use serde::{Deserialize, Deserializer, Serialize, Serializer};
 
 /// A JSON document kept as its text.
@@ -20,9 +20,15 @@ impl Payload {
     }
 
     /// Parses JSON text, refusing text that is not a single valid JSON document.
+    ///
+    /// It accepts exactly what `serde_json` decodes into a [`serde_json::Value`], so an accepted
+    /// payload always decodes: numbers out of `f64`'s range (`1e999`), strings with a lone UTF-16
+    /// surrogate escape (`"\ud800"`) and nesting deeper than serde_json's limit (128) are
+    /// refused. The text is kept as given; checking it allocates nothing but the buffer of a
+    /// string with escapes.
     pub fn from_json(text: impl Into<Arc<str>>) -> Result<Self, serde_json::Error> {
         let text = text.into();
-        serde_json::from_str::<serde::de::IgnoredAny>(&text)?;
+        serde_json::from_str::<Valid>(&text)?;
         Ok(Payload(text))
     }
 
@@ -93,6 +99,61 @@ impl<'de> Deserialize<'de> for Payload {
     }
 }
 
+/// A JSON document checked as [`serde_json::Value`] would be and then thrown away.
+///
+/// Unlike [`serde::de::IgnoredAny`], which serde_json skips over without decoding (so it lets
+/// `1e999`, `"\ud800"` and unlimited nesting through), every value is decoded: numbers are
+/// range-checked, escapes decoded, and nesting counts against serde_json's recursion limit.
+struct Valid;
+
+impl<'de> Deserialize<'de> for Valid {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        deserializer.deserialize_any(Valid)
+    }
+}
+
+impl<'de> Visitor<'de> for Valid {
+    type Value = Valid;
+
+    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("a JSON value")
+    }
+
+    fn visit_bool<E>(self, _: bool) -> Result<Valid, E> {
+        Ok(Valid)
+    }
+
+    fn visit_i64<E>(self, _: i64) -> Result<Valid, E> {
+        Ok(Valid)
+    }
+
+    fn visit_u64<E>(self, _: u64) -> Result<Valid, E> {
+        Ok(Valid)
+    }
+
+    fn visit_f64<E>(self, _: f64) -> Result<Valid, E> {
+        Ok(Valid)
+    }
+
+    fn visit_str<E>(self, _: &str) -> Result<Valid, E> {
+        Ok(Valid)
+    }
+
+    fn visit_unit<E>(self) -> Result<Valid, E> {
+        Ok(Valid)
+    }
+
+    fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<Valid, A::Error> {
+        while seq.next_element::<Valid>()?.is_some() {}
+        Ok(Valid)
+    }
+
+    fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<Valid, A::Error> {
+        while map.next_entry::<Valid, Valid>()?.is_some() {}
+        Ok(Valid)
+    }
+}
+
 /// Whether `payload` matches `matcher`: every field of the matcher object is present in the
 /// payload with an equal value, recursively for nested objects (a JSON subset test).
 ///
@@ -119,6 +180,18 @@ mod tests {
         assert_eq!(p.decode::<serde_json::Value>().unwrap(), json!({"a": [1, 2]}));
         assert!(Payload::from_json("{not json").is_err());
         assert!(Payload::from_json("1 2").is_err());
+        // Only what decodes into a serde_json::Value: numbers in range, no lone surrogate,
+        // nesting within serde_json's limit.
+        for text in ["1e999", "-1e999", r#""\ud800""#, r#"{"a":"\udc00"}"#, &"[".repeat(100_000)] {
+            assert!(Payload::from_json(text).is_err(), "{text:.20}");
+        }
+        let deep = |n| format!("{}{}", "[".repeat(n), "]".repeat(n));
+        assert!(Payload::from_json(deep(127)).unwrap().decode::<serde_json::Value>().is_ok());
+        assert!(Payload::from_json(deep(128)).is_err());
+        assert!(Payload::from_json(r#"{"a":1,"a":2}"#).is_ok());
+        // A float decodes to exactly the f64 that was encoded.
+        let x = 1.761_674_251_393_938_7e-63_f64;
+        assert_eq!(Payload::encode(&x).unwrap().decode::<f64>().unwrap().to_bits(), x.to_bits());
         let nested = serde_json::to_string(&json!({"p": p})).unwrap();
         assert_eq!(nested, r#"{"p":{"a":[1,2]}}"#);
     }

@@ -113,7 +113,9 @@ use workers::Workers;
 /// threads. See the [crate docs](crate) for what it guarantees.
 ///
 /// Open it once per process and share it (`Arc<SqliteStore>` or `Arc<dyn Store>`). Dropping it
-/// finishes the writes already queued, then closes the file.
+/// finishes the writes already queued, then closes the file: unless another connection (another
+/// store, another process) still has it open, the WAL is checkpointed into the file and removed,
+/// so the file alone holds everything.
 pub struct SqliteStore {
     path: PathBuf,
     options: SqliteOptions,

@@ -177,14 +177,27 @@ fn check_header(path: &Path, opts: &SqliteOptions) -> Result<()> {
         }
         return Err(not_created(path, "the file is empty (it was left as it is)"));
     }
-    let mut head = Vec::with_capacity(16);
+    let mut head = Vec::with_capacity(20);
     File::open(path)
-        .and_then(|f| f.take(16).read_to_end(&mut head))
+        .and_then(|f| f.take(20).read_to_end(&mut head))
         .map_err(|e| io_err("cannot read the file header", e))?;
-    if head.as_slice() != SQLITE_HEADER {
+    if !head.starts_with(SQLITE_HEADER) {
         return Err(Error::NotADatabase {
             path: path.to_path_buf(),
             reason: "it is not an SQLite database (the file does not start with the SQLite header)".into(),
+        });
+    }
+    // Byte 18, the file format's write version: 1 (rollback journal) or 2 (WAL). SQLite opens a
+    // file with a higher one read-only, which would be reported as a permission problem.
+    if let Some(&write_version) = head.get(18)
+        && write_version > 2
+    {
+        return Err(Error::NotADatabase {
+            path: path.to_path_buf(),
+            reason: format!(
+                "its header names file format write version {write_version}, which this SQLite cannot write \
+                 (1 or 2 expected): the header is damaged, or the file needs a newer SQLite"
+            ),
         });
     }
     Ok(())

@@ -106,7 +106,8 @@ pub(crate) struct Workers {
     ctx: Arc<Ctx>,
     writer: Option<Sender<Box<dyn WriteJob>>>,
     readers: Option<Sender<ReadJob>>,
-    threads: Vec<JoinHandle<()>>,
+    writer_thread: Option<JoinHandle<()>>,
+    reader_threads: Vec<JoinHandle<()>>,
     counters: Arc<Counters>,
 }
 
@@ -124,13 +125,18 @@ impl Workers {
             source: e,
         };
         let (wtx, wrx) = mpsc::channel::<Box<dyn WriteJob>>();
-        let mut threads = Vec::with_capacity(1 + reader_conns.len());
-        let mut workers =
-            Workers { ctx: ctx.clone(), writer: None, readers: None, threads: Vec::new(), counters: counters.clone() };
+        let mut workers = Workers {
+            ctx: ctx.clone(),
+            writer: None,
+            readers: None,
+            writer_thread: None,
+            reader_threads: Vec::with_capacity(reader_conns.len()),
+            counters: counters.clone(),
+        };
         {
             let ctx = ctx.clone();
             let counters = counters.clone();
-            threads.push(
+            workers.writer_thread = Some(
                 std::thread::Builder::new()
                     .name("durable-sqlite-writer".into())
                     .spawn(move || writer_loop(&writer_conn, &ctx, &wrx, &counters, max_group))
@@ -146,15 +152,11 @@ impl Workers {
                 .name(format!("durable-sqlite-reader-{i}"))
                 .spawn(move || reader_loop(&conn, &rrx))
             {
-                Ok(t) => threads.push(t),
-                Err(e) => {
-                    workers.threads = threads;
-                    return Err(spawn_err(e));
-                }
+                Ok(t) => workers.reader_threads.push(t),
+                Err(e) => return Err(spawn_err(e)),
             }
         }
         workers.readers = Some(rtx);
-        workers.threads = threads;
         Ok(workers)
     }
 
@@ -207,9 +209,15 @@ impl Drop for Workers {
     fn drop(&mut self) {
         // Closing the channels ends the threads once they have answered what is queued; joining
         // them closes their connections, so the file is released when the store is dropped.
-        self.writer.take();
+        // The readers close first and the writer last: the last connection to close checkpoints
+        // the WAL into the file and removes it (connections closing at the same time each see
+        // the other still open, and the WAL was left behind).
         self.readers.take();
-        for t in self.threads.drain(..) {
+        for t in self.reader_threads.drain(..) {
+            let _ = t.join();
+        }
+        self.writer.take();
+        if let Some(t) = self.writer_thread.take() {
             let _ = t.join();
         }
     }

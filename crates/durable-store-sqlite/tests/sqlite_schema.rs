@@ -286,6 +286,22 @@ fn a_file_from_a_newer_build_is_refused_and_left_alone() {
 }
 
 #[test]
+fn a_header_with_an_unknown_write_version_is_refused_and_left_alone() {
+    // SQLite opens such a file read-only; the refusal says so instead of blaming permissions.
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("damaged.db");
+    drop(SqliteStore::open(&path).unwrap());
+    let mut bytes = std::fs::read(&path).unwrap();
+    bytes[18] = 3;
+    std::fs::write(&path, &bytes).unwrap();
+    let e = open_err(&path);
+    assert!(matches!(e, Error::NotADatabase { .. }), "{e:?}");
+    assert_names_path(&e, &path);
+    assert!(e.to_string().contains("write version 3"), "{e}");
+    assert!(std::fs::read(&path).unwrap() == bytes, "the file is unchanged");
+}
+
+#[test]
 fn a_text_file_is_not_a_durable_database() {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("notes.txt");
