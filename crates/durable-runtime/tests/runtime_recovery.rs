@@ -9,8 +9,9 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use durable::{RunId, RunOutcome, RunStatus, StartOptions, StepError, WorkflowCtx, WorkflowError, codes};
 use durable_conformance::{TestEngine, test_config};
+use durable_core::{RunId, RunStatus, StepError, codes};
+use durable_runtime::{RunOutcome, StartOptions, WorkflowCtx, WorkflowError};
 use support::StoreFixture;
 use tokio::sync::mpsc;
 
