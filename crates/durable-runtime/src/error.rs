@@ -67,6 +67,15 @@ pub enum Error {
     /// No run with that id.
     #[error("run {0} not found")]
     RunNotFound(RunId),
+    /// A message addressed to a run that has finished (an update, a task result): refused,
+    /// nothing written.
+    #[error("run {id} is {status}; updates and task results go to active runs only")]
+    RunFinished {
+        /// The run.
+        id: RunId,
+        /// Its terminal status.
+        status: RunStatus,
+    },
     /// A wait ran out of time.
     #[error("run {id} did not settle within {timeout:?} (it is {status})")]
     Timeout {

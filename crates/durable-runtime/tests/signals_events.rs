@@ -118,13 +118,28 @@ async fn updates_are_validated_before_they_touch_a_run(s: StoreFixture) {
     );
     let wrong_type = t.update(&run.id, "set_quantity", "three").await.unwrap();
     assert!(matches!(wrong_type, UpdateOutcome::Rejected { .. }));
-    let unknown = t.update(&"nope".into(), "set_quantity", &1u32).await.unwrap();
-    assert!(matches!(&unknown, UpdateOutcome::Rejected { reason } if reason.contains("unknown run")));
+    let unknown = t.update(&"nope".into(), "set_quantity", &1u32).await.unwrap_err();
+    assert!(matches!(&unknown, durable_runtime::Error::RunNotFound(id) if id.as_str() == "nope"), "{unknown}");
     let after = (t.get_run(&run.id).await.unwrap().unwrap(), t.checkpoints(&run.id).await);
     assert_eq!(before, after, "a rejected update touched the run");
 
     assert_eq!(t.update(&run.id, "set_quantity", &3u32).await.unwrap(), UpdateOutcome::Accepted { delivered: true });
     t.assert_output(&run.id, 3u32).await;
+
+    // One rule for every message addressed to a run by id: unknown is RunNotFound, finished is
+    // RunFinished, and nothing is written.
+    use durable_runtime::Error;
+    let finished = t.update(&run.id, "set_quantity", &3u32).await.unwrap_err();
+    assert!(matches!(finished, Error::RunFinished { status: RunStatus::Completed, .. }), "{finished}");
+    for result in [
+        t.complete_task(&"nope".into(), "review", &1u32).await,
+        t.fail_task(&"nope".into(), "review", "no").await,
+    ] {
+        assert!(matches!(result, Err(Error::RunNotFound(_))), "{result:?}");
+    }
+    for result in [t.complete_task(&run.id, "review", &1u32).await, t.fail_task(&run.id, "review", "no").await] {
+        assert!(matches!(result, Err(Error::RunFinished { .. })), "{result:?}");
+    }
 }
 
 async fn external_tasks_complete_and_fail(s: StoreFixture) {

@@ -99,20 +99,21 @@ impl Engine {
         self.shared().hooks.add_update_validator(workflow, update, v);
     }
 
-    /// Sends an update to a run: validated first (the run must exist and be active; the
-    /// registered validator, if any, must accept it), then delivered to the run's
-    /// `ctx.on_update(name)`. A rejected update touches nothing.
+    /// Sends an update to a run: the run must exist ([`Error::RunNotFound`]) and be active
+    /// ([`Error::RunFinished`]); then the registered validator, if any, must accept it
+    /// ([`UpdateOutcome::Rejected`] otherwise); then it is delivered to the run's
+    /// `ctx.on_update(name)`. A refused or rejected update touches nothing.
+    ///
+    /// The rule for every message addressed to a run by its id (`update`, `complete_task`,
+    /// `fail_task`): an unknown run is `RunNotFound`, a finished one `RunFinished`, and nothing
+    /// is written. Messages addressed to a token or an event name (`signal`, `publish_event`)
+    /// are buffered instead when nobody waits yet, since a run may wait on them later.
     pub async fn update<T: Serialize + ?Sized>(&self, run_id: &RunId, name: &str, arg: &T) -> Result<UpdateOutcome> {
         check_name("update name", name)?;
         let shared = self.shared();
         let payload = self.encode_payload(|| format!("the argument of update {name:?}"), arg)?;
         let reject = |reason: String| Ok(UpdateOutcome::Rejected { reason });
-        let Some(run) = shared.store.get_run(run_id).await? else {
-            return reject(format!("unknown run {run_id}"));
-        };
-        if run.status.is_terminal() {
-            return reject(format!("run {run_id} is {}; updates go to active runs only", run.status));
-        }
+        let run = self.active_run(run_id).await?;
         let validator = shared.hooks.update_validator(&run.workflow, name);
         if let Some(validator) = validator
             && let Err(reason) = validator(&payload)
@@ -123,7 +124,10 @@ impl Engine {
         Ok(UpdateOutcome::Accepted { delivered: matches!(delivery, Delivery::Delivered { .. }) })
     }
 
-    /// Completes the external task `name` of a run with `value` (see [`WorkflowCtx::task`](crate::WorkflowCtx::task)).
+    /// Completes the external task `name` of a run with `value` (see
+    /// [`WorkflowCtx::task`](crate::WorkflowCtx::task)). The run must exist and be active (the
+    /// rule of [`Engine::update`]); a result that arrives before the run waits for it is
+    /// buffered for its wait.
     pub async fn complete_task<T: Serialize + ?Sized>(
         &self,
         run_id: &RunId,
@@ -132,14 +136,27 @@ impl Engine {
     ) -> Result<Delivery> {
         check_name("task name", name)?;
         let value = self.encode_payload(|| format!("the result of task {name:?} of run {run_id}"), value)?;
+        self.active_run(run_id).await?;
         let payload = TaskResult::Ok(value).encode();
         self.deliver(&protocol::task_token(run_id, name), payload).await
     }
 
-    /// Fails the external task `name` of a run; the workflow sees [`TaskError::Failed`](crate::TaskError::Failed).
+    /// Fails the external task `name` of a run; the workflow sees
+    /// [`TaskError::Failed`](crate::TaskError::Failed). The run must exist and be active (the
+    /// rule of [`Engine::update`]).
     pub async fn fail_task(&self, run_id: &RunId, name: &str, message: &str) -> Result<Delivery> {
         check_name("task name", name)?;
+        self.active_run(run_id).await?;
         let payload = TaskResult::Err(message.to_string()).encode();
         self.deliver(&protocol::task_token(run_id, name), payload).await
+    }
+
+    /// The run a message is addressed to, if it exists and is active.
+    async fn active_run(&self, run_id: &RunId) -> Result<durable_core::Run> {
+        let run = self.shared().store.get_run(run_id).await?.ok_or_else(|| Error::RunNotFound(run_id.clone()))?;
+        if run.status.is_terminal() {
+            return Err(Error::RunFinished { id: run_id.clone(), status: run.status });
+        }
+        Ok(run)
     }
 }
