@@ -131,10 +131,9 @@ async fn updates_are_validated_before_they_touch_a_run(s: StoreFixture) {
     use durable_runtime::Error;
     let finished = t.update(&run.id, "set_quantity", &3u32).await.unwrap_err();
     assert!(matches!(finished, Error::RunFinished { status: RunStatus::Completed, .. }), "{finished}");
-    for result in [
-        t.complete_task(&"nope".into(), "review", &1u32).await,
-        t.fail_task(&"nope".into(), "review", "no").await,
-    ] {
+    for result in
+        [t.complete_task(&"nope".into(), "review", &1u32).await, t.fail_task(&"nope".into(), "review", "no").await]
+    {
         assert!(matches!(result, Err(Error::RunNotFound(_))), "{result:?}");
     }
     for result in [t.complete_task(&run.id, "review", &1u32).await, t.fail_task(&run.id, "review", "no").await] {

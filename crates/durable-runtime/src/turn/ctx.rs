@@ -228,6 +228,14 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
         StepBegin::Park(_) | StepBegin::Stopped => return halt().await,
         StepBegin::Run { attempt } => attempt,
     };
+    let retrying = |attempt, retry_at, error| EngineEvent::StepRetrying {
+        run_id: run_id.clone(),
+        seq,
+        name: name.clone(),
+        attempt,
+        retry_at,
+        error,
+    };
     let span = tracing::debug_span!("step", run_id = %run_id, seq, name = %name);
     loop {
         let sc = StepContext { run_id: run_id.clone(), seq, attempt };
@@ -259,29 +267,13 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
             }
             StepAfter::RetryAt { at, attempt: next, error } => {
                 tracing::debug!(run_id = %run_id, seq, attempt, error = %error, "step attempt failed; retrying in memory");
-                let event = EngineEvent::StepRetrying {
-                    run_id: run_id.clone(),
-                    seq,
-                    name: name.clone(),
-                    attempt,
-                    retry_at: at,
-                    error,
-                };
-                t.emit(event);
+                t.emit(retrying(attempt, at, error));
                 t.env.sleep_until(at).await;
                 attempt = next;
             }
             StepAfter::Park { at, error, commit } => {
                 if t.apply(seq, commit).await {
-                    let event = EngineEvent::StepRetrying {
-                        run_id: run_id.clone(),
-                        seq,
-                        name: name.clone(),
-                        attempt,
-                        retry_at: at,
-                        error,
-                    };
-                    t.emit(event);
+                    t.emit(retrying(attempt, at, error));
                 }
                 return halt().await;
             }
