@@ -190,7 +190,9 @@ impl Turn {
     /// with the id would silently stand in for the one meant. A child whose id another run
     /// holds is not started — its call fails with `child_failed` — unless that run is this
     /// call's own child (re-created after an operator's retry). A continued run whose
-    /// successor id is taken fails with `id_taken` instead of completing. Returns the commit
+    /// successor id is taken fails with `id_taken` instead of completing, unless the run there
+    /// is the successor exactly as this continuation creates it (same workflow, input and
+    /// parent). Returns the commit
     /// to apply; when a join is already parked on a child that was not started, the turn stops
     /// with [`TurnStop::Rerun`] (run it again once the commit is applied).
     pub fn vet_creations(&mut self, mut commit: Commit, existing: &[Run], now: Millis) -> Commit {
@@ -227,6 +229,11 @@ impl Turn {
                     if self.parked.remove(&seq).is_some() || ending {
                         self.stop(TurnStop::Rerun(format!("the child at seq {seq} could not be started")));
                     }
+                }
+                // The successor exactly as this continuation would create it (same workflow,
+                // input and parent) is this chain's own: nothing else would have made it.
+                _ if run.workflow == new.workflow && run.input == new.input && run.parent == new.parent => {
+                    keep.push(new);
                 }
                 _ => {
                     let message = format!(

@@ -1902,6 +1902,14 @@ fn vet_fails_a_continue_as_new_whose_successor_id_is_taken() {
     t.continue_as_new(Ok(p(&2)));
     let Some(Ended::Settle { commit, status: RunStatus::Completed }) = t.t_pending(10) else { panic!() };
     let successor = protocol::successor_id(&rid());
+    // The successor exactly as this continuation creates it is the chain's own: kept.
+    let own = Run {
+        input: p(&2),
+        parent: Some(parent.clone()),
+        version: 2,
+        ..existing(successor.as_str(), "wf", Some(parent.clone()))
+    };
+    assert_eq!(t.vet_creations(commit.clone(), &[own], 11), commit);
     let taken = existing(successor.as_str(), "other", None);
     let vetted = t.vet_creations(commit, &[taken], 11);
     assert!(vetted.children.is_empty());
