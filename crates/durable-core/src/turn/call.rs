@@ -329,7 +329,8 @@ impl Turn {
         if self.stop.is_some() {
             return StepAfter::Stopped;
         }
-        let Some(a) = self.attempts.get(&seq).cloned() else {
+        // Taken out (no clone per attempt); put back only for an in-memory retry.
+        let Some(mut a) = self.attempts.remove(&seq) else {
             // The call was abandoned meanwhile: nothing of it is recorded.
             return StepAfter::Stopped;
         };
@@ -340,40 +341,38 @@ impl Turn {
                 Ok(p)
             }
         });
-        let mut cp = self.checkpoint(seq, &a.name, a.kind, CheckpointStatus::Completed, a.started_at, now);
-        cp.attempts = attempt;
         match result {
             Ok(output) => {
-                cp.output = Some(output.clone());
-                cp.error = a.last_error;
-                self.record(cp);
-                self.attempts.remove(&seq);
                 if a.undo {
                     self.push_undo(seq, &a.name);
                 }
+                let mut cp = self.checkpoint(seq, a.name, a.kind, CheckpointStatus::Completed, a.started_at, now);
+                cp.attempts = attempt;
+                cp.output = Some(output.clone());
+                cp.error = a.last_error;
+                self.record(cp);
                 StepAfter::Completed { output, commit: self.commit_for(seq, None, now) }
             }
             Err(error) => match a.policy.after_failure(attempt, &error, seed_for(self.run.id.as_str(), seq, attempt)) {
                 RetryDecision::RetryAfter(delay) => {
                     let at = millis_after(now, delay);
                     if delay <= self.config.durable_retry_threshold {
-                        if let Some(a) = self.attempts.get_mut(&seq) {
-                            a.last_error = Some(error.clone());
-                        }
+                        a.last_error = Some(error.clone());
+                        self.attempts.insert(seq, a);
                         return StepAfter::RetryAt { at, attempt: attempt + 1, error };
                     }
-                    cp.status = CheckpointStatus::Waiting;
+                    let mut cp = self.checkpoint(seq, a.name, a.kind, CheckpointStatus::Waiting, a.started_at, now);
+                    cp.attempts = attempt;
                     cp.error = Some(error.clone());
                     cp.wake_at = Some(at);
                     self.record(cp);
-                    self.attempts.remove(&seq);
                     StepAfter::Park { at, error, commit: self.commit_for(seq, Some(at), now) }
                 }
                 RetryDecision::GiveUp => {
-                    cp.status = CheckpointStatus::Failed;
+                    let mut cp = self.checkpoint(seq, a.name, a.kind, CheckpointStatus::Failed, a.started_at, now);
+                    cp.attempts = attempt;
                     cp.error = Some(error.clone());
                     self.record(cp);
-                    self.attempts.remove(&seq);
                     StepAfter::Failed { error, attempts: attempt, commit: self.commit_for(seq, None, now) }
                 }
             },

@@ -319,7 +319,7 @@ impl Turn {
     fn checkpoint(
         &self,
         seq: u32,
-        name: &str,
+        name: impl Into<String>,
         kind: StepKind,
         status: CheckpointStatus,
         started_at: Millis,
