@@ -15,8 +15,13 @@
 //!    `side_effect`), [`Turn::sleep`], [`Turn::wait`] (signals, events, updates, task
 //!    results, with deadlines), [`Turn::spawn_child`] / [`Turn::join_child`],
 //!    [`Turn::set_state`], [`Turn::patched`], [`Turn::continue_as_new`].
+//!    After [`StepAfter::RetryAt`] the runtime waits and calls [`Turn::finish_step`] again with
+//!    the next attempt's result (no second `begin`); a task checks its name first with
+//!    [`Turn::check_name`].
 //! 3. An answer that carries a [`Commit`] is applied to the store, and its outcome handed back
-//!    with [`Turn::committed`] **before** the workflow sees anything.
+//!    with [`Turn::committed`] **before** the workflow sees anything. A commit that creates
+//!    runs is first checked with [`Turn::vet_creations`] against the runs the store already
+//!    holds with those ids.
 //! 4. A call future dropped before it finished (a `select!` loser, the end of the turn) calls
 //!    [`Turn::abandon`].
 //! 5. Each time the body is `Pending`: [`Turn::on_pending`]; when it returns:
