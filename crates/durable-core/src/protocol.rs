@@ -159,6 +159,20 @@ impl ChildResult {
     }
 }
 
+/// The signal a settling child run sends its parent's wait (none for a run without a parent):
+/// a [`ChildResult`] to [`child_token`]. Every path that settles a run — the end of a turn, a
+/// cancel, a burial — sends exactly this.
+pub fn child_notice(
+    run: &Run,
+    status: RunStatus,
+    output: Option<Payload>,
+    error: Option<StepError>,
+) -> Option<crate::OutgoingSignal> {
+    let parent = run.parent.as_ref()?;
+    let result = ChildResult { run_id: run.id.clone(), status, output, error };
+    Some(crate::OutgoingSignal { token: child_token(&parent.run_id, parent.seq), payload: result.encode() })
+}
+
 const CHILD_CODE_PREFIX: &str = "child_";
 
 /// The error code a parent records for a child that ended with `status`: `child_<status>`.

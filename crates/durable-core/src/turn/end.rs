@@ -5,10 +5,8 @@
 #![allow(clippy::large_enum_variant)]
 
 use super::{Mode, Turn, TurnStop};
-use crate::protocol::{self, ChildResult};
-use crate::{
-    Commit, Millis, NewRun, OutgoingSignal, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd, codes,
-};
+use crate::protocol;
+use crate::{Commit, Millis, NewRun, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd, codes};
 
 /// What follows a `Pending` or finished body.
 #[derive(Debug, Clone, PartialEq)]
@@ -173,14 +171,7 @@ impl Turn {
     /// Settles the run; a child tells its parent in the same commit.
     fn settle(&mut self, status: RunStatus, output: Option<Payload>, error: Option<StepError>, now: Millis) -> End {
         let mut commit = self.drain(now);
-        if let Some(parent) = &self.run.parent {
-            let result =
-                ChildResult { run_id: self.run.id.clone(), status, output: output.clone(), error: error.clone() };
-            commit.signals.push(OutgoingSignal {
-                token: protocol::child_token(&parent.run_id, parent.seq),
-                payload: result.encode(),
-            });
-        }
+        commit.signals.extend(protocol::child_notice(&self.run, status, output.clone(), error.clone()));
         commit.end = Some(TurnEnd::Settle { status, output, error });
         End::Settle { commit, status }
     }
@@ -242,18 +233,12 @@ impl Turn {
                         self.run.id, new.id, run.workflow
                     );
                     let error = StepError::fatal(message).with_code(codes::ID_TAKEN);
-                    if let Some(parent) = &self.run.parent {
-                        let result = ChildResult {
-                            run_id: self.run.id.clone(),
-                            status: RunStatus::Failed,
-                            output: None,
-                            error: Some(error.clone()),
-                        };
-                        commit.signals.push(OutgoingSignal {
-                            token: protocol::child_token(&parent.run_id, parent.seq),
-                            payload: result.encode(),
-                        });
-                    }
+                    commit.signals.extend(protocol::child_notice(
+                        &self.run,
+                        RunStatus::Failed,
+                        None,
+                        Some(error.clone()),
+                    ));
                     commit.end = Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(error) });
                 }
             }

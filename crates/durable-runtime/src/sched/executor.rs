@@ -16,7 +16,6 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use super::Shared;
-use super::operate::child_notice;
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
 use crate::turn::{TurnDriver, TurnState, WorkflowCtx};
@@ -221,7 +220,7 @@ impl Shared {
         ))
         .with_code(codes::MAX_RECOVERY_ATTEMPTS);
         let mut commit = Commit::new(run.id.clone(), self.owner.clone(), self.clock.now());
-        commit.signals.extend(child_notice(run, RunStatus::Dead, None, Some(error.clone())));
+        commit.signals.extend(durable_core::protocol::child_notice(run, RunStatus::Dead, None, Some(error.clone())));
         commit.end = Some(TurnEnd::Settle { status: RunStatus::Dead, output: None, error: Some(error) });
         match self.apply_commit(commit).await {
             Ok(outcome) if outcome.settled => {

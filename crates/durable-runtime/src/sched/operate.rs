@@ -1,24 +1,12 @@
 //! Operating on runs from inside the engine: listing children, cancelling (abandon or
 //! compensate) a run and its subtree, and the notice a settling child sends its parent.
 
-use durable_core::protocol::{self, ChildResult};
-use durable_core::{OutgoingSignal, Payload, Run, RunFilter, RunId, RunPatch, RunStatus, StepError, codes};
+use durable_core::protocol;
+use durable_core::{Run, RunFilter, RunId, RunPatch, RunStatus, StepError, codes};
 
 use super::Shared;
 use crate::error::{Error, Result};
 use crate::events::EngineEvent;
-
-/// The signal a settling child run sends its parent (none for a run without a parent).
-pub(super) fn child_notice(
-    run: &Run,
-    status: RunStatus,
-    output: Option<Payload>,
-    error: Option<StepError>,
-) -> Option<OutgoingSignal> {
-    let parent = run.parent.as_ref()?;
-    let result = ChildResult { run_id: run.id.clone(), status, output, error };
-    Some(OutgoingSignal { token: protocol::child_token(&parent.run_id, parent.seq), payload: result.encode() })
-}
 
 /// How [`Engine::cancel_with`](crate::Engine::cancel_with) cancels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -61,7 +49,7 @@ impl Shared {
                 let error = error.unwrap_or_else(|| {
                     StepError::fatal(format!("run {id} was cancelled by an operator")).with_code(codes::CANCELLED)
                 });
-                let notice = child_notice(&run, RunStatus::Cancelled, None, Some(error.clone()));
+                let notice = protocol::child_notice(&run, RunStatus::Cancelled, None, Some(error.clone()));
                 let patch = RunPatch {
                     status: Some(RunStatus::Cancelled),
                     error: Some(Some(error)),
