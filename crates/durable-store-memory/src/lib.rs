@@ -33,6 +33,8 @@ use parking_lot::Mutex;
 #[derive(Debug, Default)]
 pub struct MemoryStore {
     inner: Mutex<Inner>,
+    /// A planted bug for testing bug finders ([`MemoryStore::plant_bug_ignore_live_leases`]).
+    ignore_live_leases: std::sync::atomic::AtomicBool,
 }
 
 #[derive(Debug, Default)]
@@ -77,6 +79,15 @@ impl MemoryStore {
     /// An empty store.
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// **A planted bug, for testing tests.** While on, `claim_run` takes a run whose lease
+    /// another owner still holds, breaking the rule that one engine at a time executes a run.
+    /// It exists so that a simulation test can show it finds such a bug
+    /// (`durable_conformance::sim`); never turn it on anywhere else.
+    #[doc(hidden)]
+    pub fn plant_bug_ignore_live_leases(&self, on: bool) {
+        self.ignore_live_leases.store(on, std::sync::atomic::Ordering::Relaxed);
     }
 }
 
@@ -267,7 +278,10 @@ impl Store for MemoryStore {
             return Ok(ClaimOutcome::Terminal(run.clone()));
         }
         let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
-        if held_by_other && lease_is_live(run, claim.now) {
+        if held_by_other
+            && lease_is_live(run, claim.now)
+            && !self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed)
+        {
             return Ok(ClaimOutcome::Busy(run.clone()));
         }
         let previous = run.status;

@@ -46,13 +46,17 @@ impl Transport for InProcessTransport {
         let slots = Arc::new(Semaphore::new(concurrency.max(1)));
         let task = tokio::spawn(async move {
             loop {
+                // Biased, stop first: a stopped consumer takes nothing more, and the order in
+                // which ready branches are taken does not depend on chance.
                 let permit = tokio::select! {
-                    p = slots.clone().acquire_owned() => p.expect("never closed"),
+                    biased;
                     _ = stopped.wait_for(|s| *s) => break,
+                    p = slots.clone().acquire_owned() => p.expect("never closed"),
                 };
                 let item = tokio::select! {
-                    item = async { rx.lock().await.recv().await } => match item { Some(i) => i, None => break },
+                    biased;
                     _ = stopped.wait_for(|s| *s) => break,
+                    item = async { rx.lock().await.recv().await } => match item { Some(i) => i, None => break },
                 };
                 let (handler, tx) = (handler.clone(), tx.clone());
                 tokio::spawn(async move {

@@ -170,10 +170,11 @@ impl Transport for QueueTransport {
                     }
                 };
                 full_look = tokio::select! {
+                    biased;
+                    _ = stopped.wait_for(|s| *s) => break,
                     () = &mut wake => false,
                     () = nudged => true,
                     () = tokio::time::sleep(this.poll_interval) => true,
-                    _ = stopped.wait_for(|s| *s) => break,
                 };
             }
         });

@@ -103,6 +103,7 @@ pub struct EngineBuilder {
     clock: Arc<dyn Clock>,
     config: EngineConfig,
     transport: Option<Arc<dyn Transport>>,
+    owner: Option<String>,
 }
 
 impl fmt::Debug for EngineBuilder {
@@ -145,6 +146,15 @@ impl EngineBuilder {
         self
     }
 
+    /// The id this engine holds leases under, shown as a run's `lease_owner` (default:
+    /// `engine-<pid>-<random>`). Every engine sharing a store needs its own: two engines
+    /// with one id would each take the other's leases for their own. Useful to name a
+    /// process after its host or pod, and for reproducible simulations.
+    pub fn owner(mut self, owner: impl Into<String>) -> Self {
+        self.owner = Some(owner.into());
+        self
+    }
+
     /// A client engine: it starts, signals, queries and waits for runs but executes none
     /// (workers do). Same as `EngineConfig { execute: false, .. }`.
     pub fn client_only(mut self) -> Self {
@@ -166,7 +176,9 @@ impl EngineBuilder {
                 what: "a store: call Engine::builder().store(..) before build()".into(),
             })
         })?;
-        let owner = format!("engine-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12]);
+        let owner = self.owner.unwrap_or_else(|| {
+            format!("engine-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12])
+        });
         let shared = Shared::new(store, self.clock, self.config, self.transport, owner);
         let tasks = shared.spawn_background();
         Ok(Engine { inner: Arc::new(EngineInner { shared, tasks: Mutex::new(tasks) }) })
@@ -265,7 +277,13 @@ impl RunOutcome {
 impl Engine {
     /// Starts building an engine.
     pub fn builder() -> EngineBuilder {
-        EngineBuilder { store: None, clock: Arc::new(SystemClock), config: EngineConfig::default(), transport: None }
+        EngineBuilder {
+            store: None,
+            clock: Arc::new(SystemClock),
+            config: EngineConfig::default(),
+            transport: None,
+            owner: None,
+        }
     }
 
     pub(crate) fn shared(&self) -> &Arc<Shared> {

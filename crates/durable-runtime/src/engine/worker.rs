@@ -118,6 +118,7 @@ pub async fn shutdown_signal() {
         match signal(SignalKind::terminate()) {
             Ok(mut term) => {
                 tokio::select! {
+                    biased;
                     _ = term.recv() => {}
                     _ = tokio::signal::ctrl_c() => {}
                 }

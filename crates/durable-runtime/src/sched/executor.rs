@@ -6,7 +6,7 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use durable_core::{
     Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId, RunPatch,
@@ -124,9 +124,12 @@ impl Shared {
         let end = match handler.call(WorkflowCtx { t: t.clone() }, &input) {
             Ok(body) => {
                 let driver = TurnDriver::new(t.clone(), body);
+                let leased_until =
+                    t.run.lease_until.unwrap_or_else(|| self.clock.now().saturating_add(self.lease_ms()));
                 tokio::select! {
+                    biased;
                     end = driver => end,
-                    () = self.keep_lease(&id) => End::Halt(Halt::LeaseLost("the lease could not be renewed".into())),
+                    () = self.keep_lease(&id, leased_until) => End::Halt(Halt::LeaseLost("the lease could not be renewed".into())),
                 }
             }
             Err(e) => {
@@ -264,20 +267,27 @@ impl Shared {
 
     /// Renews the lease at half-life; returns only when it is lost (refused, or not renewed
     /// for a whole lease period).
-    async fn keep_lease(&self, id: &RunId) {
+    /// Renews the run's lease at half-life until the turn ends; returns (ending the turn) once
+    /// the lease is lost to another owner, or when a renewal fails and the lease, as last
+    /// granted, would expire before the next attempt. Lease times are on the engine's clock,
+    /// as the store measures them, so a turn never outlives its lease by more than one store
+    /// call.
+    async fn keep_lease(&self, id: &RunId, mut valid_until: Millis) {
         let ttl = self.config.lease_ttl;
-        let mut last_ok = Instant::now();
+        let half = durable_core::millis(ttl / 2);
         loop {
             tokio::time::sleep(ttl / 2).await;
-            match self.store.renew_lease(id, &self.owner, self.clock.now().saturating_add(self.lease_ms())).await {
-                Ok(true) => last_ok = Instant::now(),
+            let asked_at = self.clock.now();
+            let until = asked_at.saturating_add(self.lease_ms());
+            match self.store.renew_lease(id, &self.owner, until).await {
+                Ok(true) => valid_until = until,
                 Ok(false) => {
                     tracing::warn!(run_id = %id, "lease lost to another owner; the turn stops");
                     return;
                 }
                 Err(e) => {
                     tracing::warn!(run_id = %id, error = %e, "lease renewal failed");
-                    if last_ok.elapsed() >= ttl {
+                    if self.clock.now().saturating_add(half) >= valid_until {
                         return;
                     }
                 }

@@ -21,6 +21,8 @@ use crate::events::EngineEvent;
 pub(super) struct Fleet {
     transport: Option<Arc<dyn Transport>>,
     outbox: Mutex<Outbox>,
+    /// The outbox went from empty to not empty (a permit is kept if the flusher is busy).
+    outbox_added: Notify,
     outbox_full: Notify,
     consumer: Mutex<Option<Consumer>>,
     queue_failures: Mutex<QueueFailures>,
@@ -31,6 +33,7 @@ impl Fleet {
         Fleet {
             transport,
             outbox: Mutex::new(Outbox::default()),
+            outbox_added: Notify::new(),
             outbox_full: Notify::new(),
             consumer: Mutex::new(None),
             queue_failures: Mutex::new(QueueFailures::default()),
@@ -50,7 +53,11 @@ impl Fleet {
 
     /// Adds an item to the outbox; a full batch (`batch` items) is sent at once.
     pub(super) fn add(&self, item: QueuedRun, batch: usize) {
-        if self.outbox.lock().add(item) >= batch {
+        let waiting = self.outbox.lock().add(item);
+        if waiting == 1 {
+            self.outbox_added.notify_one();
+        }
+        if waiting >= batch {
             self.outbox_full.notify_one();
         }
     }
@@ -103,10 +110,14 @@ struct QueueFailures {
 }
 
 impl Shared {
-    /// Sends the outbox every tick, or at once when a batch is full.
+    /// Sends the outbox one tick after something is added to it (so that what arrives in
+    /// the meantime goes in the same batch), or at once when a batch is full. An idle engine
+    /// does not wake up.
     pub(super) async fn flush_loop(self: Arc<Self>) {
         loop {
+            self.fleet.outbox_added.notified().await;
             tokio::select! {
+                biased;
                 () = tokio::time::sleep(self.config.dispatch_tick) => {}
                 () = self.fleet.outbox_full.notified() => {}
             }
@@ -181,10 +192,14 @@ impl Shared {
     /// Stops the consumer (items in hand are handed back); `drain` and `shutdown` call it
     /// first.
     pub(crate) async fn stop_consumer(&self) {
-        let consumer = self.fleet.consumer.lock().take();
-        if let Some(consumer) = consumer {
+        if let Some(consumer) = self.fleet_consumer() {
             consumer.stop().await;
         }
+    }
+
+    /// Takes the consumer out (dropping it stops its loop without waiting).
+    pub(super) fn fleet_consumer(&self) -> Option<Consumer> {
+        self.fleet.consumer.lock().take()
     }
 
     /// Executes a run handed over by the transport, in one of this engine's execution slots.

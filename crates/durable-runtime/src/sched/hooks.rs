@@ -1,7 +1,7 @@
 //! What callers register with the engine or listen to: its events, dead-run listeners,
 //! update validators and per-workflow execution timeouts.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -23,7 +23,7 @@ pub(crate) struct Hooks {
     events: broadcast::Sender<EngineEvent>,
     dead_listeners: RwLock<Vec<DeadListener>>,
     update_validators: Mutex<HashMap<(String, String), UpdateValidator>>,
-    timeouts: Mutex<HashMap<String, Duration>>,
+    timeouts: Mutex<BTreeMap<String, Duration>>,
 }
 
 impl Hooks {
@@ -32,7 +32,7 @@ impl Hooks {
             events: broadcast::channel(4096).0,
             dead_listeners: RwLock::new(Vec::new()),
             update_validators: Mutex::new(HashMap::new()),
-            timeouts: Mutex::new(HashMap::new()),
+            timeouts: Mutex::new(BTreeMap::new()),
         }
     }
 

@@ -85,8 +85,11 @@ pub(crate) struct Shared {
     pub(crate) metrics: MetricsInner,
     pub(crate) hooks: Hooks,
     /// Set once by `shutdown` (or the last `Engine` clone dropped): background loops and run
-    /// tasks end at their next poll.
-    shutdown: tokio::sync::watch::Sender<bool>,
+    /// tasks end at their next poll. A flag and a `Notify` rather than a `watch` channel:
+    /// a `watch` wakes its waiters in an order chosen at random, a `Notify` in the order they
+    /// began waiting, so a simulation of the engine replays exactly.
+    shutdown: AtomicBool,
+    shutdown_notify: tokio::sync::Notify,
     /// Set once by `drain`: no new run is taken; executing turns may finish.
     draining: AtomicBool,
     dispatch: Dispatch,
@@ -140,7 +143,8 @@ impl Shared {
             registry: Registry::default(),
             metrics: MetricsInner::default(),
             hooks: Hooks::new(),
-            shutdown: tokio::sync::watch::Sender::new(false),
+            shutdown: AtomicBool::new(false),
+            shutdown_notify: tokio::sync::Notify::new(),
             draining: AtomicBool::new(false),
             executor: Executor::default(),
             timers: Timers::default(),
@@ -156,9 +160,11 @@ impl Shared {
         let spawn = |f: Pin<Box<dyn Future<Output = ()> + Send>>| {
             let shared = self.clone();
             tokio::spawn(async move {
+                // Shutdown first: a stopped engine's loops make no further store call.
                 tokio::select! {
-                    () = f => {}
+                    biased;
                     () = shared.shutdown_signal() => {}
+                    () = f => {}
                 }
             })
         };
@@ -182,17 +188,26 @@ impl Shared {
     }
 
     pub(crate) fn is_stopping(&self) -> bool {
-        *self.shutdown.borrow()
+        self.shutdown.load(Ordering::Acquire)
     }
 
     /// Background loops and run tasks end at their next poll.
     pub(crate) fn stop_background(&self) {
-        self.shutdown.send_replace(true);
+        self.shutdown.store(true, Ordering::Release);
+        self.shutdown_notify.notify_waiters();
+        // The transport's consumer too: a stopped engine takes no more runs from the queue
+        // (dropping it tells its loop to stop; items in hand are handed back).
+        drop(self.fleet_consumer());
     }
 
     async fn shutdown_signal(&self) {
-        let mut rx = self.shutdown.subscribe();
-        let _ = rx.wait_for(|stop| *stop).await;
+        // A `Notified` created before `notify_waiters` completes even if not yet polled, so
+        // the flag cannot be set unseen between the check and the wait.
+        let notified = self.shutdown_notify.notified();
+        if self.is_stopping() {
+            return;
+        }
+        notified.await;
     }
 
     fn is_draining(&self) -> bool {

@@ -59,6 +59,7 @@ impl Shared {
                 None => self.timers.changed.notified().await,
                 Some(at) => {
                     tokio::select! {
+                        biased;
                         () = self.clock.sleep_until(at) => {
                             for id in self.timers.pop_due(self.clock.now()) {
                                 self.wake(id);
@@ -80,6 +81,7 @@ impl Shared {
                 self.enforce_timeouts().await;
             }
             tokio::select! {
+                biased;
                 () = tokio::time::sleep(self.config.poll_interval) => {}
                 () = self.timers.poke.notified() => {}
             }

@@ -53,7 +53,8 @@ impl Shared {
             return Ok(());
         }
         // Ids only: a clone of a watch held here would keep a finished waiter from removing it.
-        let watched: Vec<RunId> = self.watchers.map.lock().keys().cloned().collect();
+        let mut watched: Vec<RunId> = self.watchers.map.lock().keys().cloned().collect();
+        watched.sort_unstable();
         for ids in watched.chunks(1_000) {
             let mut runs: HashMap<RunId, Run> =
                 self.store.get_runs(ids).await?.into_iter().map(|r| (r.id.clone(), r)).collect();
@@ -101,6 +102,7 @@ impl Shared {
                     return Ok(run);
                 }
                 read_alone = tokio::select! {
+                    biased;
                     () = notified => true,
                     () = tokio::time::sleep(self.config.wait_poll_interval) => false,
                 };

@@ -330,6 +330,7 @@ async fn run_attempt<'a, T>(
         Some(limit) => {
             let deadline = t.env.sleep_until(millis_after(t.now(), limit));
             tokio::select! {
+                biased;
                 r = attempt => r,
                 () = deadline => Err(StepError::retryable(format!("step attempt timed out after {limit:?}")).with_code("timeout")),
             }
