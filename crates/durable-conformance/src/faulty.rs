@@ -126,6 +126,7 @@ pub struct Call<'a> {
 
 type Predicate = Arc<dyn Fn(&Call<'_>) -> bool + Send + Sync>;
 type ErrorBuilder = Arc<dyn Fn(&Call<'_>) -> StoreError + Send + Sync>;
+type LatencyFn = Arc<dyn Fn(&Call<'_>) -> Duration + Send + Sync>;
 
 /// A fault to arm on a [`FaultyStore`]: which calls fail, how many times, with what error.
 ///
@@ -155,6 +156,7 @@ pub struct Fault {
     times: Option<u64>,
     error: ErrorBuilder,
     after_apply: bool,
+    hang: bool,
 }
 
 impl Fault {
@@ -179,6 +181,7 @@ impl Fault {
                 retryable: true,
             }),
             after_apply: false,
+            hang: false,
         }
     }
 
@@ -216,6 +219,14 @@ impl Fault {
         self.after_apply = true;
         self
     }
+
+    /// The call never answers (its future stays pending until dropped), as when the process
+    /// making it is killed during the call. With [`Fault::after_apply`] the call is applied
+    /// first. The error builder is not used.
+    pub fn hang(mut self) -> Self {
+        self.hang = true;
+        self
+    }
 }
 
 impl fmt::Debug for Fault {
@@ -224,6 +235,7 @@ impl fmt::Debug for Fault {
             .field("skip", &self.skip)
             .field("times", &self.times)
             .field("after_apply", &self.after_apply)
+            .field("hang", &self.hang)
             .finish_non_exhaustive()
     }
 }
@@ -236,20 +248,28 @@ struct Armed {
     fired: u64,
 }
 
-#[derive(Debug, Default)]
+#[derive(Default)]
 struct Control {
     faults: Vec<Armed>,
     latency: Duration,
     method_latency: BTreeMap<Method, Duration>,
+    latency_fn: Option<LatencyFn>,
     counts: BTreeMap<Method, u64>,
     total: u64,
     injected: u64,
 }
 
+/// What a fault does to the call it fires on.
+enum Effect {
+    Fail(StoreError),
+    Hang,
+}
+
 /// What to do with one call, decided under the lock.
 struct Plan {
     latency: Duration,
-    fail: Option<(StoreError, bool)>,
+    /// The fault's effect, and whether the call is applied first.
+    fail: Option<(Effect, bool)>,
 }
 
 impl Control {
@@ -266,12 +286,16 @@ impl Control {
             let exhausted = armed.fault.times.is_some_and(|t| armed.fired >= t);
             if fail.is_none() && armed.selected > armed.fault.skip && !exhausted {
                 armed.fired += 1;
-                fail = Some(((armed.fault.error)(&call), armed.fault.after_apply));
+                let effect = if armed.fault.hang { Effect::Hang } else { Effect::Fail((armed.fault.error)(&call)) };
+                fail = Some((effect, armed.fault.after_apply));
             }
         }
         self.faults.retain(|a| a.fault.times.is_none_or(|t| a.fired < t));
         self.injected += u64::from(fail.is_some());
-        let latency = self.method_latency.get(&method).copied().unwrap_or(self.latency);
+        let latency = match &self.latency_fn {
+            Some(latency) => latency(&call),
+            None => self.method_latency.get(&method).copied().unwrap_or(self.latency),
+        };
         Plan { latency, fail }
     }
 }
@@ -304,14 +328,22 @@ impl Control {
 /// assert_eq!(store.calls(Method::GetRun), 2);
 /// # });
 /// ```
-pub struct FaultyStore<S> {
-    inner: S,
+pub struct FaultyStore<S: ?Sized> {
+    inner: Arc<S>,
     control: Mutex<Control>,
 }
 
 impl<S: Store> FaultyStore<S> {
     /// Wraps `inner`, with no fault armed and no latency.
     pub fn new(inner: S) -> Self {
+        Self::over(Arc::new(inner))
+    }
+}
+
+impl<S: Store + ?Sized> FaultyStore<S> {
+    /// Wraps a store shared with other code: several wrappers over one store (one per
+    /// engine of a simulation, say) inject faults independently into the same data.
+    pub fn over(inner: Arc<S>) -> Self {
         FaultyStore { inner, control: Mutex::new(Control::default()) }
     }
 
@@ -320,8 +352,8 @@ impl<S: Store> FaultyStore<S> {
         &self.inner
     }
 
-    /// Unwraps the store.
-    pub fn into_inner(self) -> S {
+    /// The wrapped store, shared.
+    pub fn into_inner(self) -> Arc<S> {
         self.inner
     }
 
@@ -354,6 +386,12 @@ impl<S: Store> FaultyStore<S> {
     /// Delays every call of `method` by `latency`, instead of the general latency.
     pub fn set_method_latency(&self, method: Method, latency: Duration) {
         self.control.lock().method_latency.insert(method, latency);
+    }
+
+    /// Delays each call by what `latency` says for it (seeded random delays, say), instead of
+    /// the fixed latencies.
+    pub fn set_latency_with(&self, latency: impl Fn(&Call<'_>) -> Duration + Send + Sync + 'static) {
+        self.control.lock().latency_fn = Some(Arc::new(latency));
     }
 
     /// How many calls of `method` the wrapper received (failed ones included).
@@ -392,17 +430,21 @@ impl<S: Store> FaultyStore<S> {
         }
         match plan.fail {
             None => inner.await,
-            Some((error, false)) => Err(error),
-            Some((error, true)) => {
-                // The write is applied (or fails on its own); either way the caller gets the fault.
-                let _ = inner.await;
-                Err(error)
+            Some((effect, applied)) => {
+                if applied {
+                    // The write is applied (or fails on its own); either way the caller gets the fault.
+                    let _ = inner.await;
+                }
+                match effect {
+                    Effect::Fail(error) => Err(error),
+                    Effect::Hang => std::future::pending().await,
+                }
             }
         }
     }
 }
 
-impl<S: fmt::Debug> fmt::Debug for FaultyStore<S> {
+impl<S: fmt::Debug + ?Sized> fmt::Debug for FaultyStore<S> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let control = self.control.lock();
         f.debug_struct("FaultyStore")
@@ -415,7 +457,7 @@ impl<S: fmt::Debug> fmt::Debug for FaultyStore<S> {
 }
 
 #[async_trait]
-impl<S: Store> Store for FaultyStore<S> {
+impl<S: Store + ?Sized> Store for FaultyStore<S> {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
@@ -538,6 +580,38 @@ mod tests {
             s.create_run(new_run("b")).await.unwrap();
             assert_eq!((s.armed(), s.injected(), s.total_calls()), (0, 1, 3));
         });
+    }
+
+    #[test]
+    fn a_hung_call_never_answers_and_after_apply_is_applied_first() {
+        block_on(async {
+            let s = store();
+            s.arm(Fault::on(Method::CreateRun).times(1).hang());
+            let hung = tokio::time::timeout(Duration::from_millis(20), s.create_run(new_run("a"))).await;
+            assert!(hung.is_err(), "the call never answers");
+            assert_eq!(s.inner().get_run(&RunId::from("a")).await.unwrap(), None, "and was not applied");
+            s.arm(Fault::on(Method::CreateRun).times(1).after_apply().hang());
+            let hung = tokio::time::timeout(Duration::from_millis(20), s.create_run(new_run("b"))).await;
+            assert!(hung.is_err(), "the call never answers");
+            assert!(s.inner().get_run(&RunId::from("b")).await.unwrap().is_some(), "but was applied");
+        });
+    }
+
+    #[test]
+    fn latency_with_decides_per_call_and_two_wrappers_share_one_store() {
+        let shared = Arc::new(MemoryStore::new());
+        let (a, b) = (FaultyStore::over(shared.clone()), FaultyStore::over(shared.clone()));
+        a.set_latency_with(|call| Duration::from_secs(u64::from(call.method == Method::GetRun) * 3600));
+        tokio::runtime::Builder::new_current_thread().enable_all().start_paused(true).build().unwrap().block_on(
+            async {
+                let start = tokio::time::Instant::now();
+                a.create_run(new_run("a")).await.unwrap();
+                assert_eq!(start.elapsed(), Duration::ZERO, "create_run is not delayed");
+                assert!(b.get_run(&RunId::from("a")).await.unwrap().is_some(), "b sees what a wrote");
+                a.get_run(&RunId::from("a")).await.unwrap();
+                assert!(start.elapsed() >= Duration::from_secs(3600), "get_run waits its hour");
+            },
+        );
     }
 
     #[test]
