@@ -21,6 +21,10 @@ commands:
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout (default: all)
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
+  sim [options]           the engine's sample workflows under seeded simulation (release mode, every core)
+      --seeds N           how many seeds (default 10000; nightly size: 100000)
+      --from S            the first seed (default 0)
+      --seed S            one seed only, printing its whole trace (--calls: and every store call)
   purity                  check that durable-core pulls in no I/O crates
   package                 cargo package every publishable crate (no verify build), warnings fail
   cycles [--deny]         import cycles between durable-runtime's modules, nested ones included
@@ -56,6 +60,7 @@ fn main() -> ExitCode {
         Some("ci") => ci(),
         Some("bench") => bench(&args[1..]),
         Some("purity") => purity(),
+        Some("sim") => sim(&args[1..]),
         Some("package") => package(),
         Some("cycles") => match &args[1..] {
             [] => cycles(CYCLES_ENFORCED),
@@ -280,6 +285,17 @@ fn list(value: Option<&String>, flag: &str, known: &[&str]) -> Result<Vec<String
         }
     }
     Ok(items)
+}
+
+/// `cargo xtask sim`: the `simulate` example of durable-conformance in release mode, with
+/// the options passed through (it checks them and prints progress).
+fn sim(args: &[String]) -> Result<(), String> {
+    let status = cargo()
+        .args(["run", "--release", "-p", "durable-conformance", "--example", "simulate", "--"])
+        .args(args)
+        .status()
+        .map_err(|e| format!("cargo run: {e}"))?;
+    if status.success() { Ok(()) } else { Err(format!("simulation failed ({status})")) }
 }
 
 fn bench(args: &[String]) -> Result<(), String> {

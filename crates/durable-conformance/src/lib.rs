@@ -21,10 +21,12 @@
 //! - The workflow test harness: [`TestEngine`] (an engine on a virtual clock), [`FailFirst`],
 //!   [`Counter`]. Applications reach it, and [`FaultyStore`], as `durable::testing` (the facade's
 //!   `testing` feature).
+//! - [`sim`]: seeded simulation of whole engines (yours or the engine's sample workflows) with
+//!   store faults, crashes and restarts, checked against a fault-free run.
 //!
-//! What it does not do: it runs no engine and no workflow (the cases talk to the store
-//! directly), measures no performance and asserts no durations; cases assert error *kinds*
-//! ([`StoreErrorKind`](durable_core::StoreErrorKind)), never message text.
+//! What the store suite does not do: it runs no engine and no workflow (the cases talk to the
+//! store directly), measures no performance and asserts no durations; cases assert error
+//! *kinds* ([`StoreErrorKind`](durable_core::StoreErrorKind)), never message text.
 //!
 //! ```
 //! use durable_conformance::{FnFactory, StoreFactory};
@@ -47,6 +49,7 @@ mod factory;
 mod faulty;
 mod harness;
 mod macros;
+pub mod sim;
 mod suite;
 
 #[doc(hidden)]

@@ -109,6 +109,9 @@ pub mod testing {
     //! - [`FailFirst`] (a step helper failing its first `n` calls) and [`Counter`] (how many times a
     //!   step ran).
     //! - [`FaultyStore`]: wraps any store and fails the calls a [`Fault`] selects, or delays them.
+    //! - [`sim`]: seeded simulation of whole engines running your workflows, with store faults,
+    //!   crashes and restarts chosen from a seed, checked against a fault-free run
+    //!   ([`sim::Simulation`]).
     //!
     //! These are re-exported from `durable-conformance`, which also holds the conformance suite for
     //! your own stores (feature `conformance`: `durable::conformance`).
@@ -139,7 +142,7 @@ pub mod testing {
     //! # }
     //! ```
 
-    pub use durable_conformance::{Call, Counter, FailFirst, Fault, FaultyStore, Method, TestEngine, test_config};
+    pub use durable_conformance::{Call, Counter, FailFirst, Fault, FaultyStore, Method, TestEngine, sim, test_config};
 }
 
 /// The store conformance suite (feature `conformance`): certify your own
