@@ -25,6 +25,7 @@ commands:
       --seeds N           how many seeds (default 10000; nightly size: 100000)
       --from S            the first seed (default 0)
       --seed S            one seed only, printing its whole trace (--calls: and every store call)
+      --fault-rate P, --crashes N, --engines N   harsher runs (defaults 0.05, 3, one or two)
   purity                  check that durable-core pulls in no I/O crates
   package                 cargo package every publishable crate (no verify build), warnings fail
   cycles [--deny]         import cycles between durable-runtime's modules, nested ones included

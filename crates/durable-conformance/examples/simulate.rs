@@ -17,20 +17,58 @@ use std::time::Instant;
 use durable_conformance::sim::{SimFailure, Simulation};
 use parking_lot::Mutex;
 
-const USAGE: &str =
-    "usage: simulate [--seeds N (default 10000)] [--from S (default 0)] [--threads T] | --seed S [--calls]";
+const USAGE: &str = "usage: simulate [--seeds N (default 10000)] [--from S (default 0)] [--threads T] | --seed S [--calls]
+                [--fault-rate P (default 0.05)] [--crashes N (most per seed, default 3)] [--engines N (default: 1 or 2)]";
+
+/// What may go wrong, beyond the defaults.
+#[derive(Clone, Copy, Default)]
+struct Knobs {
+    fault_rate: Option<f64>,
+    crashes: Option<u32>,
+    engines: Option<usize>,
+}
+
+impl Knobs {
+    fn simulation(self, seed: u64) -> Simulation {
+        let mut sim = Simulation::seeded(seed).samples();
+        if let Some(rate) = self.fault_rate {
+            sim = sim.fault_rate(rate);
+        }
+        if let Some(crashes) = self.crashes {
+            sim = sim.max_crashes(crashes);
+        }
+        if let Some(engines) = self.engines {
+            sim = sim.engines(engines);
+        }
+        sim
+    }
+}
 
 fn main() -> ExitCode {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (mut seeds, mut from, mut one, mut threads, mut calls) = (10_000u64, 0u64, None, None, false);
+    let mut knobs = Knobs::default();
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         if arg == "--calls" {
             calls = true;
             continue;
         }
-        let value = it.next().and_then(|v| v.parse::<u64>().ok());
+        let text = it.next().map(String::as_str).unwrap_or("");
+        if arg == "--fault-rate" {
+            match text.parse::<f64>() {
+                Ok(p) if (0.0..=1.0).contains(&p) => knobs.fault_rate = Some(p),
+                _ => {
+                    eprintln!("--fault-rate takes a share between 0 and 1, not {text:?}\n{USAGE}");
+                    return ExitCode::from(2);
+                }
+            }
+            continue;
+        }
+        let value = text.parse::<u64>().ok();
         match (arg.as_str(), value) {
+            ("--crashes", Some(n)) => knobs.crashes = Some(u32::try_from(n).unwrap_or(u32::MAX)),
+            ("--engines", Some(n)) if n >= 1 => knobs.engines = Some(n as usize),
             ("--seeds", Some(n)) => seeds = n,
             ("--from", Some(s)) => from = s,
             ("--seed", Some(s)) => one = Some(s),
@@ -42,7 +80,7 @@ fn main() -> ExitCode {
         }
     }
     if let Some(seed) = one {
-        let sim = Simulation::seeded(seed).samples();
+        let sim = knobs.simulation(seed);
         return match if calls { sim.trace_store_calls() } else { sim }.run() {
             Ok(report) => {
                 for line in &report.trace {
@@ -84,7 +122,7 @@ fn main() -> ExitCode {
                     if seed >= end {
                         return;
                     }
-                    if let Err(f) = Simulation::seeded(seed).samples().run() {
+                    if let Err(f) = knobs.simulation(seed).run() {
                         stop.store(true, Ordering::Relaxed);
                         let mut first = failure.lock();
                         if first.as_ref().is_none_or(|g| f.seed < g.seed) {
