@@ -99,6 +99,35 @@ impl Clock for VirtualClock {
     }
 }
 
+/// Durable time that follows tokio's clock: `now()` is `epoch` plus the time tokio's clock has
+/// moved since the clock was made, and sleeps are tokio sleeps. With tokio's time paused
+/// (`#[tokio::test(start_paused = true)]`, `Builder::start_paused`) durable time, the engine's
+/// pollers and lease renewals all move together, skipping ahead whenever everything waits —
+/// the clock of `durable_conformance::sim`. Must be made inside a tokio runtime.
+#[derive(Debug, Clone, Copy)]
+pub struct TokioClock {
+    epoch: Millis,
+    start: tokio::time::Instant,
+}
+
+impl TokioClock {
+    /// A clock reading `epoch` (milliseconds since the Unix epoch) now.
+    pub fn starting_at(epoch: Millis) -> Self {
+        TokioClock { epoch, start: tokio::time::Instant::now() }
+    }
+}
+
+impl Clock for TokioClock {
+    fn now(&self) -> Millis {
+        self.epoch.saturating_add(durable_core::millis(self.start.elapsed()))
+    }
+
+    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
+        let deadline = self.start + Duration::from_millis(at.saturating_sub(self.epoch));
+        Box::pin(tokio::time::sleep_until(deadline))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -64,7 +64,7 @@ mod registry;
 mod sched;
 mod turn;
 
-pub use clock::{BoxFuture, Clock, SystemClock, VirtualClock};
+pub use clock::{BoxFuture, Clock, SystemClock, TokioClock, VirtualClock};
 pub use config::EngineConfig;
 pub use durable_core::Delivery;
 pub use durable_core::{Backoff, RetryPolicy, RunFilter, RunId, RunPage, RunStatus, StepError};

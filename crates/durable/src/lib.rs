@@ -52,7 +52,7 @@ pub use durable_core::{
 pub use durable_runtime::{
     All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
     EngineConfig, EngineEvent, Error, Metrics, Result, RunOutcome, SignalError, StartOptions, Started, Step,
-    StepContext, StepFailed, StepOptions, SystemClock, TaskError, UpdateOutcome, VirtualClock, WorkflowCtx,
+    StepContext, StepFailed, StepOptions, SystemClock, TaskError, TokioClock, UpdateOutcome, VirtualClock, WorkflowCtx,
     WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;

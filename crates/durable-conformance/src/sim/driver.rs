@@ -10,7 +10,7 @@ use async_trait::async_trait;
 use durable_core::{
     CheckpointStatus, Millis, QueuedRun, Run, RunFilter, RunId, RunStatus, StepKind, Store, StoreError,
 };
-use durable_runtime::{BoxFuture, Clock, Engine, EngineConfig, EngineEvent, StartOptions};
+use durable_runtime::{Engine, EngineConfig, EngineEvent, StartOptions, TokioClock};
 use durable_store_memory::MemoryStore;
 use durable_transport::{Consumer, InProcessTransport, RunHandler, Transport, TransportError};
 use parking_lot::Mutex;
@@ -180,24 +180,6 @@ impl Log {
     }
 }
 
-/// The durable clock of a simulation: tokio's (paused) clock, so engine timers, pollers,
-/// leases and the driver all share one virtual time.
-#[derive(Debug, Clone, Copy)]
-struct SimClock {
-    start: Instant,
-}
-
-impl Clock for SimClock {
-    fn now(&self) -> Millis {
-        EPOCH_MS.saturating_add(durable_core::millis(self.start.elapsed()))
-    }
-
-    fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
-        let deadline = self.start + Duration::from_millis(at.saturating_sub(EPOCH_MS));
-        Box::pin(tokio::time::sleep_until(deadline))
-    }
-}
-
 /// The run queue of a simulation: the in-process queue, with deliveries duplicated and
 /// delayed at random.
 #[derive(Debug, Clone)]
@@ -265,7 +247,9 @@ struct World<'a> {
     /// The driver's own decisions (crashes, restarts, latencies, faults).
     rng: Rng,
     store: Arc<MemoryStore>,
-    clock: SimClock,
+    clock: TokioClock,
+    /// When the simulation began (tokio's clock).
+    start: Instant,
     config: EngineConfig,
     log: Arc<Log>,
     probe: Arc<Probe>,
@@ -287,7 +271,8 @@ impl<'a> World<'a> {
         let run_queue = faulty && options.run_queue.unwrap_or_else(|| rng.chance(0.5));
         let store = Arc::new(MemoryStore::new());
         store.plant_bug_ignore_live_leases(faulty && options.plant_lease_bug);
-        let clock = SimClock { start: Instant::now() };
+        let clock = TokioClock::starting_at(EPOCH_MS);
+        let start = Instant::now();
         let mut config = EngineConfig::default();
         config.poll_interval = Duration::from_millis(if faulty { 1_000 + rng.below(9_000) } else { 5_000 });
         config.orphan_poll_interval = Duration::from_secs(10);
@@ -318,6 +303,7 @@ impl<'a> World<'a> {
             rng,
             store,
             clock,
+            start,
             config,
             log,
             probe,
@@ -435,7 +421,7 @@ impl<'a> World<'a> {
             if let Some((invariant, message)) = self.log.take_violation() {
                 return Err((invariant, message));
             }
-            let next_action = schedule.last().map(|(at, _)| self.clock.start + *at);
+            let next_action = schedule.last().map(|(at, _)| self.start + *at);
             let next_restart = self.slots.iter().filter_map(|s| s.restart_at).min();
             let wake = [Some(next_check), next_action, next_restart].into_iter().flatten().min().unwrap_or(next_check);
             tokio::select! {
@@ -447,7 +433,7 @@ impl<'a> World<'a> {
                 () = tokio::time::sleep_until(wake) => {}
             }
             let now = Instant::now();
-            while schedule.last().is_some_and(|(at, _)| self.clock.start + *at <= now) {
+            while schedule.last().is_some_and(|(at, _)| self.start + *at <= now) {
                 let (_, action) = schedule.pop().expect("a due action");
                 self.act(&client, action).await?;
             }

@@ -268,28 +268,32 @@ impl Shared {
     /// Renews the lease at half-life; returns only when it is lost (refused, or not renewed
     /// for a whole lease period).
     /// Renews the run's lease at half-life until the turn ends; returns (ending the turn) once
-    /// the lease is lost to another owner, or when a renewal fails and the lease, as last
-    /// granted, would expire before the next attempt. Lease times are on the engine's clock,
-    /// as the store measures them, so a turn never outlives its lease by more than one store
-    /// call.
+    /// the lease is lost to another owner, or when renewals fail and the lease, as last
+    /// granted, would run out before the next attempt. A failed renewal is tried again after
+    /// `store_retry_backoff`. Lease times are on the engine's clock, as the store measures
+    /// them, so a turn never outlives its lease by more than one store call.
     async fn keep_lease(&self, id: &RunId, mut valid_until: Millis) {
         let ttl = self.config.lease_ttl;
-        let half = durable_core::millis(ttl / 2);
+        let retry = self.config.store_retry_backoff.min(ttl / 4);
+        let mut wait = ttl / 2;
         loop {
-            tokio::time::sleep(ttl / 2).await;
-            let asked_at = self.clock.now();
-            let until = asked_at.saturating_add(self.lease_ms());
+            tokio::time::sleep(wait).await;
+            let until = self.clock.now().saturating_add(self.lease_ms());
             match self.store.renew_lease(id, &self.owner, until).await {
-                Ok(true) => valid_until = until,
+                Ok(true) => {
+                    valid_until = until;
+                    wait = ttl / 2;
+                }
                 Ok(false) => {
                     tracing::warn!(run_id = %id, "lease lost to another owner; the turn stops");
                     return;
                 }
                 Err(e) => {
                     tracing::warn!(run_id = %id, error = %e, "lease renewal failed");
-                    if self.clock.now().saturating_add(half) >= valid_until {
+                    if self.clock.now().saturating_add(durable_core::millis(retry)) >= valid_until {
                         return;
                     }
+                    wait = retry;
                 }
             }
         }
