@@ -23,7 +23,10 @@
 //!    its outcome handed back with [`Turn::committed`]; nothing is shown to the workflow before.
 //! 4. **End**: when the body is pending, [`Turn::on_pending`]; when it returns,
 //!    [`Turn::on_body_done`] — each answers with an [`End`]: suspend, settle, compensate (the
-//!    undo stack lives in the turn), continue as new, or stop.
+//!    undo stack lives in the turn), continue as new, or stop. A body pending with nothing in
+//!    flight and nothing parked awaits something outside the ctx: `on_pending` answers
+//!    [`Pending::IdleUntil`] (poll again then) and, once the grace has passed, fails the run
+//!    with `non_ctx_await`.
 //!
 //! Every persisted string and id scheme is formatted and parsed in [`protocol`]. Policies live
 //! beside the turn: [`RetryPolicy`] (backoff and seeded jitter), the status table
@@ -90,8 +93,8 @@ pub use store::{
 };
 pub use time::{millis, millis_after, millis_before};
 pub use turn::{
-    ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter,
-    StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
+    ChildCall, ChildJoin, Deadline, End, Halt, Next, Pending, RecordBegin, RecordOutcome, SleepBegin, StateBegin,
+    StepAfter, StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
 };
 
 /// Error codes the engine sets on runs and steps.
@@ -121,4 +124,8 @@ pub mod codes {
     pub const INVALID_NAME: &str = "invalid_name";
     /// A run the workflow meant to create has an id an unrelated run already holds.
     pub const ID_TAKEN: &str = "id_taken";
+    /// The workflow body awaited something outside its ctx (a `tokio::time::sleep`, a
+    /// channel, an HTTP call) for longer than the engine's grace, with no ctx call executing
+    /// or parked: replay cannot see such an await.
+    pub const NON_CTX_AWAIT: &str = "non_ctx_await";
 }

@@ -23,6 +23,18 @@ pub struct EngineConfig {
     /// Retry backoffs longer than this are durable waits (the run suspends); shorter ones are
     /// waited in memory. Default 1 s.
     pub durable_retry_threshold: Duration,
+    /// How long a workflow body may await something that is not a ctx future — a
+    /// `tokio::time::sleep`, a channel receive, an HTTP call — before its run fails with code
+    /// `non_ctx_await`. Replay cannot see such an await, and a run stuck on one holds its
+    /// lease and an execution slot for nothing. It is measured on the engine's clock from the
+    /// moment the body is pending with no ctx call executing (a step attempt, its in-memory
+    /// backoff, a commit) and none parked; any ctx call starts it afresh, so a long step, a
+    /// durable sleep or a wait never trip it. Default 1 s, like `durable_retry_threshold`,
+    /// the engine's line between waiting in memory and waiting durably: far longer than the
+    /// in-memory hand-offs a body may harmlessly await between ctx calls (an async mutex, a
+    /// `yield_now`), yet short enough that the bug is named, and the lease and slot freed,
+    /// at once rather than after a silent hang. `Duration::MAX` turns the check off.
+    pub non_ctx_await_grace: Duration,
     /// Largest accepted payload (input, output, signal) in bytes. Default 4 MiB.
     pub max_payload_bytes: usize,
     /// Consecutive recoveries of one run without progress before it becomes `dead`: a run
@@ -65,6 +77,7 @@ impl Default for EngineConfig {
             orphan_poll_interval: Duration::from_secs(5),
             poll_batch: 512,
             durable_retry_threshold: Duration::from_secs(1),
+            non_ctx_await_grace: Duration::from_secs(1),
             max_payload_bytes: 4 * 1024 * 1024,
             max_recovery_attempts: 10,
             wait_poll_interval: Duration::from_millis(250),

@@ -224,6 +224,7 @@ impl Turn {
     /// Decides `(name, kind)` at `seq`: stops the turn on a changed body, parks new work while
     /// a cancel with compensation is pending.
     fn check(&mut self, seq: u32, name: &str, kind: StepKind, now: Millis) -> Checked {
+        self.active();
         if self.stop.is_some() {
             return Checked::Stopped;
         }
@@ -326,6 +327,7 @@ impl Turn {
         result: Result<Payload, StepError>,
         now: Millis,
     ) -> StepAfter {
+        self.active();
         if self.stop.is_some() {
             return StepAfter::Stopped;
         }
@@ -406,6 +408,7 @@ impl Turn {
         value: Result<Payload, String>,
         now: Millis,
     ) -> RecordOutcome {
+        self.active();
         if self.stop.is_some() {
             return RecordOutcome::Stopped;
         }

@@ -6,7 +6,9 @@
 
 use super::{Mode, Turn, TurnStop};
 use crate::protocol;
-use crate::{Commit, Millis, NewRun, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd, codes};
+use crate::{
+    Commit, Millis, NewRun, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd, codes, millis_after,
+};
 
 /// What follows a `Pending` or finished body.
 #[derive(Debug, Clone, PartialEq)]
@@ -16,6 +18,22 @@ pub enum Next {
     Compensate,
     /// The turn ends.
     End(End),
+}
+
+/// The answer of [`Turn::on_pending`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum Pending {
+    /// Keep polling: a call is executing (a step attempt, its in-memory backoff, a commit being
+    /// applied) and its future wakes the body when it is done; or undos run.
+    KeepPolling,
+    /// Nothing is executing and nothing is parked: the body awaits something outside the ctx
+    /// (a `tokio::time::sleep`, a channel, an HTTP call). Keep polling, and poll the body again
+    /// at this time on the engine clock even if nothing wakes it: asked again then, the turn
+    /// fails the run with `non_ctx_await` if the body is still idle. Any ctx call in between
+    /// starts the wait afresh.
+    IdleUntil(Millis),
+    /// What follows.
+    Next(Next),
 }
 
 /// Why a turn stops without writing anything more; the run's durable state decides what
@@ -72,24 +90,76 @@ impl UndoCall {
 }
 
 impl Turn {
-    /// The body returned `Pending`. Returns how the turn ends, or `None` to keep polling
-    /// (something is executing, or nothing is parked yet).
-    pub fn on_pending(&mut self, now: Millis) -> Option<Next> {
+    /// The body returned `Pending`. Ends the turn when it stopped, or when every live branch
+    /// is parked (suspend; compensate if a cancel with compensation is pending); keeps polling
+    /// while a call is executing.
+    ///
+    /// With nothing executing and nothing parked, the body awaits something outside the ctx,
+    /// which replay cannot see: the answer is [`Pending::IdleUntil`] the time the idleness
+    /// began plus [`TurnConfig::non_ctx_await_grace`](super::TurnConfig). Asked again at or
+    /// after that time with the body still idle (no ctx call began, finished or was dropped
+    /// since), the run settles `failed` with code `non_ctx_await` — no undos run: the body is
+    /// stuck in code the engine cannot see, as after a panic — or, while a cancel with
+    /// compensation is pending, the undos run as the operator asked. Undos themselves never
+    /// count as idle.
+    pub fn on_pending(&mut self, now: Millis) -> Pending {
         if self.stop.is_some() {
-            return Some(Next::End(self.on_stop(now)));
+            return Pending::Next(Next::End(self.on_stop(now)));
         }
-        if !self.flights.is_empty() || self.parked.is_empty() {
-            return None;
+        if !self.flights.is_empty() {
+            self.active();
+            return Pending::KeepPolling;
+        }
+        if self.parked.is_empty() {
+            return self.idle(now);
         }
         if self.mode == Mode::CancelRequested {
-            self.mode = Mode::Compensating { error: None };
-            self.parked.clear();
-            return Some(Next::Compensate);
+            return Pending::Next(self.compensate_cancel());
         }
         let wake_at = self.earliest_wake();
         let mut commit = self.drain(now);
         commit.end = Some(TurnEnd::Suspend { wake_at, seen_wake_gen: self.run.wake_gen });
-        Some(Next::End(End::Suspend { commit, wake_at }))
+        Pending::Next(Next::End(End::Suspend { commit, wake_at }))
+    }
+
+    /// The body is pending with nothing in flight and nothing parked.
+    fn idle(&mut self, now: Millis) -> Pending {
+        if matches!(self.mode, Mode::Compensating { .. }) {
+            return Pending::KeepPolling;
+        }
+        let since = *self.idle_since.get_or_insert(now);
+        let grace = self.config.non_ctx_await_grace;
+        let until = millis_after(since, grace);
+        if until == Millis::MAX {
+            // An unbounded grace: the check is off.
+            return Pending::KeepPolling;
+        }
+        if now < until {
+            return Pending::IdleUntil(until);
+        }
+        if self.mode == Mode::CancelRequested {
+            return Pending::Next(self.compensate_cancel());
+        }
+        let at = match self.next_seq {
+            0 => "before its first ctx call".to_string(),
+            n => format!("after its ctx call at seq {}", n - 1),
+        };
+        let message = format!(
+            "run {}: the workflow body has awaited something outside its WorkflowCtx for {grace:?} ({at}), with \
+             no ctx call executing or parked — a tokio::time::sleep, a channel receive, an HTTP call? Replay \
+             cannot see such an await. Move it into a ctx.step (its result is checkpointed), or use ctx.sleep, \
+             ctx.wait_for_signal or ctx.wait_for_event instead",
+            self.run.id
+        );
+        let error = StepError::fatal(message).with_code(codes::NON_CTX_AWAIT);
+        Pending::Next(Next::End(self.settle(RunStatus::Failed, None, Some(error), now)))
+    }
+
+    /// A cancel with compensation takes effect: the body is dropped and the undos run.
+    fn compensate_cancel(&mut self) -> Next {
+        self.mode = Mode::Compensating { error: None };
+        self.parked.clear();
+        Next::Compensate
     }
 
     /// The body returned. A failure with undos registered, or a failure while a cancel with

@@ -24,10 +24,11 @@
 //!    holds with those ids.
 //! 4. A call future dropped before it finished (a `select!` loser, the end of the turn) calls
 //!    [`Turn::abandon`].
-//! 5. Each time the body is `Pending`: [`Turn::on_pending`]; when it returns:
-//!    [`Turn::on_body_done`] (or [`Turn::on_panic`]); while undos run: [`Turn::next_undo`]
-//!    then [`Turn::on_compensated`]. Each answers with a [`Next`] or an [`End`] carrying its
-//!    commit.
+//! 5. Each time the body is `Pending`: [`Turn::on_pending`], which answers [`Pending`]: keep
+//!    polling, idle until a time (the body awaits something outside the ctx: poll it again
+//!    then and ask again), or a [`Next`]; when it returns: [`Turn::on_body_done`] (or
+//!    [`Turn::on_panic`]); while undos run: [`Turn::next_undo`] then [`Turn::on_compensated`].
+//!    Each answers with a [`Next`] or an [`End`] carrying its commit.
 //!
 //! ```text
 //!              take_seq + begin_* ──► Return / Fail ─────────────────────► body continues
@@ -35,6 +36,7 @@
 //!                    │                Park ─────────────────────────────┐
 //!                    ▼                                                  ▼
 //!   body Pending ─► on_pending: all branches parked? ── yes ─► End::Suspend(commit)
+//!                   nothing in flight, nothing parked ─► IdleUntil(t) … still so at t ─► Settle(non_ctx_await)
 //!   body Ready ──► on_body_done: Ok ─► End::Settle(completed)
 //!                                Err + undos ─► Next::Compensate ─► next_undo* ─► on_compensated
 //!                                Err ─► End::Settle(failed)
@@ -56,7 +58,7 @@ pub use call::{
     ChildCall, ChildJoin, Deadline, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall,
     WaitBegin, WaitCall,
 };
-pub use end::{End, Halt, Next, UndoCall};
+pub use end::{End, Halt, Next, Pending, UndoCall};
 
 use crate::{
     Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, Patched, Payload, RetryPolicy, Run,
@@ -90,6 +92,10 @@ pub struct TurnConfig {
     /// The newest registered version of the run's workflow (a continued run's successor
     /// starts on it).
     pub latest_version: u32,
+    /// How long the body may stay pending with nothing in flight and nothing parked — awaiting
+    /// something outside the ctx — before the run fails with `non_ctx_await`
+    /// ([`Turn::on_pending`]). `Duration::MAX` turns the check off.
+    pub non_ctx_await_grace: Duration,
 }
 
 impl Default for TurnConfig {
@@ -98,6 +104,7 @@ impl Default for TurnConfig {
             max_payload_bytes: 4 * 1024 * 1024,
             durable_retry_threshold: Duration::from_secs(1),
             latest_version: 1,
+            non_ctx_await_grace: Duration::from_secs(1),
         }
     }
 }
@@ -169,6 +176,9 @@ pub struct Turn {
     undos: Vec<Undo>,
     mode: Mode,
     stop: Option<TurnStop>,
+    /// Since when the body has been pending with nothing in flight and nothing parked (it
+    /// awaits something outside the ctx); any ctx call beginning or finishing clears it.
+    idle_since: Option<Millis>,
 }
 
 impl Turn {
@@ -188,6 +198,7 @@ impl Turn {
             undos: Vec::new(),
             mode: if cancel_requested { Mode::CancelRequested } else { Mode::Normal },
             stop: None,
+            idle_since: None,
         }
     }
 
@@ -208,6 +219,7 @@ impl Turn {
 
     /// Takes the next seq. Call synchronously at the ctx call, so seqs follow call order.
     pub fn take_seq(&mut self) -> u32 {
+        self.active();
         let seq = self.next_seq;
         self.next_seq += 1;
         seq
@@ -251,6 +263,7 @@ impl Turn {
     /// `ctx.patched(id)`: true on runs that reach it fresh (a marker is recorded and a seq
     /// consumed) or recorded it; false on older runs (no seq consumed).
     pub fn patched(&mut self, id: &str, now: Millis) -> bool {
+        self.active();
         let seq = self.next_seq;
         match self.history.patched(seq, id) {
             Patched::Old => false,
@@ -270,6 +283,7 @@ impl Turn {
     /// A call future was dropped before it finished (a `select!` loser, or the body dropped
     /// at the end of the turn): it no longer executes or waits.
     pub fn abandon(&mut self, seq: u32) {
+        self.active();
         self.flights.remove(&seq);
         self.parked.remove(&seq);
         self.attempts.remove(&seq);
@@ -279,6 +293,7 @@ impl Turn {
     /// goes on: `false` when the turn must stop (the store refused the commit, or a delivery
     /// raced the wait's deadline); the call then halts and the end of the turn says why.
     pub fn committed(&mut self, seq: u32, outcome: Result<&CommitOutcome, (StoreErrorKind, String)>) -> bool {
+        self.active();
         let flight = self.flights.remove(&seq);
         match outcome {
             Ok(o) if o.raced.contains(&seq) => {
@@ -320,6 +335,12 @@ impl Turn {
     }
 
     // ---- internals shared by the call and end modules ----
+
+    /// A ctx call began, finished or was dropped: the body is not idle (see
+    /// [`Turn::on_pending`]).
+    fn active(&mut self) {
+        self.idle_since = None;
+    }
 
     fn checkpoint(
         &self,
@@ -377,8 +398,16 @@ impl Turn {
 #[cfg(test)]
 #[derive(Debug, Clone, PartialEq)]
 enum Ended {
-    Suspend { commit: Commit, wake_at: Option<Millis> },
-    Settle { commit: Commit, status: crate::RunStatus },
+    /// Not an end: [`Pending::IdleUntil`].
+    Idle(Millis),
+    Suspend {
+        commit: Commit,
+        wake_at: Option<Millis>,
+    },
+    Settle {
+        commit: Commit,
+        status: crate::RunStatus,
+    },
     Compensate,
     Stop(TurnStop),
 }
@@ -408,8 +437,13 @@ impl From<Next> for Ended {
 
 #[cfg(test)]
 impl Turn {
+    /// `None` for [`Pending::KeepPolling`].
     fn t_pending(&mut self, now: Millis) -> Option<Ended> {
-        self.on_pending(now).map(Ended::from)
+        match self.on_pending(now) {
+            Pending::KeepPolling => None,
+            Pending::IdleUntil(at) => Some(Ended::Idle(at)),
+            Pending::Next(next) => Some(next.into()),
+        }
     }
     fn t_body_done(&mut self, result: Result<Payload, StepError>, now: Millis) -> Ended {
         self.on_body_done(result, now).into()

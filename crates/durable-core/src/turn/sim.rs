@@ -1,7 +1,8 @@
 //! A property test of the turn over random call scripts, with crashes.
 //!
 //! A script is a workflow body as a list of ops (steps that fail a few times, sleeps, waits with
-//! and without deadlines, children, patches, state, recorded values, steps with undos). A driver
+//! and without deadlines, children, patches, state, recorded values, steps with undos, and
+//! awaits outside the ctx that resolve within the grace or not). A driver
 //! runs the script the way the runtime runs a body — one call at a time, doing what each answer
 //! says — turn after turn, each turn built from what a small in-test store (the [`World`]) has
 //! committed, until the run settles. Between turns the world delivers signals, events and child
@@ -23,7 +24,10 @@
 //! - and the run's own semantics: it fails only with an error of its own (never
 //!   `non_determinism`: the code does not change between turns), every op the body saw has a
 //!   final checkpoint at its seq once the run settled, a child that did not complete is recorded
-//!   as a failed call, undos run newest first.
+//!   as a failed call, undos run newest first;
+//! - a body pending with nothing in flight or parked (an await outside the ctx) is told to poll
+//!   again exactly the grace after its last ctx call, and fails the run with `non_ctx_await`
+//!   exactly when such awaits, back to back, outlast the grace.
 //!
 //! `random_scripts_reach_every_path` pins that the generators keep reaching every path (crashes
 //! before and after a commit, failed commits, races, backoffs, compensation, ...).
@@ -127,6 +131,9 @@ enum Op {
     Patch,
     State,
     Record(Rec),
+    /// An await outside the ctx (a `tokio::time::sleep`) that resolves this many ms after the
+    /// body first waits on it, or never.
+    Foreign(Option<u64>),
 }
 
 /// Where a turn crashes: at its `at`-th event (a call, or the points before and after a commit
@@ -181,6 +188,9 @@ fn op() -> impl Strategy<Value = Op> {
         1 => Just(Op::Patch),
         1 => Just(Op::State),
         2 => prop_oneof![Just(Rec::Now), Just(Rec::Random), Just(Rec::Uuid), Just(Rec::SideEffect)].prop_map(Op::Record),
+        // Mostly within the grace: one that outlasts it ends the script.
+        1 => prop_oneof![6 => (0..GRACE).prop_map(Some), 1 => (GRACE..3 * GRACE).prop_map(Some), 1 => Just(None)]
+            .prop_map(Op::Foreign),
     ]
 }
 
@@ -195,9 +205,16 @@ fn crashes() -> impl Strategy<Value = Vec<Option<Crash>>> {
 
 const OWNER: &str = "sim";
 const MAX_TURNS: usize = 400;
+/// How long the body may await something outside the ctx, in ms.
+const GRACE: u64 = 1_000;
 
 fn config() -> TurnConfig {
-    TurnConfig { max_payload_bytes: 4096, durable_retry_threshold: Duration::from_secs(1), latest_version: 1 }
+    TurnConfig {
+        max_payload_bytes: 4096,
+        durable_retry_threshold: Duration::from_secs(1),
+        latest_version: 1,
+        non_ctx_await_grace: Duration::from_millis(GRACE),
+    }
 }
 
 fn p<T: Serialize + ?Sized>(v: &T) -> Payload {
@@ -513,6 +530,10 @@ struct Sim<'a> {
     step_ops: BTreeMap<u32, usize>,
     /// How often each interesting path was taken (for the coverage test).
     hits: BTreeMap<&'static str, usize>,
+    /// Since when the body awaits outside the ctx with no ctx call in between (this turn).
+    idle_from: Option<Millis>,
+    /// The body awaits outside the ctx past the grace: the turn must fail with `non_ctx_await`.
+    stuck: bool,
     log: String,
 }
 
@@ -534,6 +555,8 @@ impl<'a> Sim<'a> {
             productions: BTreeMap::new(),
             step_ops: BTreeMap::new(),
             hits: BTreeMap::new(),
+            idle_from: None,
+            stuck: false,
             log: String::new(),
         }
     }
@@ -631,6 +654,8 @@ impl<'a> Sim<'a> {
             self.crash = self.crashes.get(turn_no).copied().flatten();
             self.seen.clear();
             self.step_ops.clear();
+            self.idle_from = None;
+            self.stuck = false;
             let _ = writeln!(self.log, "turn {turn_no} at {} ({what}) crash {:?}", self.world.now, self.crash);
             let history = History::new(self.world.cps.values().cloned());
             self.turn = Turn::new(self.world.run.clone(), OWNER, history, config());
@@ -670,12 +695,21 @@ impl<'a> Sim<'a> {
         let end = match done {
             Some(result) => self.turn.t_body_done(result, now),
             None => match self.turn.t_pending(now) {
+                Some(Ended::Idle(at)) => {
+                    return bug(format!("the body is pending and on_pending says idle until {at}"));
+                }
                 Some(end) => end,
                 None => {
                     return bug("the body is pending, nothing runs, and on_pending says keep polling".into());
                 }
             },
         };
+        let non_ctx = matches!(&end, Ended::Settle { commit, status: RunStatus::Failed }
+            if matches!(&commit.end, Some(TurnEnd::Settle { error: Some(e), .. })
+                if e.code() == Some(codes::NON_CTX_AWAIT) && e.message.starts_with("run run:")));
+        if non_ctx != self.stuck {
+            return bug(format!("the body is stuck outside the ctx: {}, but the turn ends with {end:?}", self.stuck));
+        }
         self.end(end)
     }
 
@@ -709,6 +743,7 @@ impl<'a> Sim<'a> {
                     });
                     return Ok(format!("stopped: {reason:?}"));
                 }
+                Ended::Idle(at) => return bug(format!("idle until {at} where the turn should end")),
                 Ended::Compensate => {
                     self.note("compensate");
                     self.hit("compensate");
@@ -844,7 +879,38 @@ impl<'a> Sim<'a> {
 
     fn op(&mut self, i: usize) -> R<Flow> {
         let label = format!("op{i}");
+        if !matches!(self.script[i], Op::Foreign(_)) {
+            // Every other op makes a ctx call.
+            self.idle_from = None;
+        }
         match self.script[i].clone() {
+            Op::Foreign(after) => {
+                self.point()?;
+                let now = self.now();
+                let from = *self.idle_from.get_or_insert(now);
+                let answer = self.turn.t_pending(now);
+                self.note(format!("await outside the ctx ({after:?} ms) -> {answer:?}"));
+                let Some(Ended::Idle(until)) = answer else {
+                    return bug(format!("the body awaits outside the ctx, and on_pending says {answer:?}"));
+                };
+                if until != from + GRACE {
+                    return bug(format!("idle since {from}, and on_pending says poll again at {until}"));
+                }
+                match after {
+                    Some(ms) if now + ms < until => {
+                        self.hit("an await outside the ctx resolves in time");
+                        self.world.now = now + ms;
+                        Ok(Flow::Next)
+                    }
+                    _ => {
+                        self.hit("an await outside the ctx outlasts the grace");
+                        // Nothing wakes the body before the timer the runtime arms.
+                        self.world.now = until;
+                        self.stuck = true;
+                        Ok(Flow::Pending)
+                    }
+                }
+            }
             Op::Step(spec, undo) => {
                 let seq = self.turn.take_seq();
                 self.step_ops.insert(seq, i);
@@ -1050,7 +1116,9 @@ fn run_script(script: &[Op], crashes: &[Option<Crash>]) -> Result<Outcome, Strin
         None => return Err(explain("the run ended without settling".into(), &sim)),
         // The code never changes between turns: a run fails only with an error of its own.
         Some((RunStatus::Failed, _, Some(e)))
-            if e.message.starts_with("op ") || e.code() == Some(codes::PAYLOAD_TOO_LARGE) => {}
+            if e.message.starts_with("op ")
+                || e.code() == Some(codes::PAYLOAD_TOO_LARGE)
+                || e.code() == Some(codes::NON_CTX_AWAIT) => {}
         Some((RunStatus::Completed, Some(_), None)) => {}
         Some(other) => return Err(explain(format!("the run settled with {other:?}, not an end of its own"), &sim)),
     }
@@ -1205,6 +1273,8 @@ fn random_scripts_reach_every_path() {
         "an undo fails",
         "settled completed",
         "settled failed",
+        "an await outside the ctx resolves in time",
+        "an await outside the ctx outlasts the grace",
     ] {
         let n = hits.get(what).copied().unwrap_or(0);
         assert!(n >= 10, "{what}: reached {n} times in 2,000 scripts: {hits:#?}");

@@ -49,7 +49,12 @@ fn child_run() -> Run {
 }
 
 fn config() -> TurnConfig {
-    TurnConfig { max_payload_bytes: 64, durable_retry_threshold: Duration::from_secs(1), latest_version: 3 }
+    TurnConfig {
+        max_payload_bytes: 64,
+        durable_retry_threshold: Duration::from_secs(1),
+        latest_version: 3,
+        non_ctx_await_grace: Duration::from_secs(1),
+    }
 }
 
 fn turn(history: Vec<Checkpoint>) -> Turn {
@@ -1346,9 +1351,9 @@ fn suspend_carries_the_earliest_wake_and_the_wake_gen_seen_at_claim() {
 }
 
 #[test]
-fn on_pending_keeps_polling_while_nothing_is_parked_or_something_is_in_flight() {
+fn on_pending_keeps_polling_while_something_is_in_flight() {
     let mut t = turn(vec![]);
-    assert_eq!(t.t_pending(10), None, "nothing parked yet");
+    assert_eq!(t.t_pending(10), Some(Ended::Idle(1_010)), "nothing parked or in flight: idle");
     let policy = RetryPolicy::none();
     let (a, b) = (t.take_seq(), t.take_seq());
     assert_eq!(t.sleep(a, 900, 10), SleepBegin::Park(Some(900)));
@@ -1369,7 +1374,159 @@ fn abandon_removes_a_parked_call() {
     t.abandon(b);
     assert_eq!(t.parked().collect::<Vec<_>>(), vec![(0, Some(900))]);
     t.abandon(a);
-    assert_eq!(t.t_pending(11), None);
+    assert_eq!(t.t_pending(11), Some(Ended::Idle(1_011)), "nothing parked or in flight: idle");
+}
+
+// ---- awaits outside the ctx ----
+
+/// The settle of a run whose body awaits outside the ctx, asked at `now`: its commit and error.
+fn non_ctx_settle(t: &mut Turn, now: Millis) -> (Commit, StepError) {
+    let Some(Ended::Settle { commit, status: RunStatus::Failed }) = t.t_pending(now) else { panic!("no settle") };
+    let Some(TurnEnd::Settle { error: Some(e), .. }) = commit.end.clone() else { panic!("no error: {commit:?}") };
+    (commit, e)
+}
+
+#[test]
+fn a_body_idle_outside_the_ctx_polls_again_at_the_grace_then_fails_non_ctx_await() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    complete_step(&mut t, step("charge", &policy), p(&1), 10);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "now", StepKind::Now, 15), RecordBegin::Produce);
+    assert_eq!(t.finish_record(seq, "now", StepKind::Now, Ok(p(&15)), 15), RecordOutcome::Return);
+    // The body now awaits a tokio sleep: nothing in flight, nothing parked.
+    assert_eq!(t.t_pending(20), Some(Ended::Idle(1_020)), "poll again a grace after the idleness began");
+    assert_eq!(t.t_pending(500), Some(Ended::Idle(1_020)), "a spurious poll does not move the deadline");
+    assert_eq!(t.t_pending(1_019), Some(Ended::Idle(1_020)));
+    let (c, e) = non_ctx_settle(&mut t, 1_020);
+    assert_eq!(e.code(), Some(codes::NON_CTX_AWAIT));
+    assert!(!e.retryable);
+    for part in ["run r:", "1s", "after its ctx call at seq 1", "ctx.step", "ctx.sleep", "ctx.wait_for_signal"] {
+        assert!(e.message.contains(part), "{part:?} not in {:?}", e.message);
+    }
+    // What rode along (the recorded `now`) is committed with the settle; no undo runs.
+    assert_eq!(
+        c,
+        Commit {
+            checkpoints: vec![Checkpoint {
+                output: Some(p(&15)),
+                attempts: 1,
+                ..cp(1, "now", StepKind::Now, CheckpointStatus::Completed, 15)
+            }],
+            end: Some(TurnEnd::Settle { status: RunStatus::Failed, output: None, error: Some(e) }),
+            ..commit(1_020)
+        }
+    );
+}
+
+#[test]
+fn a_child_idle_outside_the_ctx_tells_its_parent() {
+    let mut t = turn_of(child_run(), vec![]);
+    assert_eq!(t.t_pending(10), Some(Ended::Idle(1_010)));
+    let (commit, e) = non_ctx_settle(&mut t, 2_000);
+    assert_eq!(e.code(), Some(codes::NON_CTX_AWAIT));
+    assert!(e.message.contains("before its first ctx call"), "{:?}", e.message);
+    assert_eq!(commit.signals.len(), 1);
+    assert_eq!(commit.signals[0].token, "child:parent:4");
+}
+
+#[test]
+fn every_ctx_call_restarts_the_grace() {
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    assert_eq!(t.t_pending(10), Some(Ended::Idle(1_010)));
+    // A call begins (and returns at once): idle afresh from the next pending.
+    let seq = t.take_seq();
+    assert_eq!(t.begin_record(seq, "random", StepKind::Random, 900), RecordBegin::Produce);
+    assert_eq!(t.finish_record(seq, "random", StepKind::Random, Ok(p(&7)), 900), RecordOutcome::Return);
+    assert_eq!(t.t_pending(950), Some(Ended::Idle(1_950)));
+    assert_eq!(t.t_pending(1_010), Some(Ended::Idle(1_950)), "the old deadline no longer counts");
+    // Taking a seq alone (a ctx future created, not yet polled) counts too.
+    t.take_seq();
+    assert_eq!(t.t_pending(1_500), Some(Ended::Idle(2_500)));
+    // A step runs far longer than the grace: never idle while in flight or committing.
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("slow", &policy), 1_600), StepBegin::Run { attempt: 1 });
+    assert_eq!(t.t_pending(1_600), None);
+    assert_eq!(t.t_pending(100_000), None, "an attempt is executing");
+    let StepAfter::Completed { .. } = t.finish_step(seq, 1, Ok(p(&1)), 200_000) else { panic!() };
+    assert_eq!(t.t_pending(250_000), None, "its commit is being applied");
+    // Its completion restarts the grace.
+    assert!(t.committed(seq, Ok(&ok())));
+    assert_eq!(t.t_pending(300_000), Some(Ended::Idle(301_000)));
+    // A patch marker counts as a call.
+    assert!(t.patched("p", 300_500));
+    assert_eq!(t.t_pending(300_600), Some(Ended::Idle(301_600)));
+    assert_eq!(non_ctx_settle(&mut t, 301_600).1.code(), Some(codes::NON_CTX_AWAIT));
+}
+
+#[test]
+fn in_flight_or_parked_work_never_counts_as_idle() {
+    // An in-memory retry backoff, long past the grace.
+    let mut t = turn(vec![]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("flaky", &policy), 10), StepBegin::Run { attempt: 1 });
+    let e = StepError::retryable("e");
+    assert_eq!(t.finish_step(seq, 1, Err(e.clone()), 20), StepAfter::RetryAt { at: 120, attempt: 2, error: e });
+    assert_eq!(t.t_pending(5_000), None, "an in-memory backoff is in flight");
+    // A branch parked (a join! of a sleep and a step): the turn suspends, it never idles.
+    let mut t = turn(vec![]);
+    let s = t.take_seq();
+    assert_eq!(t.sleep(s, 100_000, 10), SleepBegin::Park(Some(100_000)));
+    assert!(matches!(t.t_pending(50_000), Some(Ended::Suspend { wake_at: Some(100_000), .. })));
+    // A child join parks too.
+    let mut t = turn(vec![]);
+    let s = t.take_seq();
+    t.spawn_child(s, child_call(Ok(p(&1)), Some(1)), 10);
+    assert_eq!(t.join_child(s, "child-wf", 10), ChildJoin::Park);
+    assert!(matches!(t.t_pending(50_000), Some(Ended::Suspend { wake_at: None, .. })));
+    // Undos running: the engine drives them, never idle.
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    complete_step(&mut t, undo_step("reserve", &policy), p(&1), 10);
+    assert_eq!(t.t_body_done(Err(StepError::fatal("no")), 11), Ended::Compensate);
+    assert_eq!(t.t_pending(12), None);
+    assert_eq!(t.t_pending(50_000), None);
+    let u = t.next_undo().unwrap();
+    run_undo(&mut t, &u, 50_001);
+    assert_eq!(t.t_pending(99_000), None);
+}
+
+#[test]
+fn an_unbounded_grace_turns_the_check_off() {
+    let config = TurnConfig { non_ctx_await_grace: Duration::MAX, ..config() };
+    let mut t = Turn::new(run(), OWNER, History::default(), config);
+    assert_eq!(t.t_pending(10), None);
+    assert_eq!(t.t_pending(Millis::MAX), None);
+}
+
+#[test]
+fn a_body_idle_outside_the_ctx_under_a_cancel_with_compensation_compensates_after_the_grace() {
+    let done = Checkpoint {
+        output: Some(p(&1)),
+        attempts: 1,
+        ..cp(0, "reserve", StepKind::Step, CheckpointStatus::Completed, 5)
+    };
+    let mut t = turn_of(cancelling_run(), vec![done]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, undo_step("reserve", &policy), 10), StepBegin::Return(p(&1)));
+    // The body then awaits a tokio sleep: the operator's cancel still takes effect.
+    assert_eq!(t.t_pending(10), Some(Ended::Idle(1_010)));
+    assert_eq!(t.t_pending(1_010), Some(Ended::Compensate));
+    let u = t.next_undo().unwrap();
+    assert_eq!(u.name, "undo:reserve");
+    run_undo(&mut t, &u, 1_011);
+    assert_eq!(t.next_undo(), None);
+    assert!(matches!(t.t_compensated(1_012), Ended::Settle { status: RunStatus::Cancelled, .. }));
+}
+
+#[test]
+fn a_stopped_turn_ends_rather_than_idles() {
+    let mut t = turn(vec![]);
+    t.stop(TurnStop::Abort("store down".into()));
+    assert_eq!(t.t_pending(10), Some(Ended::Stop(TurnStop::Abort("store down".into()))));
 }
 
 #[test]

@@ -118,6 +118,7 @@ impl Shared {
             max_payload_bytes: self.config.max_payload_bytes,
             durable_retry_threshold: self.config.durable_retry_threshold,
             latest_version: self.registry.latest(&run.workflow).map_or(run.version, |(v, _)| v),
+            non_ctx_await_grace: self.config.non_ctx_await_grace,
         };
         let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
         let t = Arc::new(TurnState::new(turn, self.clone()));
@@ -157,7 +158,7 @@ impl Shared {
                     Err(e) => return self.commit_failed(&id, &e),
                 };
                 if let Some(durable_core::TurnEnd::Settle { error: Some(e), .. }) = &commit.end
-                    && e.code() == Some(codes::PANIC)
+                    && matches!(e.code(), Some(codes::PANIC | codes::NON_CTX_AWAIT))
                 {
                     tracing::error!(run_id = %id, "{}", e.message);
                 }

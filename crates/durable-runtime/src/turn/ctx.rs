@@ -343,7 +343,9 @@ async fn run_attempt<'a, T>(
 /// Only futures returned by this type may be awaited in a body (plus combinators over them
 /// such as `join!`, `select!` and [`WorkflowCtx::all`]): anything else — a `tokio::time::sleep`,
 /// a network call — is invisible to replay and makes the body non-deterministic. Put such
-/// work in a step.
+/// work in a step. A body pending on such an await, with no ctx call executing or parked,
+/// fails its run with code `non_ctx_await` once
+/// [`EngineConfig::non_ctx_await_grace`](crate::EngineConfig::non_ctx_await_grace) has passed.
 #[derive(Clone)]
 pub struct WorkflowCtx {
     pub(crate) t: Arc<TurnState>,

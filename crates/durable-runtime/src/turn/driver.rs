@@ -7,7 +7,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use durable_core::{End, Next};
+use durable_core::{End, Millis, Next, Pending};
 
 use super::child::compensate;
 use super::{TurnState, panic_message};
@@ -27,11 +27,14 @@ enum Polling {
 pub(crate) struct TurnDriver {
     polling: Polling,
     t: Arc<TurnState>,
+    /// While the body awaits something outside the ctx: the time the core said to ask again
+    /// ([`Pending::IdleUntil`]) and a timer on the engine clock that wakes the driver then.
+    idle: Option<(Millis, BoxFuture<'static, ()>)>,
 }
 
 impl TurnDriver {
     pub(crate) fn new(t: Arc<TurnState>, body: BoxFuture<'static, BodyResult>) -> Self {
-        TurnDriver { polling: Polling::Body(body), t }
+        TurnDriver { polling: Polling::Body(body), t, idle: None }
     }
 }
 
@@ -45,21 +48,40 @@ impl Future for TurnDriver {
                 Polling::Body(body) => body.as_mut().poll(cx).map(Some),
                 Polling::Undos(undos) => undos.as_mut().poll(cx).map(|()| None),
             }));
-            let next = {
+            let answer = {
                 let mut turn = this.t.turn.lock();
                 match polled {
                     Err(panic) => return Poll::Ready(turn.on_panic(&panic_message(panic.as_ref()), now)),
                     Ok(Poll::Ready(None)) => return Poll::Ready(turn.on_compensated(now)),
-                    Ok(Poll::Ready(Some(r))) => Some(turn.on_body_done(r.map_err(|e| e.to_step_error()), now)),
+                    Ok(Poll::Ready(Some(r))) => Pending::Next(turn.on_body_done(r.map_err(|e| e.to_step_error()), now)),
                     Ok(Poll::Pending) => turn.on_pending(now),
                 }
             };
-            match next {
-                None => return Poll::Pending,
-                Some(Next::End(end)) => return Poll::Ready(end),
+            match answer {
+                Pending::KeepPolling => {
+                    this.idle = None;
+                    return Poll::Pending;
+                }
+                Pending::IdleUntil(at) => {
+                    // Nothing the turn knows of will wake the body: a timer asks the core again
+                    // at `at` (armed once per deadline; spurious wake-ups keep it).
+                    if this.idle.as_ref().is_none_or(|(armed, _)| *armed != at) {
+                        this.idle = Some((at, this.t.env.sleep_until(at)));
+                    }
+                    let (_, timer) = this.idle.as_mut().expect("armed above");
+                    if timer.as_mut().poll(cx).is_pending() {
+                        return Poll::Pending;
+                    }
+                    // Due: poll the body once more and ask again.
+                    this.idle = None;
+                }
+                Pending::Next(Next::End(end)) => return Poll::Ready(end),
                 // Replacing the body drops it (its calls tell the turn they are gone, so the
                 // turn lock must not be held here), then the undos run.
-                Some(Next::Compensate) => this.polling = Polling::Undos(Box::pin(compensate(this.t.clone()))),
+                Pending::Next(Next::Compensate) => {
+                    this.idle = None;
+                    this.polling = Polling::Undos(Box::pin(compensate(this.t.clone())));
+                }
             }
         }
     }
