@@ -25,6 +25,13 @@
 //!    [`Turn::on_body_done`] — each answers with an [`End`]: suspend, settle, compensate (the
 //!    undo stack lives in the turn), continue as new, or stop.
 //!
+//! **Replay only.** With [`TurnConfig::replay_only`] the same turn checks a recorded history
+//! against the current code instead of running it: a call history holds no final result for
+//! parks for good instead of executing, no commit is ever handed out, and the turn ends with
+//! [`End::Replayed`] — how far the code matched ([`Replayed`]) or how it departs from the
+//! history ([`ReplayMismatch`], naming the seq and both calls). A run's history travels as an
+//! [`export::HistoryExport`], a versioned JSON document.
+//!
 //! Every persisted string and id scheme is formatted and parsed in [`protocol`]. Policies live
 //! beside the turn: [`RetryPolicy`] (backoff and seeded jitter), the status table
 //! [`TRANSITIONS`] / [`RunStatus::can_become`].
@@ -63,6 +70,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod export;
 mod history;
 mod ids;
 mod model;
@@ -74,6 +82,7 @@ mod store;
 mod time;
 mod turn;
 
+pub use export::{ExportError, HistoryExport};
 pub use history::{Decision, History, NonDeterminism, Patched};
 pub use ids::{InvalidId, RunId};
 pub use model::{
@@ -90,8 +99,8 @@ pub use store::{
 };
 pub use time::{millis, millis_after, millis_before};
 pub use turn::{
-    ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter,
-    StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
+    ChildCall, ChildJoin, Deadline, End, Halt, Next, RecordBegin, RecordOutcome, ReplayMismatch, Replayed, RunEnd,
+    SleepBegin, StateBegin, StepAfter, StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
 };
 
 /// Error codes the engine sets on runs and steps.

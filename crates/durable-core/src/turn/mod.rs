@@ -44,6 +44,7 @@
 
 mod call;
 mod end;
+mod replay;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
@@ -57,10 +58,11 @@ pub use call::{
     WaitBegin, WaitCall,
 };
 pub use end::{End, Halt, Next, UndoCall};
+pub use replay::{ReplayMismatch, Replayed, RunEnd};
 
 use crate::{
-    Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, Patched, Payload, RetryPolicy, Run,
-    StepError, StepKind, StoreErrorKind, codes,
+    Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, NonDeterminism, Patched, Payload,
+    RetryPolicy, Run, StepError, StepKind, StoreErrorKind, codes,
 };
 
 /// Why a turn stopped before the body finished.
@@ -90,6 +92,11 @@ pub struct TurnConfig {
     /// The newest registered version of the run's workflow (a continued run's successor
     /// starts on it).
     pub latest_version: u32,
+    /// Replay only: check the history against the code without executing or writing anything.
+    /// A call history holds no final result for parks for good instead of running (nothing is
+    /// recorded, no commit is ever answered), and the turn ends with [`End::Replayed`]: how far
+    /// the code matched the history, or how it departs from it. See [`Replayed`].
+    pub replay_only: bool,
 }
 
 impl Default for TurnConfig {
@@ -98,6 +105,7 @@ impl Default for TurnConfig {
             max_payload_bytes: 4 * 1024 * 1024,
             durable_retry_threshold: Duration::from_secs(1),
             latest_version: 1,
+            replay_only: false,
         }
     }
 }
@@ -169,12 +177,21 @@ pub struct Turn {
     undos: Vec<Undo>,
     mode: Mode,
     stop: Option<TurnStop>,
+    /// Replay-only: the mismatch that stopped the turn.
+    mismatch: Option<NonDeterminism>,
+    /// Replay-only: the first call history has no final result for.
+    first_fresh: Option<replay::Fresh>,
 }
 
 impl Turn {
     /// Starts a turn of `run` (as claimed), held by `owner`, over its loaded `history`.
+    ///
+    /// With [`TurnConfig::replay_only`], `run` is the run as recorded (its status and output are
+    /// what the replay is compared with); a run that was cancelled with compensation replays in
+    /// cancel mode, as its last turns ran.
     pub fn new(run: Run, owner: impl Into<String>, history: History, config: TurnConfig) -> Self {
-        let cancel_requested = run.error.as_ref().is_some_and(|e| e.code() == Some(codes::CANCEL_REQUESTED));
+        let cancel_requested = run.error.as_ref().is_some_and(|e| e.code() == Some(codes::CANCEL_REQUESTED))
+            || (config.replay_only && replay::cancelled_with_undos(&run, &history));
         Turn {
             run,
             owner: owner.into(),
@@ -188,6 +205,8 @@ impl Turn {
             undos: Vec::new(),
             mode: if cancel_requested { Mode::CancelRequested } else { Mode::Normal },
             stop: None,
+            mismatch: None,
+            first_fresh: None,
         }
     }
 
@@ -260,11 +279,25 @@ impl Turn {
             }
             Patched::Record => {
                 self.next_seq += 1;
-                let cp = self.checkpoint(seq, id, StepKind::Patch, CheckpointStatus::Completed, now, now);
-                self.record(cp);
+                if self.config.replay_only {
+                    self.fresh(seq, id, StepKind::Patch);
+                } else {
+                    let cp = self.checkpoint(seq, id, StepKind::Patch, CheckpointStatus::Completed, now, now);
+                    self.record(cp);
+                }
                 true
             }
         }
+    }
+
+    /// `ctx.deprecate_patch(id)`, the last stage of a patch's life: the code no longer branches
+    /// on it. Runs that reach it fresh still record the marker and consume a seq (so code that
+    /// still calls `patched(id)` — an older binary during a rollout, or a rollback — replays
+    /// them on the new path); a history with the marker at this seq consumes it; a history
+    /// with something else there (a run that passed this point before the patch existed)
+    /// carries on without consuming a seq.
+    pub fn deprecate_patch(&mut self, id: &str, now: Millis) {
+        self.patched(id, now);
     }
 
     /// A call future was dropped before it finished (a `select!` loser, or the body dropped
@@ -381,6 +414,7 @@ enum Ended {
     Settle { commit: Commit, status: crate::RunStatus },
     Compensate,
     Stop(TurnStop),
+    Replayed(Result<Replayed, ReplayMismatch>),
 }
 
 #[cfg(test)]
@@ -392,6 +426,7 @@ impl From<End> for Ended {
             End::Halt(Halt::Abort(why)) => Ended::Stop(TurnStop::Abort(why)),
             End::Halt(Halt::LeaseLost(why)) => Ended::Stop(TurnStop::LeaseLost(why)),
             End::Halt(Halt::Rerun(why)) => Ended::Stop(TurnStop::Rerun(why)),
+            End::Replayed(r) => Ended::Replayed(r),
         }
     }
 }

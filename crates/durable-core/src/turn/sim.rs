@@ -197,7 +197,12 @@ const OWNER: &str = "sim";
 const MAX_TURNS: usize = 400;
 
 fn config() -> TurnConfig {
-    TurnConfig { max_payload_bytes: 4096, durable_retry_threshold: Duration::from_secs(1), latest_version: 1 }
+    TurnConfig {
+        max_payload_bytes: 4096,
+        durable_retry_threshold: Duration::from_secs(1),
+        latest_version: 1,
+        replay_only: false,
+    }
 }
 
 fn p<T: Serialize + ?Sized>(v: &T) -> Payload {
@@ -701,6 +706,7 @@ impl<'a> Sim<'a> {
                     self.hit(if status == RunStatus::Completed { "settled completed" } else { "settled failed" });
                     return Ok(format!("settled {status}"));
                 }
+                Ended::Replayed(r) => return bug(format!("a turn that is not replay-only ended as a replay: {r:?}")),
                 Ended::Stop(reason) => {
                     self.hit(match reason {
                         TurnStop::Rerun(_) => "stop: rerun",
