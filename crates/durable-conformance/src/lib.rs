@@ -19,7 +19,9 @@
 //!   how an engine copes with a failing backend (it passes the suite itself when no fault is
 //!   armed).
 //! - The workflow test harness: [`TestEngine`] (an engine on a virtual clock), [`FailFirst`],
-//!   [`Counter`]. Applications reach it, and [`FaultyStore`], as `durable::testing` (the facade's
+//!   [`Counter`], and [`replay`]: [`replay::assert_replayable`] checks that the current workflow
+//!   code still replays a recorded history (an export of a real run) without executing
+//!   anything. Applications reach it, and [`FaultyStore`], as `durable::testing` (the facade's
 //!   `testing` feature).
 //!
 //! What it does not do: it runs no engine and no workflow (the cases talk to the store
@@ -47,6 +49,7 @@ mod factory;
 mod faulty;
 mod harness;
 mod macros;
+pub mod replay;
 mod suite;
 
 #[doc(hidden)]

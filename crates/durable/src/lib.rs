@@ -46,13 +46,13 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use durable_core::{
-    Backoff, Checkpoint, CheckpointStatus, Millis, Payload, RetryPolicy, Run, RunFilter, RunId, RunPage, RunStatus,
-    StepError, StepKind, codes,
+    Backoff, Checkpoint, CheckpointStatus, ExportError, HistoryExport, Millis, Payload, ReplayMismatch, Replayed,
+    RetryPolicy, Run, RunEnd, RunFilter, RunId, RunPage, RunStatus, StepError, StepKind, codes,
 };
 pub use durable_runtime::{
     All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
-    EngineConfig, EngineEvent, Error, Metrics, Result, RunOutcome, SignalError, StartOptions, Started, Step,
-    StepContext, StepFailed, StepOptions, SystemClock, TaskError, UpdateOutcome, VirtualClock, WorkflowCtx,
+    EngineConfig, EngineEvent, Error, Metrics, ReplayError, Result, RunOutcome, SignalError, StartOptions, Started,
+    Step, StepContext, StepFailed, StepOptions, SystemClock, TaskError, UpdateOutcome, VirtualClock, WorkflowCtx,
     WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
@@ -109,6 +109,11 @@ pub mod testing {
     //! - [`FailFirst`] (a step helper failing its first `n` calls) and [`Counter`] (how many times a
     //!   step ran).
     //! - [`FaultyStore`]: wraps any store and fails the calls a [`Fault`] selects, or delays them.
+    //! - [`replay`]: [`assert_replayable`] replays a recorded history (a
+    //!   [`HistoryExport`](crate::HistoryExport) of a real run, from `durable runs export` or
+    //!   [`Engine::export_history`](crate::Engine::export_history)) against your current workflow
+    //!   code without executing anything, and fails naming the seq and both calls when the code
+    //!   would break the run; [`assert_replayable_dir`] checks every export of a directory.
     //!
     //! These are re-exported from `durable-conformance`, which also holds the conformance suite for
     //! your own stores (feature `conformance`: `durable::conformance`).
@@ -139,6 +144,7 @@ pub mod testing {
     //! # }
     //! ```
 
+    pub use durable_conformance::replay::{self, assert_replayable, assert_replayable_dir, check_replayable};
     pub use durable_conformance::{Call, Counter, FailFirst, Fault, FaultyStore, Method, TestEngine, test_config};
 }
 

@@ -1,0 +1,345 @@
+//! Acceptance (replay checks): a run's history is exported as a versioned document that
+//! round-trips exactly, and `check_replay` / `assert_replayable` replay it against the current
+//! code without executing or writing anything — passing when the code matches, failing with
+//! the seq and both calls when it does not.
+
+mod support;
+
+use std::time::Duration;
+
+use durable_conformance::replay::{assert_replayable, check_replayable};
+use durable_conformance::{Counter, TestEngine};
+use durable_core::{HistoryExport, ReplayMismatch, Replayed, RunEnd, RunId, RunStatus, StepKind, codes};
+use durable_runtime::{Engine, EngineEvent, Error, ReplayError, StartOptions, WorkflowCtx, WorkflowError};
+use serde_json::json;
+use support::StoreFixture;
+
+on_every_store!(
+    an_export_round_trips_exactly_while_suspended_and_once_completed,
+    checking_a_history_on_the_engine_that_holds_it_writes_and_emits_nothing,
+);
+
+const HOUR: Duration = Duration::from_secs(3600);
+
+/// A workflow using most primitives; every closure bumps `ran`.
+fn register_tour(engine: &Engine, ran: &Counter) {
+    let ran = ran.clone();
+    engine.register("tour", 1, move |ctx: WorkflowCtx, n: u32| {
+        let ran = ran.clone();
+        async move {
+            let r = ran.clone();
+            let a: u32 = ctx
+                .step("a", move |_| {
+                    r.bump();
+                    async move { Ok(n + 1) }
+                })
+                .await?;
+            let r = ran.clone();
+            let token: String = ctx
+                .side_effect("token", move || {
+                    r.bump();
+                    "tok-1".to_string()
+                })
+                .await;
+            let _id = ctx.uuid().await;
+            ctx.set_state("progress", &json!({ "done": a, "of": 3 })).await;
+            let paid: serde_json::Value = ctx.wait_for_event("paid", json!({ "order": n })).await?;
+            ctx.sleep(HOUR).await;
+            let go: String = ctx.wait_for_signal(&format!("go:{}", ctx.run_id())).await?;
+            let r = ran.clone();
+            let b: String = ctx
+                .step("b", move |_| {
+                    r.bump();
+                    async { Ok("b".to_string()) }
+                })
+                .await?;
+            Ok::<_, WorkflowError>(format!("{a} {token} {} {go} {b}", paid["amount"]))
+        }
+    });
+}
+
+/// Waits for the next suspension of `run`; returns its wake time.
+async fn suspended(events: &mut tokio::sync::broadcast::Receiver<EngineEvent>, run: &RunId) -> Option<u64> {
+    loop {
+        if let EngineEvent::RunSuspended { run_id, wake_at } = events.recv().await.expect("events")
+            && run_id == *run
+        {
+            return wake_at;
+        }
+    }
+}
+
+fn assert_round_trips(export: &HistoryExport) {
+    let json = export.to_json().unwrap();
+    let back = HistoryExport::from_json(&json).unwrap();
+    assert_eq!(&back, export, "the value read back differs");
+    assert_eq!(back.to_json().unwrap(), json, "written again, the bytes differ");
+}
+
+async fn an_export_round_trips_exactly_while_suspended_and_once_completed(s: StoreFixture) {
+    let t = s.engine();
+    let ran = Counter::new();
+    register_tour(&t, &ran);
+    let id = t.start("tour", &7u32, StartOptions::id("tour-1")).await.unwrap().id;
+    t.assert_settled_status(&id, RunStatus::Suspended).await;
+
+    // Parked on the event: the export holds the run, its checkpoints, its waiter and its state.
+    let parked = t.export_history(&id).await.unwrap();
+    assert_eq!(parked.format, 1);
+    assert_eq!(parked.durable_version, env!("CARGO_PKG_VERSION"));
+    assert_eq!(parked.run, t.store().get_run(&id).await.unwrap().unwrap());
+    assert_eq!(parked.checkpoints, t.checkpoints(&id).await);
+    assert_eq!(parked.waiters, t.store().waiters(&id).await.unwrap());
+    assert_eq!(parked.waiters.len(), 1, "the event wait");
+    assert_eq!(parked.state["progress"].to_value(), json!({ "done": 8, "of": 3 }));
+    assert_round_trips(&parked);
+
+    let mut events = t.subscribe();
+    t.publish_event("paid", &json!({ "order": 7, "amount": 12 })).await.unwrap();
+    assert!(suspended(&mut events, &id).await.is_some(), "asleep");
+    t.advance(HOUR);
+    assert_eq!(suspended(&mut events, &id).await, None, "waiting for the signal");
+    t.signal("go:tour-1", &"yes").await.unwrap();
+    t.assert_output(&id, "8 tok-1 12 yes b".to_string()).await;
+
+    let done = t.export_history(&id).await.unwrap();
+    assert_eq!(done.run.status, RunStatus::Completed);
+    assert_eq!(done.checkpoints, t.checkpoints(&id).await);
+    assert!(done.waiters.is_empty());
+    assert_round_trips(&done);
+
+    // Both replay against the code that wrote them, and nothing runs.
+    let before = ran.get();
+    assert_eq!(before, 3, "a, the side effect and b ran once each");
+    let register = |e: &Engine| register_tour(e, &ran);
+    assert_eq!(assert_replayable(register, &parked).await, Replayed::Parked { next_seq: 5 });
+    assert_eq!(assert_replayable(register, &done).await, Replayed::Finished { status: RunStatus::Completed });
+    assert_eq!(ran.get(), before, "the replay executed a closure");
+    t.shutdown().await;
+}
+
+async fn checking_a_history_on_the_engine_that_holds_it_writes_and_emits_nothing(s: StoreFixture) {
+    let t = s.engine();
+    let ran = Counter::new();
+    register_tour(&t, &ran);
+    let id = t.start("tour", &1u32, StartOptions::id("tour-2")).await.unwrap().id;
+    t.assert_settled_status(&id, RunStatus::Suspended).await;
+    let export = t.export_history(&id).await.unwrap();
+
+    // The code moved on: a call after the recorded ones. The replay stops there.
+    let mut events = t.subscribe();
+    // A client engine on the same store: it executes nothing, so only the check touches the run.
+    let longer = Engine::builder().shared_store(s.second_handle()).client_only().build().unwrap();
+    longer.register("tour", 1, |ctx: WorkflowCtx, _: u32| async move {
+        let _: u32 = ctx.step("a", |_| async { Ok(0) }).await?;
+        let _: String = ctx.side_effect("token", || "never".to_string()).await;
+        let _ = ctx.uuid().await;
+        ctx.set_state("progress", &0).await;
+        let _: serde_json::Value = ctx.wait_for_event("paid", json!({})).await?;
+        Ok::<_, WorkflowError>(())
+    });
+    // Parked on the event: the code matches as far as the run went.
+    assert_eq!(longer.check_replay(&export).await, Ok(Replayed::Parked { next_seq: 5 }));
+    assert_eq!(t.check_replay(&export).await, Ok(Replayed::Parked { next_seq: 5 }));
+
+    assert_eq!(ran.get(), 2, "only the first turn's step and side effect ran");
+    assert_eq!(t.export_history(&id).await.unwrap(), export, "the replay wrote nothing");
+    assert!(events.try_recv().is_err(), "the replay sent an event");
+    longer.shutdown().await;
+    t.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn exporting_an_unknown_run_is_run_not_found() {
+    let t = TestEngine::new();
+    let err = t.export_history(&RunId::from("nope")).await.unwrap_err();
+    assert!(matches!(&err, Error::RunNotFound(id) if id.as_str() == "nope"), "{err:?}");
+    assert_eq!(err.to_string(), "run nope not found");
+}
+
+/// Two steps in the given order, then a sleep; every closure bumps `ran`.
+fn register_two_steps(engine: &Engine, ran: &Counter, swapped: bool) {
+    let ran = ran.clone();
+    engine.register("two_steps", 1, move |ctx: WorkflowCtx, _: ()| {
+        let ran = ran.clone();
+        async move {
+            let (first, second) = if swapped { ("reserve", "charge") } else { ("charge", "reserve") };
+            for name in [first, second] {
+                let r = ran.clone();
+                ctx.step(name, move |_| {
+                    r.bump();
+                    async { Ok(()) }
+                })
+                .await?;
+            }
+            ctx.sleep(HOUR).await;
+            Ok::<_, WorkflowError>("done".to_string())
+        }
+    });
+}
+
+/// A recorded, completed run of `two_steps`.
+async fn recorded_two_steps(ran: &Counter) -> HistoryExport {
+    let t = TestEngine::new();
+    register_two_steps(&t, ran, false);
+    let id = t.start("two_steps", &(), StartOptions::id("order:42")).await.unwrap().id;
+    t.assert_settled_status(&id, RunStatus::Suspended).await;
+    t.advance(HOUR);
+    t.assert_output(&id, "done".to_string()).await;
+    let export = t.export_history(&id).await.unwrap();
+    t.shutdown().await;
+    export
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reordering_two_steps_fails_naming_the_seq_and_both_calls() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    assert_eq!(ran.get(), 2);
+
+    let err = check_replayable(|e: &Engine| register_two_steps(e, &ran, true), &history).await.unwrap_err();
+    let ReplayError::Mismatch(ReplayMismatch::Call(nd)) = &err else { panic!("{err:?}") };
+    assert_eq!((nd.run_id.as_str(), nd.seq), ("order:42", 0));
+    assert_eq!(nd.expected, ("reserve".to_string(), StepKind::Step));
+    assert_eq!(nd.recorded, ("charge".to_string(), StepKind::Step));
+
+    // assert_replayable panics with the same message.
+    let r = ran.clone();
+    let panicked = tokio::spawn(async move {
+        assert_replayable(move |e: &Engine| register_two_steps(e, &r, true), &history).await;
+    })
+    .await
+    .unwrap_err()
+    .into_panic();
+    let message = panicked.downcast_ref::<String>().expect("a message");
+    for part in [
+        "run order:42 does not replay",
+        "seq 0",
+        "the workflow code asked for step \"reserve\"",
+        "history recorded step \"charge\"",
+    ] {
+        assert!(message.contains(part), "{part:?} is missing from: {message}");
+    }
+    assert_eq!(ran.get(), 2, "no closure ran during the replays");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_matching_history_passes_without_running_a_closure() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    let replayed = assert_replayable(|e: &Engine| register_two_steps(e, &ran, false), &history).await;
+    assert_eq!(replayed, Replayed::Finished { status: RunStatus::Completed });
+    assert_eq!(ran.get(), 2, "the steps ran when the run was recorded, never on replay");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn code_that_goes_further_replays_up_to_its_first_new_call() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    let shipped = Counter::new();
+    let register = |e: &Engine| {
+        let shipped = shipped.clone();
+        e.register("two_steps", 1, move |ctx: WorkflowCtx, _: ()| {
+            let shipped = shipped.clone();
+            async move {
+                ctx.step("charge", |_| async { Ok(()) }).await?;
+                ctx.step("reserve", |_| async { Ok(()) }).await?;
+                ctx.sleep(HOUR).await;
+                ctx.step("ship", move |_| {
+                    shipped.bump();
+                    async { Ok(()) }
+                })
+                .await?;
+                Ok::<_, WorkflowError>("done".to_string())
+            }
+        });
+    };
+    let replayed = assert_replayable(register, &history).await;
+    assert_eq!(replayed, Replayed::UpTo { seq: 3, name: "ship".into(), kind: StepKind::Step });
+    assert_eq!(shipped.get(), 0, "the new step did not run");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_now_ends_otherwise_is_reported_with_both_ends() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    let register = |e: &Engine| {
+        e.register("two_steps", 1, |ctx: WorkflowCtx, _: ()| async move {
+            ctx.step("charge", |_| async { Ok(()) }).await?;
+            ctx.step("reserve", |_| async { Ok(()) }).await?;
+            ctx.sleep(HOUR).await;
+            Ok::<_, WorkflowError>("shipped".to_string())
+        });
+    };
+    let err = check_replayable(register, &history).await.unwrap_err();
+    let ReplayError::Mismatch(ReplayMismatch::End { recorded, replayed, .. }) = &err else { panic!("{err:?}") };
+    assert_eq!(recorded.output.as_ref().map(|p| p.to_value()), Some(json!("done")));
+    assert_eq!(
+        replayed,
+        &RunEnd {
+            status: RunStatus::Completed,
+            output: Some(durable_core::Payload::encode(&"shipped").unwrap()),
+            error: None
+        }
+    );
+    assert_eq!(
+        err.to_string(),
+        "run order:42: the recorded run ended completed with output \"done\", but the workflow code now ends it \
+         completed with output \"shipped\""
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_recorded_value_that_no_longer_decodes_fails_naming_the_seq() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    let register = |e: &Engine| {
+        e.register("two_steps", 1, |ctx: WorkflowCtx, _: ()| async move {
+            // `charge` recorded `null`; the code now expects a number.
+            let _: u64 = ctx.step("charge", |_| async { Ok(1) }).await?;
+            Ok::<_, WorkflowError>("done".to_string())
+        });
+    };
+    let err = check_replayable(register, &history).await.unwrap_err();
+    let ReplayError::Mismatch(ReplayMismatch::Failed { error, .. }) = &err else { panic!("{err:?}") };
+    assert_eq!(error.code(), Some(codes::BAD_PAYLOAD));
+    let message = err.to_string();
+    assert!(
+        message.contains("run order:42") && message.contains("seq 0") && message.contains("\"charge\""),
+        "{message}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_waiting_outside_the_ctx_is_reported_instead_of_hanging() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    let register = |e: &Engine| {
+        e.register("two_steps", 1, |ctx: WorkflowCtx, _: ()| async move {
+            ctx.step("charge", |_| async { Ok(()) }).await?;
+            std::future::pending::<()>().await;
+            Ok::<_, WorkflowError>("done".to_string())
+        });
+    };
+    let err = check_replayable(register, &history).await.unwrap_err();
+    assert_eq!(
+        err,
+        ReplayError::Mismatch(ReplayMismatch::OutsideAwait { run_id: RunId::from("order:42"), next_seq: 1 })
+    );
+    assert!(err.to_string().contains("after seq 0"), "{err}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_history_of_an_unregistered_version_says_what_to_register() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    let register = |e: &Engine| {
+        e.register("two_steps", 2, |_: WorkflowCtx, _: ()| async { Ok::<_, WorkflowError>(()) });
+    };
+    let err = check_replayable(register, &history).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run order:42: workflow \"two_steps\" version 1 is not registered (registered versions: [2]); register the \
+         code that runs it (engine.register(\"two_steps\", 1, ..)) before checking its history"
+    );
+}
