@@ -121,6 +121,17 @@ pub enum Error {
         /// The run.
         id: RunId,
     },
+    /// [`Engine::import_history`](crate::Engine::import_history) refused to import a run.
+    #[error("could not import run {run_id}: {reason}")]
+    Import {
+        /// The run.
+        run_id: RunId,
+        /// Why.
+        reason: String,
+    },
+    /// A history export whose parts do not fit together, or that this version cannot read.
+    #[error(transparent)]
+    Export(#[from] durable_core::ExportError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

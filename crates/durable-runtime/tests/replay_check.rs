@@ -17,6 +17,7 @@ use support::StoreFixture;
 on_every_store!(
     an_export_round_trips_exactly_while_suspended_and_once_completed,
     checking_a_history_on_the_engine_that_holds_it_writes_and_emits_nothing,
+    an_imported_run_continues_where_it_was_exported,
 );
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -58,13 +59,34 @@ fn register_tour(engine: &Engine, ran: &Counter) {
     });
 }
 
-/// Waits for the next suspension of `run`; returns its wake time.
-async fn suspended(events: &mut tokio::sync::broadcast::Receiver<EngineEvent>, run: &RunId) -> Option<u64> {
+/// An export of `run` while it is suspended. (A spare wake — a timer and a poller both finding
+/// a run due — can run one more turn of a parked run, which replays and parks again.)
+async fn export_parked(t: &TestEngine, run: &RunId) -> HistoryExport {
+    loop {
+        t.wait_until_suspended_or_terminal(run).await.unwrap();
+        let export = t.export_history(run).await.unwrap();
+        if export.run.status == RunStatus::Suspended {
+            return export;
+        }
+    }
+}
+
+/// What a suspended run waits for.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Parked {
+    Timer,
+    Delivery,
+}
+
+/// Waits until `run` suspends waiting for `what`. (Suspensions of another kind are skipped: a
+/// spare wake can replay a parked run and park it again as it was.)
+async fn parked_on(events: &mut tokio::sync::broadcast::Receiver<EngineEvent>, run: &RunId, what: Parked) {
     loop {
         if let EngineEvent::RunSuspended { run_id, wake_at } = events.recv().await.expect("events")
             && run_id == *run
+            && (wake_at.is_some() == (what == Parked::Timer))
         {
-            return wake_at;
+            return;
         }
     }
 }
@@ -84,7 +106,7 @@ async fn an_export_round_trips_exactly_while_suspended_and_once_completed(s: Sto
     t.assert_settled_status(&id, RunStatus::Suspended).await;
 
     // Parked on the event: the export holds the run, its checkpoints, its waiter and its state.
-    let parked = t.export_history(&id).await.unwrap();
+    let parked = export_parked(&t, &id).await;
     assert_eq!(parked.format, 1);
     assert_eq!(parked.durable_version, env!("CARGO_PKG_VERSION"));
     assert_eq!(parked.run, t.store().get_run(&id).await.unwrap().unwrap());
@@ -96,9 +118,9 @@ async fn an_export_round_trips_exactly_while_suspended_and_once_completed(s: Sto
 
     let mut events = t.subscribe();
     t.publish_event("paid", &json!({ "order": 7, "amount": 12 })).await.unwrap();
-    assert!(suspended(&mut events, &id).await.is_some(), "asleep");
+    parked_on(&mut events, &id, Parked::Timer).await;
     t.advance(HOUR);
-    assert_eq!(suspended(&mut events, &id).await, None, "waiting for the signal");
+    parked_on(&mut events, &id, Parked::Delivery).await;
     t.signal("go:tour-1", &"yes").await.unwrap();
     t.assert_output(&id, "8 tok-1 12 yes b".to_string()).await;
 
@@ -342,4 +364,72 @@ async fn a_history_of_an_unregistered_version_says_what_to_register() {
         "run order:42: workflow \"two_steps\" version 1 is not registered (registered versions: [2]); register the \
          code that runs it (engine.register(\"two_steps\", 1, ..)) before checking its history"
     );
+}
+
+async fn an_imported_run_continues_where_it_was_exported(s: StoreFixture) {
+    // "Production": a run parked on its signal, and one that completed.
+    let prod = TestEngine::new();
+    let prod_ran = Counter::new();
+    register_tour(&prod, &prod_ran);
+    let parked_id = prod.start("tour", &3u32, StartOptions::id("tour-parked")).await.unwrap().id;
+    let done_id = prod.start("tour", &4u32, StartOptions::id("tour-done")).await.unwrap().id;
+    for id in [&parked_id, &done_id] {
+        prod.assert_settled_status(id, RunStatus::Suspended).await;
+    }
+    let mut events = [prod.subscribe(), prod.subscribe()];
+    prod.publish_event("paid", &json!({ "order": 3, "amount": 30 })).await.unwrap();
+    prod.publish_event("paid", &json!({ "order": 4, "amount": 40 })).await.unwrap();
+    for (events, id) in events.iter_mut().zip([&parked_id, &done_id]) {
+        parked_on(events, id, Parked::Timer).await;
+    }
+    prod.advance(HOUR);
+    for (events, id) in events.iter_mut().zip([&parked_id, &done_id]) {
+        parked_on(events, id, Parked::Delivery).await;
+    }
+    prod.signal("go:tour-done", &"now").await.unwrap();
+    prod.assert_output(&done_id, "5 tok-1 40 now b".to_string()).await;
+    let parked = export_parked(&prod, &parked_id).await;
+    let done = prod.export_history(&done_id).await.unwrap();
+    prod.shutdown().await;
+
+    // "Locally": imported as they were by a client engine, before any worker runs.
+    let importer = Engine::builder().shared_store(s.store.clone()).client_only().build().unwrap();
+    let run = importer.import_history(&done).await.unwrap();
+    assert_eq!((run.status, &run.output), (RunStatus::Completed, &done.run.output));
+    assert_eq!(importer.history(&done_id).await.unwrap(), done.checkpoints);
+    let run = importer.import_history(&parked).await.unwrap();
+    assert_eq!((run.status, run.wake_at, run.lease_owner), (RunStatus::Suspended, None, None));
+    let imported = importer.export_history(&parked_id).await.unwrap();
+    assert_eq!(
+        (&imported.checkpoints, &imported.waiters, &imported.state),
+        (&parked.checkpoints, &parked.waiters, &parked.state)
+    );
+    assert_eq!(
+        importer.get_state::<serde_json::Value>(&parked_id, "progress").await.unwrap(),
+        Some(json!({ "done": 4, "of": 3 }))
+    );
+    // The same id again is refused, naming the run.
+    let err = importer.import_history(&done).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "could not import run tour-done: the store already holds a run with this id; delete it first"
+    );
+    importer.shutdown().await;
+
+    // A local worker continues the parked run: only what follows the signal executes.
+    let local = s.engine();
+    let local_ran = Counter::new();
+    register_tour(&local, &local_ran);
+    local.signal("go:tour-parked", &"later").await.unwrap();
+    local.assert_output(&parked_id, "4 tok-1 30 later b".to_string()).await;
+    assert_eq!(local_ran.get(), 1, "only step b ran locally");
+    assert_eq!(local.get_run(&done_id).await.unwrap().unwrap().output, done.run.output);
+    // An engine that executes runs does not import: it could run one before its history lands.
+    let mut other = done.clone();
+    other.run.id = RunId::from("elsewhere");
+    other.checkpoints.iter_mut().for_each(|c| c.run_id = RunId::from("elsewhere"));
+    let err = local.import_history(&other).await.unwrap_err();
+    assert!(matches!(&err, Error::Import { run_id, .. } if run_id.as_str() == "elsewhere"), "{err:?}");
+    assert!(local.get_run(&other.run.id).await.unwrap().is_none(), "nothing was written");
+    local.shutdown().await;
 }

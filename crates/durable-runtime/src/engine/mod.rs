@@ -1,6 +1,6 @@
 //! The `Engine` handle, grouped by audience: starting and observing runs (`runs`),
 //! operating on them (`operate`), messages to running workflows (`messages`), checking recorded
-//! histories against the registered code (`replay`) and running the engine as a worker
+//! histories against the registered code and importing exported runs (`replay`) and running the engine as a worker
 //! (`worker`). Everything that moves runs lives in `sched`; an
 //! `Engine` is a handle on its state.
 

@@ -1,11 +1,15 @@
-//! Checking recorded histories against the registered code, before it runs them.
+//! Checking recorded histories against the registered code, before it runs them, and loading
+//! an exported run into a store.
 
 use std::collections::HashMap;
 
-use durable_core::{End, HistoryExport, Replayed, TurnConfig};
+use durable_core::{
+    Claim, ClaimOutcome, Commit, CreateRun, End, HistoryExport, NewRun, Replayed, Run, RunPatch, RunStatus, TurnConfig,
+    TurnEnd,
+};
 
 use super::Engine;
-use crate::error::ReplayError;
+use crate::error::{Error, ReplayError, Result};
 use crate::turn::replay_turn;
 
 impl Engine {
@@ -68,5 +72,106 @@ impl Engine {
                 error: durable_core::StepError::fatal(format!("the replay ended with {other:?}")),
             })),
         }
+    }
+
+    /// Writes an exported run into this engine's store as it was exported — to debug a
+    /// production run locally, say: its row (same id, workflow, version, input, tags, parent),
+    /// its checkpoints and query state and, for a suspended run, its waits and `wake_at`.
+    /// Returns the run as stored.
+    ///
+    /// A `completed`, `failed`, `cancelled` or `dead` run is stored settled. A `suspended` run is
+    /// stored suspended: a worker with its workflow registered continues it when it is woken
+    /// (import the runs it waits on — its children — too). A `pending` or `running` run is
+    /// stored `pending`: a worker picks it up and replays it, executing what the history has no
+    /// result for, with its real side effects.
+    ///
+    /// Import with a client engine ([`EngineBuilder::client_only`](crate::EngineBuilder::client_only))
+    /// while no worker executes runs on the store, then start the workers: the run is created
+    /// `pending` and gets its history a moment later, and a worker that claimed it in between
+    /// would execute it from the start.
+    ///
+    /// Refused with [`Error::Import`]: an engine that executes runs, a run id the store
+    /// already holds, a run another engine claimed while it was imported; with
+    /// [`Error::Export`]: an export whose parts do not fit together.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), Box<dyn std::error::Error>> {
+    /// # let store = durable_store_memory::MemoryStore::new();
+    /// let history = durable_core::HistoryExport::from_json(&std::fs::read_to_string("order-42.json")?)?;
+    /// let importer = durable_runtime::Engine::builder().store(store).client_only().build()?;
+    /// importer.import_history(&history).await?;
+    /// importer.shutdown().await;
+    /// # Ok(()) }
+    /// ```
+    pub async fn import_history(&self, history: &HistoryExport) -> Result<Run> {
+        history.validate()?;
+        let run = &history.run;
+        let refused = |reason: String| Error::Import { run_id: run.id.clone(), reason };
+        if self.config().execute {
+            return Err(refused(
+                "this engine executes runs, and could run it before its history is written; import with a \
+                 client engine (Engine::builder().client_only())"
+                    .into(),
+            ));
+        }
+        let shared = self.shared();
+        let (store, now) = (&shared.store, shared.clock.now());
+        let new = NewRun {
+            id: run.id.clone(),
+            workflow: run.workflow.clone(),
+            version: run.version,
+            namespace: run.namespace.clone(),
+            input: run.input.clone(),
+            tags: run.tags.clone(),
+            priority: run.priority,
+            parent: run.parent.clone(),
+            created_at: run.created_at,
+        };
+        if let CreateRun::Existing(_) = store.create_run(new).await? {
+            return Err(refused("the store already holds a run with this id; delete it first".into()));
+        }
+        let claim = Claim {
+            run_id: run.id.clone(),
+            owner: shared.owner.clone(),
+            lease_until: now.saturating_add(durable_core::millis(shared.config.lease_ttl)),
+            now,
+        };
+        let ClaimOutcome::Acquired { run: claimed, history: found, .. } = store.claim_run(claim).await? else {
+            return Err(refused("another engine claimed it before its history was written".into()));
+        };
+        if !found.is_empty() {
+            return Err(refused("another engine executed it before its history was written".into()));
+        }
+        let mut commit = Commit::new(run.id.clone(), shared.owner.clone(), now);
+        commit.checkpoints = history.checkpoints.clone();
+        commit.state = history.state.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        let back_to_pending = match run.status {
+            RunStatus::Pending | RunStatus::Running => {
+                store.commit(commit).await?;
+                true
+            }
+            RunStatus::Suspended => {
+                commit.waits = history.waiters.clone();
+                commit.end = Some(TurnEnd::Suspend { wake_at: run.wake_at, seen_wake_gen: claimed.wake_gen });
+                // A buffered delivery the waits consumed leaves the run running: let a worker
+                // replay it from pending.
+                store.commit(commit).await?.woken
+            }
+            status => {
+                commit.end = Some(TurnEnd::Settle { status, output: run.output.clone(), error: run.error.clone() });
+                store.commit(commit).await?;
+                false
+            }
+        };
+        if back_to_pending {
+            let patch = RunPatch { status: Some(RunStatus::Pending), release_lease: true, now, ..Default::default() };
+            store.update_run_if(&run.id, &[RunStatus::Running], patch).await?;
+        }
+        // An active run's error says why it waits (a cancel with compensation requested).
+        if !run.status.is_terminal() && run.error.is_some() {
+            let patch = RunPatch { error: Some(run.error.clone()), now, ..Default::default() };
+            store.update_run_if(&run.id, &RunStatus::ACTIVE, patch).await?;
+        }
+        store.get_run(&run.id).await?.ok_or_else(|| Error::RunNotFound(run.id.clone()))
     }
 }
