@@ -62,7 +62,8 @@ impl Engine {
             latest_version: latest.get(&run.workflow).copied().unwrap_or(run.version),
             replay_only: true,
         };
-        let end = replay_turn(run.clone(), history.checkpoints.clone(), handler, config, latest).await;
+        let start = |ctx, input: &_| handler.call(ctx, input);
+        let end = replay_turn(run.clone(), history.checkpoints.clone(), start, config, latest).await;
         match end {
             End::Replayed(Ok(replayed)) => Ok(replayed),
             End::Replayed(Err(mismatch)) => Err(ReplayError::Mismatch(mismatch)),

@@ -15,8 +15,8 @@ use durable_core::{
 
 use super::{TurnDriver, TurnEnv, TurnState, WorkflowCtx};
 use crate::clock::BoxFuture;
+use crate::error::BodyResult;
 use crate::events::EngineEvent;
-use crate::registry::ErasedWorkflow;
 
 /// How many times a body that waits on something outside the ctx is polled again (letting
 /// other tasks run in between) before the replay says so.
@@ -56,13 +56,13 @@ impl TurnEnv for ReplayEnv {
     }
 }
 
-/// Replays `checkpoints` of `run` (as recorded) against `handler`, the code registered for the
-/// run's workflow and version. `latest` holds the newest registered version of each workflow.
-/// Resolves to the core's [`End::Replayed`].
+/// Replays `checkpoints` of `run` (as recorded) against the code registered for the run's
+/// workflow and version: `start` calls it with a ctx and the run's input. `latest` holds the
+/// newest registered version of each workflow. Resolves to the core's [`End::Replayed`].
 pub(crate) async fn replay_turn(
     run: Run,
     checkpoints: Vec<durable_core::Checkpoint>,
-    handler: Arc<dyn ErasedWorkflow>,
+    start: impl FnOnce(WorkflowCtx, &Payload) -> Result<BoxFuture<'static, BodyResult>, serde_json::Error>,
     mut config: TurnConfig,
     latest: HashMap<String, u32>,
 ) -> End {
@@ -71,7 +71,7 @@ pub(crate) async fn replay_turn(
     let env = Arc::new(ReplayEnv { now: run.updated_at, latest });
     let turn = Turn::new(run, "replay", History::new(checkpoints), config);
     let t = Arc::new(TurnState::new(turn, env));
-    let body = match handler.call(WorkflowCtx { t: t.clone() }, &input) {
+    let body = match start(WorkflowCtx { t: t.clone() }, &input) {
         Ok(body) => body,
         Err(e) => {
             let error = durable_core::StepError::fatal(format!(
