@@ -7,7 +7,7 @@ mod support;
 
 use std::time::Duration;
 
-use durable_conformance::replay::{assert_replayable, check_replayable};
+use durable_conformance::replay::{assert_replayable, assert_replayable_dir, check_replayable};
 use durable_conformance::{Counter, TestEngine};
 use durable_core::{HistoryExport, ReplayMismatch, Replayed, RunEnd, RunId, RunStatus, StepKind, codes};
 use durable_runtime::{Engine, EngineEvent, Error, ReplayError, StartOptions, WorkflowCtx, WorkflowError};
@@ -235,7 +235,7 @@ async fn reordering_two_steps_fails_naming_the_seq_and_both_calls() {
     .into_panic();
     let message = panicked.downcast_ref::<String>().expect("a message");
     for part in [
-        "run order:42 does not replay",
+        "the history does not replay against the current code: run order:42:",
         "seq 0",
         "the workflow code asked for step \"reserve\"",
         "history recorded step \"charge\"",
@@ -432,4 +432,44 @@ async fn an_imported_run_continues_where_it_was_exported(s: StoreFixture) {
     assert!(matches!(&err, Error::Import { run_id, .. } if run_id.as_str() == "elsewhere"), "{err:?}");
     assert!(local.get_run(&other.run.id).await.unwrap().is_none(), "nothing was written");
     local.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_directory_of_exports_is_checked_file_by_file_and_every_failure_is_listed() {
+    let ran = Counter::new();
+    let history = recorded_two_steps(&ran).await;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("a-good.json"), history.to_json().unwrap()).unwrap();
+    std::fs::write(dir.path().join("notes.txt"), "not an export, and not a .json").unwrap();
+
+    let r = ran.clone();
+    let replayed = assert_replayable_dir(move |e: &Engine| register_two_steps(e, &r, false), dir.path()).await;
+    assert_eq!(replayed, [(dir.path().join("a-good.json"), Replayed::Finished { status: RunStatus::Completed })]);
+
+    // A file that does not load and a run that no longer replays: both named, in one panic.
+    let mut newer = history.to_json().unwrap();
+    newer = newer.replacen("\"format\": 1", "\"format\": 7", 1);
+    std::fs::write(dir.path().join("b-newer.json"), newer).unwrap();
+    let path = dir.path().to_path_buf();
+    let r = ran.clone();
+    let panicked = tokio::spawn(async move {
+        assert_replayable_dir(move |e: &Engine| register_two_steps(e, &r, true), &path).await;
+    })
+    .await
+    .unwrap_err()
+    .into_panic();
+    let message = panicked.downcast_ref::<String>().expect("a message");
+    assert!(message.contains("a-good.json: run order:42: non-determinism at seq 0"), "{message}");
+    assert!(message.contains("b-newer.json: this history export has format 7"), "{message}");
+
+    // An empty directory (a mistyped path) does not pass.
+    let empty = tempfile::tempdir().unwrap();
+    let path = empty.path().to_path_buf();
+    let panicked = tokio::spawn(async move { assert_replayable_dir(|_: &Engine| {}, &path).await })
+        .await
+        .unwrap_err()
+        .into_panic();
+    let message = panicked.downcast_ref::<String>().expect("a message");
+    assert!(message.contains("holds no history export"), "{message}");
+    assert_eq!(ran.get(), 2, "no closure ran");
 }
