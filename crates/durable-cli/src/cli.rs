@@ -14,6 +14,7 @@ Examples:
   durable demo --runs 50
   durable runs list --status failed
   durable runs show demo-saga-3
+  durable runs export demo-order-0 --out tests/fixtures/replay/order.json
   durable runs delete demo-fanout-4
   durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'
 
@@ -135,6 +136,19 @@ Examples:
   durable runs show demo-fanout-4 --json")]
     Show(ShowArgs),
 
+    /// Export a run's history as one versioned JSON document (the run, its checkpoints by seq,
+    /// its waiters and its query state), to standard output or a file.
+    ///
+    /// Commit exports of real runs next to your workflow code and check in a test that the code
+    /// still replays them (`durable::testing::replay::assert_replayable`): a change that would
+    /// break running runs then fails in CI, not in production. Workflow code is not needed here
+    /// and nothing is executed.
+    #[command(after_help = "\
+Examples:
+  durable runs export demo-order-0
+  durable runs export demo-saga-3 --out tests/fixtures/replay/saga.json")]
+    Export(ExportArgs),
+
     /// Retry a failed or dead run: it goes back to `pending` and resumes from its first failed
     /// step (completed steps are kept) when a worker with its workflow registered picks it up.
     ///
@@ -192,6 +206,19 @@ pub struct ShowArgs {
     /// One JSON document: `{"run": …, "history": […], "children": […], "waiters": […]}`.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `durable runs export`.
+#[derive(Debug, Clone, Args)]
+pub struct ExportArgs {
+    /// The run id.
+    #[arg(value_name = "ID")]
+    pub id: String,
+
+    /// Write the export to this file (its missing parent directories are created, an existing
+    /// file is replaced) instead of standard output.
+    #[arg(long, value_name = "FILE")]
+    pub out: Option<PathBuf>,
 }
 
 /// A run id argument.
@@ -311,6 +338,8 @@ mod tests {
             &["durable", "runs", "list", "--limit", "many"],
             &["durable", "demo", "--runs", "0"],
             &["durable", "runs", "show"],
+            &["durable", "runs", "export"],
+            &["durable", "runs", "export", "x", "--out"],
             &["durable", "completions", "tcsh"],
         ] {
             let e = Cli::try_parse_from(args).unwrap_err();

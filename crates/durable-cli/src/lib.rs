@@ -6,6 +6,7 @@
 //! durable demo [--runs N]                       run example workflows with a live progress bar
 //! durable runs list [--status S] [--workflow W] [--namespace N] [--limit N] [--json]
 //! durable runs show <id> [--json]               a run, its timeline, children and waiters
+//! durable runs export <id> [--out FILE]         a run's history as a versioned JSON document
 //! durable runs retry <id>                       a failed or dead run goes back to pending
 //! durable runs cancel <id> [--compensate]       cancel an active run (and its children)
 //! durable runs delete <id> [--force]            delete a finished run and its subtree
@@ -68,8 +69,8 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 
 pub use cli::{
-    CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ListArgs, RunIdArgs, RunsCommand, ShowArgs,
-    SignalArgs, StoreArgs,
+    CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, ListArgs, RunIdArgs, RunsCommand,
+    ShowArgs, SignalArgs, StoreArgs,
 };
 pub use error::{Error, Result};
 pub use workflows::register_demo_workflows;
@@ -82,6 +83,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Demo(args) => demo::demo(&cli.store, args, &mut out).await,
         Command::Runs(RunsCommand::List(args)) => runs::list(&cli.store, args, &mut out).await,
         Command::Runs(RunsCommand::Show(args)) => runs::show(&cli.store, args, &mut out).await,
+        Command::Runs(RunsCommand::Export(args)) => runs::export(&cli.store, args, &mut out).await,
         Command::Runs(RunsCommand::Retry(args)) => runs::retry(&cli.store, args, &mut out).await,
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(&cli.store, args, &mut out).await,
         Command::Runs(RunsCommand::Delete(args)) => runs::delete(&cli.store, args, &mut out).await,

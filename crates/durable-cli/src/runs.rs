@@ -1,5 +1,5 @@
-//! The operator commands: `runs list | show | retry | cancel | delete` and `signal`. None of
-//! them executes workflow code (see [`with_operator_engine`]).
+//! The operator commands: `runs list | show | export | retry | cancel | delete` and `signal`.
+//! None of them executes workflow code (see [`with_operator_engine`]).
 
 use std::io::{Read, Write};
 
@@ -8,7 +8,7 @@ use durable::store::{WaitKind, Waiter};
 use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus, StepKind};
 use serde_json::json;
 
-use crate::cli::{CancelArgs, DeleteArgs, ListArgs, RunIdArgs, ShowArgs, SignalArgs, StoreArgs};
+use crate::cli::{CancelArgs, DeleteArgs, ExportArgs, ListArgs, RunIdArgs, ShowArgs, SignalArgs, StoreArgs};
 use crate::error::{Error, Result};
 use crate::format::{Table, ago, duration_ms, now_ms, timestamp, truncate};
 use crate::store::{Access, with_operator_engine};
@@ -39,9 +39,11 @@ fn invalid_id_message(id: &str, reason: &str) -> String {
 
 /// Reads a run that must exist.
 async fn require(engine: &Engine, id: &RunId) -> Result<Run> {
-    engine.get_run(id).await?.ok_or_else(|| {
-        Error::bad(format!("run {id} not found (list the runs with `durable runs list`, or check --db / --url)"))
-    })
+    engine.get_run(id).await?.ok_or_else(|| not_found(id))
+}
+
+fn not_found(id: &RunId) -> Error {
+    Error::bad(format!("run {id} not found (list the runs with `durable runs list`, or check --db / --url)"))
 }
 
 /// `workflow@version`.
@@ -210,6 +212,66 @@ pub(crate) async fn show(store: &StoreArgs, args: &ShowArgs, out: &mut dyn Write
         Ok(())
     })
     .await
+}
+
+/// `durable runs export`.
+pub(crate) async fn export(store: &StoreArgs, args: &ExportArgs, out: &mut dyn Write) -> Result<()> {
+    let id = parse_id(&args.id)?;
+    let store = store.open(Access::Existing).await?;
+    with_operator_engine(store, |engine| async move {
+        let export = match engine.export_history(&id).await {
+            Err(durable::Error::RunNotFound(_)) => return Err(not_found(&id)),
+            other => other?,
+        };
+        let mut text = export.to_json().map_err(|e| Error::failed(format!("encoding run {id}: {e}")))?;
+        text.push('\n');
+        let Some(path) = &args.out else {
+            out.write_all(text.as_bytes())?;
+            return Ok(());
+        };
+        write_file(path, &text)?;
+        writeln!(
+            out,
+            "exported run {id} ({}, {}, {} checkpoint{}) to {}",
+            workflow_at(&export.run),
+            export.run.status,
+            export.checkpoints.len(),
+            if export.checkpoints.len() == 1 { "" } else { "s" },
+            path.display()
+        )?;
+        Ok(())
+    })
+    .await
+}
+
+/// Writes `text` to `path` whole or not at all (a file beside it, then renamed over it),
+/// creating missing parent directories. A path that cannot be written as given is bad input
+/// (exit 2); a full disk or an interrupted write is a failure (exit 1).
+fn write_file(path: &std::path::Path, text: &str) -> Result<()> {
+    use std::io::ErrorKind;
+    let error = |what: &str, e: std::io::Error| {
+        let message = format!("cannot {what} {}: {e}", path.display());
+        match e.kind() {
+            ErrorKind::StorageFull | ErrorKind::Interrupted | ErrorKind::TimedOut | ErrorKind::WouldBlock => {
+                Error::failed(message)
+            }
+            _ => Error::bad(message),
+        }
+    };
+    if path.is_dir() {
+        return Err(Error::bad(format!("cannot write {}: it is a directory; name a file", path.display())));
+    }
+    if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
+        std::fs::create_dir_all(parent).map_err(|e| error("create the directory of", e))?;
+    }
+    let mut tmp = path.as_os_str().to_owned();
+    tmp.push(".tmp");
+    let tmp = std::path::PathBuf::from(tmp);
+    std::fs::write(&tmp, text).map_err(|e| error("write", e))?;
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        error("write", e)
+    })
 }
 
 fn write_run(

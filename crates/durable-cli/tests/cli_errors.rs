@@ -12,6 +12,7 @@ fn operator_commands(db: &str) -> Vec<Vec<&str>> {
         vec!["runs", "list", "--db", db],
         vec!["runs", "list", "--json", "--db", db],
         vec!["runs", "show", "some-run", "--db", db],
+        vec!["runs", "export", "some-run", "--db", db],
         vec!["runs", "retry", "some-run", "--db", db],
         vec!["runs", "cancel", "some-run", "--db", db],
         vec!["runs", "delete", "some-run", "--db", db],
@@ -75,6 +76,7 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
         // Unknown runs.
         (vec!["runs", "show", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "show", "nope", "--json", "--db", dbs], "run nope not found"),
+        (vec!["runs", "export", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "retry", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "cancel", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "cancel", "nope", "--compensate", "--db", dbs], "run nope not found"),
@@ -158,7 +160,7 @@ fn a_command_without_its_subcommand_is_one_line_naming_them() {
     let err = run_bad(dir.path(), &["runs"], "");
     assert_eq!(
         err,
-        "error: 'durable runs' needs a subcommand: list, show, retry, cancel, delete (see 'durable runs --help')"
+        "error: 'durable runs' needs a subcommand: list, show, export, retry, cancel, delete (see 'durable runs --help')"
     );
     // Every group, with or without flags before the missing subcommand.
     let groups = command_groups();
@@ -191,7 +193,7 @@ fn an_invalid_run_id_is_quoted_and_escaped_once() {
         ),
     ];
     for (id, expected) in &cases {
-        for command in ["show", "retry", "cancel", "delete"] {
+        for command in ["show", "export", "retry", "cancel", "delete"] {
             assert_eq!(&run_bad(dir.path(), &["runs", command, id], ""), expected, "runs {command} {id:?}");
         }
     }

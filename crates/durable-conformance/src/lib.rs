@@ -19,7 +19,9 @@
 //!   how an engine copes with a failing backend (it passes the suite itself when no fault is
 //!   armed).
 //! - The workflow test harness: [`TestEngine`] (an engine on a virtual clock), [`FailFirst`],
-//!   [`Counter`]. Applications reach it, and [`FaultyStore`], as `durable::testing` (the facade's
+//!   [`Counter`], and [`replay`]: [`replay::assert_replayable`] checks that the current workflow
+//!   code still replays a recorded history (an export of a real run) without executing
+//!   anything. Applications reach it, and [`FaultyStore`], as `durable::testing` (the facade's
 //!   `testing` feature).
 //! - [`sim`]: seeded simulation of whole engines (yours or the engine's sample workflows) with
 //!   store faults, crashes and restarts, checked against a fault-free run.
@@ -49,6 +51,7 @@ mod factory;
 mod faulty;
 mod harness;
 mod macros;
+pub mod replay;
 pub mod sim;
 mod suite;
 

@@ -28,6 +28,13 @@
 //!    [`Pending::IdleUntil`] (poll again then) and, once the grace has passed, fails the run
 //!    with `non_ctx_await`.
 //!
+//! **Replay only.** With [`TurnConfig::replay_only`] the same turn checks a recorded history
+//! against the current code instead of running it: a call history holds no final result for
+//! parks for good instead of executing, no commit is ever handed out, and the turn ends with
+//! [`End::Replayed`] — how far the code matched ([`Replayed`]) or how it departs from the
+//! history ([`ReplayMismatch`], naming the seq and both calls). A run's history travels as an
+//! [`export::HistoryExport`], a versioned JSON document.
+//!
 //! Every persisted string and id scheme is formatted and parsed in [`protocol`]. Policies live
 //! beside the turn: [`RetryPolicy`] (backoff and seeded jitter), the status table
 //! [`TRANSITIONS`] / [`RunStatus::can_become`].
@@ -66,6 +73,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod export;
 mod history;
 mod ids;
 mod model;
@@ -77,6 +85,7 @@ mod store;
 mod time;
 mod turn;
 
+pub use export::{ExportError, HistoryExport};
 pub use history::{Decision, History, NonDeterminism, Patched};
 pub use ids::{InvalidId, RunId};
 pub use model::{
@@ -93,8 +102,9 @@ pub use store::{
 };
 pub use time::{millis, millis_after, millis_before};
 pub use turn::{
-    ChildCall, ChildJoin, Deadline, End, Halt, Next, Pending, RecordBegin, RecordOutcome, SleepBegin, StateBegin,
-    StepAfter, StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
+    ChildCall, ChildJoin, Deadline, End, Halt, Next, Pending, RecordBegin, RecordOutcome, ReplayMismatch, Replayed,
+    RunEnd, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin,
+    WaitCall,
 };
 
 /// Error codes the engine sets on runs and steps.

@@ -121,9 +121,47 @@ pub enum Error {
         /// The run.
         id: RunId,
     },
+    /// [`Engine::import_history`](crate::Engine::import_history) refused to import a run.
+    #[error("could not import run {run_id}: {reason}")]
+    Import {
+        /// The run.
+        run_id: RunId,
+        /// Why.
+        reason: String,
+    },
+    /// A history export whose parts do not fit together, or that this version cannot read.
+    #[error(transparent)]
+    Export(#[from] durable_core::ExportError),
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+/// Why [`Engine::check_replay`](crate::Engine::check_replay) says a recorded history does not
+/// replay against the code registered on the engine. The message names the run (and the seq
+/// and both calls, for a changed body).
+#[derive(Debug, Clone, PartialEq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ReplayError {
+    /// The run's workflow version is not registered: nothing could be replayed.
+    #[error(
+        "run {run_id}: workflow {workflow:?} version {version} is not registered{}; register the code that runs it \
+         (engine.register({workflow:?}, {version}, ..)) before checking its history",
+        if registered.is_empty() { String::new() } else { format!(" (registered versions: {registered:?})") }
+    )]
+    NotRegistered {
+        /// The run.
+        run_id: RunId,
+        /// Its workflow.
+        workflow: String,
+        /// Its version.
+        version: u32,
+        /// The versions of that workflow that are registered.
+        registered: Vec<u32>,
+    },
+    /// The code departs from the history.
+    #[error(transparent)]
+    Mismatch(#[from] durable_core::ReplayMismatch),
 }
 
 /// A step that failed after its last attempt (or with a fatal error). The workflow may handle

@@ -32,7 +32,7 @@
 //! events, newest versions). `sched` holds the engine's state and everything that moves runs
 //! (dispatch slots, timers and pollers, the turn executor, the run queue, waiters) and is that
 //! environment. `engine` is the [`Engine`] handle, grouped by audience (runs, operate,
-//! messages, worker). Dependencies point one way only: `engine` → `sched` → `turn` (and
+//! messages, replay, worker). Dependencies point one way only: `engine` → `sched` → `turn` (and
 //! `engine` → `turn`), all of them → the leaves `clock`, `config`, `error`, `events` and
 //! `registry` (which may use `turn`); nothing but the re-exports below names `engine`.
 //!
@@ -67,9 +67,12 @@ mod turn;
 pub use clock::{BoxFuture, Clock, SystemClock, TokioClock, VirtualClock};
 pub use config::EngineConfig;
 pub use durable_core::Delivery;
-pub use durable_core::{Backoff, RetryPolicy, RunFilter, RunId, RunPage, RunStatus, StepError};
+pub use durable_core::{
+    Backoff, HistoryExport, ReplayMismatch, Replayed, RetryPolicy, RunEnd, RunFilter, RunId, RunPage, RunStatus,
+    StepError,
+};
 pub use engine::{Engine, EngineBuilder, Metrics, RunOutcome, StartOptions, Started, WorkflowOptions, shutdown_signal};
-pub use error::{Error, Result, StepFailed, WorkflowError};
+pub use error::{Error, ReplayError, Result, StepFailed, WorkflowError};
 pub use events::EngineEvent;
 pub use sched::Cancel;
 pub use turn::{

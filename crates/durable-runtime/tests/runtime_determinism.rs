@@ -1,9 +1,10 @@
-//! Acceptance: non-determinism is detected; `patched` lets new code branch safely.
+//! Acceptance: non-determinism is detected; `patched` lets new code branch safely, and
+//! `deprecate_patch` retires the branch.
 
 use std::time::Duration;
 
-use durable_conformance::TestEngine;
-use durable_core::{RunStatus, codes};
+use durable_conformance::{Counter, TestEngine};
+use durable_core::{RunId, RunStatus, StepKind, codes};
 use durable_runtime::{StartOptions, WorkflowCtx, WorkflowError};
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -72,4 +73,96 @@ async fn patched_lets_new_code_branch_while_old_runs_keep_their_path() {
     t.assert_output(&new.id, "a,audit,b,c".to_string()).await;
     t.assert_step_names(&old.id, &["a", "b", "c"]).await;
     t.assert_step_names(&new.id, &["a", "audit", "b", "c"]).await;
+}
+
+/// The three stages of a patch's life. A pure change (`+vat`) is guarded, so a run that passed
+/// the patch before it existed still lines up after it.
+#[derive(Clone, Copy)]
+enum Stage {
+    /// Before the patch.
+    Unpatched,
+    /// `if ctx.patched("vat") { .. }`.
+    Patched,
+    /// `ctx.deprecate_patch("vat")`, the old branch deleted.
+    Deprecated,
+}
+
+fn register_vat(t: &TestEngine, stage: Stage, ran: &Counter) {
+    let ran = ran.clone();
+    t.register("vat", 1, move |ctx: WorkflowCtx, _: ()| {
+        let ran = ran.clone();
+        async move {
+            let step = |name: &'static str| {
+                let ran = ran.clone();
+                ctx.step(name, move |_| {
+                    ran.bump();
+                    async move { Ok(name.to_string()) }
+                })
+            };
+            let mut path = vec![step("a").await?];
+            let vat = match stage {
+                Stage::Unpatched => false,
+                Stage::Patched => ctx.patched("vat"),
+                Stage::Deprecated => {
+                    ctx.deprecate_patch("vat");
+                    true
+                }
+            };
+            path.push(step("b").await?);
+            let _: () = ctx.wait_for_signal(&format!("go:{}", ctx.run_id())).await?;
+            path.push(step("c").await?);
+            if vat {
+                path.push("vat".into());
+            }
+            Ok::<_, WorkflowError>(path.join(","))
+        }
+    });
+}
+
+fn kinds(history: &[durable_core::Checkpoint]) -> Vec<(String, StepKind)> {
+    history.iter().map(|c| (c.name.clone(), c.kind)).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn deprecate_patch_replays_runs_with_and_without_the_marker_and_still_records_it() {
+    let ran = Counter::new();
+    let t = TestEngine::new();
+    register_vat(&t, Stage::Unpatched, &ran);
+    let before = t.start("vat", &(), StartOptions::id("before")).await.unwrap().id;
+    t.assert_settled_status(&before, RunStatus::Suspended).await;
+
+    let t = t.restart().await;
+    register_vat(&t, Stage::Patched, &ran);
+    let patched = t.start("vat", &(), StartOptions::id("patched")).await.unwrap().id;
+    t.assert_settled_status(&patched, RunStatus::Suspended).await;
+
+    let t = t.restart().await;
+    register_vat(&t, Stage::Deprecated, &ran);
+    let deprecated = t.start("vat", &(), StartOptions::id("deprecated")).await.unwrap().id;
+    t.assert_settled_status(&deprecated, RunStatus::Suspended).await;
+    assert_eq!(ran.get(), 6, "a and b once per run");
+
+    for id in [&before, &patched, &deprecated] {
+        t.signal(&format!("go:{id}"), &()).await.unwrap();
+        t.assert_output(id, "a,b,c,vat".to_string()).await;
+    }
+    assert_eq!(ran.get(), 9, "only c ran after the signals: nothing replayed ran again");
+    let step = |name: &str| (name.to_string(), StepKind::Step);
+    let go = |id: &RunId| (format!("go:{id}"), StepKind::Signal);
+    let marker = ("vat".to_string(), StepKind::Patch);
+    // A run that passed the patch before it existed carried on without a seq for it.
+    assert_eq!(kinds(&t.checkpoints(&before).await), [step("a"), step("b"), go(&before), step("c")]);
+    // A run with the marker consumed it; a new run still recorded it.
+    for id in [&patched, &deprecated] {
+        assert_eq!(kinds(&t.checkpoints(id).await), [step("a"), marker.clone(), step("b"), go(id), step("c")]);
+    }
+
+    // Rolled back to the code that still branches on the patch: a run the deprecated code
+    // started takes the new path.
+    let rolled = t.start("vat", &(), StartOptions::id("rolled-back")).await.unwrap().id;
+    t.assert_settled_status(&rolled, RunStatus::Suspended).await;
+    let t = t.restart().await;
+    register_vat(&t, Stage::Patched, &ran);
+    t.signal("go:rolled-back", &()).await.unwrap();
+    t.assert_output(&rolled, "a,b,c,vat".to_string()).await;
 }

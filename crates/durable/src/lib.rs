@@ -46,14 +46,14 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use durable_core::{
-    Backoff, Checkpoint, CheckpointStatus, Millis, Payload, RetryPolicy, Run, RunFilter, RunId, RunPage, RunStatus,
-    StepError, StepKind, codes,
+    Backoff, Checkpoint, CheckpointStatus, ExportError, HistoryExport, Millis, Payload, ReplayMismatch, Replayed,
+    RetryPolicy, Run, RunEnd, RunFilter, RunId, RunPage, RunStatus, StepError, StepKind, codes,
 };
 pub use durable_runtime::{
     All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
-    EngineConfig, EngineEvent, Error, Metrics, Result, RunOutcome, SignalError, StartOptions, Started, Step,
-    StepContext, StepFailed, StepOptions, SystemClock, TaskError, TokioClock, UpdateOutcome, VirtualClock, WorkflowCtx,
-    WorkflowError, WorkflowOptions, shutdown_signal, uuid,
+    EngineConfig, EngineEvent, Error, Metrics, ReplayError, Result, RunOutcome, SignalError, StartOptions, Started,
+    Step, StepContext, StepFailed, StepOptions, SystemClock, TaskError, TokioClock, UpdateOutcome, VirtualClock,
+    WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -112,6 +112,11 @@ pub mod testing {
     //! - [`sim`]: seeded simulation of whole engines running your workflows, with store faults,
     //!   crashes and restarts chosen from a seed, checked against a fault-free run
     //!   ([`sim::Simulation`]).
+    //! - [`replay`]: [`assert_replayable`] replays a recorded history (a
+    //!   [`HistoryExport`](crate::HistoryExport) of a real run, from `durable runs export` or
+    //!   [`Engine::export_history`](crate::Engine::export_history)) against your current workflow
+    //!   code without executing anything, and fails naming the seq and both calls when the code
+    //!   would break the run; [`assert_replayable_dir`] checks every export of a directory.
     //!
     //! These are re-exported from `durable-conformance`, which also holds the conformance suite for
     //! your own stores (feature `conformance`: `durable::conformance`).
@@ -142,6 +147,7 @@ pub mod testing {
     //! # }
     //! ```
 
+    pub use durable_conformance::replay::{self, assert_replayable, assert_replayable_dir, check_replayable};
     pub use durable_conformance::{Call, Counter, FailFirst, Fault, FaultyStore, Method, TestEngine, sim, test_config};
 }
 

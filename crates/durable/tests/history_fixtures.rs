@@ -40,6 +40,9 @@
 //!    (status, `wake_at`, waiters, state), the recorded actions are applied to an engine whose
 //!    clock is at the suspension, and the runs must end exactly as `settled`; only calls that
 //!    had no final record at the suspension may execute.
+//! 3. **Exports.** The same scenarios also left `tests/fixtures/exports/` (see "Exported
+//!    histories" at the end of this file): every run exported as a `HistoryExport`, parked and
+//!    settled, replayed with `assert_replayable` (nothing executes; no store is involved).
 //!
 //! The workflows below are the code the fixtures were recorded with; the replay registers the
 //! same code (`patched_old` is the exception on purpose: it was recorded by the pre-patch body
@@ -64,10 +67,11 @@ use std::sync::Arc;
 use std::time::{Duration, UNIX_EPOCH};
 
 use durable::store::{Claim, ClaimOutcome, Commit, NewRun, RunPatch, Store, TurnEnd, Waiter};
+use durable::testing::replay::{Replayed, assert_replayable_dir, read_export};
 use durable::{
-    Backoff, Cancel, Checkpoint, CheckpointStatus, ChildHandle, Clock, Delivery, EngineEvent, Millis, Payload, Run,
-    RunId, RunStatus, StartOptions, StepContext, StepError, StepKind, StepOptions, UpdateOutcome, VirtualClock,
-    WorkflowCtx, WorkflowError,
+    Backoff, Cancel, Checkpoint, CheckpointStatus, ChildHandle, Clock, Delivery, Engine, EngineEvent, HistoryExport,
+    Millis, Payload, Run, RunId, RunStatus, StartOptions, StepContext, StepError, StepKind, StepOptions, UpdateOutcome,
+    VirtualClock, WorkflowCtx, WorkflowError,
 };
 use durable_conformance::{TestEngine, test_config};
 use parking_lot::Mutex;
@@ -279,7 +283,7 @@ fn fail(message: impl Into<String>) -> StepError {
 }
 
 /// Registers every workflow of the scenarios, version 1.
-fn register_all(t: &TestEngine, ex: &Executions) {
+fn register_all(t: &Engine, ex: &Executions) {
     let x = ex.clone();
     t.register("step_retries", 1, move |ctx: WorkflowCtx, _: ()| {
         let x = x.clone();
@@ -474,7 +478,7 @@ fn register_all(t: &TestEngine, ex: &Executions) {
 }
 
 /// The body of `patched` before the patch: the code that wrote `patched_old.json`.
-fn register_unpatched(t: &TestEngine, ex: &Executions) {
+fn register_unpatched(t: &Engine, ex: &Executions) {
     register_all(t, ex);
     let x = ex.clone();
     t.register("patched", 1, move |ctx: WorkflowCtx, _: ()| {
@@ -501,7 +505,7 @@ struct Scenario {
     suspends: bool,
     actions: Vec<Action>,
     /// Registers the code that records the history, when it is not [`register_all`].
-    record_with: fn(&TestEngine, &Executions),
+    record_with: fn(&Engine, &Executions),
 }
 
 fn scenario(name: &'static str, workflow: &'static str, input: Value) -> Scenario {
@@ -645,7 +649,9 @@ async fn wait_status(t: &TestEngine, id: &RunId, terminal: bool) -> Run {
 // ---------------------------------------------------------------------------------------------
 // Recording.
 
-async fn record_scenario(s: &Scenario) -> Fixture {
+/// Runs scenario `s` on a fresh engine: its fixture, and an export of each of its runs at the
+/// suspension (if any) and at the end, named `<run id>.<suspended|settled>`.
+async fn record_scenario(s: &Scenario) -> (Fixture, Vec<(String, HistoryExport)>) {
     let t = TestEngine::new();
     let ex = Executions::default();
     (s.record_with)(&t, &ex);
@@ -653,10 +659,14 @@ async fn record_scenario(s: &Scenario) -> Fixture {
     let main = RunId::from(s.name);
     let ids: Vec<RunId> = std::iter::once(main.clone()).chain(s.related.iter().map(|r| RunId::from(*r))).collect();
     t.start(s.workflow, &s.input, StartOptions::id(s.name)).await.unwrap();
+    let mut exports = Vec::new();
     let suspended = if s.suspends {
         for id in &ids {
             let run = wait_status(&t, id, false).await;
             assert_eq!(run.status, RunStatus::Suspended, "{}: run {id} did not park: {:?}", s.name, run.error);
+        }
+        for id in &ids {
+            exports.push((format!("{id}.suspended"), t.export_history(id).await.unwrap()));
         }
         Some(capture(&t, &ids).await)
     } else {
@@ -669,10 +679,13 @@ async fn record_scenario(s: &Scenario) -> Fixture {
         wait_status(&t, id, true).await;
     }
     let settled = capture(&t, &ids).await;
+    for id in &ids {
+        exports.push((format!("{id}.settled"), t.export_history(id).await.unwrap()));
+    }
     pump.abort();
     t.shutdown().await;
     let main_run = &settled.runs[0].run;
-    Fixture {
+    let fixture = Fixture {
         format: FORMAT,
         primitive: s.name.to_string(),
         recorded_by: format!("durable {}", env!("CARGO_PKG_VERSION")),
@@ -683,7 +696,8 @@ async fn record_scenario(s: &Scenario) -> Fixture {
         suspended,
         actions: s.actions.clone(),
         settled,
-    }
+    };
+    (fixture, exports)
 }
 
 /// Writes the fixtures that do not exist yet (see the module docs).
@@ -703,7 +717,7 @@ async fn record() {
             println!("kept     {}", path.display());
             continue;
         }
-        let fixture = record_scenario(&s).await;
+        let (fixture, _) = record_scenario(&s).await;
         let mut text = serde_json::to_string_pretty(&fixture).unwrap();
         text.push('\n');
         std::fs::write(&path, text).unwrap();
@@ -961,4 +975,133 @@ fn every_fixture_is_replayed() {
         .collect();
     let on_disk: BTreeSet<&str> = on_disk.iter().map(String::as_str).collect();
     assert_eq!(on_disk, tested, "fixture files and replay tests differ (record missing ones, see the module docs)");
+}
+
+// ---------------------------------------------------------------------------------------------
+// Exported histories: `tests/fixtures/exports/<run id>.<suspended|settled>.json`, what
+// `Engine::export_history` (and `durable runs export`) wrote for every run of every scenario,
+// parked and settled. Each must keep loading and replaying against the workflows above with
+// `assert_replayable`, executing nothing. Like the histories, they are never rewritten: a
+// failure here means users' committed exports (and their replay checks in CI) would break.
+// Record the missing ones with
+//
+//     cargo test -p durable --test history_fixtures -- --ignored write_exports
+
+fn export_dir() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/exports")
+}
+
+/// Writes the exports that do not exist yet (`DURABLE_RECORD` limits the scenarios).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "records exports: cargo test -p durable --test history_fixtures -- --ignored write_exports"]
+async fn write_exports() {
+    let only: Option<BTreeSet<String>> =
+        std::env::var("DURABLE_RECORD").ok().map(|v| v.split(',').map(|s| s.trim().to_string()).collect());
+    std::fs::create_dir_all(export_dir()).unwrap();
+    for s in scenarios() {
+        if only.as_ref().is_some_and(|o| !o.contains(s.name)) {
+            continue;
+        }
+        let (_, exports) = record_scenario(&s).await;
+        for (name, export) in exports {
+            let path = export_dir().join(format!("{name}.json"));
+            if path.exists() {
+                println!("kept     {}", path.display());
+                continue;
+            }
+            std::fs::write(&path, format!("{}\n", export.to_json().unwrap())).unwrap();
+            println!("recorded {}", path.display());
+        }
+    }
+}
+
+/// The export files every scenario must have: each run at its suspension (if the scenario
+/// parks) and settled.
+fn expected_exports() -> BTreeSet<String> {
+    let mut names = BTreeSet::new();
+    for s in scenarios() {
+        for id in std::iter::once(s.name).chain(s.related.iter().copied()) {
+            names.insert(format!("{id}.settled.json"));
+            if s.suspends {
+                names.insert(format!("{id}.suspended.json"));
+            }
+        }
+    }
+    names
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_export_replays_against_the_current_code_without_executing_anything() {
+    let on_disk: BTreeSet<String> = std::fs::read_dir(export_dir())
+        .expect("the exports directory exists")
+        .filter_map(|e| e.ok()?.file_name().into_string().ok())
+        .filter(|n| n.ends_with(".json"))
+        .collect();
+    assert_eq!(on_disk, expected_exports(), "export files and scenarios differ (record the missing ones, see above)");
+
+    let ex = Executions::default();
+    let replayed = assert_replayable_dir(|e: &Engine| register_all(e, &ex), export_dir()).await;
+    assert_eq!(replayed.len(), on_disk.len());
+    for (path, verdict) in replayed {
+        let export = read_export(&path).unwrap();
+        assert_eq!(export.format, 1, "{}", path.display());
+        // A settled run replays to its end; a parked one to the waits it is parked on.
+        if export.run.status.is_terminal() {
+            assert_eq!(verdict, Replayed::Finished { status: export.run.status }, "{}", path.display());
+        } else {
+            assert!(matches!(verdict, Replayed::Parked { .. }), "{}: {verdict:?}", path.display());
+        }
+        // The file is exactly what this version writes for the value it holds.
+        let text = std::fs::read_to_string(&path).unwrap();
+        assert_eq!(
+            format!("{}\n", export.to_json().unwrap()),
+            text,
+            "{}: written again, the bytes differ",
+            path.display()
+        );
+    }
+    let executed = ex.take();
+    assert!(executed.is_empty(), "replaying the exports executed closures: {executed:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_changed_workflow_fails_the_replay_of_its_exports() {
+    // `sleep` after a change: the sleep moved before the first step.
+    let export = read_export(export_dir().join("sleep.settled.json")).unwrap();
+    let register = |e: &Engine| {
+        e.register("sleep", 1, |ctx: WorkflowCtx, _: ()| async move {
+            ctx.sleep(Duration::from_millis(30 * DAY)).await;
+            let before: u64 = ctx.step("before", |_| async { Ok(1) }).await?;
+            let after: u64 = ctx.step("after", |_| async { Ok(2) }).await?;
+            Ok::<_, WorkflowError>(before + after)
+        });
+    };
+    let err = durable::testing::check_replayable(register, &export).await.unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "run sleep: non-determinism at seq 0: the workflow code asked for sleep \"sleep\" but history recorded step \
+         \"before\"; the body changed under a running run — register the change as a new version, or guard it with \
+         ctx.patched(..)"
+    );
+}
+
+#[test]
+fn an_export_of_a_newer_format_is_refused_naming_the_file_and_the_format() {
+    let text = std::fs::read_to_string(export_dir().join("sleep.settled.json")).unwrap();
+    assert!(text.starts_with("{\n  \"format\": 1,\n"), "{text}");
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("from-the-future.json");
+    std::fs::write(&path, text.replacen("\"format\": 1,", "\"format\": 999,", 1)).unwrap();
+    let err = read_export(&path).unwrap_err();
+    assert_eq!(
+        err,
+        format!(
+            "{}: this history export has format 999 (written by durable {v}), but durable {v} reads formats up to 1: \
+             upgrade durable to load it",
+            path.display(),
+            v = env!("CARGO_PKG_VERSION")
+        )
+    );
+    let err = HistoryExport::from_json(&std::fs::read_to_string(&path).unwrap()).unwrap_err();
+    assert!(matches!(err, durable::ExportError::NewerFormat { format: 999, .. }), "{err:?}");
 }

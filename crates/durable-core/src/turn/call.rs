@@ -217,6 +217,9 @@ enum Checked {
     Go(Decision),
     /// Parked forever: a cancel with compensation is pending.
     CancelPark,
+    /// Replay-only: history has no final result for the call; it is remembered, nothing runs.
+    /// The caller parks it for good.
+    Fresh,
     Stopped,
 }
 
@@ -231,11 +234,18 @@ impl Turn {
         match self.history.decide(&self.run.id, seq, name, kind, now) {
             Decision::NonDeterminism(nd) => {
                 self.stop(TurnStop::Fail(nd.to_error()));
+                if self.config.replay_only && self.mismatch.is_none() {
+                    self.mismatch = Some(nd);
+                }
                 Checked::Stopped
             }
             Decision::Execute { .. } | Decision::Wait { .. } if self.mode == Mode::CancelRequested => {
                 self.park(seq, None);
                 Checked::CancelPark
+            }
+            Decision::Execute { .. } if self.config.replay_only => {
+                self.fresh(seq, name, kind);
+                Checked::Fresh
             }
             d => Checked::Go(d),
         }
@@ -280,6 +290,10 @@ impl Turn {
         let attempt = match self.check(seq, call.name, call.kind, now) {
             Checked::Stopped => return StepBegin::Stopped,
             Checked::CancelPark => return StepBegin::Park(None),
+            Checked::Fresh => {
+                self.park(seq, None);
+                return StepBegin::Park(None);
+            }
             Checked::Go(Decision::Replay(output)) => {
                 if call.undo {
                     self.push_undo(seq, call.name);
@@ -328,7 +342,7 @@ impl Turn {
         now: Millis,
     ) -> StepAfter {
         self.active();
-        if self.stop.is_some() {
+        if self.stop.is_some() || self.config.replay_only {
             return StepAfter::Stopped;
         }
         // Taken out (no clone per attempt); put back only for an in-memory retry.
@@ -389,6 +403,10 @@ impl Turn {
         match self.check(seq, name, kind, now) {
             Checked::Stopped => RecordBegin::Stopped,
             Checked::CancelPark => RecordBegin::Park,
+            Checked::Fresh => {
+                self.park(seq, None);
+                RecordBegin::Park
+            }
             Checked::Go(Decision::Replay(p)) => RecordBegin::Return(p),
             Checked::Go(Decision::Execute { .. }) => RecordBegin::Produce,
             Checked::Go(d) => {
@@ -409,7 +427,7 @@ impl Turn {
         now: Millis,
     ) -> RecordOutcome {
         self.active();
-        if self.stop.is_some() {
+        if self.stop.is_some() || self.config.replay_only {
             return RecordOutcome::Stopped;
         }
         let payload = match value {
@@ -442,6 +460,10 @@ impl Turn {
         match self.check(seq, "sleep", StepKind::Sleep, now) {
             Checked::Stopped => SleepBegin::Stopped,
             Checked::CancelPark => SleepBegin::Park(None),
+            Checked::Fresh => {
+                self.park(seq, None);
+                SleepBegin::Park(None)
+            }
             Checked::Go(Decision::Replay(_)) => {
                 self.settle_timer(seq, now);
                 SleepBegin::Done
@@ -503,6 +525,10 @@ impl Turn {
             match self.check(deadline.seq, &dname, StepKind::Sleep, now) {
                 Checked::Stopped => return WaitBegin::Stopped,
                 Checked::CancelPark => return WaitBegin::Park(None),
+                Checked::Fresh => {
+                    self.park(seq, None);
+                    return WaitBegin::Park(None);
+                }
                 Checked::Go(Decision::Replay(_)) => passed = true,
                 Checked::Go(Decision::Wait { wake_at }) => due_at = wake_at,
                 Checked::Go(Decision::Execute { .. }) => {
@@ -522,6 +548,10 @@ impl Turn {
         match self.check(seq, call.name, call.kind, now) {
             Checked::Stopped => WaitBegin::Stopped,
             Checked::CancelPark => WaitBegin::Park(None),
+            Checked::Fresh => {
+                self.park(seq, None);
+                WaitBegin::Park(None)
+            }
             Checked::Go(Decision::Replay(p)) => {
                 if let Some(d) = call.deadline {
                     self.settle_timer(d.seq, now);
@@ -530,6 +560,12 @@ impl Turn {
             }
             Checked::Go(Decision::ReplayError { error, .. }) if error.code() == Some(codes::WAIT_TIMEOUT) => {
                 WaitBegin::TimedOut
+            }
+            Checked::Go(Decision::Wait { .. }) if passed && self.config.replay_only => {
+                // The deadline passed with the wait open: the timeout would be recorded now.
+                self.fresh(seq, call.name, call.kind);
+                self.park(seq, None);
+                WaitBegin::Park(None)
             }
             Checked::Go(Decision::Wait { .. }) if passed => {
                 let mut cp = self.checkpoint(seq, call.name, call.kind, CheckpointStatus::Failed, now, now);
@@ -632,6 +668,11 @@ impl Turn {
         match self.check(seq, workflow, StepKind::Child, now) {
             Checked::Stopped => ChildJoin::Stopped,
             Checked::CancelPark => ChildJoin::Park,
+            // Replay-only: the spawn found no record either (nothing was started).
+            Checked::Fresh => {
+                self.park(seq, None);
+                ChildJoin::Park
+            }
             Checked::Go(Decision::Wait { .. }) => {
                 self.park(seq, None);
                 ChildJoin::Park
@@ -700,6 +741,10 @@ impl Turn {
         match self.check(seq, key, StepKind::State, now) {
             Checked::Stopped => StateBegin::Stopped,
             Checked::CancelPark => StateBegin::Park,
+            Checked::Fresh => {
+                self.park(seq, None);
+                StateBegin::Park
+            }
             Checked::Go(Decision::Replay(_)) => StateBegin::Done,
             Checked::Go(Decision::Execute { .. }) => {
                 let value = match value {

@@ -4,6 +4,7 @@
 // commit would cost an allocation per step for nothing.
 #![allow(clippy::large_enum_variant)]
 
+use super::replay::{EndedBy, ReplayMismatch, Replayed};
 use super::{Mode, Turn, TurnStop};
 use crate::protocol;
 use crate::{
@@ -69,6 +70,10 @@ pub enum End {
     },
     /// Stop without writing anything more.
     Halt(Halt),
+    /// A replay-only turn ([`TurnConfig::replay_only`](super::TurnConfig::replay_only)) ended:
+    /// how far the code matched the recorded history, or how it departs from it. Nothing is
+    /// written.
+    Replayed(Result<Replayed, ReplayMismatch>),
 }
 
 /// An undo to run as a step (kind [`StepKind::Compensation`]).
@@ -116,6 +121,9 @@ impl Turn {
         if self.mode == Mode::CancelRequested {
             return Pending::Next(self.compensate_cancel());
         }
+        if self.config.replay_only {
+            return Pending::Next(Next::End(self.replay_parked()));
+        }
         let wake_at = self.earliest_wake();
         let mut commit = self.drain(now);
         commit.end = Some(TurnEnd::Suspend { wake_at, seen_wake_gen: self.run.wake_gen });
@@ -152,7 +160,7 @@ impl Turn {
             self.run.id
         );
         let error = StepError::fatal(message).with_code(codes::NON_CTX_AWAIT);
-        Pending::Next(Next::End(self.settle(RunStatus::Failed, None, Some(error), now)))
+        Pending::Next(Next::End(self.end(RunStatus::Failed, None, Some(error), EndedBy::Engine, now)))
     }
 
     /// A cancel with compensation takes effect: the body is dropped and the undos run.
@@ -177,12 +185,12 @@ impl Turn {
                 self.flights.clear();
                 return Next::Compensate;
             }
-            Err(e) => self.settle(RunStatus::Failed, None, Some(e), now),
+            Err(e) => self.end(RunStatus::Failed, None, Some(e), EndedBy::Body, now),
             Ok(output) if self.too_large(&output) => {
                 let error = self.payload_too_large("the output", output.len());
-                self.settle(RunStatus::Failed, None, Some(error), now)
+                self.end(RunStatus::Failed, None, Some(error), EndedBy::Engine, now)
             }
-            Ok(output) => self.settle(RunStatus::Completed, Some(output), None, now),
+            Ok(output) => self.end(RunStatus::Completed, Some(output), None, EndedBy::Body, now),
         };
         Next::End(end)
     }
@@ -194,7 +202,7 @@ impl Turn {
         }
         let error = StepError::fatal(format!("run {}: the workflow body panicked: {message}", self.run.id))
             .with_code(codes::PANIC);
-        self.settle(RunStatus::Failed, None, Some(error), now)
+        self.end(RunStatus::Failed, None, Some(error), EndedBy::Engine, now)
     }
 
     /// The run cannot start (its input does not decode): it fails with `error`.
@@ -217,17 +225,22 @@ impl Turn {
             return self.on_stop(now);
         }
         match std::mem::replace(&mut self.mode, Mode::Normal) {
-            Mode::Compensating { error: Some(error) } => self.settle(RunStatus::Failed, None, Some(error), now),
+            Mode::Compensating { error: Some(error) } => {
+                self.end(RunStatus::Failed, None, Some(error), EndedBy::Body, now)
+            }
             _ => {
                 let error =
                     StepError::fatal(format!("run {} was cancelled by an operator; its undos ran", self.run.id))
                         .with_code(codes::CANCELLED);
-                self.settle(RunStatus::Cancelled, None, Some(error), now)
+                self.end(RunStatus::Cancelled, None, Some(error), EndedBy::Body, now)
             }
         }
     }
 
     fn on_stop(&mut self, now: Millis) -> End {
+        if self.config.replay_only {
+            return self.replay_stopped();
+        }
         match self.stop.clone() {
             Some(TurnStop::Fail(error)) => self.settle(RunStatus::Failed, None, Some(error), now),
             Some(TurnStop::ContinueAsNew(input)) => self.continue_as_new_commit(input, now),
@@ -236,6 +249,22 @@ impl Turn {
             Some(TurnStop::Rerun(why)) => End::Halt(Halt::Rerun(why)),
             None => End::Halt(Halt::Abort("the turn ended without a reason".into())),
         }
+    }
+
+    /// The run ends as `status`: a replay-only turn compares that with the recorded end, any
+    /// other settles the run.
+    fn end(
+        &mut self,
+        status: RunStatus,
+        output: Option<Payload>,
+        error: Option<StepError>,
+        by: EndedBy,
+        now: Millis,
+    ) -> End {
+        if self.config.replay_only {
+            return self.replay_end(status, output, error, by);
+        }
+        self.settle(status, output, error, now)
     }
 
     /// Settles the run; a child tells its parent in the same commit.

@@ -46,6 +46,7 @@
 
 mod call;
 mod end;
+mod replay;
 #[cfg(test)]
 mod sim;
 #[cfg(test)]
@@ -59,10 +60,11 @@ pub use call::{
     WaitBegin, WaitCall,
 };
 pub use end::{End, Halt, Next, Pending, UndoCall};
+pub use replay::{ReplayMismatch, Replayed, RunEnd};
 
 use crate::{
-    Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, Patched, Payload, RetryPolicy, Run,
-    StepError, StepKind, StoreErrorKind, codes,
+    Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, NonDeterminism, Patched, Payload,
+    RetryPolicy, Run, StepError, StepKind, StoreErrorKind, codes,
 };
 
 /// Why a turn stopped before the body finished.
@@ -96,6 +98,11 @@ pub struct TurnConfig {
     /// something outside the ctx — before the run fails with `non_ctx_await`
     /// ([`Turn::on_pending`]). `Duration::MAX` turns the check off.
     pub non_ctx_await_grace: Duration,
+    /// Replay only: check the history against the code without executing or writing anything.
+    /// A call history holds no final result for parks for good instead of running (nothing is
+    /// recorded, no commit is ever answered), and the turn ends with [`End::Replayed`]: how far
+    /// the code matched the history, or how it departs from it. See [`Replayed`].
+    pub replay_only: bool,
 }
 
 impl Default for TurnConfig {
@@ -105,6 +112,7 @@ impl Default for TurnConfig {
             durable_retry_threshold: Duration::from_secs(1),
             latest_version: 1,
             non_ctx_await_grace: Duration::from_secs(1),
+            replay_only: false,
         }
     }
 }
@@ -179,12 +187,21 @@ pub struct Turn {
     /// Since when the body has been pending with nothing in flight and nothing parked (it
     /// awaits something outside the ctx); any ctx call beginning or finishing clears it.
     idle_since: Option<Millis>,
+    /// Replay-only: the mismatch that stopped the turn.
+    mismatch: Option<NonDeterminism>,
+    /// Replay-only: the first call history has no final result for.
+    first_fresh: Option<replay::Fresh>,
 }
 
 impl Turn {
     /// Starts a turn of `run` (as claimed), held by `owner`, over its loaded `history`.
+    ///
+    /// With [`TurnConfig::replay_only`], `run` is the run as recorded (its status and output are
+    /// what the replay is compared with); a run that was cancelled with compensation replays in
+    /// cancel mode, as its last turns ran.
     pub fn new(run: Run, owner: impl Into<String>, history: History, config: TurnConfig) -> Self {
-        let cancel_requested = run.error.as_ref().is_some_and(|e| e.code() == Some(codes::CANCEL_REQUESTED));
+        let cancel_requested = run.error.as_ref().is_some_and(|e| e.code() == Some(codes::CANCEL_REQUESTED))
+            || (config.replay_only && replay::cancelled_with_undos(&run, &history));
         Turn {
             run,
             owner: owner.into(),
@@ -199,6 +216,8 @@ impl Turn {
             mode: if cancel_requested { Mode::CancelRequested } else { Mode::Normal },
             stop: None,
             idle_since: None,
+            mismatch: None,
+            first_fresh: None,
         }
     }
 
@@ -273,11 +292,25 @@ impl Turn {
             }
             Patched::Record => {
                 self.next_seq += 1;
-                let cp = self.checkpoint(seq, id, StepKind::Patch, CheckpointStatus::Completed, now, now);
-                self.record(cp);
+                if self.config.replay_only {
+                    self.fresh(seq, id, StepKind::Patch);
+                } else {
+                    let cp = self.checkpoint(seq, id, StepKind::Patch, CheckpointStatus::Completed, now, now);
+                    self.record(cp);
+                }
                 true
             }
         }
+    }
+
+    /// `ctx.deprecate_patch(id)`, the last stage of a patch's life: the code no longer branches
+    /// on it. Runs that reach it fresh still record the marker and consume a seq (so code that
+    /// still calls `patched(id)` — an older binary during a rollout, or a rollback — replays
+    /// them on the new path); a history with the marker at this seq consumes it; a history
+    /// with something else there (a run that passed this point before the patch existed)
+    /// carries on without consuming a seq.
+    pub fn deprecate_patch(&mut self, id: &str, now: Millis) {
+        self.patched(id, now);
     }
 
     /// A call future was dropped before it finished (a `select!` loser, or the body dropped
@@ -410,6 +443,7 @@ enum Ended {
     },
     Compensate,
     Stop(TurnStop),
+    Replayed(Result<Replayed, ReplayMismatch>),
 }
 
 #[cfg(test)]
@@ -421,6 +455,7 @@ impl From<End> for Ended {
             End::Halt(Halt::Abort(why)) => Ended::Stop(TurnStop::Abort(why)),
             End::Halt(Halt::LeaseLost(why)) => Ended::Stop(TurnStop::LeaseLost(why)),
             End::Halt(Halt::Rerun(why)) => Ended::Stop(TurnStop::Rerun(why)),
+            End::Replayed(r) => Ended::Replayed(r),
         }
     }
 }

@@ -21,6 +21,9 @@
 //! - (c) the commits are valid: no checkpoint goes from completed/failed back to running/waiting
 //!   or changes its name or kind, nothing is written after the settle, the run settles exactly
 //!   once, a suspend always has a wake time or a waiter, children are created once;
+//! - (d) a replay-only turn ([`TurnConfig::replay_only`]) of the settled run over its final
+//!   history matches it: it replays to the recorded end (`Replayed::Finished` with the settled
+//!   status), observes the same values at every op, and runs, produces and commits nothing;
 //! - and the run's own semantics: it fails only with an error of its own (never
 //!   `non_determinism`: the code does not change between turns), every op the body saw has a
 //!   final checkpoint at its seq once the run settled, a child that did not complete is recorded
@@ -214,6 +217,7 @@ fn config() -> TurnConfig {
         durable_retry_threshold: Duration::from_secs(1),
         latest_version: 1,
         non_ctx_await_grace: Duration::from_millis(GRACE),
+        replay_only: false,
     }
 }
 
@@ -535,6 +539,8 @@ struct Sim<'a> {
     /// The body awaits outside the ctx past the grace: the turn must fail with `non_ctx_await`.
     stuck: bool,
     log: String,
+    /// How the replay-only turn ended.
+    replayed: Option<Result<Replayed, ReplayMismatch>>,
 }
 
 impl<'a> Sim<'a> {
@@ -558,6 +564,7 @@ impl<'a> Sim<'a> {
             idle_from: None,
             stuck: false,
             log: String::new(),
+            replayed: None,
         }
     }
 
@@ -676,6 +683,38 @@ impl<'a> Sim<'a> {
         Err(format!("the run did not settle in {MAX_TURNS} turns"))
     }
 
+    /// (d) Replays the settled run over its final history with a replay-only turn.
+    fn replay_settled(&mut self) -> Result<(), String> {
+        let Some((status, output, error)) = self.world.settled.clone() else {
+            return Err("the run did not settle".into());
+        };
+        let _ = writeln!(self.log, "replay-only turn of the settled run");
+        (self.crash, self.events, self.idle_from) = (None, 0, None);
+        self.seen.clear();
+        self.step_ops.clear();
+        let recorded = Run { status, output, error, ..self.world.run.clone() };
+        let history = History::new(self.world.cps.values().cloned());
+        self.turn = Turn::new(recorded, OWNER, history, TurnConfig { replay_only: true, ..config() });
+        let (executions, productions) = (self.executions.clone(), self.productions.clone());
+        match self.turn_body() {
+            Ok(end) => self.note(end),
+            Err(Halt::Crash) => return Err("a replay-only turn crashed without a planned crash".into()),
+            Err(Halt::Bug(m)) => return Err(format!("replaying the settled run: {m}")),
+        }
+        match self.replayed.take() {
+            Some(Ok(Replayed::Finished { status: s })) if s == status => {}
+            other => {
+                return Err(format!(
+                    "the replay-only turn of the run settled {status} ended with {other:?}, not as the run did"
+                ));
+            }
+        }
+        if self.executions != executions || self.productions != productions {
+            return Err("the replay-only turn ran a closure or produced a value".into());
+        }
+        Ok(())
+    }
+
     fn turn_body(&mut self) -> R<String> {
         // `None`: the body is pending; otherwise what it returned.
         let mut done = None;
@@ -704,9 +743,11 @@ impl<'a> Sim<'a> {
                 }
             },
         };
+        // A replay-only turn ends replayed, its verdict checked by `replay_settled`.
         let non_ctx = matches!(&end, Ended::Settle { commit, status: RunStatus::Failed }
             if matches!(&commit.end, Some(TurnEnd::Settle { error: Some(e), .. })
-                if e.code() == Some(codes::NON_CTX_AWAIT) && e.message.starts_with("run run:")));
+                if e.code() == Some(codes::NON_CTX_AWAIT) && e.message.starts_with("run run:")))
+            || (self.turn.config().replay_only && matches!(&end, Ended::Replayed(_)) && self.stuck);
         if non_ctx != self.stuck {
             return bug(format!("the body is stuck outside the ctx: {}, but the turn ends with {end:?}", self.stuck));
         }
@@ -735,6 +776,12 @@ impl<'a> Sim<'a> {
                     self.hit(if status == RunStatus::Completed { "settled completed" } else { "settled failed" });
                     return Ok(format!("settled {status}"));
                 }
+                Ended::Replayed(r) if self.turn.config().replay_only => {
+                    let line = format!("replayed: {r:?}");
+                    self.replayed = Some(r);
+                    return Ok(line);
+                }
+                Ended::Replayed(r) => return bug(format!("a turn that is not replay-only ended as a replay: {r:?}")),
                 Ended::Stop(reason) => {
                     self.hit(match reason {
                         TurnStop::Rerun(_) => "stop: rerun",
@@ -1098,7 +1145,7 @@ struct Outcome {
 /// Runs `script` with `crashes` until it settles.
 fn run_script(script: &[Op], crashes: &[Option<Crash>]) -> Result<Outcome, String> {
     let mut sim = Sim::new(script, crashes);
-    let result = sim.run();
+    let result = sim.run().and_then(|()| sim.replay_settled());
     let explain = |m: String, sim: &Sim<'_>| {
         format!("{m}\n\nscript:\n{}\ncrashes: {crashes:?}\n\nlog:\n{}", describe(script), sim.log)
     };

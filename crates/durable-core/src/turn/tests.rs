@@ -54,6 +54,7 @@ fn config() -> TurnConfig {
         durable_retry_threshold: Duration::from_secs(1),
         latest_version: 3,
         non_ctx_await_grace: Duration::from_secs(1),
+        replay_only: false,
     }
 }
 
@@ -1245,6 +1246,310 @@ fn patched_on_an_older_run_takes_the_old_path_without_a_seq() {
     let seq = t.take_seq();
     assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
     assert_eq!(flush(&mut t, 20), commit(20));
+}
+
+#[test]
+fn deprecate_patch_fresh_still_records_the_marker_and_takes_a_seq() {
+    let mut t = turn(vec![]);
+    t.deprecate_patch("v2", 10);
+    assert_eq!(t.next_seq(), 1);
+    assert_eq!(
+        flush(&mut t, 20),
+        Commit { checkpoints: vec![cp(0, "v2", StepKind::Patch, CheckpointStatus::Completed, 10)], ..commit(20) }
+    );
+    // Code that still branches on the patch replays that run on the new path.
+    let mut old_code = turn(t.history().iter().cloned().collect());
+    assert!(old_code.patched("v2", 30));
+    assert_eq!(old_code.next_seq(), 1);
+}
+
+#[test]
+fn deprecate_patch_consumes_a_recorded_marker_and_writes_nothing() {
+    let done = Checkpoint { output: Some(p(&1)), ..cp(1, "b", StepKind::Step, CheckpointStatus::Completed, 10) };
+    let mut t = turn(vec![cp(0, "v2", StepKind::Patch, CheckpointStatus::Completed, 10), done]);
+    t.deprecate_patch("v2", 20);
+    assert_eq!(t.next_seq(), 1);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("b", &policy), 20), StepBegin::Return(p(&1)));
+    assert_eq!(flush(&mut t, 20), commit(20));
+}
+
+#[test]
+fn deprecate_patch_without_a_marker_at_its_seq_carries_on_without_a_seq() {
+    // A run that passed this point before the patch existed: history has its next call here.
+    let done = Checkpoint { output: Some(p(&1)), ..cp(0, "b", StepKind::Step, CheckpointStatus::Completed, 10) };
+    let other = cp(1, "v1", StepKind::Patch, CheckpointStatus::Completed, 10);
+    let mut t = turn(vec![done, other]);
+    t.deprecate_patch("v2", 20);
+    assert_eq!(t.next_seq(), 0, "no seq consumed");
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("b", &policy), 20), StepBegin::Return(p(&1)));
+    // Another patch's marker is not this one's either.
+    t.deprecate_patch("v2", 20);
+    assert_eq!(t.next_seq(), 1);
+    t.deprecate_patch("v1", 20);
+    assert_eq!(t.next_seq(), 2, "its own marker is consumed");
+    assert_eq!(flush(&mut t, 20), commit(20));
+}
+
+// ---- replay only ----
+
+fn replay_config() -> TurnConfig {
+    TurnConfig { replay_only: true, ..config() }
+}
+
+/// A replay-only turn of `run` as recorded.
+fn replay_of(run: Run, history: Vec<Checkpoint>) -> Turn {
+    Turn::new(run, OWNER, History::new(history), replay_config())
+}
+
+fn completed_run(output: Payload) -> Run {
+    Run { status: RunStatus::Completed, output: Some(output), ..run() }
+}
+
+fn done(seq: u32, name: &str, output: Payload) -> Checkpoint {
+    Checkpoint { output: Some(output), attempts: 1, ..cp(seq, name, StepKind::Step, CheckpointStatus::Completed, 10) }
+}
+
+#[test]
+fn replay_only_returns_recorded_results_and_stops_at_the_first_call_without_one() {
+    let mut t = replay_of(run(), vec![done(0, "a", p(&1))]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
+    // No record: nothing runs, the call parks for good.
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("b", &policy), 20), StepBegin::Park(None));
+    assert_eq!(t.in_flight(), 0);
+    assert_eq!(t.finish_step(seq, 1, Ok(p(&2)), 20), StepAfter::Stopped, "nothing is ever recorded");
+    assert_eq!(
+        t.t_pending(20),
+        Some(Ended::Replayed(Ok(Replayed::UpTo { seq: 1, name: "b".into(), kind: StepKind::Step })))
+    );
+}
+
+#[test]
+fn replay_only_parks_every_kind_of_call_without_a_record_and_names_the_first() {
+    let mut t = replay_of(run(), vec![]);
+    let policy = RetryPolicy::none();
+    // Taken in program order, begun in another order (a join): the lowest seq is named.
+    let (s0, s1, s2, s3, s4, s5) = (t.take_seq(), t.take_seq(), t.take_seq(), t.take_seq(), t.take_seq(), t.take_seq());
+    assert_eq!(t.set_state(s5, "k", Ok(p(&1)), 20), StateBegin::Park);
+    assert_eq!(t.sleep(s4, 100, 20), SleepBegin::Park(None));
+    assert_eq!(t.begin_record(s3, "uuid", StepKind::Uuid, 20), RecordBegin::Park);
+    let wait = WaitCall {
+        named: ("signal token", "go"),
+        name: "go",
+        kind: StepKind::Signal,
+        wait: WaitKind::Signal { token: "go".into() },
+        deadline: None,
+    };
+    assert_eq!(t.wait(s2, wait, 20), WaitBegin::Park(None));
+    let child = ChildCall { workflow: "kid", id: RunId::from("r.child.1"), version: Some(1), input: Ok(p(&1)) };
+    t.spawn_child(s1, child, 20);
+    assert_eq!(t.join_child(s1, "kid", 20), ChildJoin::Park);
+    assert_eq!(t.begin_step(s0, step("a", &policy), 20), StepBegin::Park(None));
+    assert_eq!(
+        t.t_pending(20),
+        Some(Ended::Replayed(Ok(Replayed::UpTo { seq: 0, name: "a".into(), kind: StepKind::Step })))
+    );
+    assert!(t.history().is_empty(), "nothing was recorded");
+}
+
+#[test]
+fn replay_only_ends_parked_on_a_recorded_open_wait() {
+    let mut sleep = cp(1, "sleep", StepKind::Sleep, CheckpointStatus::Waiting, 10);
+    sleep.wake_at = Some(1_000);
+    let suspended = Run { status: RunStatus::Suspended, ..run() };
+    let mut t = replay_of(suspended, vec![done(0, "a", p(&1)), sleep]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 1_000, 20), SleepBegin::Park(Some(1_000)));
+    assert_eq!(t.t_pending(20), Some(Ended::Replayed(Ok(Replayed::Parked { next_seq: 2 }))));
+}
+
+#[test]
+fn replay_only_names_the_seq_and_both_calls_of_a_changed_body() {
+    let mut t = replay_of(completed_run(p(&3)), vec![done(0, "a", p(&1)), done(1, "b", p(&2))]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("b", &policy), 20), StepBegin::Stopped);
+    let Some(Ended::Replayed(Err(ReplayMismatch::Call(nd)))) = t.t_pending(20) else { panic!("no mismatch") };
+    assert_eq!(
+        nd,
+        NonDeterminism {
+            run_id: rid(),
+            seq: 0,
+            expected: ("b".into(), StepKind::Step),
+            recorded: ("a".into(), StepKind::Step)
+        }
+    );
+    let msg = ReplayMismatch::Call(nd).to_string();
+    assert!(
+        msg.contains("run r") && msg.contains("seq 0") && msg.contains("step \"b\"") && msg.contains("step \"a\""),
+        "{msg}"
+    );
+}
+
+#[test]
+fn replay_only_compares_how_the_body_ends_with_the_recorded_end() {
+    let history = || vec![done(0, "a", p(&1))];
+    let replay_a = |t: &mut Turn| {
+        let policy = RetryPolicy::none();
+        let seq = t.take_seq();
+        assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
+    };
+    // Completed with the same output (compared as JSON, not as text).
+    let mut t = replay_of(completed_run(Payload::from_json(r#"{"x": 1, "y": 2}"#).unwrap()), history());
+    replay_a(&mut t);
+    assert_eq!(
+        t.t_body_done(Ok(Payload::from_json(r#"{"y":2,"x":1}"#).unwrap()), 20),
+        Ended::Replayed(Ok(Replayed::Finished { status: RunStatus::Completed }))
+    );
+    // Another output.
+    let mut t = replay_of(completed_run(p(&"old")), history());
+    replay_a(&mut t);
+    let Ended::Replayed(Err(m)) = t.t_body_done(Ok(p(&"new")), 20) else { panic!() };
+    assert_eq!(
+        m,
+        ReplayMismatch::End {
+            run_id: rid(),
+            recorded: RunEnd { status: RunStatus::Completed, output: Some(p(&"old")), error: None },
+            replayed: RunEnd { status: RunStatus::Completed, output: Some(p(&"new")), error: None },
+        }
+    );
+    assert_eq!(
+        m.to_string(),
+        "run r: the recorded run ended completed with output \"old\", but the workflow code now ends it completed with output \"new\""
+    );
+    // A failure instead of the recorded output.
+    let mut t = replay_of(completed_run(p(&"old")), history());
+    replay_a(&mut t);
+    assert!(matches!(t.t_body_done(Err(StepError::fatal("no")), 20), Ended::Replayed(Err(ReplayMismatch::End { .. }))));
+    // A recorded failure: the same code matches, another does not.
+    let failed = Run { status: RunStatus::Failed, error: Some(StepError::fatal("x").with_code("declined")), ..run() };
+    let mut t = replay_of(failed.clone(), history());
+    replay_a(&mut t);
+    assert_eq!(
+        t.t_body_done(Err(StepError::fatal("y").with_code("declined")), 20),
+        Ended::Replayed(Ok(Replayed::Finished { status: RunStatus::Failed }))
+    );
+    let mut t = replay_of(failed, history());
+    replay_a(&mut t);
+    assert!(matches!(t.t_body_done(Err(StepError::fatal("y")), 20), Ended::Replayed(Err(ReplayMismatch::End { .. }))));
+    // An active run has not ended: any end is its own.
+    let mut t = replay_of(Run { status: RunStatus::Suspended, ..run() }, history());
+    replay_a(&mut t);
+    assert_eq!(t.t_body_done(Ok(p(&7)), 20), Ended::Replayed(Ok(Replayed::Finished { status: RunStatus::Completed })));
+}
+
+#[test]
+fn replay_only_reports_recorded_calls_the_body_no_longer_makes() {
+    let mut t = replay_of(completed_run(p(&1)), vec![done(0, "a", p(&1)), done(1, "b", p(&2))]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
+    let Ended::Replayed(Err(m)) = t.t_body_done(Ok(p(&1)), 20) else { panic!() };
+    assert_eq!(m, ReplayMismatch::NotAsked { run_id: rid(), seq: 1, recorded: ("b".into(), StepKind::Step) });
+    assert!(m.to_string().contains("step \"b\", which history recorded at seq 1"), "{m}");
+}
+
+#[test]
+fn replay_only_failures_of_the_replay_itself_are_mismatches_naming_the_seq() {
+    let mut t = replay_of(completed_run(p(&1)), vec![done(0, "a", p(&1))]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
+    t.fail_decode(seq, "a", "invalid type: integer, expected a string");
+    let Some(Ended::Replayed(Err(ReplayMismatch::Failed { run_id, error }))) = t.t_pending(20) else { panic!() };
+    assert_eq!(run_id, rid());
+    assert_eq!(error.code(), Some(codes::BAD_PAYLOAD));
+    assert!(error.message.contains("seq 0"), "{}", error.message);
+    // A panic, unless the recorded run failed with one too.
+    let mut t = replay_of(completed_run(p(&1)), vec![]);
+    assert!(matches!(t.t_panic("boom", 20), Ended::Replayed(Err(ReplayMismatch::Failed { .. }))));
+    let panicked =
+        Run { status: RunStatus::Failed, error: Some(StepError::fatal("x").with_code(codes::PANIC)), ..run() };
+    let mut t = replay_of(panicked, vec![]);
+    assert_eq!(t.t_panic("boom", 20), Ended::Replayed(Ok(Replayed::Finished { status: RunStatus::Failed })));
+    // Waiting on something that is not a ctx call.
+    let t = replay_of(run(), vec![]);
+    assert_eq!(
+        Ended::from(t.on_outside_await()),
+        Ended::Replayed(Err(ReplayMismatch::OutsideAwait { run_id: rid(), next_seq: 0 }))
+    );
+}
+
+#[test]
+fn replay_only_a_patch_without_a_marker_takes_the_new_path_without_recording() {
+    let mut t = replay_of(run(), vec![done(0, "a", p(&1))]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("a", &policy), 20), StepBegin::Return(p(&1)));
+    assert!(t.patched("v2", 20));
+    assert_eq!(t.next_seq(), 2);
+    assert_eq!(t.history().len(), 1, "no marker recorded");
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("b", &policy), 20), StepBegin::Park(None));
+    assert_eq!(
+        t.t_pending(20),
+        Some(Ended::Replayed(Ok(Replayed::UpTo { seq: 1, name: "v2".into(), kind: StepKind::Patch })))
+    );
+}
+
+#[test]
+fn replay_only_a_wait_whose_deadline_passed_with_the_wait_open_is_where_history_ends() {
+    let mut deadline = cp(0, "timeout:go", StepKind::Sleep, CheckpointStatus::Waiting, 10);
+    deadline.wake_at = Some(15);
+    let wait = cp(1, "go", StepKind::Signal, CheckpointStatus::Waiting, 10);
+    let mut t = replay_of(Run { status: RunStatus::Running, ..run() }, vec![deadline, wait]);
+    let (d, s) = (t.take_seq(), t.take_seq());
+    let call = WaitCall {
+        named: ("signal token", "go"),
+        name: "go",
+        kind: StepKind::Signal,
+        wait: WaitKind::Signal { token: "go".into() },
+        deadline: Some(Deadline { seq: d, after: Duration::from_millis(5) }),
+    };
+    assert_eq!(t.wait(s, call, 20), WaitBegin::Park(None), "no Expire commit");
+    assert_eq!(
+        t.t_pending(20),
+        Some(Ended::Replayed(Ok(Replayed::UpTo { seq: 1, name: "go".into(), kind: StepKind::Signal })))
+    );
+}
+
+#[test]
+fn replay_only_a_run_cancelled_with_compensation_replays_its_undos() {
+    let mut booked = done(0, "book", p(&"B-1"));
+    booked.kind = StepKind::Step;
+    let mut sleep = cp(1, "sleep", StepKind::Sleep, CheckpointStatus::Waiting, 10);
+    sleep.wake_at = Some(10_000);
+    let undo = Checkpoint {
+        attempts: 1,
+        output: Some(Payload::null()),
+        ..cp(2, "undo:book", StepKind::Compensation, CheckpointStatus::Completed, 30)
+    };
+    let cancelled = Run {
+        status: RunStatus::Cancelled,
+        error: Some(StepError::fatal("cancelled").with_code(codes::CANCELLED)),
+        ..run()
+    };
+    let mut t = replay_of(cancelled, vec![booked, sleep, undo]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, undo_step("book", &policy), 40), StepBegin::Return(p(&"B-1")));
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 10_000, 40), SleepBegin::Park(None), "parked by the cancel");
+    assert_eq!(t.t_pending(40), Some(Ended::Compensate));
+    let u = t.next_undo().unwrap();
+    assert_eq!((u.seq, u.name.as_str()), (2, "undo:book"));
+    assert_eq!(t.begin_step(u.seq, u.step_call(&policy), 40), StepBegin::Return(Payload::null()));
+    assert_eq!(t.next_undo(), None);
+    assert_eq!(t.t_compensated(40), Ended::Replayed(Ok(Replayed::Finished { status: RunStatus::Cancelled })));
 }
 
 // ---- continue as new ----

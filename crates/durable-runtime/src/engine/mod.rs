@@ -1,10 +1,12 @@
 //! The `Engine` handle, grouped by audience: starting and observing runs (`runs`),
-//! operating on them (`operate`), messages to running workflows (`messages`) and running
-//! the engine as a worker (`worker`). Everything that moves runs lives in `sched`; an
+//! operating on them (`operate`), messages to running workflows (`messages`), checking recorded
+//! histories against the registered code and importing exported runs (`replay`) and running the engine as a worker
+//! (`worker`). Everything that moves runs lives in `sched`; an
 //! `Engine` is a handle on its state.
 
 mod messages;
 mod operate;
+mod replay;
 mod runs;
 mod worker;
 

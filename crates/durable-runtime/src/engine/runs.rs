@@ -3,7 +3,9 @@
 use std::time::Duration;
 
 use durable_core::protocol;
-use durable_core::{Checkpoint, NewRun, Payload, Run, RunFilter, RunId, RunPage, StepError};
+use std::collections::BTreeMap;
+
+use durable_core::{Checkpoint, HistoryExport, NewRun, Payload, Run, RunFilter, RunId, RunPage, StepError, StepKind};
 use serde::Serialize;
 
 use super::{Engine, RunOutcome, StartOptions, Started};
@@ -134,6 +136,47 @@ impl Engine {
     /// The run's checkpoints by seq.
     pub async fn history(&self, id: &RunId) -> Result<Vec<Checkpoint>> {
         Ok(self.inner.shared.store.history(id).await?)
+    }
+
+    /// Exports a run's history as a versioned document ([`HistoryExport`]): the run row as
+    /// stored, its checkpoints by seq, its registered waits and its query state. Write it with
+    /// [`HistoryExport::to_json`]; check it against your code with
+    /// [`Engine::check_replay`] (or `durable::testing::replay::assert_replayable` in a test).
+    /// [`Error::RunNotFound`] for an unknown id.
+    ///
+    /// The parts are read one after the other; for a run that changes meanwhile the reads are
+    /// repeated (a few times at most) until the run row is the same before and after, so the
+    /// parts belong to one state of the run.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durable_runtime::Engine) -> Result<(), Box<dyn std::error::Error>> {
+    /// let export = engine.export_history(&"order:42".into()).await?;
+    /// std::fs::write("tests/fixtures/replay/order-42.json", export.to_json()?)?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn export_history(&self, id: &RunId) -> Result<HistoryExport> {
+        const ATTEMPTS: usize = 5;
+        let store = &self.inner.shared.store;
+        let mut run = store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+        let mut attempt = 1;
+        loop {
+            let checkpoints = store.history(id).await?;
+            let waiters = store.waiters(id).await?;
+            let mut state = BTreeMap::new();
+            for cp in checkpoints.iter().filter(|c| c.kind == StepKind::State) {
+                if !state.contains_key(&cp.name)
+                    && let Some(value) = store.get_state(id, &cp.name).await?
+                {
+                    state.insert(cp.name.clone(), value);
+                }
+            }
+            let after = store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
+            if after == run || attempt == ATTEMPTS {
+                return Ok(HistoryExport::new(after, checkpoints, waiters, state));
+            }
+            run = after;
+            attempt += 1;
+        }
     }
 
     /// Lists runs, newest first (see [`RunFilter`]).

@@ -119,6 +119,7 @@ impl Shared {
             durable_retry_threshold: self.config.durable_retry_threshold,
             latest_version: self.registry.latest(&run.workflow).map_or(run.version, |(v, _)| v),
             non_ctx_await_grace: self.config.non_ctx_await_grace,
+            replay_only: false,
         };
         let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
         let t = Arc::new(TurnState::new(turn, self.clone()));
@@ -175,6 +176,11 @@ impl Shared {
                 TurnEnded::Done
             }
             End::Halt(Halt::Abort(why)) => TurnEnded::StoreFailed(StoreError::unavailable(why)),
+            // Only a replay-only turn ends so, and the executor never runs one.
+            End::Replayed(verdict) => {
+                tracing::error!(run_id = %id, ?verdict, "a turn ended as a replay; the run is left as it is");
+                TurnEnded::Done
+            }
         }
     }
 

@@ -496,6 +496,29 @@ impl WorkflowCtx {
         self.t.turn.lock().patched(id, now)
     }
 
+    /// The last stage of a patch: once no run that took the old branch of
+    /// `if ctx.patched(id) { new } else { old }` is still running, replace the `if` with
+    /// `ctx.deprecate_patch(id)` followed by the new branch alone, and delete the old one.
+    ///
+    /// Runs that reach it fresh still record the patch marker (1 seq), so a binary that still
+    /// calls `patched(id)` — an older worker during a rollout, or a rollback — replays them on
+    /// the new path. A run whose history has the marker here consumes it; a run whose history
+    /// has something else here (it passed this point before the patch existed) carries on
+    /// without consuming a seq. Once no run recorded with the marker is still running, the
+    /// call itself can go.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: durable_runtime::WorkflowCtx) -> Result<(), durable_runtime::WorkflowError> {
+    /// // Was: if ctx.patched("send-receipt-email") { email } (and nothing otherwise).
+    /// ctx.deprecate_patch("send-receipt-email");
+    /// ctx.step("email", |_| async { Ok(()) }).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn deprecate_patch(&self, id: &str) {
+        let now = self.t.now();
+        self.t.turn.lock().deprecate_patch(id, now);
+    }
+
     /// Awaits every future, returning their outputs in input order. The futures' seqs were
     /// taken when they were created, in iteration order, so replay lines up however their
     /// completions interleave.

@@ -9,6 +9,7 @@ mod child;
 mod ctx;
 mod driver;
 mod env;
+mod replay;
 mod wait;
 
 use std::collections::HashMap;
@@ -23,6 +24,7 @@ pub(crate) use ctx::Compensation;
 pub use ctx::{All, Step, StepContext, StepOptions, WorkflowCtx};
 pub(crate) use driver::TurnDriver;
 pub(crate) use env::TurnEnv;
+pub(crate) use replay::replay_turn;
 pub use wait::{SignalError, TaskError, UpdateOutcome};
 
 use durable_core::{Commit, Millis, Payload, Run, StoreResult, Turn};
