@@ -109,6 +109,31 @@ pub use workers::SqliteStats;
 use ops::{Ctx, Poll};
 use workers::Workers;
 
+/// Not public API: the statements the store runs, for the tests that read their query plans
+/// (`tests/sqlite_plans.rs`). May change in any release.
+#[doc(hidden)]
+pub mod __private {
+    use durable_core::{RunFilter, RunQuery, StoreError};
+    pub use rusqlite::types::Value;
+
+    pub use crate::ops::Poll;
+
+    /// The statement `list_runs(filter)` runs and its arguments (`?N` placeholders).
+    pub fn list_runs_sql(filter: &RunFilter) -> Result<(String, Vec<Value>), StoreError> {
+        match crate::ops::list_runs_sql(filter) {
+            Ok((q, _)) => Ok((q.text, q.args)),
+            Err(crate::ops::OpError::Store(e)) => Err(e),
+            Err(e) => Err(StoreError::backend(format!("{e:?}"))),
+        }
+    }
+
+    /// The statement of `pending_runs`, `due_runs` or `orphaned_runs` and its arguments; `None`
+    /// when the query matches nothing (the store then asks nothing).
+    pub fn poll_sql(which: Poll, query: &RunQuery) -> Option<(String, Vec<Value>)> {
+        crate::ops::poll_sql(which, query).map(|q| (q.text, q.args))
+    }
+}
+
 /// The SQLite [`Store`]: one database file, one writer thread with group commit, a few reader
 /// threads. See the [crate docs](crate) for what it guarantees.
 ///
