@@ -142,6 +142,32 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 /// The connection pool crate (and, through it, `tokio_postgres`), re-exported so that pools for
 /// [`PostgresStore::from_pool`] are built with the versions this crate uses.
 pub use deadpool_postgres;
+
+/// Not public API: the statements the store runs, for the tests that read their query plans
+/// (`tests/pg_plans.rs`). May change in any release.
+#[doc(hidden)]
+pub mod __private {
+    use durable_core::{RunFilter, RunQuery, StoreError};
+    use tokio_postgres::types::{ToSql, Type};
+
+    use crate::PostgresStore;
+    pub use crate::ops::Poll;
+
+    /// A statement and its parameters with their types (for `query_typed`).
+    pub type Statement = (String, Vec<(Box<dyn ToSql + Sync + Send>, Type)>);
+
+    /// The statement `store.list_runs(filter)` runs.
+    pub fn list_runs_sql(store: &PostgresStore, filter: &RunFilter) -> Result<Statement, StoreError> {
+        let (q, _) = crate::ops::list_runs_query(&store.inner.sql.schema, filter)?;
+        Ok((q.sql, q.params))
+    }
+
+    /// The statement of `pending_runs`, `due_runs` or `orphaned_runs`.
+    pub fn poll_sql(store: &PostgresStore, which: Poll, query: &RunQuery) -> Statement {
+        let q = crate::ops::poll_query(&store.inner.sql.schema, which, query);
+        (q.sql, q.params)
+    }
+}
 pub use error::{Error, Result};
 pub use options::PostgresOptions;
 pub use schema::SCHEMA_VERSION;
