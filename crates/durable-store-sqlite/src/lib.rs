@@ -27,6 +27,13 @@
 //!   durable database is refused without being written ([`Error::NotADatabase`]). Tools that
 //!   must never create a database (an operator's command line) open with
 //!   [`SqliteOptions::create_if_missing`]`(false)`: a missing or empty file is refused too.
+//! - **Indexed reads.** Every [`RunFilter`] of [`Store::list_runs`] (statuses, workflow,
+//!   namespace, tag, parent, created range, and any combination, newest first, with the cursor)
+//!   walks an index kept in the listing order, and the poller scans ([`Store::pending_runs`],
+//!   [`Store::due_runs`], [`Store::orphaned_runs`]) each walk a partial index of their own: a
+//!   first page costs about what it returns, not the number of runs in the file.
+//! - **Clean close.** Dropping the store checkpoints the WAL into the file and truncates it, so
+//!   no `-wal` file of megabytes is left behind (see [`SqliteStore`]).
 //! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
 //!   disk full, corrupt, not a database → [`StoreError::Backend`](durable_core::StoreError::Backend) wrapping an [`Error`].
 //!
@@ -137,10 +144,17 @@ pub mod __private {
 /// The SQLite [`Store`]: one database file, one writer thread with group commit, a few reader
 /// threads. See the [crate docs](crate) for what it guarantees.
 ///
-/// Open it once per process and share it (`Arc<SqliteStore>` or `Arc<dyn Store>`). Dropping it
-/// finishes the writes already queued, then closes the file: unless another connection (another
-/// store, another process) still has it open, the WAL is checkpointed into the file and removed,
-/// so the file alone holds everything.
+/// Open it once per process and share it (`Arc<SqliteStore>` or `Arc<dyn Store>`).
+///
+/// **Closing.** Dropping it finishes the writes already queued, then checkpoints the WAL into
+/// the database file and truncates it to 0 bytes (`PRAGMA wal_checkpoint(TRUNCATE)` on the
+/// writer connection, after the readers closed), then closes the file; if no other connection
+/// has it open, the `-wal` file is removed too. Either way the file alone holds everything and
+/// no multi-megabyte `-wal` is left beside it. If another connection (another store, another
+/// process) is still reading older data from the WAL or writing, the checkpoint waits for it
+/// for at most the busy timeout capped at one second, then gives up and leaves the WAL as it is
+/// (nothing is lost: the WAL is part of the database until the next checkpoint copies it).
+/// Dropping blocks the dropping thread for that long at most, plus the queued writes.
 pub struct SqliteStore {
     path: PathBuf,
     options: SqliteOptions,
