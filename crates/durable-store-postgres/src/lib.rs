@@ -24,6 +24,15 @@
 //! - **Byte-exact payloads**: JSON payloads are stored as `text`, never `jsonb` (which
 //!   reformats). Ids sort by bytes (`COLLATE "C"`), like Rust strings. Event matchers are
 //!   evaluated on the server with `durable_core::json_subset`'s rules (serde_json equality).
+//! - **Indexed reads.** Every [`RunFilter`](durable_core::RunFilter) of [`Store::list_runs`]
+//!   (statuses, workflow, namespace, tag, parent, created range, any combination, newest first,
+//!   with the cursor) can be served by an index: settled runs by status, active runs (the
+//!   working set) in one partial index, workflow, namespace and parent each in the listing order,
+//!   tags in a GIN index. The poller scans ([`Store::pending_runs`], [`Store::due_runs`],
+//!   [`Store::orphaned_runs`]) walk partial indexes that no listing index can stand in for, so the
+//!   planner keeps them even when its statistics lag a burst of runs. No index names
+//!   `updated_at`: a step commit, which changes only that and the recovery count, is a HOT update
+//!   that writes no index entry when the row's page has room (the table's fill factor is 90).
 //! - **Versioned schema.** A `schema_version` table records the version. Connecting creates the
 //!   schema or migrates it forward, in one transaction holding an advisory lock (concurrent
 //!   engines do not race); a schema written by a newer build is refused
