@@ -24,6 +24,15 @@
 //! - **Byte-exact payloads**: JSON payloads are stored as `text`, never `jsonb` (which
 //!   reformats). Ids sort by bytes (`COLLATE "C"`), like Rust strings. Event matchers are
 //!   evaluated on the server with `durable_core::json_subset`'s rules (serde_json equality).
+//! - **Indexed reads.** Every [`RunFilter`](durable_core::RunFilter) of [`Store::list_runs`]
+//!   (statuses, workflow, namespace, tag, parent, created range, any combination, newest first,
+//!   with the cursor) can be served by an index: settled runs by status, active runs (the
+//!   working set) in one partial index, workflow, namespace and parent each in the listing order,
+//!   tags in a GIN index. The poller scans ([`Store::pending_runs`], [`Store::due_runs`],
+//!   [`Store::orphaned_runs`]) walk partial indexes that no listing index can stand in for, so the
+//!   planner keeps them even when its statistics lag a burst of runs. No index names
+//!   `updated_at`: a step commit, which changes only that and the recovery count, is a HOT update
+//!   that writes no index entry when the row's page has room (the table's fill factor is 90).
 //! - **Versioned schema.** A `schema_version` table records the version. Connecting creates the
 //!   schema or migrates it forward, in one transaction holding an advisory lock (concurrent
 //!   engines do not race); a schema written by a newer build is refused
@@ -142,6 +151,32 @@ use tokio_postgres::{AsyncMessage, NoTls, Row};
 /// The connection pool crate (and, through it, `tokio_postgres`), re-exported so that pools for
 /// [`PostgresStore::from_pool`] are built with the versions this crate uses.
 pub use deadpool_postgres;
+
+/// Not public API: the statements the store runs, for the tests that read their query plans
+/// (`tests/pg_plans.rs`). May change in any release.
+#[doc(hidden)]
+pub mod __private {
+    use durable_core::{RunFilter, RunQuery, StoreError};
+    use tokio_postgres::types::{ToSql, Type};
+
+    use crate::PostgresStore;
+    pub use crate::ops::Poll;
+
+    /// A statement and its parameters with their types (for `query_typed`).
+    pub type Statement = (String, Vec<(Box<dyn ToSql + Sync + Send>, Type)>);
+
+    /// The statement `store.list_runs(filter)` runs.
+    pub fn list_runs_sql(store: &PostgresStore, filter: &RunFilter) -> Result<Statement, StoreError> {
+        let (q, _) = crate::ops::list_runs_query(&store.inner.sql.schema, filter)?;
+        Ok((q.sql, q.params))
+    }
+
+    /// The statement of `pending_runs`, `due_runs` or `orphaned_runs`.
+    pub fn poll_sql(store: &PostgresStore, which: Poll, query: &RunQuery) -> Statement {
+        let q = crate::ops::poll_query(&store.inner.sql.schema, which, query);
+        (q.sql, q.params)
+    }
+}
 pub use error::{Error, Result};
 pub use options::PostgresOptions;
 pub use schema::SCHEMA_VERSION;

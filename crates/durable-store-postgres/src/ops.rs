@@ -678,9 +678,25 @@ pub(crate) fn list_runs_query(schema: &str, filter: &RunFilter) -> Result<(Query
     if let Some(w) = &filter.workflow {
         sql.push_str(&format!(" AND workflow = {}", q.bind(w.clone(), Type::TEXT)));
     }
-    if !filter.statuses.is_empty() {
-        let statuses: Vec<String> = filter.statuses.iter().map(|s| s.as_str().to_string()).collect();
-        sql.push_str(&format!(" AND status = ANY ({})", q.bind(statuses, Type::TEXT_ARRAY)));
+    // Settled and active statuses are in different partial indexes: one term for each half, so
+    // the planner can see which index each half may use.
+    let mut halves: Vec<String> = Vec::new();
+    for settled in [true, false] {
+        let mut half: Vec<String> =
+            filter.statuses.iter().filter(|s| s.is_terminal() == settled).map(|s| s.as_str().to_string()).collect();
+        half.sort_unstable();
+        half.dedup();
+        match half.len() {
+            0 => {}
+            // An equality, so an index scan of runs_settled_created is in the listing order.
+            1 => halves.push(format!("status = {}", q.bind(half.remove(0), Type::TEXT))),
+            _ => halves.push(format!("status = ANY ({})", q.bind(half, Type::TEXT_ARRAY))),
+        }
+    }
+    match halves.as_slice() {
+        [] => {}
+        [one] => sql.push_str(&format!(" AND {one}")),
+        _ => sql.push_str(&format!(" AND ({})", halves.join(" OR "))),
     }
     if let Some(ns) = &filter.namespace {
         sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
@@ -708,26 +724,35 @@ pub(crate) fn list_runs_query(schema: &str, filter: &RunFilter) -> Result<(Query
 }
 
 /// Which poller query.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Poll {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    /// [`Store::pending_runs`](durable_core::Store::pending_runs).
     Pending,
+    /// [`Store::due_runs`](durable_core::Store::due_runs).
     Due,
+    /// [`Store::orphaned_runs`](durable_core::Store::orphaned_runs).
     Orphaned,
 }
 
-/// `pending_runs`, `due_runs` and `orphaned_runs`: each walks its partial index.
+/// The expression `runs_orphaned` indexes: when the run's lease stops holding it (-1: it has
+/// none). A lease is live while `lease_owner` and `lease_until` are set and `lease_until >= now`,
+/// so (as `now >= 0`) there is no live lease exactly when this is `< now`.
+const LEASE_FREE_AT: &str = "(CASE WHEN lease_owner IS NULL OR lease_until IS NULL THEN -1 ELSE lease_until END)";
+
+/// `pending_runs`, `due_runs` and `orphaned_runs`: pending runs in claim order (`runs_pending`),
+/// due timers by `wake_at` up to now (`runs_due`), orphans by the end of their lease up to now
+/// (`runs_orphaned`; only they are sorted by age).
 pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     let mut q = Query::default();
     let now = q.bind(millis_to_sql(rq.now), Type::INT8);
-    let (head, order) = match which {
-        Poll::Pending => ("status = 'pending'".to_string(), "priority DESC, created_at, id"),
-        Poll::Due => (format!("status = 'suspended' AND wake_at <= {now}"), "wake_at, id"),
-        Poll::Orphaned => ("status = 'running'".to_string(), "updated_at, id"),
-    };
     // A lease is live when it has an owner and lease_until >= now.
-    let mut sql = format!(
-        "SELECT id FROM {schema}.runs WHERE {head} AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < {now})"
-    );
+    let no_live_lease = format!("(lease_owner IS NULL OR lease_until IS NULL OR lease_until < {now})");
+    let (head, order) = match which {
+        Poll::Pending => (format!("status = 'pending' AND {no_live_lease}"), "priority DESC, created_at, id"),
+        Poll::Due => (format!("status = 'suspended' AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id"),
+        Poll::Orphaned => (format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id"),
+    };
+    let mut sql = format!("SELECT id FROM {schema}.runs WHERE {head}");
     if let Some(ns) = &rq.namespace {
         sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
     }

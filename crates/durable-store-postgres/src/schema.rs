@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -40,6 +40,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 4,
         description: "commit resets recovery_attempts when it records progress (checkpoints or a turn end)",
         sql: include_str!("sql/v4.sql"),
+    },
+    Migration {
+        version: 5,
+        description: "an index for every list_runs filter; the orphan scan by lease expiry, so step commits are HOT updates",
+        sql: include_str!("sql/v5.sql"),
     },
 ];
 

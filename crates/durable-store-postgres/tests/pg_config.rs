@@ -1,13 +1,15 @@
 //! Bad configuration fails on connect with one clear line naming the server (never the
 //! password): a malformed URL, a refused connection, a missing database, a schema from a newer
 //! build, a schema holding someone else's tables. And concurrent engines migrating one fresh
-//! schema do not race.
+//! schema do not race; an older schema is migrated forward with its runs.
 
 mod common;
 
 use std::sync::Arc;
 
-use common::{ScratchSchema, url_or_skip, with_database};
+use common::{ScratchSchema, new_run, url_or_skip, with_database};
+use durable_core::{ParentLink, RunFilter, RunId, RunPatch, RunStatus, Store};
+use durable_store_postgres::deadpool_postgres::tokio_postgres::Client;
 use durable_store_postgres::{Error, PostgresOptions, PostgresStore, SCHEMA_VERSION};
 
 #[track_caller]
@@ -150,4 +152,73 @@ async fn concurrent_engines_migrate_a_fresh_schema_once() {
         .unwrap();
     let versions: Vec<i32> = rows.iter().map(|r| r.get(0)).collect();
     assert_eq!(versions, (1..=SCHEMA_VERSION as i32).collect::<Vec<_>>());
+}
+
+/// The schema's versions, its indexes (name and definition, the schema's name taken out) and the
+/// runs table's storage options.
+async fn shape(admin: &Client, schema: &str) -> (Vec<i32>, Vec<(String, String)>, Option<Vec<String>>) {
+    let rows =
+        admin.query(&format!("SELECT version FROM \"{schema}\".schema_version ORDER BY version"), &[]).await.unwrap();
+    let versions = rows.iter().map(|r| r.get(0)).collect();
+    let rows = admin
+        .query(
+            "SELECT indexname::text, replace(indexdef, $1, 'S') FROM pg_indexes WHERE schemaname = $1 ORDER BY 1",
+            &[&schema],
+        )
+        .await
+        .unwrap();
+    let indexes = rows.iter().map(|r| (r.get(0), r.get(1))).collect();
+    let options = admin
+        .query_one(&format!("SELECT reloptions FROM pg_class WHERE oid = '\"{schema}\".runs'::regclass"), &[])
+        .await
+        .unwrap()
+        .get(0);
+    (versions, indexes, options)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
+    let Some(url) = url_or_skip("a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs") else { return };
+    let old = ScratchSchema::new(&url, "v4").await.unwrap();
+    let fresh = ScratchSchema::new(&url, "v5").await.unwrap();
+    let admin = old.client().await.unwrap();
+    let store = old.connect().await.unwrap();
+    store.create_run(new_run("old-parent")).await.unwrap();
+    let mut child = new_run("old-child");
+    child.parent = Some(ParentLink { run_id: RunId::from("old-parent"), seq: 0 });
+    child.workflow = "child".into();
+    store.create_run(child).await.unwrap();
+    let mut tagged = new_run("old-vip");
+    tagged.tags = vec!["vip".into()];
+    store.create_run(tagged).await.unwrap();
+    store.create_run(new_run("old-dead")).await.unwrap();
+    let bury = RunPatch { status: Some(RunStatus::Dead), now: common::T0, ..RunPatch::default() };
+    assert!(store.update_run_if(&RunId::from("old-dead"), &[RunStatus::Pending], bury).await.unwrap());
+    drop(store);
+    common::undo_version_5(&admin, old.name()).await;
+    assert_eq!(shape(&admin, old.name()).await.0, (1..=4).collect::<Vec<_>>());
+
+    // Connecting migrates it; the runs are listed through the new indexes.
+    let store = old.connect().await.unwrap();
+    let list = |filter: RunFilter| {
+        let store = &store;
+        async move { store.list_runs(&filter).await.unwrap().runs.into_iter().map(|r| r.id.to_string()).collect::<Vec<_>>() }
+    };
+    assert_eq!(
+        list(RunFilter { parent: Some(RunId::from("old-parent")), ..RunFilter::default() }).await,
+        ["old-child"]
+    );
+    assert_eq!(list(RunFilter { statuses: vec![RunStatus::Dead], ..RunFilter::default() }).await, ["old-dead"]);
+    assert_eq!(list(RunFilter { tag: Some("vip".into()), ..RunFilter::default() }).await, ["old-vip"]);
+    assert_eq!(list(RunFilter { workflow: Some("child".into()), ..RunFilter::default() }).await, ["old-child"]);
+    let mut active = list(RunFilter { statuses: vec![RunStatus::Pending], ..RunFilter::default() }).await;
+    active.sort();
+    assert_eq!(active, ["old-child", "old-parent", "old-vip"]);
+
+    // And the schema is the one a new store gets.
+    drop(fresh.connect().await.unwrap());
+    let (migrated, new) = (shape(&admin, old.name()).await, shape(&admin, fresh.name()).await);
+    assert_eq!(migrated.0, (1..=SCHEMA_VERSION as i32).collect::<Vec<_>>());
+    assert_eq!(migrated, new);
+    assert_eq!(new.2, Some(vec!["fillfactor=90".to_string()]));
 }

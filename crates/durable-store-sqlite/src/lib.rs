@@ -27,6 +27,13 @@
 //!   durable database is refused without being written ([`Error::NotADatabase`]). Tools that
 //!   must never create a database (an operator's command line) open with
 //!   [`SqliteOptions::create_if_missing`]`(false)`: a missing or empty file is refused too.
+//! - **Indexed reads.** Every [`RunFilter`] of [`Store::list_runs`] (statuses, workflow,
+//!   namespace, tag, parent, created range, and any combination, newest first, with the cursor)
+//!   walks an index kept in the listing order, and the poller scans ([`Store::pending_runs`],
+//!   [`Store::due_runs`], [`Store::orphaned_runs`]) each walk a partial index of their own: a
+//!   first page costs about what it returns, not the number of runs in the file.
+//! - **Clean close.** Dropping the store checkpoints the WAL into the file and truncates it, so
+//!   no `-wal` file of megabytes is left behind (see [`SqliteStore`]).
 //! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
 //!   disk full, corrupt, not a database → [`StoreError::Backend`](durable_core::StoreError::Backend) wrapping an [`Error`].
 //!
@@ -109,13 +116,45 @@ pub use workers::SqliteStats;
 use ops::{Ctx, Poll};
 use workers::Workers;
 
+/// Not public API: the statements the store runs, for the tests that read their query plans
+/// (`tests/sqlite_plans.rs`). May change in any release.
+#[doc(hidden)]
+pub mod __private {
+    use durable_core::{RunFilter, RunQuery, StoreError};
+    pub use rusqlite::types::Value;
+
+    pub use crate::ops::Poll;
+
+    /// The statement `list_runs(filter)` runs and its arguments (`?N` placeholders).
+    pub fn list_runs_sql(filter: &RunFilter) -> Result<(String, Vec<Value>), StoreError> {
+        match crate::ops::list_runs_sql(filter) {
+            Ok((q, _)) => Ok((q.text, q.args)),
+            Err(crate::ops::OpError::Store(e)) => Err(e),
+            Err(e) => Err(StoreError::backend(format!("{e:?}"))),
+        }
+    }
+
+    /// The statement of `pending_runs`, `due_runs` or `orphaned_runs` and its arguments; `None`
+    /// when the query matches nothing (the store then asks nothing).
+    pub fn poll_sql(which: Poll, query: &RunQuery) -> Option<(String, Vec<Value>)> {
+        crate::ops::poll_sql(which, query).map(|q| (q.text, q.args))
+    }
+}
+
 /// The SQLite [`Store`]: one database file, one writer thread with group commit, a few reader
 /// threads. See the [crate docs](crate) for what it guarantees.
 ///
-/// Open it once per process and share it (`Arc<SqliteStore>` or `Arc<dyn Store>`). Dropping it
-/// finishes the writes already queued, then closes the file: unless another connection (another
-/// store, another process) still has it open, the WAL is checkpointed into the file and removed,
-/// so the file alone holds everything.
+/// Open it once per process and share it (`Arc<SqliteStore>` or `Arc<dyn Store>`).
+///
+/// **Closing.** Dropping it finishes the writes already queued, then checkpoints the WAL into
+/// the database file and truncates it to 0 bytes (`PRAGMA wal_checkpoint(TRUNCATE)` on the
+/// writer connection, after the readers closed), then closes the file; if no other connection
+/// has it open, the `-wal` file is removed too. Either way the file alone holds everything and
+/// no multi-megabyte `-wal` is left beside it. If another connection (another store, another
+/// process) is still reading older data from the WAL or writing, the checkpoint waits for it
+/// for at most the busy timeout capped at one second, then gives up and leaves the WAL as it is
+/// (nothing is lost: the WAL is part of the database until the next checkpoint copies it).
+/// Dropping blocks the dropping thread for that long at most, plus the queued writes.
 pub struct SqliteStore {
     path: PathBuf,
     options: SqliteOptions,

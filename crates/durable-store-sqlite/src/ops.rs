@@ -145,6 +145,11 @@ fn run_status(s: &str, id: &RunId) -> OpResult<RunStatus> {
 const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
      parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen";
 
+/// [`RUN_COLS`] for a query that joins another table.
+const RUN_COLS_QUALIFIED: &str = "runs.id, runs.workflow, runs.version, runs.namespace, runs.status, runs.input, \
+     runs.output, runs.error, runs.tags, runs.priority, runs.parent_id, runs.parent_seq, runs.created_at, \
+     runs.updated_at, runs.wake_at, runs.lease_owner, runs.lease_until, runs.recovery_attempts, runs.wake_gen";
+
 fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
     let id = RunId::new(text(row, 0)?);
     let what = |col: &str| format!("run {id}: {col}");
@@ -249,53 +254,145 @@ pub(crate) fn history(conn: &Connection, id: &RunId) -> OpResult<Vec<Checkpoint>
     Ok(out)
 }
 
-pub(crate) fn list_runs(conn: &Connection, filter: &RunFilter) -> OpResult<RunPage> {
+/// A statement and its arguments (`?N` placeholders, numbered, so a value can be used twice).
+#[derive(Debug, Default)]
+pub(crate) struct Sql {
+    pub(crate) text: String,
+    pub(crate) args: Vec<Value>,
+}
+
+impl Sql {
+    /// Adds an argument and returns its placeholder.
+    fn bind(&mut self, v: Value) -> String {
+        self.args.push(v);
+        format!("?{}", self.args.len())
+    }
+}
+
+/// The index a `list_runs` query walks: one filter drives, the others filter what it yields.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Walk {
+    /// `runs_parent_created`.
+    Parent,
+    /// `run_tags_created`, joined to the runs.
+    Tag,
+    /// `runs_status_created`, one walk per status, merged.
+    Status,
+    /// `runs_workflow_created`.
+    Workflow,
+    /// `runs_namespace_created`.
+    Namespace,
+    /// `runs_created` (no filter that an index leads with; the created range and the cursor
+    /// still narrow it).
+    Created,
+}
+
+impl Walk {
+    /// The filter most likely to be selective drives, without statistics to ask: a parent's
+    /// children, then a tag, then statuses, then a workflow, then a namespace. Statuses that
+    /// include `completed`, where most runs end, give way to a workflow.
+    pub(crate) fn of(filter: &RunFilter) -> Walk {
+        let statuses = !filter.statuses.is_empty();
+        if filter.parent.is_some() {
+            Walk::Parent
+        } else if filter.tag.is_some() {
+            Walk::Tag
+        } else if statuses && (filter.workflow.is_none() || !filter.statuses.contains(&RunStatus::Completed)) {
+            Walk::Status
+        } else if filter.workflow.is_some() {
+            Walk::Workflow
+        } else if filter.namespace.is_some() {
+            Walk::Namespace
+        } else {
+            Walk::Created
+        }
+    }
+}
+
+/// The `list_runs` statement of `filter`, and the page size.
+///
+/// Every filter is served by an index that ends in the listing order (`created_at DESC, id
+/// DESC`), so a page reads the entries of the walked index from the cursor on and stops at the
+/// page size; see [`Walk::of`] for which one. The terms of the other filters are written `+col`,
+/// which keeps SQLite from walking their index instead (SQLite has no statistics to tell which
+/// filter is rarer). Several statuses are one walk of `runs_status_created` each, merged in
+/// order by a `UNION ALL … ORDER BY` (SQLite's merge, no sort).
+pub(crate) fn list_runs_sql(filter: &RunFilter) -> OpResult<(Sql, usize)> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     let limit = if filter.limit == 0 { 100 } else { filter.limit };
-    let mut sql = format!("SELECT {RUN_COLS} FROM runs WHERE 1");
-    let mut args: Vec<Value> = Vec::new();
-    if let Some(w) = &filter.workflow {
-        sql.push_str(" AND workflow = ?");
-        args.push(Value::Text(w.clone()));
-    }
-    if !filter.statuses.is_empty() {
-        sql.push_str(" AND status IN (");
-        for (i, st) in filter.statuses.iter().enumerate() {
-            sql.push_str(if i == 0 { "?" } else { ", ?" });
-            args.push(Value::Text(st.as_str().to_string()));
-        }
-        sql.push(')');
-    }
-    if let Some(ns) = &filter.namespace {
-        sql.push_str(" AND namespace = ?");
-        args.push(Value::Text(ns.clone()));
+    let walk = Walk::of(filter);
+    let mut q = Sql::default();
+    let plus = |w: Walk| if w == walk { "" } else { "+" };
+    // The listing order's columns: the tag walk reads them from run_tags (the same values).
+    let (created, id) =
+        if walk == Walk::Tag { ("run_tags.created_at", "run_tags.run_id") } else { ("runs.created_at", "runs.id") };
+    let mut terms: Vec<String> = Vec::new();
+    if let Some(parent) = &filter.parent {
+        terms.push(format!("{}runs.parent_id = {}", plus(Walk::Parent), q.bind(Value::Text(parent.to_string()))));
     }
     if let Some(tag) = &filter.tag {
-        sql.push_str(" AND id IN (SELECT run_id FROM run_tags WHERE tag = ?)");
-        args.push(Value::Text(tag.clone()));
+        let tag = q.bind(Value::Text(tag.clone()));
+        terms.push(if walk == Walk::Tag {
+            format!("run_tags.tag = {tag}")
+        } else {
+            format!("EXISTS (SELECT 1 FROM run_tags WHERE run_tags.run_id = runs.id AND run_tags.tag = {tag})")
+        });
     }
-    if let Some(parent) = &filter.parent {
-        sql.push_str(" AND parent_id = ?");
-        args.push(Value::Text(parent.as_str().to_string()));
+    if let Some(w) = &filter.workflow {
+        terms.push(format!("{}runs.workflow = {}", plus(Walk::Workflow), q.bind(Value::Text(w.clone()))));
+    }
+    if let Some(ns) = &filter.namespace {
+        terms.push(format!("{}runs.namespace = {}", plus(Walk::Namespace), q.bind(Value::Text(ns.clone()))));
+    }
+    let mut statuses: Vec<&'static str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+    statuses.sort_unstable();
+    statuses.dedup();
+    if !statuses.is_empty() && walk != Walk::Status {
+        let list: Vec<String> = statuses.iter().map(|s| q.bind(Value::Text((*s).to_string()))).collect();
+        terms.push(format!("+runs.status IN ({})", list.join(", ")));
     }
     if let Some(t) = filter.created_after {
-        sql.push_str(" AND created_at >= ?");
-        args.push(Value::Integer(millis_to_sql(t)));
+        terms.push(format!("{created} >= {}", q.bind(Value::Integer(millis_to_sql(t)))));
     }
     if let Some(t) = filter.created_before {
-        sql.push_str(" AND created_at < ?");
-        args.push(Value::Integer(millis_to_sql(t)));
+        terms.push(format!("{created} < {}", q.bind(Value::Integer(millis_to_sql(t)))));
     }
-    if let Some((t, id)) = &after {
-        sql.push_str(" AND (created_at < ? OR (created_at = ? AND id < ?))");
-        args.push(Value::Integer(millis_to_sql(*t)));
-        args.push(Value::Integer(millis_to_sql(*t)));
-        args.push(Value::Text(id.as_str().to_string()));
+    if let Some((t, after_id)) = &after {
+        let (t, after_id) =
+            (q.bind(Value::Integer(millis_to_sql(*t))), q.bind(Value::Text(after_id.as_str().to_string())));
+        terms.push(format!("({created}, {id}) < ({t}, {after_id})"));
     }
-    sql.push_str(" ORDER BY created_at DESC, id DESC LIMIT ?");
-    args.push(Value::Integer(sql_limit(limit.saturating_add(1))));
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let mut rows = stmt.query(params_from_iter(args))?;
+    let from = if walk == Walk::Tag { "run_tags CROSS JOIN runs ON runs.id = run_tags.run_id" } else { "runs" };
+    let select = |extra: Option<String>| {
+        let all: Vec<&str> = extra.iter().map(String::as_str).chain(terms.iter().map(String::as_str)).collect();
+        let wher = if all.is_empty() { String::new() } else { format!(" WHERE {}", all.join(" AND ")) };
+        format!("SELECT {RUN_COLS_QUALIFIED} FROM {from}{wher}")
+    };
+    let arms: Vec<String> = if walk == Walk::Status {
+        statuses
+            .iter()
+            .map(|s| {
+                let st = q.bind(Value::Text((*s).to_string()));
+                select(Some(format!("runs.status = {st}")))
+            })
+            .collect()
+    } else {
+        vec![select(None)]
+    };
+    let lim = q.bind(Value::Integer(sql_limit(limit.saturating_add(1))));
+    q.text = if arms.len() == 1 {
+        format!("{} ORDER BY {created} DESC, {id} DESC LIMIT {lim}", arms[0])
+    } else {
+        // A compound's ORDER BY names its result columns.
+        format!("{} ORDER BY created_at DESC, id DESC LIMIT {lim}", arms.join(" UNION ALL "))
+    };
+    Ok((q, limit))
+}
+
+pub(crate) fn list_runs(conn: &Connection, filter: &RunFilter) -> OpResult<RunPage> {
+    let (q, limit) = list_runs_sql(filter)?;
+    let mut stmt = conn.prepare_cached(&q.text)?;
+    let mut rows = stmt.query(params_from_iter(q.args))?;
     let mut runs = Vec::new();
     while let Some(row) = rows.next()? {
         runs.push(run_from_row(row)?);
@@ -311,52 +408,76 @@ fn sql_limit(limit: usize) -> i64 {
 }
 
 /// Which poller query.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Poll {
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Poll {
+    /// [`Store::pending_runs`](durable_core::Store::pending_runs).
     Pending,
+    /// [`Store::due_runs`](durable_core::Store::due_runs).
     Due,
+    /// [`Store::orphaned_runs`](durable_core::Store::orphaned_runs).
     Orphaned,
 }
 
-/// `pending_runs`, `due_runs` and `orphaned_runs`: each walks its partial index.
-pub(crate) fn poll_runs(conn: &Connection, which: Poll, q: &RunQuery) -> OpResult<Vec<RunId>> {
-    if q.limit == 0 {
-        return Ok(Vec::new());
+/// The expression `runs_orphaned` indexes: when the run's lease stops holding it (-1: it has
+/// none). A lease is live while `lease_owner` and `lease_until` are set and `lease_until >= now`,
+/// so (as `now >= 0`) there is no live lease exactly when this is `< now`.
+const LEASE_FREE_AT: &str = "(CASE WHEN lease_owner IS NULL OR lease_until IS NULL THEN -1 ELSE lease_until END)";
+
+/// The statement of `pending_runs`, `due_runs` or `orphaned_runs`.
+///
+/// Each names its partial index (`INDEXED BY`): the status index covers the same rows and,
+/// without statistics, SQLite would take it (an equality beats a partial index's order or
+/// range), then sort everything of that status. Pending runs are walked in claim order
+/// (`runs_pending`), due timers by `wake_at` up to now (`runs_due`), orphans by the end of their
+/// lease up to now (`runs_orphaned`, then sorted by `updated_at`: only the orphans are). The
+/// namespace and workflow terms filter what the walk yields.
+///
+/// `None` for a query that matches nothing (a limit of 0, an empty list of workflows): there is
+/// nothing to ask.
+pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
+    if q.limit == 0 || q.workflows.as_ref().is_some_and(Vec::is_empty) {
+        return None;
     }
-    let now = millis_to_sql(q.now);
+    let mut sql = Sql::default();
+    let now = sql.bind(Value::Integer(millis_to_sql(q.now)));
     // A lease is live when it has an owner and lease_until >= now.
-    let no_live_lease = "(lease_owner IS NULL OR lease_until IS NULL OR lease_until < ?1)";
-    let (head, order) = match which {
-        Poll::Pending => ("status = 'pending'", "priority DESC, created_at, id"),
-        Poll::Due => ("status = 'suspended' AND wake_at <= ?1", "wake_at, id"),
-        Poll::Orphaned => ("status = 'running'", "updated_at, id"),
+    let no_live_lease = format!("(lease_owner IS NULL OR lease_until IS NULL OR lease_until < {now})");
+    let (index, head, order) = match which {
+        Poll::Pending => {
+            ("runs_pending", format!("status = 'pending' AND {no_live_lease}"), "priority DESC, created_at, id")
+        }
+        Poll::Due => {
+            ("runs_due", format!("status = 'suspended' AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id")
+        }
+        Poll::Orphaned => {
+            ("runs_orphaned", format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id")
+        }
     };
-    let mut sql = format!("SELECT id FROM runs WHERE {head} AND {no_live_lease}");
-    let mut args: Vec<Value> = vec![Value::Integer(now)];
+    let mut text = format!("SELECT id FROM runs INDEXED BY {index} WHERE {head}");
     if let Some(ns) = &q.namespace {
-        args.push(Value::Text(ns.clone()));
-        sql.push_str(&format!(" AND namespace = ?{}", args.len()));
+        text.push_str(&format!(" AND namespace = {}", sql.bind(Value::Text(ns.clone()))));
     }
     if let Some(ws) = &q.workflows {
-        if ws.is_empty() {
-            sql.push_str(" AND 0");
-        } else {
-            sql.push_str(" AND (");
-            for (i, (w, v)) in ws.iter().enumerate() {
-                if i > 0 {
-                    sql.push_str(" OR ");
-                }
-                args.push(Value::Text(w.clone()));
-                args.push(Value::Integer(i64::from(*v)));
-                sql.push_str(&format!("(workflow = ?{} AND version = ?{})", args.len() - 1, args.len()));
-            }
-            sql.push(')');
-        }
+        let pairs: Vec<String> = ws
+            .iter()
+            .map(|(w, v)| {
+                let (w, v) = (sql.bind(Value::Text(w.clone())), sql.bind(Value::Integer(i64::from(*v))));
+                format!("(workflow = {w} AND version = {v})")
+            })
+            .collect();
+        text.push_str(&format!(" AND ({})", pairs.join(" OR ")));
     }
-    args.push(Value::Integer(sql_limit(q.limit)));
-    sql.push_str(&format!(" ORDER BY {order} LIMIT ?{}", args.len()));
-    let mut stmt = conn.prepare_cached(&sql)?;
-    let mut rows = stmt.query(params_from_iter(args))?;
+    let lim = sql.bind(Value::Integer(sql_limit(q.limit)));
+    text.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
+    sql.text = text;
+    Some(sql)
+}
+
+/// `pending_runs`, `due_runs` and `orphaned_runs`: see [`poll_sql`].
+pub(crate) fn poll_runs(conn: &Connection, which: Poll, q: &RunQuery) -> OpResult<Vec<RunId>> {
+    let Some(sql) = poll_sql(which, q) else { return Ok(Vec::new()) };
+    let mut stmt = conn.prepare_cached(&sql.text)?;
+    let mut rows = stmt.query(params_from_iter(sql.args))?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
         out.push(RunId::new(text(row, 0)?));
@@ -410,9 +531,10 @@ fn create(conn: &Connection, new: &NewRun) -> OpResult<Option<Run>> {
             .ok_or_else(|| corrupt(format!("run {}: insert conflicted but the run is missing", new.id)));
     }
     if !new.tags.is_empty() {
-        let mut tag = conn.prepare_cached("INSERT OR IGNORE INTO run_tags (run_id, tag) VALUES (?1, ?2)")?;
+        let mut tag =
+            conn.prepare_cached("INSERT OR IGNORE INTO run_tags (run_id, tag, created_at) VALUES (?1, ?2, ?3)")?;
         for t in &new.tags {
-            tag.execute([new.id.as_str(), t.as_str()])?;
+            tag.execute(params![new.id.as_str(), t.as_str(), millis_to_sql(new.created_at)])?;
         }
     }
     Ok(None)
@@ -883,36 +1005,25 @@ mod tests {
         rows.join(" | ")
     }
 
+    /// The lookups outside the runs table (`tests/sqlite_plans.rs` reads the plans of the
+    /// runs queries, from the statements the store builds).
     #[test]
-    fn every_poller_and_lookup_uses_an_index() {
+    fn every_lookup_uses_an_index() {
         let conn = conn();
         let cases = [
-            (
-                "SELECT id FROM runs WHERE status = 'pending' AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < 5) AND namespace = 'x' ORDER BY priority DESC, created_at, id LIMIT 10",
-                "runs_pending",
-            ),
-            (
-                "SELECT id FROM runs WHERE status = 'suspended' AND wake_at <= 5 AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < 5) ORDER BY wake_at, id LIMIT 10",
-                "runs_due",
-            ),
-            (
-                "SELECT id FROM runs WHERE status = 'running' AND (lease_owner IS NULL OR lease_until IS NULL OR lease_until < 5) ORDER BY updated_at, id LIMIT 10",
-                "runs_running_lease",
-            ),
             ("SELECT wid FROM waiters WHERE kind = 'signal' AND key = 't' ORDER BY wid LIMIT 1", "waiters_key"),
             ("SELECT wid FROM waiters WHERE kind = 'event' AND key = 'e' ORDER BY wid", "waiters_key"),
             ("SELECT seq FROM waiters WHERE run_id = 'r' ORDER BY seq", "waiters_run"),
             ("SELECT id FROM buffered_signals WHERE token = 't' ORDER BY id LIMIT 1", "buffered_signals_token"),
             ("SELECT id FROM buffered_events WHERE name = 'e' ORDER BY id", "buffered_events_name"),
             ("SELECT seq FROM checkpoints WHERE run_id = 'r' ORDER BY seq", "PRIMARY KEY"),
-            ("SELECT id FROM runs WHERE parent_id = 'p'", "runs_parent"),
-            ("SELECT id FROM runs WHERE 1 ORDER BY created_at DESC, id DESC LIMIT 10", "runs_created"),
-            ("SELECT run_id FROM run_tags WHERE tag = 'x'", "run_tags_tag"),
+            ("SELECT id FROM runs WHERE parent_id = 'p'", "runs_parent_created"),
+            ("DELETE FROM run_tags WHERE run_id = 'r'", "PRIMARY KEY"),
         ];
         for (sql, index) in cases {
             let plan = plan(&conn, sql);
             assert!(plan.contains(index), "{sql}\n  plan: {plan}\n  expected index {index}");
-            assert!(!plan.contains("TEMP B-TREE") || index == "runs_running_lease", "{sql}\n  sorts: {plan}");
+            assert!(!plan.contains("TEMP B-TREE"), "{sql}\n  sorts: {plan}");
         }
     }
 }

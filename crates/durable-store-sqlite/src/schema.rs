@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 3;
+pub const SCHEMA_VERSION: u32 = 4;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -147,6 +147,37 @@ CREATE TABLE run_queue (
 -- At most one unclaimed item per run.
 CREATE UNIQUE INDEX run_queue_open ON run_queue (run_id) WHERE claimed_by IS NULL;
 CREATE INDEX run_queue_next ON run_queue (namespace, priority DESC, enqueued_at, id);
+",
+    },
+    Migration {
+        version: 4,
+        description: "an index for every list_runs filter and for the orphan scan; run_tags carries created_at",
+        sql: "
+-- list_runs: one index per filter, each ending in the listing order (newest first), so the first
+-- page of any filter reads about a page of index entries whatever the number of runs. The query
+-- builder (ops::list_runs_sql) chooses which one a filter walks.
+CREATE INDEX runs_status_created ON runs (status, created_at DESC, id DESC);
+CREATE INDEX runs_workflow_created ON runs (workflow, created_at DESC, id DESC);
+CREATE INDEX runs_namespace_created ON runs (namespace, created_at DESC, id DESC);
+DROP INDEX runs_parent;
+CREATE INDEX runs_parent_created ON runs (parent_id, created_at DESC, id DESC) WHERE parent_id IS NOT NULL;
+-- A run's tags in the listing order: run_tags gets the run's created_at (which never changes).
+CREATE TABLE run_tags_v4 (
+    run_id     TEXT NOT NULL,
+    tag        TEXT NOT NULL,
+    created_at INTEGER NOT NULL,
+    PRIMARY KEY (run_id, tag)
+) STRICT, WITHOUT ROWID;
+INSERT INTO run_tags_v4 (run_id, tag, created_at)
+    SELECT t.run_id, t.tag, r.created_at FROM run_tags AS t JOIN runs AS r ON r.id = t.run_id;
+DROP TABLE run_tags;
+ALTER TABLE run_tags_v4 RENAME TO run_tags;
+CREATE INDEX run_tags_created ON run_tags (tag, created_at DESC, run_id DESC);
+-- The orphan scan: running runs by the time their lease stops holding them (-1: no lease), so a
+-- scan that finds no orphan reads nothing, however many runs are running.
+DROP INDEX runs_running_lease;
+CREATE INDEX runs_orphaned ON runs ((CASE WHEN lease_owner IS NULL OR lease_until IS NULL THEN -1 ELSE lease_until END))
+    WHERE status = 'running';
 ",
     },
 ];

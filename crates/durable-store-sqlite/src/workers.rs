@@ -9,6 +9,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
+use std::time::Duration;
 
 use durable_core::{StoreError, StoreResult};
 use rusqlite::Connection;
@@ -209,8 +210,9 @@ impl Drop for Workers {
     fn drop(&mut self) {
         // Closing the channels ends the threads once they have answered what is queued; joining
         // them closes their connections, so the file is released when the store is dropped.
-        // The readers close first and the writer last: the last connection to close checkpoints
-        // the WAL into the file and removes it (connections closing at the same time each see
+        // The readers close first and the writer last: the writer, alone on the file as far as
+        // this store goes, checkpoints and truncates the WAL (`checkpoint_on_close`), and the
+        // last connection to close removes it (connections closing at the same time each saw
         // the other still open, and the WAL was left behind).
         self.readers.take();
         for t in self.reader_threads.drain(..) {
@@ -248,6 +250,29 @@ fn writer_loop(conn: &Connection, ctx: &Ctx, rx: &Receiver<Box<dyn WriteJob>>, c
         }
         run_group(conn, ctx, &mut group, counters);
     }
+    // The store is closing and every queued write is done.
+    checkpoint_on_close(conn, ctx);
+}
+
+/// How long a closing store waits, at most, for other connections to the file (other stores,
+/// other processes) to let its WAL checkpoint finish: the store's busy timeout, capped at this.
+pub(crate) const CLOSE_CHECKPOINT_WAIT: Duration = Duration::from_secs(1);
+
+/// Copies the WAL into the database file and truncates it to 0 bytes
+/// (`PRAGMA wal_checkpoint(TRUNCATE)`), so a cleanly closed store leaves no multi-megabyte `-wal`
+/// file behind, even when another connection keeps the file open (then SQLite's own checkpoint
+/// when the last connection closes does not happen).
+///
+/// The checkpoint waits for writers, and for readers still reading older data from the WAL,
+/// through the busy handler: here for at most [`CLOSE_CHECKPOINT_WAIT`]. If they hold on longer
+/// it gives up and the WAL stays as it is; nothing is lost either way (the WAL is part of the
+/// database, and the next checkpoint, by any connection, copies it).
+fn checkpoint_on_close(conn: &Connection, ctx: &Ctx) {
+    if conn.busy_timeout(ctx.busy_timeout.min(CLOSE_CHECKPOINT_WAIT)).is_err() {
+        return;
+    }
+    // One row: (1 if another connection kept it from completing, WAL frames, frames copied).
+    let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0));
 }
 
 fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
@@ -319,8 +344,6 @@ fn run_group(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, c
 
 #[cfg(test)]
 mod tests {
-    use std::time::Duration;
-
     use durable_core::StoreErrorKind;
 
     use super::*;

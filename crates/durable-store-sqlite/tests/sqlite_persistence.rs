@@ -136,3 +136,73 @@ fn copy_holds_run_a(path: &std::path::Path) -> bool {
     let store = common::open(&copy);
     common::block_on(async { store.get_run(&RunId::from("a")).await.unwrap().is_some() })
 }
+
+/// The size of the file's `-wal` (0 when there is none).
+fn wal_len(path: &std::path::Path) -> u64 {
+    std::fs::metadata(format!("{}-wal", path.display())).map_or(0, |m| m.len())
+}
+
+/// Writes `n` runs of 8 KiB each: a few megabytes of WAL.
+fn write_runs(store: &SqliteStore, from: usize, n: usize) {
+    common::block_on(async {
+        for i in from..from + n {
+            let mut run = new_run(&format!("big-{i:04}"), 1_000 + i as u64);
+            run.input = Payload::encode(&json!({ "i": i, "pad": "x".repeat(8_192) })).unwrap();
+            store.create_run(run).await.unwrap();
+        }
+    });
+}
+
+/// Reopens the file and checks that it holds the `n` runs `write_runs` wrote, each intact.
+fn reads_back(path: &std::path::Path, n: usize) {
+    let store = common::open(path);
+    common::block_on(async {
+        let page = store.list_runs(&RunFilter { limit: n + 1, ..RunFilter::default() }).await.unwrap();
+        assert_eq!(page.runs.len(), n);
+        for (i, run) in page.runs.iter().rev().enumerate() {
+            assert_eq!(run.id.as_str(), format!("big-{i:04}"));
+            assert_eq!(run.input, Payload::encode(&json!({ "i": i, "pad": "x".repeat(8_192) })).unwrap());
+        }
+    });
+}
+
+#[test]
+fn closing_the_store_truncates_the_wal_while_another_connection_keeps_the_file_open() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("shared.db");
+    let store = common::open(&path);
+    // Another connection on the file, idle (another process, a tool): the store's connections
+    // are then never the last to close, and SQLite's own checkpoint on the last close does
+    // not happen.
+    let other = rusqlite::Connection::open(&path).unwrap();
+    let _: i64 = other.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)).unwrap();
+    write_runs(&store, 0, 500);
+    assert!(wal_len(&path) > 1_000_000, "the WAL grew ({} bytes)", wal_len(&path));
+    drop(store);
+    assert_eq!(wal_len(&path), 0, "the closed store truncated the WAL");
+    drop(other);
+    reads_back(&path, 500);
+}
+
+#[test]
+fn closing_the_store_waits_for_a_reader_of_the_wal_only_briefly() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("held.db");
+    let busy = std::time::Duration::from_secs(30);
+    let store = SqliteStore::open_with(&path, common::fast().busy_timeout(busy)).unwrap();
+    write_runs(&store, 0, 300);
+    // A reader in the middle of a read transaction on what the WAL holds: a truncating
+    // checkpoint must wait for it to end, which it does not do before the store is closed.
+    let reader = rusqlite::Connection::open(&path).unwrap();
+    reader.execute_batch("BEGIN").unwrap();
+    let seen: i64 = reader.query_row("SELECT count(*) FROM runs", [], |r| r.get(0)).unwrap();
+    assert_eq!(seen, 300);
+    write_runs(&store, 300, 100);
+    let began = std::time::Instant::now();
+    drop(store);
+    let took = began.elapsed();
+    assert!(took < busy / 3, "closing waited {took:?}, not the busy timeout of {busy:?}");
+    reader.execute_batch("COMMIT").unwrap();
+    drop(reader);
+    reads_back(&path, 400);
+}

@@ -7,7 +7,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{block_on, new_run};
-use durable_core::{RunFilter, RunId, Store};
+use durable_core::{RunFilter, RunId, RunStatus, Store};
 use durable_store_sqlite::{Error, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 use rusqlite::Connection;
 
@@ -221,6 +221,8 @@ fn a_version_1_file_is_migrated_forward_with_its_data() {
             VALUES ('old-1', 'wf', 1, 'default', 'completed', '{"n":1}', '["red","blue"]', 10, 20),
                    ('old-2', 'wf', 1, 'default', 'suspended', '{"n":2}', '["blue"]', 11, 21),
                    ('old-3', 'wf', 1, 'default', 'pending', '{"n":3}', '[]', 12, 12);
+        INSERT INTO runs (id, workflow, version, namespace, status, input, tags, parent_id, parent_seq, created_at, updated_at)
+            VALUES ('old-child', 'child', 1, 'default', 'dead', '{}', '["red"]', 'old-1', 0, 13, 13);
         INSERT INTO checkpoints (run_id, seq, name, kind, status, output, attempts, started_at, updated_at)
             VALUES ('old-1', 0, 'charge', 'step', 'completed', '"receipt"', 1, 10, 15);
         INSERT INTO waiters (run_id, seq, name, kind, key, created_at)
@@ -251,13 +253,51 @@ fn a_version_1_file_is_migrated_forward_with_its_data() {
             }
         };
         assert_eq!(ids("blue").await, ["old-2", "old-1"]);
-        assert_eq!(ids("red").await, ["old-1"]);
+        assert_eq!(ids("red").await, ["old-child", "old-1"]);
         // And new runs work on the migrated file.
         let mut tagged = new_run("new", 30);
         tagged.tags = vec!["red".into()];
         store.create_run(tagged).await.unwrap();
-        assert_eq!(ids("red").await, ["new", "old-1"]);
+        assert_eq!(ids("red").await, ["new", "old-child", "old-1"]);
+        // Version 4's indexes list the old rows: by parent, by status, by workflow.
+        let list = |filter: RunFilter| {
+            let store = &store;
+            async move {
+                store.list_runs(&filter).await.unwrap().runs.into_iter().map(|r| r.id.to_string()).collect::<Vec<_>>()
+            }
+        };
+        assert_eq!(list(RunFilter { parent: Some(RunId::from("old-1")), ..RunFilter::default() }).await, ["old-child"]);
+        let dead_or_suspended = vec![RunStatus::Dead, RunStatus::Suspended];
+        assert_eq!(
+            list(RunFilter { statuses: dead_or_suspended, ..RunFilter::default() }).await,
+            ["old-child", "old-2"]
+        );
+        assert_eq!(list(RunFilter { workflow: Some("child".into()), ..RunFilter::default() }).await, ["old-child"]);
     });
+    drop(store);
+    // The migrated file has the indexes a new file has, and none of those version 4 replaced.
+    let indexes = |path: &Path| {
+        let conn = Connection::open(path).unwrap();
+        let mut stmt = conn
+            .prepare(
+                "SELECT name, tbl_name, sql FROM sqlite_schema WHERE type = 'index' AND sql IS NOT NULL ORDER BY name",
+            )
+            .unwrap();
+        stmt.query_map([], |r| Ok((r.get::<_, String>(0)?, r.get::<_, String>(1)?, r.get::<_, String>(2)?)))
+            .unwrap()
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap()
+    };
+    let fresh = dir.path().join("fresh.db");
+    drop(SqliteStore::open(&fresh).unwrap());
+    assert_eq!(indexes(&path), indexes(&fresh));
+    let names: Vec<String> = indexes(&path).into_iter().map(|(name, _, _)| name).collect();
+    for gone in ["runs_parent", "runs_running_lease", "run_tags_tag"] {
+        assert!(!names.iter().any(|n| n == gone), "{gone} was dropped: {names:?}");
+    }
+    for new in ["runs_status_created", "runs_parent_created", "run_tags_created", "runs_orphaned"] {
+        assert!(names.iter().any(|n| n == new), "{new} was created: {names:?}");
+    }
 }
 
 #[test]

@@ -55,3 +55,20 @@ pub fn new_run(id: &str) -> NewRun {
         created_at: T0,
     }
 }
+
+/// Takes schema version 5 back out of `schema` (its indexes, the fill factor, its version row),
+/// leaving the schema as version 4 left it: for the tests of migrating older schemas forward.
+pub async fn undo_version_5(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "DROP INDEX {s}.runs_settled_created, {s}.runs_active_created, {s}.runs_workflow_created,
+                 {s}.runs_namespace_created, {s}.runs_parent_created, {s}.runs_orphaned;
+             CREATE INDEX runs_parent ON {s}.runs (parent_id) WHERE parent_id IS NOT NULL;
+             CREATE INDEX runs_running ON {s}.runs (updated_at, id) WHERE status = 'running';
+             ALTER TABLE {s}.runs RESET (fillfactor);
+             DELETE FROM {s}.schema_version WHERE version >= 5"
+        ))
+        .await
+        .expect("undo schema version 5");
+}

@@ -1,0 +1,250 @@
+//! The query plans of the statements the store builds: every `list_runs` filter and combination
+//! of filters, and the three poller scans, are served by an index on the runs (PostgreSQL's
+//! `EXPLAIN (FORMAT JSON)`, with the statement's own parameters: no `Seq Scan` of the runs, and
+//! no index scanned whole without a condition unless that is what the query wants), so they cost
+//! what they match, not the number of runs.
+//!
+//! The table holds 20,000 runs, mostly `completed` runs of a few bulk workflows, with rare
+//! slices for each filter to find; it is `ANALYZE`d, and `enable_seqscan = off` asks whether an
+//! index *can* serve each statement rather than whether the planner prefers one on this data.
+
+mod common;
+
+use common::{ScratchSchema, url_or_skip};
+use durable_core::{RunFilter, RunId, RunQuery, RunStatus};
+use durable_store_postgres::__private::{Poll, Statement, list_runs_sql, poll_sql};
+use durable_store_postgres::PostgresStore;
+use durable_store_postgres::deadpool_postgres::tokio_postgres::Client;
+use durable_store_postgres::deadpool_postgres::tokio_postgres::types::{FromSql, ToSql, Type};
+use serde_json::Value;
+
+/// The indexes the plans below rest on: dropping any one of them must break a plan.
+const PLAN_INDEXES: &[&str] = &[
+    "runs_created",
+    "runs_settled_created",
+    "runs_active_created",
+    "runs_workflow_created",
+    "runs_namespace_created",
+    "runs_parent_created",
+    "runs_tags",
+    "runs_pending",
+    "runs_due",
+    "runs_orphaned",
+];
+
+const T0: i64 = 1_700_000_000_000;
+const RUNS: i64 = 20_000;
+
+/// 20,000 runs: run `g` is created at `T0 + g`; most are `completed` runs of workflows
+/// `bulk-0` … `bulk-4` in namespace `default`; one in a thousand is `dead`, `failed`,
+/// `suspended` (due), `running` (lease expired), `pending` or `running` (lease held); a few dozen
+/// each are of workflow `wf-1`, of namespace `tenant`, tagged `vip`, children of `parent`.
+fn populate_sql(schema: &str) -> String {
+    format!(
+        "INSERT INTO \"{schema}\".runs (id, workflow, version, namespace, status, input, tags, priority, parent_id,
+             parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until)
+         SELECT 'run-' || lpad(g::text, 6, '0'),
+                CASE WHEN g % 500 = 7 THEN 'wf-1' ELSE 'bulk-' || (g % 5) END,
+                1,
+                CASE WHEN g % 400 = 9 THEN 'tenant' ELSE 'default' END,
+                CASE g % 1000 WHEN 1 THEN 'dead' WHEN 2 THEN 'failed' WHEN 3 THEN 'suspended'
+                              WHEN 4 THEN 'running' WHEN 5 THEN 'pending' WHEN 6 THEN 'running'
+                              ELSE 'completed' END,
+                '{{}}',
+                CASE WHEN g % 300 = 10 THEN ARRAY['vip'] ELSE '{{}}'::text[] END,
+                0,
+                CASE WHEN g % 350 = 11 THEN 'parent' END,
+                CASE WHEN g % 350 = 11 THEN g END,
+                {T0} + g, {T0} + g,
+                CASE WHEN g % 1000 = 3 THEN {T0} + g END,
+                CASE WHEN g % 1000 IN (4, 6) THEN 'engine' END,
+                CASE WHEN g % 1000 = 4 THEN {T0} WHEN g % 1000 = 6 THEN {T0} + 10 * {RUNS} END
+         FROM generate_series(1, {RUNS}) AS g;
+         ANALYZE \"{schema}\".runs;"
+    )
+}
+
+/// The status filters: none, one rare status, several rare ones, the active ones.
+fn status_filters() -> Vec<Vec<RunStatus>> {
+    vec![
+        vec![],
+        vec![RunStatus::Dead],
+        vec![RunStatus::Failed, RunStatus::Dead, RunStatus::Suspended],
+        RunStatus::ACTIVE.to_vec(),
+    ]
+}
+
+/// Every combination of every filter `RunFilter` offers (each present or not; the statuses as
+/// in [`status_filters`]), with and without a cursor.
+fn filters() -> Vec<RunFilter> {
+    let cursor = format!("{}:run-015000", T0 + 15_000);
+    let mut out = Vec::new();
+    for statuses in status_filters() {
+        for mask in 0u32..(1 << 7) {
+            let on = |bit: u32| mask & (1 << bit) != 0;
+            out.push(RunFilter {
+                workflow: on(0).then(|| "wf-1".to_string()),
+                statuses: statuses.clone(),
+                namespace: on(1).then(|| "tenant".to_string()),
+                tag: on(2).then(|| "vip".to_string()),
+                parent: on(3).then(|| RunId::from("parent")),
+                created_after: on(4).then_some((T0 + 10_000) as u64),
+                created_before: on(5).then_some((T0 + 10_600) as u64),
+                limit: 20,
+                cursor: on(6).then(|| cursor.clone()),
+            });
+        }
+    }
+    out
+}
+
+/// One statement to plan, and the indexes it may scan whole (an index scan without an index
+/// condition): partial indexes that hold only rows of the statuses wanted, or the newest-first
+/// index for an unfiltered listing.
+struct Case {
+    name: String,
+    statement: Statement,
+    may_walk: Vec<&'static str>,
+    /// The index it must use (the poller scans: their partial index, which reads only what they
+    /// return, where the status index would read every run of the status).
+    must_use: Option<&'static str>,
+}
+
+fn cases(store: &PostgresStore) -> Vec<Case> {
+    let mut out = Vec::new();
+    for f in filters() {
+        let unfiltered = f == RunFilter { limit: f.limit, ..RunFilter::default() };
+        // Active runs (the working set) are found by walking the partial indexes that hold
+        // only them.
+        let active = f.statuses.iter().any(|s| !s.is_terminal());
+        out.push(Case {
+            name: format!("list_runs {f:?}"),
+            statement: list_runs_sql(store, &f).expect("a valid filter"),
+            may_walk: if unfiltered {
+                vec!["runs_created"]
+            } else if active {
+                vec!["runs_active_created", "runs_pending", "runs_due", "runs_orphaned"]
+            } else {
+                vec![]
+            },
+            must_use: None,
+        });
+    }
+    let workflows = [None, Some(vec![("bulk-1".to_string(), 1), ("wf-1".to_string(), 1)])];
+    for which in [Poll::Pending, Poll::Due, Poll::Orphaned] {
+        for namespace in [None, Some("default".to_string())] {
+            for workflows in workflows.clone() {
+                let q = RunQuery { namespace: namespace.clone(), workflows, now: (T0 + RUNS) as u64, limit: 10 };
+                let (may_walk, must_use) = match which {
+                    Poll::Pending => (vec!["runs_pending"], "runs_pending"),
+                    Poll::Due => (vec![], "runs_due"),
+                    Poll::Orphaned => (vec![], "runs_orphaned"),
+                };
+                out.push(Case {
+                    name: format!("{which:?} {q:?}"),
+                    statement: poll_sql(store, which, &q),
+                    may_walk,
+                    must_use: Some(must_use),
+                });
+            }
+        }
+    }
+    out
+}
+
+/// The text of a `json` value, as the server sends it.
+struct Json(String);
+
+impl<'a> FromSql<'a> for Json {
+    fn from_sql(_: &Type, raw: &'a [u8]) -> Result<Self, Box<dyn std::error::Error + Sync + Send>> {
+        Ok(Json(String::from_utf8(raw.to_vec())?))
+    }
+
+    fn accepts(ty: &Type) -> bool {
+        *ty == Type::JSON
+    }
+}
+
+/// The statement's plan: `EXPLAIN (FORMAT JSON)` with its own parameters.
+async fn plan(client: &Client, statement: &Statement) -> Result<Value, String> {
+    let (sql, params) = statement;
+    let refs: Vec<(&(dyn ToSql + Sync), Type)> =
+        params.iter().map(|(v, t)| (&**v as &(dyn ToSql + Sync), t.clone())).collect();
+    let rows = client.query_typed(&format!("EXPLAIN (FORMAT JSON) {sql}"), &refs).await.map_err(|e| e.to_string())?;
+    let Json(text) = rows[0].get(0);
+    let v: Value = serde_json::from_str(&text).map_err(|e| e.to_string())?;
+    Ok(v[0]["Plan"].clone())
+}
+
+/// Every node of a plan, depth first.
+fn nodes(plan: &Value) -> Vec<&Value> {
+    let mut out = vec![plan];
+    if let Some(children) = plan["Plans"].as_array() {
+        for child in children {
+            out.extend(nodes(child));
+        }
+    }
+    out
+}
+
+/// What is wrong with the plans of `cases`, one line per problem.
+async fn violations(client: &Client, cases: &[Case]) -> Vec<String> {
+    let mut out = Vec::new();
+    for case in cases {
+        let plan = match plan(client, &case.statement).await {
+            Ok(plan) => plan,
+            Err(e) => {
+                out.push(format!("{}: cannot be planned: {e}", case.name));
+                continue;
+            }
+        };
+        let mut bad = |why: String| out.push(format!("{}: {why}\n  {}\n  plan: {plan}", case.name, case.statement.0));
+        let mut used = Vec::new();
+        for node in nodes(&plan) {
+            let kind = node["Node Type"].as_str().unwrap_or_default();
+            let index = node["Index Name"].as_str();
+            used.extend(index.map(str::to_string));
+            if node["Relation Name"] == "runs" && kind == "Seq Scan" {
+                bad("reads the whole table (Seq Scan on runs)".into());
+            }
+            if let Some(index) = index
+                && node["Index Cond"].is_null()
+                && !case.may_walk.contains(&index)
+            {
+                bad(format!("scans index {index} whole ({kind})"));
+            }
+        }
+        if used.is_empty() {
+            bad("reads no index".into());
+        }
+        if let Some(index) = case.must_use
+            && !used.iter().any(|u| u == index)
+        {
+            bad(format!("does not use {index} (uses {used:?})"));
+        }
+    }
+    out
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_list_filter_and_poller_scan_is_served_by_an_index() {
+    let Some(url) = url_or_skip("every_list_filter_and_poller_scan_is_served_by_an_index") else { return };
+    let scratch = ScratchSchema::new(&url, "plans").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    let admin = scratch.client().await.unwrap();
+    admin.batch_execute(&populate_sql(scratch.name())).await.unwrap();
+    admin.batch_execute("SET enable_seqscan = off").await.unwrap();
+    let cases = cases(&store);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4);
+    let found = violations(&admin, &cases).await;
+    assert!(found.is_empty(), "{} plans read more than they match:\n{}", found.len(), found.join("\n"));
+
+    // The check has teeth: without any one of the indexes, some plan breaks.
+    for index in PLAN_INDEXES {
+        admin.batch_execute(&format!("BEGIN; DROP INDEX \"{}\".{index};", scratch.name())).await.unwrap();
+        let found = violations(&admin, &cases).await;
+        admin.batch_execute("ROLLBACK").await.unwrap();
+        assert!(!found.is_empty(), "no plan needs index {index}");
+    }
+    assert!(violations(&admin, &cases).await.is_empty(), "the indexes are back");
+}
