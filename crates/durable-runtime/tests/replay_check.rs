@@ -149,9 +149,11 @@ async fn checking_a_history_on_the_engine_that_holds_it_writes_and_emits_nothing
     let export = t.export_history(&id).await.unwrap();
 
     // The code moved on: a call after the recorded ones. The replay stops there.
-    let mut events = t.subscribe();
-    // A client engine on the same store: it executes nothing, so only the check touches the run.
+    // A client engine on the same store: it executes nothing, so only the check touches the run,
+    // and any event on its bus would be the replay's (`t`'s own bus may still carry its turn's
+    // events).
     let longer = Engine::builder().shared_store(s.second_handle()).client_only().build().unwrap();
+    let mut events = longer.subscribe();
     longer.register("tour", 1, |ctx: WorkflowCtx, _: u32| async move {
         let _: u32 = ctx.step("a", |_| async { Ok(0) }).await?;
         let _: String = ctx.side_effect("token", || "never".to_string()).await;
