@@ -57,6 +57,7 @@ fn a_planted_lease_bug_is_found_and_its_seed_fails_identically_again() {
         .find_map(|seed| Simulation::seeded(seed).samples().plant_lease_bug().run().err())
         .expect("some seed among the first 1,000 finds the planted bug");
     println!("{failure}");
+    assert!(failure.to_string().contains(&format!("cargo xtask sim --seed {}", failure.seed)), "{failure}");
     assert!(
         matches!(
             failure.invariant,
@@ -166,6 +167,7 @@ fn a_run_that_never_finishes_is_reported_stuck() {
     assert_eq!(failure.invariant, Invariant::Stuck, "{failure}");
     assert!(failure.message.contains("f1"), "{failure}");
     assert!(failure.to_string().contains("Simulation::seeded(5)"), "the failure says how to reproduce it");
+    assert!(!failure.to_string().contains("xtask"), "a user's simulation is not the repository's samples");
 }
 
 /// A run waiting for a signal nobody sends is a legitimate wait, not a stuck run.

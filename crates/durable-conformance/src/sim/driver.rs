@@ -70,7 +70,7 @@ pub(super) fn execute(sim: &Simulation, reference: Option<&Outcome>) -> Result<O
     runtime.block_on(async {
         let world = World::new(sim, reference);
         let log = world.log.clone();
-        world.run().await.map_err(|(invariant, message)| log.failure(sim.seed, invariant, message))
+        world.run().await.map_err(|(invariant, message)| log.failure(sim, invariant, message))
     })
 }
 
@@ -83,6 +83,7 @@ pub(super) fn compare(sim: &Simulation, reference: &Outcome, faulty: &Outcome) -
             message,
             trace: faulty.trace.clone(),
             trace_hash: faulty.trace_hash(),
+            samples_only: sim.samples_only(),
         })
     };
     for ((token, payload), n) in &faulty.consumed {
@@ -174,9 +175,16 @@ impl Log {
         self.inner.lock().lines.clone()
     }
 
-    fn failure(&self, seed: u64, invariant: Invariant, message: String) -> SimFailure {
+    fn failure(&self, sim: &Simulation, invariant: Invariant, message: String) -> SimFailure {
         let trace = self.lines();
-        SimFailure { seed, invariant, message, trace_hash: hash_lines(&trace), trace }
+        SimFailure {
+            seed: sim.seed,
+            invariant,
+            message,
+            trace_hash: hash_lines(&trace),
+            trace,
+            samples_only: sim.samples_only(),
+        }
     }
 }
 

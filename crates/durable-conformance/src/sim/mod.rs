@@ -254,6 +254,11 @@ impl Simulation {
         samples::add(self)
     }
 
+    /// Whether the simulation runs the engine's samples and nothing else.
+    fn samples_only(&self) -> bool {
+        !self.registrations.is_empty() && self.registrations.iter().all(|r| matches!(r, Registration::Samples))
+    }
+
     /// Runs the simulation: first fault-free on one engine, then with everything the seed
     /// chooses, and compares. Blocks; call it from a plain `#[test]` (it builds its own
     /// runtime, so not from inside a tokio runtime).
@@ -366,16 +371,18 @@ pub struct SimFailure {
     pub trace: Vec<String>,
     /// A hash of the whole event log up to the failure (equal for two runs of one seed).
     pub trace_hash: u64,
+    /// Whether the simulation ran the engine's samples alone (`cargo xtask sim` replays it).
+    samples_only: bool,
 }
 
 impl fmt::Display for SimFailure {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         writeln!(f, "simulation seed {} broke {}: {}", self.seed, self.invariant, self.message)?;
-        writeln!(
-            f,
-            "reproduce with Simulation::seeded({}) (the engine's samples: cargo xtask sim --seed {})",
-            self.seed, self.seed
-        )?;
+        write!(f, "reproduce with Simulation::seeded({})", self.seed)?;
+        if self.samples_only {
+            write!(f, " (in the durable repository: cargo xtask sim --seed {})", self.seed)?;
+        }
+        writeln!(f)?;
         writeln!(f, "last events (virtual ms, who, what):")?;
         for line in &self.trace[self.trace.len().saturating_sub(40)..] {
             writeln!(f, "  {line}")?;
