@@ -31,6 +31,32 @@ pub(super) struct Executor {
     warned_versions: Mutex<HashSet<RunId>>,
 }
 
+/// Whether a turn made progress, for `Metrics::turns_without_progress`: the store
+/// acknowledged a checkpoint of it, or its end moved the run to another status than the claim
+/// found (pending → suspended, a settle). Counted once per turn: as its end is applied, before
+/// its events and waiters are told (so whoever sees the end sees the count), or when the turn
+/// ends without an end that applied.
+struct Tally {
+    /// The run's status before the claim.
+    previous: RunStatus,
+    /// The store acknowledged a commit of the turn that carried a checkpoint.
+    checkpointed: bool,
+    counted: bool,
+}
+
+impl Tally {
+    /// Counts the turn, once: `checkpoints` says whether its end carried any that applied,
+    /// `status` what the end moved the run to (`None`: it did not apply).
+    fn count(&mut self, metrics: &super::MetricsInner, checkpoints: bool, status: Option<RunStatus>) {
+        if std::mem::replace(&mut self.counted, true) {
+            return;
+        }
+        if !(self.checkpointed || checkpoints || status.is_some_and(|s| s != self.previous)) {
+            metrics.turns_without_progress.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+}
+
 /// What the run loop does after a turn.
 enum TurnEnded {
     /// Something was delivered while the turn ran: run another turn at once.
@@ -94,7 +120,7 @@ impl Shared {
             };
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
             let span = tracing::info_span!("turn", run_id = %id, workflow = %run.workflow, version = run.version);
-            match self.execute_turn(run, history, handler).instrument(span).await {
+            match self.execute_turn(run, history, previous, handler).instrument(span).await {
                 TurnEnded::Again => continue,
                 TurnEnded::Done => {
                     self.executor.store_failures.lock().remove(id);
@@ -105,13 +131,31 @@ impl Shared {
         }
     }
 
+    /// Runs one turn of a claimed run (`previous`: its status before the claim) and applies
+    /// its end; counts it in `turns` and, if it got nowhere, in `turns_without_progress`.
     async fn execute_turn(
         self: &Arc<Self>,
         run: Run,
         history: Vec<Checkpoint>,
+        previous: RunStatus,
         handler: Arc<dyn ErasedWorkflow>,
     ) -> TurnEnded {
         self.metrics.turns.fetch_add(1, Ordering::Relaxed);
+        let mut tally = Tally { previous, checkpointed: false, counted: false };
+        let ended = self.run_turn(run, history, handler, &mut tally).await;
+        // An end that did not apply (a halt, a failed commit) changed nothing.
+        tally.count(&self.metrics, false, None);
+        ended
+    }
+
+    /// Builds the turn, polls the body and applies its end.
+    async fn run_turn(
+        self: &Arc<Self>,
+        run: Run,
+        history: Vec<Checkpoint>,
+        handler: Arc<dyn ErasedWorkflow>,
+        tally: &mut Tally,
+    ) -> TurnEnded {
         let id = run.id.clone();
         let input = run.input.clone();
         let config = TurnConfig {
@@ -141,20 +185,26 @@ impl Shared {
                 t.turn.lock().fail(error, self.clock.now())
             }
         };
+        tally.checkpointed = t.checkpointed();
+        self.end_turn(&id, &t, end, tally).await
+    }
+
+    /// Applies the end of a turn.
+    async fn end_turn(&self, id: &RunId, t: &TurnState, end: End, tally: &mut Tally) -> TurnEnded {
         match end {
             End::Suspend { commit, wake_at } => match t.vet(commit).await {
                 Ok(commit) => {
-                    let ended = self.suspend(&id, commit, wake_at).await;
+                    let ended = self.suspend(id, commit, wake_at, tally).await;
                     // Vetting failed a child a join waits on: run again so the join sees it.
                     let rerun = matches!(t.turn.lock().stopped(), Some(durable_core::TurnStop::Rerun(_)));
                     if rerun && matches!(ended, TurnEnded::Done) { TurnEnded::Again } else { ended }
                 }
-                Err(e) => self.commit_failed(&id, &e),
+                Err(e) => self.commit_failed(id, &e),
             },
             End::Settle { commit, status } => {
                 let commit = match t.vet(commit).await {
                     Ok(commit) => commit,
-                    Err(e) => return self.commit_failed(&id, &e),
+                    Err(e) => return self.commit_failed(id, &e),
                 };
                 if let Some(durable_core::TurnEnd::Settle { error: Some(e), .. }) = &commit.end
                     && e.code() == Some(codes::PANIC)
@@ -163,7 +213,7 @@ impl Shared {
                 }
                 // Vetting may turn a continue-as-new into a failure: the commit says how it ends.
                 let status = commit.settles().unwrap_or(status);
-                self.finish(&id, commit, status).await
+                self.finish(id, commit, status, tally).await
             }
             End::Halt(Halt::Rerun(why)) => {
                 tracing::debug!(run_id = %id, "turn restarted: {why}");
@@ -177,9 +227,11 @@ impl Shared {
         }
     }
 
-    async fn finish(&self, id: &RunId, commit: Commit, status: RunStatus) -> TurnEnded {
+    async fn finish(&self, id: &RunId, commit: Commit, status: RunStatus, tally: &mut Tally) -> TurnEnded {
+        let checkpoints = !commit.checkpoints.is_empty();
         match self.apply_commit(commit).await {
             Ok(outcome) => {
+                tally.count(&self.metrics, checkpoints, outcome.settled.then_some(status));
                 if outcome.settled {
                     self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
                 }
@@ -190,8 +242,13 @@ impl Shared {
         }
     }
 
-    async fn suspend(&self, id: &RunId, commit: Commit, wake_at: Option<Millis>) -> TurnEnded {
-        match self.apply_commit(commit).await {
+    async fn suspend(&self, id: &RunId, commit: Commit, wake_at: Option<Millis>, tally: &mut Tally) -> TurnEnded {
+        let checkpoints = !commit.checkpoints.is_empty();
+        let outcome = self.apply_commit(commit).await;
+        if let Ok(outcome) = &outcome {
+            tally.count(&self.metrics, checkpoints, (!outcome.woken).then_some(RunStatus::Suspended));
+        }
+        match outcome {
             Ok(outcome) if outcome.woken => TurnEnded::Again,
             Ok(_) => {
                 self.emit(EngineEvent::RunSuspended { run_id: id.clone(), wake_at });

@@ -103,6 +103,7 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct MetricsInner {
     turns: AtomicU64,
+    turns_without_progress: AtomicU64,
     batches: AtomicU64,
     queued_runs: AtomicU64,
     enqueued: AtomicU64,
@@ -112,6 +113,11 @@ impl MetricsInner {
     /// Turns executed.
     pub(crate) fn turns(&self) -> u64 {
         self.turns.load(Ordering::Relaxed)
+    }
+
+    /// Turns that got nowhere (see `Metrics::turns_without_progress`).
+    pub(crate) fn turns_without_progress(&self) -> u64 {
+        self.turns_without_progress.load(Ordering::Relaxed)
     }
 
     /// Batches sent to the run queue.
