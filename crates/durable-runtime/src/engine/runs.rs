@@ -51,12 +51,13 @@ impl Engine {
             parent: None,
             created_at: shared.clock.now(),
         };
+        let mark = shared.mark();
         let created = shared.store.create_run(new).await?;
         let is_new = created.created();
         if is_new {
             let run = created.run();
             shared.emit(EngineEvent::RunCreated { run_id: id.clone(), workflow: workflow.to_string() });
-            shared.queue_start(id.clone(), &run.namespace, run.priority, run.updated_at);
+            shared.queue_start(id.clone(), &run.namespace, run.priority, run.updated_at, mark);
         }
         Ok(Started { id, created: is_new, run: created.into_run() })
     }

@@ -16,6 +16,7 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use super::Shared;
+use super::dispatch::{Mark, Nudge};
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
 use crate::turn::{TurnDriver, TurnState, WorkflowCtx};
@@ -73,19 +74,20 @@ impl Shared {
     pub(super) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         let children: Vec<(RunId, String, i32, u64)> =
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
+        let mark = self.mark();
         let outcome = self.store.commit(commit).await?;
         for (id, namespace, priority, created_at) in children {
-            self.queue_start(id, &namespace, priority, created_at);
+            self.queue_start(id, &namespace, priority, created_at, mark);
         }
-        self.wake_delivered(&outcome.deliveries);
+        self.wake_delivered(&outcome.deliveries, mark);
         Ok(outcome)
     }
 
-    /// Wakes the runs that received a delivery.
-    pub(crate) fn wake_delivered(&self, deliveries: &[Delivery]) {
+    /// Wakes the runs that received a delivery from a store call begun at `mark`.
+    pub(crate) fn wake_delivered(&self, deliveries: &[Delivery], mark: Mark) {
         for d in deliveries {
             if let Delivery::Delivered { run_id, .. } = d {
-                self.wake(run_id.clone());
+                self.wake(run_id.clone(), mark);
             }
         }
     }
@@ -118,6 +120,8 @@ impl Shared {
                 self.warn_unregistered(&run);
                 return self.hand_back(&run, previous).await;
             };
+            // Its in-memory timer, if any, is stale now: the turn sets a new one if it parks.
+            self.cancel_timer(id);
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
             let span = tracing::info_span!("turn", run_id = %id, workflow = %run.workflow, version = run.version);
             match self.execute_turn(run, history, previous, handler).instrument(span).await {
@@ -373,10 +377,13 @@ impl Shared {
         self.emit(EngineEvent::TurnAborted { run_id: id.clone(), error: e.to_string() });
         let shared = Arc::downgrade(self);
         let id = id.clone();
+        // The run goes quiet after this, so the retry reads it first: if something else ran it
+        // meanwhile, the retry costs that read, not a turn.
+        let mark = self.mark();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             if let Some(shared) = shared.upgrade() {
-                shared.dispatch(id);
+                shared.dispatch_as(id, Nudge::wake(mark));
             }
         });
     }
@@ -400,6 +407,7 @@ impl Shared {
                 let Some(wait) = weak.upgrade().map(|s| s.recheck_wait(lease_until)) else { return };
                 tokio::time::sleep(wait).await;
                 let Some(shared) = weak.upgrade() else { return };
+                let mark = shared.mark();
                 let run = match shared.store.get_run(&id).await {
                     Ok(Some(run)) if !run.status.is_terminal() => run,
                     _ => break,
@@ -415,7 +423,7 @@ impl Shared {
                 };
                 if due {
                     tracing::debug!(run_id = %id, "re-check: the lease is free; waking the run");
-                    shared.dispatch_wake(id.clone());
+                    shared.dispatch_as(id.clone(), Nudge::wake(mark));
                 }
                 break;
             }

@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::Shared;
-use super::dispatch::TaskGuard;
+use super::dispatch::{Nudge, TaskGuard};
 use crate::events::EngineEvent;
 
 /// The run queue shared with other engines, if there is one: what waits to be sent, whether
@@ -175,7 +175,7 @@ impl Shared {
         }
         for item in items {
             if item.reason == QueueReason::Wake {
-                self.dispatch_wake(item.run_id.clone());
+                self.dispatch_as(item.run_id.clone(), Nudge::queued(true));
             }
         }
     }
@@ -207,11 +207,15 @@ impl Shared {
         if self.is_stopping() || self.is_draining() {
             return Handled::HandBack;
         }
-        let Some(_slot) = self.slot().await else { return Handled::HandBack };
-        if !self.begin_local(&id, wake) {
-            return Handled::Done; // already executing here: it runs again when done
+        if !self.enter_queued(&id, wake) {
+            return Handled::Done; // queued or executing here already: it looks again when done
         }
-        self.run_in_slot(TaskGuard::new(self, id)).await;
+        let Some(_slot) = self.slot().await else {
+            self.leave_queued(&id);
+            return Handled::HandBack;
+        };
+        let Some(check) = self.begin_queued(&id) else { return Handled::Done };
+        self.run_in_slot(TaskGuard::new(self, id), check).await;
         // A turn cut off by a shutdown goes back to the queue for another engine.
         if self.is_stopping() { Handled::HandBack } else { Handled::Done }
     }

@@ -17,7 +17,7 @@
 //! counters, two lifecycle flags (`shutdown`, `draining`), and one struct per owner:
 //! [`Dispatch`], [`Executor`], [`Timers`], [`Fleet`], [`Watchers`] and [`Hooks`]. The fields
 //! of each are private to the file that declares it, so each lock is taken in that file
-//! only: `dispatch.rs` (`ready`, `active`, `interrupted`), `executor.rs` (`store_failures`,
+//! only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
 //! `rechecks`, `warned_versions`), `timers.rs` (`due`), `fleet.rs` (`outbox`,
 //! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`) and
 //! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`).
@@ -63,7 +63,7 @@ use crate::config::EngineConfig;
 use crate::events::EngineEvent;
 use crate::registry::Registry;
 use crate::turn::TurnEnv;
-use dispatch::Dispatch;
+use dispatch::{Dispatch, Mark, Nudge};
 use executor::Executor;
 use fleet::Fleet;
 use hooks::Hooks;
@@ -234,63 +234,63 @@ impl Shared {
 /// Asking for a run to execute: what the executor, the pollers, the timers, operations and
 /// engine calls all do. Nothing here executes a run.
 impl Shared {
-    /// Queues a run for execution on this engine.
-    fn dispatch(&self, id: RunId) {
-        self.dispatch_as(id, false);
-    }
-
-    /// Queues a run that has something new to see (served before starts).
-    fn dispatch_wake(&self, id: RunId) {
-        self.dispatch_as(id, true);
-    }
-
-    fn dispatch_as(&self, id: RunId, wake: bool) {
+    /// Queues a run for execution on this engine (unless it is queued or executing here
+    /// already: see [`Nudge`]).
+    fn dispatch_as(&self, id: RunId, nudge: Nudge) {
         if self.config.execute && !self.is_stopping() && !self.is_draining() {
-            self.dispatch.push(id, wake);
+            self.dispatch.push(id, nudge);
         }
     }
 
-    /// Asks for `id` to be executed because something new arrived for it.
-    pub(crate) fn wake(&self, id: RunId) {
-        self.enqueue(id, QueueReason::Wake, None, 0, None);
+    /// A position in the order runs go quiet here: take it before the store call whose answer
+    /// asks for runs to execute ([`Shared::wake`], [`Shared::queue_start`]).
+    pub(crate) fn mark(&self) -> Mark {
+        self.dispatch.mark()
     }
 
-    /// Asks for a new run to be started (`token` tells this pending state from earlier ones).
-    pub(crate) fn queue_start(&self, id: RunId, namespace: &str, priority: i32, token: u64) {
+    /// Asks for `id` to be executed because something new arrived for it, written by a store
+    /// call begun at `mark`: if a turn of the run went quiet here since, it may have seen it
+    /// already (or a poller may have executed it), so the run is read before it is executed —
+    /// a read, not a spare turn.
+    pub(crate) fn wake(&self, id: RunId, mark: Mark) {
+        self.enqueue(id, Nudge::wake(mark), None, 0, None);
+    }
+
+    /// Asks for a new run, created `pending` by a store call begun at `mark`, to be started
+    /// (`token` tells this pending state from earlier ones). If a turn of it went quiet here
+    /// since (a poller found it first), it is read before it is executed.
+    pub(crate) fn queue_start(&self, id: RunId, namespace: &str, priority: i32, token: u64, mark: Mark) {
         if !self.fleet.has_queue() && !self.serves(namespace) {
             return; // the pollers of its own pool start it
         }
-        self.enqueue(id, QueueReason::Start, Some(namespace.to_string()), priority, Some(token));
+        self.enqueue(id, Nudge::start(mark), Some(namespace.to_string()), priority, Some(token));
     }
 
-    /// Asks for a run a poller found (pending, due or orphaned) to be executed: through the
-    /// queue, so every instance takes a share — or here while the queue is failing.
-    fn queue_found(&self, id: RunId, reason: QueueReason) {
-        if self.fleet.is_down() {
-            return self.dispatch_as(id, reason == QueueReason::Wake);
+    /// Asks for a run a poller found (pending, due or orphaned) in reads begun at `mark` to be
+    /// executed — unless it is queued or executing here, or went quiet here since the reads
+    /// began (what they saw is older than its last turn): through the queue, so every
+    /// instance takes a share, or here while the queue is failing.
+    fn queue_found(&self, id: RunId, reason: QueueReason, mark: Mark) {
+        let nudge = Nudge::found(reason == QueueReason::Wake, mark);
+        if !self.fleet.has_queue() || self.fleet.is_down() {
+            return self.dispatch_as(id, nudge);
         }
-        self.enqueue(id, reason, self.config.namespace.clone(), 0, None);
+        if self.dispatch.knows(&id, mark) {
+            return;
+        }
+        self.enqueue(id, nudge, self.config.namespace.clone(), 0, None);
     }
 
     /// Without a transport the run is dispatched here; with one it goes into the outbox,
     /// which is sent in batches.
-    fn enqueue(
-        &self,
-        run_id: RunId,
-        reason: QueueReason,
-        namespace: Option<String>,
-        priority: i32,
-        token: Option<u64>,
-    ) {
+    fn enqueue(&self, run_id: RunId, nudge: Nudge, namespace: Option<String>, priority: i32, token: Option<u64>) {
         if !self.fleet.has_queue() {
-            return match reason {
-                QueueReason::Wake => self.dispatch_wake(run_id),
-                QueueReason::Start => self.dispatch(run_id),
-            };
+            return self.dispatch_as(run_id, nudge);
         }
         if self.is_stopping() {
             return; // persisted: the pollers of this or another engine find it
         }
+        let reason = if nudge.is_wake() { QueueReason::Wake } else { QueueReason::Start };
         let n = token.unwrap_or_else(|| self.metrics.enqueued.fetch_add(1, Ordering::Relaxed));
         let dedupe_key = format!("{reason}:{run_id}:{n}");
         let item = QueuedRun { id: 0, run_id, reason, namespace, priority, dedupe_key };
