@@ -63,13 +63,14 @@ use crate::config::EngineConfig;
 use crate::events::EngineEvent;
 use crate::registry::Registry;
 use crate::turn::TurnEnv;
-use dispatch::{Dispatch, Mark, Nudge};
+use dispatch::{Dispatch, Nudge};
 use executor::Executor;
 use fleet::Fleet;
 use hooks::Hooks;
 use timers::Timers;
 use watch::Watchers;
 
+pub(crate) use dispatch::Mark;
 pub(crate) use hooks::UpdateValidator;
 pub use operate::Cancel;
 
