@@ -405,6 +405,21 @@ async fn starts(engine: &Engine, runs: usize) -> Result<Measured, String> {
     Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None })
 }
 
+/// `runs` starts with one `start_many` call (one store call per 500) on a client engine:
+/// how fast runs are created and queued in bulk. Latency per batch of 500.
+async fn start_many(engine: &Engine, runs: usize) -> Result<Measured, String> {
+    const BATCH: usize = 500;
+    let began = Instant::now();
+    let mut latencies = Vec::with_capacity(runs / BATCH + 1);
+    for first in (0..runs).step_by(BATCH) {
+        let t0 = Instant::now();
+        let items = (first..(first + BATCH).min(runs)).map(|i| ("leaf", 1u64, StartOptions::id(format!("leaf-{i}"))));
+        engine.start_many(items).await.map_err(|e| e.to_string())?;
+        latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None })
+}
+
 fn percentile(sorted: &[f64], p: f64) -> f64 {
     if sorted.is_empty() {
         return f64::NAN;
@@ -434,6 +449,7 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
         "fanout" => fanout(engine, if q { 10 } else { 100 }, 20).await,
         "bulk" => bulk(engine, if q { 1_000 } else { 10_000 }).await,
         "starts" => starts(engine, if q { 2_000 } else { 20_000 }).await,
+        "start_many" => start_many(engine, if q { 2_000 } else { 100_000 }).await,
         other => Err(format!("unknown workload {other:?}")),
     }
 }
