@@ -10,7 +10,7 @@ use durable_core::{Millis, Run, RunId, RunStatus};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::Shared;
+use super::{Mark, Nudge, Shared};
 
 /// Who executes what on this engine.
 pub(super) struct Dispatch {
@@ -126,60 +126,6 @@ impl Dispatch {
         }
     }
 }
-
-/// Why a run is asked to execute here, and how old that news is.
-///
-/// A run is executed by one turn per wake: a nudge for a run queued here is dropped (the
-/// queued execution reads the latest state), one for a run executing here makes it look
-/// again once its turn ends — a store read, and another turn only if the run has something to
-/// do. News from a store call begun at a [`Mark`] (a start's `create_run`, a delivery, a
-/// poller's reads) may be older than a turn of the run that went quiet here since: a poller's
-/// find is then dropped, any other nudge reads the run first.
-#[derive(Debug, Clone, Copy)]
-pub(crate) struct Nudge {
-    /// Something new arrived for the run (served before starts).
-    wake: bool,
-    /// The news comes from a store call begun at this mark; `None`: its age is unknown (an
-    /// item from the run queue), it is taken as news.
-    since: Option<Mark>,
-    /// A poller found the run: nothing to do if it is known here (see [`Dispatch::knows`]).
-    found: bool,
-}
-
-impl Nudge {
-    /// A new run (or one an operator set back to `pending`), written by a store call begun
-    /// at `mark`.
-    pub(crate) fn start(mark: Mark) -> Self {
-        Nudge { wake: false, since: Some(mark), found: false }
-    }
-
-    /// Something new for the run, known since `mark` (written by a store call begun then, or
-    /// a timer popped then).
-    pub(crate) fn wake(mark: Mark) -> Self {
-        Nudge { wake: true, since: Some(mark), found: false }
-    }
-
-    /// An item from the run queue (`wake`: rather than a start), of unknown age.
-    pub(crate) fn queued(wake: bool) -> Self {
-        Nudge { wake, since: None, found: false }
-    }
-
-    /// A poller found the run (`wake`: due or orphaned, rather than pending) in reads begun
-    /// at `mark`.
-    pub(crate) fn found(wake: bool, mark: Mark) -> Self {
-        Nudge { wake, since: Some(mark), found: true }
-    }
-
-    /// Whether it is a wake rather than a start.
-    pub(crate) fn is_wake(&self) -> bool {
-        self.wake
-    }
-}
-
-/// A position in the order runs go quiet on this engine: taken before a store call, it tells
-/// whether a run went quiet after that call began.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
-pub(crate) struct Mark(u64);
 
 /// Run ids waiting for a slot, by kind.
 #[derive(Default)]

@@ -15,8 +15,7 @@ use durable_core::{
 use parking_lot::Mutex;
 use tracing::Instrument;
 
-use super::Shared;
-use super::dispatch::{Mark, Nudge};
+use super::{Mark, Nudge, Shared};
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
 use crate::turn::{TurnDriver, TurnState, WorkflowCtx};

@@ -12,8 +12,8 @@ use durable_transport::{Consumer, Handled, RunHandler, Transport};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::Shared;
-use super::dispatch::{Nudge, TaskGuard};
+use super::dispatch::TaskGuard;
+use super::{Nudge, Shared};
 use crate::events::EngineEvent;
 
 /// The run queue shared with other engines, if there is one: what waits to be sent, whether
