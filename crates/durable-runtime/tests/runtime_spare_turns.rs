@@ -122,3 +122,54 @@ on_every_store!(
     a_burst_of_due_timers_executes_no_spare_turn,
     a_forced_spare_turn_is_counted
 );
+
+/// With a run queue, what the pollers find goes to the outbox — unless the run is queued or
+/// executing here: a bulk start and a burst of due timers through the queue execute no spare
+/// turn either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn through_a_run_queue_a_bulk_start_executes_no_spare_turn() {
+    const RUNS: usize = 2_000;
+    let store = Arc::new(durable_store_memory::MemoryStore::new());
+    let clock = durable_runtime::VirtualClock::starting_2026();
+    let engine = durable_runtime::Engine::builder()
+        .shared_store(store.clone())
+        .transport(durable_transport::QueueTransport::new(store.clone()))
+        .clock(clock.clone())
+        .config(durable_conformance::test_config())
+        .build()
+        .expect("engine");
+    engine.register("napper", 1, |ctx: WorkflowCtx, i: u64| async move {
+        let a: u64 = ctx.step("before", move |_| async move { Ok(i) }).await?;
+        ctx.sleep(Duration::from_secs(3600)).await;
+        let b: u64 = ctx.step("after", move |_| async move { Ok(a + 1) }).await?;
+        Ok::<_, WorkflowError>(b)
+    });
+    let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
+    let mut starts = tokio::task::JoinSet::new();
+    for i in 0..RUNS {
+        let permit = slots.clone().acquire_owned().await.expect("open");
+        let engine = engine.clone();
+        starts.spawn(async move {
+            let started = engine.start("napper", &(i as u64), StartOptions::id(format!("nap-{i}"))).await;
+            drop(permit);
+            started.expect("start").id
+        });
+    }
+    let mut ids = Vec::with_capacity(RUNS);
+    while let Some(id) = starts.join_next().await {
+        ids.push(id.expect("start task"));
+    }
+    for id in &ids {
+        let run = engine.wait_until_suspended_or_terminal(id).await.expect("wait");
+        assert_eq!(run.status(), RunStatus::Suspended);
+    }
+    clock.advance(Duration::from_secs(3600));
+    engine.poll_now();
+    for id in &ids {
+        assert_eq!(engine.wait_for_run(id).await.expect("wait").status(), RunStatus::Completed);
+    }
+    let m = engine.metrics();
+    eprintln!("through a run queue: {m:?}");
+    assert_eq!(m.turns_without_progress, 0, "spare turns: {m:?}");
+    assert_eq!(m.turns, 2 * RUNS as u64, "one turn per start and one per wake: {m:?}");
+}

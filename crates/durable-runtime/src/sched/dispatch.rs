@@ -298,10 +298,11 @@ impl Shared {
     }
 
     /// Records a run handed over by the transport as queued here (so the pollers leave it
-    /// alone while it waits for a slot): `false` if it is queued or executing here already
-    /// (an executing one looks again after its turn).
-    pub(super) fn enter_queued(&self, id: &RunId, wake: bool) -> bool {
-        self.dispatch.enter(id, Nudge::queued(wake)).is_some()
+    /// alone while it waits for a slot; `since`: the mark of the item's news, if this engine
+    /// sent it): `false` if it is queued or executing here already (an executing one looks
+    /// again after its turn).
+    pub(super) fn enter_queued(&self, id: &RunId, wake: bool, since: Option<Mark>) -> bool {
+        self.dispatch.enter(id, Nudge::queued(wake, since)).is_some()
     }
 
     /// Forgets a run [`Shared::enter_queued`] recorded that will not execute here after all.
@@ -410,7 +411,7 @@ mod tests {
         let d = Dispatch::new(4);
         let (r, m) = (id("r"), d.mark());
         assert_eq!(d.enter(&r, Nudge::start(m)), Some(false));
-        for nudge in [Nudge::start(m), Nudge::wake(m), Nudge::found(false, m), Nudge::queued(true)] {
+        for nudge in [Nudge::start(m), Nudge::wake(m), Nudge::found(false, m), Nudge::queued(true, None)] {
             assert_eq!(d.enter(&r, nudge), None, "{nudge:?}");
         }
         assert!(!d.runs.lock().active[&r].again, "a queued run reads the latest state anyway");
@@ -450,9 +451,12 @@ mod tests {
         let after = d.mark();
         assert!(!d.knows(&r, after));
         assert_eq!(d.enter(&r, Nudge::found(true, after)), Some(false));
-        // The run queue's items carry no mark: taken as news.
+        // An item of the run queue this engine sent carries its mark; another's is taken as
+        // news.
+        d.runs.lock().active.remove(&r);
+        assert_eq!(d.enter(&r, Nudge::queued(true, Some(before))), Some(true));
         let other = id("other");
-        assert_eq!(d.enter(&other, Nudge::queued(false)), Some(false));
+        assert_eq!(d.enter(&other, Nudge::queued(false, None)), Some(false));
     }
 
     #[test]

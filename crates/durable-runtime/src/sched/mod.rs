@@ -295,7 +295,7 @@ impl Shared {
         let n = token.unwrap_or_else(|| self.metrics.enqueued.fetch_add(1, Ordering::Relaxed));
         let dedupe_key = format!("{reason}:{run_id}:{n}");
         let item = QueuedRun { id: 0, run_id, reason, namespace, priority, dedupe_key };
-        self.fleet.add(item, self.config.dispatch_batch);
+        self.fleet.add(item, self.config.dispatch_batch, nudge.since);
     }
 }
 
@@ -331,9 +331,10 @@ impl Nudge {
         Nudge { wake: true, since: Some(mark), found: false }
     }
 
-    /// An item from the run queue (`wake`: rather than a start), of unknown age.
-    pub(crate) fn queued(wake: bool) -> Self {
-        Nudge { wake, since: None, found: false }
+    /// An item from the run queue (`wake`: rather than a start); `since`: the mark its news
+    /// dates from if this engine sent it (`None`: unknown, taken as news).
+    pub(crate) fn queued(wake: bool, since: Option<Mark>) -> Self {
+        Nudge { wake, since, found: false }
     }
 
     /// A poller found the run (`wake`: due or orphaned, rather than pending) in reads begun
