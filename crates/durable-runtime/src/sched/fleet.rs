@@ -1,7 +1,7 @@
 //! Many engines, one store: the batched run queue — the outbox and its flusher on the
 //! sending end, the transport's consumer handing runs to this engine's slots on the other.
 
-use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
@@ -13,7 +13,7 @@ use parking_lot::Mutex;
 use tokio::sync::Notify;
 
 use super::dispatch::TaskGuard;
-use super::{Mark, Nudge, Shared};
+use super::{Nudge, Shared};
 use crate::events::EngineEvent;
 
 /// The run queue shared with other engines, if there is one: what waits to be sent, whether
@@ -26,9 +26,6 @@ pub(super) struct Fleet {
     outbox_full: Notify,
     consumer: Mutex<Option<Consumer>>,
     queue_failures: Mutex<QueueFailures>,
-    /// The marks of the items this engine sent, by dedupe key: when one comes back to this
-    /// engine's consumer, it says how old the item's news is.
-    sent: Mutex<SentMarks>,
 }
 
 impl Fleet {
@@ -40,7 +37,6 @@ impl Fleet {
             outbox_full: Notify::new(),
             consumer: Mutex::new(None),
             queue_failures: Mutex::new(QueueFailures::default()),
-            sent: Mutex::new(SentMarks::default()),
         }
     }
 
@@ -55,12 +51,8 @@ impl Fleet {
         self.queue_failures.lock().down
     }
 
-    /// Adds an item to the outbox (`since`: the mark its news dates from); a full batch
-    /// (`batch` items) is sent at once.
-    pub(super) fn add(&self, item: QueuedRun, batch: usize, since: Option<Mark>) {
-        if let Some(mark) = since {
-            self.sent.lock().record(item.dedupe_key.clone(), mark);
-        }
+    /// Adds an item to the outbox; a full batch (`batch` items) is sent at once.
+    pub(super) fn add(&self, item: QueuedRun, batch: usize) {
         let waiting = self.outbox.lock().add(item);
         if waiting == 1 {
             self.outbox_added.notify_one();
@@ -105,36 +97,6 @@ impl Outbox {
     fn take(&mut self) -> Vec<QueuedRun> {
         self.index.clear();
         std::mem::take(&mut self.items)
-    }
-}
-
-/// How many marks of sent items [`SentMarks`] keeps (those of items another engine took are
-/// never looked up again).
-const SENT_REMEMBERED: usize = 16_384;
-
-/// The marks of items this engine sent, by dedupe key, the oldest forgotten first. An item
-/// that comes back without one (another engine's, or forgotten) is taken as news.
-#[derive(Default)]
-struct SentMarks {
-    by_key: HashMap<String, Mark>,
-    order: VecDeque<String>,
-}
-
-impl SentMarks {
-    fn record(&mut self, key: String, mark: Mark) {
-        if self.by_key.insert(key.clone(), mark).is_none() {
-            self.order.push_back(key);
-        }
-        while self.order.len() > SENT_REMEMBERED {
-            if let Some(old) = self.order.pop_front() {
-                self.by_key.remove(&old);
-            }
-        }
-    }
-
-    fn take(&mut self, key: &str) -> Option<Mark> {
-        // Its `order` entry stays until it comes up (a key taken is not in `by_key` then).
-        self.by_key.remove(key)
     }
 }
 
@@ -213,7 +175,7 @@ impl Shared {
         }
         for item in items {
             if item.reason == QueueReason::Wake {
-                let since = self.fleet.sent.lock().take(&item.dedupe_key);
+                let since = self.mark_of(&item.dedupe_key);
                 self.dispatch_as(item.run_id.clone(), Nudge::queued(true, since));
             }
         }
@@ -242,14 +204,15 @@ impl Shared {
     }
 
     /// Executes a run handed over by the transport, in one of this engine's execution slots.
-    /// An item this engine sent carries the mark its news dates from: if the run went quiet
-    /// here since (a poller's find that raced the run's own item, say), it is read first.
+    /// An item this engine sent carries the mark its news dates from (in its dedupe key): if
+    /// the run went quiet here since (a poller's find that raced the run's own item, say), it
+    /// is read first.
     async fn run_queued(self: &Arc<Self>, item: QueuedRun) -> Handled {
         if self.is_stopping() || self.is_draining() {
             return Handled::HandBack;
         }
         let (id, wake) = (item.run_id, item.reason == QueueReason::Wake);
-        let since = self.fleet.sent.lock().take(&item.dedupe_key);
+        let since = self.mark_of(&item.dedupe_key);
         if !self.enter_queued(&id, wake, since) {
             return Handled::Done; // queued or executing here already: it looks again when done
         }

@@ -293,9 +293,21 @@ impl Shared {
         }
         let reason = if nudge.is_wake() { QueueReason::Wake } else { QueueReason::Start };
         let n = token.unwrap_or_else(|| self.metrics.enqueued.fetch_add(1, Ordering::Relaxed));
-        let dedupe_key = format!("{reason}:{run_id}:{n}");
+        let mut dedupe_key = format!("{reason}:{run_id}:{n}");
+        if let Some(mark) = nudge.since {
+            // When the item comes back to this engine, the mark says how old its news is.
+            dedupe_key.push_str(&format!("@{}#{}", self.owner, mark.0));
+        }
         let item = QueuedRun { id: 0, run_id, reason, namespace, priority, dedupe_key };
-        self.fleet.add(item, self.config.dispatch_batch, nudge.since);
+        self.fleet.add(item, self.config.dispatch_batch);
+    }
+
+    /// The mark in the dedupe key of an item this engine sent (`…@<owner>#<mark>`); `None`
+    /// for another engine's item.
+    fn mark_of(&self, dedupe_key: &str) -> Option<Mark> {
+        let (head, mark) = dedupe_key.rsplit_once('#')?;
+        let mark = mark.parse().ok()?;
+        head.strip_suffix(self.owner.as_str())?.ends_with('@').then_some(Mark(mark))
     }
 }
 
@@ -378,5 +390,25 @@ impl TurnEnv for Shared {
 
     fn latest_version(&self, workflow: &str) -> Option<u32> {
         self.registry.latest(workflow).map(|(v, _)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(owner: &str) -> Arc<Shared> {
+        let store: Arc<dyn Store> = Arc::new(durable_store_memory::MemoryStore::new());
+        Shared::new(store, Arc::new(crate::clock::SystemClock), EngineConfig::default(), None, owner.into())
+    }
+
+    #[test]
+    fn an_item_this_engine_sent_carries_its_mark_back() {
+        let (me, other) = (shared("engine-1"), shared("my-engine-1"));
+        let key = "wake:r:3@engine-1#42";
+        assert_eq!(me.mark_of(key), Some(Mark(42)));
+        assert_eq!(other.mark_of(key), None, "another engine's item");
+        assert_eq!(me.mark_of("start:r:1767225600000"), None, "no mark");
+        assert_eq!(me.mark_of("wake:r:3@engine-1#x"), None);
     }
 }
