@@ -19,7 +19,7 @@
 //! [`Dispatch`], [`Executor`], [`Timers`], [`Fleet`], [`Watchers`] and [`Hooks`]. The fields
 //! of each are private to the file that declares it, so each lock is taken in that file
 //! only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
-//! `rechecks`, `warned_versions`), `timers.rs` (`due`), `fleet.rs` (`outbox`, `sent`,
+//! `rechecks`, `warned_versions`), `timers.rs` (`due`), `fleet.rs` (`outbox`,
 //! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`) and
 //! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`).
 //!
