@@ -72,6 +72,8 @@ struct Measured {
     wall: Duration,
     /// Per-run latencies in milliseconds (or the workload's own latency notion).
     latencies: Vec<f64>,
+    /// The in-process engine's turns and turns without progress (spare turns), if measured.
+    turns: Option<(u64, u64)>,
 }
 
 /// A fresh SQLite file for this workload.
@@ -88,9 +90,11 @@ fn remove_db(path: &std::path::Path) {
     }
 }
 
-/// The single in-process engine of a `--workers 0` run.
+/// The single in-process engine of a `--workers 0` run (a client engine, executing nothing,
+/// for the workloads that measure starts alone).
 fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
     let builder = Engine::builder();
+    let builder = if args.workload.starts_with("start") { builder.client_only() } else { builder };
     let (builder, db) = match args.store.as_str() {
         "memory" => (builder.store(MemoryStore::new()), None),
         "sqlite" => {
@@ -203,6 +207,12 @@ fn register_all(engine: &Engine) {
         let out: u64 = ctx.step("work", move |_| async move { Ok(i + 1) }).await?;
         Ok::<_, WorkflowError>(out)
     });
+    engine.register("napper", 1, |ctx: WorkflowCtx, nap_ms: u64| async move {
+        ctx.step("before", |_| async { Ok(()) }).await?;
+        ctx.sleep(Duration::from_millis(nap_ms)).await;
+        ctx.step("after", |_| async { Ok(()) }).await?;
+        Ok::<_, WorkflowError>(())
+    });
     engine.register("fanout", 1, |ctx: WorkflowCtx, children: u64| async move {
         let all: Vec<_> = (0..children).map(|i| ctx.child::<_, u64>("leaf", &i)).collect();
         let mut sum = 0;
@@ -261,13 +271,13 @@ fn register_chain(engine: &Engine) {
 
 async fn chain(engine: &Engine, runs: usize, steps: usize) -> Result<Measured, String> {
     let (wall, latencies, _) = start_all(engine, "chain", runs, steps).await?;
-    Ok(Measured { runs, steps_per_run: steps, wall, latencies })
+    Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns: None })
 }
 
 async fn timers(engine: &Engine, runs: usize) -> Result<Measured, String> {
     let (wall, _, outputs) = start_all(engine, "timers", runs, 10u64).await?;
     let latencies = outputs.iter().map(|v| v.as_f64().unwrap_or(f64::NAN)).collect();
-    Ok(Measured { runs, steps_per_run: 1, wall, latencies })
+    Ok(Measured { runs, steps_per_run: 1, wall, latencies, turns: None })
 }
 
 /// Parks `runs` runs, each waiting for its own delivery, then sends every delivery at once
@@ -304,7 +314,7 @@ where
     for t in tasks {
         latencies.push(t.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?);
     }
-    Ok(Measured { runs, steps_per_run: 1, wall: began.elapsed(), latencies })
+    Ok(Measured { runs, steps_per_run: 1, wall: began.elapsed(), latencies, turns: None })
 }
 
 async fn signals(engine: &Engine, runs: usize) -> Result<Measured, String> {
@@ -327,7 +337,87 @@ async fn events(engine: &Engine, runs: usize) -> Result<Measured, String> {
 /// `parents` parents, each fanning out to `children` one-step children; latency per parent.
 async fn fanout(engine: &Engine, parents: usize, children: usize) -> Result<Measured, String> {
     let (wall, latencies, _) = start_all(engine, "fanout", parents, children as u64).await?;
-    Ok(Measured { runs: parents, steps_per_run: children, wall, latencies })
+    Ok(Measured { runs: parents, steps_per_run: children, wall, latencies, turns: None })
+}
+
+/// Starts in flight at once in the bulk workloads, as a service starting runs in bulk has.
+const STARTS_IN_FLIGHT: usize = 256;
+
+/// Starts `runs` runs of `workflow` with `start`, `STARTS_IN_FLIGHT` calls at a time; returns
+/// their ids and each start's latency.
+async fn start_in_bulk<I: serde::Serialize + Send + Sync + 'static>(
+    engine: &Engine,
+    workflow: &'static str,
+    runs: usize,
+    input: I,
+) -> Result<(Vec<durable::RunId>, Vec<f64>), String> {
+    let input = Arc::new(input);
+    let slots = Arc::new(tokio::sync::Semaphore::new(STARTS_IN_FLIGHT));
+    let mut tasks = Vec::with_capacity(runs);
+    for i in 0..runs {
+        let permit = slots.clone().acquire_owned().await.map_err(|e| e.to_string())?;
+        let (engine, input) = (engine.clone(), input.clone());
+        tasks.push(tokio::spawn(async move {
+            let t0 = Instant::now();
+            let run = engine.start(workflow, &*input, StartOptions::id(format!("{workflow}-{i}"))).await;
+            drop(permit);
+            Ok::<_, durable::Error>((run?.id, t0.elapsed().as_secs_f64() * 1e3))
+        }));
+    }
+    let (mut ids, mut latencies) = (Vec::with_capacity(runs), Vec::with_capacity(runs));
+    for t in tasks {
+        let (id, lat) = t.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?;
+        ids.push(id);
+        latencies.push(lat);
+    }
+    Ok((ids, latencies))
+}
+
+/// `runs` runs that each take a step, sleep 2 s and take a step, started in bulk
+/// (`STARTS_IN_FLIGHT` `start` calls at a time) on an engine that executes them; wall time to
+/// the last completion. Reports the engine's turns and spare turns (turns without progress):
+/// two turns per run, none spare, is the goal.
+async fn bulk(engine: &Engine, runs: usize) -> Result<Measured, String> {
+    let began = Instant::now();
+    let (ids, latencies) = start_in_bulk(engine, "napper", runs, 2_000u64).await?;
+    for id in &ids {
+        engine.wait_for_run(id).await.map_err(|e| e.to_string())?.output::<()>().map_err(|e| e.to_string())?;
+    }
+    let wall = began.elapsed();
+    // Worker processes execute the runs with `--workers`: this engine's counters say nothing.
+    let turns = engine.config().execute.then(|| engine.metrics()).map(|m| {
+        eprintln!(
+            "durable-bench: bulk: {} turns for {runs} runs, {} without progress ({:.2}% of runs)",
+            m.turns,
+            m.turns_without_progress,
+            m.turns_without_progress as f64 * 100.0 / runs as f64
+        );
+        (m.turns, m.turns_without_progress)
+    });
+    Ok(Measured { runs, steps_per_run: 2, wall, latencies, turns })
+}
+
+/// `runs` starts with `start`, `STARTS_IN_FLIGHT` at a time, on a client engine (nothing
+/// executes them): how fast runs are created and queued one by one. Latency per start.
+async fn starts(engine: &Engine, runs: usize) -> Result<Measured, String> {
+    let began = Instant::now();
+    let (_, latencies) = start_in_bulk(engine, "leaf", runs, 1u64).await?;
+    Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None })
+}
+
+/// `runs` starts with one `start_many` call (one store call per 500) on a client engine:
+/// how fast runs are created and queued in bulk. Latency per batch of 500.
+async fn start_many(engine: &Engine, runs: usize) -> Result<Measured, String> {
+    const BATCH: usize = 500;
+    let began = Instant::now();
+    let mut latencies = Vec::with_capacity(runs / BATCH + 1);
+    for first in (0..runs).step_by(BATCH) {
+        let t0 = Instant::now();
+        let items = (first..(first + BATCH).min(runs)).map(|i| ("leaf", 1u64, StartOptions::id(format!("leaf-{i}"))));
+        engine.start_many(items).await.map_err(|e| e.to_string())?;
+        latencies.push(t0.elapsed().as_secs_f64() * 1e3);
+    }
+    Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -357,6 +447,9 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
         "signals" => signals(engine, if q { 200 } else { 2_000 }).await,
         "events" => events(engine, if q { 200 } else { 2_000 }).await,
         "fanout" => fanout(engine, if q { 10 } else { 100 }, 20).await,
+        "bulk" => bulk(engine, if q { 1_000 } else { 10_000 }).await,
+        "starts" => starts(engine, if q { 2_000 } else { 20_000 }).await,
+        "start_many" => start_many(engine, if q { 2_000 } else { 100_000 }).await,
         other => Err(format!("unknown workload {other:?}")),
     }
 }
@@ -467,6 +560,8 @@ fn main() -> std::process::ExitCode {
                 "p99_ms": percentile(&m.latencies, 0.99),
                 "peak_rss_mb": rss,
                 "workers": args.workers,
+                "turns": m.turns.map(|t| t.0),
+                "turns_without_progress": m.turns.map(|t| t.1),
             });
             println!("{result}");
             std::process::ExitCode::SUCCESS

@@ -271,7 +271,8 @@ fn cycles(enforce: bool) -> Result<(), String> {
     }
 }
 
-const WORKLOADS: &[&str] = &["chain", "long_chain", "timers", "signals", "events", "fanout"];
+const WORKLOADS: &[&str] =
+    &["chain", "long_chain", "timers", "signals", "events", "fanout", "bulk", "starts", "start_many"];
 /// Stores run by default…
 const STORES: &[&str] = &["memory", "sqlite"];
 /// …and those that may be asked for (`postgres` needs a server: DURABLE_PG_URL).

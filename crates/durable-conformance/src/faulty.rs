@@ -19,6 +19,8 @@ use parking_lot::Mutex;
 pub enum Method {
     /// [`Store::create_run`].
     CreateRun,
+    /// [`Store::create_runs`].
+    CreateRuns,
     /// [`Store::get_run`].
     GetRun,
     /// [`Store::get_runs`].
@@ -57,8 +59,9 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 18] = [
+    pub const ALL: [Method; 19] = [
         Method::CreateRun,
+        Method::CreateRuns,
         Method::GetRun,
         Method::GetRuns,
         Method::ListRuns,
@@ -82,6 +85,7 @@ impl Method {
     pub fn name(self) -> &'static str {
         match self {
             Method::CreateRun => "create_run",
+            Method::CreateRuns => "create_runs",
             Method::GetRun => "get_run",
             Method::GetRuns => "get_runs",
             Method::ListRuns => "list_runs",
@@ -115,8 +119,8 @@ impl fmt::Display for Method {
 pub struct Call<'a> {
     /// The method called.
     pub method: Method,
-    /// The run the call addresses, if it addresses one (the run created, claimed,
-    /// committed, read, …).
+    /// The run the call addresses, if it addresses one (the run created — the first of a
+    /// `create_runs` batch —, claimed, committed, read, …).
     pub run_id: Option<&'a RunId>,
     /// The signal token or event name, for `send_signal` and `publish_event`.
     pub token: Option<&'a str>,
@@ -465,6 +469,12 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
         let id = run.id.clone();
         self.call(Method::CreateRun, Some(&id), None, self.inner.create_run(run)).await
+    }
+
+    async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
+        // One call, addressed to the first run of the batch (a fault fails the whole batch).
+        let id = runs.first().map(|r| r.id.clone());
+        self.call(Method::CreateRuns, id.as_ref(), None, self.inner.create_runs(runs)).await
     }
 
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {

@@ -349,6 +349,9 @@ mod tests {
         async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
             self.0.create_run(run).await
         }
+        async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
+            self.0.create_runs(runs).await
+        }
         async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
             self.0.get_run(id).await
         }

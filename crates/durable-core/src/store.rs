@@ -421,6 +421,29 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `Created`.
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun>;
 
+    /// Creates several runs in `pending` at once: a bulk start, in one round trip.
+    ///
+    /// # Contract
+    /// - One answer per item, in the order of `runs`, each as [`Store::create_run`] answers:
+    ///   `Created`, or `Existing` with the stored run, untouched, when the id exists. An id
+    ///   given twice is created by its first item; the later one gets `Existing` with that run.
+    /// - Atomic: the runs it creates are written in one transaction. If the call fails, none
+    ///   of them is created, and no reader ever sees some of them without the others.
+    /// - Concurrent creators of one id, in batches or one by one: exactly one gets `Created`.
+    /// - An empty `runs` writes nothing and answers an empty list.
+    ///
+    /// The default calls [`Store::create_run`] for each item in order, so a store written
+    /// before this method existed keeps working — but that is neither one round trip nor
+    /// atomic: a store should override it (the in-tree stores do; the conformance suite checks
+    /// that no reader sees part of a batch).
+    async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
+        let mut answers = Vec::with_capacity(runs.len());
+        for run in runs {
+            answers.push(self.create_run(run).await?);
+        }
+        Ok(answers)
+    }
+
     /// Reads a run.
     ///
     /// # Contract
@@ -592,3 +615,126 @@ pub trait StoreExt: Store {
 }
 
 impl<S: Store + ?Sized> StoreExt for S {}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::future::Future;
+    use std::pin::pin;
+    use std::sync::Mutex;
+    use std::task::{Context, Poll, Waker};
+
+    use super::*;
+    use crate::RunFilter;
+
+    /// A store written before `create_runs` existed: it has `create_run` only (the rest is
+    /// never called here).
+    #[derive(Debug, Default)]
+    struct OldStore(Mutex<HashMap<RunId, Run>>);
+
+    #[async_trait]
+    impl Store for OldStore {
+        fn capabilities(&self) -> Capabilities {
+            Capabilities::IN_MEMORY
+        }
+        async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
+            let mut runs = self.0.lock().expect("not poisoned");
+            Ok(match runs.get(&run.id) {
+                Some(existing) => CreateRun::Existing(existing.clone()),
+                None => {
+                    let run = run.into_run();
+                    runs.insert(run.id.clone(), run.clone());
+                    CreateRun::Created(run)
+                }
+            })
+        }
+        async fn get_run(&self, _: &RunId) -> StoreResult<Option<Run>> {
+            unimplemented!()
+        }
+        async fn list_runs(&self, _: &RunFilter) -> StoreResult<RunPage> {
+            unimplemented!()
+        }
+        async fn history(&self, _: &RunId) -> StoreResult<Vec<Checkpoint>> {
+            unimplemented!()
+        }
+        async fn claim_run(&self, _: Claim) -> StoreResult<ClaimOutcome> {
+            unimplemented!()
+        }
+        async fn renew_lease(&self, _: &RunId, _: &str, _: Millis) -> StoreResult<bool> {
+            unimplemented!()
+        }
+        async fn release_lease(&self, _: &RunId, _: &str) -> StoreResult<bool> {
+            unimplemented!()
+        }
+        async fn commit(&self, _: Commit) -> StoreResult<CommitOutcome> {
+            unimplemented!()
+        }
+        async fn update_run_if(&self, _: &RunId, _: &[RunStatus], _: RunPatch) -> StoreResult<bool> {
+            unimplemented!()
+        }
+        async fn pending_runs(&self, _: &RunQuery) -> StoreResult<Vec<RunId>> {
+            unimplemented!()
+        }
+        async fn due_runs(&self, _: &RunQuery) -> StoreResult<Vec<RunId>> {
+            unimplemented!()
+        }
+        async fn orphaned_runs(&self, _: &RunQuery) -> StoreResult<Vec<RunId>> {
+            unimplemented!()
+        }
+        async fn send_signal(&self, _: &str, _: Payload, _: Millis) -> StoreResult<Delivery> {
+            unimplemented!()
+        }
+        async fn publish_event(&self, _: &str, _: Payload, _: Millis) -> StoreResult<Vec<Delivery>> {
+            unimplemented!()
+        }
+        async fn waiters(&self, _: &RunId) -> StoreResult<Vec<Waiter>> {
+            unimplemented!()
+        }
+        async fn get_state(&self, _: &RunId, _: &str) -> StoreResult<Option<Payload>> {
+            unimplemented!()
+        }
+        async fn delete_run(&self, _: &RunId) -> StoreResult<u64> {
+            unimplemented!()
+        }
+    }
+
+    /// Polls a future that never waits (the store above answers at once).
+    fn ready<T>(f: impl Future<Output = T>) -> T {
+        match pin!(f).poll(&mut Context::from_waker(Waker::noop())) {
+            Poll::Ready(v) => v,
+            Poll::Pending => panic!("the future waited"),
+        }
+    }
+
+    fn new_run(id: &str) -> NewRun {
+        NewRun {
+            id: RunId::from(id),
+            workflow: "wf".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: Payload::from_trusted(format!("\"{id}\"")),
+            tags: Vec::new(),
+            priority: 0,
+            parent: None,
+            created_at: 7,
+        }
+    }
+
+    #[test]
+    fn the_default_create_runs_answers_like_create_run_item_by_item() {
+        let store = OldStore::default();
+        let old = ready(store.create_run(new_run("old"))).expect("created").into_run();
+        let batch = vec![new_run("a"), new_run("old"), NewRun { priority: 5, ..new_run("a") }, new_run("b")];
+        let answers = ready(store.create_runs(batch.clone())).expect("created");
+        assert_eq!(
+            answers,
+            vec![
+                CreateRun::Created(batch[0].clone().into_run()),
+                CreateRun::Existing(old),
+                CreateRun::Existing(batch[0].clone().into_run()),
+                CreateRun::Created(batch[3].clone().into_run()),
+            ]
+        );
+        assert_eq!(ready(store.create_runs(Vec::new())).expect("nothing"), vec![]);
+    }
+}

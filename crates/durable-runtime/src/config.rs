@@ -51,6 +51,9 @@ pub struct EngineConfig {
     pub store_retry_backoff: Duration,
     /// With a transport: most runs per batch sent to the run queue. Default 500.
     pub dispatch_batch: usize,
+    /// [`Engine::start_many`](crate::Engine::start_many): runs created per store call (one
+    /// `Store::create_runs`, one transaction). Default 500.
+    pub start_batch: usize,
     /// With a transport: how often the outgoing batch is flushed when not full. Default 10 ms.
     pub dispatch_tick: Duration,
     /// With a transport: queued runs this engine executes at once. Default 64.
@@ -83,6 +86,7 @@ impl Default for EngineConfig {
             wait_poll_interval: Duration::from_millis(250),
             store_retry_backoff: Duration::from_millis(100),
             dispatch_batch: 500,
+            start_batch: 500,
             dispatch_tick: Duration::from_millis(10),
             queue_concurrency: 64,
             recheck_interval: Duration::from_secs(2),

@@ -132,6 +132,31 @@ pub enum Error {
     /// A history export whose parts do not fit together, or that this version cannot read.
     #[error(transparent)]
     Export(#[from] durable_core::ExportError),
+    /// An item of [`Engine::start_many`](crate::Engine::start_many) was refused (an unknown
+    /// workflow, an input that does not serialize, is too large or does not decode into the
+    /// workflow's input type, a bad id). Nothing of the call was persisted.
+    #[error("start_many item {index} (workflow {workflow:?}{}): {source}; nothing was started", id.as_ref().map(|id| format!(", id {id}")).unwrap_or_default())]
+    BadStart {
+        /// The item's position in the call, from 0.
+        index: usize,
+        /// Its workflow.
+        workflow: String,
+        /// Its run id, if one was given.
+        id: Option<String>,
+        /// Why it was refused.
+        source: Box<Error>,
+    },
+    /// The store failed during [`Engine::start_many`](crate::Engine::start_many) after the
+    /// first `started` items were persisted and dispatched (whole batches: the failed batch
+    /// persisted nothing). Starting the rest again is safe for items with ids (an existing id
+    /// is returned as it is); items without an id would get new ones.
+    #[error("start_many: the store failed after the first {started} items were started (the rest were not): {source}")]
+    PartlyStarted {
+        /// How many items, from the first, were started.
+        started: usize,
+        /// The store's error.
+        source: StoreError,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

@@ -235,6 +235,12 @@ impl Store for MemoryStore {
         Ok(self.inner.lock().create(run))
     }
 
+    async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
+        // Under one lock: no reader sees part of the batch.
+        let mut inner = self.inner.lock();
+        Ok(runs.into_iter().map(|run| inner.create(run)).collect())
+    }
+
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
         Ok(self.inner.lock().runs.get(id).cloned())
     }

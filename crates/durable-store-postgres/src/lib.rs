@@ -12,8 +12,9 @@
 //!   every write waiting at that moment (up to [`PostgresOptions::max_batch`]) into one
 //!   transaction, and pipelines `BEGIN`, the batch and `COMMIT` on one connection: one network
 //!   round trip and one WAL flush for the whole batch, answered only after `COMMIT` succeeded.
-//!   One batch is in flight at a time, or up to [`PostgresOptions::write_connections`].
-//!   [`PostgresStore::stats`] counts them. Reads are one query each, on the pool.
+//!   One batch is in flight at a time, or up to [`PostgresOptions::write_connections`]. A bulk
+//!   create ([`Store::create_runs`]) is one group of operations the writer never splits: one
+//!   transaction, one round trip. [`PostgresStore::stats`] counts them. Reads are one query each, on the pool.
 //! - **Every contract rule is enforced in SQL**, inside the transaction that writes: the
 //!   compare-and-set of [`Store::update_run_if`] and the lease predicate of a claim are in the
 //!   `WHERE` of their `UPDATE` (under the row lock the same function took), the lease check is
@@ -511,6 +512,24 @@ impl Store for PostgresStore {
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
         let answer = self.write(Op::CreateRun { run: ops::NewRunJson::new(&run) }).await?;
         self.answer(ops::create_answer(&answer, run))
+    }
+
+    /// One group of `create_run` operations: always in one batch of the writer, never split
+    /// from each other, so one transaction and one round trip (alone, or with other writes
+    /// waiting at that moment). One corner is not all-or-nothing: an item whose id conflicts
+    /// with a run that another transaction deletes before the existing run is read answers an
+    /// error (as `create_run` does) while the rest of the group commits; the call then fails
+    /// with that error, and starting the batch again finds the others `Existing`.
+    async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        let group = runs.iter().map(|run| Op::CreateRun { run: ops::NewRunJson::new(run) }.encode()).collect();
+        let answers = self.inner.writer.write_group(&self.inner.shared, group).await?;
+        if answers.len() != runs.len() {
+            return Err(self.corrupt(format!("{} creates got {} answers", runs.len(), answers.len())));
+        }
+        runs.into_iter().zip(answers).map(|(run, answer)| self.answer(ops::create_answer(&answer, run))).collect()
     }
 
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {

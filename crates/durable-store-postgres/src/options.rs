@@ -109,7 +109,8 @@ impl PostgresOptions {
     }
 
     /// Sets the largest number of writes folded into one transaction (default 256, at least 1;
-    /// 1 turns batching off).
+    /// 1 turns batching off). A bulk create (`create_runs`) is never split: its writes go in
+    /// one transaction however many they are, with others only while the limit allows.
     pub fn max_batch(mut self, max_batch: usize) -> Self {
         self.max_batch = max_batch.max(1);
         self

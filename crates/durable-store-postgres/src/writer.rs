@@ -1,6 +1,7 @@
 //! The writer task: group commit over pooled connections (one batch in flight by default).
 //!
-//! Every write of the store is queued here as one JSON operation. Once one of its
+//! Every write of the store is queued here as one JSON operation (a bulk create as a group
+//! of them, which always travels in one batch, so it is one transaction). Once one of its
 //! `write_connections` (default 1) is free, the writer takes every operation waiting at that
 //! moment (up to `max_batch`), and sends them in one pipelined flight on one connection —
 //! `BEGIN`, `SELECT apply($ops)`, `COMMIT` — so a batch costs one network round trip and one
@@ -94,10 +95,17 @@ pub(crate) struct Shared {
     pub(crate) counters: Counters,
 }
 
-/// One queued write: its JSON, and where its answer goes.
+/// One queued write: its operations (JSON; more than one for a group that must commit
+/// together), and where their answers go.
 struct Request {
-    op: String,
-    reply: oneshot::Sender<Result<String, StoreError>>,
+    ops: Vec<String>,
+    reply: oneshot::Sender<Result<Vec<String>, StoreError>>,
+}
+
+impl Request {
+    fn bytes(&self) -> usize {
+        self.ops.iter().map(String::len).sum()
+    }
 }
 
 /// The store's handle on its writer task. Dropping it lets the task finish the queued writes
@@ -109,7 +117,7 @@ pub(crate) struct Writer {
 
 impl std::fmt::Debug for Request {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Request").field("bytes", &self.op.len()).finish_non_exhaustive()
+        f.debug_struct("Request").field("ops", &self.ops.len()).field("bytes", &self.bytes()).finish_non_exhaustive()
     }
 }
 
@@ -123,9 +131,18 @@ impl Writer {
 
     /// Queues one operation (JSON text) and waits for its answer (JSON text).
     pub(crate) async fn write(&self, shared: &Shared, op: String) -> Result<String, StoreError> {
+        let mut answers = self.write_group(shared, vec![op]).await?;
+        answers.pop().ok_or_else(|| {
+            Error::Corrupt { target: shared.target.clone(), message: "a write got no answer".into() }.into_store_error()
+        })
+    }
+
+    /// Queues operations that must be applied in one transaction (they travel in one batch,
+    /// and are never split from each other) and waits for their answers, in order.
+    pub(crate) async fn write_group(&self, shared: &Shared, ops: Vec<String>) -> Result<Vec<String>, StoreError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || Error::WriterStopped { target: shared.target.clone() }.into_store_error();
-        self.tx.send(Request { op, reply }).map_err(|_| stopped())?;
+        self.tx.send(Request { ops, reply }).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
@@ -136,12 +153,13 @@ async fn run(shared: Arc<Shared>, mut rx: mpsc::UnboundedReceiver<Request>) {
     // while the others were in flight.
     while let Ok(permit) = in_flight.clone().acquire_owned().await {
         let Some(first) = rx.recv().await else { break };
-        let mut bytes = first.op.len();
+        let (mut ops, mut bytes) = (first.ops.len(), first.bytes());
         let mut batch = vec![first];
-        while batch.len() < shared.max_batch && bytes < MAX_BATCH_BYTES {
+        while ops < shared.max_batch && bytes < MAX_BATCH_BYTES {
             match rx.try_recv() {
                 Ok(next) => {
-                    bytes += next.op.len();
+                    ops += next.ops.len();
+                    bytes += next.bytes();
                     batch.push(next);
                 }
                 Err(_) => break,
@@ -167,22 +185,26 @@ enum Failure {
 
 async fn execute(shared: &Shared, batch: Vec<Request>) {
     let ops = join(&batch);
-    match apply_retrying(shared, &ops, batch.len()).await {
+    let count: usize = batch.iter().map(|r| r.ops.len()).sum();
+    match apply_retrying(shared, &ops, count).await {
         Ok(answers) => {
-            shared.counters.writes.fetch_add(batch.len() as u64, Ordering::Relaxed);
-            for (req, answer) in batch.into_iter().zip(answers) {
-                let _ = req.reply.send(Ok(answer));
+            shared.counters.writes.fetch_add(count as u64, Ordering::Relaxed);
+            let mut answers = answers.into_iter();
+            for req in batch {
+                let mine = answers.by_ref().take(req.ops.len()).collect();
+                let _ = req.reply.send(Ok(mine));
             }
         }
         Err(Failure::Statement(_)) if batch.len() > 1 => {
-            // Someone's operation is at fault: run each alone, so only it gets the error.
+            // Someone's request is at fault: run each alone (a group stays whole), so only it
+            // gets the error.
             shared.counters.retries.fetch_add(1, Ordering::Relaxed);
             for req in batch {
                 let ops = join(std::slice::from_ref(&req));
-                let answer = match apply_retrying(shared, &ops, 1).await {
-                    Ok(mut answers) => {
-                        shared.counters.writes.fetch_add(1, Ordering::Relaxed);
-                        Ok(answers.pop().unwrap_or_default())
+                let answer = match apply_retrying(shared, &ops, req.ops.len()).await {
+                    Ok(answers) => {
+                        shared.counters.writes.fetch_add(req.ops.len() as u64, Ordering::Relaxed);
+                        Ok(answers)
                     }
                     Err(Failure::Conflict(e) | Failure::Unavailable(e) | Failure::Statement(e)) => {
                         Err(e.into_store_error())
@@ -214,15 +236,15 @@ async fn execute(shared: &Shared, batch: Vec<Request>) {
     }
 }
 
-/// `[op, op, …]`.
+/// `[op, op, …]`: every operation of every request, in order.
 fn join(batch: &[Request]) -> String {
-    let mut s = String::with_capacity(batch.iter().map(|r| r.op.len() + 1).sum::<usize>() + 2);
+    let mut s = String::with_capacity(batch.iter().map(|r| r.bytes() + r.ops.len()).sum::<usize>() + 2);
     s.push('[');
-    for (i, r) in batch.iter().enumerate() {
+    for (i, op) in batch.iter().flat_map(|r| &r.ops).enumerate() {
         if i > 0 {
             s.push(',');
         }
-        s.push_str(&r.op);
+        s.push_str(op);
     }
     s.push(']');
     s

@@ -1,6 +1,6 @@
-//! What the conformance suite does not look at: round trips per commit and batching, the
-//! server-side event matcher against `durable_core::json_subset`, NOTIFY, schema isolation and
-//! "forever" times.
+//! What the conformance suite does not look at: round trips per commit and per bulk create,
+//! batching, the server-side event matcher against `durable_core::json_subset`, NOTIFY, schema
+//! isolation and "forever" times.
 
 mod common;
 
@@ -28,6 +28,23 @@ fn step_commit(id: &str, seq: u32) -> Commit {
     cp.output = Some(Payload::from_trusted(seq.to_string()));
     c.checkpoints.push(cp);
     c
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn create_runs_is_one_round_trip_whatever_the_batch_size() {
+    let Some(url) = url_or_skip("create_runs_is_one_round_trip_whatever_the_batch_size") else { return };
+    let scratch = ScratchSchema::new(&url, "bulk").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    store.create_run(new_run("run-7")).await.unwrap();
+    let before = store.stats();
+    let answers = store.create_runs((0..1_000).map(|i| new_run(&format!("run-{i}"))).collect()).await.unwrap();
+    let after = store.stats();
+    assert_eq!(answers.len(), 1_000);
+    assert_eq!(answers.iter().filter(|a| a.created()).count(), 999, "run-7 existed");
+    assert_eq!(after.batches - before.batches, 1, "1,000 creates in one transaction, one round trip");
+    assert_eq!(after.writes - before.writes, 1_000);
+    assert_eq!(store.create_runs(Vec::new()).await.unwrap(), vec![]);
+    assert_eq!(store.stats().batches, after.batches, "an empty batch sends nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -231,6 +231,14 @@ impl Store for SqliteStore {
         self.workers.write("create_run", move |c| ops::create_run(c, run)).await
     }
 
+    async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
+        if runs.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One write: one savepoint of the writer's group transaction, all of it or none.
+        self.workers.write("create_runs", move |c| runs.into_iter().map(|run| ops::create_run(c, run)).collect()).await
+    }
+
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
         let id = id.clone();
         self.workers.read("get_run", move |c| ops::get_run(c, &id)).await

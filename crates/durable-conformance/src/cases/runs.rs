@@ -1,8 +1,9 @@
-//! Creating and reading runs: `capabilities`, `create_run`, `get_run`, `get_runs`, `history`.
+//! Creating and reading runs: `capabilities`, `create_run`, `create_runs`, `get_run`, `get_runs`,
+//! `history`.
 
 use std::sync::Arc;
 
-use durable_core::{ClaimOutcome, CreateRun, NewRun, ParentLink, RunId, Store, StoreResult};
+use durable_core::{ClaimOutcome, CreateRun, NewRun, ParentLink, RunFilter, RunId, Store, StoreResult};
 use serde_json::json;
 
 use super::fixtures::*;
@@ -68,6 +69,134 @@ pub(crate) async fn create_race(handles: &[Arc<dyn Store>]) -> CaseResult {
     for result in &results {
         assert_eq!(result.run(), &stored, "every creator sees the one stored run");
     }
+    Ok(())
+}
+
+/// `create_runs` answers each item in the order given, as `create_run` would: a new id is
+/// `Created` (stored `pending`, as given), an existing one `Existing` with the stored run
+/// untouched, an id given twice is created by its first item and `Existing` for the second. A
+/// second identical batch creates nothing; an empty one answers nothing.
+pub async fn create_runs_answers_each_item_in_order(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    assert_eq!(s.create_runs(Vec::new()).await?, vec![], "an empty batch answers nothing");
+    create(s, new_run("old")).await?;
+    let old = acquire(s, claim("old", OWNER, T0 + 10)).await?;
+    let batch = vec![
+        NewRun {
+            tags: vec!["vip".into()],
+            priority: 3,
+            namespace: "billing".into(),
+            parent: Some(ParentLink { run_id: RunId::from("parent"), seq: 2 }),
+            ..new_run("b-1")
+        },
+        NewRun { input: json(json!({"other": true})), ..new_run("old") },
+        new_run("b-2"),
+        NewRun { input: json(json!({"second": true})), priority: 9, ..new_run("b-1") },
+        new_run("b-3"),
+    ];
+    let answers = s.create_runs(batch.clone()).await?;
+    let created = |i: usize| batch[i].clone().into_run();
+    assert_eq!(
+        answers,
+        vec![
+            CreateRun::Created(created(0)),
+            CreateRun::Existing(old.clone()),
+            CreateRun::Created(created(2)),
+            CreateRun::Existing(created(0)),
+            CreateRun::Created(created(4)),
+        ],
+        "one answer per item, in order"
+    );
+    for i in [0, 2, 4] {
+        assert_eq!(get(s, batch[i].id.as_str()).await?, created(i), "stored pending, as given");
+    }
+    assert_eq!(get(s, "old").await?, old, "an existing run is untouched");
+
+    let again = s.create_runs(batch.clone()).await?;
+    let stored = [created(0), old, created(2), created(0), created(4)];
+    assert_eq!(again, stored.map(CreateRun::Existing).to_vec(), "a second batch creates nothing");
+    Ok(())
+}
+
+/// `create_runs` is atomic: a reader never sees part of a batch. One task creates ten batches
+/// of 100 runs, one after the other, while another lists the runs again and again (one
+/// `list_runs` is one read): each read holds every run of a batch or none of it, and a batch
+/// only after the ones created before it.
+pub async fn create_runs_is_seen_whole(store: Arc<dyn Store>) -> CaseResult {
+    const BATCHES: usize = 10;
+    const SIZE: usize = 100;
+    let writer = {
+        let store = store.clone();
+        tokio::spawn(async move {
+            for b in 0..BATCHES {
+                let batch = (0..SIZE).map(|i| new_run(&format!("bulk-{b}-{i:03}"))).collect();
+                let answers = store.create_runs(batch).await?;
+                assert!(answers.iter().all(CreateRun::created), "batch {b}: every run is new");
+            }
+            Ok::<_, durable_core::StoreError>(())
+        })
+    };
+    let filter = RunFilter { limit: BATCHES * SIZE, ..RunFilter::default() };
+    let mut reads = 0;
+    loop {
+        // Whether the writer is done, taken before the read: a read after it sees everything.
+        let finished = writer.is_finished();
+        let runs = store.list_runs(&filter).await?.runs;
+        let mut per_batch = [0usize; BATCHES];
+        for run in &runs {
+            let batch = run.id.as_str().split('-').nth(1).and_then(|b| b.parse::<usize>().ok());
+            per_batch[batch.expect("a run of this case")] += 1;
+        }
+        for (b, seen) in per_batch.iter().enumerate() {
+            assert!(*seen == 0 || *seen == SIZE, "read {reads} saw {seen} of the {SIZE} runs of batch {b}");
+        }
+        let whole = per_batch.iter().take_while(|n| **n == SIZE).count();
+        assert!(per_batch[whole..].iter().all(|n| *n == 0), "read {reads} saw batches out of order: {per_batch:?}");
+        reads += 1;
+        if finished {
+            assert_eq!(whole, BATCHES, "after the last batch, every run is there");
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    match writer.await {
+        Ok(result) => result?,
+        Err(e) => std::panic::resume_unwind(e.into_panic()),
+    }
+    Ok(())
+}
+
+/// Concurrent `create_runs` over overlapping ids (12 batches of 8 out of 23 ids, in one
+/// order) and `create_run`s of some of them: each id is created exactly once, and every answer for an
+/// id carries the one stored run.
+pub async fn concurrent_create_runs_have_one_winner_per_id(store: Arc<dyn Store>) -> CaseResult {
+    let ids: Vec<String> = (0..RACERS + 7).map(|i| format!("c-{i:02}")).collect();
+    let results = race(RACERS, |i| {
+        let store = store.clone();
+        let mine: Vec<String> = ids[i..(i + 8).min(ids.len())].to_vec();
+        async move {
+            if i % 4 == 1 {
+                let id = mine[0].clone();
+                let created = store.create_run(NewRun { input: json(json!({ "creator": i })), ..new_run(&id) }).await?;
+                return Ok(vec![(id, created)]);
+            }
+            let batch = mine.iter().map(|id| NewRun { input: json(json!({ "creator": i })), ..new_run(id) }).collect();
+            let answers = store.create_runs(batch).await?;
+            assert_eq!(answers.len(), mine.len(), "one answer per item");
+            Ok::<_, durable_core::StoreError>(mine.into_iter().zip(answers).collect::<Vec<_>>())
+        }
+    })
+    .await;
+    let mut created: std::collections::BTreeMap<String, usize> = std::collections::BTreeMap::new();
+    for racer in results {
+        for (id, answer) in racer? {
+            assert_eq!(answer.run().id.as_str(), id, "answers are in the order of the items");
+            assert_eq!(answer.run(), &get(&*store, &id).await?, "every creator of {id} sees the one stored run");
+            *created.entry(id).or_default() += usize::from(answer.created());
+        }
+    }
+    assert_eq!(created.len(), ids.len(), "every id was asked for");
+    assert!(created.values().all(|n| *n == 1), "each id is created exactly once: {created:?}");
     Ok(())
 }
 

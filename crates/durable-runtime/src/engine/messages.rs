@@ -17,8 +17,9 @@ impl Engine {
     /// Sends a signal and wakes the run that received it.
     async fn deliver(&self, token: &str, payload: Payload) -> Result<Delivery> {
         let shared = self.shared();
+        let mark = shared.mark();
         let delivery = shared.store.send_signal(token, payload, shared.clock.now()).await?;
-        shared.wake_delivered(std::slice::from_ref(&delivery));
+        shared.wake_delivered(std::slice::from_ref(&delivery), mark);
         Ok(delivery)
     }
 
@@ -73,8 +74,9 @@ impl Engine {
         check_name("event name", name)?;
         let shared = self.shared();
         let payload = self.encode_payload(|| format!("the payload of event {name:?}"), payload)?;
+        let mark = shared.mark();
         let deliveries = shared.store.publish_event(name, payload, shared.clock.now()).await?;
-        shared.wake_delivered(&deliveries);
+        shared.wake_delivered(&deliveries, mark);
         Ok(deliveries)
     }
 

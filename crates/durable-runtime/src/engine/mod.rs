@@ -89,6 +89,16 @@ pub struct Metrics {
     pub runs_queued: usize,
     /// Turns executed since the engine started.
     pub turns: u64,
+    /// Turns, among `turns`, that got nowhere: the turn claimed the run and ended without the
+    /// store acknowledging any checkpoint from it, and without moving the run to a status other
+    /// than the one the claim found (a suspend back to `suspended`, or an end that did not
+    /// apply: a halt after a store error or a lost lease, a `woken` suspend, a settle that an
+    /// operator's cancel beat). Typically a spare turn — a run executed although nothing had
+    /// arrived for it, which costs a replay and two writes — and the engine is built so that
+    /// it does not happen: a run already queued or executing on this engine is not queued
+    /// again, and a wake that races the end of a turn costs a store read, not a turn. Store
+    /// failures, lost leases and deliveries that race a suspend still count.
+    pub turns_without_progress: u64,
     /// Batches sent to the transport's run queue.
     pub batches_sent: u64,
     /// Runs sent to the transport's run queue (in those batches).
@@ -326,6 +336,7 @@ impl Engine {
             max_turns_in_flight: shared.max_in_flight(),
             runs_queued: shared.dispatched().saturating_sub(in_flight),
             turns: shared.metrics.turns(),
+            turns_without_progress: shared.metrics.turns_without_progress(),
             batches_sent: shared.metrics.batches(),
             runs_sent: shared.metrics.queued_runs(),
             runs_watched: shared.watched(),

@@ -61,11 +61,12 @@ impl Engine {
             now: shared.clock.now(),
             ..Default::default()
         };
+        let mark = shared.mark();
         if !shared.store.update_run_if(id, &[RunStatus::Failed, RunStatus::Dead], patch).await? {
             let run = shared.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
             return Ok(run.status);
         }
-        shared.queue_start(id.clone(), &run.namespace, run.priority, shared.clock.now());
+        shared.queue_start(id.clone(), &run.namespace, run.priority, shared.clock.now(), mark);
         Ok(RunStatus::Pending)
     }
 

@@ -5,7 +5,9 @@ use std::time::Duration;
 use durable_core::protocol;
 use std::collections::BTreeMap;
 
-use durable_core::{Checkpoint, HistoryExport, NewRun, Payload, Run, RunFilter, RunId, RunPage, StepError, StepKind};
+use durable_core::{
+    Checkpoint, CreateRun, HistoryExport, NewRun, Payload, Run, RunFilter, RunId, RunPage, StepError, StepKind,
+};
 use serde::Serialize;
 
 use super::{Engine, RunOutcome, StartOptions, Started};
@@ -30,6 +32,80 @@ impl Engine {
         options: StartOptions,
     ) -> Result<Started> {
         let shared = &self.inner.shared;
+        let new = self.new_run(workflow, input, options, shared.clock.now())?;
+        let mark = shared.mark();
+        let created = shared.store.create_run(new).await?;
+        Ok(self.started(created, mark))
+    }
+
+    /// Starts many runs at once: [`Engine::start`] for each item, in one store call
+    /// ([`Store::create_runs`](durable_core::Store::create_runs), one transaction) per
+    /// [`EngineConfig::start_batch`](crate::EngineConfig::start_batch) (500) items, and the
+    /// started runs dispatched together (with a transport, into the outbox, which sends full
+    /// batches at once). Returns what `start` returns for each item, in order: idempotent per
+    /// id, so an id that exists — or that an earlier item of the call created — comes back
+    /// with `created: false` and the run as it is.
+    ///
+    /// Every item is validated before anything is written: an unknown workflow, an input that
+    /// does not fit the workflow or a bad id fails the call with [`Error::BadStart`] naming the
+    /// item, and nothing is started. A store failure after some batches were written is
+    /// [`Error::PartlyStarted`], saying how many items were started.
+    ///
+    /// ```no_run
+    /// # use durable_runtime::{Engine, StartOptions};
+    /// # async fn demo(engine: Engine) -> Result<(), durable_runtime::Error> {
+    /// let orders = [("o-1", 10), ("o-2", 25), ("o-3", 7)];
+    /// let started = engine
+    ///     .start_many(orders.iter().map(|(id, cents)| ("checkout", cents, StartOptions::id(format!("checkout:{id}")))))
+    ///     .await?;
+    /// assert_eq!(started.len(), 3);
+    /// # Ok(()) }
+    /// ```
+    pub async fn start_many<W, I, Items>(&self, runs: Items) -> Result<Vec<Started>>
+    where
+        Items: IntoIterator<Item = (W, I, StartOptions)>,
+        W: AsRef<str>,
+        I: Serialize,
+    {
+        let shared = &self.inner.shared;
+        let now = shared.clock.now();
+        let mut news = Vec::new();
+        for (index, (workflow, input, options)) in runs.into_iter().enumerate() {
+            let workflow = workflow.as_ref();
+            let id = options.id.clone();
+            let new = self.new_run(workflow, &input, options, now).map_err(|source| Error::BadStart {
+                index,
+                workflow: workflow.to_string(),
+                id,
+                source: Box::new(source),
+            })?;
+            news.push(new);
+        }
+        let mut started = Vec::with_capacity(news.len());
+        let batch = shared.config.start_batch.max(1);
+        let mut news = news.into_iter().peekable();
+        while news.peek().is_some() {
+            let chunk: Vec<NewRun> = news.by_ref().take(batch).collect();
+            let mark = shared.mark();
+            let created = shared
+                .store
+                .create_runs(chunk)
+                .await
+                .map_err(|source| Error::PartlyStarted { started: started.len(), source })?;
+            started.extend(created.into_iter().map(|c| self.started(c, mark)));
+        }
+        Ok(started)
+    }
+
+    /// Validates one start and builds the run to create.
+    fn new_run<I: Serialize + ?Sized>(
+        &self,
+        workflow: &str,
+        input: &I,
+        options: StartOptions,
+        now: durable_core::Millis,
+    ) -> Result<NewRun> {
+        let shared = &self.inner.shared;
         let (version, handler) =
             shared.registry.latest(workflow).ok_or_else(|| Error::UnknownWorkflow { name: workflow.to_string() })?;
         let input = Payload::encode(input)
@@ -42,8 +118,8 @@ impl Engine {
         };
         let namespace =
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
-        let new = NewRun {
-            id: id.clone(),
+        Ok(NewRun {
+            id,
             workflow: workflow.to_string(),
             version,
             namespace,
@@ -51,16 +127,21 @@ impl Engine {
             tags: options.tags,
             priority: options.priority,
             parent: None,
-            created_at: shared.clock.now(),
-        };
-        let created = shared.store.create_run(new).await?;
+            created_at: now,
+        })
+    }
+
+    /// What a start returns; a run it created is announced and dispatched (`mark`: taken
+    /// before the store call that created it).
+    fn started(&self, created: CreateRun, mark: crate::sched::Mark) -> Started {
+        let shared = &self.inner.shared;
         let is_new = created.created();
+        let run = created.into_run();
         if is_new {
-            let run = created.run();
-            shared.emit(EngineEvent::RunCreated { run_id: id.clone(), workflow: workflow.to_string() });
-            shared.queue_start(id.clone(), &run.namespace, run.priority, run.updated_at);
+            shared.emit(EngineEvent::RunCreated { run_id: run.id.clone(), workflow: run.workflow.clone() });
+            shared.queue_start(run.id.clone(), &run.namespace, run.priority, run.updated_at, mark);
         }
-        Ok(Started { id, created: is_new, run: created.into_run() })
+        Started { id: run.id.clone(), created: is_new, run }
     }
 
     /// Waits until the run is terminal (completed, failed, cancelled or dead). Works for runs

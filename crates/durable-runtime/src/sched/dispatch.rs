@@ -2,25 +2,25 @@
 //! execute here, and the task that runs one until it is quiet (also for runs the transport's
 //! consumer hands over).
 
-use std::collections::hash_map::Entry;
 use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use durable_core::{RunId, RunStatus};
+use durable_core::{Millis, Run, RunId, RunStatus};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::Shared;
+use super::{Mark, Nudge, Shared};
 
 /// Who executes what on this engine.
 pub(super) struct Dispatch {
     /// Run ids waiting for an execution slot on this engine: wakes are served before starts,
-    /// so runs already in progress finish before new ones begin.
+    /// so runs already in progress finish before new ones begin. Each has a `Runs::active`
+    /// entry, so a run is in here at most once.
     ready: Mutex<Ready>,
     ready_changed: Notify,
-    /// Runs known to the dispatcher: queued for a slot or executing here.
-    active: Mutex<HashMap<RunId, Active>>,
+    /// The runs queued or executing here, and those that went quiet lately.
+    runs: Mutex<Runs>,
     /// Execution slots shared by the dispatcher and the transport's consumer.
     slots: Arc<Semaphore>,
     /// Run tasks in flight (counted from the moment a slot is taken), and the most ever.
@@ -37,7 +37,7 @@ impl Dispatch {
         Dispatch {
             ready: Mutex::new(Ready::default()),
             ready_changed: Notify::new(),
-            active: Mutex::new(HashMap::new()),
+            runs: Mutex::new(Runs::default()),
             slots: Arc::new(Semaphore::new(slots)),
             in_flight: AtomicUsize::new(0),
             max_in_flight: AtomicUsize::new(0),
@@ -46,16 +46,84 @@ impl Dispatch {
         }
     }
 
-    /// Puts a run on the ready queue (wakes are served before starts).
-    pub(super) fn push(&self, id: RunId, wake: bool) {
+    /// Asks for a run to execute here: queued for a slot unless it is already queued or
+    /// executing here (then an executing run looks again once its turn ends, see
+    /// [`Nudge`]).
+    pub(super) fn push(&self, id: RunId, nudge: Nudge) {
+        if self.enter(&id, nudge).is_none() {
+            return;
+        }
         let mut ready = self.ready.lock();
-        if wake {
+        if nudge.wake {
             ready.wakes.push_back(id)
         } else {
             ready.others.push_back(id)
         }
         drop(ready);
         self.ready_changed.notify_one();
+    }
+
+    /// Records a run as queued here, unless it is known: `None` when it is queued or executing
+    /// here already (an executing one is marked to look again after its turn, unless the
+    /// nudge is a poller's) or when a poller found it after it went quiet here. Otherwise
+    /// `Some(check)`: whether to read the run before executing it.
+    fn enter(&self, id: &RunId, nudge: Nudge) -> Option<bool> {
+        let mut runs = self.runs.lock();
+        if let Some(active) = runs.active.get_mut(id) {
+            if active.started && !nudge.found {
+                active.again = true;
+            }
+            return None;
+        }
+        let check = match (nudge.since.map(|mark| runs.quiet.since(id, mark)), nudge.found) {
+            (None, _) | (Some(Some(false)), _) => false,
+            (Some(Some(true)), true) => return None,
+            (Some(Some(true)), false) | (Some(None), _) => true,
+        };
+        runs.active.insert(id.clone(), Active { started: false, check, again: false });
+        Some(check)
+    }
+
+    /// Whether a poller that read the store since `mark` should leave the run alone: it is
+    /// queued or executing here, or went quiet here since.
+    pub(super) fn knows(&self, id: &RunId, mark: Mark) -> bool {
+        let runs = self.runs.lock();
+        runs.active.contains_key(id) || runs.quiet.since(id, mark) == Some(true)
+    }
+
+    /// A position in the order runs go quiet here (see [`Nudge`]).
+    pub(super) fn mark(&self) -> Mark {
+        Mark(self.runs.lock().quiet.next)
+    }
+
+    /// Marks a queued run as executing (it took a slot); returns whether to read it first, or
+    /// `None` if it is not queued here.
+    fn begin(&self, id: &RunId) -> Option<bool> {
+        let mut runs = self.runs.lock();
+        match runs.active.get_mut(id) {
+            Some(a) if !a.started => {
+                a.started = true;
+                Some(std::mem::take(&mut a.check))
+            }
+            _ => None,
+        }
+    }
+
+    /// A turn of an executing run ended: whether to look again (a nudge arrived while it
+    /// executed). If not, the run leaves the dispatcher, recorded as gone quiet.
+    fn look_again(&self, id: &RunId) -> bool {
+        let mut runs = self.runs.lock();
+        match runs.active.get_mut(id) {
+            Some(a) if a.again => {
+                a.again = false;
+                true
+            }
+            _ => {
+                runs.active.remove(id);
+                runs.quiet.record(id.clone());
+                false
+            }
+        }
     }
 }
 
@@ -66,25 +134,74 @@ struct Ready {
     others: VecDeque<RunId>,
 }
 
-/// A run known to the dispatcher: queued (waiting for a slot) or executing.
+/// The runs known to the dispatcher.
 #[derive(Default)]
-struct Active {
-    started: bool,
-    /// A wake arrived while the run executed: run it again.
-    rerun: bool,
-    /// A start arrived while the run executed: run it again only if it is `pending` again
-    /// (a retry), not if a poller found it pending before this engine claimed it.
-    rerun_if_pending: bool,
+struct Runs {
+    /// Queued for a slot or executing here.
+    active: HashMap<RunId, Active>,
+    /// Went quiet lately.
+    quiet: Quiet,
 }
 
-impl Active {
-    /// Records a dispatch that found the run executing here.
-    fn again(&mut self, wake: bool) {
-        if wake {
-            self.rerun = true;
-        } else {
-            self.rerun_if_pending = true;
+/// A run known to the dispatcher: queued (waiting for a slot) or executing.
+struct Active {
+    /// It holds an execution slot (a run task, or the transport consumer's task for it).
+    started: bool,
+    /// Queued on news that may be older than its last turn here: read the run first, and
+    /// execute it only if it has something to do.
+    check: bool,
+    /// A nudge arrived while it executed: look again once the turn ends.
+    again: bool,
+}
+
+/// How many runs that went quiet [`Quiet`] remembers.
+const QUIET_REMEMBERED: usize = 8192;
+
+/// The runs that went quiet here lately, numbered in the order they did (the newest number
+/// per run). Bounded: the oldest are forgotten, and then a question about a run not
+/// remembered has no sure answer.
+#[derive(Default)]
+struct Quiet {
+    next: u64,
+    by_run: HashMap<RunId, u64>,
+    order: VecDeque<(u64, RunId)>,
+    /// Every number below this may have been forgotten.
+    forgotten_below: u64,
+}
+
+impl Quiet {
+    fn record(&mut self, id: RunId) {
+        let n = self.next;
+        self.next += 1;
+        self.by_run.insert(id.clone(), n);
+        self.order.push_back((n, id));
+        while self.order.len() > QUIET_REMEMBERED {
+            let Some((old, id)) = self.order.pop_front() else { break };
+            if self.by_run.get(&id) == Some(&old) {
+                self.by_run.remove(&id);
+                self.forgotten_below = old + 1;
+            }
         }
+    }
+
+    /// Whether the run went quiet here at or after `mark`; `None`: it may have, forgotten since.
+    fn since(&self, id: &RunId, mark: Mark) -> Option<bool> {
+        match self.by_run.get(id) {
+            Some(&n) => Some(n >= mark.0),
+            None if self.forgotten_below > mark.0 => None,
+            None => Some(false),
+        }
+    }
+}
+
+/// Whether a run as read from the store has something to do: it is pending, due, or running
+/// (orphaned, or another engine's — whose claim answers `Busy` and re-checks, so a wake is
+/// not lost).
+fn has_work(run: &Run, now: Millis) -> bool {
+    match run.status {
+        RunStatus::Pending | RunStatus::Running => true,
+        RunStatus::Suspended => run.wake_at.is_some_and(|w| w <= now),
+        _ => false,
     }
 }
 
@@ -101,7 +218,7 @@ impl Shared {
 
     /// Runs known to the dispatcher: queued for a slot or executing.
     pub(crate) fn dispatched(&self) -> usize {
-        self.dispatch.active.lock().len()
+        self.dispatch.runs.lock().active.len()
     }
 
     /// Waits for an execution slot (`None`: the semaphore is closed).
@@ -136,17 +253,14 @@ impl Shared {
         }
     }
 
-    /// The next run to execute, and whether it was woken (rather than started).
-    async fn next_ready(&self) -> (RunId, bool) {
+    /// The next run to execute.
+    async fn next_ready(&self) -> RunId {
         loop {
             let changed = self.dispatch.ready_changed.notified();
             {
                 let mut ready = self.dispatch.ready.lock();
-                if let Some(id) = ready.wakes.pop_front() {
-                    return (id, true);
-                }
-                if let Some(id) = ready.others.pop_front() {
-                    return (id, false);
+                if let Some(id) = ready.wakes.pop_front().or_else(|| ready.others.pop_front()) {
+                    return id;
                 }
             }
             changed.await;
@@ -155,99 +269,87 @@ impl Shared {
 
     pub(super) async fn dispatch_loop(self: Arc<Self>) {
         loop {
-            let (id, wake) = self.next_ready().await;
+            let id = self.next_ready().await;
             if self.is_draining() {
+                self.dispatch.runs.lock().active.remove(&id);
                 continue;
-            }
-            match self.dispatch.active.lock().entry(id.clone()) {
-                Entry::Occupied(mut e) => {
-                    // Queued runs will see the latest state anyway; executing ones may run again.
-                    if e.get().started {
-                        e.get_mut().again(wake);
-                    }
-                    continue;
-                }
-                Entry::Vacant(e) => {
-                    e.insert(Active::default());
-                }
             }
             let Some(slot) = self.slot().await else { return };
             if self.is_draining() {
-                self.dispatch.active.lock().remove(&id);
+                self.dispatch.runs.lock().active.remove(&id);
                 continue;
             }
-            if let Some(a) = self.dispatch.active.lock().get_mut(&id) {
-                a.started = true;
-            }
+            let Some(check) = self.begin_queued(&id) else { continue };
             // Counted as in flight from here, so a shutdown waits for it even if it has not
             // been polled yet.
-            let guard = TaskGuard::new(&self, id.clone());
+            let guard = TaskGuard::new(&self, id);
             let shared = self.clone();
             tokio::spawn(async move {
-                shared.run_in_slot(guard).await;
+                shared.run_in_slot(guard, check).await;
                 drop(slot);
             });
         }
     }
 
-    /// Marks a run as executing here; false (and a re-run request) if it already is.
-    pub(super) fn begin_local(&self, id: &RunId, wake: bool) -> bool {
-        match self.dispatch.active.lock().entry(id.clone()) {
-            Entry::Occupied(mut e) => {
-                e.get_mut().again(wake);
-                false
-            }
-            Entry::Vacant(e) => {
-                e.insert(Active { started: true, ..Active::default() });
-                true
-            }
+    /// Marks a queued run as executing (it took a slot); returns whether to read it first, or
+    /// `None` if it is not queued here.
+    pub(super) fn begin_queued(&self, id: &RunId) -> Option<bool> {
+        self.dispatch.begin(id)
+    }
+
+    /// Records a run handed over by the transport as queued here (so the pollers leave it
+    /// alone while it waits for a slot; `since`: the mark of the item's news, if this engine
+    /// sent it): `false` if it is queued or executing here already (an executing one looks
+    /// again after its turn).
+    pub(super) fn enter_queued(&self, id: &RunId, wake: bool, since: Option<Mark>) -> bool {
+        self.dispatch.enter(id, Nudge::queued(wake, since)).is_some()
+    }
+
+    /// Forgets a run [`Shared::enter_queued`] recorded that will not execute here after all.
+    pub(super) fn leave_queued(&self, id: &RunId) {
+        let mut runs = self.dispatch.runs.lock();
+        if runs.active.get(id).is_some_and(|a| !a.started) {
+            runs.active.remove(id);
         }
     }
 
-    /// Executes a run marked as executing here, until it is quiet or the engine shuts down
-    /// (a shutdown drops the turn wherever it is; the store keeps what was committed, and
-    /// `shutdown` releases the lease).
-    pub(super) async fn run_in_slot(self: &Arc<Self>, mut guard: TaskGuard) {
+    /// Executes a run marked as executing here (`check`: read it first), until it is quiet or
+    /// the engine shuts down (a shutdown drops the turn wherever it is; the store keeps what
+    /// was committed, and `shutdown` releases the lease).
+    pub(super) async fn run_in_slot(self: &Arc<Self>, mut guard: TaskGuard, check: bool) {
         let id = guard.id.clone();
         guard.quiet = tokio::select! {
             biased;
             () = self.shutdown_signal() => false,
-            () = self.run_until_quiet(&id) => true,
+            () = self.run_until_quiet(&id, check) => true,
         };
         drop(guard);
     }
 
-    /// Drives the run, again as long as wakes arrived while it executed. Removes the run's
-    /// dispatcher entry when it returns: from then on, a new wake starts a new task.
-    async fn run_until_quiet(self: &Arc<Self>, id: &RunId) {
-        let mut drive = true;
+    /// Drives the run, and looks again as long as nudges arrived while it executed: a store
+    /// read, and another drive only if the run has something to do — so a wake racing the end
+    /// of a turn costs a read, not a replay, and is never lost (the nudge's own store write
+    /// came before it, so the read sees it). `check`: read before the first drive too.
+    /// Removes the run's dispatcher entry when it returns, recording it as gone quiet: from
+    /// then on, a new nudge starts a new task.
+    async fn run_until_quiet(self: &Arc<Self>, id: &RunId, mut check: bool) {
         loop {
-            if drive {
+            if !check || self.has_work(id).await {
                 self.drive_run(id).await;
             }
-            let check_pending = {
-                let mut active = self.dispatch.active.lock();
-                match active.get_mut(id) {
-                    Some(a) if a.rerun => {
-                        (a.rerun, a.rerun_if_pending) = (false, false);
-                        false
-                    }
-                    Some(a) if a.rerun_if_pending => {
-                        a.rerun_if_pending = false;
-                        true
-                    }
-                    _ => {
-                        active.remove(id);
-                        return;
-                    }
-                }
-            };
-            // A read error runs it again: a spare turn is harmless, a missed retry is not.
-            drive = !check_pending
-                || match self.store.get_run(id).await {
-                    Ok(run) => run.is_some_and(|r| r.status == RunStatus::Pending),
-                    Err(_) => true,
-                };
+            if !self.dispatch.look_again(id) {
+                return;
+            }
+            check = true;
+        }
+    }
+
+    /// Reads the run: whether it has something to do now. A read error says yes: a spare turn
+    /// is harmless, a missed wake is not.
+    async fn has_work(&self, id: &RunId) -> bool {
+        match self.store.get_run(id).await {
+            Ok(run) => run.is_some_and(|r| has_work(&r, self.clock.now())),
+            Err(_) => true,
         }
     }
 }
@@ -279,9 +381,134 @@ impl Drop for TaskGuard {
         }
         if !self.quiet {
             // Cut off (shutdown or abort): the entry is still this task's.
-            dispatch.active.lock().remove(&self.id);
+            dispatch.runs.lock().active.remove(&self.id);
         }
         dispatch.in_flight.fetch_sub(1, Ordering::AcqRel);
         dispatch.idle.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn id(s: &str) -> RunId {
+        RunId::new(s)
+    }
+
+    /// Takes a slot for a queued run, as the dispatcher does.
+    fn start(d: &Dispatch, id: &RunId) {
+        d.begin(id).expect("queued");
+    }
+
+    /// A turn of the run ends: whether it looks again.
+    fn end_turn(d: &Dispatch, id: &RunId) -> bool {
+        d.look_again(id)
+    }
+
+    #[test]
+    fn a_run_is_queued_once_however_often_it_is_nudged() {
+        let d = Dispatch::new(4);
+        let (r, m) = (id("r"), d.mark());
+        assert_eq!(d.enter(&r, Nudge::start(m)), Some(false));
+        for nudge in [Nudge::start(m), Nudge::wake(m), Nudge::found(false, m), Nudge::queued(true, None)] {
+            assert_eq!(d.enter(&r, nudge), None, "{nudge:?}");
+        }
+        assert!(!d.runs.lock().active[&r].again, "a queued run reads the latest state anyway");
+    }
+
+    #[test]
+    fn a_nudge_for_an_executing_run_makes_it_look_again_but_a_pollers_find_does_not() {
+        let d = Dispatch::new(4);
+        let (r, m) = (id("r"), d.mark());
+        d.enter(&r, Nudge::start(m));
+        start(&d, &r);
+        assert_eq!(d.enter(&r, Nudge::found(true, m)), None);
+        assert!(!end_turn(&d, &r), "a poller's find of an executing run is older than the turn");
+        d.enter(&r, Nudge::start(d.mark()));
+        start(&d, &r);
+        assert_eq!(d.enter(&r, Nudge::wake(m)), None);
+        assert!(end_turn(&d, &r), "a wake racing the end of the turn is not lost");
+        assert!(!end_turn(&d, &r));
+    }
+
+    #[test]
+    fn news_older_than_a_turn_that_went_quiet_is_dropped_or_read_first() {
+        let d = Dispatch::new(4);
+        let r = id("r");
+        let before = d.mark();
+        d.enter(&r, Nudge::start(before));
+        start(&d, &r);
+        end_turn(&d, &r);
+        // News read before the run went quiet: a poller's find is dropped, a start or a wake
+        // reads the run first.
+        assert_eq!(d.enter(&r, Nudge::found(false, before)), None);
+        assert!(d.knows(&r, before));
+        assert_eq!(d.enter(&r, Nudge::wake(before)), Some(true));
+        start(&d, &r);
+        end_turn(&d, &r);
+        // News read after it went quiet: executed as it is.
+        let after = d.mark();
+        assert!(!d.knows(&r, after));
+        assert_eq!(d.enter(&r, Nudge::found(true, after)), Some(false));
+        // An item of the run queue this engine sent carries its mark; another's is taken as
+        // news.
+        d.runs.lock().active.remove(&r);
+        assert_eq!(d.enter(&r, Nudge::queued(true, Some(before))), Some(true));
+        let other = id("other");
+        assert_eq!(d.enter(&other, Nudge::queued(false, None)), Some(false));
+    }
+
+    #[test]
+    fn a_run_forgotten_since_the_mark_is_read_first() {
+        let d = Dispatch::new(4);
+        let r = id("r");
+        let mark = d.mark();
+        d.enter(&r, Nudge::start(mark));
+        start(&d, &r);
+        end_turn(&d, &r);
+        for i in 0..QUIET_REMEMBERED {
+            let other = id(&format!("other-{i}"));
+            d.enter(&other, Nudge::start(d.mark()));
+            start(&d, &other);
+            end_turn(&d, &other);
+        }
+        assert_eq!(d.runs.lock().quiet.by_run.len(), QUIET_REMEMBERED, "bounded");
+        assert!(!d.runs.lock().quiet.by_run.contains_key(&r), "forgotten");
+        // It may have gone quiet since the mark: a poller's find and a wake both read it first.
+        assert_eq!(d.enter(&r, Nudge::found(false, mark)), Some(true));
+        d.runs.lock().active.remove(&r);
+        assert_eq!(d.enter(&r, Nudge::wake(mark)), Some(true));
+        // A mark taken after it was forgotten knows it did not.
+        d.runs.lock().active.remove(&r);
+        assert_eq!(d.enter(&r, Nudge::found(false, d.mark())), Some(false));
+    }
+
+    #[test]
+    fn only_a_due_pending_or_running_run_has_work() {
+        let mut run = durable_core::NewRun {
+            id: id("r"),
+            workflow: "w".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: durable_core::Payload::encode(&()).expect("encodes"),
+            tags: Vec::new(),
+            priority: 0,
+            parent: None,
+            created_at: 0,
+        }
+        .into_run();
+        for (status, wake_at, work) in [
+            (RunStatus::Pending, None, true),
+            (RunStatus::Running, None, true),
+            (RunStatus::Suspended, Some(10), true),
+            (RunStatus::Suspended, Some(11), false),
+            (RunStatus::Suspended, None, false),
+            (RunStatus::Completed, None, false),
+            (RunStatus::Failed, Some(0), false),
+        ] {
+            (run.status, run.wake_at) = (status, wake_at);
+            assert_eq!(has_work(&run, 10), work, "{status:?} {wake_at:?}");
+        }
     }
 }

@@ -15,7 +15,7 @@ use durable_core::{
 use parking_lot::Mutex;
 use tracing::Instrument;
 
-use super::Shared;
+use super::{Mark, Nudge, Shared};
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
 use crate::turn::{TurnDriver, TurnState, WorkflowCtx};
@@ -29,6 +29,32 @@ pub(super) struct Executor {
     rechecks: Mutex<HashSet<RunId>>,
     /// Runs already warned about: their workflow version is not registered here.
     warned_versions: Mutex<HashSet<RunId>>,
+}
+
+/// Whether a turn made progress, for `Metrics::turns_without_progress`: the store
+/// acknowledged a checkpoint of it, or its end moved the run to another status than the claim
+/// found (pending → suspended, a settle). Counted once per turn: as its end is applied, before
+/// its events and waiters are told (so whoever sees the end sees the count), or when the turn
+/// ends without an end that applied.
+struct Tally {
+    /// The run's status before the claim.
+    previous: RunStatus,
+    /// The store acknowledged a commit of the turn that carried a checkpoint.
+    checkpointed: bool,
+    counted: bool,
+}
+
+impl Tally {
+    /// Counts the turn, once: `checkpoints` says whether its end carried any that applied,
+    /// `status` what the end moved the run to (`None`: it did not apply).
+    fn count(&mut self, metrics: &super::MetricsInner, checkpoints: bool, status: Option<RunStatus>) {
+        if std::mem::replace(&mut self.counted, true) {
+            return;
+        }
+        if !(self.checkpointed || checkpoints || status.is_some_and(|s| s != self.previous)) {
+            metrics.turns_without_progress.fetch_add(1, Ordering::Relaxed);
+        }
+    }
 }
 
 /// What the run loop does after a turn.
@@ -47,19 +73,20 @@ impl Shared {
     pub(super) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         let children: Vec<(RunId, String, i32, u64)> =
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
+        let mark = self.mark();
         let outcome = self.store.commit(commit).await?;
         for (id, namespace, priority, created_at) in children {
-            self.queue_start(id, &namespace, priority, created_at);
+            self.queue_start(id, &namespace, priority, created_at, mark);
         }
-        self.wake_delivered(&outcome.deliveries);
+        self.wake_delivered(&outcome.deliveries, mark);
         Ok(outcome)
     }
 
-    /// Wakes the runs that received a delivery.
-    pub(crate) fn wake_delivered(&self, deliveries: &[Delivery]) {
+    /// Wakes the runs that received a delivery from a store call begun at `mark`.
+    pub(crate) fn wake_delivered(&self, deliveries: &[Delivery], mark: Mark) {
         for d in deliveries {
             if let Delivery::Delivered { run_id, .. } = d {
-                self.wake(run_id.clone());
+                self.wake(run_id.clone(), mark);
             }
         }
     }
@@ -92,9 +119,11 @@ impl Shared {
                 self.warn_unregistered(&run);
                 return self.hand_back(&run, previous).await;
             };
+            // Its in-memory timer, if any, is stale now: the turn sets a new one if it parks.
+            self.cancel_timer(id);
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
             let span = tracing::info_span!("turn", run_id = %id, workflow = %run.workflow, version = run.version);
-            match self.execute_turn(run, history, handler).instrument(span).await {
+            match self.execute_turn(run, history, previous, handler).instrument(span).await {
                 TurnEnded::Again => continue,
                 TurnEnded::Done => {
                     self.executor.store_failures.lock().remove(id);
@@ -105,13 +134,31 @@ impl Shared {
         }
     }
 
+    /// Runs one turn of a claimed run (`previous`: its status before the claim) and applies
+    /// its end; counts it in `turns` and, if it got nowhere, in `turns_without_progress`.
     async fn execute_turn(
         self: &Arc<Self>,
         run: Run,
         history: Vec<Checkpoint>,
+        previous: RunStatus,
         handler: Arc<dyn ErasedWorkflow>,
     ) -> TurnEnded {
         self.metrics.turns.fetch_add(1, Ordering::Relaxed);
+        let mut tally = Tally { previous, checkpointed: false, counted: false };
+        let ended = self.run_turn(run, history, handler, &mut tally).await;
+        // An end that did not apply (a halt, a failed commit) changed nothing.
+        tally.count(&self.metrics, false, None);
+        ended
+    }
+
+    /// Builds the turn, polls the body and applies its end.
+    async fn run_turn(
+        self: &Arc<Self>,
+        run: Run,
+        history: Vec<Checkpoint>,
+        handler: Arc<dyn ErasedWorkflow>,
+        tally: &mut Tally,
+    ) -> TurnEnded {
         let id = run.id.clone();
         let input = run.input.clone();
         let config = TurnConfig {
@@ -143,20 +190,26 @@ impl Shared {
                 t.turn.lock().fail(error, self.clock.now())
             }
         };
+        tally.checkpointed = t.checkpointed();
+        self.end_turn(&id, &t, end, tally).await
+    }
+
+    /// Applies the end of a turn.
+    async fn end_turn(&self, id: &RunId, t: &TurnState, end: End, tally: &mut Tally) -> TurnEnded {
         match end {
             End::Suspend { commit, wake_at } => match t.vet(commit).await {
                 Ok(commit) => {
-                    let ended = self.suspend(&id, commit, wake_at).await;
+                    let ended = self.suspend(id, commit, wake_at, tally).await;
                     // Vetting failed a child a join waits on: run again so the join sees it.
                     let rerun = matches!(t.turn.lock().stopped(), Some(durable_core::TurnStop::Rerun(_)));
                     if rerun && matches!(ended, TurnEnded::Done) { TurnEnded::Again } else { ended }
                 }
-                Err(e) => self.commit_failed(&id, &e),
+                Err(e) => self.commit_failed(id, &e),
             },
             End::Settle { commit, status } => {
                 let commit = match t.vet(commit).await {
                     Ok(commit) => commit,
-                    Err(e) => return self.commit_failed(&id, &e),
+                    Err(e) => return self.commit_failed(id, &e),
                 };
                 if let Some(durable_core::TurnEnd::Settle { error: Some(e), .. }) = &commit.end
                     && matches!(e.code(), Some(codes::PANIC | codes::NON_CTX_AWAIT))
@@ -165,7 +218,7 @@ impl Shared {
                 }
                 // Vetting may turn a continue-as-new into a failure: the commit says how it ends.
                 let status = commit.settles().unwrap_or(status);
-                self.finish(&id, commit, status).await
+                self.finish(id, commit, status, tally).await
             }
             End::Halt(Halt::Rerun(why)) => {
                 tracing::debug!(run_id = %id, "turn restarted: {why}");
@@ -184,9 +237,11 @@ impl Shared {
         }
     }
 
-    async fn finish(&self, id: &RunId, commit: Commit, status: RunStatus) -> TurnEnded {
+    async fn finish(&self, id: &RunId, commit: Commit, status: RunStatus, tally: &mut Tally) -> TurnEnded {
+        let checkpoints = !commit.checkpoints.is_empty();
         match self.apply_commit(commit).await {
             Ok(outcome) => {
+                tally.count(&self.metrics, checkpoints, outcome.settled.then_some(status));
                 if outcome.settled {
                     self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
                 }
@@ -197,8 +252,13 @@ impl Shared {
         }
     }
 
-    async fn suspend(&self, id: &RunId, commit: Commit, wake_at: Option<Millis>) -> TurnEnded {
-        match self.apply_commit(commit).await {
+    async fn suspend(&self, id: &RunId, commit: Commit, wake_at: Option<Millis>, tally: &mut Tally) -> TurnEnded {
+        let checkpoints = !commit.checkpoints.is_empty();
+        let outcome = self.apply_commit(commit).await;
+        if let Ok(outcome) = &outcome {
+            tally.count(&self.metrics, checkpoints, (!outcome.woken).then_some(RunStatus::Suspended));
+        }
+        match outcome {
             Ok(outcome) if outcome.woken => TurnEnded::Again,
             Ok(_) => {
                 self.emit(EngineEvent::RunSuspended { run_id: id.clone(), wake_at });
@@ -327,10 +387,13 @@ impl Shared {
         self.emit(EngineEvent::TurnAborted { run_id: id.clone(), error: e.to_string() });
         let shared = Arc::downgrade(self);
         let id = id.clone();
+        // The run goes quiet after this, so the retry reads it first: if something else ran it
+        // meanwhile, the retry costs that read, not a turn.
+        let mark = self.mark();
         tokio::spawn(async move {
             tokio::time::sleep(delay).await;
             if let Some(shared) = shared.upgrade() {
-                shared.dispatch(id);
+                shared.dispatch_as(id, Nudge::wake(mark));
             }
         });
     }
@@ -354,6 +417,7 @@ impl Shared {
                 let Some(wait) = weak.upgrade().map(|s| s.recheck_wait(lease_until)) else { return };
                 tokio::time::sleep(wait).await;
                 let Some(shared) = weak.upgrade() else { return };
+                let mark = shared.mark();
                 let run = match shared.store.get_run(&id).await {
                     Ok(Some(run)) if !run.status.is_terminal() => run,
                     _ => break,
@@ -369,7 +433,7 @@ impl Shared {
                 };
                 if due {
                     tracing::debug!(run_id = %id, "re-check: the lease is free; waking the run");
-                    shared.dispatch_wake(id.clone());
+                    shared.dispatch_as(id.clone(), Nudge::wake(mark));
                 }
                 break;
             }

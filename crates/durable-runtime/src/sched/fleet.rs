@@ -12,8 +12,8 @@ use durable_transport::{Consumer, Handled, RunHandler, Transport};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::Shared;
 use super::dispatch::TaskGuard;
+use super::{Nudge, Shared};
 use crate::events::EngineEvent;
 
 /// The run queue shared with other engines, if there is one: what waits to be sent, whether
@@ -175,7 +175,8 @@ impl Shared {
         }
         for item in items {
             if item.reason == QueueReason::Wake {
-                self.dispatch_wake(item.run_id.clone());
+                let since = self.mark_of(&item.dedupe_key);
+                self.dispatch_as(item.run_id.clone(), Nudge::queued(true, since));
             }
         }
     }
@@ -203,15 +204,24 @@ impl Shared {
     }
 
     /// Executes a run handed over by the transport, in one of this engine's execution slots.
-    async fn run_queued(self: &Arc<Self>, id: RunId, wake: bool) -> Handled {
+    /// An item this engine sent carries the mark its news dates from (in its dedupe key): if
+    /// the run went quiet here since (a poller's find that raced the run's own item, say), it
+    /// is read first.
+    async fn run_queued(self: &Arc<Self>, item: QueuedRun) -> Handled {
         if self.is_stopping() || self.is_draining() {
             return Handled::HandBack;
         }
-        let Some(_slot) = self.slot().await else { return Handled::HandBack };
-        if !self.begin_local(&id, wake) {
-            return Handled::Done; // already executing here: it runs again when done
+        let (id, wake) = (item.run_id, item.reason == QueueReason::Wake);
+        let since = self.mark_of(&item.dedupe_key);
+        if !self.enter_queued(&id, wake, since) {
+            return Handled::Done; // queued or executing here already: it looks again when done
         }
-        self.run_in_slot(TaskGuard::new(self, id)).await;
+        let Some(_slot) = self.slot().await else {
+            self.leave_queued(&id);
+            return Handled::HandBack;
+        };
+        let Some(check) = self.begin_queued(&id) else { return Handled::Done };
+        self.run_in_slot(TaskGuard::new(self, id), check).await;
         // A turn cut off by a shutdown goes back to the queue for another engine.
         if self.is_stopping() { Handled::HandBack } else { Handled::Done }
     }
@@ -224,7 +234,7 @@ struct EngineHandler(Weak<Shared>);
 impl RunHandler for EngineHandler {
     async fn handle(&self, item: QueuedRun) -> Handled {
         match self.0.upgrade() {
-            Some(shared) => shared.run_queued(item.run_id, item.reason == QueueReason::Wake).await,
+            Some(shared) => shared.run_queued(item).await,
             None => Handled::HandBack,
         }
     }

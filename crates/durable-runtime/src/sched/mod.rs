@@ -9,7 +9,8 @@
 //! dispatcher loop, the task that runs a run) → `executor` (a run's turns, and what follows
 //! a turn that could not run) → `timers` (in-memory timers, the pollers) → `operate` (cancel,
 //! children) → `watch` (waiters). Asking for a run to execute (`wake`, `queue_start`,
-//! `dispatch`, …) is what all of them need, so it lives here, as does `impl TurnEnv`.
+//! `dispatch_as`, with a [`Nudge`] that says how old the news is, from a [`Mark`]) is what all
+//! of them need, so it lives here, as does `impl TurnEnv`.
 //!
 //! # State by owner
 //!
@@ -17,7 +18,7 @@
 //! counters, two lifecycle flags (`shutdown`, `draining`), and one struct per owner:
 //! [`Dispatch`], [`Executor`], [`Timers`], [`Fleet`], [`Watchers`] and [`Hooks`]. The fields
 //! of each are private to the file that declares it, so each lock is taken in that file
-//! only: `dispatch.rs` (`ready`, `active`, `interrupted`), `executor.rs` (`store_failures`,
+//! only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
 //! `rechecks`, `warned_versions`), `timers.rs` (`due`), `fleet.rs` (`outbox`,
 //! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`) and
 //! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`).
@@ -103,6 +104,7 @@ pub(crate) struct Shared {
 #[derive(Default)]
 pub(crate) struct MetricsInner {
     turns: AtomicU64,
+    turns_without_progress: AtomicU64,
     batches: AtomicU64,
     queued_runs: AtomicU64,
     enqueued: AtomicU64,
@@ -112,6 +114,11 @@ impl MetricsInner {
     /// Turns executed.
     pub(crate) fn turns(&self) -> u64 {
         self.turns.load(Ordering::Relaxed)
+    }
+
+    /// Turns that got nowhere (see `Metrics::turns_without_progress`).
+    pub(crate) fn turns_without_progress(&self) -> u64 {
+        self.turns_without_progress.load(Ordering::Relaxed)
     }
 
     /// Batches sent to the run queue.
@@ -228,69 +235,136 @@ impl Shared {
 /// Asking for a run to execute: what the executor, the pollers, the timers, operations and
 /// engine calls all do. Nothing here executes a run.
 impl Shared {
-    /// Queues a run for execution on this engine.
-    fn dispatch(&self, id: RunId) {
-        self.dispatch_as(id, false);
-    }
-
-    /// Queues a run that has something new to see (served before starts).
-    fn dispatch_wake(&self, id: RunId) {
-        self.dispatch_as(id, true);
-    }
-
-    fn dispatch_as(&self, id: RunId, wake: bool) {
+    /// Queues a run for execution on this engine (unless it is queued or executing here
+    /// already: see [`Nudge`]).
+    fn dispatch_as(&self, id: RunId, nudge: Nudge) {
         if self.config.execute && !self.is_stopping() && !self.is_draining() {
-            self.dispatch.push(id, wake);
+            self.dispatch.push(id, nudge);
         }
     }
 
-    /// Asks for `id` to be executed because something new arrived for it.
-    pub(crate) fn wake(&self, id: RunId) {
-        self.enqueue(id, QueueReason::Wake, None, 0, None);
+    /// A position in the order runs go quiet here: take it before the store call whose answer
+    /// asks for runs to execute ([`Shared::wake`], [`Shared::queue_start`]).
+    pub(crate) fn mark(&self) -> Mark {
+        self.dispatch.mark()
     }
 
-    /// Asks for a new run to be started (`token` tells this pending state from earlier ones).
-    pub(crate) fn queue_start(&self, id: RunId, namespace: &str, priority: i32, token: u64) {
+    /// Asks for `id` to be executed because something new arrived for it, written by a store
+    /// call begun at `mark`: if a turn of the run went quiet here since, it may have seen it
+    /// already (or a poller may have executed it), so the run is read before it is executed —
+    /// a read, not a spare turn.
+    pub(crate) fn wake(&self, id: RunId, mark: Mark) {
+        self.enqueue(id, Nudge::wake(mark), None, 0, None);
+    }
+
+    /// Asks for a new run, created `pending` by a store call begun at `mark`, to be started
+    /// (`token` tells this pending state from earlier ones). If a turn of it went quiet here
+    /// since (a poller found it first), it is read before it is executed.
+    pub(crate) fn queue_start(&self, id: RunId, namespace: &str, priority: i32, token: u64, mark: Mark) {
         if !self.fleet.has_queue() && !self.serves(namespace) {
             return; // the pollers of its own pool start it
         }
-        self.enqueue(id, QueueReason::Start, Some(namespace.to_string()), priority, Some(token));
+        self.enqueue(id, Nudge::start(mark), Some(namespace.to_string()), priority, Some(token));
     }
 
-    /// Asks for a run a poller found (pending, due or orphaned) to be executed: through the
-    /// queue, so every instance takes a share — or here while the queue is failing.
-    fn queue_found(&self, id: RunId, reason: QueueReason) {
-        if self.fleet.is_down() {
-            return self.dispatch_as(id, reason == QueueReason::Wake);
+    /// Asks for a run a poller found (pending, due or orphaned) in reads begun at `mark` to be
+    /// executed — unless it is queued or executing here, or went quiet here since the reads
+    /// began (what they saw is older than its last turn): through the queue, so every
+    /// instance takes a share, or here while the queue is failing.
+    fn queue_found(&self, id: RunId, reason: QueueReason, mark: Mark) {
+        let nudge = Nudge::found(reason == QueueReason::Wake, mark);
+        if !self.fleet.has_queue() || self.fleet.is_down() {
+            return self.dispatch_as(id, nudge);
         }
-        self.enqueue(id, reason, self.config.namespace.clone(), 0, None);
+        if self.dispatch.knows(&id, mark) {
+            return;
+        }
+        self.enqueue(id, nudge, self.config.namespace.clone(), 0, None);
     }
 
     /// Without a transport the run is dispatched here; with one it goes into the outbox,
     /// which is sent in batches.
-    fn enqueue(
-        &self,
-        run_id: RunId,
-        reason: QueueReason,
-        namespace: Option<String>,
-        priority: i32,
-        token: Option<u64>,
-    ) {
+    fn enqueue(&self, run_id: RunId, nudge: Nudge, namespace: Option<String>, priority: i32, token: Option<u64>) {
         if !self.fleet.has_queue() {
-            return match reason {
-                QueueReason::Wake => self.dispatch_wake(run_id),
-                QueueReason::Start => self.dispatch(run_id),
-            };
+            return self.dispatch_as(run_id, nudge);
         }
         if self.is_stopping() {
             return; // persisted: the pollers of this or another engine find it
         }
+        let reason = if nudge.is_wake() { QueueReason::Wake } else { QueueReason::Start };
         let n = token.unwrap_or_else(|| self.metrics.enqueued.fetch_add(1, Ordering::Relaxed));
-        let dedupe_key = format!("{reason}:{run_id}:{n}");
+        let mut dedupe_key = format!("{reason}:{run_id}:{n}");
+        if let Some(mark) = nudge.since {
+            // When the item comes back to this engine, the mark says how old its news is.
+            dedupe_key.push_str(&format!("@{}#{}", self.owner, mark.0));
+        }
         let item = QueuedRun { id: 0, run_id, reason, namespace, priority, dedupe_key };
         self.fleet.add(item, self.config.dispatch_batch);
     }
+
+    /// The mark in the dedupe key of an item this engine sent (`…@<owner>#<mark>`); `None`
+    /// for another engine's item.
+    fn mark_of(&self, dedupe_key: &str) -> Option<Mark> {
+        let (head, mark) = dedupe_key.rsplit_once('#')?;
+        let mark = mark.parse().ok()?;
+        head.strip_suffix(self.owner.as_str())?.ends_with('@').then_some(Mark(mark))
+    }
 }
+
+/// Why a run is asked to execute here, and how old that news is.
+///
+/// A run is executed by one turn per wake: a nudge for a run queued here is dropped (the
+/// queued execution reads the latest state), one for a run executing here makes it look
+/// again once its turn ends — a store read, and another turn only if the run has something to
+/// do. News from a store call begun at a [`Mark`] (a start's `create_run`, a delivery, a
+/// poller's reads) may be older than a turn of the run that went quiet here since: a poller's
+/// find is then dropped, any other nudge reads the run first.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Nudge {
+    /// Something new arrived for the run (served before starts).
+    wake: bool,
+    /// The news comes from a store call begun at this mark; `None`: its age is unknown (an
+    /// item from the run queue), it is taken as news.
+    since: Option<Mark>,
+    /// A poller found the run: nothing to do if it is known here (see [`Dispatch::knows`]).
+    found: bool,
+}
+
+impl Nudge {
+    /// A new run (or one an operator set back to `pending`), written by a store call begun
+    /// at `mark`.
+    pub(crate) fn start(mark: Mark) -> Self {
+        Nudge { wake: false, since: Some(mark), found: false }
+    }
+
+    /// Something new for the run, known since `mark` (written by a store call begun then, or
+    /// a timer popped then).
+    pub(crate) fn wake(mark: Mark) -> Self {
+        Nudge { wake: true, since: Some(mark), found: false }
+    }
+
+    /// An item from the run queue (`wake`: rather than a start); `since`: the mark its news
+    /// dates from if this engine sent it (`None`: unknown, taken as news).
+    pub(crate) fn queued(wake: bool, since: Option<Mark>) -> Self {
+        Nudge { wake, since, found: false }
+    }
+
+    /// A poller found the run (`wake`: due or orphaned, rather than pending) in reads begun
+    /// at `mark`.
+    pub(crate) fn found(wake: bool, mark: Mark) -> Self {
+        Nudge { wake, since: Some(mark), found: true }
+    }
+
+    /// Whether it is a wake rather than a start.
+    pub(crate) fn is_wake(&self) -> bool {
+        self.wake
+    }
+}
+
+/// A position in the order runs go quiet on this engine: taken before a store call, it tells
+/// whether a run went quiet after that call began.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct Mark(u64);
 
 /// The engine is the turn's environment: its clock, its commit path, its events, its registry.
 impl TurnEnv for Shared {
@@ -316,5 +390,25 @@ impl TurnEnv for Shared {
 
     fn latest_version(&self, workflow: &str) -> Option<u32> {
         self.registry.latest(workflow).map(|(v, _)| v)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn shared(owner: &str) -> Arc<Shared> {
+        let store: Arc<dyn Store> = Arc::new(durable_store_memory::MemoryStore::new());
+        Shared::new(store, Arc::new(crate::clock::SystemClock), EngineConfig::default(), None, owner.into())
+    }
+
+    #[test]
+    fn an_item_this_engine_sent_carries_its_mark_back() {
+        let (me, other) = (shared("engine-1"), shared("my-engine-1"));
+        let key = "wake:r:3@engine-1#42";
+        assert_eq!(me.mark_of(key), Some(Mark(42)));
+        assert_eq!(other.mark_of(key), None, "another engine's item");
+        assert_eq!(me.mark_of("start:r:1767225600000"), None, "no mark");
+        assert_eq!(me.mark_of("wake:r:3@engine-1#x"), None);
     }
 }

@@ -67,6 +67,7 @@ impl Shared {
                 (RunPatch { error: Some(Some(marker)), wake: true, now, ..Default::default() }, run.status)
             }
         };
+        let mark = self.mark();
         if !self.store.update_run_if(id, &RunStatus::ACTIVE, patch).await? {
             // It settled meanwhile.
             let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
@@ -76,10 +77,10 @@ impl Shared {
             self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
             self.notify_run(id);
             if let Some(parent) = &run.parent {
-                self.wake(parent.run_id.clone());
+                self.wake(parent.run_id.clone(), mark);
             }
         } else {
-            self.wake(id.clone());
+            self.wake(id.clone(), mark);
         }
         for child in self.children(id).await? {
             if !child.status.is_terminal() {

@@ -2,7 +2,7 @@
 //! looks at the store for pending, due and orphaned runs and runs past their execution
 //! timeout.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -17,37 +17,64 @@ use super::operate::Cancel;
 /// poller's wake-up call.
 #[derive(Default)]
 pub(super) struct Timers {
-    due: Mutex<BTreeSet<(Millis, RunId)>>,
+    due: Mutex<Due>,
     changed: Notify,
     /// Look at the store now, not at the next poll (a registration, `poll_now`).
     poke: Notify,
 }
 
+/// One timer per run: the time its last turn here parked it until.
+#[derive(Default)]
+struct Due {
+    by_time: BTreeSet<(Millis, RunId)>,
+    by_run: HashMap<RunId, Millis>,
+}
+
 impl Timers {
+    /// Sets the run's timer (replacing the one it had).
     pub(super) fn schedule(&self, at: Millis, id: RunId) {
         let mut due = self.due.lock();
-        let earliest = due.first().is_none_or(|(first, _)| at < *first);
-        due.insert((at, id));
+        if let Some(old) = due.by_run.insert(id.clone(), at) {
+            due.by_time.remove(&(old, id.clone()));
+        }
+        let earliest = due.by_time.first().is_none_or(|(first, _)| at < *first);
+        due.by_time.insert((at, id));
         if earliest {
             self.changed.notify_one();
         }
     }
 
+    /// Removes the run's timer, if it has one.
+    fn cancel(&self, id: &RunId) {
+        let mut due = self.due.lock();
+        if let Some(at) = due.by_run.remove(id) {
+            due.by_time.remove(&(at, id.clone()));
+        }
+    }
+
     fn next(&self) -> Option<Millis> {
-        self.due.lock().first().map(|(at, _)| *at)
+        self.due.lock().by_time.first().map(|(at, _)| *at)
     }
 
     fn pop_due(&self, now: Millis) -> Vec<RunId> {
         let mut due = self.due.lock();
         let mut out = Vec::new();
-        while due.first().is_some_and(|(at, _)| *at <= now) {
-            out.push(due.pop_first().expect("checked").1);
+        while due.by_time.first().is_some_and(|(at, _)| *at <= now) {
+            let (_, id) = due.by_time.pop_first().expect("checked");
+            due.by_run.remove(&id);
+            out.push(id);
         }
         out
     }
 }
 
 impl Shared {
+    /// Drops the run's in-memory timer: a turn of it starts here, and sets a new one if it
+    /// parks (so a timer never wakes a run that already moved on).
+    pub(super) fn cancel_timer(&self, id: &RunId) {
+        self.timers.cancel(id);
+    }
+
     /// Has the poller look at the store now instead of at its next tick.
     pub(crate) fn poll_now(&self) {
         self.timers.poke.notify_one();
@@ -61,8 +88,9 @@ impl Shared {
                     tokio::select! {
                         biased;
                         () = self.clock.sleep_until(at) => {
+                            let mark = self.mark();
                             for id in self.timers.pop_due(self.clock.now()) {
-                                self.wake(id);
+                                self.wake(id, mark);
                             }
                         }
                         () = self.timers.changed.notified() => {}
@@ -89,6 +117,9 @@ impl Shared {
     }
 
     /// One look at the store for runs to execute. Returns false when nothing is registered.
+    /// What it finds is left alone if it is queued or executing here, or went quiet here
+    /// while the store was read (the find is older than that turn): a run is executed by one
+    /// turn per wake, never by a spare one because a poller saw it too.
     async fn poll_once(&self, orphans: bool) -> bool {
         let workflows = self.registry.keys();
         if workflows.is_empty() {
@@ -100,6 +131,7 @@ impl Shared {
             now: self.clock.now(),
             limit: self.config.poll_batch,
         };
+        let mark = self.mark();
         let (mut pending, mut due) = (Vec::new(), Vec::new());
         let result = async {
             pending.extend(self.store.pending_runs(&query).await?);
@@ -115,10 +147,10 @@ impl Shared {
         }
         // With a run queue, what a poller finds is handed to every instance, not executed here.
         for id in pending {
-            self.queue_found(id, QueueReason::Start);
+            self.queue_found(id, QueueReason::Start, mark);
         }
         for id in due {
-            self.queue_found(id, QueueReason::Wake);
+            self.queue_found(id, QueueReason::Wake, mark);
         }
         true
     }

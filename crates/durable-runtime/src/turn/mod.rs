@@ -17,6 +17,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::task::{Context, Poll};
 
 pub use child::{ChildFailed, ChildHandle, ChildOptions};
@@ -41,11 +42,25 @@ pub(crate) struct TurnState {
     /// The closures of registered undos, by the seq of the step that registered them (the
     /// core keeps their order).
     undos: Mutex<HashMap<u32, Compensation>>,
+    /// The store acknowledged a commit of this turn that carried a checkpoint (a step result,
+    /// a recorded value, a wait, a sleep, …): the turn got somewhere.
+    checkpointed: AtomicBool,
 }
 
 impl TurnState {
     pub(crate) fn new(turn: Turn, env: Arc<dyn TurnEnv>) -> Self {
-        TurnState { run: turn.run().clone(), turn: Mutex::new(turn), env, undos: Mutex::new(HashMap::new()) }
+        TurnState {
+            run: turn.run().clone(),
+            turn: Mutex::new(turn),
+            env,
+            undos: Mutex::new(HashMap::new()),
+            checkpointed: AtomicBool::new(false),
+        }
+    }
+
+    /// Whether the store acknowledged a commit of this turn that carried a checkpoint.
+    pub(crate) fn checkpointed(&self) -> bool {
+        self.checkpointed.load(Ordering::Relaxed)
     }
 
     pub(crate) fn now(&self) -> Millis {
@@ -78,7 +93,14 @@ impl TurnState {
     /// `false`: the turn stops (the call halts).
     async fn apply(&self, seq: u32, commit: Commit) -> bool {
         let result = match self.vet(commit).await {
-            Ok(commit) => self.env.commit(commit).await,
+            Ok(commit) => {
+                let checkpoints = !commit.checkpoints.is_empty();
+                let result = self.env.commit(commit).await;
+                if checkpoints && result.is_ok() {
+                    self.checkpointed.store(true, Ordering::Relaxed);
+                }
+                result
+            }
             Err(e) => Err(e),
         };
         let mut turn = self.turn.lock();
