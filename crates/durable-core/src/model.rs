@@ -268,6 +268,24 @@ pub struct NewRun {
     pub created_at: Millis,
 }
 
+impl From<&Run> for NewRun {
+    /// The create that would make `run` again: its id, workflow and version, namespace,
+    /// input, tags, priority, parent and creation time (importing a recorded run, say).
+    fn from(run: &Run) -> Self {
+        NewRun {
+            id: run.id.clone(),
+            workflow: run.workflow.clone(),
+            version: run.version,
+            namespace: run.namespace.clone(),
+            input: run.input.clone(),
+            tags: run.tags.clone(),
+            priority: run.priority,
+            parent: run.parent.clone(),
+            created_at: run.created_at,
+        }
+    }
+}
+
 impl NewRun {
     /// The stored form of a freshly created run: `pending`, no lease.
     pub fn into_run(self) -> Run {

@@ -25,7 +25,7 @@
 //! - **Byte-exact payloads**: JSON payloads are stored as `text`, never `jsonb` (which
 //!   reformats). Ids sort by bytes (`COLLATE "C"`), like Rust strings. Event matchers are
 //!   evaluated on the server with `durable_core::json_subset`'s rules (serde_json equality).
-//! - **Indexed reads.** Every [`RunFilter`](durable_core::RunFilter) of [`Store::list_runs`]
+//! - **Indexed reads.** Every [`RunFilter`] of [`Store::list_runs`]
 //!   (statuses, workflow, namespace, tag, parent, created range, any combination, newest first,
 //!   with the cursor) can be served by an index: settled runs by status, active runs (the
 //!   working set) in one partial index, workflow, namespace and parent each in the listing order,

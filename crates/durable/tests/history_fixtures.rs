@@ -735,17 +735,7 @@ const LOADER: &str = "fixture-loader";
 /// state and, for a parked run, its waiters and `wake_at`.
 async fn load(store: &dyn Store, rec: &RecordedRun, as_status: RunStatus, now: Millis) {
     let run = &rec.run;
-    let new = NewRun {
-        id: run.id.clone(),
-        workflow: run.workflow.clone(),
-        version: run.version,
-        namespace: run.namespace.clone(),
-        input: run.input.clone(),
-        tags: run.tags.clone(),
-        priority: run.priority,
-        parent: run.parent.clone(),
-        created_at: run.created_at,
-    };
+    let new = NewRun::from(run);
     assert!(store.create_run(new).await.unwrap().created(), "run {} loaded twice", run.id);
     let claim = Claim { run_id: run.id.clone(), owner: LOADER.into(), lease_until: now + 60_000, now };
     let ClaimOutcome::Acquired { run: claimed, .. } = store.claim_run(claim).await.unwrap() else {

@@ -120,17 +120,7 @@ impl Engine {
         }
         let shared = self.shared();
         let (store, now) = (&shared.store, shared.clock.now());
-        let new = NewRun {
-            id: run.id.clone(),
-            workflow: run.workflow.clone(),
-            version: run.version,
-            namespace: run.namespace.clone(),
-            input: run.input.clone(),
-            tags: run.tags.clone(),
-            priority: run.priority,
-            parent: run.parent.clone(),
-            created_at: run.created_at,
-        };
+        let new = NewRun::from(run);
         if let CreateRun::Existing(_) = store.create_run(new).await? {
             return Err(refused("the store already holds a run with this id; delete it first".into()));
         }
