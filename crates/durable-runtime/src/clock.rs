@@ -4,10 +4,11 @@ use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use durable_core::Millis;
-use tokio::sync::watch;
+use tokio::sync::Notify;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -45,21 +46,30 @@ impl Clock for SystemClock {
 
 /// A clock that only moves when told to: a 30-day sleep completes as soon as a test calls
 /// [`VirtualClock::advance`] by 30 days. Clones share the same time.
+///
+/// Sleeps due at one advance wake in the order they began waiting (a `Notify`, not a `watch`
+/// channel, which wakes its waiters in an order chosen at random).
 #[derive(Clone)]
 pub struct VirtualClock {
-    now: Arc<watch::Sender<Millis>>,
+    time: Arc<VirtualTime>,
+}
+
+/// The time of a [`VirtualClock`] and its clones, and the sleeps waiting on it.
+struct VirtualTime {
+    now: AtomicU64,
+    moved: Notify,
 }
 
 impl fmt::Debug for VirtualClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("VirtualClock").field("now", &*self.now.borrow()).finish()
+        f.debug_struct("VirtualClock").field("now", &self.now()).finish()
     }
 }
 
 impl VirtualClock {
     /// A virtual clock starting at `start` (epoch milliseconds).
     pub fn new(start: Millis) -> Self {
-        VirtualClock { now: Arc::new(watch::Sender::new(start)) }
+        VirtualClock { time: Arc::new(VirtualTime { now: AtomicU64::new(start), moved: Notify::new() }) }
     }
 
     /// A virtual clock starting at 2026-01-01T00:00:00Z.
@@ -70,12 +80,17 @@ impl VirtualClock {
     /// Moves time forward by `d` (saturating at the end of time), waking every sleep that is
     /// now due.
     pub fn advance(&self, d: Duration) {
-        self.now.send_modify(|now| *now = durable_core::millis_after(*now, d));
+        let _ = self
+            .time
+            .now
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |now| Some(durable_core::millis_after(now, d)));
+        self.time.moved.notify_waiters();
     }
 
     /// Sets the time (never backwards).
     pub fn set(&self, at: Millis) {
-        self.now.send_modify(|now| *now = (*now).max(at));
+        self.time.now.fetch_max(at, Ordering::AcqRel);
+        self.time.moved.notify_waiters();
     }
 }
 
@@ -87,14 +102,20 @@ impl Default for VirtualClock {
 
 impl Clock for VirtualClock {
     fn now(&self) -> Millis {
-        *self.now.borrow()
+        self.time.now.load(Ordering::Acquire)
     }
 
     fn sleep_until(&self, at: Millis) -> BoxFuture<'static, ()> {
-        let mut rx = self.now.subscribe();
+        let time = self.time.clone();
         Box::pin(async move {
-            // The sender lives as long as any clone of the clock; if all are gone, time stops.
-            let _ = rx.wait_for(|now| *now >= at).await;
+            loop {
+                // Made before the check: a move between the check and the wait still wakes it.
+                let moved = time.moved.notified();
+                if time.now.load(Ordering::Acquire) >= at {
+                    return;
+                }
+                moved.await;
+            }
         })
     }
 }
