@@ -28,20 +28,20 @@ fn register_napper(t: &durable_conformance::TestEngine) {
     });
 }
 
-/// Starts `RUNS` napper runs, `IN_FLIGHT` `start` calls at a time.
-async fn start_in_bulk(t: &durable_conformance::TestEngine) -> Vec<RunId> {
+/// Starts `runs` napper runs, `IN_FLIGHT` `start` calls at a time.
+async fn start_in_bulk(engine: &durable_runtime::Engine, runs: usize) -> Vec<RunId> {
     let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
     let mut starts = tokio::task::JoinSet::new();
-    for i in 0..RUNS {
+    for i in 0..runs {
         let permit = slots.clone().acquire_owned().await.expect("open");
-        let engine = t.engine().clone();
+        let engine = engine.clone();
         starts.spawn(async move {
             let started = engine.start("napper", &(i as u64), StartOptions::id(format!("nap-{i}"))).await;
             drop(permit);
             started.expect("start").id
         });
     }
-    let mut ids = Vec::with_capacity(RUNS);
+    let mut ids = Vec::with_capacity(runs);
     while let Some(id) = starts.join_next().await {
         ids.push(id.expect("start task"));
     }
@@ -51,7 +51,7 @@ async fn start_in_bulk(t: &durable_conformance::TestEngine) -> Vec<RunId> {
 async fn a_bulk_start_executes_no_spare_turn(s: StoreFixture) {
     let t = s.engine();
     register_napper(&t);
-    let ids = start_in_bulk(&t).await;
+    let ids = start_in_bulk(&t, RUNS).await;
     for id in &ids {
         t.assert_settled_status(id, RunStatus::Suspended).await;
     }
@@ -144,21 +144,7 @@ async fn through_a_run_queue_a_bulk_start_executes_no_spare_turn() {
         let b: u64 = ctx.step("after", move |_| async move { Ok(a + 1) }).await?;
         Ok::<_, WorkflowError>(b)
     });
-    let slots = Arc::new(tokio::sync::Semaphore::new(IN_FLIGHT));
-    let mut starts = tokio::task::JoinSet::new();
-    for i in 0..RUNS {
-        let permit = slots.clone().acquire_owned().await.expect("open");
-        let engine = engine.clone();
-        starts.spawn(async move {
-            let started = engine.start("napper", &(i as u64), StartOptions::id(format!("nap-{i}"))).await;
-            drop(permit);
-            started.expect("start").id
-        });
-    }
-    let mut ids = Vec::with_capacity(RUNS);
-    while let Some(id) = starts.join_next().await {
-        ids.push(id.expect("start task"));
-    }
+    let ids = start_in_bulk(&engine, RUNS).await;
     for id in &ids {
         let run = engine.wait_until_suspended_or_terminal(id).await.expect("wait");
         assert_eq!(run.status(), RunStatus::Suspended);
