@@ -12,8 +12,9 @@ use durable_conformance::{
     run_case,
 };
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
-    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreResult, Waiter,
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
+    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
+    SaveSchedule, ScheduleRecord, Store, StoreResult, TriggerBuffer, Waiter,
 };
 use durable_store_memory::MemoryStore;
 
@@ -104,9 +105,56 @@ impl Store for AuditedStore {
         self.inner.send_signal(token, payload, now).await
     }
 
-    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+    async fn publish(&self, event: Publish) -> StoreResult<Published> {
         self.write();
-        self.inner.publish_event(name, payload, now).await
+        self.inner.publish(event).await
+    }
+
+    async fn due_buffers(&self, query: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
+        self.inner.due_buffers(query).await
+    }
+
+    async fn flush_buffer(
+        &self,
+        workflow: &str,
+        key: &str,
+        batch_id: &str,
+        now: Millis,
+    ) -> StoreResult<Option<CreateRun>> {
+        self.write();
+        self.inner.flush_buffer(workflow, key, batch_id, now).await
+    }
+
+    async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
+        self.inner.get_schedule(key).await
+    }
+
+    async fn list_schedules(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ScheduleRecord>> {
+        self.inner.list_schedules(namespace, after, limit).await
+    }
+
+    async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome> {
+        self.write();
+        self.inner.save_schedule(save).await
+    }
+
+    async fn save_schedules(&self, saves: Vec<SaveSchedule>) -> StoreResult<Vec<SaveOutcome>> {
+        self.write();
+        self.inner.save_schedules(saves).await
+    }
+
+    async fn delete_schedule(&self, key: &str) -> StoreResult<bool> {
+        self.write();
+        self.inner.delete_schedule(key).await
+    }
+
+    async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
+        self.inner.due_schedules(query).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

@@ -8,8 +8,9 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
-    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreError, StoreResult, Waiter,
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
+    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
+    SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TriggerBuffer, Waiter,
 };
 use parking_lot::Mutex;
 
@@ -47,8 +48,24 @@ pub enum Method {
     OrphanedRuns,
     /// [`Store::send_signal`].
     SendSignal,
-    /// [`Store::publish_event`].
+    /// [`Store::publish`] (and `publish_event`, which calls it).
     PublishEvent,
+    /// [`Store::due_buffers`].
+    DueBuffers,
+    /// [`Store::flush_buffer`].
+    FlushBuffer,
+    /// [`Store::get_schedule`].
+    GetSchedule,
+    /// [`Store::list_schedules`].
+    ListSchedules,
+    /// [`Store::save_schedule`].
+    SaveSchedule,
+    /// [`Store::save_schedules`].
+    SaveSchedules,
+    /// [`Store::delete_schedule`].
+    DeleteSchedule,
+    /// [`Store::due_schedules`].
+    DueSchedules,
     /// [`Store::waiters`].
     Waiters,
     /// [`Store::get_state`].
@@ -59,7 +76,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 19] = [
+    pub const ALL: [Method; 27] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -76,6 +93,14 @@ impl Method {
         Method::OrphanedRuns,
         Method::SendSignal,
         Method::PublishEvent,
+        Method::DueBuffers,
+        Method::FlushBuffer,
+        Method::GetSchedule,
+        Method::ListSchedules,
+        Method::SaveSchedule,
+        Method::SaveSchedules,
+        Method::DeleteSchedule,
+        Method::DueSchedules,
         Method::Waiters,
         Method::GetState,
         Method::DeleteRun,
@@ -99,7 +124,15 @@ impl Method {
             Method::DueRuns => "due_runs",
             Method::OrphanedRuns => "orphaned_runs",
             Method::SendSignal => "send_signal",
-            Method::PublishEvent => "publish_event",
+            Method::PublishEvent => "publish",
+            Method::DueBuffers => "due_buffers",
+            Method::FlushBuffer => "flush_buffer",
+            Method::GetSchedule => "get_schedule",
+            Method::ListSchedules => "list_schedules",
+            Method::SaveSchedule => "save_schedule",
+            Method::SaveSchedules => "save_schedules",
+            Method::DeleteSchedule => "delete_schedule",
+            Method::DueSchedules => "due_schedules",
             Method::Waiters => "waiters",
             Method::GetState => "get_state",
             Method::DeleteRun => "delete_run",
@@ -531,8 +564,54 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.call(Method::SendSignal, None, Some(token), self.inner.send_signal(token, payload, now)).await
     }
 
-    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
-        self.call(Method::PublishEvent, None, Some(name), self.inner.publish_event(name, payload, now)).await
+    async fn publish(&self, event: Publish) -> StoreResult<Published> {
+        let name = event.name.clone();
+        self.call(Method::PublishEvent, None, Some(&name), self.inner.publish(event)).await
+    }
+
+    async fn due_buffers(&self, query: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
+        self.call(Method::DueBuffers, None, None, self.inner.due_buffers(query)).await
+    }
+
+    async fn flush_buffer(
+        &self,
+        workflow: &str,
+        key: &str,
+        batch_id: &str,
+        now: Millis,
+    ) -> StoreResult<Option<CreateRun>> {
+        self.call(Method::FlushBuffer, None, Some(workflow), self.inner.flush_buffer(workflow, key, batch_id, now))
+            .await
+    }
+
+    async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
+        self.call(Method::GetSchedule, None, Some(key), self.inner.get_schedule(key)).await
+    }
+
+    async fn list_schedules(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ScheduleRecord>> {
+        self.call(Method::ListSchedules, None, None, self.inner.list_schedules(namespace, after, limit)).await
+    }
+
+    async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome> {
+        let key = save.record.key.clone();
+        self.call(Method::SaveSchedule, None, Some(&key), self.inner.save_schedule(save)).await
+    }
+
+    async fn save_schedules(&self, saves: Vec<SaveSchedule>) -> StoreResult<Vec<SaveOutcome>> {
+        self.call(Method::SaveSchedules, None, None, self.inner.save_schedules(saves)).await
+    }
+
+    async fn delete_schedule(&self, key: &str) -> StoreResult<bool> {
+        self.call(Method::DeleteSchedule, None, Some(key), self.inner.delete_schedule(key)).await
+    }
+
+    async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
+        self.call(Method::DueSchedules, None, None, self.inner.due_schedules(query)).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
@@ -570,6 +649,7 @@ mod tests {
             priority: 0,
             parent: None,
             created_at: 1,
+            start_at: None,
         }
     }
 

@@ -328,8 +328,9 @@ pub async fn run_all(factory: &dyn StoreFactory) -> SuiteReport {
 #[cfg(test)]
 mod tests {
     use durable_core::{
-        Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
-        QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StoreResult, Waiter,
+        Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload,
+        Publish, Published, QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
+        SaveSchedule, ScheduleRecord, StoreResult, TriggerBuffer, Waiter,
     };
     use durable_store_memory::MemoryStore;
 
@@ -388,8 +389,43 @@ mod tests {
         async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery> {
             self.0.send_signal(token, payload, now).await
         }
-        async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
-            self.0.publish_event(name, payload, now).await
+        async fn publish(&self, event: Publish) -> StoreResult<Published> {
+            self.0.publish(event).await
+        }
+        async fn due_buffers(&self, query: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
+            self.0.due_buffers(query).await
+        }
+        async fn flush_buffer(
+            &self,
+            workflow: &str,
+            key: &str,
+            batch_id: &str,
+            now: Millis,
+        ) -> StoreResult<Option<CreateRun>> {
+            self.0.flush_buffer(workflow, key, batch_id, now).await
+        }
+        async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
+            self.0.get_schedule(key).await
+        }
+        async fn list_schedules(
+            &self,
+            namespace: Option<&str>,
+            after: Option<&str>,
+            limit: usize,
+        ) -> StoreResult<Vec<ScheduleRecord>> {
+            self.0.list_schedules(namespace, after, limit).await
+        }
+        async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome> {
+            self.0.save_schedule(save).await
+        }
+        async fn save_schedules(&self, saves: Vec<SaveSchedule>) -> StoreResult<Vec<SaveOutcome>> {
+            self.0.save_schedules(saves).await
+        }
+        async fn delete_schedule(&self, key: &str) -> StoreResult<bool> {
+            self.0.delete_schedule(key).await
+        }
+        async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
+            self.0.due_schedules(query).await
         }
         async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
             self.0.waiters(id).await

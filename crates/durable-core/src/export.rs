@@ -17,6 +17,7 @@
 //! let run = NewRun {
 //!     id: RunId::from("order:42"), workflow: "order".into(), version: 1, namespace: "default".into(),
 //!     input: Payload::null(), tags: vec![], priority: 0, parent: None, created_at: 0,
+//!     start_at: None,
 //! }
 //! .into_run();
 //! let cp = Checkpoint::new(run.id.clone(), 0, "charge", StepKind::Step, CheckpointStatus::Completed, 5);
@@ -211,6 +212,7 @@ mod tests {
             priority: 3,
             parent: None,
             created_at: 10,
+            start_at: None,
         }
         .into_run();
         run.status = RunStatus::Suspended;

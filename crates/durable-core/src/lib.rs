@@ -48,6 +48,7 @@
 //! let run = NewRun {
 //!     id: RunId::from("order:42"), workflow: "order".into(), version: 1, namespace: "default".into(),
 //!     input: Payload::null(), tags: vec![], priority: 0, parent: None, created_at: 0,
+//!     start_at: None,
 //! }
 //! .into_run();
 //! // A history with one completed step.
@@ -81,8 +82,10 @@ mod payload;
 pub mod protocol;
 mod queue;
 mod retry;
+pub mod schedule;
 mod store;
 mod time;
+pub mod trigger;
 mod turn;
 
 pub use export::{ExportError, HistoryExport};
@@ -95,12 +98,14 @@ pub use model::{
 pub use payload::{Payload, json_subset};
 pub use queue::{QueueReason, QueuedRun, RunQueue};
 pub use retry::{Backoff, RetryDecision, RetryPolicy, seed_for, splitmix64};
+pub use schedule::{Cadence, Overlap, Schedule, ScheduleError, ScheduleRecord, ScheduleState};
 pub use store::{
-    Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, OutgoingSignal, RunFilter, RunPage,
-    RunPatch, RunQuery, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TurnEnd, decode_cursor,
-    encode_cursor,
+    Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, OutgoingSignal, RunFilter,
+    RunPage, RunPatch, RunQuery, SaveOutcome, SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult,
+    TurnEnd, decode_cursor, encode_cursor,
 };
 pub use time::{millis, millis_after, millis_before};
+pub use trigger::{BufferAppend, Dedupe, Gather, Gathered, Publish, Published, TriggerBuffer};
 pub use turn::{
     ChildCall, ChildJoin, Deadline, End, Halt, Next, Pending, RecordBegin, RecordOutcome, ReplayMismatch, Replayed,
     RunEnd, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin,

@@ -228,7 +228,8 @@ pub struct Run {
     pub created_at: Millis,
     /// Last change of the run row.
     pub updated_at: Millis,
-    /// When a suspended run is due to be woken.
+    /// When a suspended run is due to be woken, or when a pending run with a delayed start
+    /// may start (`None` on a pending run: at once).
     pub wake_at: Option<Millis>,
     /// The engine instance holding the run's lease.
     pub lease_owner: Option<String>,
@@ -266,6 +267,10 @@ pub struct NewRun {
     pub parent: Option<ParentLink>,
     /// Creation time.
     pub created_at: Millis,
+    /// A delayed start: the run stays `pending` until this time (its `wake_at`), then
+    /// executes. `None`: at once.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub start_at: Option<Millis>,
 }
 
 impl From<&Run> for NewRun {
@@ -282,12 +287,13 @@ impl From<&Run> for NewRun {
             priority: run.priority,
             parent: run.parent.clone(),
             created_at: run.created_at,
+            start_at: if run.status == RunStatus::Pending { run.wake_at } else { None },
         }
     }
 }
 
 impl NewRun {
-    /// The stored form of a freshly created run: `pending`, no lease.
+    /// The stored form of a freshly created run: `pending`, no lease, due at `start_at`.
     pub fn into_run(self) -> Run {
         Run {
             id: self.id,
@@ -303,7 +309,7 @@ impl NewRun {
             parent: self.parent,
             created_at: self.created_at,
             updated_at: self.created_at,
-            wake_at: None,
+            wake_at: self.start_at,
             lease_owner: None,
             lease_until: None,
             recovery_attempts: 0,

@@ -257,6 +257,7 @@ mod tests {
             priority: 0,
             parent: None,
             created_at: 0,
+            start_at: None,
         }
         .into_run();
         run.status = RunStatus::Completed;

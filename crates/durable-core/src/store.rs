@@ -9,6 +9,8 @@ use std::fmt;
 
 use async_trait::async_trait;
 
+use crate::schedule::ScheduleRecord;
+use crate::trigger::{Publish, Published, TriggerBuffer};
 use crate::{Checkpoint, Millis, NewRun, Payload, Run, RunId, RunStatus, StepError, Waiter};
 
 /// The result type of store calls.
@@ -355,6 +357,39 @@ pub struct RunQuery {
     pub limit: usize,
 }
 
+/// Which due schedules or trigger buffers a scheduler asks for.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DueQuery {
+    /// Only this namespace (`None`: every namespace).
+    pub namespace: Option<String>,
+    /// Only these workflows (`None`: any).
+    pub workflows: Option<Vec<String>>,
+    /// The caller's clock.
+    pub now: Millis,
+    /// At most this many.
+    pub limit: usize,
+}
+
+/// A write of [`Store::save_schedule`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct SaveSchedule {
+    /// The record to store (its `revision` is ignored: the store sets it).
+    pub record: ScheduleRecord,
+    /// `None`: create; `Some(r)`: replace revision `r`.
+    pub expected: Option<u64>,
+    /// Runs to create in the same write (the schedule's fires).
+    pub start: Vec<NewRun>,
+}
+
+/// The answer of [`Store::save_schedule`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum SaveOutcome {
+    /// Stored with this revision.
+    Saved(u64),
+    /// The expectation did not hold; the stored record, if any.
+    Stale(Option<ScheduleRecord>),
+}
+
 /// A filter for [`Store::list_runs`]. Every field narrows; the default lists everything.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
 pub struct RunFilter {
@@ -547,16 +582,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Pending runs to start, oldest first.
     ///
     /// # Contract
-    /// Status `pending` without a live lease (none, or `lease_until < now`), matching the
-    /// query's namespace and workflows; ordered by priority descending, then `created_at`,
-    /// then id; at most `limit`.
+    /// Status `pending` with no `wake_at` (a delayed start is due through
+    /// [`Store::due_runs`]) and without a live lease (none, or `lease_until < now`), matching
+    /// the query's namespace and workflows; ordered by priority descending, then
+    /// `created_at`, then id; at most `limit`.
     async fn pending_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>>;
 
-    /// Suspended runs that are due.
+    /// Suspended runs that are due, and delayed starts whose time has come.
     ///
     /// # Contract
-    /// Status `suspended`, `wake_at <= now`, no live lease, matching the query; earliest
-    /// `wake_at` first; at most `limit`.
+    /// Status `suspended` or `pending`, `wake_at <= now`, no live lease, matching the query;
+    /// earliest `wake_at` first; at most `limit`.
     async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>>;
 
     /// Runs that are `running` but nobody holds: the lease expired (`lease_until < now`) or was
@@ -576,13 +612,97 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// waiters: every payload is consumed exactly once.
     async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery>;
 
-    /// Publishes an event.
+    /// Publishes a plain event ([`Store::publish`] without dedupe or triggers).
+    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+        match self.publish(Publish::event(name, payload, now)).await? {
+            Published::Done { deliveries, .. } => Ok(deliveries),
+            Published::Duplicate => Ok(Vec::new()),
+        }
+    }
+
+    /// Publishes an event, with the runs it triggers.
     ///
     /// # Contract
-    /// Atomically delivers to every waiter on `name` whose matcher accepts the payload (as
-    /// `send_signal` delivers to one), returning where it went. If none accepts, the event is
-    /// buffered (returned list empty) for the first later wait that matches.
-    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>>;
+    /// One atomic write. With a `dedupe` whose `(name, id)` is remembered and not expired
+    /// (`keep_until >= now`): nothing happens → `Duplicate`. Otherwise the id is remembered
+    /// until `keep_until` (expired ids may be forgotten), and: the event is delivered to every
+    /// waiter on `name` whose matcher accepts the payload (as `send_signal` delivers to one),
+    /// or, if none accepts, buffered for the first later wait that matches; every run of
+    /// `start` is created as [`Store::create_run`] would; each of `gather` is applied to the
+    /// open buffer of its `(workflow, key)` with [`TriggerBuffer::gather`] — the buffer is
+    /// stored, or deleted and its run created. `Done` lists the deliveries, then the outcome
+    /// of every `start` run in order followed by those of full buffers.
+    async fn publish(&self, event: Publish) -> StoreResult<Published>;
+
+    /// Open trigger buffers that are due.
+    ///
+    /// # Contract
+    /// `due_at <= now`, matching the query's namespace (the buffer's run) and workflows;
+    /// earliest `due_at` first, then workflow and key; at most `limit`. With `now =
+    /// Millis::MAX` and `limit = 1`: the next buffer to come due.
+    async fn due_buffers(&self, query: &DueQuery) -> StoreResult<Vec<TriggerBuffer>>;
+
+    /// Starts the run of a due buffer.
+    ///
+    /// # Contract
+    /// Atomically: if the open buffer of `(workflow, key)` has `batch_id`, it is deleted and
+    /// its run ([`TriggerBuffer::into_run`] at `now`) created as [`Store::create_run`] would
+    /// → `Some`. Otherwise (flushed already, by this or another engine) nothing → `None`.
+    async fn flush_buffer(
+        &self,
+        workflow: &str,
+        key: &str,
+        batch_id: &str,
+        now: Millis,
+    ) -> StoreResult<Option<CreateRun>>;
+
+    /// Reads a schedule.
+    async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>>;
+
+    /// Lists schedules, by key.
+    ///
+    /// # Contract
+    /// Keys greater than `after` (all with `None`), in the namespace if given, ascending; at
+    /// most `limit`.
+    async fn list_schedules(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ScheduleRecord>>;
+
+    /// Creates, updates or fires a schedule.
+    ///
+    /// # Contract
+    /// One atomic write. `expected: None` creates the record if no schedule has its key;
+    /// `Some(r)` replaces it if its stored revision is `r`. Otherwise nothing is written →
+    /// `Stale` with the stored record (`None` if there is none). On success the record is
+    /// stored with revision `expected + 1` (1 when created), every run of `start` is created
+    /// as [`Store::create_run`] would (existing ids are left alone), and → `Saved` with the
+    /// new revision.
+    async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome>;
+
+    /// [`Store::save_schedule`] for several schedules, each atomic on its own (a stale one
+    /// does not stop the others); answers in order. The default saves them one by one.
+    async fn save_schedules(&self, saves: Vec<SaveSchedule>) -> StoreResult<Vec<SaveOutcome>> {
+        let mut out = Vec::with_capacity(saves.len());
+        for save in saves {
+            out.push(self.save_schedule(save).await?);
+        }
+        Ok(out)
+    }
+
+    /// Deletes a schedule; returns whether it existed. Runs it started are kept.
+    async fn delete_schedule(&self, key: &str) -> StoreResult<bool>;
+
+    /// Schedules that are due.
+    ///
+    /// # Contract
+    /// `due_at <= now` (a record with no `due_at` is never due), matching the query's
+    /// namespace and workflows; earliest `due_at` first, then key; at most `limit`. The cost
+    /// is in the number due, not the number stored. With `now = Millis::MAX` and `limit = 1`:
+    /// the next schedule to come due.
+    async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>>;
 
     /// The waiters a run has registered.
     ///
@@ -684,7 +804,28 @@ mod tests {
         async fn send_signal(&self, _: &str, _: Payload, _: Millis) -> StoreResult<Delivery> {
             unimplemented!()
         }
-        async fn publish_event(&self, _: &str, _: Payload, _: Millis) -> StoreResult<Vec<Delivery>> {
+        async fn publish(&self, _: Publish) -> StoreResult<Published> {
+            unimplemented!()
+        }
+        async fn due_buffers(&self, _: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
+            unimplemented!()
+        }
+        async fn flush_buffer(&self, _: &str, _: &str, _: &str, _: Millis) -> StoreResult<Option<CreateRun>> {
+            unimplemented!()
+        }
+        async fn get_schedule(&self, _: &str) -> StoreResult<Option<ScheduleRecord>> {
+            unimplemented!()
+        }
+        async fn list_schedules(&self, _: Option<&str>, _: Option<&str>, _: usize) -> StoreResult<Vec<ScheduleRecord>> {
+            unimplemented!()
+        }
+        async fn save_schedule(&self, _: SaveSchedule) -> StoreResult<SaveOutcome> {
+            unimplemented!()
+        }
+        async fn delete_schedule(&self, _: &str) -> StoreResult<bool> {
+            unimplemented!()
+        }
+        async fn due_schedules(&self, _: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
             unimplemented!()
         }
         async fn waiters(&self, _: &RunId) -> StoreResult<Vec<Waiter>> {
@@ -717,6 +858,7 @@ mod tests {
             priority: 0,
             parent: None,
             created_at: 7,
+            start_at: None,
         }
     }
 

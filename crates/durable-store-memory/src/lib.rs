@@ -23,9 +23,9 @@ use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use async_trait::async_trait;
 use durable_core::{
     Capabilities, Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery,
-    Millis, NewRun, Payload, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunQueue,
-    RunStatus, StepKind, Store, StoreError, StoreResult, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor,
-    json_subset,
+    DueQuery, Gathered, Millis, NewRun, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId,
+    RunPage, RunPatch, RunQuery, RunQueue, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepKind, Store,
+    StoreError, StoreResult, TriggerBuffer, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor, json_subset,
 };
 use parking_lot::Mutex;
 
@@ -52,6 +52,11 @@ struct Inner {
     next_waiter: u64,
     queue: BTreeMap<u64, Queued>,
     next_queued: u64,
+    /// Remembered publish dedupe ids: `(event name, id)` → kept until.
+    dedupe: HashMap<(String, String), Millis>,
+    /// Open trigger buffers by `(workflow, key)`.
+    buffers: BTreeMap<(String, String), TriggerBuffer>,
+    schedules: BTreeMap<String, ScheduleRecord>,
 }
 
 #[derive(Debug)]
@@ -100,6 +105,11 @@ fn matches_query(run: &Run, q: &RunQuery) -> bool {
         && q.workflows.as_ref().is_none_or(|ws| ws.iter().any(|(w, v)| *w == run.workflow && *v == run.version))
 }
 
+fn matches_due(namespace: &str, workflow: &str, q: &DueQuery) -> bool {
+    q.namespace.as_ref().is_none_or(|ns| ns == namespace)
+        && q.workflows.as_ref().is_none_or(|ws| ws.iter().any(|w| w == workflow))
+}
+
 fn check_transition(run: &Run, next: RunStatus) -> StoreResult<()> {
     if run.status == next || run.status.can_become(next) {
         Ok(())
@@ -121,6 +131,21 @@ impl Inner {
         let run = new.into_run();
         self.runs.insert(run.id.clone(), run.clone());
         CreateRun::Created(run)
+    }
+
+    fn save_schedule(&mut self, save: SaveSchedule) -> SaveOutcome {
+        let current = self.schedules.get(&save.record.key);
+        if current.map(|r| r.revision) != save.expected {
+            return SaveOutcome::Stale(current.cloned());
+        }
+        let mut record = save.record;
+        record.revision = save.expected.map_or(1, |r| r + 1);
+        let revision = record.revision;
+        self.schedules.insert(record.key.clone(), record);
+        for run in save.start {
+            self.create(run);
+        }
+        SaveOutcome::Saved(revision)
     }
 
     fn remove_waiter(&mut self, id: u64) -> Option<Waiter> {
@@ -465,7 +490,9 @@ impl Store for MemoryStore {
         let mut runs: Vec<&Run> = inner
             .runs
             .values()
-            .filter(|r| r.status == RunStatus::Pending && !lease_is_live(r, q.now) && matches_query(r, q))
+            .filter(|r| {
+                r.status == RunStatus::Pending && r.wake_at.is_none() && !lease_is_live(r, q.now) && matches_query(r, q)
+            })
             .collect();
         runs.sort_by(|a, b| {
             (Reverse(a.priority), a.created_at, &a.id).cmp(&(Reverse(b.priority), b.created_at, &b.id))
@@ -479,7 +506,7 @@ impl Store for MemoryStore {
             .runs
             .values()
             .filter(|r| {
-                r.status == RunStatus::Suspended
+                matches!(r.status, RunStatus::Suspended | RunStatus::Pending)
                     && r.wake_at.is_some_and(|w| w <= q.now)
                     && !lease_is_live(r, q.now)
                     && matches_query(r, q)
@@ -504,11 +531,20 @@ impl Store for MemoryStore {
         Ok(self.inner.lock().send_signal(token, payload, now))
     }
 
-    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
+    async fn publish(&self, event: Publish) -> StoreResult<Published> {
         let mut inner = self.inner.lock();
-        let value = payload.to_value();
-        let ids: Vec<u64> = inner.by_event.get(name).map(|s| s.iter().copied().collect()).unwrap_or_default();
-        let mut delivered = Vec::new();
+        let now = event.now;
+        if let Some(d) = &event.dedupe {
+            let key = (event.name.clone(), d.id.clone());
+            if inner.dedupe.get(&key).is_some_and(|until| *until >= now) {
+                return Ok(Published::Duplicate);
+            }
+            inner.dedupe.retain(|_, until| *until >= now);
+            inner.dedupe.insert(key, d.keep_until);
+        }
+        let value = event.payload.to_value();
+        let ids: Vec<u64> = inner.by_event.get(&event.name).map(|s| s.iter().copied().collect()).unwrap_or_default();
+        let mut deliveries = Vec::new();
         for id in ids {
             let accepts = match &inner.waiters[&id].kind {
                 WaitKind::Event { matcher, .. } => json_subset(&matcher.to_value(), &value),
@@ -516,14 +552,98 @@ impl Store for MemoryStore {
             };
             if accepts {
                 let w = inner.remove_waiter(id).expect("indexed waiter exists");
-                inner.resolve(&w.run_id, w.seq, &w.name, StepKind::Event, payload.clone(), now);
-                delivered.push(Delivery::Delivered { run_id: w.run_id, seq: w.seq });
+                inner.resolve(&w.run_id, w.seq, &w.name, StepKind::Event, event.payload.clone(), now);
+                deliveries.push(Delivery::Delivered { run_id: w.run_id, seq: w.seq });
             }
         }
-        if delivered.is_empty() {
-            inner.event_buffer.entry(name.to_string()).or_default().push_back(payload);
+        if deliveries.is_empty() {
+            inner.event_buffer.entry(event.name.clone()).or_default().push_back(event.payload.clone());
         }
-        Ok(delivered)
+        let mut started: Vec<CreateRun> = event.start.into_iter().map(|run| inner.create(run)).collect();
+        for append in &event.gather {
+            let key = (append.workflow.clone(), append.key.clone());
+            let open = inner.buffers.remove(&key);
+            match TriggerBuffer::gather(open, append, event.payload.clone(), now) {
+                Gathered::Keep(buffer) => {
+                    inner.buffers.insert(key, buffer);
+                }
+                Gathered::Start(run) => started.push(inner.create(run)),
+            }
+        }
+        Ok(Published::Done { deliveries, started })
+    }
+
+    async fn due_buffers(&self, q: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
+        let inner = self.inner.lock();
+        let mut due: Vec<&TriggerBuffer> = inner
+            .buffers
+            .values()
+            .filter(|b| b.due_at <= q.now && matches_due(&b.run.namespace, &b.workflow, q))
+            .collect();
+        due.sort_by(|a, b| (a.due_at, &a.workflow, &a.key).cmp(&(b.due_at, &b.workflow, &b.key)));
+        Ok(due.into_iter().take(q.limit).cloned().collect())
+    }
+
+    async fn flush_buffer(
+        &self,
+        workflow: &str,
+        key: &str,
+        batch_id: &str,
+        now: Millis,
+    ) -> StoreResult<Option<CreateRun>> {
+        let mut inner = self.inner.lock();
+        let k = (workflow.to_string(), key.to_string());
+        if inner.buffers.get(&k).is_none_or(|b| b.batch_id != batch_id) {
+            return Ok(None);
+        }
+        let buffer = inner.buffers.remove(&k).expect("checked");
+        Ok(Some(inner.create(buffer.into_run(now))))
+    }
+
+    async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
+        Ok(self.inner.lock().schedules.get(key).cloned())
+    }
+
+    async fn list_schedules(
+        &self,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ScheduleRecord>> {
+        let inner = self.inner.lock();
+        let from = after.map_or(std::ops::Bound::Unbounded, |a| std::ops::Bound::Excluded(a.to_string()));
+        Ok(inner
+            .schedules
+            .range((from, std::ops::Bound::Unbounded))
+            .map(|(_, r)| r)
+            .filter(|r| namespace.is_none_or(|ns| ns == r.namespace))
+            .take(limit)
+            .cloned()
+            .collect())
+    }
+
+    async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome> {
+        Ok(self.inner.lock().save_schedule(save))
+    }
+
+    async fn save_schedules(&self, saves: Vec<SaveSchedule>) -> StoreResult<Vec<SaveOutcome>> {
+        let mut inner = self.inner.lock();
+        Ok(saves.into_iter().map(|save| inner.save_schedule(save)).collect())
+    }
+
+    async fn delete_schedule(&self, key: &str) -> StoreResult<bool> {
+        Ok(self.inner.lock().schedules.remove(key).is_some())
+    }
+
+    async fn due_schedules(&self, q: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
+        let inner = self.inner.lock();
+        let mut due: Vec<&ScheduleRecord> = inner
+            .schedules
+            .values()
+            .filter(|r| r.due_at.is_some_and(|d| d <= q.now) && matches_due(&r.namespace, &r.workflow, q))
+            .collect();
+        due.sort_by(|a, b| (a.due_at, &a.key).cmp(&(b.due_at, &b.key)));
+        Ok(due.into_iter().take(q.limit).cloned().collect())
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

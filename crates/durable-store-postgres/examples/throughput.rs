@@ -46,6 +46,7 @@ async fn life(store: PostgresStore, id: String, commits: u32) -> u32 {
         priority: 0,
         parent: None,
         created_at: T0,
+        start_at: None,
     };
     store.create_run(new).await.expect("create");
     let claim = Claim { run_id: run_id.clone(), owner: "bench".into(), lease_until: T0 + 60_000, now: T0 };

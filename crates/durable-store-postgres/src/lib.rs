@@ -100,6 +100,7 @@
 //!         priority: 0,
 //!         parent: None,
 //!         created_at: 1_000,
+//!         start_at: None,
 //!     })
 //!     .await?;
 //! assert!(created.created());
@@ -605,10 +606,36 @@ impl Store for PostgresStore {
         self.answer(ops::signal_answer(&answer))
     }
 
-    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
-        let op = Op::PublishEvent { name, payload: payload.as_str(), now: ops::millis_to_sql(now) };
-        let answer = self.write(op).await?;
-        self.answer(ops::event_answer(&answer))
+    async fn publish(&self, _event: durable_core::Publish) -> StoreResult<durable_core::Published> {
+        Err(durable_core::StoreError::backend("publish: not yet implemented"))
+    }
+
+    async fn due_buffers(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::TriggerBuffer>> {
+        Err(durable_core::StoreError::backend("due_buffers: not yet implemented"))
+    }
+
+    async fn flush_buffer(&self, _w: &str, _k: &str, _b: &str, _now: Millis) -> StoreResult<Option<CreateRun>> {
+        Err(durable_core::StoreError::backend("flush_buffer: not yet implemented"))
+    }
+
+    async fn get_schedule(&self, _key: &str) -> StoreResult<Option<durable_core::ScheduleRecord>> {
+        Err(durable_core::StoreError::backend("get_schedule: not yet implemented"))
+    }
+
+    async fn list_schedules(&self, _ns: Option<&str>, _after: Option<&str>, _limit: usize) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
+        Err(durable_core::StoreError::backend("list_schedules: not yet implemented"))
+    }
+
+    async fn save_schedule(&self, _save: durable_core::SaveSchedule) -> StoreResult<durable_core::SaveOutcome> {
+        Err(durable_core::StoreError::backend("save_schedule: not yet implemented"))
+    }
+
+    async fn delete_schedule(&self, _key: &str) -> StoreResult<bool> {
+        Err(durable_core::StoreError::backend("delete_schedule: not yet implemented"))
+    }
+
+    async fn due_schedules(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
+        Err(durable_core::StoreError::backend("due_schedules: not yet implemented"))
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

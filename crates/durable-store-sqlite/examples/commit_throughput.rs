@@ -39,6 +39,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                         priority: 0,
                         parent: None,
                         created_at: 1,
+                        start_at: None,
                     })
                     .await?;
                 let claim = Claim { run_id: id, owner: "bench".into(), lease_until: u64::MAX, now: 2 };

@@ -68,6 +68,7 @@
 //!     priority: 0,
 //!     parent: None,
 //!     created_at: 1_000,
+//!     start_at: None,
 //! };
 //! // Any executor works; the store needs no tokio runtime.
 //! let created = futures_lite_block_on(store.create_run(new))?;
@@ -310,9 +311,36 @@ impl Store for SqliteStore {
         self.workers.write("send_signal", move |c| ops::send_signal(c, &token, payload.as_str(), now)).await
     }
 
-    async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
-        let name = name.to_string();
-        self.workers.write("publish_event", move |c| ops::publish_event(c, &name, payload.as_str(), now)).await
+    async fn publish(&self, _event: durable_core::Publish) -> StoreResult<durable_core::Published> {
+        Err(durable_core::StoreError::backend("publish: not yet implemented"))
+    }
+
+    async fn due_buffers(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::TriggerBuffer>> {
+        Err(durable_core::StoreError::backend("due_buffers: not yet implemented"))
+    }
+
+    async fn flush_buffer(&self, _w: &str, _k: &str, _b: &str, _now: Millis) -> StoreResult<Option<CreateRun>> {
+        Err(durable_core::StoreError::backend("flush_buffer: not yet implemented"))
+    }
+
+    async fn get_schedule(&self, _key: &str) -> StoreResult<Option<durable_core::ScheduleRecord>> {
+        Err(durable_core::StoreError::backend("get_schedule: not yet implemented"))
+    }
+
+    async fn list_schedules(&self, _ns: Option<&str>, _after: Option<&str>, _limit: usize) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
+        Err(durable_core::StoreError::backend("list_schedules: not yet implemented"))
+    }
+
+    async fn save_schedule(&self, _save: durable_core::SaveSchedule) -> StoreResult<durable_core::SaveOutcome> {
+        Err(durable_core::StoreError::backend("save_schedule: not yet implemented"))
+    }
+
+    async fn delete_schedule(&self, _key: &str) -> StoreResult<bool> {
+        Err(durable_core::StoreError::backend("delete_schedule: not yet implemented"))
+    }
+
+    async fn due_schedules(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
+        Err(durable_core::StoreError::backend("due_schedules: not yet implemented"))
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

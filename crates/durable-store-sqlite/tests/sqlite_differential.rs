@@ -91,6 +91,7 @@ fn new_run(rng: &mut Rng, now: u64) -> NewRun {
         priority: rng.below(3) as i32 - 1,
         parent,
         created_at: now,
+        start_at: None,
     }
 }
 

@@ -206,6 +206,7 @@ fn run(i: usize) -> NewRun {
         parent: i.is_multiple_of(2).then(|| ParentLink { run_id: RunId::from("parent"), seq: i as u32 }),
         // Two runs per millisecond: the id breaks the ties.
         created_at: T0 + (i / 2) as u64,
+        start_at: None,
     }
 }
 

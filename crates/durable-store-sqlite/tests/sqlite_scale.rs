@@ -41,6 +41,7 @@ fn new_run(i: usize) -> NewRun {
         priority: 0,
         parent: (i % 1_000 == 5).then(|| ParentLink { run_id: RunId::from(id(0)), seq: i as u32 }),
         created_at: T0 + i as u64,
+        start_at: None,
     }
 }
 

@@ -225,6 +225,7 @@ mod tests {
                 priority: 0,
                 parent: None,
                 created_at: 0,
+                start_at: None,
             };
             store.create_run(new).await.unwrap();
         }

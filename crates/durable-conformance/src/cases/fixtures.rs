@@ -42,6 +42,7 @@ pub(crate) fn new_run(id: &str) -> NewRun {
         priority: 0,
         parent: None,
         created_at: T0,
+        start_at: None,
     }
 }
 

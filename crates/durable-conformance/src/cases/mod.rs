@@ -20,5 +20,6 @@ pub mod persistence;
 pub mod queues;
 pub mod run_queue;
 pub mod runs;
+pub mod schedules;
 pub mod signals;
 pub mod update;

@@ -660,6 +660,7 @@ impl Turn {
             priority: self.run.priority,
             parent: Some(ParentLink { run_id: self.run.id.clone(), seq }),
             created_at: now,
+            start_at: None,
         });
     }
 

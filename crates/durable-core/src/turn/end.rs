@@ -361,6 +361,7 @@ impl Turn {
             priority: self.run.priority,
             parent: self.run.parent.clone(),
             created_at: now,
+            start_at: None,
         });
         commit.end = Some(TurnEnd::Settle {
             status: RunStatus::Completed,

@@ -265,6 +265,7 @@ impl World {
             priority: 0,
             parent: None,
             created_at: 0,
+            start_at: None,
         }
         .into_run();
         let mut w = World {

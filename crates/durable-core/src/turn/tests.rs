@@ -37,6 +37,7 @@ fn run() -> Run {
         priority: 7,
         parent: None,
         created_at: 1,
+        start_at: None,
     }
     .into_run();
     run.status = RunStatus::Running;
@@ -1025,6 +1026,7 @@ fn spawn_child_records_a_wait_and_creates_the_child_with_the_next_commit() {
                     priority: 7,
                     parent: Some(ParentLink { run_id: rid(), seq: 0 }),
                     created_at: 10,
+                    start_at: None,
                 }],
                 end: suspend(None),
                 ..commit(11)
@@ -1584,6 +1586,7 @@ fn continue_as_new_settles_completed_with_a_marker_and_creates_the_successor() {
                     priority: 7,
                     parent: Some(parent),
                     created_at: 12,
+                    start_at: None,
                 }],
                 // The successor, not this run, tells the parent: no signal here.
                 end: Some(TurnEnd::Settle {
@@ -2315,6 +2318,7 @@ fn existing(id: &str, workflow: &str, parent: Option<ParentLink>) -> Run {
         priority: 0,
         parent,
         created_at: 0,
+        start_at: None,
     }
     .into_run()
 }

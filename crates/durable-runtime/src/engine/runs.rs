@@ -128,6 +128,7 @@ impl Engine {
             priority: options.priority,
             parent: None,
             created_at: now,
+            start_at: None,
         })
     }
 

@@ -496,6 +496,7 @@ mod tests {
             priority: 0,
             parent: None,
             created_at: 0,
+            start_at: None,
         }
         .into_run();
         for (status, wake_at, work) in [

@@ -53,6 +53,7 @@ pub fn new_run(id: &str) -> NewRun {
         priority: 0,
         parent: None,
         created_at: T0,
+        start_at: None,
     }
 }
 

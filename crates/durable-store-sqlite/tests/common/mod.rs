@@ -37,6 +37,7 @@ pub fn new_run(id: &str, created_at: u64) -> NewRun {
         priority: 0,
         parent: None,
         created_at,
+        start_at: None,
     }
 }
 

@@ -1,0 +1,659 @@
+//! Schedules: cron and interval cadences, and the pure decision of what a due schedule fires.
+//!
+//! A [`ScheduleRecord`] is what a store keeps per schedule: the definition ([`Schedule`]), the
+//! workflow and input each fire starts, and the [`ScheduleState`] the scheduler moves on. The
+//! scheduler of any engine sharing the store asks [`ScheduleRecord::plan`] what to do at `now`
+//! and writes the answer back with a compare-and-set on the record's revision, creating the
+//! fired runs in the same store call. A fire's run id is `sched:<key>:<fire-ms>`
+//! ([`fire_run_id`]), so two engines firing the same schedule at once start one run.
+//!
+//! Calendar and time-zone arithmetic come from `croner` and `chrono-tz` (the IANA database is
+//! compiled in); nothing here reads a clock or a file.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use chrono::{DateTime, TimeZone, Utc};
+use croner::Cron;
+use croner::parser::{CronParser, Seconds};
+use serde::{Deserialize, Serialize};
+
+use crate::{Millis, Payload, RunId, millis, splitmix64};
+
+/// A manual or buffered fire waits no longer than this for its chance to be looked at again
+/// (a `buffer_one` fire checks whether the previous run ended at this interval).
+pub const RECHECK_MS: Millis = 1_000;
+
+/// At most this many missed fires are walked through when a schedule catches up; past it the
+/// schedule skips ahead to the next fire after `now` (a per-second schedule down for a year).
+const MAX_WALK: usize = 10_000;
+
+/// How often a schedule fires.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Cadence {
+    /// A cron expression (5 fields, or 6 with seconds first), in the schedule's time zone.
+    Cron {
+        /// The expression, as given.
+        expr: String,
+    },
+    /// Every `every_ms` milliseconds, aligned to the Unix epoch (`every(1 h)` fires on the hour).
+    Every {
+        /// The period.
+        every_ms: Millis,
+    },
+}
+
+/// What a fire does while the previous fire's run is still active.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+#[non_exhaustive]
+pub enum Overlap {
+    /// Start it anyway (the default).
+    #[default]
+    Allow,
+    /// Skip it: nothing starts while the previous run is active.
+    Skip,
+    /// Hold one fire back and start it once the previous run has ended; fires beyond the one
+    /// held are skipped.
+    BufferOne,
+}
+
+/// A schedule's definition: cadence, zone and options. Build with [`Schedule::cron`] or
+/// [`Schedule::every`]; [`Schedule::validate`] names what is wrong with it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Schedule {
+    /// How often it fires.
+    pub cadence: Cadence,
+    /// The IANA time zone cron fields are read in (default `UTC`).
+    #[serde(default = "utc")]
+    pub timezone: String,
+    /// What a fire does while the previous run is active.
+    #[serde(default)]
+    pub overlap: Overlap,
+    /// Each fire's run starts up to this much after the fire time (a stable offset per fire,
+    /// the same on every engine), spreading load from many schedules on the same minute.
+    #[serde(default)]
+    pub jitter_ms: Millis,
+    /// After downtime, start at most this many of the missed fires (the most recent); 0: none.
+    #[serde(default)]
+    pub max_catchup: u32,
+    /// A fire noticed later than this is missed rather than late (default 60 s).
+    #[serde(default = "default_grace")]
+    pub misfire_grace_ms: Millis,
+    /// A paused schedule fires nothing; resuming it skips the fires it would have had.
+    #[serde(default)]
+    pub paused: bool,
+}
+
+fn utc() -> String {
+    "UTC".to_string()
+}
+
+fn default_grace() -> Millis {
+    60_000
+}
+
+/// Why a schedule definition is refused.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum ScheduleError {
+    /// The cron expression does not parse.
+    #[error(
+        "bad cron expression {expr:?}: {reason}; use 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first, for example \"0 9 * * MON-FRI\""
+    )]
+    BadCron {
+        /// The expression.
+        expr: String,
+        /// What the parser said.
+        reason: String,
+    },
+    /// The time zone is not in the IANA database.
+    #[error("unknown time zone {zone:?}; use an IANA name such as \"Europe/Paris\" or \"UTC\"")]
+    UnknownZone {
+        /// The zone as given.
+        zone: String,
+    },
+    /// `every(0)`.
+    #[error("a schedule interval of zero fires continuously; use an interval of at least 1 ms")]
+    ZeroInterval,
+    /// The key is empty, too long or has control characters.
+    #[error("bad schedule key {key:?}: {reason}")]
+    BadKey {
+        /// The key as given.
+        key: String,
+        /// What is wrong with it.
+        reason: &'static str,
+    },
+}
+
+impl Schedule {
+    /// Fires on a cron expression, read in UTC unless [`Schedule::timezone`] says otherwise.
+    pub fn cron(expr: impl Into<String>) -> Self {
+        Self::with(Cadence::Cron { expr: expr.into() })
+    }
+
+    /// Fires every `period`, aligned to the Unix epoch.
+    pub fn every(period: Duration) -> Self {
+        Self::with(Cadence::Every { every_ms: millis(period) })
+    }
+
+    fn with(cadence: Cadence) -> Self {
+        Schedule {
+            cadence,
+            timezone: utc(),
+            overlap: Overlap::Allow,
+            jitter_ms: 0,
+            max_catchup: 0,
+            misfire_grace_ms: default_grace(),
+            paused: false,
+        }
+    }
+
+    /// Reads the cron fields in this IANA time zone (`"Europe/Paris"`).
+    pub fn timezone(mut self, zone: impl Into<String>) -> Self {
+        self.timezone = zone.into();
+        self
+    }
+
+    /// Sets the overlap policy.
+    pub fn overlap(mut self, overlap: Overlap) -> Self {
+        self.overlap = overlap;
+        self
+    }
+
+    /// Starts each fire's run up to `jitter` late.
+    pub fn jitter(mut self, jitter: Duration) -> Self {
+        self.jitter_ms = millis(jitter);
+        self
+    }
+
+    /// After downtime, starts at most `n` of the missed fires, the most recent ones.
+    pub fn max_catchup(mut self, n: u32) -> Self {
+        self.max_catchup = n;
+        self
+    }
+
+    /// A fire noticed later than `grace` counts as missed (default 60 s).
+    pub fn misfire_grace(mut self, grace: Duration) -> Self {
+        self.misfire_grace_ms = millis(grace);
+        self
+    }
+
+    /// Creates the schedule paused (or not).
+    pub fn paused(mut self, paused: bool) -> Self {
+        self.paused = paused;
+        self
+    }
+
+    /// Checks the expression, the zone and the interval.
+    pub fn validate(&self) -> Result<(), ScheduleError> {
+        self.compiled().map(|_| ())
+    }
+
+    fn compiled(&self) -> Result<Compiled, ScheduleError> {
+        let zone = chrono_tz::Tz::from_str(&self.timezone)
+            .map_err(|_| ScheduleError::UnknownZone { zone: self.timezone.clone() })?;
+        match &self.cadence {
+            Cadence::Every { every_ms: 0 } => Err(ScheduleError::ZeroInterval),
+            Cadence::Every { every_ms } => Ok(Compiled::Every(*every_ms)),
+            Cadence::Cron { expr } => {
+                let cron = CronParser::builder()
+                    .seconds(Seconds::Optional)
+                    .build()
+                    .parse(expr)
+                    .map_err(|e| ScheduleError::BadCron { expr: expr.clone(), reason: e.to_string() })?;
+                Ok(Compiled::Cron(Box::new(cron), zone))
+            }
+        }
+    }
+
+    /// The first fire time strictly after `t`; `None` if the cadence never fires again (a
+    /// cron expression whose years have passed).
+    pub fn next_after(&self, t: Millis) -> Result<Option<Millis>, ScheduleError> {
+        Ok(self.compiled()?.next_after(t))
+    }
+
+    /// The next `n` fire times strictly after `t`.
+    pub fn upcoming(&self, t: Millis, n: usize) -> Result<Vec<Millis>, ScheduleError> {
+        let compiled = self.compiled()?;
+        let mut out = Vec::with_capacity(n);
+        let mut at = t;
+        while out.len() < n {
+            let Some(next) = compiled.next_after(at) else { break };
+            out.push(next);
+            at = next;
+        }
+        Ok(out)
+    }
+
+    /// The stable jitter of the fire at `nominal` of schedule `key`: in `0..=jitter_ms`.
+    pub fn jitter_of(&self, key: &str, nominal: Millis) -> Millis {
+        if self.jitter_ms == 0 {
+            return 0;
+        }
+        let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+        for b in key.bytes() {
+            h ^= u64::from(b);
+            h = h.wrapping_mul(0x0100_0000_01b3);
+        }
+        splitmix64(h ^ nominal) % (self.jitter_ms.saturating_add(1).max(1))
+    }
+}
+
+enum Compiled {
+    Every(Millis),
+    Cron(Box<Cron>, chrono_tz::Tz),
+}
+
+impl Compiled {
+    fn next_after(&self, t: Millis) -> Option<Millis> {
+        match self {
+            Compiled::Every(every) => (t / every).checked_add(1)?.checked_mul(*every),
+            Compiled::Cron(cron, zone) => {
+                let ms = i64::try_from(t).ok()?;
+                let from = zone.from_utc_datetime(&DateTime::<Utc>::from_timestamp_millis(ms)?.naive_utc());
+                // Croner searches whole seconds: ask from the second `t` falls in, then step on
+                // until the answer is strictly later than `t`.
+                let mut next = cron.find_next_occurrence(&from, false).ok()?;
+                loop {
+                    let at = u64::try_from(next.timestamp_millis()).ok()?;
+                    if at > t {
+                        return Some(at);
+                    }
+                    next = cron.find_next_occurrence(&next, false).ok()?;
+                }
+            }
+        }
+    }
+}
+
+/// The run id of the fire of schedule `key` at `nominal`: `sched:<key>:<nominal-ms>`.
+pub fn fire_run_id(key: &str, nominal: Millis) -> RunId {
+    RunId::new(format!("sched:{key}:{nominal}"))
+}
+
+/// Checks a schedule key: non-empty, at most 200 bytes, no control characters.
+pub fn check_schedule_key(key: &str) -> Result<(), ScheduleError> {
+    let reason = if key.is_empty() {
+        "it is empty"
+    } else if key.len() > 200 {
+        "it is longer than 200 bytes"
+    } else if key.chars().any(char::is_control) {
+        "it contains a control character"
+    } else {
+        return Ok(());
+    };
+    Err(ScheduleError::BadKey { key: key.chars().take(64).collect(), reason })
+}
+
+/// What the scheduler has done with a schedule so far.
+#[derive(Debug, Clone, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct ScheduleState {
+    /// The next cadence fire not yet looked at; `None` when the cadence has ended.
+    pub next_fire_at: Option<Millis>,
+    /// The fire time of the latest fire started.
+    pub last_fire_at: Option<Millis>,
+    /// The run of the latest fire started.
+    pub last_run_id: Option<RunId>,
+    /// `buffer_one`: a fire held back until the latest run ends.
+    pub buffered_fire: Option<Millis>,
+    /// When a held-back fire is looked at again.
+    pub recheck_at: Option<Millis>,
+    /// A manual fire asked for at this time ([`ScheduleRecord::trigger`]).
+    pub trigger_at: Option<Millis>,
+    /// Fires started.
+    pub fires: u64,
+    /// Fires skipped by the overlap policy.
+    pub skipped: u64,
+    /// Fires missed during downtime and not caught up.
+    pub missed: u64,
+}
+
+/// A stored schedule.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ScheduleRecord {
+    /// The key (unique in the store).
+    pub key: String,
+    /// The namespace fired runs go to.
+    pub namespace: String,
+    /// The workflow each fire starts.
+    pub workflow: String,
+    /// The input each fire's run gets.
+    pub input: Payload,
+    /// The definition.
+    pub schedule: Schedule,
+    /// The scheduler's progress.
+    pub state: ScheduleState,
+    /// When the scheduler must next look at it; `None` when paused or ended. Stores index it.
+    pub due_at: Option<Millis>,
+    /// Bumped by every save; saves compare-and-set on it.
+    pub revision: u64,
+    /// Creation time.
+    pub created_at: Millis,
+    /// Last save.
+    pub updated_at: Millis,
+}
+
+/// A fire to start: its run id, fire time and the time its run may start.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Fire {
+    /// `sched:<key>:<nominal>`.
+    pub run_id: RunId,
+    /// The fire time the cadence gave (or the time a manual fire was asked for).
+    pub nominal: Millis,
+    /// With jitter: the run is created to start at this later time.
+    pub start_at: Option<Millis>,
+}
+
+/// The answer of [`ScheduleRecord::plan`]: fires to start and the record to write back.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Plan {
+    /// Fires to start now, oldest first.
+    pub fires: Vec<Fire>,
+    /// The record after them (revision unchanged: the store bumps it).
+    pub record: ScheduleRecord,
+}
+
+impl ScheduleRecord {
+    /// A new schedule, first firing after `now`. Fails on a bad key or definition.
+    pub fn new(
+        key: &str,
+        namespace: &str,
+        workflow: &str,
+        input: Payload,
+        schedule: Schedule,
+        now: Millis,
+    ) -> Result<Self, ScheduleError> {
+        check_schedule_key(key)?;
+        let next_fire_at = schedule.next_after(now)?;
+        let mut record = ScheduleRecord {
+            key: key.to_string(),
+            namespace: namespace.to_string(),
+            workflow: workflow.to_string(),
+            input,
+            schedule,
+            state: ScheduleState { next_fire_at, ..ScheduleState::default() },
+            due_at: None,
+            revision: 0,
+            created_at: now,
+            updated_at: now,
+        };
+        record.due_at = record.compute_due();
+        Ok(record)
+    }
+
+    /// The record with a new definition, workflow or input (as [`ScheduleRecord::new`] would
+    /// make them); what the scheduler did so far is kept. A changed cadence or zone, or a
+    /// resume, counts from `now`: fires it would have had before are not caught up.
+    pub fn redefine(&self, fresh: &ScheduleRecord, now: Millis) -> Result<Self, ScheduleError> {
+        let mut record = self.clone();
+        let retimed = self.schedule.cadence != fresh.schedule.cadence
+            || self.schedule.timezone != fresh.schedule.timezone
+            || (self.schedule.paused && !fresh.schedule.paused);
+        record.namespace = fresh.namespace.clone();
+        record.workflow = fresh.workflow.clone();
+        record.input = fresh.input.clone();
+        record.schedule = fresh.schedule.clone();
+        if retimed {
+            record.state.next_fire_at = record.schedule.next_after(now)?;
+        }
+        record.updated_at = now;
+        record.due_at = record.compute_due();
+        Ok(record)
+    }
+
+    /// Whether saving `fresh` over this record would change anything.
+    pub fn same_definition(&self, fresh: &ScheduleRecord) -> bool {
+        self.namespace == fresh.namespace
+            && self.workflow == fresh.workflow
+            && self.input == fresh.input
+            && self.schedule == fresh.schedule
+    }
+
+    /// The record paused or resumed at `now`.
+    pub fn set_paused(&self, paused: bool, now: Millis) -> Result<Self, ScheduleError> {
+        let mut fresh = self.clone();
+        fresh.schedule.paused = paused;
+        self.redefine(&fresh, now)
+    }
+
+    /// The record with a manual fire asked for at `now`; its run id is
+    /// `fire_run_id(key, now)`.
+    pub fn trigger(&self, now: Millis) -> Self {
+        let mut record = self.clone();
+        record.state.trigger_at = Some(now);
+        record.updated_at = now;
+        // A manual fire happens even on a paused schedule.
+        record.due_at = Some(record.compute_due().map_or(now, |d| d.min(now)));
+        record
+    }
+
+    /// When the scheduler must next look at the record.
+    fn compute_due(&self) -> Option<Millis> {
+        let st = &self.state;
+        let manual = st.trigger_at;
+        if self.schedule.paused {
+            return manual;
+        }
+        let recheck = st.buffered_fire.and(st.recheck_at);
+        [st.next_fire_at, recheck, manual].into_iter().flatten().min()
+    }
+
+    /// What to do at `now`, given whether the run of the latest fire is still active.
+    ///
+    /// Cadence fires up to `now` are due; those older than the misfire grace are missed and
+    /// at most `max_catchup` of them (the most recent) are kept. The overlap policy then
+    /// decides which start; a manual fire always starts.
+    pub fn plan(&self, now: Millis, last_run_active: bool) -> Result<Plan, ScheduleError> {
+        let compiled = self.schedule.compiled()?;
+        let mut record = self.clone();
+        let st = &mut record.state;
+        let mut due = Vec::new();
+        if !self.schedule.paused {
+            let mut next = st.next_fire_at;
+            while let Some(at) = next.filter(|at| *at <= now) {
+                if due.len() == MAX_WALK {
+                    st.missed += 1; // at least: the rest are skipped unseen
+                    next = compiled.next_after(now);
+                    break;
+                }
+                due.push(at);
+                next = compiled.next_after(at);
+            }
+            st.next_fire_at = next;
+        }
+        let cutoff = now.saturating_sub(self.schedule.misfire_grace_ms);
+        let late = due.partition_point(|at| *at < cutoff);
+        let keep_from = late.saturating_sub(self.schedule.max_catchup as usize);
+        st.missed += keep_from as u64;
+        let mut candidates: Vec<Millis> = st.buffered_fire.take().into_iter().chain(due.drain(keep_from..)).collect();
+        candidates.dedup();
+        let mut fires = match self.schedule.overlap {
+            Overlap::Allow => candidates,
+            Overlap::Skip if last_run_active => {
+                st.skipped += candidates.len() as u64;
+                Vec::new()
+            }
+            Overlap::Skip => {
+                let last = candidates.pop();
+                st.skipped += candidates.len() as u64;
+                last.into_iter().collect()
+            }
+            Overlap::BufferOne => {
+                let first = if last_run_active || candidates.is_empty() { None } else { Some(candidates.remove(0)) };
+                st.buffered_fire = candidates.pop();
+                st.skipped += candidates.len() as u64;
+                first.into_iter().collect()
+            }
+        };
+        st.recheck_at = st.buffered_fire.map(|_| now.saturating_add(RECHECK_MS));
+        fires.extend(st.trigger_at.take());
+        fires.sort_unstable();
+        fires.dedup();
+        if let Some(last) = fires.last() {
+            st.last_fire_at = Some(*last);
+            st.last_run_id = Some(fire_run_id(&self.key, *last));
+            st.fires += fires.len() as u64;
+        }
+        let fires = fires
+            .into_iter()
+            .map(|nominal| {
+                let start = nominal.saturating_add(self.schedule.jitter_of(&self.key, nominal));
+                Fire { run_id: fire_run_id(&self.key, nominal), nominal, start_at: (start > now).then_some(start) }
+            })
+            .collect();
+        record.updated_at = now;
+        record.due_at = record.compute_due();
+        Ok(Plan { fires, record })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const H: Millis = 3_600_000;
+    /// 2026-01-01T00:00:00Z.
+    const T2026: Millis = 1_767_225_600_000;
+
+    fn record(schedule: Schedule, now: Millis) -> ScheduleRecord {
+        ScheduleRecord::new("k", "default", "wf", Payload::null(), schedule, now).unwrap()
+    }
+
+    fn nominals(plan: &Plan) -> Vec<Millis> {
+        plan.fires.iter().map(|f| f.nominal).collect()
+    }
+
+    #[test]
+    fn bad_definitions_are_refused_by_name() {
+        let e = Schedule::cron("61 * * * *").validate().unwrap_err();
+        assert!(matches!(&e, ScheduleError::BadCron { expr, .. } if expr == "61 * * * *"), "{e}");
+        assert!(e.to_string().contains("\"61 * * * *\""), "{e}");
+        let e = Schedule::cron("0 9 * * *").timezone("Mars/Olympus").validate().unwrap_err();
+        assert!(e.to_string().contains("Mars/Olympus"), "{e}");
+        let e = Schedule::every(Duration::ZERO).validate().unwrap_err();
+        assert_eq!(e, ScheduleError::ZeroInterval);
+        assert!(check_schedule_key("").is_err());
+        assert!(check_schedule_key("a\nb").is_err());
+        assert!(check_schedule_key("report").is_ok());
+    }
+
+    #[test]
+    fn intervals_align_to_the_epoch() {
+        let s = Schedule::every(Duration::from_secs(3600));
+        assert_eq!(s.next_after(T2026 + 1).unwrap(), Some(T2026 + H));
+        assert_eq!(s.next_after(T2026).unwrap(), Some(T2026 + H), "strictly after");
+        assert_eq!(s.upcoming(T2026, 3).unwrap(), vec![T2026 + H, T2026 + 2 * H, T2026 + 3 * H]);
+    }
+
+    #[test]
+    fn cron_in_a_zone_follows_daylight_saving() {
+        // 09:00 in Paris is 08:00 UTC in winter and 07:00 UTC in summer (2026: summer time
+        // from 29 March, winter time from 25 October).
+        let s = Schedule::cron("0 9 * * *").timezone("Europe/Paris");
+        let at = |iso: &str| u64::try_from(DateTime::parse_from_rfc3339(iso).unwrap().timestamp_millis()).unwrap();
+        let next = |iso: &str| s.next_after(at(iso)).unwrap().unwrap();
+        assert_eq!(next("2026-03-28T12:00:00Z"), at("2026-03-29T07:00:00Z"));
+        assert_eq!(next("2026-03-27T12:00:00Z"), at("2026-03-28T08:00:00Z"));
+        assert_eq!(next("2026-10-24T12:00:00Z"), at("2026-10-25T08:00:00Z"));
+        assert_eq!(next("2026-10-23T12:00:00Z"), at("2026-10-24T07:00:00Z"));
+        // Strictly after, also within the same second.
+        assert_eq!(next("2026-10-24T07:00:00.500Z"), at("2026-10-25T08:00:00Z"));
+        // Six fields: seconds first.
+        let every_second = Schedule::cron("* * * * * *");
+        assert_eq!(every_second.next_after(T2026 + 1_500).unwrap(), Some(T2026 + 2_000));
+    }
+
+    #[test]
+    fn on_time_fires_start_and_the_record_moves_on() {
+        let r = record(Schedule::every(Duration::from_secs(3600)), T2026);
+        assert_eq!(r.due_at, Some(T2026 + H));
+        let plan = r.plan(T2026 + H + 5, false).unwrap();
+        assert_eq!(nominals(&plan), vec![T2026 + H]);
+        assert_eq!(plan.fires[0].run_id.as_str(), format!("sched:k:{}", T2026 + H));
+        assert_eq!(plan.record.due_at, Some(T2026 + 2 * H));
+        assert_eq!(plan.record.state.fires, 1);
+        // Nothing due yet: nothing fires.
+        let again = plan.record.plan(T2026 + H + 10, false).unwrap();
+        assert!(again.fires.is_empty());
+    }
+
+    #[test]
+    fn downtime_catches_up_at_most_max_catchup_of_the_most_recent_fires() {
+        let every_hour = Schedule::every(Duration::from_secs(3600));
+        // Down from just after creation until 5.5 hours later: fires 1..=5 were missed.
+        let now = T2026 + 5 * H + H / 2;
+        let plan = record(every_hour.clone().max_catchup(2), T2026).plan(now, false).unwrap();
+        assert_eq!(nominals(&plan), vec![T2026 + 4 * H, T2026 + 5 * H]);
+        assert_eq!(plan.record.state.missed, 3);
+        let plan = record(every_hour, T2026).plan(now, false).unwrap();
+        assert!(plan.fires.is_empty(), "no backfill: none");
+        assert_eq!(plan.record.state.missed, 5);
+        assert_eq!(plan.record.due_at, Some(T2026 + 6 * H));
+    }
+
+    #[test]
+    fn skip_starts_nothing_while_the_last_run_is_active() {
+        let r = record(Schedule::every(Duration::from_secs(60)).overlap(Overlap::Skip), T2026);
+        let plan = r.plan(T2026 + 60_000, true).unwrap();
+        assert!(plan.fires.is_empty());
+        assert_eq!(plan.record.state.skipped, 1);
+        let plan = plan.record.plan(T2026 + 120_000, false).unwrap();
+        assert_eq!(nominals(&plan), vec![T2026 + 120_000]);
+    }
+
+    #[test]
+    fn buffer_one_holds_one_fire_until_the_last_run_ends() {
+        let r = record(Schedule::every(Duration::from_secs(60)).overlap(Overlap::BufferOne), T2026);
+        let p1 = r.plan(T2026 + 60_000, true).unwrap();
+        assert!(p1.fires.is_empty());
+        assert_eq!(p1.record.state.buffered_fire, Some(T2026 + 60_000));
+        assert_eq!(p1.record.due_at, Some(T2026 + 60_000 + RECHECK_MS), "looked at again soon");
+        // Another fire while still active: the newer one is held, the older skipped.
+        let p2 = p1.record.plan(T2026 + 120_000, true).unwrap();
+        assert!(p2.fires.is_empty());
+        assert_eq!(p2.record.state.buffered_fire, Some(T2026 + 120_000));
+        assert_eq!(p2.record.state.skipped, 1);
+        // The run ended: the held fire starts.
+        let p3 = p2.record.plan(T2026 + 121_000, false).unwrap();
+        assert_eq!(nominals(&p3), vec![T2026 + 120_000]);
+        assert_eq!(p3.record.state.buffered_fire, None);
+        assert_eq!(p3.record.due_at, Some(T2026 + 180_000));
+    }
+
+    #[test]
+    fn a_manual_fire_starts_even_when_paused() {
+        let r = record(Schedule::every(Duration::from_secs(60)).paused(true), T2026);
+        assert_eq!(r.due_at, None, "paused: never due");
+        let t = r.trigger(T2026 + 5);
+        assert_eq!(t.due_at, Some(T2026 + 5));
+        let plan = t.plan(T2026 + 6, false).unwrap();
+        assert_eq!(nominals(&plan), vec![T2026 + 5]);
+        assert_eq!(plan.record.due_at, None);
+        // Resuming counts from now: the fires of the pause are not caught up.
+        let resumed = plan.record.set_paused(false, T2026 + 10 * 60_000 + 1).unwrap();
+        assert_eq!(resumed.due_at, Some(T2026 + 11 * 60_000));
+    }
+
+    #[test]
+    fn jitter_is_stable_and_bounded() {
+        let s = Schedule::every(Duration::from_secs(60)).jitter(Duration::from_secs(10));
+        let j = s.jitter_of("k", T2026);
+        assert_eq!(j, s.jitter_of("k", T2026));
+        assert!(j <= 10_000);
+        let r = record(s, T2026);
+        let plan = r.plan(T2026 + 60_000, false).unwrap();
+        let start = plan.fires[0].start_at.unwrap_or(T2026 + 60_000);
+        assert_eq!(start, T2026 + 60_000 + r.schedule.jitter_of("k", T2026 + 60_000));
+    }
+
+    #[test]
+    fn a_long_outage_of_a_fast_schedule_skips_ahead() {
+        let r = record(Schedule::every(Duration::from_millis(1)), T2026);
+        let plan = r.plan(T2026 + 1_000_000, false).unwrap();
+        assert!(plan.fires.is_empty());
+        assert_eq!(plan.record.state.next_fire_at, Some(T2026 + 1_000_001));
+    }
+}
