@@ -68,6 +68,15 @@ pub struct EngineConfig {
     /// starts runs, signals, queries and waits, and leaves the execution to workers. Default
     /// true.
     pub execute: bool,
+    /// How often the scheduler looks at the store for schedules and trigger buffers that
+    /// another engine created or changed; its own it times exactly (on the engine's clock).
+    /// Default 1 s.
+    pub schedule_poll_interval: Duration,
+    /// Schedules fired (and buffers flushed) per store call. Default 500.
+    pub schedule_batch: usize,
+    /// How long a publish's dedupe id is remembered
+    /// ([`PublishOptions::dedupe`](crate::PublishOptions::dedupe)). Default 24 h.
+    pub event_dedupe_window: Duration,
 }
 
 impl Default for EngineConfig {
@@ -93,6 +102,9 @@ impl Default for EngineConfig {
             recheck_attempts: 30,
             drain_timeout: Duration::from_secs(30),
             execute: true,
+            schedule_poll_interval: Duration::from_secs(1),
+            schedule_batch: 500,
+            event_dedupe_window: Duration::from_secs(24 * 3600),
         }
     }
 }

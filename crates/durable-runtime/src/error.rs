@@ -157,6 +157,22 @@ pub enum Error {
         /// The store's error.
         source: StoreError,
     },
+    /// A schedule's key or definition was refused (a bad cron expression, an unknown time
+    /// zone, an interval of zero); nothing was saved.
+    #[error("schedule {key:?}: {source}")]
+    BadSchedule {
+        /// The schedule key.
+        key: String,
+        /// What is wrong.
+        #[source]
+        source: durable_core::ScheduleError,
+    },
+    /// No schedule has this key.
+    #[error("schedule {key:?} not found; `Engine::list_schedules` (or `durable schedules list`) shows the keys")]
+    ScheduleNotFound {
+        /// The key.
+        key: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),

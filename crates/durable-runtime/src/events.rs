@@ -12,7 +12,8 @@ use durable_core::{Millis, RunId, RunStatus, StepError};
 #[non_exhaustive]
 pub enum EngineEvent {
     /// A run was created by [`Engine::start`](crate::Engine::start) on this engine (also
-    /// through `signal_with_start` and `retry_with_input`): sent after the store created it.
+    /// through `signal_with_start` and `retry_with_input`, a schedule's fire, an event
+    /// trigger or a full or due batch or debounce): sent after the store created it.
     /// Not sent when a run with that id existed already, nor for child runs and
     /// continue-as-new successors (a turn's commit creates those).
     RunCreated {
@@ -20,6 +21,22 @@ pub enum EngineEvent {
         run_id: RunId,
         /// Its workflow.
         workflow: String,
+    },
+    /// This engine's scheduler looked at a due schedule and saved what it decided: the runs
+    /// it fired (oldest first; created in the same store write) and the schedule's running
+    /// totals. Sent after the store acknowledged the save; not sent when another engine
+    /// saved first.
+    ScheduleAdvanced {
+        /// The schedule key.
+        key: String,
+        /// The runs fired (`sched:<key>:<fire-ms>`).
+        fired: Vec<RunId>,
+        /// Fires skipped by the overlap policy so far.
+        skipped: u64,
+        /// Fires missed during downtime (not caught up) so far.
+        missed: u64,
+        /// A `buffer_one` fire held back until the latest run ends.
+        buffered: Option<Millis>,
     },
     /// A turn begins: sent after the store granted the run's lease and loaded it, once the
     /// engine decided to execute it (its version is registered here, its namespace is served,

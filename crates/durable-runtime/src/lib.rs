@@ -62,19 +62,23 @@ mod error;
 mod events;
 mod registry;
 mod sched;
+mod trigger;
 mod turn;
 
 pub use clock::{BoxFuture, Clock, SystemClock, TokioClock, VirtualClock};
 pub use config::EngineConfig;
 pub use durable_core::Delivery;
 pub use durable_core::{
-    Backoff, HistoryExport, ReplayMismatch, Replayed, RetryPolicy, RunEnd, RunFilter, RunId, RunPage, RunStatus,
-    StepError,
+    Backoff, Cadence, HistoryExport, Overlap, ReplayMismatch, Replayed, RetryPolicy, RunEnd, RunFilter, RunId, RunPage,
+    RunStatus, Schedule, ScheduleError, ScheduleRecord, ScheduleState, StepError,
 };
-pub use engine::{Engine, EngineBuilder, Metrics, RunOutcome, StartOptions, Started, WorkflowOptions, shutdown_signal};
+pub use engine::{
+    Engine, EngineBuilder, Metrics, Publication, RunOutcome, StartOptions, Started, WorkflowOptions, shutdown_signal,
+};
 pub use error::{Error, ReplayError, Result, StepFailed, WorkflowError};
 pub use events::EngineEvent;
 pub use sched::Cancel;
+pub use trigger::{EventTrigger, PublishOptions};
 pub use turn::{
     All, ChildFailed, ChildHandle, ChildOptions, SignalError, Step, StepContext, StepOptions, TaskError, UpdateOutcome,
     WorkflowCtx,

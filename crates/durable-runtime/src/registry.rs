@@ -87,6 +87,11 @@ impl Registry {
         self.by_name.read().get(name).and_then(|v| v.get(&version)).cloned()
     }
 
+    /// Every registered workflow name.
+    pub(crate) fn names(&self) -> Vec<String> {
+        self.by_name.read().keys().cloned().collect()
+    }
+
     /// Every registered `(name, version)`.
     pub(crate) fn keys(&self) -> Vec<(String, u32)> {
         self.by_name.read().iter().flat_map(|(n, vs)| vs.keys().map(move |v| (n.clone(), *v))).collect()

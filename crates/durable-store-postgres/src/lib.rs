@@ -622,7 +622,12 @@ impl Store for PostgresStore {
         Err(durable_core::StoreError::backend("get_schedule: not yet implemented"))
     }
 
-    async fn list_schedules(&self, _ns: Option<&str>, _after: Option<&str>, _limit: usize) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
+    async fn list_schedules(
+        &self,
+        _ns: Option<&str>,
+        _after: Option<&str>,
+        _limit: usize,
+    ) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
         Err(durable_core::StoreError::backend("list_schedules: not yet implemented"))
     }
 

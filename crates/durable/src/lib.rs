@@ -46,14 +46,15 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub use durable_core::{
-    Backoff, Checkpoint, CheckpointStatus, ExportError, HistoryExport, Millis, Payload, ReplayMismatch, Replayed,
-    RetryPolicy, Run, RunEnd, RunFilter, RunId, RunPage, RunStatus, StepError, StepKind, codes,
+    Backoff, Cadence, Checkpoint, CheckpointStatus, ExportError, Gather, HistoryExport, Millis, Overlap, Payload,
+    ReplayMismatch, Replayed, RetryPolicy, Run, RunEnd, RunFilter, RunId, RunPage, RunStatus, Schedule, ScheduleError,
+    ScheduleRecord, ScheduleState, StepError, StepKind, codes,
 };
 pub use durable_runtime::{
     All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
-    EngineConfig, EngineEvent, Error, Metrics, ReplayError, Result, RunOutcome, SignalError, StartOptions, Started,
-    Step, StepContext, StepFailed, StepOptions, SystemClock, TaskError, TokioClock, UpdateOutcome, VirtualClock,
-    WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
+    EngineConfig, EngineEvent, Error, EventTrigger, Metrics, Publication, PublishOptions, ReplayError, Result,
+    RunOutcome, SignalError, StartOptions, Started, Step, StepContext, StepFailed, StepOptions, SystemClock, TaskError,
+    TokioClock, UpdateOutcome, VirtualClock, WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -77,8 +78,9 @@ pub mod transport {
 /// The API for implementing a store: the trait, its contract types and its error.
 pub mod store {
     pub use durable_core::{
-        Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, NewRun, OutgoingSignal,
-        ParentLink, RunPatch, RunQuery, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TurnEnd, WaitKind,
+        BufferAppend, Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Dedupe, Delivery, DueQuery,
+        Gathered, NewRun, OutgoingSignal, ParentLink, Publish, Published, RunPatch, RunQuery, SaveOutcome,
+        SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TriggerBuffer, TurnEnd, WaitKind,
         Waiter,
     };
 }

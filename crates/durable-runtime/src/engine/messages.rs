@@ -4,14 +4,27 @@
 use std::sync::Arc;
 
 use durable_core::protocol::{self, TaskResult};
-use durable_core::{Delivery, Payload, RunId};
+use durable_core::{BufferAppend, Dedupe, Delivery, Gather, Millis, NewRun, Payload, Publish, Published, RunId};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::{Engine, StartOptions, Started};
 use crate::error::{Error, Result};
 use crate::sched::UpdateValidator;
+use crate::trigger::PublishOptions;
 use crate::turn::UpdateOutcome;
+
+/// What [`Engine::publish`] did.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct Publication {
+    /// Where the event went (empty: buffered for a later wait, or a duplicate).
+    pub deliveries: Vec<Delivery>,
+    /// Runs the event started: one per matching trigger, and the run of a batch it filled.
+    pub started: Vec<RunId>,
+    /// The dedupe id was seen before: nothing happened.
+    pub duplicate: bool,
+}
 
 impl Engine {
     /// Sends a signal and wakes the run that received it.
@@ -23,7 +36,11 @@ impl Engine {
         Ok(delivery)
     }
 
-    fn encode_payload<T: Serialize + ?Sized>(&self, what: impl Fn() -> String, value: &T) -> Result<Payload> {
+    pub(super) fn encode_payload<T: Serialize + ?Sized>(
+        &self,
+        what: impl Fn() -> String,
+        value: &T,
+    ) -> Result<Payload> {
         let payload = Payload::encode(value).map_err(|source| Error::Serialize { what: what(), source })?;
         let limit = self.shared().config.max_payload_bytes;
         if payload.len() > limit {
@@ -69,15 +86,103 @@ impl Engine {
     }
 
     /// Publishes an event: every run waiting on `name` whose matcher accepts the payload gets
-    /// it; if none does, it is buffered for the first later wait that matches.
+    /// it; if none does, it is buffered for the first later wait that matches. Workflows
+    /// registered to start on it ([`WorkflowOptions::on_event`](crate::WorkflowOptions::on_event))
+    /// start ([`Engine::publish`] says which).
     pub async fn publish_event<T: Serialize + ?Sized>(&self, name: &str, payload: &T) -> Result<Vec<Delivery>> {
+        Ok(self.publish(name, payload, PublishOptions::default()).await?.deliveries)
+    }
+
+    /// Publishes an event ([`Engine::publish_event`]) with options, and says what it did: where
+    /// it was delivered, which runs it started, whether it was a duplicate.
+    ///
+    /// Everything happens in one store write: the deliveries, the runs of matching triggers
+    /// (`evt:<workflow>:<dedupe id>`, or a fresh UUID without one), and the payload added to
+    /// every debounce or batch it feeds. With [`PublishOptions::dedupe`] the same id published
+    /// again — by any engine on the store, within the dedupe window — does nothing and comes
+    /// back with `duplicate: true`.
+    ///
+    /// A payload that does not decode into a triggered workflow's input (the element type
+    /// for a batch) fails the publish with [`Error::InvalidInput`] naming the workflow, and
+    /// nothing is published.
+    pub async fn publish<T: Serialize + ?Sized>(
+        &self,
+        name: &str,
+        payload: &T,
+        options: PublishOptions,
+    ) -> Result<Publication> {
         check_name("event name", name)?;
+        if let Some(id) = &options.dedupe_id {
+            check_name("dedupe id", id)?;
+        }
         let shared = self.shared();
         let payload = self.encode_payload(|| format!("the payload of event {name:?}"), payload)?;
+        let now = shared.clock.now();
+        let value = payload.to_value();
+        let (mut start, mut gather) = (Vec::new(), Vec::new());
+        let mut soonest = Millis::MAX;
+        for (workflow, trigger) in shared.hooks.triggers_for(name) {
+            if !trigger.accepts(&value) {
+                continue;
+            }
+            let (version, handler) =
+                shared.registry.latest(&workflow).ok_or_else(|| Error::UnknownWorkflow { name: workflow.clone() })?;
+            let probe = match trigger.gather {
+                Some(Gather::Batch { .. }) => Payload::from_trusted(format!("[{}]", payload.as_str())),
+                _ => payload.clone(),
+            };
+            handler.check_input(&probe).map_err(|source| Error::InvalidInput { workflow: workflow.clone(), source })?;
+            let run = NewRun {
+                id: RunId::new(""),
+                workflow: workflow.clone(),
+                version,
+                namespace: shared.config.namespace.clone().unwrap_or_else(|| "default".into()),
+                input: payload.clone(),
+                tags: vec![format!("event:{name}")],
+                priority: 0,
+                parent: None,
+                created_at: now,
+                start_at: None,
+            };
+            match trigger.gather {
+                None => {
+                    let suffix = options.dedupe_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
+                    start.push(NewRun { id: RunId::parse(&format!("evt:{workflow}:{suffix}"))?, ..run });
+                }
+                Some(g) => {
+                    let wait = match g {
+                        Gather::Debounce { quiet_ms } => quiet_ms,
+                        Gather::Batch { max_wait_ms, .. } => max_wait_ms,
+                        _ => 0,
+                    };
+                    soonest = soonest.min(now.saturating_add(wait));
+                    gather.push(BufferAppend {
+                        key: trigger.key_of(&value),
+                        workflow,
+                        gather: g,
+                        batch_id: uuid::Uuid::now_v7().to_string(),
+                        run,
+                    });
+                }
+            }
+        }
+        let window = options.dedupe_window.unwrap_or(shared.config.event_dedupe_window);
+        let dedupe = options.dedupe_id.map(|id| Dedupe { id, keep_until: durable_core::millis_after(now, window) });
+        let event = Publish { name: name.to_string(), payload, now, dedupe, start, gather };
         let mark = shared.mark();
-        let deliveries = shared.store.publish_event(name, payload, shared.clock.now()).await?;
-        shared.wake_delivered(&deliveries, mark);
-        Ok(deliveries)
+        match shared.store.publish(event).await? {
+            Published::Duplicate => Ok(Publication { deliveries: Vec::new(), started: Vec::new(), duplicate: true }),
+            Published::Done { deliveries, started } => {
+                shared.wake_delivered(&deliveries, mark);
+                let mut ids = Vec::new();
+                for created in started.iter().filter(|c| c.created()) {
+                    shared.announce_created(created.run(), mark);
+                    ids.push(created.run().id.clone());
+                }
+                shared.note_due(soonest);
+                Ok(Publication { deliveries, started: ids, duplicate: false })
+            }
+        }
     }
 
     /// The latest value a run set with `ctx.set_state(key, ..)`, also after it finished;

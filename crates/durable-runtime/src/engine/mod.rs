@@ -8,12 +8,14 @@ mod messages;
 mod operate;
 mod replay;
 mod runs;
+mod schedules;
 mod worker;
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
-use durable_core::{Run, RunId, RunStatus, StepError, Store};
+use durable_core::{Millis, Run, RunId, RunStatus, StepError, Store};
 use durable_transport::Transport;
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -26,6 +28,7 @@ use crate::error::{Error, Result};
 use crate::events::EngineEvent;
 use crate::sched::Shared;
 
+pub use messages::Publication;
 pub use worker::{WorkflowOptions, shutdown_signal};
 
 /// The durable execution engine. Cheap to clone; all clones are one engine. Dropping the last
@@ -210,6 +213,11 @@ pub struct StartOptions {
     pub tags: Vec<String>,
     /// Scheduling priority, higher first (default 0).
     pub priority: i32,
+    /// A delayed start: the run is created `pending` and executes at this time (epoch ms on
+    /// the engine's clock). Wins over `delay`.
+    pub start_at: Option<Millis>,
+    /// A delayed start: the run executes this long after it is created.
+    pub delay: Option<Duration>,
 }
 
 impl StartOptions {
@@ -238,6 +246,21 @@ impl StartOptions {
     /// Sets the priority.
     pub fn priority(mut self, priority: i32) -> Self {
         self.priority = priority;
+        self
+    }
+
+    /// Starts the run at `at` (epoch milliseconds on the engine's clock) rather than at once:
+    /// it is created `pending` with that start time (shown by `runs show`) and executes when
+    /// it comes — one durable timer, no polling per run, surviving restarts. A time in the
+    /// past starts at once.
+    pub fn start_at(mut self, at: Millis) -> Self {
+        self.start_at = Some(at);
+        self
+    }
+
+    /// Starts the run `delay` after it is created ([`StartOptions::start_at`]).
+    pub fn delay(mut self, delay: Duration) -> Self {
+        self.delay = Some(delay);
         self
     }
 }

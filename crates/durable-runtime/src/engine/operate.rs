@@ -81,6 +81,7 @@ impl Engine {
                 namespace: Some(run.namespace.clone()),
                 tags: run.tags.clone(),
                 priority: run.priority,
+                ..StartOptions::default()
             };
             let started = self.start(&run.workflow, input, options).await?;
             if started.created {

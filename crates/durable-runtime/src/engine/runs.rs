@@ -12,7 +12,6 @@ use serde::Serialize;
 
 use super::{Engine, RunOutcome, StartOptions, Started};
 use crate::error::{Error, Result};
-use crate::events::EngineEvent;
 
 impl Engine {
     fn check_size(&self, what: impl FnOnce() -> String, payload: &Payload) -> Result<()> {
@@ -118,6 +117,7 @@ impl Engine {
         };
         let namespace =
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
+        let start_at = options.start_at.or_else(|| options.delay.map(|d| durable_core::millis_after(now, d)));
         Ok(NewRun {
             id,
             workflow: workflow.to_string(),
@@ -128,19 +128,17 @@ impl Engine {
             priority: options.priority,
             parent: None,
             created_at: now,
-            start_at: None,
+            start_at: start_at.filter(|at| *at > now),
         })
     }
 
     /// What a start returns; a run it created is announced and dispatched (`mark`: taken
     /// before the store call that created it).
     fn started(&self, created: CreateRun, mark: crate::sched::Mark) -> Started {
-        let shared = &self.inner.shared;
         let is_new = created.created();
         let run = created.into_run();
         if is_new {
-            shared.emit(EngineEvent::RunCreated { run_id: run.id.clone(), workflow: run.workflow.clone() });
-            shared.queue_start(run.id.clone(), &run.namespace, run.priority, run.updated_at, mark);
+            self.inner.shared.announce_created(&run, mark);
         }
         Started { id: run.id.clone(), created: is_new, run }
     }

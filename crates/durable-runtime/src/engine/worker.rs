@@ -5,7 +5,9 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable_core::Run;
+use durable_core::{Gather, Run};
+
+use crate::trigger::EventTrigger;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -20,12 +22,56 @@ pub struct WorkflowOptions {
     /// Runs older than this (since they were created) are cancelled with code
     /// `execution_timeout` by the engine's timeout poller.
     pub execution_timeout: Option<Duration>,
+    /// Events that start runs of the workflow ([`WorkflowOptions::on_event`]).
+    pub triggers: Vec<EventTrigger>,
 }
 
 impl WorkflowOptions {
     /// Options with an execution timeout.
     pub fn execution_timeout(timeout: Duration) -> Self {
-        WorkflowOptions { execution_timeout: Some(timeout) }
+        WorkflowOptions { execution_timeout: Some(timeout), ..Self::default() }
+    }
+
+    /// Starts a run of the workflow for each published event named `event` whose payload
+    /// contains `matcher` (a JSON subset, as `ctx.wait_for_event` matches; `json!({})` takes
+    /// every event, also one whose payload is not an object), with the payload as input. Chain [`WorkflowOptions::debounce`] or
+    /// [`WorkflowOptions::batch`] to gather events first; call `on_event` again for another
+    /// event.
+    ///
+    /// The run's id is `evt:<workflow>:<dedupe id>` when the publish has a dedupe id
+    /// ([`PublishOptions::dedupe`](crate::PublishOptions::dedupe)), so the same event
+    /// published twice starts one run.
+    pub fn on_event(mut self, event: impl Into<String>, matcher: serde_json::Value) -> Self {
+        self.triggers.push(EventTrigger { event: event.into(), matcher, gather: None, key_field: None });
+        self
+    }
+
+    /// The last `on_event` starts one run with the last payload once no matching event came
+    /// for `quiet` (per key: [`WorkflowOptions::key_by`]).
+    pub fn debounce(mut self, quiet: Duration) -> Self {
+        if let Some(t) = self.triggers.last_mut() {
+            t.gather = Some(Gather::Debounce { quiet_ms: durable_core::millis(quiet) });
+        }
+        self
+    }
+
+    /// The last `on_event` starts one run per up to `max_items` payloads (the input is the
+    /// JSON array of them, oldest first: the workflow takes a `Vec`), when full or `max_wait`
+    /// after the first (per key: [`WorkflowOptions::key_by`]).
+    pub fn batch(mut self, max_items: u32, max_wait: Duration) -> Self {
+        if let Some(t) = self.triggers.last_mut() {
+            t.gather = Some(Gather::Batch { max_items, max_wait_ms: durable_core::millis(max_wait) });
+        }
+        self
+    }
+
+    /// The last `on_event` debounces or batches per value of this top-level payload field
+    /// (events without it share one key).
+    pub fn key_by(mut self, field: impl Into<String>) -> Self {
+        if let Some(t) = self.triggers.last_mut() {
+            t.key_field = Some(field.into());
+        }
+        self
     }
 }
 
@@ -44,7 +90,13 @@ impl Engine {
         self.inner.shared.poll_now();
     }
 
-    /// [`Engine::register`] with per-workflow options (an execution timeout).
+    /// [`Engine::register`] with per-workflow options: an execution timeout, events that
+    /// start runs ([`WorkflowOptions::on_event`]).
+    ///
+    /// # Panics
+    /// On a trigger that can never work — an empty event name, a batch of 0 items, a
+    /// debounce of 0 ms — naming the workflow and the event: registration happens once at
+    /// boot, and such a trigger is a bug to fix, not a condition to handle.
     pub fn register_with<F, Fut, I, O>(&self, name: &str, version: u32, options: WorkflowOptions, f: F)
     where
         F: Fn(WorkflowCtx, I) -> Fut + Send + Sync + 'static,
@@ -52,8 +104,16 @@ impl Engine {
         I: serde::de::DeserializeOwned + Send + 'static,
         O: serde::Serialize + Send + 'static,
     {
-        self.shared().hooks.set_timeout(name, options.execution_timeout);
+        for trigger in &options.triggers {
+            if let Err(reason) = trigger.check(name) {
+                panic!("register_with: {reason}");
+            }
+        }
+        let hooks = &self.shared().hooks;
+        hooks.set_timeout(name, options.execution_timeout);
+        hooks.set_triggers(name, options.triggers);
         self.register(name, version, f);
+        self.shared().poke_scheduler();
     }
 
     /// Calls `listener` with the run each time recovery gives up on a run on this engine (it
@@ -88,8 +148,14 @@ impl Engine {
         shared.stop_consumer().await;
         shared.flush().await;
         shared.stop_background();
-        for task in self.inner.tasks.lock().drain(..) {
+        let tasks: Vec<_> = self.inner.tasks.lock().drain(..).collect();
+        for task in &tasks {
             task.abort();
+        }
+        // A loop may be inside a poll on another thread (a store call that never yields, on
+        // the memory store): once this returns, no background loop of the engine writes.
+        for task in tasks {
+            let _ = task.await;
         }
         shared.until_idle().await;
         shared.release_interrupted().await;

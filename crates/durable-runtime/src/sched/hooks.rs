@@ -1,5 +1,5 @@
 //! What callers register with the engine or listen to: its events, dead-run listeners,
-//! update validators and per-workflow execution timeouts.
+//! update validators, per-workflow execution timeouts and event triggers.
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -10,6 +10,7 @@ use parking_lot::{Mutex, RwLock};
 use tokio::sync::broadcast;
 
 use crate::events::EngineEvent;
+use crate::trigger::EventTrigger;
 
 /// A callback fired when a run becomes `dead`.
 pub(crate) type DeadListener = Arc<dyn Fn(&Run) + Send + Sync>;
@@ -24,6 +25,8 @@ pub(crate) struct Hooks {
     dead_listeners: RwLock<Vec<DeadListener>>,
     update_validators: Mutex<HashMap<(String, String), UpdateValidator>>,
     timeouts: Mutex<BTreeMap<String, Duration>>,
+    /// Event triggers by workflow.
+    triggers: RwLock<BTreeMap<String, Vec<EventTrigger>>>,
 }
 
 impl Hooks {
@@ -33,6 +36,7 @@ impl Hooks {
             dead_listeners: RwLock::new(Vec::new()),
             update_validators: Mutex::new(HashMap::new()),
             timeouts: Mutex::new(BTreeMap::new()),
+            triggers: RwLock::new(BTreeMap::new()),
         }
     }
 
@@ -71,6 +75,24 @@ impl Hooks {
             Some(limit) => timeouts.insert(workflow.to_string(), limit),
             None => timeouts.remove(workflow),
         };
+    }
+
+    /// Sets the event triggers of a workflow (replacing the ones it had).
+    pub(crate) fn set_triggers(&self, workflow: &str, triggers: Vec<EventTrigger>) {
+        let mut all = self.triggers.write();
+        if triggers.is_empty() {
+            all.remove(workflow);
+        } else {
+            all.insert(workflow.to_string(), triggers);
+        }
+    }
+
+    /// The triggers on events named `event`, with their workflows, copied.
+    pub(crate) fn triggers_for(&self, event: &str) -> Vec<(String, EventTrigger)> {
+        let all = self.triggers.read();
+        all.iter()
+            .flat_map(|(wf, ts)| ts.iter().filter(|t| t.event == event).map(move |t| (wf.clone(), t.clone())))
+            .collect()
     }
 
     /// Every execution timeout, copied.

@@ -8,7 +8,7 @@
 //! no cycle: `fleet` (the run queue: outbox flusher, consumer) → `dispatch` (slots, the
 //! dispatcher loop, the task that runs a run) → `executor` (a run's turns, and what follows
 //! a turn that could not run) → `timers` (in-memory timers, the pollers) → `operate` (cancel,
-//! children) → `watch` (waiters). Asking for a run to execute (`wake`, `queue_start`,
+//! children) → `watch` (waiters) → `starter` (the scheduler: schedules, trigger buffers). Asking for a run to execute (`wake`, `queue_start`,
 //! `dispatch_as`, with a [`Nudge`] that says how old the news is, from a [`Mark`]) is what all
 //! of them need, so it lives here, as does `impl TurnEnv`.
 //!
@@ -47,6 +47,7 @@ mod executor;
 mod fleet;
 mod hooks;
 mod operate;
+mod starter;
 mod timers;
 mod watch;
 
@@ -68,6 +69,7 @@ use dispatch::Dispatch;
 use executor::Executor;
 use fleet::Fleet;
 use hooks::Hooks;
+use starter::Starter;
 use timers::Timers;
 use watch::Watchers;
 
@@ -98,6 +100,7 @@ pub(crate) struct Shared {
     timers: Timers,
     fleet: Fleet,
     watchers: Watchers,
+    starter: Starter,
 }
 
 /// Counters for `Engine::metrics` (the in-flight gauge is the dispatcher's).
@@ -157,6 +160,7 @@ impl Shared {
             timers: Timers::default(),
             fleet: Fleet::new(transport),
             watchers: Watchers::default(),
+            starter: Starter::default(),
         })
     }
 
@@ -180,6 +184,7 @@ impl Shared {
             tasks.push(spawn(Box::pin(self.clone().dispatch_loop())));
             tasks.push(spawn(Box::pin(self.clone().timer_loop())));
             tasks.push(spawn(Box::pin(self.clone().poll_loop())));
+            tasks.push(spawn(Box::pin(self.clone().scheduler_loop())));
         }
         if self.fleet.has_queue() {
             tasks.push(spawn(Box::pin(self.clone().flush_loop())));
@@ -265,6 +270,21 @@ impl Shared {
             return; // the pollers of its own pool start it
         }
         self.enqueue(id, Nudge::start(mark), Some(namespace.to_string()), priority, Some(token));
+    }
+
+    /// A run this engine created (a start, a schedule's fire, an event trigger): announced,
+    /// then queued to start — or, with a delayed start, timed to wake at its start time.
+    pub(crate) fn announce_created(&self, run: &durable_core::Run, mark: Mark) {
+        self.emit(EngineEvent::RunCreated { run_id: run.id.clone(), workflow: run.workflow.clone() });
+        match run.wake_at {
+            // Due later: the in-memory timer here (the pollers of any engine find it too).
+            Some(at) if at > self.clock.now() => {
+                if self.config.execute && self.serves(&run.namespace) {
+                    self.timers.schedule(at, run.id.clone());
+                }
+            }
+            _ => self.queue_start(run.id.clone(), &run.namespace, run.priority, run.updated_at, mark),
+        }
     }
 
     /// Asks for a run a poller found (pending, due or orphaned) in reads begun at `mark` to be

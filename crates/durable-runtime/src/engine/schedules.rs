@@ -1,0 +1,161 @@
+//! Schedules: declaring, changing, pausing, triggering and deleting the stored schedules
+//! every engine's scheduler fires.
+
+use durable_core::{RunId, SaveOutcome, SaveSchedule, Schedule, ScheduleError, ScheduleRecord};
+use serde::Serialize;
+
+use super::Engine;
+use crate::error::{Error, Result};
+
+/// Schedules listed per store call by [`Engine::list_schedules`].
+const LIST_PAGE: usize = 500;
+
+impl Engine {
+    /// Declares the schedule `key`: every fire of `schedule` starts a run of the newest
+    /// version of `workflow` with `input`, id `sched:<key>:<fire-ms>`, tagged
+    /// `schedule:<key>`. The schedule is stored, so every engine sharing the store fires it —
+    /// each fire exactly once — and it outlives this process.
+    ///
+    /// Idempotent: declaring the same definition again (at every boot, say) changes nothing;
+    /// a different one replaces it and keeps what was fired so far (a new cadence counts from
+    /// now). A bad cron expression, an unknown time zone or an interval of zero is
+    /// [`Error::BadSchedule`] naming it; an unregistered workflow is
+    /// [`Error::UnknownWorkflow`]; an input the workflow cannot decode is
+    /// [`Error::InvalidInput`]. Nothing is saved then.
+    ///
+    /// ```no_run
+    /// # use durable_runtime::{Engine, Overlap, Schedule};
+    /// # async fn demo(engine: Engine) -> Result<(), durable_runtime::Error> {
+    /// let report = Schedule::cron("0 9 * * MON-FRI").timezone("Europe/Paris").overlap(Overlap::Skip);
+    /// engine.schedule("morning-report", report, "report", &"sales").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn schedule<I: Serialize + ?Sized>(
+        &self,
+        key: &str,
+        schedule: Schedule,
+        workflow: &str,
+        input: &I,
+    ) -> Result<ScheduleRecord> {
+        let shared = self.shared();
+        let bad = |source| Error::BadSchedule { key: key.to_string(), source };
+        durable_core::schedule::check_schedule_key(key).map_err(bad)?;
+        schedule.validate().map_err(bad)?;
+        let (_, handler) =
+            shared.registry.latest(workflow).ok_or_else(|| Error::UnknownWorkflow { name: workflow.to_string() })?;
+        let input = self.encode_payload(|| format!("the input of schedule {key:?}"), input)?;
+        handler.check_input(&input).map_err(|source| Error::InvalidInput { workflow: workflow.to_string(), source })?;
+        let namespace = shared.config.namespace.clone().unwrap_or_else(|| "default".into());
+        loop {
+            let now = shared.clock.now();
+            let fresh =
+                ScheduleRecord::new(key, &namespace, workflow, input.clone(), schedule.clone(), now).map_err(bad)?;
+            let (record, expected) = match shared.store.get_schedule(key).await? {
+                None => (fresh, None),
+                Some(current) if current.same_definition(&fresh) => return Ok(current),
+                Some(current) => (current.redefine(&fresh, now).map_err(bad)?, Some(current.revision)),
+            };
+            if let Some(saved) = self.save_schedule(record, expected).await? {
+                return Ok(saved);
+            }
+        }
+    }
+
+    /// The schedule `key`, if there is one.
+    pub async fn get_schedule(&self, key: &str) -> Result<Option<ScheduleRecord>> {
+        Ok(self.shared().store.get_schedule(key).await?)
+    }
+
+    /// Every stored schedule, by key. [`ScheduleRecord::schedule`] has the definition
+    /// (`schedule.upcoming(now, n)` gives the next fire times), [`ScheduleRecord::state`]
+    /// what was fired so far.
+    pub async fn list_schedules(&self) -> Result<Vec<ScheduleRecord>> {
+        let store = &self.shared().store;
+        let mut out: Vec<ScheduleRecord> = Vec::new();
+        loop {
+            let after = out.last().map(|r| r.key.clone());
+            let page = store.list_schedules(None, after.as_deref(), LIST_PAGE).await?;
+            let done = page.len() < LIST_PAGE;
+            out.extend(page);
+            if done {
+                return Ok(out);
+            }
+        }
+    }
+
+    /// Changes the definition of schedule `key` (workflow and input stay); a new cadence
+    /// counts from now.
+    pub async fn update_schedule(&self, key: &str, schedule: Schedule) -> Result<ScheduleRecord> {
+        schedule.validate().map_err(|source| Error::BadSchedule { key: key.to_string(), source })?;
+        self.modify_schedule(key, |current, now| {
+            let mut fresh = current.clone();
+            fresh.schedule = schedule.clone();
+            current.redefine(&fresh, now)
+        })
+        .await
+    }
+
+    /// Pauses schedule `key`: it fires nothing until resumed.
+    pub async fn pause_schedule(&self, key: &str) -> Result<ScheduleRecord> {
+        self.modify_schedule(key, |current, now| current.set_paused(true, now)).await
+    }
+
+    /// Resumes schedule `key`; the fires it would have had while paused are skipped.
+    pub async fn resume_schedule(&self, key: &str) -> Result<ScheduleRecord> {
+        self.modify_schedule(key, |current, now| current.set_paused(false, now)).await
+    }
+
+    /// Fires schedule `key` now, whatever its cadence, overlap policy or pause: returns the
+    /// id of the run it starts (`sched:<key>:<now-ms>`), which an executing engine's
+    /// scheduler creates at once.
+    pub async fn trigger_schedule(&self, key: &str) -> Result<RunId> {
+        let mut at = 0;
+        self.modify_schedule(key, |current, now| {
+            at = now;
+            Ok(current.trigger(now))
+        })
+        .await?;
+        Ok(durable_core::schedule::fire_run_id(key, at))
+    }
+
+    /// Deletes schedule `key`; returns whether it existed. Runs it started are kept.
+    pub async fn delete_schedule(&self, key: &str) -> Result<bool> {
+        Ok(self.shared().store.delete_schedule(key).await?)
+    }
+
+    /// Applies `change` to the stored record with a compare-and-set, again on a race.
+    async fn modify_schedule(
+        &self,
+        key: &str,
+        mut change: impl FnMut(&ScheduleRecord, durable_core::Millis) -> std::result::Result<ScheduleRecord, ScheduleError>,
+    ) -> Result<ScheduleRecord> {
+        let shared = self.shared();
+        loop {
+            let current = shared
+                .store
+                .get_schedule(key)
+                .await?
+                .ok_or_else(|| Error::ScheduleNotFound { key: key.to_string() })?;
+            let record = change(&current, shared.clock.now())
+                .map_err(|source| Error::BadSchedule { key: key.to_string(), source })?;
+            if let Some(saved) = self.save_schedule(record, Some(current.revision)).await? {
+                return Ok(saved);
+            }
+        }
+    }
+
+    /// Saves with a compare-and-set; `None` when another writer got there first.
+    async fn save_schedule(&self, record: ScheduleRecord, expected: Option<u64>) -> Result<Option<ScheduleRecord>> {
+        let shared = self.shared();
+        let save = SaveSchedule { record: record.clone(), expected, start: Vec::new() };
+        match shared.store.save_schedule(save).await? {
+            SaveOutcome::Saved(revision) => {
+                if let Some(due) = record.due_at {
+                    shared.note_due(due);
+                }
+                Ok(Some(ScheduleRecord { revision, ..record }))
+            }
+            SaveOutcome::Stale(_) => Ok(None),
+        }
+    }
+}
