@@ -1,8 +1,9 @@
 //! # durable-store-sqlite
 //!
 //! [`SqliteStore`]: the embedded default [`Store`] of `durable`, on one SQLite file (bundled
-//! SQLite, so nothing to install). Runs, checkpoints, waiters and buffered signals survive
-//! `kill -9`, deploys and power loss; several processes may open the same file.
+//! SQLite, so nothing to install). Runs, checkpoints, waiters, buffered signals, schedules and
+//! trigger buffers survive `kill -9`, deploys and power loss; several processes may open the
+//! same file.
 //!
 //! ## What it does
 //!
@@ -31,7 +32,14 @@
 //!   namespace, tag, parent, created range, and any combination, newest first, with the cursor)
 //!   walks an index kept in the listing order, and the poller scans ([`Store::pending_runs`],
 //!   [`Store::due_runs`], [`Store::orphaned_runs`]) each walk a partial index of their own: a
-//!   first page costs about what it returns, not the number of runs in the file.
+//!   first page costs about what it returns, not the number of runs in the file. So do the
+//!   schedulers' scans ([`Store::due_schedules`], [`Store::due_buffers`]): they read the
+//!   schedules and trigger buffers that are due, not all of them.
+//! - **Schedules and triggers in the same transactions.** A schedule save is a compare-and-set
+//!   on its revision that creates the fired runs in the same write; a publish checks and records
+//!   its dedupe id, delivers or buffers the event, creates the trigger runs and updates the
+//!   gathering buffers in one write; flushing a due buffer deletes it and creates its run in one.
+//!   Expired dedupe ids are forgotten a few at a time by later publishes with a dedupe id.
 //! - **Clean close.** Dropping the store checkpoints the WAL into the file and truncates it, so
 //!   no `-wal` file of megabytes is left behind (see [`SqliteStore`]).
 //! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
@@ -105,8 +113,9 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
-    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreResult, Waiter,
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
+    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
+    SaveSchedule, ScheduleRecord, Store, StoreResult, TriggerBuffer, Waiter,
 };
 
 pub use error::{Error, Result};
@@ -121,10 +130,10 @@ use workers::Workers;
 /// (`tests/sqlite_plans.rs`). May change in any release.
 #[doc(hidden)]
 pub mod __private {
-    use durable_core::{RunFilter, RunQuery, StoreError};
+    use durable_core::{DueQuery, RunFilter, RunQuery, StoreError};
     pub use rusqlite::types::Value;
 
-    pub use crate::ops::Poll;
+    pub use crate::ops::{Due, Poll};
 
     /// The statement `list_runs(filter)` runs and its arguments (`?N` placeholders).
     pub fn list_runs_sql(filter: &RunFilter) -> Result<(String, Vec<Value>), StoreError> {
@@ -139,6 +148,21 @@ pub mod __private {
     /// when the query matches nothing (the store then asks nothing).
     pub fn poll_sql(which: Poll, query: &RunQuery) -> Option<(String, Vec<Value>)> {
         crate::ops::poll_sql(which, query).map(|q| (q.text, q.args))
+    }
+
+    /// The statement of `due_schedules` or `due_buffers` and its arguments; `None` when the
+    /// query matches nothing.
+    pub fn due_sql(which: Due, query: &DueQuery) -> Option<(String, Vec<Value>)> {
+        crate::ops::due_sql(which, query).map(|q| (q.text, q.args))
+    }
+
+    /// The statement of `list_schedules` and its arguments; `None` for a limit of 0.
+    pub fn list_schedules_sql(
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Option<(String, Vec<Value>)> {
+        crate::ops::list_schedules_sql(namespace, after, limit).map(|q| (q.text, q.args))
     }
 }
 
@@ -311,41 +335,66 @@ impl Store for SqliteStore {
         self.workers.write("send_signal", move |c| ops::send_signal(c, &token, payload.as_str(), now)).await
     }
 
-    async fn publish(&self, _event: durable_core::Publish) -> StoreResult<durable_core::Published> {
-        Err(durable_core::StoreError::backend("publish: not yet implemented"))
+    async fn publish(&self, event: Publish) -> StoreResult<Published> {
+        self.workers.write("publish", move |c| ops::publish(c, event)).await
     }
 
-    async fn due_buffers(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::TriggerBuffer>> {
-        Err(durable_core::StoreError::backend("due_buffers: not yet implemented"))
+    async fn due_buffers(&self, query: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
+        let query = query.clone();
+        self.workers.read("due_buffers", move |c| ops::due_buffers(c, &query)).await
     }
 
-    async fn flush_buffer(&self, _w: &str, _k: &str, _b: &str, _now: Millis) -> StoreResult<Option<CreateRun>> {
-        Err(durable_core::StoreError::backend("flush_buffer: not yet implemented"))
+    async fn flush_buffer(
+        &self,
+        workflow: &str,
+        key: &str,
+        batch_id: &str,
+        now: Millis,
+    ) -> StoreResult<Option<CreateRun>> {
+        let (workflow, key, batch_id) = (workflow.to_string(), key.to_string(), batch_id.to_string());
+        self.workers.write("flush_buffer", move |c| ops::flush_buffer(c, &workflow, &key, &batch_id, now)).await
     }
 
-    async fn get_schedule(&self, _key: &str) -> StoreResult<Option<durable_core::ScheduleRecord>> {
-        Err(durable_core::StoreError::backend("get_schedule: not yet implemented"))
+    async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
+        let key = key.to_string();
+        self.workers.read("get_schedule", move |c| ops::get_schedule(c, &key)).await
     }
 
     async fn list_schedules(
         &self,
-        _ns: Option<&str>,
-        _after: Option<&str>,
-        _limit: usize,
-    ) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
-        Err(durable_core::StoreError::backend("list_schedules: not yet implemented"))
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ScheduleRecord>> {
+        let (namespace, after) = (namespace.map(str::to_string), after.map(str::to_string));
+        self.workers
+            .read("list_schedules", move |c| ops::list_schedules(c, namespace.as_deref(), after.as_deref(), limit))
+            .await
     }
 
-    async fn save_schedule(&self, _save: durable_core::SaveSchedule) -> StoreResult<durable_core::SaveOutcome> {
-        Err(durable_core::StoreError::backend("save_schedule: not yet implemented"))
+    async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome> {
+        self.workers.write("save_schedule", move |c| ops::save_schedule(c, save)).await
     }
 
-    async fn delete_schedule(&self, _key: &str) -> StoreResult<bool> {
-        Err(durable_core::StoreError::backend("delete_schedule: not yet implemented"))
+    async fn save_schedules(&self, saves: Vec<SaveSchedule>) -> StoreResult<Vec<SaveOutcome>> {
+        if saves.is_empty() {
+            return Ok(Vec::new());
+        }
+        // One write: each save checks its own revision, so a stale one writes nothing and the
+        // others apply; an SQL failure rolls back the whole call.
+        self.workers
+            .write("save_schedules", move |c| saves.into_iter().map(|save| ops::save_schedule(c, save)).collect())
+            .await
     }
 
-    async fn due_schedules(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
-        Err(durable_core::StoreError::backend("due_schedules: not yet implemented"))
+    async fn delete_schedule(&self, key: &str) -> StoreResult<bool> {
+        let key = key.to_string();
+        self.workers.write("delete_schedule", move |c| ops::delete_schedule(c, &key)).await
+    }
+
+    async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
+        let query = query.clone();
+        self.workers.read("due_schedules", move |c| ops::due_schedules(c, &query)).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

@@ -11,8 +11,9 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use durable_core::{
-    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, ParentLink, Payload,
-    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, StepError, StepKind, StoreError, TurnEnd, WaitKind,
+    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gathered, Millis, NewRun,
+    ParentLink, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
+    SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StepKind, StoreError, TriggerBuffer, TurnEnd, WaitKind,
     Waiter, decode_cursor, encode_cursor, json_subset,
 };
 use rusqlite::types::Value;
@@ -427,10 +428,12 @@ const LEASE_FREE_AT: &str = "(CASE WHEN lease_owner IS NULL OR lease_until IS NU
 ///
 /// Each names its partial index (`INDEXED BY`): the status index covers the same rows and,
 /// without statistics, SQLite would take it (an equality beats a partial index's order or
-/// range), then sort everything of that status. Pending runs are walked in claim order
-/// (`runs_pending`), due timers by `wake_at` up to now (`runs_due`), orphans by the end of their
-/// lease up to now (`runs_orphaned`, then sorted by `updated_at`: only the orphans are). The
-/// namespace and workflow terms filter what the walk yields.
+/// range), then sort everything of that status. Pending runs without a `wake_at` are walked in
+/// claim order (`runs_pending`), due timers and delayed starts (suspended or pending runs with a
+/// `wake_at`) by `wake_at` up to now (`runs_due`), orphans by the end of their lease up to now
+/// (`runs_orphaned`, then sorted by `updated_at`: only the orphans are). The status and
+/// `wake_at` terms repeat the partial index's own, so SQLite can tell the index holds the rows.
+/// The namespace and workflow terms filter what the walk yields.
 ///
 /// `None` for a query that matches nothing (a limit of 0, an empty list of workflows): there is
 /// nothing to ask.
@@ -443,12 +446,16 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
     // A lease is live when it has an owner and lease_until >= now.
     let no_live_lease = format!("(lease_owner IS NULL OR lease_until IS NULL OR lease_until < {now})");
     let (index, head, order) = match which {
-        Poll::Pending => {
-            ("runs_pending", format!("status = 'pending' AND {no_live_lease}"), "priority DESC, created_at, id")
-        }
-        Poll::Due => {
-            ("runs_due", format!("status = 'suspended' AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id")
-        }
+        Poll::Pending => (
+            "runs_pending",
+            format!("status = 'pending' AND wake_at IS NULL AND {no_live_lease}"),
+            "priority DESC, created_at, id",
+        ),
+        Poll::Due => (
+            "runs_due",
+            format!("status IN ('suspended', 'pending') AND wake_at <= {now} AND {no_live_lease}"),
+            "wake_at, id",
+        ),
         Poll::Orphaned => {
             ("runs_orphaned", format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id")
         }
@@ -485,6 +492,131 @@ pub(crate) fn poll_runs(conn: &Connection, which: Poll, q: &RunQuery) -> OpResul
     Ok(out)
 }
 
+/// Which due scan of the schedulers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Due {
+    /// [`Store::due_schedules`](durable_core::Store::due_schedules).
+    Schedules,
+    /// [`Store::due_buffers`](durable_core::Store::due_buffers).
+    Buffers,
+}
+
+/// The statement of `due_schedules` or `due_buffers`: the `body` (and, for a schedule, the
+/// `revision`) of each due row.
+///
+/// Each walks its due index up to now (`schedules_due`, partial: a schedule without a `due_at`
+/// is not in it; `trigger_buffers_due`), in the order the contract asks for, so it reads about
+/// as many entries as are due; the namespace and workflow terms filter what the walk yields.
+/// `INDEXED BY`, as in [`poll_sql`]: an equality on the workflow would otherwise draw SQLite to
+/// the primary key of the buffers and a sort.
+///
+/// `None` for a query that matches nothing (a limit of 0, an empty list of workflows).
+pub(crate) fn due_sql(which: Due, q: &DueQuery) -> Option<Sql> {
+    if q.limit == 0 || q.workflows.as_ref().is_some_and(Vec::is_empty) {
+        return None;
+    }
+    let mut sql = Sql::default();
+    let now = sql.bind(Value::Integer(millis_to_sql(q.now)));
+    let (cols, table, index, order) = match which {
+        Due::Schedules => ("body, revision", "schedules", "schedules_due", "due_at, key"),
+        Due::Buffers => ("body", "trigger_buffers", "trigger_buffers_due", "due_at, workflow, key"),
+    };
+    let mut text = format!("SELECT {cols} FROM {table} INDEXED BY {index} WHERE due_at <= {now}");
+    if let Some(ns) = &q.namespace {
+        text.push_str(&format!(" AND namespace = {}", sql.bind(Value::Text(ns.clone()))));
+    }
+    if let Some(ws) = &q.workflows {
+        let list: Vec<String> = ws.iter().map(|w| sql.bind(Value::Text(w.clone()))).collect();
+        text.push_str(&format!(" AND workflow IN ({})", list.join(", ")));
+    }
+    let lim = sql.bind(Value::Integer(sql_limit(q.limit)));
+    text.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
+    sql.text = text;
+    Some(sql)
+}
+
+/// The statement of `list_schedules`: by key from the primary key, or, in one namespace, from
+/// `schedules_namespace`; `None` for a limit of 0.
+pub(crate) fn list_schedules_sql(namespace: Option<&str>, after: Option<&str>, limit: usize) -> Option<Sql> {
+    if limit == 0 {
+        return None;
+    }
+    let mut sql = Sql::default();
+    let mut terms = Vec::new();
+    if let Some(ns) = namespace {
+        terms.push(format!("namespace = {}", sql.bind(Value::Text(ns.to_string()))));
+    }
+    if let Some(after) = after {
+        terms.push(format!("key > {}", sql.bind(Value::Text(after.to_string()))));
+    }
+    let wher = if terms.is_empty() { String::new() } else { format!(" WHERE {}", terms.join(" AND ")) };
+    let lim = sql.bind(Value::Integer(sql_limit(limit)));
+    sql.text = format!("SELECT body, revision FROM schedules{wher} ORDER BY key LIMIT {lim}");
+    Some(sql)
+}
+
+fn schedule_from_row(row: &Row<'_>) -> OpResult<ScheduleRecord> {
+    let mut record: ScheduleRecord =
+        serde_json::from_str(text(row, 0)?).map_err(|e| corrupt(format!("a stored schedule does not decode: {e}")))?;
+    let revision: i64 = row.get(1)?;
+    record.revision = u64::try_from(revision)
+        .map_err(|_| corrupt(format!("schedule {:?}: negative revision {revision}", record.key)))?;
+    Ok(record)
+}
+
+fn buffer_from_row(row: &Row<'_>) -> OpResult<TriggerBuffer> {
+    serde_json::from_str(text(row, 0)?).map_err(|e| corrupt(format!("a stored trigger buffer does not decode: {e}")))
+}
+
+/// `due_schedules`: see [`due_sql`].
+pub(crate) fn due_schedules(conn: &Connection, q: &DueQuery) -> OpResult<Vec<ScheduleRecord>> {
+    let Some(sql) = due_sql(Due::Schedules, q) else { return Ok(Vec::new()) };
+    let mut stmt = conn.prepare_cached(&sql.text)?;
+    let mut rows = stmt.query(params_from_iter(sql.args))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(schedule_from_row(row)?);
+    }
+    Ok(out)
+}
+
+/// `due_buffers`: see [`due_sql`].
+pub(crate) fn due_buffers(conn: &Connection, q: &DueQuery) -> OpResult<Vec<TriggerBuffer>> {
+    let Some(sql) = due_sql(Due::Buffers, q) else { return Ok(Vec::new()) };
+    let mut stmt = conn.prepare_cached(&sql.text)?;
+    let mut rows = stmt.query(params_from_iter(sql.args))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(buffer_from_row(row)?);
+    }
+    Ok(out)
+}
+
+pub(crate) fn get_schedule(conn: &Connection, key: &str) -> OpResult<Option<ScheduleRecord>> {
+    let mut stmt = conn.prepare_cached("SELECT body, revision FROM schedules WHERE key = ?1")?;
+    let mut rows = stmt.query([key])?;
+    match rows.next()? {
+        Some(row) => schedule_from_row(row).map(Some),
+        None => Ok(None),
+    }
+}
+
+pub(crate) fn list_schedules(
+    conn: &Connection,
+    namespace: Option<&str>,
+    after: Option<&str>,
+    limit: usize,
+) -> OpResult<Vec<ScheduleRecord>> {
+    let Some(sql) = list_schedules_sql(namespace, after, limit) else { return Ok(Vec::new()) };
+    let mut stmt = conn.prepare_cached(&sql.text)?;
+    let mut rows = stmt.query(params_from_iter(sql.args))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(schedule_from_row(row)?);
+    }
+    Ok(out)
+}
+
 pub(crate) fn waiters(conn: &Connection, id: &RunId) -> OpResult<Vec<Waiter>> {
     let mut stmt = conn.prepare_cached(&format!("SELECT {WAITER_COLS} FROM waiters WHERE run_id = ?1 ORDER BY seq"))?;
     let mut rows = stmt.query([id.as_str()])?;
@@ -506,11 +638,12 @@ pub(crate) fn get_state(conn: &Connection, id: &RunId, key: &str) -> OpResult<Op
 
 // ---- writes -------------------------------------------------------------------------------
 
-/// Inserts the run unless its id exists; returns the existing run then.
+/// Inserts the run unless its id exists; returns the existing run then. A delayed start
+/// (`start_at`) is stored `pending` with `wake_at = start_at`.
 fn create(conn: &Connection, new: &NewRun) -> OpResult<Option<Run>> {
     let mut stmt = conn.prepare_cached(
         "INSERT INTO runs (id, workflow, version, namespace, status, input, tags, priority, parent_id, parent_seq, \
-         created_at, updated_at) VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, ?10, ?10) \
+         created_at, updated_at, wake_at) VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11) \
          ON CONFLICT (id) DO NOTHING",
     )?;
     let inserted = stmt.execute(params![
@@ -524,6 +657,7 @@ fn create(conn: &Connection, new: &NewRun) -> OpResult<Option<Run>> {
         new.parent.as_ref().map(|p| p.run_id.as_str()),
         new.parent.as_ref().map(|p| p.seq),
         millis_to_sql(new.created_at),
+        new.start_at.map(millis_to_sql),
     ])?;
     if inserted == 0 {
         return get_run(conn, &new.id)?
@@ -682,8 +816,9 @@ pub(crate) fn send_signal(conn: &Connection, token: &str, payload: &str, now: Mi
     Ok(Delivery::Buffered)
 }
 
-pub(crate) fn publish_event(conn: &Connection, name: &str, payload: &str, now: Millis) -> OpResult<Vec<Delivery>> {
-    let now = millis_to_sql(now);
+/// Delivers an event to every waiter on `name` whose matcher accepts it, or, if none does,
+/// buffers it for the first later wait that matches.
+fn deliver_event(conn: &Connection, name: &str, payload: &str, now: i64) -> OpResult<Vec<Delivery>> {
     let value: serde_json::Value = serde_json::from_str(payload).unwrap_or(serde_json::Value::Null);
     let mut accepted = Vec::new();
     {
@@ -715,6 +850,141 @@ pub(crate) fn publish_event(conn: &Connection, name: &str, payload: &str, now: M
             .execute(params![name, payload, now])?;
     }
     Ok(delivered)
+}
+
+/// How many expired dedupe ids a publish with a dedupe id forgets, at most: the table stays
+/// about as large as the ids still remembered, and no publish pays for a backlog at once.
+const DEDUPE_PRUNE: i64 = 64;
+
+/// `publish`, in the caller's write: the dedupe check, the delivery, the trigger runs and the
+/// gathering buffers, all or nothing.
+pub(crate) fn publish(conn: &Connection, event: Publish) -> OpResult<Published> {
+    let now = millis_to_sql(event.now);
+    if let Some(d) = &event.dedupe {
+        let kept = conn
+            .prepare_cached("SELECT keep_until FROM event_dedupe WHERE name = ?1 AND id = ?2")?
+            .query_row([event.name.as_str(), d.id.as_str()], |r| r.get::<_, i64>(0))
+            .optional()?;
+        if let Some(until) = kept
+            && millis_from_sql(until, || format!("dedupe id {:?} of event {:?}", d.id, event.name))? >= event.now
+        {
+            return Ok(Published::Duplicate);
+        }
+        conn.prepare_cached(
+            "DELETE FROM event_dedupe WHERE (name, id) IN \
+             (SELECT name, id FROM event_dedupe WHERE keep_until < ?1 ORDER BY keep_until LIMIT ?2)",
+        )?
+        .execute(params![now, DEDUPE_PRUNE])?;
+        conn.prepare_cached(
+            "INSERT INTO event_dedupe (name, id, keep_until) VALUES (?1, ?2, ?3) \
+             ON CONFLICT (name, id) DO UPDATE SET keep_until = excluded.keep_until",
+        )?
+        .execute(params![event.name, d.id, millis_to_sql(d.keep_until)])?;
+    }
+    let deliveries = deliver_event(conn, &event.name, event.payload.as_str(), now)?;
+    let mut started = Vec::with_capacity(event.start.len());
+    for run in event.start {
+        started.push(create_run(conn, run)?);
+    }
+    for append in &event.gather {
+        let open = conn
+            .prepare_cached("SELECT body FROM trigger_buffers WHERE workflow = ?1 AND key = ?2")?
+            .query_row([append.workflow.as_str(), append.key.as_str()], |r| r.get::<_, String>(0))
+            .optional()?
+            .map(|body| {
+                serde_json::from_str::<TriggerBuffer>(&body)
+                    .map_err(|e| corrupt(format!("trigger buffer of {:?} key {:?}: {e}", append.workflow, append.key)))
+            })
+            .transpose()?;
+        match TriggerBuffer::gather(open, append, event.payload.clone(), event.now) {
+            Gathered::Keep(buffer) => store_buffer(conn, &buffer)?,
+            Gathered::Start(run) => {
+                delete_buffer(conn, &append.workflow, &append.key)?;
+                started.push(create_run(conn, run)?);
+            }
+        }
+    }
+    Ok(Published::Done { deliveries, started })
+}
+
+/// Creates or replaces the open buffer of `(workflow, key)`.
+fn store_buffer(conn: &Connection, buffer: &TriggerBuffer) -> OpResult<()> {
+    let body = serde_json::to_string(buffer).map_err(|e| OpError::Store(StoreError::backend(e)))?;
+    conn.prepare_cached(
+        "INSERT INTO trigger_buffers (workflow, key, namespace, batch_id, due_at, body) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT (workflow, key) DO UPDATE SET namespace = excluded.namespace, batch_id = excluded.batch_id, \
+         due_at = excluded.due_at, body = excluded.body",
+    )?
+    .execute(params![
+        buffer.workflow,
+        buffer.key,
+        buffer.run.namespace,
+        buffer.batch_id,
+        millis_to_sql(buffer.due_at),
+        body
+    ])?;
+    Ok(())
+}
+
+fn delete_buffer(conn: &Connection, workflow: &str, key: &str) -> OpResult<()> {
+    conn.prepare_cached("DELETE FROM trigger_buffers WHERE workflow = ?1 AND key = ?2")?.execute([workflow, key])?;
+    Ok(())
+}
+
+/// `flush_buffer`: deletes the open buffer of `(workflow, key)` if it is still `batch_id`'s and
+/// creates its run, in the caller's write.
+pub(crate) fn flush_buffer(
+    conn: &Connection,
+    workflow: &str,
+    key: &str,
+    batch_id: &str,
+    now: Millis,
+) -> OpResult<Option<CreateRun>> {
+    let body = conn
+        .prepare_cached("SELECT body FROM trigger_buffers WHERE workflow = ?1 AND key = ?2 AND batch_id = ?3")?
+        .query_row([workflow, key, batch_id], |r| r.get::<_, String>(0))
+        .optional()?;
+    let Some(body) = body else { return Ok(None) };
+    let buffer: TriggerBuffer =
+        serde_json::from_str(&body).map_err(|e| corrupt(format!("trigger buffer of {workflow:?} key {key:?}: {e}")))?;
+    delete_buffer(conn, workflow, key)?;
+    create_run(conn, buffer.into_run(now)).map(Some)
+}
+
+/// `save_schedule`: compare-and-set on the stored revision, then the record and the runs of
+/// `start`; a stale save writes nothing.
+pub(crate) fn save_schedule(conn: &Connection, save: SaveSchedule) -> OpResult<SaveOutcome> {
+    let current = get_schedule(conn, &save.record.key)?;
+    if current.as_ref().map(|r| r.revision) != save.expected {
+        return Ok(SaveOutcome::Stale(current));
+    }
+    let mut record = save.record;
+    record.revision = save.expected.map_or(1, |r| r + 1);
+    let revision = i64::try_from(record.revision)
+        .map_err(|_| StoreError::Conflict { message: format!("schedule {:?}: revision overflow", record.key) })?;
+    let body = serde_json::to_string(&record).map_err(|e| OpError::Store(StoreError::backend(e)))?;
+    conn.prepare_cached(
+        "INSERT INTO schedules (key, namespace, workflow, due_at, revision, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
+         ON CONFLICT (key) DO UPDATE SET namespace = excluded.namespace, workflow = excluded.workflow, \
+         due_at = excluded.due_at, revision = excluded.revision, body = excluded.body",
+    )?
+    .execute(params![
+        record.key,
+        record.namespace,
+        record.workflow,
+        record.due_at.map(millis_to_sql),
+        revision,
+        body
+    ])?;
+    for run in &save.start {
+        create(conn, run)?;
+    }
+    Ok(SaveOutcome::Saved(record.revision))
+}
+
+pub(crate) fn delete_schedule(conn: &Connection, key: &str) -> OpResult<bool> {
+    Ok(conn.prepare_cached("DELETE FROM schedules WHERE key = ?1")?.execute([key])? > 0)
 }
 
 /// Registers a wait, unless a buffered delivery satisfies it: then that delivery is consumed
@@ -1019,6 +1289,16 @@ mod tests {
             ("SELECT seq FROM checkpoints WHERE run_id = 'r' ORDER BY seq", "PRIMARY KEY"),
             ("SELECT id FROM runs WHERE parent_id = 'p'", "runs_parent_created"),
             ("DELETE FROM run_tags WHERE run_id = 'r'", "PRIMARY KEY"),
+            ("SELECT keep_until FROM event_dedupe WHERE name = 'e' AND id = 'i'", "PRIMARY KEY"),
+            (
+                "SELECT name, id FROM event_dedupe WHERE keep_until < 5 ORDER BY keep_until LIMIT 64",
+                "event_dedupe_expiry",
+            ),
+            (
+                "SELECT body FROM trigger_buffers WHERE workflow = 'w' AND key = 'k' AND batch_id = 'b'",
+                "sqlite_autoindex_trigger_buffers_1",
+            ),
+            ("SELECT body, revision FROM schedules WHERE key = 'k'", "sqlite_autoindex_schedules_1"),
         ];
         for (sql, index) in cases {
             let plan = plan(&conn, sql);

@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 4;
+pub const SCHEMA_VERSION: u32 = 5;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -178,6 +178,57 @@ CREATE INDEX run_tags_created ON run_tags (tag, created_at DESC, run_id DESC);
 DROP INDEX runs_running_lease;
 CREATE INDEX runs_orphaned ON runs ((CASE WHEN lease_owner IS NULL OR lease_until IS NULL THEN -1 ELSE lease_until END))
     WHERE status = 'running';
+",
+    },
+    Migration {
+        version: 5,
+        description: "schedules, trigger buffers and publish dedupe ids; delayed starts are due runs, not pending ones",
+        sql: "
+-- Delayed starts: a pending run with a wake_at (NewRun::start_at) is not pending work; it comes
+-- due through the due scan, with the suspended runs. Both scans keep a partial index of exactly
+-- their rows (ops::poll_sql names them and repeats their WHERE terms).
+DROP INDEX runs_pending;
+CREATE INDEX runs_pending ON runs (priority DESC, created_at, id) WHERE status = 'pending' AND wake_at IS NULL;
+DROP INDEX runs_due;
+CREATE INDEX runs_due ON runs (wake_at, id) WHERE status IN ('suspended', 'pending') AND wake_at IS NOT NULL;
+
+-- Stored schedules: the record (durable_core::ScheduleRecord) as JSON in body; the columns the
+-- queries filter and order on beside it. revision is the compare-and-set of every save.
+CREATE TABLE schedules (
+    key       TEXT PRIMARY KEY NOT NULL,
+    namespace TEXT NOT NULL,
+    workflow  TEXT NOT NULL,
+    due_at    INTEGER,
+    revision  INTEGER NOT NULL,
+    body      TEXT NOT NULL
+) STRICT;
+-- The due scan reads only the schedules that are due (a paused or ended one has no due_at).
+CREATE INDEX schedules_due ON schedules (due_at, key) WHERE due_at IS NOT NULL;
+-- list_schedules of one namespace, by key.
+CREATE INDEX schedules_namespace ON schedules (namespace, key);
+
+-- Open trigger buffers (durable_core::TriggerBuffer as JSON in body), one per (workflow, key);
+-- namespace is that of the run the buffer starts.
+CREATE TABLE trigger_buffers (
+    workflow  TEXT NOT NULL,
+    key       TEXT NOT NULL,
+    namespace TEXT NOT NULL,
+    batch_id  TEXT NOT NULL,
+    due_at    INTEGER NOT NULL,
+    body      TEXT NOT NULL,
+    PRIMARY KEY (workflow, key)
+) STRICT;
+CREATE INDEX trigger_buffers_due ON trigger_buffers (due_at, workflow, key);
+
+-- Publish dedupe ids, remembered until keep_until; a publish with a dedupe id forgets a few of
+-- the expired ones (by keep_until).
+CREATE TABLE event_dedupe (
+    name       TEXT NOT NULL,
+    id         TEXT NOT NULL,
+    keep_until INTEGER NOT NULL,
+    PRIMARY KEY (name, id)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX event_dedupe_expiry ON event_dedupe (keep_until);
 ",
     },
 ];

@@ -4,9 +4,9 @@
 mod common;
 
 use durable_core::{
-    Checkpoint, CheckpointStatus, Claim, Commit, NewRun, OutgoingSignal, ParentLink, Payload, RunFilter, RunId,
-    RunPatch, RunQuery, RunStatus, StepError, StepKind, Store, StoreErrorKind, StoreResult, TurnEnd, WaitKind, Waiter,
-    splitmix64,
+    BufferAppend, Checkpoint, CheckpointStatus, Claim, Commit, Dedupe, DueQuery, Gather, NewRun, OutgoingSignal,
+    ParentLink, Payload, Publish, RunFilter, RunId, RunPatch, RunQuery, RunStatus, SaveSchedule, Schedule,
+    ScheduleRecord, StepError, StepKind, Store, StoreErrorKind, StoreResult, TurnEnd, WaitKind, Waiter, splitmix64,
 };
 use durable_store_memory::MemoryStore;
 use serde_json::json;
@@ -35,6 +35,9 @@ const TOKENS: &[&str] = &["t0", "t1", "t2"];
 const EVENTS: &[&str] = &["e0", "e1"];
 const TAGS: &[&str] = &["red", "blue"];
 const NAMESPACES: &[&str] = &["default", "other"];
+const SCHEDULES: &[&str] = &["s0", "s1", "s2"];
+const DEDUPE_IDS: &[&str] = &["d0", "d1"];
+const GATHER_KEYS: &[&str] = &["", "k"];
 
 fn run_id(rng: &mut Rng) -> RunId {
     RunId::from(*rng.pick(RUNS))
@@ -91,7 +94,70 @@ fn new_run(rng: &mut Rng, now: u64) -> NewRun {
         priority: rng.below(3) as i32 - 1,
         parent,
         created_at: now,
-        start_at: None,
+        start_at: if rng.chance(15) { Some(now + rng.below(40)) } else { None },
+    }
+}
+
+fn workflow(rng: &mut Rng) -> String {
+    if rng.chance(70) { "wf".into() } else { "other".into() }
+}
+
+/// A schedule record to save: a key, a namespace, a workflow and a due time (or none).
+fn schedule(rng: &mut Rng, now: u64) -> ScheduleRecord {
+    let every = Schedule::every(std::time::Duration::from_millis(10 + rng.below(50)));
+    let (key, namespace, workflow) = (*rng.pick(SCHEDULES), *rng.pick(NAMESPACES), workflow(rng));
+    let mut r = ScheduleRecord::new(key, namespace, &workflow, payload(rng), every, now).expect("a valid schedule");
+    r.due_at = if rng.chance(80) { Some(now + rng.below(40)) } else { None };
+    r.state.fires = rng.below(5);
+    r
+}
+
+/// A save: create or replace a likely (or unlikely) revision, with fires to start.
+fn save(rng: &mut Rng, now: u64) -> SaveSchedule {
+    let expected = match rng.below(4) {
+        0 => None,
+        _ => Some(1 + rng.below(4)),
+    };
+    let start = (0..rng.below(3)).map(|_| new_run(rng, now)).collect();
+    SaveSchedule { record: schedule(rng, now), expected, start }
+}
+
+/// A publish with (maybe) a dedupe id, trigger runs and gathering triggers.
+fn publish(rng: &mut Rng, now: u64) -> Publish {
+    let dedupe =
+        rng.chance(50).then(|| Dedupe { id: rng.pick(DEDUPE_IDS).to_string(), keep_until: now + rng.below(60) });
+    let start = (0..rng.below(2)).map(|_| new_run(rng, now)).collect();
+    let gather = (0..rng.below(3))
+        .map(|_| {
+            let gather = if rng.chance(50) {
+                Gather::Debounce { quiet_ms: 1 + rng.below(30) }
+            } else {
+                Gather::Batch { max_items: 1 + rng.below(4) as u32, max_wait_ms: rng.below(40) }
+            };
+            let run = new_run(rng, now);
+            BufferAppend {
+                workflow: run.workflow.clone(),
+                key: rng.pick(GATHER_KEYS).to_string(),
+                gather,
+                batch_id: format!("b{}", rng.next() % 1_000_000),
+                run,
+            }
+        })
+        .collect();
+    Publish { name: rng.pick(EVENTS).to_string(), payload: payload(rng), now, dedupe, start, gather }
+}
+
+fn due_query(rng: &mut Rng, now: u64) -> DueQuery {
+    DueQuery {
+        namespace: if rng.chance(50) { Some(rng.pick(NAMESPACES).to_string()) } else { None },
+        workflows: match rng.below(4) {
+            0 => Some(vec!["wf".into()]),
+            1 => Some(vec!["wf".into(), "other".into()]),
+            2 => Some(vec![]),
+            _ => None,
+        },
+        now,
+        limit: rng.below(5) as usize,
     }
 }
 
@@ -161,15 +227,22 @@ enum Op {
     Update(RunId, Vec<RunStatus>, RunPatch),
     Signal(String, Payload, u64),
     Publish(String, Payload, u64),
+    PublishFull(Publish),
     Delete(RunId),
+    SaveSchedule(SaveSchedule),
+    SaveSchedules(Vec<SaveSchedule>),
+    DeleteSchedule(String),
+    /// `flush_buffer(workflow, key, batch_id, now)`.
+    Flush(String, String, String, u64),
     Poll(RunQuery),
+    Due(DueQuery),
     List(RunFilter),
     Inspect(RunId, String),
 }
 
 impl Op {
     fn is_write(&self) -> bool {
-        !matches!(self, Op::Poll(_) | Op::List(_) | Op::Inspect(..))
+        !matches!(self, Op::Poll(_) | Op::Due(_) | Op::List(_) | Op::Inspect(..))
     }
 }
 
@@ -191,7 +264,21 @@ async fn apply(store: &dyn Store, op: Op) -> Vec<Answer> {
         Op::Update(id, expected, patch) => vec![answer(store.update_run_if(&id, &expected, patch).await)],
         Op::Signal(token, p, now) => vec![answer(store.send_signal(&token, p, now).await)],
         Op::Publish(name, p, now) => vec![answer(store.publish_event(&name, p, now).await)],
+        Op::PublishFull(p) => vec![answer(store.publish(p).await)],
         Op::Delete(id) => vec![answer(store.delete_run(&id).await)],
+        Op::SaveSchedule(save) => vec![answer(store.save_schedule(save).await)],
+        Op::SaveSchedules(saves) => vec![answer(store.save_schedules(saves).await)],
+        Op::DeleteSchedule(key) => vec![answer(store.delete_schedule(&key).await)],
+        Op::Flush(workflow, key, batch_id, now) => {
+            vec![answer(store.flush_buffer(&workflow, &key, &batch_id, now).await)]
+        }
+        Op::Due(q) => vec![
+            answer(store.due_schedules(&q).await),
+            answer(store.due_buffers(&q).await),
+            answer(store.list_schedules(q.namespace.as_deref(), None, q.limit).await),
+            answer(store.list_schedules(None, Some("s0"), 10).await),
+            answer(store.get_schedule(SCHEDULES[q.limit % SCHEDULES.len()]).await),
+        ],
         Op::Poll(q) => vec![
             answer(store.pending_runs(&q).await),
             answer(store.due_runs(&q).await),
@@ -220,9 +307,10 @@ async fn apply(store: &dyn Store, op: Op) -> Vec<Answer> {
     }
 }
 
-/// Generates the next call. `mem` is read only to pick a realistic `seen_wake_gen`.
+/// Generates the next call. `mem` is read only to pick a realistic `seen_wake_gen` and a
+/// buffer to flush.
 async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
-    match rng.below(20) {
+    match rng.below(26) {
         0 | 1 => Op::Create(new_run(rng, now)),
         2 | 3 => Op::Claim(Claim {
             run_id: run_id(rng),
@@ -315,6 +403,25 @@ async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
             Op::Poll(query(rng, at))
         }
         15 => Op::List(filter(rng, now)),
+        16 | 17 => Op::PublishFull(publish(rng, now)),
+        18 => Op::SaveSchedule(save(rng, now)),
+        19 => Op::SaveSchedules((0..rng.below(4)).map(|_| save(rng, now)).collect()),
+        20 if rng.chance(30) => Op::DeleteSchedule(rng.pick(SCHEDULES).to_string()),
+        21 => {
+            // A buffer that is open (in the memory store, now), mostly with its batch id.
+            let at = now + rng.below(40);
+            let q = DueQuery { limit: 1, ..due_query(rng, at) };
+            let (workflow, key, batch_id) = match mem.due_buffers(&q).await.unwrap().into_iter().next() {
+                Some(b) if rng.chance(80) => (b.workflow, b.key, b.batch_id),
+                Some(b) => (b.workflow, b.key, "b-stale".into()),
+                None => ("wf".into(), String::new(), "b-none".into()),
+            };
+            Op::Flush(workflow, key, batch_id, now)
+        }
+        22 => {
+            let at = now + rng.below(40);
+            Op::Due(due_query(rng, at))
+        }
         _ => Op::Inspect(run_id(rng), format!("key{}", rng.below(2))),
     }
 }
@@ -378,6 +485,8 @@ async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Stor
     }
     let all = Op::List(RunFilter { limit: 1000, ..RunFilter::default() });
     assert_eq!(apply(mem, all.clone()).await, apply(sql, all).await, "final list");
+    let every = Op::Due(DueQuery { namespace: None, workflows: None, now: u64::MAX, limit: 1000 });
+    assert_eq!(apply(mem, every.clone()).await, apply(sql, every).await, "final schedules and buffers");
 }
 
 #[test]
@@ -401,6 +510,8 @@ fn sqlite_answers_like_the_memory_store() {
                 let op = Op::Inspect(RunId::from(*id), "key0".into());
                 assert_eq!(apply(&mem, op.clone()).await, apply(&sql, op).await, "reopened: {id}");
             }
+            let every = Op::Due(DueQuery { namespace: None, workflows: None, now: u64::MAX, limit: 1000 });
+            assert_eq!(apply(&mem, every.clone()).await, apply(&sql, every).await, "reopened: schedules");
         });
     }
 }

@@ -3,7 +3,10 @@
 mod common;
 
 use common::{claim, create_and_claim, new_run, rt, step};
-use durable_core::{ClaimOutcome, Commit, Delivery, Payload, RunFilter, RunId, Store, TurnEnd, WaitKind, Waiter};
+use durable_core::{
+    BufferAppend, ClaimOutcome, Commit, Dedupe, Delivery, DueQuery, Gather, NewRun, Payload, Publish, Published,
+    RunFilter, RunId, SaveOutcome, SaveSchedule, Schedule, ScheduleRecord, Store, TurnEnd, WaitKind, Waiter,
+};
 use durable_store_sqlite::{Durability, SqliteOptions, SqliteStore};
 use serde_json::json;
 
@@ -14,7 +17,7 @@ fn everything_survives_close_and_reopen() {
         let path = dir.path().join("reopen.db");
         let opts = SqliteOptions::new().durability(durability);
         let rt = rt();
-        let (runs, histories, waiters, state) = {
+        let (runs, histories, waiters, state, schedules, buffers) = {
             let store = SqliteStore::open_with(&path, opts.clone()).unwrap();
             rt.block_on(async {
                 let s: &dyn Store = &store;
@@ -61,7 +64,26 @@ fn everything_survives_close_and_reopen() {
                     waiters.push(s.waiters(&r.id).await.unwrap());
                 }
                 let state = s.get_state(&RunId::from("done"), "progress").await.unwrap();
-                (runs, histories, waiters, state)
+                // A schedule (due, and saved twice), and an open batch fed by an event with a
+                // dedupe id.
+                let daily = ScheduleRecord::new(
+                    "daily",
+                    "default",
+                    "report",
+                    Payload::encode(&json!({"to": "ops"})).unwrap(),
+                    Schedule::cron("0 9 * * *").timezone("Europe/Paris"),
+                    1_000,
+                )
+                .unwrap();
+                let save = |record, expected| SaveSchedule { record, expected, start: vec![] };
+                assert_eq!(s.save_schedule(save(daily.clone(), None)).await.unwrap(), SaveOutcome::Saved(1));
+                let fired = ScheduleRecord { due_at: Some(1_500), ..daily };
+                assert_eq!(s.save_schedule(save(fired, Some(1))).await.unwrap(), SaveOutcome::Saved(2));
+                assert!(matches!(s.publish(order(1_400)).await.unwrap(), Published::Done { .. }));
+                let schedules = s.list_schedules(None, None, 10).await.unwrap();
+                let buffers = s.due_buffers(&due(u64::MAX)).await.unwrap();
+                assert_eq!((schedules.len(), buffers.len()), (1, 1));
+                (runs, histories, waiters, state, schedules, buffers)
             })
         };
         // Dropped: the file is closed. Open it again.
@@ -83,6 +105,15 @@ fn everything_survives_close_and_reopen() {
             ));
             let tagged = s.list_runs(&RunFilter { tag: Some("blue".into()), ..RunFilter::default() }).await.unwrap();
             assert_eq!(tagged.runs.len(), 1);
+            // The schedule, the buffer and the dedupe id are all still there and still work.
+            assert_eq!(s.list_schedules(None, None, 10).await.unwrap(), schedules);
+            assert_eq!(s.due_schedules(&due(1_500)).await.unwrap(), schedules);
+            assert_eq!(s.due_buffers(&due(u64::MAX)).await.unwrap(), buffers);
+            assert_eq!(s.publish(order(1_600)).await.unwrap(), Published::Duplicate);
+            let stale = SaveSchedule { record: schedules[0].clone(), expected: Some(1), start: vec![] };
+            assert_eq!(s.save_schedule(stale).await.unwrap(), SaveOutcome::Stale(Some(schedules[0].clone())));
+            let flushed = s.flush_buffer("batch", "", &buffers[0].batch_id, 2_000).await.unwrap().unwrap();
+            assert_eq!(flushed.run().input, Payload::encode(&json!([{"order": 7}])).unwrap());
             // The waiter, the buffered signal and the buffered event still work.
             assert_eq!(
                 s.send_signal("approve", Payload::encode(&json!("yes")).unwrap(), 2_000).await.unwrap(),
@@ -109,6 +140,27 @@ fn everything_survives_close_and_reopen() {
                 s.history(&RunId::from("late")).await.unwrap().into_iter().map(|cp| cp.output.unwrap()).collect();
             assert_eq!(outputs, [Payload::encode(&json!(1)).unwrap(), Payload::encode(&json!({"k": 1})).unwrap()]);
         });
+    }
+}
+
+/// Every due schedule or buffer at `now`.
+fn due(now: u64) -> DueQuery {
+    DueQuery { namespace: None, workflows: None, now, limit: 10 }
+}
+
+/// An `order` event with dedupe id `order-7`, gathered into the open batch of workflow `batch`.
+fn order(now: u64) -> Publish {
+    let append = BufferAppend {
+        workflow: "batch".into(),
+        key: String::new(),
+        gather: Gather::Batch { max_items: 10, max_wait_ms: 60_000 },
+        batch_id: format!("b-{now}"),
+        run: NewRun { workflow: "batch".into(), ..new_run("unused", now) },
+    };
+    Publish {
+        dedupe: Some(Dedupe { id: "order-7".into(), keep_until: 1_000_000 }),
+        gather: vec![append],
+        ..Publish::event("order", Payload::encode(&json!({"order": 7})).unwrap(), now)
     }
 }
 

@@ -2,15 +2,19 @@
 //! of filters, and the three poller scans, are served by an index on the runs (SQLite's
 //! `EXPLAIN QUERY PLAN`: a `SEARCH`, never a `SCAN` of the table or a walk of an index that the
 //! query does not narrow, and no sort of the rows found), so they cost what they return, not
-//! the number of runs. And the answers of every combination are the memory store's.
+//! the number of runs; so are the schedulers' due scans (schedules, trigger buffers) and the
+//! schedule listing. And the answers of every combination are the memory store's.
 
 mod common;
 
 use std::sync::Arc;
 
-use durable_core::{NewRun, ParentLink, Payload, RunFilter, RunId, RunQuery, RunStatus, Store, encode_cursor};
+use durable_core::{
+    BufferAppend, DueQuery, Gather, NewRun, ParentLink, Payload, Publish, RunFilter, RunId, RunQuery, RunStatus,
+    SaveSchedule, Schedule, ScheduleRecord, Store, encode_cursor,
+};
 use durable_store_memory::MemoryStore;
-use durable_store_sqlite::__private::{Poll, Value, list_runs_sql, poll_sql};
+use durable_store_sqlite::__private::{Due, Poll, Value, due_sql, list_runs_sql, list_schedules_sql, poll_sql};
 use rusqlite::Connection;
 
 /// The indexes the plans below rest on: dropping any one of them must break a plan.
@@ -24,7 +28,13 @@ const PLAN_INDEXES: &[&str] = &[
     "runs_pending",
     "runs_due",
     "runs_orphaned",
+    "schedules_due",
+    "schedules_namespace",
+    "trigger_buffers_due",
 ];
+
+/// The tables whose whole walk a plan must not do.
+const TABLES: &[&str] = &["runs", "run_tags", "schedules", "trigger_buffers"];
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -76,13 +86,30 @@ fn poll_queries() -> Vec<(Poll, RunQuery)> {
     out
 }
 
+/// Every query of the two due scans: with and without a namespace, any workflow, none, or two
+/// of them.
+fn due_queries() -> Vec<(Due, DueQuery)> {
+    let mut out = Vec::new();
+    for which in [Due::Schedules, Due::Buffers] {
+        for namespace in [None, Some("tenant".to_string())] {
+            for workflows in [None, Some(vec![]), Some(vec!["wf-1".to_string(), "wf-2".to_string()])] {
+                out.push((which, DueQuery { namespace: namespace.clone(), workflows, now: T0 + 50, limit: 10 }));
+            }
+        }
+    }
+    out
+}
+
 /// One statement to plan, and what its plan may do besides searching an index.
 struct Case {
     name: String,
+    /// The table it reads (through an index).
+    table: &'static str,
     sql: String,
     args: Vec<Value>,
-    /// The one index it may walk whole (`SCAN runs USING INDEX …`): a partial index that holds
-    /// exactly the rows wanted, or the newest-first index for an unfiltered listing.
+    /// The one index it may walk whole (`SCAN <table> USING INDEX …`): a partial index that
+    /// holds exactly the rows wanted, or the index in the listing order for an unfiltered
+    /// listing.
     may_walk: Option<&'static str>,
     /// Whether it may sort what it found (the orphan scan sorts the orphans by age).
     may_sort: bool,
@@ -95,6 +122,7 @@ fn cases() -> Vec<Case> {
         let unfiltered = f == RunFilter { limit: f.limit, ..RunFilter::default() };
         out.push(Case {
             name: format!("list_runs {f:?}"),
+            table: "runs",
             sql,
             args,
             may_walk: unfiltered.then_some("runs_created"),
@@ -108,11 +136,35 @@ fn cases() -> Vec<Case> {
         };
         out.push(Case {
             name: format!("{which:?} {q:?}"),
+            table: "runs",
             sql,
             args,
             may_walk: (which == Poll::Pending).then_some("runs_pending"),
             may_sort: which == Poll::Orphaned,
         });
+    }
+    for (which, q) in due_queries() {
+        let Some((sql, args)) = due_sql(which, &q) else {
+            assert_eq!(q.workflows, Some(vec![]), "only a query for no workflow asks nothing");
+            continue;
+        };
+        let table = if which == Due::Schedules { "schedules" } else { "trigger_buffers" };
+        out.push(Case { name: format!("{which:?} {q:?}"), table, sql, args, may_walk: None, may_sort: false });
+    }
+    for namespace in [None, Some("tenant")] {
+        for after in [None, Some("daily")] {
+            let (sql, args) = list_schedules_sql(namespace, after, 10).expect("a limit");
+            // The first page of all schedules walks the keys from the first: that is the page.
+            let may_walk = (namespace.is_none() && after.is_none()).then_some("sqlite_autoindex_schedules_1");
+            out.push(Case {
+                name: format!("list_schedules {namespace:?} after {after:?}"),
+                table: "schedules",
+                sql,
+                args,
+                may_walk,
+                may_sort: false,
+            });
+        }
     }
     out
 }
@@ -137,14 +189,15 @@ fn violations(conn: &Connection, cases: &[Case]) -> Vec<String> {
         };
         let mut bad =
             |why: &str| out.push(format!("{}: {why}\n  {}\n  plan: {}", case.name, case.sql, lines.join(" | ")));
+        let table = case.table;
         for line in &lines {
-            let walked = |table: &str| line.starts_with(&format!("SCAN {table}"));
-            if walked("runs") || walked("run_tags") {
-                // `SCAN runs` is the whole table; `SCAN runs USING [COVERING] INDEX i` the whole of
-                // index i: allowed only where that is what the query wants.
+            // `SCAN t` is the whole table; `SCAN t USING [COVERING] INDEX i` the whole of index i:
+            // allowed only where that is what the query wants. (`SCAN t ` with the space, so
+            // `SCAN runs` does not match `SCAN run_tags`.)
+            if TABLES.iter().any(|t| line == &format!("SCAN {t}") || line.starts_with(&format!("SCAN {t} "))) {
                 let allowed = case.may_walk.is_some_and(|i| {
-                    line == &format!("SCAN runs USING INDEX {i}")
-                        || line == &format!("SCAN runs USING COVERING INDEX {i}")
+                    line == &format!("SCAN {table} USING INDEX {i}")
+                        || line == &format!("SCAN {table} USING COVERING INDEX {i}")
                 });
                 if !allowed {
                     bad(&format!("walks more than it returns ({line})"));
@@ -154,8 +207,11 @@ fn violations(conn: &Connection, cases: &[Case]) -> Vec<String> {
                 bad(&format!("sorts what it found ({line})"));
             }
         }
-        if !lines.iter().any(|l| l.starts_with("SEARCH runs") || l.starts_with("SCAN runs USING")) {
-            bad("reads no index of the runs");
+        if !lines
+            .iter()
+            .any(|l| l.starts_with(&format!("SEARCH {table} ")) || l.starts_with(&format!("SCAN {table} USING")))
+        {
+            bad(&format!("reads no index of {table}"));
         }
     }
     out
@@ -171,10 +227,10 @@ fn database() -> (tempfile::TempDir, Connection) {
 }
 
 #[test]
-fn every_list_filter_and_poller_scan_is_served_by_an_index() {
+fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
     let (_dir, conn) = database();
     let cases = cases();
-    assert_eq!(cases.len(), 4 * 128 + 3 * 4);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 4 + 4);
     let found = violations(&conn, &cases);
     assert!(found.is_empty(), "{} plans read more than they return:\n{}", found.len(), found.join("\n"));
 
@@ -206,7 +262,8 @@ fn run(i: usize) -> NewRun {
         parent: i.is_multiple_of(2).then(|| ParentLink { run_id: RunId::from("parent"), seq: i as u32 }),
         // Two runs per millisecond: the id breaks the ties.
         created_at: T0 + (i / 2) as u64,
-        start_at: None,
+        // Every third run is a delayed start (those left pending are due runs, not pending ones).
+        start_at: i.is_multiple_of(3).then_some(T0 + 20 + i as u64),
     }
 }
 
@@ -275,5 +332,94 @@ fn every_filter_combination_lists_what_the_memory_store_lists() {
             nonempty += usize::from(listed > 0);
         }
         assert!(nonempty > 200, "most combinations list something ({nonempty})");
+    });
+}
+
+/// The schedule `i` of the data set the due-scan test reads: due at spread times (every fifth
+/// one paused: never due), in two namespaces and three workflows.
+fn schedule(i: usize) -> ScheduleRecord {
+    let workflow = format!("wf-{}", i % 3);
+    let namespace = if i % 4 == 1 { "tenant" } else { "default" };
+    let every = Schedule::every(std::time::Duration::from_secs(60));
+    let mut r = ScheduleRecord::new(&format!("sched-{i:03}"), namespace, &workflow, Payload::null(), every, T0)
+        .expect("a valid schedule");
+    // Several share a due time: the key breaks the ties.
+    r.due_at = (!i.is_multiple_of(5)).then_some(T0 + (i as u64 % 7) * 10);
+    r
+}
+
+/// The event `i` of the data set: it feeds the buffer of one of three workflows and two keys.
+fn event(i: usize) -> Publish {
+    let workflow = format!("wf-{}", i % 3);
+    let gather = if i.is_multiple_of(2) {
+        Gather::Debounce { quiet_ms: 5 + i as u64 }
+    } else {
+        Gather::Batch { max_items: 4, max_wait_ms: 30 }
+    };
+    let append = BufferAppend {
+        workflow: workflow.clone(),
+        key: format!("k{}", i % 2),
+        gather,
+        batch_id: format!("batch-{i:03}"),
+        run: NewRun { workflow, namespace: if i % 4 == 1 { "tenant" } else { "default" }.into(), ..run(1) },
+    };
+    Publish { gather: vec![append], ..Publish::event("e", Payload::from_trusted(i.to_string()), T0 + i as u64) }
+}
+
+#[test]
+fn every_poller_and_due_scan_answers_what_the_memory_store_answers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sqlite: Arc<dyn Store> = Arc::new(common::open(&dir.path().join("scans.db")));
+    let memory: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    common::block_on(async {
+        for store in [&sqlite, &memory] {
+            for i in 0..60 {
+                store.create_run(run(i)).await.unwrap();
+                settle(&**store, i).await;
+            }
+            let saves = (0..40).map(|i| SaveSchedule { record: schedule(i), expected: None, start: vec![] }).collect();
+            store.save_schedules(saves).await.unwrap();
+            for i in 0..30 {
+                store.publish(event(i)).await.unwrap();
+            }
+        }
+        let mut nonempty = 0;
+        for now in [T0, T0 + 25, T0 + 45, T0 + 1_000, T0 + 100_000] {
+            for (which, q) in poll_queries() {
+                let q = RunQuery { now, ..q };
+                let (a, b) = match which {
+                    Poll::Pending => (sqlite.pending_runs(&q).await, memory.pending_runs(&q).await),
+                    Poll::Due => (sqlite.due_runs(&q).await, memory.due_runs(&q).await),
+                    Poll::Orphaned => (sqlite.orphaned_runs(&q).await, memory.orphaned_runs(&q).await),
+                };
+                let a = a.unwrap();
+                assert_eq!(a, b.unwrap(), "{which:?} {q:?}");
+                nonempty += usize::from(!a.is_empty());
+            }
+            for (which, q) in due_queries() {
+                let q = DueQuery { now, limit: 7, ..q };
+                let n = match which {
+                    Due::Schedules => {
+                        let a = sqlite.due_schedules(&q).await.unwrap();
+                        assert_eq!(a, memory.due_schedules(&q).await.unwrap(), "{which:?} {q:?}");
+                        a.len()
+                    }
+                    Due::Buffers => {
+                        let a = sqlite.due_buffers(&q).await.unwrap();
+                        assert_eq!(a, memory.due_buffers(&q).await.unwrap(), "{which:?} {q:?}");
+                        a.len()
+                    }
+                };
+                nonempty += usize::from(n > 0);
+            }
+        }
+        assert!(nonempty > 60, "most scans find something ({nonempty})");
+        for namespace in [None, Some("tenant")] {
+            for after in [None, Some("sched-007")] {
+                let a = sqlite.list_schedules(namespace, after, 9).await.unwrap();
+                assert_eq!(a, memory.list_schedules(namespace, after, 9).await.unwrap(), "{namespace:?} {after:?}");
+                assert!(!a.is_empty());
+            }
+        }
     });
 }

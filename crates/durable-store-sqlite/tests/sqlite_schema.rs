@@ -7,7 +7,9 @@ use std::path::Path;
 use std::time::Duration;
 
 use common::{block_on, new_run};
-use durable_core::{RunFilter, RunId, RunStatus, Store};
+use durable_core::{
+    Payload, RunFilter, RunId, RunQuery, RunStatus, SaveOutcome, SaveSchedule, Schedule, ScheduleRecord, Store,
+};
 use durable_store_sqlite::{Error, SCHEMA_VERSION, SqliteOptions, SqliteStore};
 use rusqlite::Connection;
 
@@ -273,9 +275,20 @@ fn a_version_1_file_is_migrated_forward_with_its_data() {
             ["old-child", "old-2"]
         );
         assert_eq!(list(RunFilter { workflow: Some("child".into()), ..RunFilter::default() }).await, ["old-child"]);
+        // Version 5: the old pending run (no wake_at) is pending work, like the new one; the old
+        // suspended one without a timer is not due; schedules can be stored.
+        let q = RunQuery { namespace: None, workflows: None, now: 100, limit: 10 };
+        assert_eq!(store.pending_runs(&q).await.unwrap(), [RunId::from("old-3"), RunId::from("new")]);
+        assert_eq!(store.due_runs(&q).await.unwrap(), Vec::<RunId>::new());
+        let every = Schedule::every(std::time::Duration::from_secs(60));
+        let record = ScheduleRecord::new("k", "default", "wf", Payload::null(), every, 100).unwrap();
+        let save = SaveSchedule { record, expected: None, start: vec![] };
+        assert_eq!(store.save_schedule(save).await.unwrap(), SaveOutcome::Saved(1));
+        assert_eq!(store.list_schedules(None, None, 10).await.unwrap().len(), 1);
     });
     drop(store);
-    // The migrated file has the indexes a new file has, and none of those version 4 replaced.
+    // The migrated file has the indexes a new file has (version 5's partial run indexes with
+    // their new terms among them), and none of those version 4 replaced.
     let indexes = |path: &Path| {
         let conn = Connection::open(path).unwrap();
         let mut stmt = conn
@@ -295,7 +308,18 @@ fn a_version_1_file_is_migrated_forward_with_its_data() {
     for gone in ["runs_parent", "runs_running_lease", "run_tags_tag"] {
         assert!(!names.iter().any(|n| n == gone), "{gone} was dropped: {names:?}");
     }
-    for new in ["runs_status_created", "runs_parent_created", "run_tags_created", "runs_orphaned"] {
+    for new in [
+        "runs_status_created",
+        "runs_parent_created",
+        "run_tags_created",
+        "runs_orphaned",
+        "runs_pending",
+        "runs_due",
+        "schedules_due",
+        "schedules_namespace",
+        "trigger_buffers_due",
+        "event_dedupe_expiry",
+    ] {
         assert!(names.iter().any(|n| n == new), "{new} was created: {names:?}");
     }
 }
