@@ -34,6 +34,18 @@
 //!   planner keeps them even when its statistics lag a burst of runs. No index names
 //!   `updated_at`: a step commit, which changes only that and the recovery count, is a HOT update
 //!   that writes no index entry when the row's page has room (the table's fill factor is 90).
+//! - **Schedules, event triggers and delayed starts, in the same writes.** A schedule save
+//!   ([`Store::save_schedule`]) is a compare-and-set on the stored revision — the `WHERE` of its
+//!   `UPDATE`, or the primary key of a create's `INSERT` — with the runs it fires created in the
+//!   same transaction, so of concurrent schedulers exactly one fires; [`Store::save_schedules`]
+//!   is one group (one transaction, one round trip), each save applied on its own. A publish
+//!   ([`Store::publish`]) is one write too: its dedupe id is an `INSERT … ON CONFLICT` under the
+//!   event name's advisory lock (concurrent duplicates: one publishes), then the deliveries, the
+//!   trigger runs, and the debounce and batch buffers, gathered on the server by
+//!   [`TriggerBuffer::gather`]'s rules (a test runs both side by side) with one row per
+//!   gathered payload. A run created with a `start_at` is `pending` with that `wake_at`: the
+//!   pending scan skips it, the due scan finds it. Due schedules, due buffers, pending runs and
+//!   due runs each walk an index of their own, from the earliest due.
 //! - **Versioned schema.** A `schema_version` table records the version. Connecting creates the
 //!   schema or migrates it forward, in one transaction holding an advisory lock (concurrent
 //!   engines do not race); a schema written by a newer build is refused
@@ -142,9 +154,9 @@ use std::sync::Arc;
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, Millis, NewRun, Payload,
-    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, Store, StoreError, StoreResult, Waiter,
-    encode_cursor,
+    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
+    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
+    SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TriggerBuffer, Waiter, encode_cursor,
 };
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
@@ -158,7 +170,7 @@ pub use deadpool_postgres;
 /// (`tests/pg_plans.rs`). May change in any release.
 #[doc(hidden)]
 pub mod __private {
-    use durable_core::{RunFilter, RunQuery, StoreError};
+    use durable_core::{DueQuery, RunFilter, RunQuery, StoreError};
     use tokio_postgres::types::{ToSql, Type};
 
     use crate::PostgresStore;
@@ -176,6 +188,29 @@ pub mod __private {
     /// The statement of `pending_runs`, `due_runs` or `orphaned_runs`.
     pub fn poll_sql(store: &PostgresStore, which: Poll, query: &RunQuery) -> Statement {
         let q = crate::ops::poll_query(&store.inner.sql.schema, which, query);
+        (q.sql, q.params)
+    }
+
+    /// The statement of `due_schedules`.
+    pub fn due_schedules_sql(store: &PostgresStore, query: &DueQuery) -> Statement {
+        let q = crate::ops::due_schedules_query(&store.inner.sql.schema, query);
+        (q.sql, q.params)
+    }
+
+    /// The statement of `due_buffers`.
+    pub fn due_buffers_sql(store: &PostgresStore, query: &DueQuery) -> Statement {
+        let q = crate::ops::due_buffers_query(&store.inner.sql.schema, query);
+        (q.sql, q.params)
+    }
+
+    /// The statement of `list_schedules`.
+    pub fn list_schedules_sql(
+        store: &PostgresStore,
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> Statement {
+        let q = crate::ops::list_schedules_query(&store.inner.sql.schema, namespace, after, limit);
         (q.sql, q.params)
     }
 }
@@ -222,6 +257,7 @@ struct Statements {
     history: String,
     waiters: String,
     get_state: String,
+    get_schedule: String,
 }
 
 impl Statements {
@@ -233,6 +269,7 @@ impl Statements {
             history: format!("SELECT {} FROM {s}.checkpoints WHERE run_id = $1 ORDER BY seq", ops::CHECKPOINT_COLS),
             waiters: format!("SELECT {} FROM {s}.waiters WHERE run_id = $1 ORDER BY seq", ops::WAITER_COLS),
             get_state: format!("SELECT value FROM {s}.run_state WHERE run_id = $1 AND key = $2"),
+            get_schedule: format!("SELECT body FROM {s}.schedules WHERE key = $1"),
             schema: s,
         }
     }
@@ -470,6 +507,16 @@ impl PostgresStore {
         }
     }
 
+    /// Decodes rows whose one column is a schedule's body.
+    fn schedule_rows(&self, doing: &str, rows: &[Row]) -> StoreResult<Vec<ScheduleRecord>> {
+        rows.iter()
+            .map(|row| {
+                let body = row.try_get::<_, String>(0).map(|body| ops::schedule_body(&body));
+                self.decode(doing, body)
+            })
+            .collect()
+    }
+
     async fn poll(&self, which: Poll, query: &RunQuery) -> StoreResult<Vec<RunId>> {
         if query.limit == 0 {
             return Ok(Vec::new());
@@ -606,41 +653,92 @@ impl Store for PostgresStore {
         self.answer(ops::signal_answer(&answer))
     }
 
-    async fn publish(&self, _event: durable_core::Publish) -> StoreResult<durable_core::Published> {
-        Err(durable_core::StoreError::backend("publish: not yet implemented"))
+    async fn publish(&self, event: Publish) -> StoreResult<Published> {
+        let op = Op::Publish(ops::PublishJson::new(&event)?);
+        let answer = self.write(op).await?;
+        self.answer(ops::publish_answer(&answer, event.start))
     }
 
-    async fn due_buffers(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::TriggerBuffer>> {
-        Err(durable_core::StoreError::backend("due_buffers: not yet implemented"))
+    async fn due_buffers(&self, query: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let q = ops::due_buffers_query(&self.inner.sql.schema, query);
+        let rows = self.query("reading due trigger buffers", &q.sql, &q.param_refs()).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            out.push(self.decode("reading due trigger buffers", ops::buffer_from_row(row))?);
+        }
+        Ok(out)
     }
 
-    async fn flush_buffer(&self, _w: &str, _k: &str, _b: &str, _now: Millis) -> StoreResult<Option<CreateRun>> {
-        Err(durable_core::StoreError::backend("flush_buffer: not yet implemented"))
+    async fn flush_buffer(
+        &self,
+        workflow: &str,
+        key: &str,
+        batch_id: &str,
+        now: Millis,
+    ) -> StoreResult<Option<CreateRun>> {
+        let op = Op::FlushBuffer { workflow, key, batch_id, now: ops::millis_to_sql(now) };
+        let answer = self.write(op).await?;
+        self.answer(ops::flush_answer(&answer))
     }
 
-    async fn get_schedule(&self, _key: &str) -> StoreResult<Option<durable_core::ScheduleRecord>> {
-        Err(durable_core::StoreError::backend("get_schedule: not yet implemented"))
+    async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
+        let rows = self.query("reading a schedule", &self.inner.sql.get_schedule, &[(&key, Type::TEXT)]).await?;
+        let mut records = self.schedule_rows("reading a schedule", &rows)?;
+        Ok(records.pop())
     }
 
     async fn list_schedules(
         &self,
-        _ns: Option<&str>,
-        _after: Option<&str>,
-        _limit: usize,
-    ) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
-        Err(durable_core::StoreError::backend("list_schedules: not yet implemented"))
+        namespace: Option<&str>,
+        after: Option<&str>,
+        limit: usize,
+    ) -> StoreResult<Vec<ScheduleRecord>> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let q = ops::list_schedules_query(&self.inner.sql.schema, namespace, after, limit);
+        let rows = self.query("listing schedules", &q.sql, &q.param_refs()).await?;
+        self.schedule_rows("listing schedules", &rows)
     }
 
-    async fn save_schedule(&self, _save: durable_core::SaveSchedule) -> StoreResult<durable_core::SaveOutcome> {
-        Err(durable_core::StoreError::backend("save_schedule: not yet implemented"))
+    async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome> {
+        let answer = self.write(Op::SaveSchedule(ops::SaveScheduleJson::new(&save)?)).await?;
+        self.answer(ops::save_answer(&answer))
     }
 
-    async fn delete_schedule(&self, _key: &str) -> StoreResult<bool> {
-        Err(durable_core::StoreError::backend("delete_schedule: not yet implemented"))
+    /// One group of `save_schedule` operations: one transaction and one round trip (as
+    /// [`Store::create_runs`]), each save applied on its own (a stale one writes nothing and
+    /// the others still apply).
+    async fn save_schedules(&self, saves: Vec<SaveSchedule>) -> StoreResult<Vec<SaveOutcome>> {
+        if saves.is_empty() {
+            return Ok(Vec::new());
+        }
+        let group = saves
+            .iter()
+            .map(|save| Ok(Op::SaveSchedule(ops::SaveScheduleJson::new(save)?).encode()))
+            .collect::<StoreResult<Vec<_>>>()?;
+        let answers = self.inner.writer.write_group(&self.inner.shared, group).await?;
+        if answers.len() != saves.len() {
+            return Err(self.corrupt(format!("{} schedule saves got {} answers", saves.len(), answers.len())));
+        }
+        answers.iter().map(|answer| self.answer(ops::save_answer(answer))).collect()
     }
 
-    async fn due_schedules(&self, _q: &durable_core::DueQuery) -> StoreResult<Vec<durable_core::ScheduleRecord>> {
-        Err(durable_core::StoreError::backend("due_schedules: not yet implemented"))
+    async fn delete_schedule(&self, key: &str) -> StoreResult<bool> {
+        let answer = self.write(Op::DeleteSchedule { key }).await?;
+        self.answer(ops::bool_answer(&answer, &RunId::new(""), "deleted"))
+    }
+
+    async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let q = ops::due_schedules_query(&self.inner.sql.schema, query);
+        let rows = self.query("reading due schedules", &q.sql, &q.param_refs()).await?;
+        self.schedule_rows("reading due schedules", &rows)
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

@@ -1,12 +1,13 @@
-//! The store's operations: how writes are encoded for the server-side functions (`sql/v1.sql`)
+//! The store's operations: how writes are encoded for the server-side functions (`sql/v*.sql`)
 //! and how their JSON answers and read queries' rows decode into the data model.
 //!
 //! Each mirrors the method of the same name in `durable-store-memory`, the reference.
 
 use durable_core::{
-    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, NewRun, ParentLink, Payload,
-    QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch, RunQuery, RunStatus, StepError, StoreError, TurnEnd,
-    WaitKind, Waiter, decode_cursor,
+    BufferAppend, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gather,
+    NewRun, ParentLink, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch, RunQuery,
+    RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StoreError, TriggerBuffer, TurnEnd, WaitKind,
+    Waiter, decode_cursor,
 };
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
@@ -236,7 +237,10 @@ pub(crate) enum Op<'a> {
     Commit(CommitJson<'a>),
     UpdateRunIf(PatchJson<'a>),
     SendSignal { token: &'a str, payload: &'a str, now: i64 },
-    PublishEvent { name: &'a str, payload: &'a str, now: i64 },
+    Publish(PublishJson<'a>),
+    FlushBuffer { workflow: &'a str, key: &'a str, batch_id: &'a str, now: i64 },
+    SaveSchedule(SaveScheduleJson<'a>),
+    DeleteSchedule { key: &'a str },
     DeleteRun { id: &'a str },
     Enqueue { items: Vec<QueueItemJson<'a>>, now: i64 },
     AckQueued { ids: Vec<i64>, owner: &'a str },
@@ -251,6 +255,11 @@ impl Op<'_> {
     }
 }
 
+/// An error of the caller's data, found before anything was sent.
+fn refused(message: String) -> StoreError {
+    StoreError::backend(message)
+}
+
 #[derive(Debug, Serialize)]
 pub(crate) struct NewRunJson<'a> {
     id: &'a str,
@@ -263,6 +272,8 @@ pub(crate) struct NewRunJson<'a> {
     parent_id: Option<&'a str>,
     parent_seq: Option<u32>,
     created_at: i64,
+    /// A delayed start: the run's `wake_at`.
+    start_at: Option<i64>,
 }
 
 impl<'a> NewRunJson<'a> {
@@ -278,7 +289,159 @@ impl<'a> NewRunJson<'a> {
             parent_id: run.parent.as_ref().map(|p| p.run_id.as_str()),
             parent_seq: run.parent.as_ref().map(|p| p.seq),
             created_at: millis_to_sql(run.created_at),
+            start_at: run.start_at.map(millis_to_sql),
         }
+    }
+}
+
+/// A [`NewRunJson`] read back (the run a trigger buffer starts).
+#[derive(Debug, Deserialize)]
+struct NewRunRow {
+    id: String,
+    workflow: String,
+    version: u32,
+    namespace: String,
+    input: String,
+    tags: Vec<String>,
+    priority: i32,
+    parent_id: Option<String>,
+    parent_seq: Option<u32>,
+    created_at: i64,
+    #[serde(default)]
+    start_at: Option<i64>,
+}
+
+impl NewRunRow {
+    fn into_new_run(self) -> Result<NewRun, String> {
+        let what = |col: &str| format!("trigger buffer run {}: {col}", self.id);
+        let parent = match (self.parent_id.as_deref(), self.parent_seq) {
+            (Some(pid), Some(seq)) => Some(ParentLink { run_id: RunId::new(pid), seq }),
+            _ => None,
+        };
+        let created_at = millis_from_sql(self.created_at, || what("created_at"))?;
+        let start_at = self.start_at.map(|v| millis_from_sql(v, || what("start_at"))).transpose()?;
+        Ok(NewRun {
+            id: RunId::new(self.id),
+            workflow: self.workflow,
+            version: self.version,
+            namespace: self.namespace,
+            input: Payload::from_trusted(self.input),
+            tags: self.tags,
+            priority: self.priority,
+            parent,
+            created_at,
+            start_at,
+        })
+    }
+}
+
+/// How a trigger buffer gathers, as the store keeps it (its own format, not the core's serde
+/// form, so the stored rows do not change with it).
+#[derive(Debug, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub(crate) enum GatherJson {
+    Debounce { quiet_ms: u64 },
+    Batch { max_items: u32, max_wait_ms: u64 },
+}
+
+impl GatherJson {
+    fn new(g: &Gather) -> Result<Self, StoreError> {
+        match *g {
+            Gather::Debounce { quiet_ms } => Ok(GatherJson::Debounce { quiet_ms }),
+            Gather::Batch { max_items, max_wait_ms } => Ok(GatherJson::Batch { max_items, max_wait_ms }),
+            ref other => Err(refused(format!("this PostgreSQL store cannot gather by {other:?}"))),
+        }
+    }
+
+    fn into_gather(self) -> Gather {
+        match self {
+            GatherJson::Debounce { quiet_ms } => Gather::Debounce { quiet_ms },
+            GatherJson::Batch { max_items, max_wait_ms } => Gather::Batch { max_items, max_wait_ms },
+        }
+    }
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct BufferAppendJson<'a> {
+    workflow: &'a str,
+    key: &'a str,
+    batch_id: &'a str,
+    gather: GatherJson,
+    run: NewRunJson<'a>,
+}
+
+#[derive(Debug, Serialize)]
+pub(crate) struct DedupeJson<'a> {
+    id: &'a str,
+    keep_until: i64,
+}
+
+/// A [`Publish`], as `publish()` reads it.
+#[derive(Debug, Serialize)]
+pub(crate) struct PublishJson<'a> {
+    name: &'a str,
+    payload: &'a str,
+    now: i64,
+    dedupe: Option<DedupeJson<'a>>,
+    start: Vec<NewRunJson<'a>>,
+    gather: Vec<BufferAppendJson<'a>>,
+}
+
+impl<'a> PublishJson<'a> {
+    pub(crate) fn new(p: &'a Publish) -> Result<Self, StoreError> {
+        let gather = p
+            .gather
+            .iter()
+            .map(|a: &'a BufferAppend| {
+                Ok(BufferAppendJson {
+                    workflow: &a.workflow,
+                    key: &a.key,
+                    batch_id: &a.batch_id,
+                    gather: GatherJson::new(&a.gather)?,
+                    run: NewRunJson::new(&a.run),
+                })
+            })
+            .collect::<Result<_, StoreError>>()?;
+        Ok(PublishJson {
+            name: &p.name,
+            payload: p.payload.as_str(),
+            now: millis_to_sql(p.now),
+            dedupe: p.dedupe.as_ref().map(|d| DedupeJson { id: &d.id, keep_until: millis_to_sql(d.keep_until) }),
+            start: p.start.iter().map(NewRunJson::new).collect(),
+            gather,
+        })
+    }
+}
+
+/// A [`SaveSchedule`], as `save_schedule()` reads it: the record's columns and its JSON text,
+/// with the revision it gets if the save applies.
+#[derive(Debug, Serialize)]
+pub(crate) struct SaveScheduleJson<'a> {
+    key: &'a str,
+    namespace: &'a str,
+    workflow: &'a str,
+    due_at: Option<i64>,
+    expected: Option<i64>,
+    body: String,
+    start: Vec<NewRunJson<'a>>,
+}
+
+impl<'a> SaveScheduleJson<'a> {
+    pub(crate) fn new(save: &'a SaveSchedule) -> Result<Self, StoreError> {
+        let r = &save.record;
+        // The revision the server gives it (expected + 1, or 1): the body says the same.
+        let revision = save.expected.map_or(1, |e| e.saturating_add(1));
+        let body = serde_json::to_string(&ScheduleRecord { revision, ..r.clone() })
+            .map_err(|e| refused(format!("schedule {}: cannot be written as JSON: {e}", r.key)))?;
+        Ok(SaveScheduleJson {
+            key: &r.key,
+            namespace: &r.namespace,
+            workflow: &r.workflow,
+            due_at: r.due_at.map(millis_to_sql),
+            expected: save.expected.map(|e| i64::try_from(e).unwrap_or(i64::MAX)),
+            body,
+            start: save.start.iter().map(NewRunJson::new).collect(),
+        })
     }
 }
 
@@ -637,10 +800,58 @@ pub(crate) fn signal_answer(text: &str) -> Result<Delivery, Answer> {
     delivery(field(&mut v, "delivery")?)
 }
 
-pub(crate) fn event_answer(text: &str) -> Result<Vec<Delivery>, Answer> {
+/// A run a write created or found: `create_run`'s answer, read with the row it carries (always
+/// for an existing run; for a created one when the write had to build the run itself).
+fn started(mut v: Value, new: Option<NewRun>) -> Result<CreateRun, Answer> {
+    if field::<bool>(&mut v, "created")? {
+        match (new, v.get("run").is_some_and(|r| !r.is_null())) {
+            (_, true) => Ok(CreateRun::Created(run_field(&mut v)?)),
+            (Some(new), false) => Ok(CreateRun::Created(new.into_run())),
+            (None, false) => Err(Answer::Corrupt("a created run came without its row".into())),
+        }
+    } else {
+        Ok(CreateRun::Existing(run_field(&mut v)?))
+    }
+}
+
+pub(crate) fn publish_answer(text: &str, start: Vec<NewRun>) -> Result<Published, Answer> {
     let mut v = parse(text, &RunId::new(""), None)?;
+    if v.get("duplicate").and_then(Value::as_bool) == Some(true) {
+        return Ok(Published::Duplicate);
+    }
     let list: Vec<DeliveryJson> = field(&mut v, "deliveries")?;
-    list.into_iter().map(DeliveryJson::into_delivery).collect()
+    let deliveries = list.into_iter().map(DeliveryJson::into_delivery).collect::<Result<_, _>>()?;
+    let answers: Vec<Value> = field(&mut v, "started")?;
+    if answers.len() < start.len() {
+        return Err(Answer::Corrupt(format!("{} trigger runs got {} answers", start.len(), answers.len())));
+    }
+    let mut start = start.into_iter();
+    let started = answers.into_iter().map(|a| started(a, start.next())).collect::<Result<_, _>>()?;
+    Ok(Published::Done { deliveries, started })
+}
+
+pub(crate) fn flush_answer(text: &str) -> Result<Option<CreateRun>, Answer> {
+    let v = parse(text, &RunId::new(""), None)?;
+    if v.get("flushed").and_then(Value::as_bool) != Some(true) {
+        return Ok(None);
+    }
+    started(v, None).map(Some)
+}
+
+pub(crate) fn save_answer(text: &str) -> Result<SaveOutcome, Answer> {
+    let mut v = parse(text, &RunId::new(""), None)?;
+    if field::<bool>(&mut v, "saved")? {
+        let revision: i64 = field(&mut v, "revision")?;
+        let revision = u64::try_from(revision).map_err(|_| Answer::Corrupt(format!("schedule revision {revision}")))?;
+        return Ok(SaveOutcome::Saved(revision));
+    }
+    let current: Option<String> = field(&mut v, "current")?;
+    Ok(SaveOutcome::Stale(current.map(|body| schedule_body(&body)).transpose().map_err(Answer::Corrupt)?))
+}
+
+/// A stored schedule (`schedules.body`).
+pub(crate) fn schedule_body(body: &str) -> Result<ScheduleRecord, String> {
+    serde_json::from_str(body).map_err(|e| format!("a stored schedule is not a valid record: {e}"))
 }
 
 pub(crate) fn delete_answer(text: &str, id: &RunId) -> Result<u64, Answer> {
@@ -739,8 +950,8 @@ pub enum Poll {
 /// so (as `now >= 0`) there is no live lease exactly when this is `< now`.
 const LEASE_FREE_AT: &str = "(CASE WHEN lease_owner IS NULL OR lease_until IS NULL THEN -1 ELSE lease_until END)";
 
-/// `pending_runs`, `due_runs` and `orphaned_runs`: pending runs in claim order (`runs_pending`),
-/// due timers by `wake_at` up to now (`runs_due`), orphans by the end of their lease up to now
+/// `pending_runs`, `due_runs` and `orphaned_runs`: pending runs without a delayed start in claim
+/// order (`runs_pending`), due timers and delayed starts by `wake_at` up to now (`runs_due`), orphans by the end of their lease up to now
 /// (`runs_orphaned`; only they are sorted by age).
 pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     let mut q = Query::default();
@@ -748,8 +959,13 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     // A lease is live when it has an owner and lease_until >= now.
     let no_live_lease = format!("(lease_owner IS NULL OR lease_until IS NULL OR lease_until < {now})");
     let (head, order) = match which {
-        Poll::Pending => (format!("status = 'pending' AND {no_live_lease}"), "priority DESC, created_at, id"),
-        Poll::Due => (format!("status = 'suspended' AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id"),
+        // A pending run with a `wake_at` is a delayed start: due_runs finds it when it is due.
+        Poll::Pending => {
+            (format!("status = 'pending' AND wake_at IS NULL AND {no_live_lease}"), "priority DESC, created_at, id")
+        }
+        Poll::Due => {
+            (format!("status IN ('suspended', 'pending') AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id")
+        }
         Poll::Orphaned => (format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id"),
     };
     let mut sql = format!("SELECT id FROM {schema}.runs WHERE {head}");
@@ -768,6 +984,97 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     sql.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
     q.sql = sql;
     q
+}
+
+/// The namespace and workflow terms of a [`DueQuery`].
+fn due_filters(q: &mut Query, sql: &mut String, dq: &DueQuery, prefix: &str) {
+    if let Some(ns) = &dq.namespace {
+        sql.push_str(&format!(" AND {prefix}namespace = {}", q.bind(ns.clone(), Type::TEXT)));
+    }
+    if let Some(ws) = &dq.workflows {
+        sql.push_str(&format!(" AND {prefix}workflow = ANY ({})", q.bind(ws.clone(), Type::TEXT_ARRAY)));
+    }
+}
+
+fn limit_param(q: &mut Query, limit: usize) -> String {
+    q.bind(i64::try_from(limit).unwrap_or(i64::MAX), Type::INT8)
+}
+
+/// `due_schedules`: by `due_at` up to now, then key (`schedules_due`). One column: the body.
+pub(crate) fn due_schedules_query(schema: &str, dq: &DueQuery) -> Query {
+    let mut q = Query::default();
+    let now = q.bind(millis_to_sql(dq.now), Type::INT8);
+    let mut sql = format!("SELECT body FROM {schema}.schedules WHERE due_at <= {now}");
+    due_filters(&mut q, &mut sql, dq, "");
+    let lim = limit_param(&mut q, dq.limit);
+    sql.push_str(&format!(" ORDER BY due_at, key LIMIT {lim}"));
+    q.sql = sql;
+    q
+}
+
+/// `list_schedules`: by key after `after` (the primary key, or `schedules_namespace` for one
+/// namespace). One column: the body.
+pub(crate) fn list_schedules_query(schema: &str, namespace: Option<&str>, after: Option<&str>, limit: usize) -> Query {
+    let mut q = Query::default();
+    let mut sql = format!("SELECT body FROM {schema}.schedules WHERE true");
+    if let Some(ns) = namespace {
+        sql.push_str(&format!(" AND namespace = {}", q.bind(ns.to_string(), Type::TEXT)));
+    }
+    if let Some(after) = after {
+        sql.push_str(&format!(" AND key > {}", q.bind(after.to_string(), Type::TEXT)));
+    }
+    let lim = limit_param(&mut q, limit);
+    sql.push_str(&format!(" ORDER BY key LIMIT {lim}"));
+    q.sql = sql;
+    q
+}
+
+/// The columns of a trigger buffer, in [`buffer_from_row`]'s order (`b` is `trigger_buffers`).
+fn buffer_cols(schema: &str) -> String {
+    format!(
+        "b.workflow, b.key, b.batch_id, b.gather::text, b.run::text, b.first_at, b.last_at, b.due_at, \
+         ARRAY(SELECT p.payload FROM {schema}.trigger_buffer_payloads AS p \
+                WHERE p.workflow = b.workflow AND p.key = b.key ORDER BY p.n)"
+    )
+}
+
+/// `due_buffers`: by `due_at` up to now, then workflow and key (`trigger_buffers_due`).
+pub(crate) fn due_buffers_query(schema: &str, dq: &DueQuery) -> Query {
+    let mut q = Query::default();
+    let now = q.bind(millis_to_sql(dq.now), Type::INT8);
+    let mut sql = format!("SELECT {} FROM {schema}.trigger_buffers AS b WHERE b.due_at <= {now}", buffer_cols(schema));
+    due_filters(&mut q, &mut sql, dq, "b.");
+    let lim = limit_param(&mut q, dq.limit);
+    sql.push_str(&format!(" ORDER BY b.due_at, b.workflow, b.key LIMIT {lim}"));
+    q.sql = sql;
+    q
+}
+
+pub(crate) fn buffer_from_row(row: &Row) -> Result<Result<TriggerBuffer, String>, tokio_postgres::Error> {
+    let workflow: String = row.try_get(0)?;
+    let key: String = row.try_get(1)?;
+    let batch_id: String = row.try_get(2)?;
+    let gather: String = row.try_get(3)?;
+    let run: String = row.try_get(4)?;
+    let (first_at, last_at, due_at): (i64, i64, i64) = (row.try_get(5)?, row.try_get(6)?, row.try_get(7)?);
+    let payloads: Vec<String> = row.try_get(8)?;
+    let what = |col: &str| format!("trigger buffer ({workflow:?}, {key:?}): {col}");
+    let decoded = (|| {
+        let gather: GatherJson = serde_json::from_str(&gather).map_err(|e| format!("{}: {e}", what("gather")))?;
+        let run: NewRunRow = serde_json::from_str(&run).map_err(|e| format!("{}: {e}", what("run")))?;
+        Ok(TriggerBuffer {
+            gather: gather.into_gather(),
+            run: run.into_new_run()?,
+            payloads: payloads.into_iter().map(Payload::from_trusted).collect(),
+            first_at: millis_from_sql(first_at, || what("first_at"))?,
+            last_at: millis_from_sql(last_at, || what("last_at"))?,
+            due_at: millis_from_sql(due_at, || what("due_at"))?,
+            workflow: workflow.clone(),
+            key: key.clone(),
+            batch_id,
+        })
+    })();
+    Ok(decoded)
 }
 
 /// Whole-row decoding helpers for the read paths.
@@ -856,6 +1163,58 @@ mod tests {
             Op::AckQueued { ids: queue_ids(&[3, u64::MAX]), owner: "o" }.encode(),
             r#"{"op":"ack_queued","ids":[3],"owner":"o"}"#
         );
+    }
+
+    #[test]
+    fn publishes_and_saves_travel_in_the_stores_own_format() {
+        let run = NewRun {
+            id: RunId::from("x"),
+            workflow: "wf".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: Payload::null(),
+            tags: vec![],
+            priority: 0,
+            parent: None,
+            created_at: 0,
+            start_at: Some(u64::MAX),
+        };
+        let event = Publish {
+            start: vec![run.clone()],
+            gather: vec![BufferAppend {
+                workflow: "wf".into(),
+                key: "k".into(),
+                gather: Gather::Batch { max_items: 3, max_wait_ms: 9 },
+                batch_id: "b".into(),
+                run: run.clone(),
+            }],
+            ..Publish::event("e", Payload::from_trusted("{ \"a\" :1 }"), 5)
+        };
+        let v: Value = serde_json::from_str(&Op::Publish(PublishJson::new(&event).unwrap()).encode()).unwrap();
+        assert_eq!(v["op"], "publish");
+        assert_eq!(v["payload"], "{ \"a\" :1 }");
+        assert_eq!(v["start"][0]["start_at"], i64::MAX, "delayed starts carry their wake_at");
+        assert_eq!(v["gather"][0]["gather"], serde_json::json!({"kind": "batch", "max_items": 3, "max_wait_ms": 9}));
+        assert_eq!(v["dedupe"], Value::Null);
+
+        let record = ScheduleRecord::new(
+            "k",
+            "default",
+            "wf",
+            Payload::from_trusted("[1 ]"),
+            durable_core::Schedule::every(std::time::Duration::from_secs(60)),
+            0,
+        )
+        .unwrap();
+        let save = SaveSchedule { record: record.clone(), expected: Some(4), start: vec![] };
+        let json = SaveScheduleJson::new(&save).unwrap();
+        let stored = schedule_body(&json.body).unwrap();
+        assert_eq!(stored, ScheduleRecord { revision: 5, ..record }, "the body carries the revision it gets");
+        assert_eq!(save_answer(r#"{"saved": true, "revision": 5}"#).unwrap(), SaveOutcome::Saved(5));
+        let stale = serde_json::json!({"saved": false, "current": json.body}).to_string();
+        assert_eq!(save_answer(&stale).unwrap(), SaveOutcome::Stale(Some(stored)));
+        assert_eq!(save_answer(r#"{"saved": false, "current": null}"#).unwrap(), SaveOutcome::Stale(None));
+        assert!(matches!(save_answer(r#"{"saved": false, "current": "{"}"#), Err(Answer::Corrupt(_))));
     }
 
     #[test]

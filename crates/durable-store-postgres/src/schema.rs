@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -45,6 +45,12 @@ const MIGRATIONS: &[Migration] = &[
         version: 5,
         description: "an index for every list_runs filter; the orphan scan by lease expiry, so step commits are HOT updates",
         sql: include_str!("sql/v5.sql"),
+    },
+    Migration {
+        version: 6,
+        description: "schedules, trigger buffers and publish dedupe ids; delayed starts (create_run stores start_at as wake_at, \
+                      the pending and due scans split by it)",
+        sql: include_str!("sql/v6.sql"),
     },
 ];
 

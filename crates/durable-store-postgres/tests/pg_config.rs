@@ -8,7 +8,7 @@ mod common;
 use std::sync::Arc;
 
 use common::{ScratchSchema, new_run, url_or_skip, with_database};
-use durable_core::{ParentLink, RunFilter, RunId, RunPatch, RunStatus, Store};
+use durable_core::{ParentLink, RunFilter, RunId, RunPatch, RunQuery, RunStatus, Store};
 use durable_store_postgres::deadpool_postgres::tokio_postgres::Client;
 use durable_store_postgres::{Error, PostgresOptions, PostgresStore, SCHEMA_VERSION};
 
@@ -195,6 +195,7 @@ async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
     let bury = RunPatch { status: Some(RunStatus::Dead), now: common::T0, ..RunPatch::default() };
     assert!(store.update_run_if(&RunId::from("old-dead"), &[RunStatus::Pending], bury).await.unwrap());
     drop(store);
+    common::undo_version_6(&admin, old.name()).await;
     common::undo_version_5(&admin, old.name()).await;
     assert_eq!(shape(&admin, old.name()).await.0, (1..=4).collect::<Vec<_>>());
 
@@ -214,6 +215,11 @@ async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
     let mut active = list(RunFilter { statuses: vec![RunStatus::Pending], ..RunFilter::default() }).await;
     active.sort();
     assert_eq!(active, ["old-child", "old-parent", "old-vip"]);
+    // Runs created before delayed starts existed are pending work (no `wake_at`).
+    let q = RunQuery { namespace: None, workflows: None, now: common::T0, limit: 10 };
+    let mut pending: Vec<String> = store.pending_runs(&q).await.unwrap().into_iter().map(|r| r.to_string()).collect();
+    pending.sort();
+    assert_eq!(pending, ["old-child", "old-parent", "old-vip"]);
 
     // And the schema is the one a new store gets.
     drop(fresh.connect().await.unwrap());

@@ -1,18 +1,22 @@
 //! The query plans of the statements the store builds: every `list_runs` filter and combination
-//! of filters, and the three poller scans, are served by an index on the runs (PostgreSQL's
-//! `EXPLAIN (FORMAT JSON)`, with the statement's own parameters: no `Seq Scan` of the runs, and
-//! no index scanned whole without a condition unless that is what the query wants), so they cost
-//! what they match, not the number of runs.
+//! of filters, the three poller scans, the due schedules and trigger buffers and the schedule
+//! listings are served by an index (PostgreSQL's `EXPLAIN (FORMAT JSON)`, with the statement's
+//! own parameters: no `Seq Scan`, and no index scanned whole without a condition unless that is
+//! what the query wants), so they cost what they match, not the number of rows.
 //!
-//! The table holds 20,000 runs, mostly `completed` runs of a few bulk workflows, with rare
-//! slices for each filter to find; it is `ANALYZE`d, and `enable_seqscan = off` asks whether an
-//! index *can* serve each statement rather than whether the planner prefers one on this data.
+//! The runs table holds 20,000 runs, mostly `completed` runs of a few bulk workflows, with rare
+//! slices for each filter to find (delayed starts among them); the schedules and trigger buffers
+//! 20,000 each, one in a thousand due. The tables are `ANALYZE`d, and `enable_seqscan = off` asks
+//! whether an index *can* serve each statement rather than whether the planner prefers one on
+//! this data.
 
 mod common;
 
 use common::{ScratchSchema, url_or_skip};
-use durable_core::{RunFilter, RunId, RunQuery, RunStatus};
-use durable_store_postgres::__private::{Poll, Statement, list_runs_sql, poll_sql};
+use durable_core::{DueQuery, RunFilter, RunId, RunQuery, RunStatus};
+use durable_store_postgres::__private::{
+    Poll, Statement, due_buffers_sql, due_schedules_sql, list_runs_sql, list_schedules_sql, poll_sql,
+};
 use durable_store_postgres::PostgresStore;
 use durable_store_postgres::deadpool_postgres::tokio_postgres::Client;
 use durable_store_postgres::deadpool_postgres::tokio_postgres::types::{FromSql, ToSql, Type};
@@ -30,6 +34,9 @@ const PLAN_INDEXES: &[&str] = &[
     "runs_pending",
     "runs_due",
     "runs_orphaned",
+    "schedules_due",
+    "schedules_namespace",
+    "trigger_buffers_due",
 ];
 
 const T0: i64 = 1_700_000_000_000;
@@ -37,8 +44,13 @@ const RUNS: i64 = 20_000;
 
 /// 20,000 runs: run `g` is created at `T0 + g`; most are `completed` runs of workflows
 /// `bulk-0` … `bulk-4` in namespace `default`; one in a thousand is `dead`, `failed`,
-/// `suspended` (due), `running` (lease expired), `pending` or `running` (lease held); a few dozen
-/// each are of workflow `wf-1`, of namespace `tenant`, tagged `vip`, children of `parent`.
+/// `suspended` (due), `running` (lease expired), `pending`, `running` (lease held) or `pending`
+/// with a delayed start (due for the first half of them); a few dozen each are of workflow
+/// `wf-1`, of namespace `tenant`, tagged `vip`, children of `parent`.
+///
+/// 20,000 schedules and 20,000 trigger buffers (of two payloads each), alike: most due in the
+/// future (the schedules a few paused), one in a thousand due, in the same workflows and
+/// namespaces.
 fn populate_sql(schema: &str) -> String {
     format!(
         "INSERT INTO \"{schema}\".runs (id, workflow, version, namespace, status, input, tags, priority, parent_id,
@@ -49,18 +61,37 @@ fn populate_sql(schema: &str) -> String {
                 CASE WHEN g % 400 = 9 THEN 'tenant' ELSE 'default' END,
                 CASE g % 1000 WHEN 1 THEN 'dead' WHEN 2 THEN 'failed' WHEN 3 THEN 'suspended'
                               WHEN 4 THEN 'running' WHEN 5 THEN 'pending' WHEN 6 THEN 'running'
-                              ELSE 'completed' END,
+                              WHEN 8 THEN 'pending' ELSE 'completed' END,
                 '{{}}',
                 CASE WHEN g % 300 = 10 THEN ARRAY['vip'] ELSE '{{}}'::text[] END,
                 0,
                 CASE WHEN g % 350 = 11 THEN 'parent' END,
                 CASE WHEN g % 350 = 11 THEN g END,
                 {T0} + g, {T0} + g,
-                CASE WHEN g % 1000 = 3 THEN {T0} + g END,
+                CASE WHEN g % 1000 = 3 THEN {T0} + g WHEN g % 1000 = 8 THEN {T0} + 2 * g END,
                 CASE WHEN g % 1000 IN (4, 6) THEN 'engine' END,
                 CASE WHEN g % 1000 = 4 THEN {T0} WHEN g % 1000 = 6 THEN {T0} + 10 * {RUNS} END
          FROM generate_series(1, {RUNS}) AS g;
-         ANALYZE \"{schema}\".runs;"
+         INSERT INTO \"{schema}\".schedules (key, namespace, workflow, due_at, revision, body)
+         SELECT 'sched-' || lpad(g::text, 6, '0'),
+                CASE WHEN g % 400 = 9 THEN 'tenant' ELSE 'default' END,
+                CASE WHEN g % 500 = 7 THEN 'wf-1' ELSE 'bulk-' || (g % 5) END,
+                CASE WHEN g % 1000 = 3 THEN {T0} + g WHEN g % 100 = 1 THEN NULL ELSE {T0} + 100 * {RUNS} + g END,
+                1, '{{}}'
+         FROM generate_series(1, {RUNS}) AS g;
+         INSERT INTO \"{schema}\".trigger_buffers (workflow, key, namespace, batch_id, due_at, first_at, last_at,
+                                                   size, gather, run)
+         SELECT CASE WHEN g % 500 = 7 THEN 'wf-1' ELSE 'bulk-' || (g % 5) END, 'key-' || g,
+                CASE WHEN g % 400 = 9 THEN 'tenant' ELSE 'default' END, 'batch-' || g,
+                CASE WHEN g % 1000 = 3 THEN {T0} + g ELSE {T0} + 100 * {RUNS} + g END, {T0} + g, {T0} + g,
+                2, '{{\"kind\": \"batch\", \"max_items\": 10, \"max_wait_ms\": 1000}}', '{{}}'
+         FROM generate_series(1, {RUNS}) AS g;
+         INSERT INTO \"{schema}\".trigger_buffer_payloads (workflow, key, n, payload)
+         SELECT b.workflow, b.key, n, '{{}}' FROM \"{schema}\".trigger_buffers AS b, generate_series(0, 1) AS n;
+         ANALYZE \"{schema}\".runs;
+         ANALYZE \"{schema}\".schedules;
+         ANALYZE \"{schema}\".trigger_buffers;
+         ANALYZE \"{schema}\".trigger_buffer_payloads;"
     )
 }
 
@@ -149,6 +180,44 @@ fn cases(store: &PostgresStore) -> Vec<Case> {
             }
         }
     }
+    // Due schedules and trigger buffers: those due now, and the next one to come due.
+    let workflows = [None, Some(vec!["bulk-1".to_string(), "wf-1".to_string()])];
+    for (now, limit) in [((T0 + RUNS) as u64, 10), (u64::MAX, 1)] {
+        for namespace in [None, Some("default".to_string())] {
+            for workflows in workflows.clone() {
+                let q = DueQuery { namespace: namespace.clone(), workflows, now, limit };
+                out.push(Case {
+                    name: format!("due_schedules {q:?}"),
+                    statement: due_schedules_sql(store, &q),
+                    may_walk: vec![],
+                    must_use: Some("schedules_due"),
+                });
+                out.push(Case {
+                    name: format!("due_buffers {q:?}"),
+                    statement: due_buffers_sql(store, &q),
+                    may_walk: vec![],
+                    must_use: Some("trigger_buffers_due"),
+                });
+            }
+        }
+    }
+    // Schedule listings: every schedule by key (the primary key, walked from the start), or one
+    // namespace's.
+    for namespace in [None, Some("tenant")] {
+        for after in [None, Some("sched-010000")] {
+            let (may_walk, must_use) = match (namespace, after) {
+                (None, None) => (vec!["schedules_pkey"], "schedules_pkey"),
+                (None, Some(_)) => (vec![], "schedules_pkey"),
+                (Some(_), _) => (vec![], "schedules_namespace"),
+            };
+            out.push(Case {
+                name: format!("list_schedules {namespace:?} after {after:?}"),
+                statement: list_schedules_sql(store, namespace, after, 20),
+                may_walk,
+                must_use: Some(must_use),
+            });
+        }
+    }
     out
 }
 
@@ -204,8 +273,8 @@ async fn violations(client: &Client, cases: &[Case]) -> Vec<String> {
             let kind = node["Node Type"].as_str().unwrap_or_default();
             let index = node["Index Name"].as_str();
             used.extend(index.map(str::to_string));
-            if node["Relation Name"] == "runs" && kind == "Seq Scan" {
-                bad("reads the whole table (Seq Scan on runs)".into());
+            if kind == "Seq Scan" {
+                bad(format!("reads the whole table (Seq Scan on {})", node["Relation Name"]));
             }
             if let Some(index) = index
                 && node["Index Cond"].is_null()
@@ -235,7 +304,7 @@ async fn every_list_filter_and_poller_scan_is_served_by_an_index() {
     admin.batch_execute(&populate_sql(scratch.name())).await.unwrap();
     admin.batch_execute("SET enable_seqscan = off").await.unwrap();
     let cases = cases(&store);
-    assert_eq!(cases.len(), 4 * 128 + 3 * 4);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 8 + 4);
     let found = violations(&admin, &cases).await;
     assert!(found.is_empty(), "{} plans read more than they match:\n{}", found.len(), found.join("\n"));
 

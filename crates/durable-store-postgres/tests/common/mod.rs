@@ -57,6 +57,27 @@ pub fn new_run(id: &str) -> NewRun {
     }
 }
 
+/// Takes schema version 6 back out of `schema` (its tables and functions, the poller indexes as
+/// version 1 made them, its version row), leaving the schema as version 5 left it but for the
+/// functions version 6 replaced (`create_run`, `apply`), which re-running it writes anyway: for
+/// the tests of migrating older schemas forward.
+pub async fn undo_version_6(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {s}.publish(jsonb), {s}.flush_buffer(jsonb), {s}.gather(jsonb, text, bigint),
+                 {s}.buffer_run({s}.trigger_buffers, text, bigint), {s}.delete_schedule(jsonb),
+                 {s}.save_schedule(jsonb), {s}.saturating_add(bigint, numeric), {s}.create_started(jsonb, boolean);
+             DROP TABLE {s}.event_dedupe, {s}.trigger_buffer_payloads, {s}.trigger_buffers, {s}.schedules;
+             DROP INDEX {s}.runs_pending, {s}.runs_due;
+             CREATE INDEX runs_pending ON {s}.runs (priority DESC, created_at, id) WHERE status = 'pending';
+             CREATE INDEX runs_due ON {s}.runs (wake_at, id) WHERE status = 'suspended';
+             DELETE FROM {s}.schema_version WHERE version >= 6"
+        ))
+        .await
+        .expect("undo schema version 6");
+}
+
 /// Takes schema version 5 back out of `schema` (its indexes, the fill factor, its version row),
 /// leaving the schema as version 4 left it: for the tests of migrating older schemas forward.
 pub async fn undo_version_5(admin: &tokio_postgres::Client, schema: &str) {
