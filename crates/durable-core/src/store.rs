@@ -387,7 +387,7 @@ pub enum SaveOutcome {
     /// Stored with this revision.
     Saved(u64),
     /// The expectation did not hold; the stored record, if any.
-    Stale(Option<ScheduleRecord>),
+    Stale(Option<Box<ScheduleRecord>>),
 }
 
 /// A filter for [`Store::list_runs`]. Every field narrows; the default lists everything.

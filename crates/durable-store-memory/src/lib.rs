@@ -136,7 +136,7 @@ impl Inner {
     fn save_schedule(&mut self, save: SaveSchedule) -> SaveOutcome {
         let current = self.schedules.get(&save.record.key);
         if current.map(|r| r.revision) != save.expected {
-            return SaveOutcome::Stale(current.cloned());
+            return SaveOutcome::Stale(current.cloned().map(Box::new));
         }
         let mut record = save.record;
         record.revision = save.expected.map_or(1, |r| r + 1);

@@ -846,7 +846,7 @@ pub(crate) fn save_answer(text: &str) -> Result<SaveOutcome, Answer> {
         return Ok(SaveOutcome::Saved(revision));
     }
     let current: Option<String> = field(&mut v, "current")?;
-    Ok(SaveOutcome::Stale(current.map(|body| schedule_body(&body)).transpose().map_err(Answer::Corrupt)?))
+    Ok(SaveOutcome::Stale(current.map(|body| schedule_body(&body)).transpose().map_err(Answer::Corrupt)?.map(Box::new)))
 }
 
 /// A stored schedule (`schedules.body`).
@@ -1212,7 +1212,7 @@ mod tests {
         assert_eq!(stored, ScheduleRecord { revision: 5, ..record }, "the body carries the revision it gets");
         assert_eq!(save_answer(r#"{"saved": true, "revision": 5}"#).unwrap(), SaveOutcome::Saved(5));
         let stale = serde_json::json!({"saved": false, "current": json.body}).to_string();
-        assert_eq!(save_answer(&stale).unwrap(), SaveOutcome::Stale(Some(stored)));
+        assert_eq!(save_answer(&stale).unwrap(), SaveOutcome::Stale(Some(Box::new(stored))));
         assert_eq!(save_answer(r#"{"saved": false, "current": null}"#).unwrap(), SaveOutcome::Stale(None));
         assert!(matches!(save_answer(r#"{"saved": false, "current": "{"}"#), Err(Answer::Corrupt(_))));
     }

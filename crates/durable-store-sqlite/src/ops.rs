@@ -957,7 +957,7 @@ pub(crate) fn flush_buffer(
 pub(crate) fn save_schedule(conn: &Connection, save: SaveSchedule) -> OpResult<SaveOutcome> {
     let current = get_schedule(conn, &save.record.key)?;
     if current.as_ref().map(|r| r.revision) != save.expected {
-        return Ok(SaveOutcome::Stale(current));
+        return Ok(SaveOutcome::Stale(current.map(Box::new)));
     }
     let mut record = save.record;
     record.revision = save.expected.map_or(1, |r| r + 1);

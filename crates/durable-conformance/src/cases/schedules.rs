@@ -45,7 +45,7 @@ pub async fn schedule_create_is_once_per_key(store: Arc<dyn Store>) -> CaseResul
     let stored = ScheduleRecord { revision: 1, ..r.clone() };
     assert_eq!(s.get_schedule("daily").await?, Some(stored.clone()), "every field round-trips");
     let other = record("daily", None);
-    assert_eq!(s.save_schedule(save(other, None)).await?, SaveOutcome::Stale(Some(stored.clone())));
+    assert_eq!(s.save_schedule(save(other, None)).await?, SaveOutcome::Stale(Some(Box::new(stored.clone()))));
     assert_eq!(s.get_schedule("daily").await?, Some(stored), "the loser wrote nothing");
     assert_eq!(s.get_schedule("missing").await?, None);
     Ok(())
