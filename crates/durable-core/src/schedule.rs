@@ -567,6 +567,29 @@ mod tests {
     }
 
     #[test]
+    fn a_paris_morning_fires_at_nine_local_all_year_and_moves_twice_in_utc() {
+        use chrono::Timelike;
+        let s = Schedule::cron("0 9 * * *").timezone("Europe/Paris");
+        let fires = s.upcoming(T2026, 365).unwrap();
+        assert_eq!(fires.len(), 365);
+        let mut utc_hours = Vec::new();
+        for at in &fires {
+            let utc = DateTime::<Utc>::from_timestamp_millis(*at as i64).unwrap();
+            let local = utc.with_timezone(&chrono_tz::Europe::Paris);
+            assert_eq!((local.hour(), local.minute(), local.second()), (9, 0, 0), "{local}");
+            if utc_hours.last() != Some(&utc.hour()) {
+                utc_hours.push(utc.hour());
+                println!("from {utc}: {}:00 UTC", utc.hour());
+            }
+        }
+        // Winter time (UTC+1), summer time from 29 March (UTC+2), winter time from 25 October.
+        assert_eq!(utc_hours, vec![8, 7, 8]);
+        let day = |at: Millis| DateTime::<Utc>::from_timestamp_millis(at as i64).unwrap().date_naive().to_string();
+        let switches: Vec<String> = fires.windows(2).filter(|w| (w[1] - w[0]) != 24 * H).map(|w| day(w[1])).collect();
+        assert_eq!(switches, vec!["2026-03-29", "2026-10-25"]);
+    }
+
+    #[test]
     fn on_time_fires_start_and_the_record_moves_on() {
         let r = record(Schedule::every(Duration::from_secs(3600)), T2026);
         assert_eq!(r.due_at, Some(T2026 + H));
