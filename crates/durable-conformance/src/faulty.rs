@@ -155,7 +155,8 @@ pub struct Call<'a> {
     /// The run the call addresses, if it addresses one (the run created — the first of a
     /// `create_runs` batch —, claimed, committed, read, …).
     pub run_id: Option<&'a RunId>,
-    /// The signal token or event name, for `send_signal` and `publish_event`.
+    /// The signal token (`send_signal`), event name (`publish`), schedule key
+    /// (`get_schedule`, `save_schedule`, `delete_schedule`) or workflow (`flush_buffer`).
     pub token: Option<&'a str>,
     /// The position of this call among every call the wrapper received, from 1.
     pub number: u64,

@@ -46,14 +46,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     for at in upcoming {
         clock.set(at);
         loop {
-            if let EngineEvent::ScheduleAdvanced { key, fired, .. } = events.recv().await? {
-                if key == "morning-report" {
-                    for id in fired {
-                        let out: String = engine.wait_for_run(&id).await?.output()?;
-                        println!("  {id} -> {out}");
-                    }
-                    break;
+            if let EngineEvent::ScheduleAdvanced { key, fired, .. } = events.recv().await?
+                && key == "morning-report"
+            {
+                for id in fired {
+                    let out: String = engine.wait_for_run(&id).await?.output()?;
+                    println!("  {id} -> {out}");
                 }
+                break;
             }
         }
     }

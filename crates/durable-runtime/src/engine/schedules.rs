@@ -106,8 +106,9 @@ impl Engine {
     }
 
     /// Fires schedule `key` now, whatever its cadence, overlap policy or pause: returns the
-    /// id of the run it starts (`sched:<key>:<now-ms>`), which an executing engine's
-    /// scheduler creates at once.
+    /// id of the run it starts (`sched:<key>:<now-ms>`). The fire is stored; the scheduler of
+    /// this engine creates the run at once if it executes runs, any other executing engine
+    /// within its `schedule_poll_interval` (1 s).
     pub async fn trigger_schedule(&self, key: &str) -> Result<RunId> {
         let mut at = 0;
         self.modify_schedule(key, |current, now| {
