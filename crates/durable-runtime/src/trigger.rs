@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use durable_core::Gather;
 
-/// One event that starts runs of a workflow ([`WorkflowOptions::on_event`]).
+/// One event that starts runs of a workflow ([`WorkflowOptions::on_event`](crate::WorkflowOptions::on_event)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
 pub struct EventTrigger {
