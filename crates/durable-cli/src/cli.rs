@@ -17,23 +17,25 @@ Examples:
   durable runs export demo-order-0 --out tests/fixtures/replay/order.json
   durable runs delete demo-fanout-4
   durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'
+  durable schedules list
+  durable schedules show daily-order
 
 Exit codes:
   0    success
-  2    the command was wrong: a usage error, an unknown run, malformed JSON, a run in the wrong
-       state, or a --db / --url that cannot be opened as given (a missing directory, a file that
+  2    the command was wrong: a usage error, an unknown run or schedule, malformed JSON, a run
+       in the wrong state, or a --db / --url that cannot be opened as given (a missing directory, a file that
        is not a durable database, a newer schema, a malformed URL, an unknown database)
   1    it failed while running: the store is busy or unreachable, an I/O error (trying again
        later may help)
   130  interrupted (Ctrl-C or SIGTERM)";
 
-/// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, and try
-/// the engine with a demo.
+/// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, operate
+/// the stored schedules, and try the engine with a demo.
 ///
-/// Operator commands (`runs`, `signal`) never execute workflow code: workers are your own
-/// binaries, which embed the workflow code and an engine. A run set back to `pending` by
-/// `runs retry`, or woken by `signal`, continues when a worker with its workflow registered
-/// picks it up.
+/// Operator commands (`runs`, `signal`, `schedules`) never execute workflow code: workers are
+/// your own binaries, which embed the workflow code and an engine. A run set back to `pending`
+/// by `runs retry`, woken by `signal`, or started by a schedule continues when a worker with its
+/// workflow registered picks it up.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "durable",
@@ -95,6 +97,15 @@ Examples:
     /// List, inspect and operate runs.
     #[command(subcommand, arg_required_else_help = false)]
     Runs(RunsCommand),
+
+    /// List, inspect, pause, resume, trigger and delete the stored schedules.
+    ///
+    /// Schedules are declared by workers (`Engine::schedule`): a cron expression read in a time
+    /// zone, or an interval. They are fired by the scheduler of every worker that has the
+    /// schedule's workflow registered; these commands change the stored schedule and start
+    /// nothing themselves.
+    #[command(subcommand, arg_required_else_help = false)]
+    Schedules(SchedulesCommand),
 
     /// Send a signal: the oldest run waiting on TOKEN receives the JSON payload, or it is
     /// buffered for the next run that waits on TOKEN.
@@ -169,6 +180,85 @@ Examples:
 Example:
   durable runs delete demo-fanout-4          # and its three children")]
     Delete(DeleteArgs),
+}
+
+/// The `durable schedules` commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum SchedulesCommand {
+    /// List the schedules by key: a table (workflow, cadence, paused, fires/skipped/missed, the
+    /// next fire in the schedule's own time zone), or one JSON object per line with --json.
+    #[command(after_help = "\
+Examples:
+  durable schedules list
+  durable schedules list --json")]
+    List(ScheduleListArgs),
+
+    /// Show a schedule: its definition, what was fired so far (the last fire and its run, a
+    /// fire held back by `buffer_one`, a manual fire not yet started) and its next 5 fire times
+    /// in its own time zone and in UTC.
+    #[command(after_help = "\
+Examples:
+  durable schedules show daily-order
+  durable schedules show daily-order --json")]
+    Show(ScheduleShowArgs),
+
+    /// Pause a schedule: it fires nothing until resumed (a manual `trigger` still fires).
+    #[command(after_help = "\
+Example:
+  durable schedules pause daily-order")]
+    Pause(ScheduleKeyArgs),
+
+    /// Resume a paused schedule: it fires again from its next fire time after now; the fires
+    /// it would have had while paused are skipped.
+    #[command(after_help = "\
+Example:
+  durable schedules resume daily-order")]
+    Resume(ScheduleKeyArgs),
+
+    /// Fire a schedule now, whatever its cadence, overlap policy or pause: prints the id of
+    /// the run it starts (`sched:<key>:<ms>`).
+    ///
+    /// The run is created by the scheduler of a worker with the schedule's workflow registered
+    /// (at once when one is running).
+    #[command(after_help = "\
+Example:
+  durable schedules trigger daily-order")]
+    Trigger(ScheduleKeyArgs),
+
+    /// Delete a schedule. The runs it started are kept. A worker that declares it at startup
+    /// (`Engine::schedule`) declares it again.
+    #[command(after_help = "\
+Example:
+  durable schedules delete daily-order")]
+    Delete(ScheduleKeyArgs),
+}
+
+/// Flags of `durable schedules list`.
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleListArgs {
+    /// One JSON object per schedule and per line (the schedule as stored), instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `durable schedules show`.
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleShowArgs {
+    /// The schedule key.
+    #[arg(value_name = "KEY")]
+    pub key: String,
+
+    /// One JSON document: `{"schedule": …, "upcoming": [{"at": …, "local": …, "utc": …}, …]}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// A schedule key argument.
+#[derive(Debug, Clone, Args)]
+pub struct ScheduleKeyArgs {
+    /// The schedule key.
+    #[arg(value_name = "KEY")]
+    pub key: String,
 }
 
 /// Flags of `durable runs list`.
@@ -341,6 +431,9 @@ mod tests {
             &["durable", "runs", "export"],
             &["durable", "runs", "export", "x", "--out"],
             &["durable", "completions", "tcsh"],
+            &["durable", "schedules", "show"],
+            &["durable", "schedules", "trigger"],
+            &["durable", "schedules", "list", "extra"],
         ] {
             let e = Cli::try_parse_from(args).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{args:?}");

@@ -11,7 +11,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 #[non_exhaustive]
 pub enum Error {
-    /// The input was wrong: an unknown run id, malformed JSON, a run in a state the command
+    /// The input was wrong: an unknown run id or schedule key, malformed JSON, a run in a state the command
     /// does not apply to, a `--db` or `--url` that cannot be opened as given (a missing
     /// directory, a file that is not a durable database, …). Exit code 2 (like a usage error):
     /// running the same command again will not help.
@@ -115,7 +115,9 @@ impl From<EngineError> for Error {
             | EngineError::InvalidId(_)
             | EngineError::RunNotFound(_)
             | EngineError::NotRetryable { .. }
-            | EngineError::Compensated { .. }) => Error::BadInput(e.to_string()),
+            | EngineError::Compensated { .. }
+            | EngineError::ScheduleNotFound { .. }
+            | EngineError::BadSchedule { .. }) => Error::BadInput(e.to_string()),
             e => Error::Failed(e.to_string()),
         }
     }
@@ -129,6 +131,7 @@ mod tests {
     #[test]
     fn bad_input_exits_2_and_failures_1() {
         assert_eq!(Error::from(EngineError::RunNotFound(RunId::from("x"))).exit_code(), 2);
+        assert_eq!(Error::from(EngineError::ScheduleNotFound { key: "x".into() }).exit_code(), 2);
         let not_db = SqliteError::NotADatabase { path: "f.db".into(), reason: "it is empty".into() };
         assert_eq!(Error::from(StoreError::Backend(Box::new(not_db))).exit_code(), 2);
         assert_eq!(Error::from(StoreError::unavailable("busy")).exit_code(), 1);

@@ -1,4 +1,4 @@
-//! Text output helpers: tables, times, durations.
+//! Text output helpers: tables, times (in UTC, or in a schedule's own time zone), durations.
 
 use std::io::{self, Write};
 use std::time::{SystemTime, UNIX_EPOCH};
@@ -16,6 +16,43 @@ pub(crate) fn timestamp(ms: Millis) -> String {
     let (days, rem) = (secs / 86_400, secs % 86_400);
     let (y, m, d) = civil_from_days(days as i64);
     format!("{y:04}-{m:02}-{d:02}T{:02}:{:02}:{:02}.{:03}Z", rem / 3600, rem % 3600 / 60, rem % 60, ms % 1000)
+}
+
+/// `2026-12-01 09:00 CET`: `ms` as a wall-clock time in the IANA time zone `zone`, with its
+/// abbreviation; seconds (and milliseconds) only when not zero. A zone the time-zone database
+/// does not know (a schedule written by a newer build?) falls back to [`timestamp`] in UTC.
+pub(crate) fn zoned(ms: Millis, zone: &str) -> String {
+    use chrono::{DateTime, Timelike, Utc};
+    let tz = match zone.parse::<chrono_tz::Tz>() {
+        Ok(tz) => tz,
+        Err(_) => return timestamp(ms),
+    };
+    let Some(utc) = i64::try_from(ms).ok().and_then(DateTime::<Utc>::from_timestamp_millis) else {
+        return timestamp(ms);
+    };
+    let local = utc.with_timezone(&tz);
+    let pattern = match (local.second(), ms % 1000) {
+        (0, 0) => "%Y-%m-%d %H:%M %Z",
+        (_, 0) => "%Y-%m-%d %H:%M:%S %Z",
+        _ => "%Y-%m-%d %H:%M:%S%.3f %Z",
+    };
+    local.format(pattern).to_string()
+}
+
+/// A schedule interval, compact: `1h`, `1h30m`, `15m`, `2s500ms`, `1d`.
+pub(crate) fn interval(ms: Millis) -> String {
+    if ms == 0 {
+        return "0ms".into();
+    }
+    let mut out = String::new();
+    let mut rest = ms;
+    for (unit, size) in [("d", 86_400_000), ("h", 3_600_000), ("m", 60_000), ("s", 1_000), ("ms", 1)] {
+        if rest >= size {
+            out.push_str(&format!("{}{unit}", rest / size));
+            rest %= size;
+        }
+    }
+    out
 }
 
 /// Days since 1970-01-01 to (year, month, day), proleptic Gregorian (H. Hinnant's algorithm).
@@ -114,6 +151,28 @@ mod tests {
         assert_eq!(timestamp(0), "1970-01-01T00:00:00.000Z");
         assert_eq!(timestamp(1_767_225_600_123), "2026-01-01T00:00:00.123Z");
         assert_eq!(timestamp(951_825_600_000), "2000-02-29T12:00:00.000Z");
+    }
+
+    #[test]
+    fn zoned_times_are_wall_clock_times_with_the_zone_abbreviation() {
+        // 2026-12-01T08:00:00Z is 09:00 in Paris (winter time), 2026-07-01T07:00:00Z too
+        // (summer time).
+        assert_eq!(zoned(1_796_112_000_000, "Europe/Paris"), "2026-12-01 09:00 CET");
+        assert_eq!(zoned(1_782_889_200_000, "Europe/Paris"), "2026-07-01 09:00 CEST");
+        assert_eq!(zoned(1_796_112_000_000, "UTC"), "2026-12-01 08:00 UTC");
+        assert_eq!(zoned(1_796_112_030_000, "UTC"), "2026-12-01 08:00:30 UTC");
+        assert_eq!(zoned(1_796_112_030_250, "UTC"), "2026-12-01 08:00:30.250 UTC");
+        assert_eq!(zoned(1_796_112_000_000, "Mars/Olympus"), "2026-12-01T08:00:00.000Z", "an unknown zone: UTC");
+    }
+
+    #[test]
+    fn intervals_are_compact() {
+        assert_eq!(interval(3_600_000), "1h");
+        assert_eq!(interval(5_400_000), "1h30m");
+        assert_eq!(interval(900_000), "15m");
+        assert_eq!(interval(2_500), "2s500ms");
+        assert_eq!(interval(86_400_000), "1d");
+        assert_eq!(interval(0), "0ms");
     }
 
     #[test]

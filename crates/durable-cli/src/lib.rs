@@ -1,6 +1,7 @@
 //! # durable-cli
 //!
-//! The `durable` command line: a demo worker, and the operator's view of the runs in a store.
+//! The `durable` command line: a demo worker, and the operator's view of the runs and the
+//! schedules in a store.
 //!
 //! ```text
 //! durable demo [--runs N]                       run example workflows with a live progress bar
@@ -11,6 +12,12 @@
 //! durable runs cancel <id> [--compensate]       cancel an active run (and its children)
 //! durable runs delete <id> [--force]            delete a finished run and its subtree
 //! durable signal <token> <json>                 send a signal
+//! durable schedules list [--json]               the schedules: cadence, fires, next fire (in their zone)
+//! durable schedules show <key> [--json]         a schedule, its last fire and its next 5 fire times
+//! durable schedules pause <key>                 it fires nothing until resumed
+//! durable schedules resume <key>                it fires again; the fires of the pause are skipped
+//! durable schedules trigger <key>               fire it now: prints the run id it starts
+//! durable schedules delete <key>                delete it (the runs it started are kept)
 //! durable completions <shell>                   a shell completion script
 //! ```
 //!
@@ -20,17 +27,20 @@
 //!
 //! ## What it does not do
 //!
-//! Operator commands (`runs`, `signal`) never execute workflow code. Workflows are code, and
+//! Operator commands (`runs`, `signal`, `schedules`) never execute workflow code. Workflows are code, and
 //! workers are your own binaries that embed it: an [`Engine`](durable::Engine) with the
 //! workflows registered. `runs retry` sets a run back to `pending`, `signal` records a payload
 //! and wakes the run; a worker with the run's workflow registered then continues it (for the
-//! demo's runs, `durable demo` is that worker). Operator commands open an existing database
+//! demo's runs, `durable demo` is that worker). `schedules` commands change the stored
+//! schedule; a fire's run is started by the scheduler of a worker with the schedule's workflow
+//! registered. Operator commands open an existing database
 //! only: a missing, empty or foreign file is refused ("… is not a durable database") and
 //! nothing is created.
 //!
 //! ## Exit codes
 //!
-//! `0` success; `2` the command was wrong: a usage error, an unknown run id, malformed JSON, a
+//! `0` success; `2` the command was wrong: a usage error, an unknown run id or schedule key,
+//! malformed JSON, a
 //! run in the wrong state, or a `--db` / `--url` that cannot be opened as given (a missing
 //! directory, a file that is not a durable database, a newer schema, a malformed URL, an
 //! unknown database); `1` it failed while running (the store is busy or unreachable, an I/O
@@ -59,6 +69,7 @@ mod demo;
 mod error;
 mod format;
 mod runs;
+mod schedules;
 mod store;
 mod workflows;
 
@@ -70,7 +81,7 @@ use clap::{CommandFactory, Parser};
 
 pub use cli::{
     CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, ListArgs, RunIdArgs, RunsCommand,
-    ShowArgs, SignalArgs, StoreArgs,
+    ScheduleKeyArgs, ScheduleListArgs, ScheduleShowArgs, SchedulesCommand, ShowArgs, SignalArgs, StoreArgs,
 };
 pub use error::{Error, Result};
 pub use workflows::register_demo_workflows;
@@ -87,6 +98,12 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Runs(RunsCommand::Retry(args)) => runs::retry(&cli.store, args, &mut out).await,
         Command::Runs(RunsCommand::Cancel(args)) => runs::cancel(&cli.store, args, &mut out).await,
         Command::Runs(RunsCommand::Delete(args)) => runs::delete(&cli.store, args, &mut out).await,
+        Command::Schedules(SchedulesCommand::List(args)) => schedules::list(&cli.store, args, &mut out).await,
+        Command::Schedules(SchedulesCommand::Show(args)) => schedules::show(&cli.store, args, &mut out).await,
+        Command::Schedules(SchedulesCommand::Pause(args)) => schedules::pause(&cli.store, args, &mut out).await,
+        Command::Schedules(SchedulesCommand::Resume(args)) => schedules::resume(&cli.store, args, &mut out).await,
+        Command::Schedules(SchedulesCommand::Trigger(args)) => schedules::trigger(&cli.store, args, &mut out).await,
+        Command::Schedules(SchedulesCommand::Delete(args)) => schedules::delete(&cli.store, args, &mut out).await,
         Command::Signal(args) => runs::signal(&cli.store, args, &mut out).await,
         Command::Completions(args) => {
             clap_complete::generate(args.shell, &mut Cli::command(), "durable", &mut out);

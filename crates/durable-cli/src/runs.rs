@@ -122,7 +122,11 @@ fn waiting_on(run: &Run, history: &[Checkpoint], now: u64) -> String {
         RunStatus::Failed | RunStatus::Cancelled | RunStatus::Dead => {
             run.error.as_ref().map_or_else(|| "-".into(), |e| format!("error: {}", e.message))
         }
-        RunStatus::Pending => "a worker to pick it up".into(),
+        RunStatus::Pending => match run.wake_at {
+            // A delayed start (`StartOptions::start_at` / `delay`, or a schedule's jitter).
+            Some(at) if at > now => format!("its delayed start at {} ({})", timestamp(at), ago(at, now)),
+            _ => "a worker to pick it up".into(),
+        },
         RunStatus::Running => match (&run.lease_owner, run.lease_until) {
             (Some(owner), Some(until)) if until >= now => format!("running on {owner} (lease {})", ago(until, now)),
             (_, Some(until)) => format!("recovery: its worker's lease expired {}", ago(until, now)),
@@ -305,8 +309,14 @@ fn write_run(
             duration_ms(run.updated_at.saturating_sub(run.created_at))
         ),
     ]);
-    if let Some(at) = run.wake_at {
-        fields.row(vec!["wake at".into(), format!("{} ({})", timestamp(at), ago(at, now))]);
+    match run.wake_at {
+        // A pending run's `wake_at` is its delayed start.
+        Some(at) if run.status == RunStatus::Pending => {
+            let when = if at > now { ago(at, now) } else { format!("due {}: a worker picks it up", ago(at, now)) };
+            fields.row(vec!["starts at".into(), format!("{} ({when})", timestamp(at))]);
+        }
+        Some(at) => fields.row(vec!["wake at".into(), format!("{} ({})", timestamp(at), ago(at, now))]),
+        None => {}
     }
     if let Some(owner) = &run.lease_owner {
         let until = run.lease_until.map_or_else(String::new, |u| format!(" until {}", timestamp(u)));

@@ -17,6 +17,13 @@ fn operator_commands(db: &str) -> Vec<Vec<&str>> {
         vec!["runs", "cancel", "some-run", "--db", db],
         vec!["runs", "delete", "some-run", "--db", db],
         vec!["signal", "some-token", "{}", "--db", db],
+        vec!["schedules", "list", "--db", db],
+        vec!["schedules", "list", "--json", "--db", db],
+        vec!["schedules", "show", "some-key", "--db", db],
+        vec!["schedules", "pause", "some-key", "--db", db],
+        vec!["schedules", "resume", "some-key", "--db", db],
+        vec!["schedules", "trigger", "some-key", "--db", db],
+        vec!["schedules", "delete", "some-key", "--db", db],
     ]
 }
 
@@ -81,6 +88,8 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
         (vec!["runs", "cancel", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "cancel", "nope", "--compensate", "--db", dbs], "run nope not found"),
         (vec!["runs", "delete", "nope", "--db", dbs], "run nope not found"),
+        (vec!["schedules", "show", "nope", "--db", dbs], "schedule nope not found"),
+        (vec!["schedules", "trigger", "nope", "--db", dbs], "schedule nope not found"),
         (vec!["runs", "show", "", "--db", dbs], "invalid run id"),
         // A run in the wrong state.
         (vec!["runs", "retry", "demo-order-0", "--db", dbs], "only failed or dead runs can be retried"),
@@ -118,6 +127,10 @@ fn help_works_on_every_command_and_completions_are_printed() {
         &["runs", "cancel", "--help"],
         &["runs", "delete", "--help"],
         &["signal", "--help"],
+        &["schedules", "--help"],
+        &["schedules", "list", "--help"],
+        &["schedules", "show", "--help"],
+        &["schedules", "trigger", "--help"],
         &["completions", "--help"],
         &["help", "runs", "list"],
     ] {
@@ -126,7 +139,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
     }
     // No command at all: one line naming the commands (see
     // `a_command_without_its_subcommand_is_one_line_naming_them`).
-    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, signal, completions");
+    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, schedules, signal, completions");
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);
         assert!(ran.stdout.contains("durable"), "{shell}: {}", ran.stdout);

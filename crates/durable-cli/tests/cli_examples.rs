@@ -1,16 +1,33 @@
 //! Every example the command line shows works as shown: the `durable …` lines of every
 //! command's `--help` (its after-help text, and `durable …` in backticks in its about texts and
 //! flag descriptions) and of the README (```sh blocks, and `$ durable …` in ```text blocks)
-//! run against a database prepared by `durable demo --runs 10`, each on a fresh copy, and exit
-//! with code 0 — or with the code a trailing `# exits N: …` comment documents, for an example
-//! meant to show an error.
+//! run against a database prepared by `durable demo --runs 10` (plus what the schedule and
+//! delayed-start examples name, made as the user's code makes it: [`add_schedules_and_a_delayed_run`]),
+//! each on a fresh copy, and exit with code 0 — or with the code a trailing `# exits N: …` comment documents,
+//! for an example meant to show an error.
 
 mod support;
 
 use std::path::Path;
 
 use clap::CommandFactory;
-use support::{default_db, run, run_ok};
+use support::{default_db, run, run_ok, with_client};
+
+/// What the examples of `durable schedules …` and of a delayed start name, made on the demo's
+/// database by an engine with the demo's workflows (the README shows this code where it shows
+/// them): the schedules `daily-order`, a demo order at 09:00 on weekdays in Paris, and
+/// `hourly-sleep`, a demo sleep every hour; and `order-later`, an order that starts in 2 hours.
+fn add_schedules_and_a_delayed_run(db: &Path) {
+    use durable::{Overlap, Schedule, StartOptions};
+    with_client(db, durable_cli::register_demo_workflows, async |engine| {
+        let daily = Schedule::cron("0 9 * * MON-FRI").timezone("Europe/Paris").overlap(Overlap::Skip);
+        engine.schedule("daily-order", daily, "demo_order", &serde_json::json!({"n": 0})).await.unwrap();
+        let hourly = Schedule::every(std::time::Duration::from_secs(3600)).overlap(Overlap::BufferOne);
+        engine.schedule("hourly-sleep", hourly, "demo_sleep", &serde_json::json!({"n": 1})).await.unwrap();
+        let later = StartOptions::id("order-later").delay(std::time::Duration::from_secs(2 * 3600));
+        engine.start("demo_order", &serde_json::json!({"n": 99}), later).await.unwrap();
+    });
+}
 
 /// One example: where it was found, the line as shown, the arguments after `durable`, and the
 /// exit code it should end with.
@@ -162,6 +179,7 @@ fn every_example_in_the_help_and_the_readme_works_as_shown() {
     let template = tempfile::tempdir().unwrap();
     run_ok(template.path(), &["demo", "--runs", "10"]);
     assert!(default_db(template.path()).exists());
+    add_schedules_and_a_delayed_run(&default_db(template.path()));
 
     let mut seen: Vec<(Vec<String>, i32)> = Vec::new();
     let mut failures = Vec::new();

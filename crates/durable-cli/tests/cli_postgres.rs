@@ -90,7 +90,7 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
     let failed = json_lines(&String::from_utf8_lossy(&ran.stdout));
     assert_eq!(failed.len(), 4, "the four sagas failed (and compensated)");
 
-    // show, retry, cancel, delete, signal.
+    // show, retry, cancel, delete, signal, schedules.
     let ran = run_ok(dir.path(), &[&["runs", "show", "demo-saga-3", "--json"][..], &pg].concat());
     let shown: Value = serde_json::from_str(&ran.stdout).unwrap();
     assert_eq!(shown["run"]["status"], "failed");
@@ -103,6 +103,10 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
     run_bad(dir.path(), &[&["runs", "show", "demo-saga-3"][..], &pg].concat(), "run demo-saga-3 not found");
     let ran = run_ok(dir.path(), &[&["signal", "nobody-waits", "{\"ok\": true}"][..], &pg].concat());
     assert!(ran.stdout.contains("buffered"), "{}", ran.stdout);
+    // Schedules: none declared on this schema; an unknown key is bad input.
+    let ran = run_ok(dir.path(), &[&["schedules", "list"][..], &pg].concat());
+    assert!(ran.stdout.starts_with("no schedules"), "{}", ran.stdout);
+    run_bad(dir.path(), &[&["schedules", "trigger", "nope"][..], &pg].concat(), "schedule nope not found");
     // A demo run again on the same schema resumes nothing and starts nothing.
     let ran = run_ok(dir.path(), &[&["demo", "--runs", "20"][..], &pg].concat());
     assert_eq!(summary_count(&ran.stdout, "new"), 1, "only the deleted run is started again: {}", ran.stdout);

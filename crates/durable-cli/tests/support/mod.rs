@@ -107,3 +107,37 @@ pub fn is_terminal(status: &str) -> bool {
 }
 
 pub const DEMO_WORKFLOWS: [&str; 5] = ["demo_order", "demo_sleep", "demo_approval", "demo_saga", "demo_fanout"];
+
+/// Runs `f` with a client engine on the SQLite database at `db` (created if missing) with the
+/// workflows `register` registers: how a test declares schedules (`Engine::schedule`) or starts
+/// runs the way the user's code would. A client engine executes nothing and fires no schedule.
+pub fn with_client<T>(
+    db: &Path,
+    register: impl FnOnce(&durable::Engine),
+    f: impl AsyncFnOnce(&durable::Engine) -> T,
+) -> T {
+    let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("a tokio runtime");
+    runtime.block_on(async {
+        let store = durable::SqliteStore::open(db).expect("open the database");
+        let engine = durable::Engine::builder().store(store).client_only().build().expect("build a client engine");
+        register(&engine);
+        let out = f(&engine).await;
+        engine.shutdown().await;
+        out
+    })
+}
+
+/// `durable schedules show <key> --json`.
+pub fn show_schedule(dir: &Path, db: &Path, key: &str) -> Value {
+    let ran = run_ok(dir, &["schedules", "show", key, "--json", "--db", path_str(db)]);
+    serde_json::from_str(&ran.stdout).unwrap_or_else(|e| panic!("not JSON ({e}): {}", ran.stdout))
+}
+
+/// Every schedule in the database at `db`, from `durable schedules list --json`.
+pub fn list_schedules(dir: &Path, db: &Path) -> Vec<Value> {
+    let ran = run_ok(dir, &["schedules", "list", "--json", "--db", path_str(db)]);
+    ran.stdout
+        .lines()
+        .map(|l| serde_json::from_str(l).unwrap_or_else(|e| panic!("not a JSON line ({e}): {l}")))
+        .collect()
+}
