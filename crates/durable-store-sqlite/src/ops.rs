@@ -570,24 +570,22 @@ fn buffer_from_row(row: &Row<'_>) -> OpResult<TriggerBuffer> {
 
 /// `due_schedules`: see [`due_sql`].
 pub(crate) fn due_schedules(conn: &Connection, q: &DueQuery) -> OpResult<Vec<ScheduleRecord>> {
-    let Some(sql) = due_sql(Due::Schedules, q) else { return Ok(Vec::new()) };
-    let mut stmt = conn.prepare_cached(&sql.text)?;
-    let mut rows = stmt.query(params_from_iter(sql.args))?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(schedule_from_row(row)?);
-    }
-    Ok(out)
+    due_rows(conn, Due::Schedules, q, schedule_from_row)
 }
 
 /// `due_buffers`: see [`due_sql`].
 pub(crate) fn due_buffers(conn: &Connection, q: &DueQuery) -> OpResult<Vec<TriggerBuffer>> {
-    let Some(sql) = due_sql(Due::Buffers, q) else { return Ok(Vec::new()) };
+    due_rows(conn, Due::Buffers, q, buffer_from_row)
+}
+
+/// The rows of a due scan, decoded.
+fn due_rows<T>(conn: &Connection, due: Due, q: &DueQuery, decode: fn(&Row<'_>) -> OpResult<T>) -> OpResult<Vec<T>> {
+    let Some(sql) = due_sql(due, q) else { return Ok(Vec::new()) };
     let mut stmt = conn.prepare_cached(&sql.text)?;
     let mut rows = stmt.query(params_from_iter(sql.args))?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
-        out.push(buffer_from_row(row)?);
+        out.push(decode(row)?);
     }
     Ok(out)
 }
