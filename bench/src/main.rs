@@ -15,6 +15,8 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durable::{Engine, MemoryStore, StartOptions, WorkflowCtx, WorkflowError};
 
+mod schedules;
+
 struct Args {
     workload: String,
     store: String,
@@ -27,6 +29,9 @@ struct Args {
     db: Option<PathBuf>,
     /// `--pg-schema`: the PostgreSQL schema a multi-process run shares.
     pg_schema: Option<String>,
+    /// `--defer-runs` (`schedules`): the fired runs are created to start a year later, so none
+    /// executes during the measurement.
+    defer_runs: bool,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -39,6 +44,7 @@ fn parse_args() -> Result<Args, String> {
         role_worker: false,
         db: None,
         pg_schema: None,
+        defer_runs: false,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -47,6 +53,7 @@ fn parse_args() -> Result<Args, String> {
             "--store" => args.store = it.next().ok_or("--store needs a value")?,
             "--dir" => args.dir = it.next().ok_or("--dir needs a value")?.into(),
             "--quick" => args.quick = true,
+            "--defer-runs" => args.defer_runs = true,
             "--workers" => {
                 args.workers = it.next().and_then(|n| n.parse().ok()).ok_or("--workers needs a number")?;
             }
@@ -74,6 +81,8 @@ struct Measured {
     latencies: Vec<f64>,
     /// The in-process engine's turns and turns without progress (spare turns), if measured.
     turns: Option<(u64, u64)>,
+    /// The workload's own fields, added to its JSON object.
+    extra: Option<serde_json::Value>,
 }
 
 /// A fresh SQLite file for this workload.
@@ -271,13 +280,13 @@ fn register_chain(engine: &Engine) {
 
 async fn chain(engine: &Engine, runs: usize, steps: usize) -> Result<Measured, String> {
     let (wall, latencies, _) = start_all(engine, "chain", runs, steps).await?;
-    Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns: None })
+    Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns: None, extra: None })
 }
 
 async fn timers(engine: &Engine, runs: usize) -> Result<Measured, String> {
     let (wall, _, outputs) = start_all(engine, "timers", runs, 10u64).await?;
     let latencies = outputs.iter().map(|v| v.as_f64().unwrap_or(f64::NAN)).collect();
-    Ok(Measured { runs, steps_per_run: 1, wall, latencies, turns: None })
+    Ok(Measured { runs, steps_per_run: 1, wall, latencies, turns: None, extra: None })
 }
 
 /// Parks `runs` runs, each waiting for its own delivery, then sends every delivery at once
@@ -314,7 +323,7 @@ where
     for t in tasks {
         latencies.push(t.await.map_err(|e| e.to_string())?.map_err(|e| e.to_string())?);
     }
-    Ok(Measured { runs, steps_per_run: 1, wall: began.elapsed(), latencies, turns: None })
+    Ok(Measured { runs, steps_per_run: 1, wall: began.elapsed(), latencies, turns: None, extra: None })
 }
 
 async fn signals(engine: &Engine, runs: usize) -> Result<Measured, String> {
@@ -337,7 +346,7 @@ async fn events(engine: &Engine, runs: usize) -> Result<Measured, String> {
 /// `parents` parents, each fanning out to `children` one-step children; latency per parent.
 async fn fanout(engine: &Engine, parents: usize, children: usize) -> Result<Measured, String> {
     let (wall, latencies, _) = start_all(engine, "fanout", parents, children as u64).await?;
-    Ok(Measured { runs: parents, steps_per_run: children, wall, latencies, turns: None })
+    Ok(Measured { runs: parents, steps_per_run: children, wall, latencies, turns: None, extra: None })
 }
 
 /// Starts in flight at once in the bulk workloads, as a service starting runs in bulk has.
@@ -394,7 +403,7 @@ async fn bulk(engine: &Engine, runs: usize) -> Result<Measured, String> {
         );
         (m.turns, m.turns_without_progress)
     });
-    Ok(Measured { runs, steps_per_run: 2, wall, latencies, turns })
+    Ok(Measured { runs, steps_per_run: 2, wall, latencies, turns, extra: None })
 }
 
 /// `runs` starts with `start`, `STARTS_IN_FLIGHT` at a time, on a client engine (nothing
@@ -402,7 +411,7 @@ async fn bulk(engine: &Engine, runs: usize) -> Result<Measured, String> {
 async fn starts(engine: &Engine, runs: usize) -> Result<Measured, String> {
     let began = Instant::now();
     let (_, latencies) = start_in_bulk(engine, "leaf", runs, 1u64).await?;
-    Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None })
+    Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None, extra: None })
 }
 
 /// `runs` starts with one `start_many` call (one store call per 500) on a client engine:
@@ -417,7 +426,7 @@ async fn start_many(engine: &Engine, runs: usize) -> Result<Measured, String> {
         engine.start_many(items).await.map_err(|e| e.to_string())?;
         latencies.push(t0.elapsed().as_secs_f64() * 1e3);
     }
-    Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None })
+    Ok(Measured { runs, steps_per_run: 0, wall: began.elapsed(), latencies, turns: None, extra: None })
 }
 
 fn percentile(sorted: &[f64], p: f64) -> f64 {
@@ -456,6 +465,14 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
 
 /// Runs the workload; returns what it measured and the peak RSS (MiB) of the processes.
 async fn run(args: &Args) -> Result<(Measured, f64), String> {
+    if args.workload == "schedules" {
+        // Its own engine: a clock that skips between rounds, a store that times the scheduler.
+        if args.workers > 0 {
+            return Err("the schedules workload runs in one process (no --workers)".into());
+        }
+        let m = schedules::schedules(args).await?;
+        return Ok((m, peak_rss_mb()));
+    }
     if args.workers == 0 {
         let (engine, db) = engine(args)?;
         let m = workload(&engine, args).await?;
@@ -548,7 +565,7 @@ fn main() -> std::process::ExitCode {
         Ok((mut m, rss)) => {
             m.latencies.sort_by(f64::total_cmp);
             let wall = m.wall.as_secs_f64();
-            let result = serde_json::json!({
+            let mut result = serde_json::json!({
                 "workload": args.workload,
                 "store": args.store,
                 "runs": m.runs,
@@ -563,6 +580,9 @@ fn main() -> std::process::ExitCode {
                 "turns": m.turns.map(|t| t.0),
                 "turns_without_progress": m.turns.map(|t| t.1),
             });
+            if let (Some(serde_json::Value::Object(extra)), Some(obj)) = (m.extra.take(), result.as_object_mut()) {
+                obj.extend(extra);
+            }
             println!("{result}");
             std::process::ExitCode::SUCCESS
         }

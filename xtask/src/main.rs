@@ -19,7 +19,8 @@ commands:
   bench [options]         run benchmark workloads (release mode), write <target dir>/bench/results.json
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
-      --workload W[,W..]  chain, long_chain, timers, signals, events, fanout (default: all)
+      --workload W[,W..]  chain, long_chain, timers, signals, events, fanout, bulk, starts, start_many,
+                          schedules (default: all)
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
   sim [options]           the engine's sample workflows under seeded simulation (release mode, every core)
       --seeds N           how many seeds (default 10000; nightly size: 100000)
@@ -272,7 +273,9 @@ fn cycles(enforce: bool) -> Result<(), String> {
 }
 
 const WORKLOADS: &[&str] =
-    &["chain", "long_chain", "timers", "signals", "events", "fanout", "bulk", "starts", "start_many"];
+    &["chain", "long_chain", "timers", "signals", "events", "fanout", "bulk", "starts", "start_many", "schedules"];
+/// Workloads that run in one process only (no `--workers`).
+const IN_PROCESS_ONLY: &[&str] = &["schedules"];
 /// Stores run by default…
 const STORES: &[&str] = &["memory", "sqlite"];
 /// …and those that may be asked for (`postgres` needs a server: DURABLE_PG_URL).
@@ -325,6 +328,12 @@ fn bench(args: &[String]) -> Result<(), String> {
     if workers > 0 && stores.iter().any(|s| s == "memory") {
         eprintln!("--workers {workers}: worker processes need a shared store; skipping memory");
         stores.retain(|s| s != "memory");
+    }
+    if workers > 0 {
+        for w in workloads.iter().filter(|w| IN_PROCESS_ONLY.contains(&w.as_str())) {
+            eprintln!("--workers {workers}: {w} runs in one process; skipping it");
+        }
+        workloads.retain(|w| !IN_PROCESS_ONLY.contains(&w.as_str()));
     }
     for workload in &workloads {
         for store in &stores {

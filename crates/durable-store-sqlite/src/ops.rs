@@ -953,28 +953,44 @@ pub(crate) fn flush_buffer(
 /// `save_schedule`: compare-and-set on the stored revision, then the record and the runs of
 /// `start`; a stale save writes nothing.
 pub(crate) fn save_schedule(conn: &Connection, save: SaveSchedule) -> OpResult<SaveOutcome> {
-    let current = get_schedule(conn, &save.record.key)?;
-    if current.as_ref().map(|r| r.revision) != save.expected {
-        return Ok(SaveOutcome::Stale(current.map(Box::new)));
+    // The compare-and-set needs the stored revision only (and the indexed columns, to leave
+    // their index alone when they stay): the record is read, and its body decoded, only for a
+    // stale save, which returns it.
+    let stored: Option<(i64, String, String)> = conn
+        .prepare_cached("SELECT revision, namespace, workflow FROM schedules WHERE key = ?1")?
+        .query_row([&save.record.key], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)))
+        .optional()?;
+    let revision = stored
+        .as_ref()
+        .map(|(r, _, _)| {
+            u64::try_from(*r).map_err(|_| corrupt(format!("schedule {:?}: negative revision {r}", save.record.key)))
+        })
+        .transpose()?;
+    if revision != save.expected {
+        return Ok(SaveOutcome::Stale(get_schedule(conn, &save.record.key)?.map(Box::new)));
     }
     let mut record = save.record;
     record.revision = save.expected.map_or(1, |r| r + 1);
     let revision = i64::try_from(record.revision)
         .map_err(|_| StoreError::Conflict { message: format!("schedule {:?}: revision overflow", record.key) })?;
     let body = serde_json::to_string(&record).map_err(|e| OpError::Store(StoreError::backend(e)))?;
-    conn.prepare_cached(
-        "INSERT INTO schedules (key, namespace, workflow, due_at, revision, body) VALUES (?1, ?2, ?3, ?4, ?5, ?6) \
-         ON CONFLICT (key) DO UPDATE SET namespace = excluded.namespace, workflow = excluded.workflow, \
-         due_at = excluded.due_at, revision = excluded.revision, body = excluded.body",
-    )?
-    .execute(params![
-        record.key,
-        record.namespace,
-        record.workflow,
-        record.due_at.map(millis_to_sql),
-        revision,
-        body
-    ])?;
+    let due_at = record.due_at.map(millis_to_sql);
+    match stored {
+        // A fire or a change of definition in place: namespace and workflow stay.
+        Some((_, namespace, workflow)) if namespace == record.namespace && workflow == record.workflow => {
+            conn.prepare_cached("UPDATE schedules SET due_at = ?2, revision = ?3, body = ?4 WHERE key = ?1")?
+                .execute(params![record.key, due_at, revision, body])?;
+        }
+        _ => {
+            conn.prepare_cached(
+                "INSERT INTO schedules (key, namespace, workflow, due_at, revision, body) \
+                 VALUES (?1, ?2, ?3, ?4, ?5, ?6) ON CONFLICT (key) DO UPDATE SET namespace = excluded.namespace, \
+                 workflow = excluded.workflow, due_at = excluded.due_at, revision = excluded.revision, \
+                 body = excluded.body",
+            )?
+            .execute(params![record.key, record.namespace, record.workflow, due_at, revision, body])?;
+        }
+    }
     for run in &save.start {
         create(conn, run)?;
     }
