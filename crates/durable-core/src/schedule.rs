@@ -24,6 +24,20 @@ use crate::{Millis, Payload, RunId, millis, splitmix64};
 /// (a `buffer_one` fire checks whether the previous run ended at this interval).
 pub const RECHECK_MS: Millis = 1_000;
 
+/// An `Allow` schedule's fires are decided up to this long before their time: their runs are
+/// created `pending` with the fire time as a delayed start, so the run is due at the fire time
+/// itself however many schedules share that instant (creating 10,000 runs takes longer than a
+/// fire may be late). A fire so decided starts even if the schedule is paused or changed
+/// within this window, unless its run is cancelled ([`Engine::pause_schedule`] and
+/// `delete_schedule` cancel them).
+///
+/// [`Engine::pause_schedule`]: https://docs.rs/durable-runtime/latest/durable_runtime/struct.Engine.html#method.pause_schedule
+pub const FIRE_AHEAD_MS: Millis = 5_000;
+
+/// At most this many fires are decided ahead of their time in one look (a fast interval would
+/// otherwise create a run per millisecond of [`FIRE_AHEAD_MS`]).
+const MAX_AHEAD: usize = 64;
+
 /// At most this many missed fires are walked through when a schedule catches up; past it the
 /// schedule skips ahead to the next fire after `now` (a per-second schedule down for a year).
 const MAX_WALK: usize = 10_000;
@@ -430,7 +444,8 @@ impl ScheduleRecord {
         record
     }
 
-    /// When the scheduler must next look at the record.
+    /// When the scheduler must next look at the record: [`FIRE_AHEAD_MS`] before the next
+    /// fire of an `Allow` schedule.
     fn compute_due(&self) -> Option<Millis> {
         let st = &self.state;
         let manual = st.trigger_at;
@@ -438,22 +453,47 @@ impl ScheduleRecord {
             return manual;
         }
         let recheck = st.buffered_fire.and(st.recheck_at);
-        [st.next_fire_at, recheck, manual].into_iter().flatten().min()
+        let next = st.next_fire_at.map(|at| at.saturating_sub(self.ahead()));
+        [next, recheck, manual].into_iter().flatten().min()
+    }
+
+    /// How far ahead of their time fires are decided: only without an overlap policy, which
+    /// needs to know whether the previous run is still active at the fire time.
+    fn ahead(&self) -> Millis {
+        if self.schedule.overlap == Overlap::Allow { FIRE_AHEAD_MS } else { 0 }
+    }
+
+    /// The fires decided ahead of their time that are still to come at `now`, as far as
+    /// the cadence can tell (for cancelling them when the schedule is paused or deleted).
+    pub fn fires_ahead(&self, now: Millis) -> Vec<Millis> {
+        let Some(last) = self.state.last_fire_at.filter(|at| *at > now) else { return Vec::new() };
+        let mut out = self.schedule.upcoming(now, MAX_AHEAD).unwrap_or_default();
+        out.retain(|at| *at <= last);
+        out
     }
 
     /// What to do at `now`, given whether the run of the latest fire is still active.
     ///
-    /// Cadence fires up to `now` are due; those older than the misfire grace are missed and
-    /// at most `max_catchup` of them (the most recent) are kept. The overlap policy then
+    /// Cadence fires up to `now` are due (for an `Allow` schedule, up to [`FIRE_AHEAD_MS`]
+    /// later: their runs start at their time); those older than the misfire grace are missed
+    /// and at most `max_catchup` of them (the most recent) are kept. The overlap policy then
     /// decides which start; a manual fire always starts.
     pub fn plan(&self, now: Millis, last_run_active: bool) -> Result<Plan, ScheduleError> {
         let compiled = self.schedule.compiled()?;
+        let horizon = now.saturating_add(self.ahead());
         let mut record = self.clone();
         let st = &mut record.state;
         let mut due = Vec::new();
         if !self.schedule.paused {
             let mut next = st.next_fire_at;
-            while let Some(at) = next.filter(|at| *at <= now) {
+            let mut ahead = 0;
+            while let Some(at) = next.filter(|at| *at <= horizon) {
+                if at > now {
+                    if ahead == MAX_AHEAD {
+                        break;
+                    }
+                    ahead += 1;
+                }
                 if due.len() == MAX_WALK {
                     st.missed += 1; // at least: the rest are skipped unseen
                     next = compiled.next_after(now);
@@ -592,11 +632,12 @@ mod tests {
     #[test]
     fn on_time_fires_start_and_the_record_moves_on() {
         let r = record(Schedule::every(Duration::from_secs(3600)), T2026);
-        assert_eq!(r.due_at, Some(T2026 + H));
+        assert_eq!(r.due_at, Some(T2026 + H - FIRE_AHEAD_MS), "looked at ahead of the fire");
         let plan = r.plan(T2026 + H + 5, false).unwrap();
         assert_eq!(nominals(&plan), vec![T2026 + H]);
         assert_eq!(plan.fires[0].run_id.as_str(), format!("sched:k:{}", T2026 + H));
-        assert_eq!(plan.record.due_at, Some(T2026 + 2 * H));
+        assert_eq!(plan.fires[0].start_at, None, "late: starts at once");
+        assert_eq!(plan.record.due_at, Some(T2026 + 2 * H - FIRE_AHEAD_MS));
         assert_eq!(plan.record.state.fires, 1);
         // Nothing due yet: nothing fires.
         let again = plan.record.plan(T2026 + H + 10, false).unwrap();
@@ -614,7 +655,26 @@ mod tests {
         let plan = record(every_hour, T2026).plan(now, false).unwrap();
         assert!(plan.fires.is_empty(), "no backfill: none");
         assert_eq!(plan.record.state.missed, 5);
-        assert_eq!(plan.record.due_at, Some(T2026 + 6 * H));
+        assert_eq!(plan.record.due_at, Some(T2026 + 6 * H - FIRE_AHEAD_MS));
+    }
+
+    #[test]
+    fn allow_fires_are_decided_ahead_and_start_at_their_time() {
+        let r = record(Schedule::every(Duration::from_secs(3600)), T2026);
+        let plan = r.plan(T2026 + H - FIRE_AHEAD_MS, false).unwrap();
+        assert_eq!(plan.fires.len(), 1);
+        assert_eq!((plan.fires[0].nominal, plan.fires[0].start_at), (T2026 + H, Some(T2026 + H)));
+        assert_eq!(plan.record.fires_ahead(T2026 + H - 1), vec![T2026 + H]);
+        assert_eq!(plan.record.fires_ahead(T2026 + H), Vec::<Millis>::new(), "started by then");
+        // A fast interval: at most MAX_AHEAD fires ahead per look, none skipped.
+        let fast = record(Schedule::every(Duration::from_millis(10)), T2026);
+        let plan = fast.plan(T2026, false).unwrap();
+        assert_eq!(plan.fires.len(), MAX_AHEAD);
+        assert_eq!(plan.record.state.next_fire_at, Some(T2026 + 10 * (MAX_AHEAD as Millis + 1)));
+        // An overlap policy needs the previous run's end: no fire ahead of its time.
+        let skip = record(Schedule::every(Duration::from_secs(3600)).overlap(Overlap::Skip), T2026);
+        assert_eq!(skip.due_at, Some(T2026 + H));
+        assert!(skip.plan(T2026 + H - 1, false).unwrap().fires.is_empty());
     }
 
     #[test]
@@ -657,7 +717,7 @@ mod tests {
         assert_eq!(plan.record.due_at, None);
         // Resuming counts from now: the fires of the pause are not caught up.
         let resumed = plan.record.set_paused(false, T2026 + 10 * 60_000 + 1).unwrap();
-        assert_eq!(resumed.due_at, Some(T2026 + 11 * 60_000));
+        assert_eq!(resumed.state.next_fire_at, Some(T2026 + 11 * 60_000));
     }
 
     #[test]

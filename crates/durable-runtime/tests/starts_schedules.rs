@@ -158,7 +158,7 @@ async fn after_downtime_at_most_max_catchup_missed_fires_start(store: StoreFixtu
     }
     assert_eq!(seen["catchup"], (vec![fire_id("catchup", t0 + 4 * ms(H)), fire_id("catchup", t0 + 5 * ms(H))], 3));
     assert_eq!(seen["no-backfill"], (vec![], 5));
-    let next = t.get_schedule("no-backfill").await.unwrap().unwrap().due_at;
+    let next = t.get_schedule("no-backfill").await.unwrap().unwrap().state.next_fire_at;
     assert_eq!(next, Some(t0 + 6 * ms(H)), "it carries on with the next fire");
 }
 
@@ -204,9 +204,9 @@ async fn schedules_are_paused_resumed_triggered_updated_and_deleted(store: Store
     // Paused through two hours: nothing fires; resumed, the next hour does.
     t.advance(2 * H + MIN);
     let resumed = t.resume_schedule("ops").await.unwrap();
-    assert_eq!(resumed.due_at, Some(t0 + 3 * ms(H)), "the paused fires are skipped");
+    assert_eq!(resumed.state.next_fire_at, Some(t0 + 3 * ms(H)), "the paused fires are skipped");
     let updated = t.update_schedule("ops", Schedule::every(MIN)).await.unwrap();
-    assert_eq!(updated.due_at, Some(t0 + 2 * ms(H) + 2 * ms(MIN)), "a new cadence counts from now");
+    assert_eq!(updated.state.next_fire_at, Some(t0 + 2 * ms(H) + 2 * ms(MIN)), "a new cadence counts from now");
     let listed = t.list_schedules().await.unwrap();
     assert_eq!(listed.iter().map(|r| r.key.as_str()).collect::<Vec<_>>(), ["ops"]);
     assert!(t.delete_schedule("ops").await.unwrap());
@@ -249,6 +249,36 @@ async fn two_engines_firing_one_schedule_start_each_fire_once(store: StoreFixtur
         }
     }
     assert_eq!(fired, 10);
+}
+
+async fn fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them(store: StoreFixture) {
+    let t = store.engine();
+    register_echo(&t);
+    let t0 = t.clock().now();
+    let mut rx = t.subscribe();
+    t.schedule("ahead", Schedule::every(H), "echo", &1).await.unwrap();
+    t.schedule("paused-ahead", Schedule::every(H), "echo", &2).await.unwrap();
+    // Three seconds before the fire: both are decided, their runs wait for the fire time.
+    t.advance(H - Duration::from_secs(3));
+    let mut decided = std::collections::HashMap::new();
+    while decided.len() < 2 {
+        let (key, fired) = match rx.recv().await.expect("event stream open") {
+            EngineEvent::ScheduleAdvanced { key, fired, .. } => (key, fired),
+            _ => continue,
+        };
+        decided.insert(key, fired);
+    }
+    let (ahead, paused) = (fire_id("ahead", t0 + ms(H)), fire_id("paused-ahead", t0 + ms(H)));
+    assert_eq!((&decided["ahead"], &decided["paused-ahead"]), (&vec![ahead.clone()], &vec![paused.clone()]));
+    let run = t.get_run(&ahead).await.unwrap().unwrap();
+    assert_eq!((run.status, run.wake_at), (RunStatus::Pending, Some(t0 + ms(H))), "due at the fire time");
+    t.pause_schedule("paused-ahead").await.unwrap();
+    assert_eq!(t.get_run(&paused).await.unwrap().unwrap().status, RunStatus::Cancelled, "a pause cancels it");
+    t.advance(Duration::from_secs(3));
+    assert_eq!(t.wait_for_run(&ahead).await.unwrap().output::<i32>().unwrap(), 1);
+    let run = t.get_run(&ahead).await.unwrap().unwrap();
+    assert!(run.updated_at >= t0 + ms(H), "it ran at its time, not before");
+    assert_eq!(t.get_run(&paused).await.unwrap().unwrap().status, RunStatus::Cancelled);
 }
 
 async fn a_delayed_start_waits_pending_then_completes(store: StoreFixture) {
@@ -369,6 +399,7 @@ on_every_store!(
     bad_schedules_are_refused_by_name_and_nothing_is_saved,
     schedules_are_paused_resumed_triggered_updated_and_deleted,
     two_engines_firing_one_schedule_start_each_fire_once,
+    fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them,
     a_delayed_start_waits_pending_then_completes,
     a_delayed_start_survives_a_restart,
     each_matching_event_starts_one_run_and_a_dedupe_id_starts_once,

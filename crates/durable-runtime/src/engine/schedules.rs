@@ -1,7 +1,9 @@
 //! Schedules: declaring, changing, pausing, triggering and deleting the stored schedules
 //! every engine's scheduler fires.
 
-use durable_core::{RunId, SaveOutcome, SaveSchedule, Schedule, ScheduleError, ScheduleRecord};
+use durable_core::{
+    RunId, RunPatch, RunStatus, SaveOutcome, SaveSchedule, Schedule, ScheduleError, ScheduleRecord, StepError,
+};
 use serde::Serialize;
 
 use super::Engine;
@@ -95,9 +97,19 @@ impl Engine {
         .await
     }
 
-    /// Pauses schedule `key`: it fires nothing until resumed.
+    /// Pauses schedule `key`: it fires nothing until resumed. Runs of fires decided ahead of
+    /// their time ([`FIRE_AHEAD_MS`](durable_core::schedule::FIRE_AHEAD_MS)) that have not
+    /// started yet are cancelled.
     pub async fn pause_schedule(&self, key: &str) -> Result<ScheduleRecord> {
-        self.modify_schedule(key, |current, now| current.set_paused(true, now)).await
+        let mut ahead = Vec::new();
+        let paused = self
+            .modify_schedule(key, |current, now| {
+                ahead = current.fires_ahead(now);
+                current.set_paused(true, now)
+            })
+            .await?;
+        self.cancel_fires_ahead(key, ahead).await?;
+        Ok(paused)
     }
 
     /// Resumes schedule `key`; the fires it would have had while paused are skipped.
@@ -119,9 +131,37 @@ impl Engine {
         Ok(durable_core::schedule::fire_run_id(key, at))
     }
 
-    /// Deletes schedule `key`; returns whether it existed. Runs it started are kept.
+    /// Deletes schedule `key`; returns whether it existed. Runs it started are kept; runs of
+    /// fires decided ahead of their time that have not started yet are cancelled.
     pub async fn delete_schedule(&self, key: &str) -> Result<bool> {
-        Ok(self.shared().store.delete_schedule(key).await?)
+        let shared = self.shared();
+        let ahead = match shared.store.get_schedule(key).await? {
+            Some(current) => current.fires_ahead(shared.clock.now()),
+            None => Vec::new(),
+        };
+        let existed = shared.store.delete_schedule(key).await?;
+        self.cancel_fires_ahead(key, ahead).await?;
+        Ok(existed)
+    }
+
+    /// Cancels the runs of fires at `times` that are still `pending` (their start time not
+    /// reached); a run that started meanwhile is left alone.
+    async fn cancel_fires_ahead(&self, key: &str, times: Vec<durable_core::Millis>) -> Result<()> {
+        let shared = self.shared();
+        for at in times {
+            let id = durable_core::schedule::fire_run_id(key, at);
+            let error = StepError::fatal(format!("schedule {key:?} was paused or deleted before this fire's time"))
+                .with_code(durable_core::codes::CANCELLED);
+            let patch = RunPatch {
+                status: Some(RunStatus::Cancelled),
+                error: Some(Some(error)),
+                wake_at: Some(None),
+                now: shared.clock.now(),
+                ..RunPatch::default()
+            };
+            shared.store.update_run_if(&id, &[RunStatus::Pending], patch).await?;
+        }
+        Ok(())
     }
 
     /// Applies `change` to the stored record with a compare-and-set, again on a race.
