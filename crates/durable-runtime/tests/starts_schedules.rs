@@ -196,6 +196,9 @@ async fn schedules_are_paused_resumed_triggered_updated_and_deleted(store: Store
     assert_eq!(again.revision, first.revision);
     let paused = t.pause_schedule("ops").await.unwrap();
     assert_eq!(paused.due_at, None);
+    // Declaring it again (the next deploy) keeps the operator's pause.
+    let redeclared = t.schedule("ops", Schedule::every(H), "echo", &1).await.unwrap();
+    assert!(redeclared.schedule.paused && redeclared.due_at.is_none(), "{redeclared:?}");
     // A manual fire starts even while paused.
     let manual = t.trigger_schedule("ops").await.unwrap();
     assert_eq!(manual, fire_id("ops", t0));

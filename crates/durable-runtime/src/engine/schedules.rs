@@ -20,7 +20,10 @@ impl Engine {
     ///
     /// Idempotent: declaring the same definition again (at every boot, say) changes nothing;
     /// a different one replaces it and keeps what was fired so far (a new cadence counts from
-    /// now). A bad cron expression, an unknown time zone or an interval of zero is
+    /// now). `Schedule::paused` applies when the schedule is created: declaring an existing
+    /// schedule again keeps it paused or running as it is (an operator's `durable schedules
+    /// pause` survives the next deploy); [`Engine::pause_schedule`] and
+    /// [`Engine::resume_schedule`] change it. A bad cron expression, an unknown time zone or an interval of zero is
     /// [`Error::BadSchedule`] naming it; an unregistered workflow is
     /// [`Error::UnknownWorkflow`]; an input the workflow cannot decode is
     /// [`Error::InvalidInput`]. Nothing is saved then.
@@ -54,8 +57,15 @@ impl Engine {
                 ScheduleRecord::new(key, &namespace, workflow, input.clone(), schedule.clone(), now).map_err(bad)?;
             let (record, expected) = match shared.store.get_schedule(key).await? {
                 None => (fresh, None),
-                Some(current) if current.same_definition(&fresh) => return Ok(current),
-                Some(current) => (current.redefine(&fresh, now).map_err(bad)?, Some(current.revision)),
+                Some(current) => {
+                    // Pausing is an operator's decision: declaring again (a deploy) keeps it.
+                    let mut fresh = fresh;
+                    fresh.schedule.paused = current.schedule.paused;
+                    if current.same_definition(&fresh) {
+                        return Ok(current);
+                    }
+                    (current.redefine(&fresh, now).map_err(bad)?, Some(current.revision))
+                }
             };
             if let Some(saved) = self.save_schedule(record, expected).await? {
                 return Ok(saved);
