@@ -8,6 +8,7 @@ use std::io::Write;
 use std::time::Duration;
 
 use durable::{Engine, EngineConfig, EngineEvent, SqliteStore, StartOptions, WorkflowCtx, WorkflowError};
+use durable_tests::{out, print_events};
 
 const STEPS: u64 = 20;
 
@@ -47,16 +48,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.poll_interval = Duration::from_millis(50);
     config.orphan_poll_interval = Duration::from_millis(100);
     let engine = Engine::builder().store(SqliteStore::open(&db)?).config(config).build()?;
-    let mut events = engine.subscribe();
-    tokio::spawn(async move {
-        let mut out = std::io::stdout();
-        while let Ok(event) = events.recv().await {
-            if let EngineEvent::StepCompleted { seq, .. } = event {
-                let _ = writeln!(out, "committed {seq}");
-                let _ = out.flush();
-            }
+    tokio::spawn(print_events(engine.subscribe(), |event| {
+        if let EngineEvent::StepCompleted { seq, .. } = event {
+            out(format_args!("committed {seq}"));
         }
-    });
+    }));
     engine.register("ledger", 1, ledger_workflow);
     let run = engine.start("ledger", &ledger, StartOptions::id("crash-run")).await?;
     let sum: u64 = engine.wait_for_run(&run.id).await?.output()?;

@@ -23,7 +23,6 @@
 //! LEASE_MS (default 2000), DRAIN_MS (default 5000). APP_NAME: the connections'
 //! application_name (default `durable-fleet`).
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -31,6 +30,7 @@ use durable::{
     Backoff, Engine, EngineConfig, EngineEvent, PostgresOptions, PostgresStore, QueueTransport, RunStatus,
     StartOptions, WorkflowCtx, WorkflowError,
 };
+use durable_tests::{out, print_events};
 use tokio::task::JoinSet;
 
 const STEPS: u32 = 10;
@@ -49,13 +49,6 @@ fn config() -> EngineConfig {
     config.store_retry_backoff = Duration::from_millis(50);
     config.drain_timeout = env_ms("DRAIN_MS", 5_000);
     config
-}
-
-fn out(line: std::fmt::Arguments<'_>) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_fmt(line);
-    let _ = stdout.write_all(b"\n");
-    let _ = stdout.flush();
 }
 
 fn unix_us() -> u128 {
@@ -194,23 +187,18 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let index: i32 = args.get(3).and_then(|s| s.parse().ok()).ok_or("work needs a worker index")?;
             let engine = builder.build()?;
             let print_turns = std::env::var("PRINT_TURNS").is_ok_and(|v| v == "1");
-            let mut events = engine.subscribe();
-            tokio::spawn(async move {
-                while let Ok(event) = events.recv().await {
-                    match event {
-                        EngineEvent::StepCompleted { run_id, seq, .. } => out(format_args!("committed {run_id} {seq}")),
-                        EngineEvent::TurnStarted { run_id, recovered } if print_turns => {
-                            out(format_args!("turn {run_id} {} recovered={recovered}", unix_us()))
-                        }
-                        EngineEvent::TurnStarted { run_id, recovered: true } => out(format_args!("recovered {run_id}")),
-                        EngineEvent::TurnAborted { run_id, error } => {
-                            out(format_args!("aborted {run_id} {}", error.to_string().replace('\n', " ")))
-                        }
-                        EngineEvent::RunSettled { run_id, status } => out(format_args!("settled {run_id} {status}")),
-                        _ => {}
-                    }
+            tokio::spawn(print_events(engine.subscribe(), move |event| match event {
+                EngineEvent::StepCompleted { run_id, seq, .. } => out(format_args!("committed {run_id} {seq}")),
+                EngineEvent::TurnStarted { run_id, recovered } if print_turns => {
+                    out(format_args!("turn {run_id} {} recovered={recovered}", unix_us()))
                 }
-            });
+                EngineEvent::TurnStarted { run_id, recovered: true } => out(format_args!("recovered {run_id}")),
+                EngineEvent::TurnAborted { run_id, error } => {
+                    out(format_args!("aborted {run_id} {}", error.to_string().replace('\n', " ")))
+                }
+                EngineEvent::RunSettled { run_id, status } => out(format_args!("settled {run_id} {status}")),
+                _ => {}
+            }));
             let ledger = Ledger {
                 store: store.clone(),
                 insert: Arc::new(format!("INSERT INTO \"{schema}\".ledger (step_id, worker) VALUES ($1, $2)")),

@@ -17,6 +17,7 @@ use std::time::Duration;
 use durable::{
     Engine, EngineConfig, EngineEvent, QueueTransport, RunStatus, SqliteStore, StartOptions, WorkflowCtx, WorkflowError,
 };
+use durable_tests::{out, print_events};
 
 const STEPS: u32 = 10;
 
@@ -31,13 +32,6 @@ fn config() -> EngineConfig {
     let drain_ms = std::env::var("DRAIN_MS").ok().and_then(|v| v.parse().ok()).unwrap_or(5_000);
     config.drain_timeout = Duration::from_millis(drain_ms);
     config
-}
-
-fn out(line: std::fmt::Arguments<'_>) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_fmt(line);
-    let _ = stdout.write_all(b"\n");
-    let _ = stdout.flush();
 }
 
 async fn fleet(ctx: WorkflowCtx, step_ms: u64) -> Result<u32, WorkflowError> {
@@ -104,16 +98,11 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         "work" => {
             let step_ms: u64 = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(0);
             let engine = builder.build()?;
-            let mut events = engine.subscribe();
-            tokio::spawn(async move {
-                while let Ok(event) = events.recv().await {
-                    match event {
-                        EngineEvent::StepCompleted { run_id, seq, .. } => out(format_args!("committed {run_id} {seq}")),
-                        EngineEvent::TurnStarted { run_id, recovered: true } => out(format_args!("recovered {run_id}")),
-                        _ => {}
-                    }
-                }
-            });
+            tokio::spawn(print_events(engine.subscribe(), |event| match event {
+                EngineEvent::StepCompleted { run_id, seq, .. } => out(format_args!("committed {run_id} {seq}")),
+                EngineEvent::TurnStarted { run_id, recovered: true } => out(format_args!("recovered {run_id}")),
+                _ => {}
+            }));
             engine.register("fleet", 1, move |ctx: WorkflowCtx, _: u64| fleet(ctx, step_ms));
             out(format_args!("ready {}", engine.owner()));
             let in_time = engine.run_worker(durable::shutdown_signal()).await;

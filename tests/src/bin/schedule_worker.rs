@@ -22,7 +22,6 @@
 //! `bulk` gathers `order` events in batches (10 items or 5 s), `settle` debounces `cart`
 //! events (1 s of quiet); both return their input.
 
-use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -31,6 +30,7 @@ use durable::{
     Engine, EngineConfig, EngineEvent, PublishOptions, RunFilter, Schedule, SqliteStore, WorkflowCtx, WorkflowError,
     WorkflowOptions,
 };
+use durable_tests::out;
 use serde_json::json;
 use tokio::sync::broadcast::error::RecvError;
 
@@ -42,13 +42,6 @@ fn config() -> EngineConfig {
     config.wait_poll_interval = Duration::from_millis(25);
     config.drain_timeout = Duration::from_secs(2);
     config
-}
-
-fn out(line: std::fmt::Arguments<'_>) {
-    let mut stdout = std::io::stdout().lock();
-    let _ = stdout.write_fmt(line);
-    let _ = stdout.write_all(b"\n");
-    let _ = stdout.flush();
 }
 
 fn now_ms() -> u128 {
