@@ -118,10 +118,12 @@ impl Engine {
         let shared = self.shared();
         let payload = self.encode_payload(|| format!("the payload of event {name:?}"), payload)?;
         let now = shared.clock.now();
-        let value = payload.to_value();
         let (mut start, mut gather) = (Vec::new(), Vec::new());
         let mut soonest = Millis::MAX;
-        for (workflow, trigger) in shared.hooks.triggers_for(name) {
+        let triggers = shared.hooks.triggers_for(name);
+        // Parsed only for triggers to match: a plain publish stays text end to end.
+        let value = if triggers.is_empty() { serde_json::Value::Null } else { payload.to_value() };
+        for (workflow, trigger) in triggers {
             if !trigger.accepts(&value) {
                 continue;
             }
