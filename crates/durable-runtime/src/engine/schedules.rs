@@ -1,13 +1,12 @@
 //! Schedules: declaring, changing, pausing, triggering and deleting the stored schedules
 //! every engine's scheduler fires.
 
-use durable_core::{
-    RunId, RunPatch, RunStatus, SaveOutcome, SaveSchedule, Schedule, ScheduleError, ScheduleRecord, StepError,
-};
+use durable_core::{RunId, RunStatus, SaveOutcome, SaveSchedule, Schedule, ScheduleError, ScheduleRecord, StepError};
 use serde::Serialize;
 
 use super::Engine;
 use crate::error::{Error, Result};
+use crate::sched::Cancel;
 
 /// Schedules listed per store call by [`Engine::list_schedules`].
 const LIST_PAGE: usize = 500;
@@ -157,19 +156,14 @@ impl Engine {
     /// Cancels the runs of fires at `times` that are still `pending` (their start time not
     /// reached); a run that started meanwhile is left alone.
     async fn cancel_fires_ahead(&self, key: &str, times: Vec<durable_core::Millis>) -> Result<()> {
-        let shared = self.shared();
         for at in times {
             let id = durable_core::schedule::fire_run_id(key, at);
             let error = StepError::fatal(format!("schedule {key:?} was paused or deleted before this fire's time"))
                 .with_code(durable_core::codes::CANCELLED);
-            let patch = RunPatch {
-                status: Some(RunStatus::Cancelled),
-                error: Some(Some(error)),
-                wake_at: Some(None),
-                now: shared.clock.now(),
-                ..RunPatch::default()
-            };
-            shared.store.update_run_if(&id, &[RunStatus::Pending], patch).await?;
+            match self.shared().cancel_run_from(&id, Cancel::Abandon, Some(error), &[RunStatus::Pending]).await {
+                Ok(_) | Err(Error::RunNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
         }
         Ok(())
     }

@@ -39,8 +39,20 @@ impl Shared {
     /// Cancels an active run (and its active children, recursively). `error` overrides the
     /// recorded error of an abandoning cancel (an execution timeout sets its own).
     pub(crate) async fn cancel_run(&self, id: &RunId, how: Cancel, error: Option<StepError>) -> Result<RunStatus> {
+        self.cancel_run_from(id, how, error, &RunStatus::ACTIVE).await
+    }
+
+    /// [`Shared::cancel_run`] of a run whose status is one of `from` (checked in the write);
+    /// a run in any other status is left alone and its status returned.
+    pub(crate) async fn cancel_run_from(
+        &self,
+        id: &RunId,
+        how: Cancel,
+        error: Option<StepError>,
+        from: &[RunStatus],
+    ) -> Result<RunStatus> {
         let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
-        if run.status.is_terminal() {
+        if !from.contains(&run.status) {
             return Ok(run.status);
         }
         let now = self.clock.now();
@@ -68,7 +80,7 @@ impl Shared {
             }
         };
         let mark = self.mark();
-        if !self.store.update_run_if(id, &RunStatus::ACTIVE, patch).await? {
+        if !self.store.update_run_if(id, from, patch).await? {
             // It settled meanwhile.
             let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
             return Ok(run.status);
