@@ -54,6 +54,8 @@ struct Inner {
     next_queued: u64,
     /// Remembered publish dedupe ids: `(event name, id)` → kept until.
     dedupe: HashMap<(String, String), Millis>,
+    /// The same ids by expiry, so a publish forgets expired ones without scanning them all.
+    dedupe_expiry: BTreeSet<(Millis, String, String)>,
     /// Open trigger buffers by `(workflow, key)`.
     buffers: BTreeMap<(String, String), TriggerBuffer>,
     schedules: BTreeMap<String, ScheduleRecord>,
@@ -539,8 +541,15 @@ impl Store for MemoryStore {
             if inner.dedupe.get(&key).is_some_and(|until| *until >= now) {
                 return Ok(Published::Duplicate);
             }
-            inner.dedupe.retain(|_, until| *until >= now);
-            inner.dedupe.insert(key, d.keep_until);
+            // The two indexes hold the same ids: forget the expired ones, oldest first.
+            while let Some(expired) = inner.dedupe_expiry.first().filter(|(until, ..)| *until < now).cloned() {
+                inner.dedupe_expiry.remove(&expired);
+                inner.dedupe.remove(&(expired.1, expired.2));
+            }
+            if let Some(old) = inner.dedupe.insert(key.clone(), d.keep_until) {
+                inner.dedupe_expiry.remove(&(old, key.0.clone(), key.1.clone()));
+            }
+            inner.dedupe_expiry.insert((d.keep_until, key.0, key.1));
         }
         let value = event.payload.to_value();
         let ids: Vec<u64> = inner.by_event.get(&event.name).map(|s| s.iter().copied().collect()).unwrap_or_default();
