@@ -859,13 +859,15 @@ const DEDUPE_PRUNE: i64 = 64;
 pub(crate) fn publish(conn: &Connection, event: Publish) -> OpResult<Published> {
     let now = millis_to_sql(event.now);
     if let Some(d) = &event.dedupe {
-        let kept = conn
-            .prepare_cached("SELECT keep_until FROM event_dedupe WHERE name = ?1 AND id = ?2")?
-            .query_row([event.name.as_str(), d.id.as_str()], |r| r.get::<_, i64>(0))
-            .optional()?;
-        if let Some(until) = kept
-            && millis_from_sql(until, || format!("dedupe id {:?} of event {:?}", d.id, event.name))? >= event.now
-        {
+        // Remembered and not expired: the upsert changes nothing, and it is a duplicate.
+        let recorded = conn
+            .prepare_cached(
+                "INSERT INTO event_dedupe (name, id, keep_until) VALUES (?1, ?2, ?3) \
+                 ON CONFLICT (name, id) DO UPDATE SET keep_until = excluded.keep_until \
+                 WHERE event_dedupe.keep_until < ?4",
+            )?
+            .execute(params![event.name, d.id, millis_to_sql(d.keep_until), now])?;
+        if recorded == 0 {
             return Ok(Published::Duplicate);
         }
         conn.prepare_cached(
@@ -873,11 +875,6 @@ pub(crate) fn publish(conn: &Connection, event: Publish) -> OpResult<Published> 
              (SELECT name, id FROM event_dedupe WHERE keep_until < ?1 ORDER BY keep_until LIMIT ?2)",
         )?
         .execute(params![now, DEDUPE_PRUNE])?;
-        conn.prepare_cached(
-            "INSERT INTO event_dedupe (name, id, keep_until) VALUES (?1, ?2, ?3) \
-             ON CONFLICT (name, id) DO UPDATE SET keep_until = excluded.keep_until",
-        )?
-        .execute(params![event.name, d.id, millis_to_sql(d.keep_until)])?;
     }
     let deliveries = deliver_event(conn, &event.name, event.payload.as_str(), now)?;
     let mut started = Vec::with_capacity(event.start.len());
@@ -894,10 +891,14 @@ pub(crate) fn publish(conn: &Connection, event: Publish) -> OpResult<Published> 
                     .map_err(|e| corrupt(format!("trigger buffer of {:?} key {:?}: {e}", append.workflow, append.key)))
             })
             .transpose()?;
+        let was_open = open.is_some();
         match TriggerBuffer::gather(open, append, event.payload.clone(), event.now) {
             Gathered::Keep(buffer) => store_buffer(conn, &buffer)?,
             Gathered::Start(run) => {
-                delete_buffer(conn, &append.workflow, &append.key)?;
+                if was_open {
+                    conn.prepare_cached("DELETE FROM trigger_buffers WHERE workflow = ?1 AND key = ?2")?
+                        .execute([append.workflow.as_str(), append.key.as_str()])?;
+                }
                 started.push(create_run(conn, run)?);
             }
         }
@@ -925,11 +926,6 @@ fn store_buffer(conn: &Connection, buffer: &TriggerBuffer) -> OpResult<()> {
     Ok(())
 }
 
-fn delete_buffer(conn: &Connection, workflow: &str, key: &str) -> OpResult<()> {
-    conn.prepare_cached("DELETE FROM trigger_buffers WHERE workflow = ?1 AND key = ?2")?.execute([workflow, key])?;
-    Ok(())
-}
-
 /// `flush_buffer`: deletes the open buffer of `(workflow, key)` if it is still `batch_id`'s and
 /// creates its run, in the caller's write.
 pub(crate) fn flush_buffer(
@@ -940,13 +936,14 @@ pub(crate) fn flush_buffer(
     now: Millis,
 ) -> OpResult<Option<CreateRun>> {
     let body = conn
-        .prepare_cached("SELECT body FROM trigger_buffers WHERE workflow = ?1 AND key = ?2 AND batch_id = ?3")?
+        .prepare_cached(
+            "DELETE FROM trigger_buffers WHERE workflow = ?1 AND key = ?2 AND batch_id = ?3 RETURNING body",
+        )?
         .query_row([workflow, key, batch_id], |r| r.get::<_, String>(0))
         .optional()?;
     let Some(body) = body else { return Ok(None) };
     let buffer: TriggerBuffer =
         serde_json::from_str(&body).map_err(|e| corrupt(format!("trigger buffer of {workflow:?} key {key:?}: {e}")))?;
-    delete_buffer(conn, workflow, key)?;
     create_run(conn, buffer.into_run(now)).map(Some)
 }
 
