@@ -570,17 +570,17 @@ fn buffer_from_row(row: &Row<'_>) -> OpResult<TriggerBuffer> {
 
 /// `due_schedules`: see [`due_sql`].
 pub(crate) fn due_schedules(conn: &Connection, q: &DueQuery) -> OpResult<Vec<ScheduleRecord>> {
-    due_rows(conn, Due::Schedules, q, schedule_from_row)
+    query_rows(conn, due_sql(Due::Schedules, q), schedule_from_row)
 }
 
 /// `due_buffers`: see [`due_sql`].
 pub(crate) fn due_buffers(conn: &Connection, q: &DueQuery) -> OpResult<Vec<TriggerBuffer>> {
-    due_rows(conn, Due::Buffers, q, buffer_from_row)
+    query_rows(conn, due_sql(Due::Buffers, q), buffer_from_row)
 }
 
-/// The rows of a due scan, decoded.
-fn due_rows<T>(conn: &Connection, due: Due, q: &DueQuery, decode: fn(&Row<'_>) -> OpResult<T>) -> OpResult<Vec<T>> {
-    let Some(sql) = due_sql(due, q) else { return Ok(Vec::new()) };
+/// The rows of a built query, decoded (none when there is no query: a limit of 0).
+fn query_rows<T>(conn: &Connection, sql: Option<Sql>, decode: fn(&Row<'_>) -> OpResult<T>) -> OpResult<Vec<T>> {
+    let Some(sql) = sql else { return Ok(Vec::new()) };
     let mut stmt = conn.prepare_cached(&sql.text)?;
     let mut rows = stmt.query(params_from_iter(sql.args))?;
     let mut out = Vec::new();
@@ -605,14 +605,7 @@ pub(crate) fn list_schedules(
     after: Option<&str>,
     limit: usize,
 ) -> OpResult<Vec<ScheduleRecord>> {
-    let Some(sql) = list_schedules_sql(namespace, after, limit) else { return Ok(Vec::new()) };
-    let mut stmt = conn.prepare_cached(&sql.text)?;
-    let mut rows = stmt.query(params_from_iter(sql.args))?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(schedule_from_row(row)?);
-    }
-    Ok(out)
+    query_rows(conn, list_schedules_sql(namespace, after, limit), schedule_from_row)
 }
 
 pub(crate) fn waiters(conn: &Connection, id: &RunId) -> OpResult<Vec<Waiter>> {
