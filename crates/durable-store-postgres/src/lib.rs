@@ -472,6 +472,17 @@ impl PostgresStore {
         Error::Corrupt { target: self.inner.shared.target.clone(), message }.into_store_error()
     }
 
+    /// A group of writes the writer never splits (one transaction, one round trip); one answer
+    /// per operation, in order (`what` names them in the error if the count is off).
+    async fn write_group(&self, group: Vec<String>, what: &str) -> StoreResult<Vec<String>> {
+        let n = group.len();
+        let answers = self.inner.writer.write_group(&self.inner.shared, group).await?;
+        if answers.len() != n {
+            return Err(self.corrupt(format!("{n} {what} got {} answers", answers.len())));
+        }
+        Ok(answers)
+    }
+
     /// One read query, one round trip (unprepared: parse, bind and execute are sent together).
     async fn query(&self, doing: &str, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> StoreResult<Vec<Row>> {
         let shared = &self.inner.shared;
@@ -573,10 +584,7 @@ impl Store for PostgresStore {
             return Ok(Vec::new());
         }
         let group = runs.iter().map(|run| Op::CreateRun { run: ops::NewRunJson::new(run) }.encode()).collect();
-        let answers = self.inner.writer.write_group(&self.inner.shared, group).await?;
-        if answers.len() != runs.len() {
-            return Err(self.corrupt(format!("{} creates got {} answers", runs.len(), answers.len())));
-        }
+        let answers = self.write_group(group, "creates").await?;
         runs.into_iter().zip(answers).map(|(run, answer)| self.answer(ops::create_answer(&answer, run))).collect()
     }
 
@@ -720,10 +728,7 @@ impl Store for PostgresStore {
             .iter()
             .map(|save| Ok(Op::SaveSchedule(ops::SaveScheduleJson::new(save)?).encode()))
             .collect::<StoreResult<Vec<_>>>()?;
-        let answers = self.inner.writer.write_group(&self.inner.shared, group).await?;
-        if answers.len() != saves.len() {
-            return Err(self.corrupt(format!("{} schedule saves got {} answers", saves.len(), answers.len())));
-        }
+        let answers = self.write_group(group, "schedule saves").await?;
         answers.iter().map(|answer| self.answer(ops::save_answer(answer))).collect()
     }
 
