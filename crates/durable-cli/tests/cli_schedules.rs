@@ -8,7 +8,9 @@ use std::time::Duration;
 
 use chrono::{DateTime, Timelike, Utc};
 use durable::store::SaveSchedule;
-use durable::{Engine, Millis, Overlap, RunId, RunStatus, Schedule, SqliteStore, StartOptions, WorkflowCtx};
+use durable::{
+    Engine, EngineEvent, Millis, Overlap, RunId, RunStatus, Schedule, SqliteStore, StartOptions, WorkflowCtx,
+};
 use serde_json::Value;
 use support::{default_db, list_schedules, path_str, run_bad, run_ok, show, show_schedule, with_client};
 
@@ -203,11 +205,17 @@ async fn pause_resume_trigger_and_delete_change_the_stored_schedule() {
 
     // A worker with the workflow registered starts the triggered run, with the printed id.
     let engine = Engine::builder().store(SqliteStore::open(&db).unwrap()).build().unwrap();
+    // Subscribed before the workflow is registered: the scheduler fires nothing before that.
+    let mut events = engine.subscribe();
     register(&engine);
     let id = RunId::new(run_id.clone());
     let outcome = tokio::time::timeout(Duration::from_secs(60), async {
-        while engine.get_run(&id).await.unwrap().is_none() {
-            tokio::time::sleep(Duration::from_millis(20)).await;
+        loop {
+            if let EngineEvent::RunCreated { run_id, .. } = events.recv().await.expect("event stream open")
+                && run_id == id
+            {
+                break;
+            }
         }
         engine.wait_for_run(&id).await.unwrap()
     })
