@@ -132,6 +132,7 @@ fn waiting_on(run: &Run, history: &[Checkpoint], now: u64) -> String {
             (_, Some(until)) => format!("recovery: its worker's lease expired {}", ago(until, now)),
             _ => "running".into(),
         },
+        RunStatus::Blocked => run.error.as_ref().map_or_else(|| "blocked".into(), |e| e.message.clone()),
         RunStatus::Suspended => {
             let cancel_requested =
                 run.error.as_ref().is_some_and(|e| e.code() == Some(durable::codes::CANCEL_REQUESTED));

@@ -84,6 +84,7 @@ mod queue;
 mod retry;
 pub mod schedule;
 mod store;
+pub mod task;
 mod time;
 pub mod trigger;
 mod turn;
@@ -102,14 +103,14 @@ pub use schedule::{Cadence, Overlap, Schedule, ScheduleError, ScheduleRecord, Sc
 pub use store::{
     Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, OutgoingSignal, RunFilter,
     RunPage, RunPatch, RunQuery, SaveOutcome, SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult,
-    TurnEnd, decode_cursor, encode_cursor,
+    TaskFilter, TurnEnd, decode_cursor, encode_cursor,
 };
 pub use time::{millis, millis_after, millis_before};
 pub use trigger::{BufferAppend, Dedupe, Gather, Gathered, Publish, Published, TriggerBuffer};
 pub use turn::{
-    ChildCall, ChildJoin, Deadline, End, Halt, Next, Pending, RecordBegin, RecordOutcome, ReplayMismatch, Replayed,
-    RunEnd, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall, Turn, TurnConfig, TurnStop, UndoCall, WaitBegin,
-    WaitCall,
+    ChildCall, ChildJoin, Deadline, End, Halt, Next, Pending, RecordBegin, RecordOutcome, RemoteBegin, RemoteCall,
+    ReplayMismatch, Replayed, RunEnd, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall, Turn, TurnConfig,
+    TurnStop, UndoCall, WaitBegin, WaitCall,
 };
 
 /// Error codes the engine sets on runs and steps.
@@ -143,4 +144,11 @@ pub mod codes {
     /// channel, an HTTP call) for longer than the engine's grace, with no ctx call executing
     /// or parked: replay cannot see such an await.
     pub const NON_CTX_AWAIT: &str = "non_ctx_await";
+    /// A remote step's attempt found no worker in time, or ran past its timeout.
+    pub const REMOTE_TIMEOUT: &str = "remote_timeout";
+    /// Set on a `blocked` run's error: no live worker can take its remote step.
+    pub const BLOCKED: &str = "blocked";
+    /// An operator re-dispatched a remote step's attempt (`redispatch_pending`): the next
+    /// attempt goes out at once, outside the retry policy.
+    pub const REDISPATCH: &str = "redispatch";
 }

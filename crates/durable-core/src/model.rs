@@ -23,6 +23,11 @@ pub enum RunStatus {
     Running,
     /// Parked on a timer, a signal, a child or a remote result.
     Suspended,
+    /// Suspended on a remote step that no live worker can take (none serves its queue with
+    /// the capabilities it requires); the run's error says what is missing. It behaves as
+    /// `suspended` (deliveries and results wake it) and goes back to `suspended` when such a
+    /// worker appears.
+    Blocked,
     /// The body returned `Ok`; the output is recorded.
     Completed,
     /// The body returned `Err` (or failed non-deterministically, or panicked).
@@ -56,6 +61,12 @@ pub const TRANSITIONS: &[(RunStatus, RunStatus)] = {
         (Suspended, Cancelled),
         (Suspended, Failed),
         (Suspended, Dead),
+        (Suspended, Blocked),
+        (Blocked, Suspended),
+        (Blocked, Running),
+        (Blocked, Cancelled),
+        (Blocked, Failed),
+        (Blocked, Dead),
         (Failed, Pending),
         (Dead, Pending),
     ]
@@ -63,10 +74,11 @@ pub const TRANSITIONS: &[(RunStatus, RunStatus)] = {
 
 impl RunStatus {
     /// Every status, in lifecycle order.
-    pub const ALL: [RunStatus; 7] = [
+    pub const ALL: [RunStatus; 8] = [
         RunStatus::Pending,
         RunStatus::Running,
         RunStatus::Suspended,
+        RunStatus::Blocked,
         RunStatus::Completed,
         RunStatus::Failed,
         RunStatus::Cancelled,
@@ -74,7 +86,14 @@ impl RunStatus {
     ];
 
     /// The statuses a run can still make progress from.
-    pub const ACTIVE: [RunStatus; 3] = [RunStatus::Pending, RunStatus::Running, RunStatus::Suspended];
+    pub const ACTIVE: [RunStatus; 4] =
+        [RunStatus::Pending, RunStatus::Running, RunStatus::Suspended, RunStatus::Blocked];
+
+    /// Whether the run is parked (`suspended` or `blocked`): woken by deliveries and due
+    /// timers.
+    pub fn is_parked(self) -> bool {
+        matches!(self, RunStatus::Suspended | RunStatus::Blocked)
+    }
 
     /// Whether the run has settled: completed, failed, cancelled or dead.
     pub fn is_terminal(self) -> bool {
@@ -92,6 +111,7 @@ impl RunStatus {
             RunStatus::Pending => "pending",
             RunStatus::Running => "running",
             RunStatus::Suspended => "suspended",
+            RunStatus::Blocked => "blocked",
             RunStatus::Completed => "completed",
             RunStatus::Failed => "failed",
             RunStatus::Cancelled => "cancelled",

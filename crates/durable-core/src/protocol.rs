@@ -83,6 +83,12 @@ pub fn task_token(run: &RunId, name: &str) -> String {
     format!("task:{run}:{name}")
 }
 
+/// The token the wait of the remote step at `seq` is registered on; a worker's result is
+/// delivered to it by [`Store::complete_task`](crate::Store::complete_task).
+pub fn remote_token(run: &RunId, seq: u32) -> String {
+    format!("remote:{run}:{seq}")
+}
+
 /// The name of the step that hands an external task out.
 pub fn task_step_name(name: &str) -> String {
     format!("task:{name}")

@@ -10,6 +10,7 @@ use std::fmt;
 use async_trait::async_trait;
 
 use crate::schedule::ScheduleRecord;
+use crate::task::{BeatOutcome, NewTask, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use crate::trigger::{Publish, Published, TriggerBuffer};
 use crate::{Checkpoint, Millis, NewRun, Payload, Run, RunId, RunStatus, StepError, Waiter};
 
@@ -247,6 +248,8 @@ pub struct Commit {
     pub children: Vec<NewRun>,
     /// Signals to send, like [`Store::send_signal`].
     pub signals: Vec<OutgoingSignal>,
+    /// Remote-step attempts to dispatch (see [`Store::commit`]).
+    pub tasks: Vec<NewTask>,
     /// How the turn ends, if it does.
     pub end: Option<TurnEnd>,
 }
@@ -272,6 +275,7 @@ impl Commit {
             state: Vec::new(),
             children: Vec::new(),
             signals: Vec::new(),
+            tasks: Vec::new(),
             end: None,
         }
     }
@@ -436,6 +440,30 @@ pub fn decode_cursor(cursor: &str) -> StoreResult<(Millis, RunId)> {
     })
 }
 
+/// Which tasks [`Store::list_tasks`] returns. Every field narrows.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct TaskFilter {
+    /// Tasks of this run.
+    pub run_id: Option<RunId>,
+    /// Only unfinished tasks.
+    pub unfinished: bool,
+    /// Unfinished tasks past their deadline at this time.
+    pub expired_at: Option<Millis>,
+    /// Unfinished tasks silent since before this time.
+    pub silent_since: Option<Millis>,
+    /// Only unclaimed (`queued`) tasks.
+    pub queued: bool,
+    /// At most this many (0: 100).
+    pub limit: usize,
+}
+
+fn no_remote_steps() -> StoreError {
+    StoreError::Unavailable {
+        message: "this store does not support remote steps (it implements no task queue)".into(),
+        retryable: false,
+    }
+}
+
 /// The storage backend of the engine.
 ///
 /// Object-safe: the engine holds an `Arc<dyn Store>`. Every method is one round trip and
@@ -556,8 +584,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   it), the commit's checkpoint at that seq is not written and the seq is in `raced`.
     /// - `state` upserted per `(run, key)`; `children` created as by `create_run`; `signals`
     ///   sent as by `send_signal` (results in `deliveries`).
+    /// - Each of `tasks` is stored `queued` ([`Task::queued`]), replacing the task at its
+    ///   `(run_id, seq)` if there is one (a re-dispatch; the old attempt's logs are kept).
     /// - `end`: see [`TurnEnd`]. A `Settle` that finds the run no longer `running` changes
     ///   nothing of the run row and reports `settled = false` (checkpoints are still written).
+    ///   An applied `Settle` finishes the run's unfinished tasks (outcome `cancelled`).
     /// - Progress resets the recovery count: a commit that carries checkpoints or a turn end
     ///   (a `Suspend`, applied or `woken`, or a `Settle`), applied while the run is `running`,
     ///   sets its `recovery_attempts` to 0 in the same transaction — the turn that made it got
@@ -703,6 +734,104 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// is in the number due, not the number stored. With `now = Millis::MAX` and `limit = 1`:
     /// the next schedule to come due.
     async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>>;
+
+    /// Claims tasks for a worker.
+    ///
+    /// # Contract
+    /// Tasks of the claim's queues (and namespace, if given) that are [`Task::claimable`] at
+    /// `now`, whose `requires` are all among the claim's capabilities and whose run is not
+    /// terminal; highest priority first, then oldest `created_at`; at most `limit`. Each is
+    /// set `claimed` by the worker with `lease_until = now + heartbeat_timeout`,
+    /// `heartbeat_at = now`, `claims + 1`, and `claimed_at = now` if it was never claimed (an
+    /// attempt's timeout runs from its first claim). Concurrent claimers: each task goes to
+    /// exactly one.
+    async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
+        let _ = claim;
+        Err(no_remote_steps())
+    }
+
+    /// A worker's heartbeat on a claimed task.
+    ///
+    /// # Contract
+    /// The task at `(run_id, seq)` with this `attempt`, `claimed` by this worker: if its run is
+    /// terminal, or the task is past its deadline, → `Cancelled` (nothing written); otherwise
+    /// `lease_until = now + heartbeat_timeout`, `heartbeat_at = now`, the progress replaced
+    /// (when given), the logs appended → `Extended(lease_until)`. A finished task →
+    /// `Cancelled`; any other (another worker's claim, another attempt, no task) → `Lost`.
+    async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
+        let _ = beat;
+        Err(no_remote_steps())
+    }
+
+    /// Records a task's result: the checkpoint, the wake and the task's end, in one atomic
+    /// call.
+    ///
+    /// # Contract
+    /// - No unfinished task at `(run_id, seq)` with this `attempt` → `Duplicate`, nothing
+    ///   written (a result from any worker is accepted once per attempt: the first wins).
+    /// - The run is terminal → the task is finished (outcome `cancelled`) → `RunTerminal`.
+    /// - The run has no waiter at `seq` → `Duplicate`, nothing written.
+    /// - Otherwise: the waiter is removed; the checkpoint at `seq` is written — `completed`
+    ///   with the output, or for an error `waiting` with the error and no `wake_at` (the turn
+    ///   decides whether to retry); either way `attempts = attempt`, `updated_at = now`; the
+    ///   run is woken as a delivery wakes it ([`Store::send_signal`]); the task is finished
+    ///   (outcome `completed`, `failed`, or `timed_out` for an error coded `remote_timeout`),
+    ///   its logs appended → `Accepted`.
+    async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+        let _ = done;
+        Err(no_remote_steps())
+    }
+
+    /// Hands claimed tasks back unfinished (a draining worker).
+    ///
+    /// # Contract
+    /// Each `(run_id, seq, attempt)` claimed by `worker` becomes `queued` again at once (its
+    /// `claimed_at` is kept, so the attempt's timeout still counts from its first claim).
+    /// Others are left alone.
+    async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
+        let _ = (tasks, worker);
+        Err(no_remote_steps())
+    }
+
+    /// Lists tasks.
+    ///
+    /// # Contract
+    /// Tasks matching the filter, oldest `created_at` first (then run id and seq); at most
+    /// `limit`. [`TaskFilter::expired_at`] selects unfinished tasks past their deadline
+    /// ([`Task::expired`]); [`TaskFilter::silent_since`] unfinished tasks whose last heartbeat
+    /// (or, never claimed, whose dispatch) is older. The cost is in the number matched for a
+    /// filter on a run or on expiry.
+    async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<Task>> {
+        let _ = filter;
+        Err(no_remote_steps())
+    }
+
+    /// Per `(namespace, queue)`: unclaimed and claimed tasks of active runs, and the oldest.
+    ///
+    /// # Contract
+    /// Ordered by namespace, then queue; queues with no unfinished task are left out.
+    async fn queue_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        Err(no_remote_steps())
+    }
+
+    /// Stores (or refreshes) a worker's descriptor, keyed by its id.
+    async fn register_worker(&self, worker: &WorkerInfo) -> StoreResult<()> {
+        let _ = worker;
+        Err(no_remote_steps())
+    }
+
+    /// Removes a worker's descriptor (a clean shutdown); returns whether it existed.
+    async fn remove_worker(&self, id: &str) -> StoreResult<bool> {
+        let _ = id;
+        Err(no_remote_steps())
+    }
+
+    /// Worker descriptors, by id. Descriptors not refreshed since `heartbeat_before` are
+    /// deleted first (dead workers are forgotten).
+    async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
+        let _ = heartbeat_before;
+        Err(no_remote_steps())
+    }
 
     /// The waiters a run has registered.
     ///

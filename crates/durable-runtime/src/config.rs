@@ -77,6 +77,15 @@ pub struct EngineConfig {
     /// How long a publish's dedupe id is remembered
     /// ([`PublishOptions::dedupe`](crate::PublishOptions::dedupe)). Default 24 h.
     pub event_dedupe_window: Duration,
+    /// A run parked on a remote step wakes at least this often to look at its step again, so
+    /// a lost wake heals. Default 5 min.
+    pub reconcile_interval: Duration,
+    /// How often the engine looks for remote-step attempts past their deadline (expiring
+    /// them with `remote_timeout`) and for runs to mark `blocked` (no live worker can take
+    /// their step) or to unblock. Default 5 s.
+    pub blocked_poll: Duration,
+    /// A worker that has not heartbeated for this long counts as gone. Default 30 s.
+    pub worker_ttl: Duration,
 }
 
 impl Default for EngineConfig {
@@ -105,6 +114,9 @@ impl Default for EngineConfig {
             schedule_poll_interval: Duration::from_secs(1),
             schedule_batch: 500,
             event_dedupe_window: Duration::from_secs(24 * 3600),
+            reconcile_interval: Duration::from_secs(300),
+            blocked_poll: Duration::from_secs(5),
+            worker_ttl: Duration::from_secs(30),
         }
     }
 }

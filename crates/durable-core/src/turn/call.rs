@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use super::{Attempts, Flight, Mode, Turn, TurnStop, Undo};
 use crate::protocol::{self, ChildResult};
+use crate::task::{NewTask, RemoteOptions};
 use crate::time::millis_after;
 use crate::{
     CheckpointStatus, Commit, Decision, Millis, NewRun, ParentLink, Payload, RetryDecision, RetryPolicy, RunId,
@@ -208,6 +209,37 @@ pub enum StateBegin {
     Commit(Commit),
     /// Park forever (a cancel with compensation is pending).
     Park,
+    /// The turn is stopping: halt.
+    Stopped,
+}
+
+/// A remote step: a task handed to whichever worker serves its queue.
+#[derive(Debug, Clone)]
+pub struct RemoteCall<'a> {
+    /// The step's name (the handler workers run).
+    pub name: &'a str,
+    /// Its input, or why it does not serialize.
+    pub input: Result<Payload, String>,
+    /// Its options.
+    pub options: &'a RemoteOptions,
+}
+
+/// The answer of [`Turn::remote_step`].
+#[derive(Debug, Clone, PartialEq)]
+pub enum RemoteBegin {
+    /// Completed: return this output.
+    Return(Payload),
+    /// Failed for good: return this error. Its record rides along with the next commit.
+    Fail {
+        /// The final error.
+        error: StepError,
+        /// Attempts made.
+        attempts: u32,
+    },
+    /// Park: the attempt is out (its dispatch rides along with the next commit) or a durable
+    /// backoff runs, until the time given (`None`: forever, a cancel with compensation is
+    /// pending).
+    Park(Option<Millis>),
     /// The turn is stopping: halt.
     Stopped,
 }
@@ -786,5 +818,146 @@ impl Turn {
             Ok(p) => self.stop(TurnStop::ContinueAsNew(p)),
             Err(e) => self.fail_serialize("the continue-as-new input".to_string(), &e),
         }
+    }
+}
+
+impl Turn {
+    // ---- remote steps ----
+
+    /// Begins (or replays) the remote step at `seq`.
+    ///
+    /// The checkpoint tells where the step stands: none — dispatch attempt 1; `running` — an
+    /// attempt is out (park until a result wakes the run, at most the reconcile interval);
+    /// `waiting` with an error and no `wake_at` — a worker reported a failure (or the attempt
+    /// expired): the policy decides between a durable backoff, an immediate re-dispatch and
+    /// the end; `waiting` with a `wake_at` — a backoff, then the next dispatch; `completed` /
+    /// `failed` — the result. A dispatch records the `running` checkpoint, registers the wait
+    /// the result is delivered to ([`protocol::remote_token`]) and queues the task, all in
+    /// the next commit.
+    pub fn remote_step(&mut self, seq: u32, call: RemoteCall<'_>, now: Millis) -> RemoteBegin {
+        let decision = match self.check(seq, call.name, StepKind::Remote, now) {
+            Checked::Stopped => return RemoteBegin::Stopped,
+            Checked::CancelPark => return RemoteBegin::Park(None),
+            Checked::Fresh => {
+                self.park(seq, None);
+                return RemoteBegin::Park(None);
+            }
+            Checked::Go(d) => d,
+        };
+        let recorded = self.history.get(seq).map(|c| (c.status, c.wake_at, c.attempts));
+        match (decision, recorded) {
+            (Decision::Replay(output), _) => RemoteBegin::Return(output),
+            (Decision::ReplayError { error, attempts }, _) => RemoteBegin::Fail { error, attempts },
+            (Decision::Wait { wake_at: Some(at) }, _) => {
+                self.park(seq, Some(at));
+                RemoteBegin::Park(Some(at))
+            }
+            // An attempt is out.
+            (Decision::Execute { .. }, Some((CheckpointStatus::Running, _, _))) => {
+                let at = millis_after(now, self.config.reconcile_interval);
+                self.park(seq, Some(at));
+                RemoteBegin::Park(Some(at))
+            }
+            // A result reported a failure: judge it.
+            (Decision::Wait { wake_at: None }, Some((CheckpointStatus::Waiting, None, attempts))) => {
+                if self.config.replay_only {
+                    self.fresh(seq, call.name, StepKind::Remote);
+                    self.park(seq, None);
+                    return RemoteBegin::Park(None);
+                }
+                self.judge_remote(seq, call, attempts, now)
+            }
+            // Fresh, or a backoff is over.
+            (Decision::Execute { attempt }, _) => self.dispatch(seq, &call, attempt, now),
+            (d, _) => {
+                self.corrupt(seq, call.name, &d);
+                RemoteBegin::Stopped
+            }
+        }
+    }
+
+    /// Applies the retry policy to the failure recorded for attempt `attempts` of the remote
+    /// step at `seq`.
+    fn judge_remote(&mut self, seq: u32, call: RemoteCall<'_>, attempts: u32, now: Millis) -> RemoteBegin {
+        let Some(cp) = self.history.get(seq).cloned() else {
+            return RemoteBegin::Stopped;
+        };
+        let error = cp.error.clone().unwrap_or_else(|| StepError::retryable("the worker reported no error"));
+        // An operator's re-dispatch sends the next attempt at once, outside the policy.
+        if error.code() == Some(codes::REDISPATCH) {
+            return self.dispatch(seq, &call, attempts + 1, now);
+        }
+        match call.options.policy.after_failure(attempts, &error, seed_for(self.run.id.as_str(), seq, attempts)) {
+            RetryDecision::RetryAfter(delay) if delay.is_zero() => self.dispatch(seq, &call, attempts + 1, now),
+            RetryDecision::RetryAfter(delay) => {
+                let at = millis_after(now, delay);
+                let mut cp = cp;
+                cp.wake_at = Some(at);
+                cp.updated_at = now;
+                self.record(cp);
+                self.park(seq, Some(at));
+                RemoteBegin::Park(Some(at))
+            }
+            RetryDecision::GiveUp => {
+                let mut cp = cp;
+                cp.status = CheckpointStatus::Failed;
+                cp.error = Some(error.clone());
+                cp.updated_at = now;
+                self.record(cp);
+                RemoteBegin::Fail { error, attempts }
+            }
+        }
+    }
+
+    /// Records attempt `attempt` of the remote step at `seq` as out and queues its task.
+    fn dispatch(&mut self, seq: u32, call: &RemoteCall<'_>, attempt: u32, now: Millis) -> RemoteBegin {
+        let input = match &call.input {
+            Ok(p) if self.too_large(p) => {
+                let error =
+                    self.payload_too_large(&format!("the input of remote step {:?} (seq {seq})", call.name), p.len());
+                self.stop(TurnStop::Fail(error));
+                return RemoteBegin::Stopped;
+            }
+            Ok(p) => p.clone(),
+            Err(e) => {
+                self.fail_serialize(format!("the input of remote step {:?} (seq {seq})", call.name), e);
+                return RemoteBegin::Stopped;
+            }
+        };
+        let recorded = self.history.get(seq);
+        let started_at = recorded.map_or(now, |c| c.started_at);
+        let last_error = recorded.and_then(|c| c.error.clone());
+        let mut cp = self.checkpoint(seq, call.name, StepKind::Remote, CheckpointStatus::Running, started_at, now);
+        cp.attempts = attempt;
+        cp.input = Some(input.clone());
+        cp.error = last_error;
+        self.record(cp);
+        self.buffer.waits.push(Waiter {
+            run_id: self.run.id.clone(),
+            seq,
+            name: call.name.to_string(),
+            kind: WaitKind::Signal { token: protocol::remote_token(&self.run.id, seq) },
+            created_at: now,
+        });
+        let o = call.options;
+        let ms = |d: Duration| d.as_millis().min(u64::MAX as u128) as u64;
+        self.buffer.tasks.push(NewTask {
+            run_id: self.run.id.clone(),
+            seq,
+            attempt,
+            name: call.name.to_string(),
+            queue: o.queue.clone().unwrap_or_else(|| call.name.to_string()),
+            namespace: self.run.namespace.clone(),
+            input,
+            priority: o.priority,
+            requires: o.requires.clone(),
+            pickup_timeout_ms: o.pickup_timeout.map(ms),
+            timeout_ms: o.timeout.map(ms),
+            heartbeat_timeout_ms: ms(o.heartbeat_timeout).max(1),
+            created_at: now,
+        });
+        let at = millis_after(now, self.config.reconcile_interval);
+        self.park(seq, Some(at));
+        RemoteBegin::Park(Some(at))
     }
 }

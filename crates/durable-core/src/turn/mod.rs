@@ -14,7 +14,7 @@
 //!    [`Turn::begin_record`] / [`Turn::finish_record`] (`now`, `random`, `uuid`,
 //!    `side_effect`), [`Turn::sleep`], [`Turn::wait`] (signals, events, updates, task
 //!    results, with deadlines), [`Turn::spawn_child`] / [`Turn::join_child`],
-//!    [`Turn::set_state`], [`Turn::patched`], [`Turn::continue_as_new`].
+//!    [`Turn::set_state`], [`Turn::patched`], [`Turn::continue_as_new`], [`Turn::remote_step`].
 //!    After [`StepAfter::RetryAt`] the runtime waits and calls [`Turn::finish_step`] again with
 //!    the next attempt's result (no second `begin`); a task checks its name first with
 //!    [`Turn::check_name`].
@@ -56,8 +56,8 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use call::{
-    ChildCall, ChildJoin, Deadline, RecordBegin, RecordOutcome, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall,
-    WaitBegin, WaitCall,
+    ChildCall, ChildJoin, Deadline, RecordBegin, RecordOutcome, RemoteBegin, RemoteCall, SleepBegin, StateBegin,
+    StepAfter, StepBegin, StepCall, WaitBegin, WaitCall,
 };
 pub use end::{End, Halt, Next, Pending, UndoCall};
 pub use replay::{ReplayMismatch, Replayed, RunEnd};
@@ -103,6 +103,9 @@ pub struct TurnConfig {
     /// recorded, no commit is ever answered), and the turn ends with [`End::Replayed`]: how far
     /// the code matched the history, or how it departs from it. See [`Replayed`].
     pub replay_only: bool,
+    /// A run parked on a remote step wakes at least this often to look at its checkpoint
+    /// again, so a lost wake heals.
+    pub reconcile_interval: Duration,
 }
 
 impl Default for TurnConfig {
@@ -113,6 +116,7 @@ impl Default for TurnConfig {
             latest_version: 1,
             non_ctx_await_grace: Duration::from_secs(1),
             replay_only: false,
+            reconcile_interval: Duration::from_secs(300),
         }
     }
 }
@@ -167,6 +171,7 @@ struct Buffer {
     state: Vec<(String, Payload)>,
     children: Vec<crate::NewRun>,
     signals: Vec<crate::OutgoingSignal>,
+    tasks: Vec<crate::task::NewTask>,
 }
 
 /// The state of one turn. See the module docs for the call order.
@@ -409,6 +414,7 @@ impl Turn {
         c.state = b.state;
         c.children = b.children;
         c.signals = b.signals;
+        c.tasks = b.tasks;
         c
     }
 

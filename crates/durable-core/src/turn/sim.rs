@@ -218,6 +218,7 @@ fn config() -> TurnConfig {
         latest_version: 1,
         non_ctx_await_grace: Duration::from_millis(GRACE),
         replay_only: false,
+        reconcile_interval: Duration::from_secs(300),
     }
 }
 

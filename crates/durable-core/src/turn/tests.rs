@@ -56,6 +56,7 @@ fn config() -> TurnConfig {
         latest_version: 3,
         non_ctx_await_grace: Duration::from_secs(1),
         replay_only: false,
+        reconcile_interval: Duration::from_secs(300),
     }
 }
 

@@ -64,6 +64,7 @@ impl Engine {
             // itself (`OutsideAwait`) after a bounded number of polls.
             non_ctx_await_grace: shared.config.non_ctx_await_grace,
             replay_only: true,
+            reconcile_interval: shared.config.reconcile_interval,
         };
         let start = |ctx, input: &_| handler.call(ctx, input);
         let end = replay_turn(run.clone(), history.checkpoints.clone(), start, config, latest).await;

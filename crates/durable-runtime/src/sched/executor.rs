@@ -167,6 +167,7 @@ impl Shared {
             latest_version: self.registry.latest(&run.workflow).map_or(run.version, |(v, _)| v),
             non_ctx_await_grace: self.config.non_ctx_await_grace,
             replay_only: false,
+            reconcile_interval: self.config.reconcile_interval,
         };
         let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
         let t = Arc::new(TurnState::new(turn, self.clone()));
