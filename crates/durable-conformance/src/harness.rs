@@ -145,7 +145,7 @@ impl TestEngine {
         self.checkpoints(id)
             .await
             .into_iter()
-            .find(|c| c.kind == StepKind::Step && c.name == name)
+            .find(|c| matches!(c.kind, StepKind::Step | StepKind::Remote) && c.name == name)
             .unwrap_or_else(|| panic!("run {id} has no step named {name:?}"))
             .attempts
     }

@@ -848,7 +848,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Deletes a run and everything tied to it.
     ///
     /// # Contract
-    /// Removes the run, its checkpoints, waiters and state, and the same for every descendant
+    /// Removes the run, its checkpoints, waiters, state and tasks, and the same for every descendant
     /// (runs whose parent chain leads to it), atomically. Returns how many runs were removed
     /// (0 when it did not exist). Buffered signals are not tied to runs and are kept.
     async fn delete_run(&self, id: &RunId) -> StoreResult<u64>;

@@ -38,6 +38,31 @@ pub enum EngineEvent {
         /// A `buffer_one` fire held back until the latest run ends.
         buffered: Option<Millis>,
     },
+    /// A run's remote step has no live worker that can take it (none serves its queue with
+    /// the capabilities it requires): the run is now `blocked` with this message. Sent after
+    /// the store applied the change.
+    RunBlocked {
+        /// The run.
+        run_id: RunId,
+        /// `blocked: no compatible worker (requires …)`.
+        message: String,
+    },
+    /// A `blocked` run is `suspended` again: a worker that can take its step is live.
+    RunUnblocked {
+        /// The run.
+        run_id: RunId,
+    },
+    /// An attempt of a remote step passed its pickup timeout or its timeout with no result:
+    /// it was recorded as failed with `remote_timeout` and the run woken (its policy decides
+    /// whether to re-dispatch).
+    RemoteStepTimedOut {
+        /// The run.
+        run_id: RunId,
+        /// The step's seq.
+        seq: u32,
+        /// The attempt that expired.
+        attempt: u32,
+    },
     /// A turn begins: sent after the store granted the run's lease and loaded it, once the
     /// engine decided to execute it (its version is registered here, its namespace is served,
     /// recovery has not given up on it), before the body is first polled. Nothing else is

@@ -61,6 +61,7 @@ mod engine;
 mod error;
 mod events;
 mod registry;
+mod remote;
 mod sched;
 mod trigger;
 mod turn;
@@ -73,14 +74,16 @@ pub use durable_core::{
     RunStatus, Schedule, ScheduleError, ScheduleRecord, ScheduleState, StepError,
 };
 pub use engine::{
-    Engine, EngineBuilder, Metrics, Publication, RunOutcome, StartOptions, Started, WorkflowOptions, shutdown_signal,
+    Engine, EngineBuilder, Metrics, Publication, QueueHealth, RunOutcome, StartOptions, Started, WorkerHealth,
+    WorkflowOptions, shutdown_signal,
 };
 pub use error::{Error, ReplayError, Result, StepFailed, WorkflowError};
 pub use events::EngineEvent;
+pub use remote::{TaskContext, Worker, WorkerBuilder, WorkerReport};
 pub use sched::Cancel;
 pub use trigger::{EventTrigger, PublishOptions};
 pub use turn::{
-    All, ChildFailed, ChildHandle, ChildOptions, SignalError, Step, StepContext, StepOptions, TaskError, UpdateOutcome,
-    WorkflowCtx,
+    All, ChildFailed, ChildHandle, ChildOptions, RemoteStep, SignalError, Step, StepContext, StepOptions, TaskError,
+    UpdateOutcome, WorkflowCtx,
 };
 pub use uuid;

@@ -21,11 +21,15 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use async_trait::async_trait;
+use durable_core::task::{
+    BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, TaskState, WorkerInfo,
+};
 use durable_core::{
     Capabilities, Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery,
     DueQuery, Gathered, Millis, NewRun, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId,
     RunPage, RunPatch, RunQuery, RunQueue, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepKind, Store,
-    StoreError, StoreResult, TriggerBuffer, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor, json_subset,
+    StoreError, StoreResult, TaskFilter, TriggerBuffer, TurnEnd, WaitKind, Waiter, codes, decode_cursor, encode_cursor,
+    json_subset, protocol,
 };
 use parking_lot::Mutex;
 
@@ -59,6 +63,9 @@ struct Inner {
     /// Open trigger buffers by `(workflow, key)`.
     buffers: BTreeMap<(String, String), TriggerBuffer>,
     schedules: BTreeMap<String, ScheduleRecord>,
+    /// Remote-step tasks by `(run, seq)`.
+    tasks: BTreeMap<(RunId, u32), Task>,
+    workers: BTreeMap<String, WorkerInfo>,
 }
 
 #[derive(Debug)]
@@ -174,9 +181,14 @@ impl Inner {
         cp.status = CheckpointStatus::Completed;
         cp.output = Some(payload);
         cp.updated_at = now;
+        self.wake(run_id, now);
+    }
+
+    /// Wakes a run as a delivery does.
+    fn wake(&mut self, run_id: &RunId, now: Millis) {
         if let Some(run) = self.runs.get_mut(run_id) {
             run.wake_gen += 1;
-            if run.status == RunStatus::Suspended {
+            if run.status.is_parked() {
                 run.wake_at = Some(run.wake_at.map_or(now, |w| w.min(now)));
             }
             run.updated_at = now;
@@ -235,7 +247,18 @@ impl Inner {
         }
     }
 
+    /// Finishes the unfinished tasks of a settled run.
+    fn finish_tasks_of(&mut self, id: &RunId) {
+        for t in self.tasks.range_mut((id.clone(), 0)..=(id.clone(), u32::MAX)).map(|(_, t)| t) {
+            if t.state != TaskState::Finished {
+                t.state = TaskState::Finished;
+                t.outcome = Some("cancelled".into());
+            }
+        }
+    }
+
     fn delete_one(&mut self, id: &RunId) {
+        self.tasks.retain(|(run, _), _| run != id);
         self.runs.remove(id);
         self.checkpoints.remove(id);
         self.state.remove(id);
@@ -403,6 +426,11 @@ impl Store for MemoryStore {
         for sig in commit.signals {
             out.deliveries.push(inner.send_signal(&sig.token, sig.payload, now));
         }
+        for task in commit.tasks {
+            let key = (task.run_id.clone(), task.seq);
+            let logs = inner.tasks.remove(&key).map(|t| t.logs).unwrap_or_default();
+            inner.tasks.insert(key, Task { logs, ..Task::queued(task) });
+        }
         let run = inner.runs.get_mut(&commit.run_id).expect("checked above");
         if progress && run.status == RunStatus::Running {
             // The turn got somewhere: recoveries count again from here.
@@ -431,6 +459,7 @@ impl Store for MemoryStore {
                 run.updated_at = now;
                 out.settled = true;
                 inner.remove_waiters_of(&commit.run_id);
+                inner.finish_tasks_of(&commit.run_id);
             }
             // A turn end that finds the run no longer running (an operator cancelled it
             // mid-turn) changes nothing of the run row: terminal runs accept no transition.
@@ -469,7 +498,7 @@ impl Store for MemoryStore {
         }
         if patch.wake {
             run.wake_gen += 1;
-            if run.status == RunStatus::Suspended {
+            if run.status.is_parked() {
                 run.wake_at = Some(run.wake_at.map_or(patch.now, |w| w.min(patch.now)));
             }
         }
@@ -480,6 +509,7 @@ impl Store for MemoryStore {
         }
         if terminal {
             inner.remove_waiters_of(id);
+            inner.finish_tasks_of(id);
         }
         for signal in patch.signals {
             inner.send_signal(&signal.token, signal.payload, patch.now);
@@ -508,7 +538,7 @@ impl Store for MemoryStore {
             .runs
             .values()
             .filter(|r| {
-                matches!(r.status, RunStatus::Suspended | RunStatus::Pending)
+                (r.status.is_parked() || r.status == RunStatus::Pending)
                     && r.wake_at.is_some_and(|w| w <= q.now)
                     && !lease_is_live(r, q.now)
                     && matches_query(r, q)
@@ -653,6 +683,208 @@ impl Store for MemoryStore {
             .collect();
         due.sort_by(|a, b| (a.due_at, &a.key).cmp(&(b.due_at, &b.key)));
         Ok(due.into_iter().take(q.limit).cloned().collect())
+    }
+
+    async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let now = claim.now;
+        let runs = &inner.runs;
+        let mut picked: Vec<(RunId, u32)> = inner
+            .tasks
+            .values()
+            .filter(|t| {
+                t.claimable(now)
+                    && claim.queues.contains(&t.task.queue)
+                    && claim.namespace.as_ref().is_none_or(|ns| *ns == t.task.namespace)
+                    && t.task.requires.iter().all(|r| claim.capabilities.contains(r))
+                    && runs.get(&t.task.run_id).is_some_and(|r| !r.status.is_terminal())
+            })
+            .map(|t| (Reverse(t.task.priority), t.task.created_at, t.task.run_id.clone(), t.task.seq))
+            .collect::<BTreeSet<_>>()
+            .into_iter()
+            .take(claim.limit)
+            .map(|(_, _, run, seq)| (run, seq))
+            .collect();
+        let mut out = Vec::with_capacity(picked.len());
+        for key in picked.drain(..) {
+            let t = inner.tasks.get_mut(&key).expect("picked from the map");
+            t.state = TaskState::Claimed;
+            t.worker = Some(claim.worker.clone());
+            t.lease_until = Some(now.saturating_add(t.task.heartbeat_timeout_ms));
+            t.heartbeat_at = Some(now);
+            t.claimed_at.get_or_insert(now);
+            t.claims += 1;
+            out.push(t.clone());
+        }
+        Ok(out)
+    }
+
+    async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let terminal = inner.runs.get(&beat.run_id).is_none_or(|r| r.status.is_terminal());
+        let Some(t) = inner.tasks.get_mut(&(beat.run_id.clone(), beat.seq)) else {
+            return Ok(BeatOutcome::Lost);
+        };
+        if t.task.attempt != beat.attempt {
+            return Ok(BeatOutcome::Lost);
+        }
+        if t.state == TaskState::Finished {
+            return Ok(BeatOutcome::Cancelled);
+        }
+        if t.state != TaskState::Claimed || t.worker.as_deref() != Some(beat.worker.as_str()) {
+            return Ok(BeatOutcome::Lost);
+        }
+        if terminal || t.expired(beat.now) {
+            return Ok(BeatOutcome::Cancelled);
+        }
+        let until = beat.now.saturating_add(t.task.heartbeat_timeout_ms);
+        t.lease_until = Some(until);
+        t.heartbeat_at = Some(beat.now);
+        if let Some(p) = &beat.progress {
+            t.progress = Some(p.clone());
+        }
+        t.logs.extend(beat.logs.iter().cloned());
+        Ok(BeatOutcome::Extended(until))
+    }
+
+    async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+        let mut inner = self.inner.lock();
+        let inner = &mut *inner;
+        let key = (done.run_id.clone(), done.seq);
+        match inner.tasks.get(&key) {
+            Some(t) if t.task.attempt == done.attempt && t.state != TaskState::Finished => {}
+            _ => return Ok(TaskCompletion::Duplicate),
+        }
+        let terminal = inner.runs.get(&done.run_id).is_none_or(|r| r.status.is_terminal());
+        let finish = |t: &mut Task, outcome: &str, logs: Vec<TaskLog>| {
+            t.state = TaskState::Finished;
+            t.outcome = Some(outcome.to_string());
+            t.lease_until = None;
+            t.logs.extend(logs);
+        };
+        if terminal {
+            finish(inner.tasks.get_mut(&key).expect("checked above"), "cancelled", done.logs);
+            return Ok(TaskCompletion::RunTerminal);
+        }
+        let token = protocol::remote_token(&done.run_id, done.seq);
+        let waiter = inner
+            .by_run
+            .get(&done.run_id)
+            .and_then(|m| m.get(&done.seq))
+            .copied()
+            .filter(|id| matches!(&inner.waiters[id].kind, WaitKind::Signal { token: t } if *t == token));
+        let Some(waiter) = waiter else {
+            return Ok(TaskCompletion::Duplicate);
+        };
+        let w = inner.remove_waiter(waiter).expect("indexed waiter exists");
+        let outcome = match done.result {
+            Ok(output) => {
+                inner.resolve(&done.run_id, done.seq, &w.name, StepKind::Remote, output, done.now);
+                "completed"
+            }
+            Err(error) => {
+                let timed_out = error.code() == Some(codes::REMOTE_TIMEOUT);
+                let cps = inner.checkpoints.entry(done.run_id.clone()).or_default();
+                let cp = cps.entry(done.seq).or_insert_with(|| {
+                    Checkpoint::new(
+                        done.run_id.clone(),
+                        done.seq,
+                        &w.name,
+                        StepKind::Remote,
+                        CheckpointStatus::Waiting,
+                        done.now,
+                    )
+                });
+                cp.status = CheckpointStatus::Waiting;
+                cp.error = Some(error);
+                cp.wake_at = None;
+                cp.updated_at = done.now;
+                inner.wake(&done.run_id, done.now);
+                if timed_out { "timed_out" } else { "failed" }
+            }
+        };
+        if let Some(cp) = inner.checkpoints.get_mut(&done.run_id).and_then(|m| m.get_mut(&done.seq)) {
+            cp.attempts = done.attempt;
+        }
+        finish(inner.tasks.get_mut(&key).expect("checked above"), outcome, done.logs);
+        Ok(TaskCompletion::Accepted)
+    }
+
+    async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
+        let mut inner = self.inner.lock();
+        for (run, seq, attempt) in tasks {
+            if let Some(t) = inner.tasks.get_mut(&(run.clone(), *seq))
+                && t.task.attempt == *attempt
+                && t.state == TaskState::Claimed
+                && t.worker.as_deref() == Some(worker)
+            {
+                t.state = TaskState::Queued;
+                t.lease_until = None;
+            }
+        }
+        Ok(())
+    }
+
+    async fn list_tasks(&self, f: &TaskFilter) -> StoreResult<Vec<Task>> {
+        let inner = self.inner.lock();
+        let limit = if f.limit == 0 { 100 } else { f.limit };
+        let mut out: Vec<&Task> = inner
+            .tasks
+            .values()
+            .filter(|t| {
+                let open = t.state != TaskState::Finished;
+                f.run_id.as_ref().is_none_or(|r| *r == t.task.run_id)
+                    && (!f.unfinished || open)
+                    && (!f.queued || t.state == TaskState::Queued)
+                    && f.expired_at.is_none_or(|at| t.expired(at))
+                    && f.silent_since.is_none_or(|at| open && t.heartbeat_at.unwrap_or(t.task.created_at) < at)
+            })
+            .collect();
+        out.sort_by(|a, b| {
+            (a.task.created_at, &a.task.run_id, a.task.seq).cmp(&(b.task.created_at, &b.task.run_id, b.task.seq))
+        });
+        Ok(out.into_iter().take(limit).cloned().collect())
+    }
+
+    async fn queue_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        let inner = self.inner.lock();
+        let mut stats: BTreeMap<(String, String), QueueStats> = BTreeMap::new();
+        for t in inner.tasks.values() {
+            let active = inner.runs.get(&t.task.run_id).is_some_and(|r| !r.status.is_terminal());
+            if t.state == TaskState::Finished || !active {
+                continue;
+            }
+            let s = stats.entry((t.task.namespace.clone(), t.task.queue.clone())).or_insert_with(|| QueueStats {
+                namespace: t.task.namespace.clone(),
+                queue: t.task.queue.clone(),
+                queued: 0,
+                claimed: 0,
+                oldest_at: None,
+            });
+            match t.state {
+                TaskState::Queued => s.queued += 1,
+                _ => s.claimed += 1,
+            }
+            s.oldest_at = Some(s.oldest_at.map_or(t.task.created_at, |o| o.min(t.task.created_at)));
+        }
+        Ok(stats.into_values().collect())
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> StoreResult<()> {
+        self.inner.lock().workers.insert(worker.id.clone(), worker.clone());
+        Ok(())
+    }
+
+    async fn remove_worker(&self, id: &str) -> StoreResult<bool> {
+        Ok(self.inner.lock().workers.remove(id).is_some())
+    }
+
+    async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
+        let mut inner = self.inner.lock();
+        inner.workers.retain(|_, w| w.heartbeat_at >= heartbeat_before);
+        Ok(inner.workers.values().cloned().collect())
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

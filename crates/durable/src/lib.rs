@@ -45,6 +45,9 @@
 // they need.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Remote steps' tasks and workers as stored: for tools that read them (the CLI) and for
+/// store implementations.
+pub use durable_core::task;
 pub use durable_core::{
     Backoff, Cadence, Checkpoint, CheckpointStatus, ExportError, Gather, HistoryExport, Millis, Overlap, Payload,
     ReplayMismatch, Replayed, RetryPolicy, Run, RunEnd, RunFilter, RunId, RunPage, RunStatus, Schedule, ScheduleError,
@@ -52,9 +55,10 @@ pub use durable_core::{
 };
 pub use durable_runtime::{
     All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
-    EngineConfig, EngineEvent, Error, EventTrigger, Metrics, Publication, PublishOptions, ReplayError, Result,
-    RunOutcome, SignalError, StartOptions, Started, Step, StepContext, StepFailed, StepOptions, SystemClock, TaskError,
-    TokioClock, UpdateOutcome, VirtualClock, WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
+    EngineConfig, EngineEvent, Error, EventTrigger, Metrics, Publication, PublishOptions, QueueHealth, RemoteStep,
+    ReplayError, Result, RunOutcome, SignalError, StartOptions, Started, Step, StepContext, StepFailed, StepOptions,
+    SystemClock, TaskContext, TaskError, TokioClock, UpdateOutcome, VirtualClock, Worker, WorkerBuilder, WorkerHealth,
+    WorkerReport, WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -80,8 +84,8 @@ pub mod store {
     pub use durable_core::{
         BufferAppend, Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Dedupe, Delivery, DueQuery,
         Gathered, NewRun, OutgoingSignal, ParentLink, Publish, Published, RunPatch, RunQuery, SaveOutcome,
-        SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TriggerBuffer, TurnEnd, WaitKind,
-        Waiter,
+        SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TaskFilter, TriggerBuffer, TurnEnd,
+        WaitKind, Waiter,
     };
 }
 

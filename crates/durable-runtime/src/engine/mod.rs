@@ -6,6 +6,7 @@
 
 mod messages;
 mod operate;
+mod remote;
 mod replay;
 mod runs;
 mod schedules;
@@ -29,6 +30,7 @@ use crate::events::EngineEvent;
 use crate::sched::Shared;
 
 pub use messages::Publication;
+pub use remote::{QueueHealth, WorkerHealth};
 pub use worker::{WorkflowOptions, shutdown_signal};
 
 /// The durable execution engine. Cheap to clone; all clones are one engine. Dropping the last

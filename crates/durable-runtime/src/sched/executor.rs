@@ -73,8 +73,12 @@ impl Shared {
     pub(super) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         let children: Vec<(RunId, String, i32, u64)> =
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
+        let dispatches = !commit.tasks.is_empty();
         let mark = self.mark();
         let outcome = self.store.commit(commit).await?;
+        if dispatches {
+            self.task_dispatched.notify_waiters();
+        }
         for (id, namespace, priority, created_at) in children {
             self.queue_start(id, &namespace, priority, created_at, mark);
         }

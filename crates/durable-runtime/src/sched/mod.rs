@@ -47,6 +47,7 @@ mod executor;
 mod fleet;
 mod hooks;
 mod operate;
+mod remote;
 mod starter;
 mod timers;
 mod watch;
@@ -101,6 +102,9 @@ pub(crate) struct Shared {
     fleet: Fleet,
     watchers: Watchers,
     starter: Starter,
+    /// Notified after a commit that dispatched remote-step tasks (in-process workers look at
+    /// once).
+    pub(crate) task_dispatched: Arc<tokio::sync::Notify>,
 }
 
 /// Counters for `Engine::metrics` (the in-flight gauge is the dispatcher's).
@@ -161,6 +165,7 @@ impl Shared {
             fleet: Fleet::new(transport),
             watchers: Watchers::default(),
             starter: Starter::default(),
+            task_dispatched: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
@@ -185,6 +190,7 @@ impl Shared {
             tasks.push(spawn(Box::pin(self.clone().timer_loop())));
             tasks.push(spawn(Box::pin(self.clone().poll_loop())));
             tasks.push(spawn(Box::pin(self.clone().scheduler_loop())));
+            tasks.push(spawn(Box::pin(self.clone().remote_loop())));
         }
         if self.fleet.has_queue() {
             tasks.push(spawn(Box::pin(self.clone().flush_loop())));

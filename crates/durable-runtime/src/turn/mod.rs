@@ -9,6 +9,7 @@ mod child;
 mod ctx;
 mod driver;
 mod env;
+mod remote;
 mod replay;
 mod wait;
 
@@ -25,6 +26,7 @@ pub(crate) use ctx::Compensation;
 pub use ctx::{All, Step, StepContext, StepOptions, WorkflowCtx};
 pub(crate) use driver::TurnDriver;
 pub(crate) use env::TurnEnv;
+pub use remote::RemoteStep;
 pub(crate) use replay::replay_turn;
 pub use wait::{SignalError, TaskError, UpdateOutcome};
 

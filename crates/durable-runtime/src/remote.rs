@@ -1,0 +1,704 @@
+//! Workers: processes that execute remote steps ([`WorkflowCtx::remote_step`]) without an
+//! engine. A worker claims tasks from the store with a lease, runs its handler for each,
+//! heartbeats on the handler's behalf when asked, and reports the result; the store records
+//! it on the run's checkpoint and wakes the run.
+//!
+//! [`WorkflowCtx::remote_step`]: crate::WorkflowCtx::remote_step
+
+use std::collections::HashMap;
+use std::fmt;
+use std::future::Future;
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+
+use durable_core::task::{
+    BeatOutcome, PROTOCOL_VERSION, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, WorkerInfo,
+};
+use durable_core::{Millis, Payload, RunId, StepError, Store, codes, protocol};
+use parking_lot::Mutex;
+use serde::Serialize;
+use serde::de::DeserializeOwned;
+use tokio::sync::{Notify, watch};
+use tokio::task::JoinSet;
+
+use crate::clock::{BoxFuture, Clock, SystemClock};
+use crate::engine::Engine;
+use crate::sched::Shared;
+
+type Handler = Arc<dyn Fn(TaskContext, Payload) -> BoxFuture<'static, Result<Payload, StepError>> + Send + Sync>;
+
+/// What a worker's handler gets besides its input.
+#[derive(Clone)]
+pub struct TaskContext {
+    inner: Arc<TaskInner>,
+}
+
+struct TaskInner {
+    task: Task,
+    worker: String,
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    /// Heartbeats closer together than this are folded into the next one.
+    beat_every: u64,
+    beat: Mutex<BeatState>,
+    /// Set to true when the handler should stop: the run settled, the attempt expired or was
+    /// taken over, or the worker is shutting down past its drain timeout.
+    stop: watch::Sender<bool>,
+}
+
+#[derive(Default)]
+struct BeatState {
+    last: Option<Millis>,
+    progress: Option<Payload>,
+    logs: Vec<TaskLog>,
+}
+
+impl fmt::Debug for TaskContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("TaskContext").field("step_id", &self.step_id()).field("attempt", &self.attempt()).finish()
+    }
+}
+
+impl TaskContext {
+    /// The step's id, `<run>:<seq>`: the same for every attempt. Use it as the idempotency key
+    /// of whatever the handler changes in the world.
+    pub fn step_id(&self) -> String {
+        self.inner.task.task.step_id()
+    }
+
+    /// The run the step belongs to.
+    pub fn run_id(&self) -> &RunId {
+        &self.inner.task.task.run_id
+    }
+
+    /// The step's seq in its run.
+    pub fn seq(&self) -> u32 {
+        self.inner.task.task.seq
+    }
+
+    /// The step's name.
+    pub fn name(&self) -> &str {
+        &self.inner.task.task.name
+    }
+
+    /// This attempt (from 1).
+    pub fn attempt(&self) -> u32 {
+        self.inner.task.task.attempt
+    }
+
+    /// Reports that the handler is alive, with optional progress shown by `durable runs show`,
+    /// and extends the task's lease. Throttled: the first beat goes out at once, later ones at
+    /// most once per a third of the step's `heartbeat_timeout` (the latest progress and logs
+    /// ride with the next beat that goes out, or with the result). Returns `false` when the
+    /// handler should stop ([`TaskContext::cancelled`] has resolved).
+    pub async fn heartbeat<P: Serialize + ?Sized>(&self, progress: &P) -> bool {
+        let progress = Payload::encode(progress).ok();
+        let now = self.inner.clock.now();
+        let beat = {
+            let mut b = self.inner.beat.lock();
+            if progress.is_some() {
+                b.progress = progress;
+            }
+            if b.last.is_some_and(|l| now < l.saturating_add(self.inner.beat_every)) {
+                return !self.is_cancelled();
+            }
+            b.last = Some(now);
+            TaskBeat {
+                run_id: self.run_id().clone(),
+                seq: self.seq(),
+                attempt: self.attempt(),
+                worker: self.inner.worker.clone(),
+                progress: b.progress.take(),
+                logs: std::mem::take(&mut b.logs),
+                now,
+            }
+        };
+        match self.inner.store.heartbeat_task(&beat).await {
+            Ok(BeatOutcome::Extended(_)) => {}
+            Ok(BeatOutcome::Lost | BeatOutcome::Cancelled) => self.cancel(),
+            Err(e) => tracing::warn!(step_id = %self.step_id(), error = %e, "heartbeat failed; the lease runs on"),
+        }
+        !self.is_cancelled()
+    }
+
+    /// Adds a log line to the step's record (stored with the next heartbeat or the result;
+    /// `durable runs show` lists them). `level`: `trace`, `debug`, `info`, `warn` or `error`.
+    pub fn log(&self, level: &str, message: impl Into<String>, data: Option<serde_json::Value>) {
+        let line = TaskLog {
+            attempt: self.attempt(),
+            at: self.inner.clock.now(),
+            level: level.to_string(),
+            message: message.into(),
+            data,
+        };
+        self.inner.beat.lock().logs.push(line);
+    }
+
+    /// Resolves when the handler should stop: the run was cancelled (or settled otherwise),
+    /// the attempt passed its timeout, another worker took it over, or the worker is shutting
+    /// down and its drain timeout passed. Whatever the handler returns then is dropped.
+    pub async fn cancelled(&self) {
+        let mut rx = self.inner.stop.subscribe();
+        let _ = rx.wait_for(|stop| *stop).await;
+    }
+
+    /// Whether [`TaskContext::cancelled`] has resolved.
+    pub fn is_cancelled(&self) -> bool {
+        *self.inner.stop.borrow()
+    }
+
+    fn cancel(&self) {
+        self.inner.stop.send_replace(true);
+    }
+}
+
+/// Builds a [`Worker`].
+pub struct WorkerBuilder {
+    store: Option<Arc<dyn Store>>,
+    clock: Arc<dyn Clock>,
+    engine: Option<Weak<Shared>>,
+    wakeups: Option<Arc<Notify>>,
+    handlers: HashMap<String, Handler>,
+    queues: Vec<String>,
+    capabilities: Vec<String>,
+    namespace: Option<String>,
+    concurrency: usize,
+    id: Option<String>,
+    poll_interval: Duration,
+    drain_timeout: Duration,
+    register_interval: Duration,
+}
+
+impl fmt::Debug for WorkerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("WorkerBuilder")
+            .field("handlers", &self.handlers.keys().collect::<Vec<_>>())
+            .field("capabilities", &self.capabilities)
+            .field("concurrency", &self.concurrency)
+            .finish()
+    }
+}
+
+impl WorkerBuilder {
+    /// The store the engines write to (required, unless [`WorkerBuilder::engine`] gives it).
+    pub fn store(mut self, store: Arc<dyn Store>) -> Self {
+        self.store = Some(store);
+        self
+    }
+
+    /// Runs beside an engine in this process: its store and clock, a wake-up as soon as the
+    /// engine dispatches a task, and the run woken at once when a result is recorded.
+    pub fn engine(mut self, engine: &Engine) -> Self {
+        self.store = Some(engine.store().clone());
+        self.clock = engine.clock().clone();
+        self.wakeups = Some(engine.shared().task_dispatched.clone());
+        self.engine = Some(Arc::downgrade(engine.shared()));
+        self
+    }
+
+    /// The clock (default: the system clock).
+    pub fn clock(mut self, clock: Arc<dyn Clock>) -> Self {
+        self.clock = clock;
+        self
+    }
+
+    /// Nudges that say "tasks may be waiting, look now" (for example
+    /// `PostgresStore::task_wakeups()`); polling stays on as the safety net.
+    pub fn wakeups(mut self, wakeups: Arc<Notify>) -> Self {
+        self.wakeups = Some(wakeups);
+        self
+    }
+
+    /// Handles the remote step `name` (and serves the queue of the same name). A handler's
+    /// error fails the attempt; the workflow's retry policy decides what follows
+    /// ([`StepError::fatal`] is never retried). An input that does not decode into `I` fails
+    /// the step at once.
+    pub fn handle<I, O, F, Fut>(mut self, name: &str, handler: F) -> Self
+    where
+        I: DeserializeOwned + Send + 'static,
+        O: Serialize + Send + 'static,
+        F: Fn(TaskContext, I) -> Fut + Send + Sync + 'static,
+        Fut: Future<Output = Result<O, StepError>> + Send + 'static,
+    {
+        let handler = Arc::new(handler);
+        let step = name.to_string();
+        let erased: Handler = Arc::new(move |ctx: TaskContext, input: Payload| {
+            let handler = handler.clone();
+            let step = step.clone();
+            Box::pin(async move {
+                let input: I = input.decode().map_err(|e| {
+                    StepError::fatal(format!(
+                        "the input of remote step {step:?} ({}) does not decode into the handler's type: {e}",
+                        ctx.step_id()
+                    ))
+                    .with_code(codes::BAD_PAYLOAD)
+                })?;
+                let out = handler(ctx, input).await?;
+                Payload::encode(&out).map_err(|e| {
+                    StepError::fatal(format!("the output of remote step {step:?} does not serialize: {e}"))
+                        .with_code(codes::BAD_PAYLOAD)
+                })
+            })
+        });
+        self.handlers.insert(name.to_string(), erased);
+        if !self.queues.iter().any(|q| q == name) {
+            self.queues.push(name.to_string());
+        }
+        self
+    }
+
+    /// Also serves this queue (for steps that set [`RemoteStep::queue`](crate::RemoteStep::queue));
+    /// its tasks must name a step this worker handles.
+    pub fn queue(mut self, queue: impl Into<String>) -> Self {
+        let queue = queue.into();
+        if !self.queues.contains(&queue) {
+            self.queues.push(queue);
+        }
+        self
+    }
+
+    /// What this worker offers; steps `requires` them.
+    pub fn capabilities<I, S>(mut self, capabilities: I) -> Self
+    where
+        I: IntoIterator<Item = S>,
+        S: Into<String>,
+    {
+        self.capabilities = capabilities.into_iter().map(Into::into).collect();
+        self
+    }
+
+    /// Only tasks of runs in this namespace (default: every namespace).
+    pub fn namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = Some(namespace.into());
+        self
+    }
+
+    /// Tasks at once (default 16).
+    pub fn concurrency(mut self, n: usize) -> Self {
+        self.concurrency = n.max(1);
+        self
+    }
+
+    /// The worker's id (default `worker-<pid>-<random>`), shown by `durable workers`.
+    pub fn id(mut self, id: impl Into<String>) -> Self {
+        self.id = Some(id.into());
+        self
+    }
+
+    /// How often an idle worker looks for tasks without a nudge (default 200 ms; 2 s with
+    /// [`WorkerBuilder::wakeups`] or [`WorkerBuilder::engine`]).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = interval;
+        self
+    }
+
+    /// How long a shutdown lets running handlers finish before they are cancelled and their
+    /// tasks handed back (default 30 s).
+    pub fn drain_timeout(mut self, timeout: Duration) -> Self {
+        self.drain_timeout = timeout;
+        self
+    }
+
+    /// Builds the worker.
+    ///
+    /// # Panics
+    /// Without a store, or without a handler.
+    pub fn build(self) -> Worker {
+        let store = self.store.expect("Worker::builder() needs .store(..) or .engine(..)");
+        assert!(!self.handlers.is_empty(), "a worker needs at least one .handle(name, handler)");
+        let poll = if self.wakeups.is_some() && self.poll_interval == DEFAULT_POLL {
+            Duration::from_secs(2)
+        } else {
+            self.poll_interval
+        };
+        let id = self.id.unwrap_or_else(|| {
+            format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
+        });
+        Worker {
+            inner: Arc::new(WorkerInner {
+                store,
+                clock: self.clock,
+                engine: self.engine,
+                wakeups: self.wakeups,
+                handlers: self.handlers,
+                queues: self.queues,
+                capabilities: self.capabilities,
+                namespace: self.namespace,
+                concurrency: self.concurrency,
+                id,
+                poll_interval: poll,
+                drain_timeout: self.drain_timeout,
+                register_interval: self.register_interval,
+            }),
+        }
+    }
+
+    /// Builds the worker and runs it until `shutdown` resolves (see [`Worker::run`]).
+    pub async fn run(self, shutdown: impl Future<Output = ()>) -> WorkerReport {
+        self.build().run(shutdown).await
+    }
+}
+
+const DEFAULT_POLL: Duration = Duration::from_millis(200);
+
+/// A process's executor of remote steps. See the [module docs](self).
+///
+/// ```no_run
+/// # async fn demo(store: std::sync::Arc<dyn durable_core::Store>) {
+/// use durable_runtime::{StepError, Worker};
+/// let report = Worker::builder()
+///     .store(store)
+///     .handle("resize", |ctx, url: String| async move {
+///         ctx.heartbeat(&"downloading").await;
+///         Ok::<_, StepError>(format!("{url}.small.png"))
+///     })
+///     .capabilities(["gpu"])
+///     .concurrency(4)
+///     .run(durable_runtime::shutdown_signal())
+///     .await;
+/// println!("{report:?}");
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct Worker {
+    inner: Arc<WorkerInner>,
+}
+
+struct WorkerInner {
+    store: Arc<dyn Store>,
+    clock: Arc<dyn Clock>,
+    engine: Option<Weak<Shared>>,
+    wakeups: Option<Arc<Notify>>,
+    handlers: HashMap<String, Handler>,
+    queues: Vec<String>,
+    capabilities: Vec<String>,
+    namespace: Option<String>,
+    concurrency: usize,
+    id: String,
+    poll_interval: Duration,
+    drain_timeout: Duration,
+    register_interval: Duration,
+}
+
+impl fmt::Debug for Worker {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker").field("id", &self.inner.id).field("queues", &self.inner.queues).finish()
+    }
+}
+
+/// What a worker did, returned when it stops.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct WorkerReport {
+    /// Tasks claimed.
+    pub claimed: u64,
+    /// Results the store recorded.
+    pub completed: u64,
+    /// Results the store dropped: a duplicate or late result, or the run had settled.
+    pub dropped: u64,
+    /// Tasks handed back at shutdown, unfinished.
+    pub handed_back: u64,
+}
+
+impl Worker {
+    /// Starts building a worker.
+    pub fn builder() -> WorkerBuilder {
+        WorkerBuilder {
+            store: None,
+            clock: Arc::new(SystemClock),
+            engine: None,
+            wakeups: None,
+            handlers: HashMap::new(),
+            queues: Vec::new(),
+            capabilities: Vec::new(),
+            namespace: None,
+            concurrency: 16,
+            id: None,
+            poll_interval: DEFAULT_POLL,
+            drain_timeout: Duration::from_secs(30),
+            register_interval: Duration::from_secs(5),
+        }
+    }
+
+    /// The worker's id.
+    pub fn id(&self) -> &str {
+        &self.inner.id
+    }
+
+    /// Claims and runs tasks until `shutdown` resolves (for example
+    /// [`shutdown_signal`](crate::shutdown_signal), SIGTERM or Ctrl-C), then drains: it stops
+    /// claiming, lets running handlers finish for up to the drain timeout, cancels the rest
+    /// and hands their tasks back so another worker takes them at once.
+    pub async fn run(&self, shutdown: impl Future<Output = ()>) -> WorkerReport {
+        let w = &self.inner;
+        let mut report = WorkerReport::default();
+        let mut running: JoinSet<Outcome> = JoinSet::new();
+        let mut inflight: HashMap<(RunId, u32), TaskContext> = HashMap::new();
+        let started_at = w.clock.now();
+        let mut registered_at: Option<Millis> = None;
+        let mut checked_at: Millis = 0;
+        tokio::pin!(shutdown);
+        let never = Notify::new();
+        let nudges = w.wakeups.as_deref().unwrap_or(&never);
+        loop {
+            // Registered before the claim, so a nudge sent while it runs is not missed.
+            let nudged = nudges.notified();
+            tokio::pin!(nudged);
+            nudged.as_mut().enable();
+            let now = w.clock.now();
+            if registered_at.is_none_or(|at| now >= at.saturating_add(ms(w.register_interval))) {
+                match w.store.register_worker(&self.info(started_at, now)).await {
+                    Ok(()) => registered_at = Some(now),
+                    Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not publish the worker's descriptor"),
+                }
+            }
+            while let Some(done) = running.try_join_next() {
+                self.settled(done, &mut inflight, &mut report);
+            }
+            if !inflight.is_empty() && now >= checked_at.saturating_add(ms(w.poll_interval)) {
+                checked_at = now;
+                self.stop_settled_runs(&inflight).await;
+            }
+            let free = w.concurrency.saturating_sub(running.len());
+            let mut claimed = 0;
+            if free > 0 {
+                let claim = TaskClaim {
+                    worker: w.id.clone(),
+                    queues: w.queues.clone(),
+                    namespace: w.namespace.clone(),
+                    capabilities: w.capabilities.clone(),
+                    limit: free,
+                    now,
+                };
+                match w.store.claim_tasks(&claim).await {
+                    Ok(tasks) => {
+                        claimed = tasks.len();
+                        report.claimed += tasks.len() as u64;
+                        for task in tasks {
+                            let ctx = self.context(task);
+                            inflight.insert((ctx.run_id().clone(), ctx.seq()), ctx.clone());
+                            running.spawn(self.clone().execute(ctx));
+                        }
+                    }
+                    Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not claim tasks; trying again"),
+                }
+            }
+            if claimed > 0 && claimed == free {
+                continue; // more may be waiting
+            }
+            let idle = w.clock.sleep_until(now.saturating_add(ms(w.poll_interval)));
+            tokio::select! {
+                biased;
+                _ = &mut shutdown => break,
+                Some(done) = running.join_next(), if !running.is_empty() => {
+                    self.settled(done, &mut inflight, &mut report);
+                }
+                _ = nudged, if free > 0 => {}
+                _ = idle => {}
+            }
+        }
+        self.drain(running, inflight, &mut report).await;
+        let _ = w.store.remove_worker(&w.id).await;
+        report
+    }
+
+    /// Tells the handlers of tasks whose run has settled (a cancel, say) to stop.
+    async fn stop_settled_runs(&self, inflight: &HashMap<(RunId, u32), TaskContext>) {
+        let mut ids: Vec<RunId> = inflight.keys().map(|(run, _)| run.clone()).collect();
+        ids.sort();
+        ids.dedup();
+        match self.inner.store.get_runs(&ids).await {
+            Ok(runs) => {
+                for ((run, _), ctx) in inflight {
+                    if !runs.iter().any(|r| &r.id == run && !r.status.is_terminal()) {
+                        ctx.cancel();
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(worker = %self.inner.id, error = %e, "could not look at the runs of running tasks")
+            }
+        }
+    }
+
+    async fn drain(
+        &self,
+        mut running: JoinSet<Outcome>,
+        mut inflight: HashMap<(RunId, u32), TaskContext>,
+        report: &mut WorkerReport,
+    ) {
+        let w = &self.inner;
+        let deadline = tokio::time::Instant::now() + w.drain_timeout;
+        loop {
+            tokio::select! {
+                done = running.join_next() => match done {
+                    Some(done) => self.settled(done, &mut inflight, report),
+                    None => return,
+                },
+                _ = tokio::time::sleep_until(deadline) => break,
+            }
+        }
+        let back: Vec<(RunId, u32, u32)> =
+            inflight.values().map(|ctx| (ctx.run_id().clone(), ctx.seq(), ctx.attempt())).collect();
+        for ctx in inflight.values() {
+            ctx.cancel();
+        }
+        running.abort_all();
+        while running.join_next().await.is_some() {}
+        report.handed_back += back.len() as u64;
+        if let Err(e) = w.store.release_tasks(&back, &w.id).await {
+            tracing::warn!(worker = %w.id, error = %e, "could not hand tasks back; they return when their leases expire");
+        }
+    }
+
+    fn settled(
+        &self,
+        done: Result<Outcome, tokio::task::JoinError>,
+        inflight: &mut HashMap<(RunId, u32), TaskContext>,
+        report: &mut WorkerReport,
+    ) {
+        let Ok(outcome) = done else { return };
+        inflight.remove(&outcome.key);
+        match outcome.completion {
+            Some(TaskCompletion::Accepted) => report.completed += 1,
+            Some(_) => report.dropped += 1,
+            None if outcome.dropped => report.dropped += 1,
+            None => {}
+        }
+    }
+
+    fn info(&self, started_at: Millis, now: Millis) -> WorkerInfo {
+        let w = &self.inner;
+        WorkerInfo {
+            id: w.id.clone(),
+            queues: w.queues.clone(),
+            capabilities: w.capabilities.clone(),
+            protocol_min: PROTOCOL_VERSION,
+            protocol_max: PROTOCOL_VERSION,
+            concurrency: w.concurrency as u32,
+            started_at,
+            heartbeat_at: now,
+        }
+    }
+
+    fn context(&self, task: Task) -> TaskContext {
+        let w = &self.inner;
+        let beat_every = (task.task.heartbeat_timeout_ms / 3).max(1);
+        TaskContext {
+            inner: Arc::new(TaskInner {
+                task,
+                worker: w.id.clone(),
+                store: w.store.clone(),
+                clock: w.clock.clone(),
+                beat_every,
+                beat: Mutex::new(BeatState::default()),
+                stop: watch::channel(false).0,
+            }),
+        }
+    }
+
+    /// Runs one task's handler (cancelled at the attempt's deadline) and reports its result.
+    async fn execute(self, ctx: TaskContext) -> Outcome {
+        let w = &self.inner;
+        let task = &ctx.inner.task;
+        let key = (task.task.run_id.clone(), task.task.seq);
+        let result = match w.handlers.get(&task.task.name) {
+            None => Err(StepError::fatal(format!(
+                "worker {} serves queue {:?} but has no handler for remote step {:?}",
+                w.id, task.task.queue, task.task.name
+            ))),
+            Some(handler) => {
+                let run = handler(ctx.clone(), task.task.input.clone());
+                let deadline = task.deadline();
+                // At the attempt's deadline, or when the store says stop, the handler is told
+                // (`cancelled()`) and given a grace to return before it is dropped.
+                let stop = async {
+                    let expire = async {
+                        match deadline {
+                            Some(at) => w.clock.sleep_until(at).await,
+                            None => std::future::pending().await,
+                        }
+                    };
+                    tokio::select! {
+                        _ = expire => ctx.cancel(),
+                        _ = ctx.cancelled() => {}
+                    }
+                    tokio::time::sleep(CANCEL_GRACE).await;
+                };
+                tokio::select! {
+                    r = run => r,
+                    _ = stop => return Outcome { key, completion: None, dropped: true },
+                }
+            }
+        };
+        // A result past the attempt's deadline is not reported: the attempt has expired.
+        if task.deadline().is_some_and(|d| w.clock.now() >= d) {
+            return Outcome { key, completion: None, dropped: true };
+        }
+        let logs = std::mem::take(&mut ctx.inner.beat.lock().logs);
+        let done = TaskDone {
+            run_id: task.task.run_id.clone(),
+            seq: task.task.seq,
+            attempt: task.task.attempt,
+            worker: Some(w.id.clone()),
+            result,
+            logs,
+            now: w.clock.now(),
+        };
+        let completion = self.report(done).await;
+        Outcome { key, completion, dropped: false }
+    }
+
+    /// Hands a result to the store (retrying a failing store a few times; after that the task's
+    /// lease runs out and another worker runs it again).
+    async fn report(&self, done: TaskDone) -> Option<TaskCompletion> {
+        let w = &self.inner;
+        let shared = w.engine.as_ref().and_then(Weak::upgrade);
+        let mark = shared.as_ref().map(|s| s.mark());
+        let run_id = done.run_id.clone();
+        let mut delay = Duration::from_millis(50);
+        for attempt in 1..=5 {
+            match w.store.complete_task(done.clone()).await {
+                Ok(c) => {
+                    match c {
+                        TaskCompletion::Accepted => {
+                            if let (Some(s), Some(mark)) = (shared, mark) {
+                                s.wake(run_id, mark);
+                            }
+                        }
+                        TaskCompletion::Duplicate => {
+                            tracing::debug!(step_id = %protocol::step_id(&done.run_id, done.seq), attempt = done.attempt, "duplicate or late result dropped")
+                        }
+                        TaskCompletion::RunTerminal => {
+                            tracing::info!(run_id = %done.run_id, seq = done.seq, "result dropped: the run has settled")
+                        }
+                    }
+                    return Some(c);
+                }
+                Err(e) if attempt < 5 => {
+                    tracing::warn!(run_id = %done.run_id, seq = done.seq, error = %e, "could not record a result; retrying");
+                    tokio::time::sleep(delay).await;
+                    delay *= 2;
+                }
+                Err(e) => {
+                    tracing::error!(run_id = %done.run_id, seq = done.seq, error = %e, "could not record a result; the task returns when its lease expires");
+                }
+            }
+        }
+        None
+    }
+}
+
+struct Outcome {
+    key: (RunId, u32),
+    completion: Option<TaskCompletion>,
+    /// The worker dropped the result itself (the attempt expired, or the handler did not
+    /// return within its grace after being cancelled).
+    dropped: bool,
+}
+
+/// How long a cancelled handler may take to return before it is dropped.
+const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis().min(u64::MAX as u128) as u64
+}

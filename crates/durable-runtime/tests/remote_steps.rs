@@ -1,0 +1,385 @@
+//! Acceptance: remote steps executed by workers — results, durable retries, timeouts, cancels,
+//! capabilities and `blocked` runs, lost wakes, re-dispatch. On the memory store and the
+//! virtual clock; the multi-process and SQLite/PostgreSQL versions live in `tests/`.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use durable_conformance::TestEngine;
+use durable_core::task::{TaskCompletion, TaskDone};
+use durable_core::{Backoff, CheckpointStatus, RunId, RunPatch, RunStatus, StepError, StepKind, Store, TaskFilter};
+use durable_runtime::{
+    Clock, EngineEvent, RunOutcome, StartOptions, TaskContext, Worker, WorkerBuilder, WorkerReport, WorkflowCtx,
+    WorkflowError,
+};
+use durable_store_memory::MemoryStore;
+use tokio::sync::{broadcast, oneshot};
+use tokio::task::JoinHandle;
+
+/// A running worker and the way to stop it.
+struct Running {
+    stop: oneshot::Sender<()>,
+    handle: JoinHandle<WorkerReport>,
+}
+
+impl Running {
+    async fn stop(self) -> WorkerReport {
+        let _ = self.stop.send(());
+        self.handle.await.expect("worker task")
+    }
+}
+
+fn spawn(builder: WorkerBuilder) -> Running {
+    let (stop, rx) = oneshot::channel::<()>();
+    let worker = builder.drain_timeout(Duration::from_secs(10)).build();
+    let handle = tokio::spawn(async move {
+        worker
+            .run(async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    Running { stop, handle }
+}
+
+fn register_pipeline(t: &TestEngine) {
+    t.register("pipeline", 1, |ctx: WorkflowCtx, n: u32| async move {
+        let doubled: u32 = ctx.remote_step("double", &n).await?;
+        let plus: u32 = ctx.remote_step("add_one", &doubled).await?;
+        Ok::<_, WorkflowError>(plus)
+    });
+}
+
+fn math_worker(t: &TestEngine) -> WorkerBuilder {
+    Worker::builder()
+        .engine(t.engine())
+        .handle("double", |_ctx, n: u32| async move { Ok::<_, StepError>(n * 2) })
+        .handle("add_one", |_ctx, n: u32| async move { Ok::<_, StepError>(n + 1) })
+}
+
+async fn until<F: Fn(&EngineEvent) -> bool>(rx: &mut broadcast::Receiver<EngineEvent>, f: F) -> EngineEvent {
+    loop {
+        let e = rx.recv().await.expect("event stream open");
+        if f(&e) {
+            return e;
+        }
+    }
+}
+
+async fn settled(t: &TestEngine, id: &RunId) -> RunOutcome {
+    t.wait_for_run(id).await.expect("run settles")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn remote_steps_run_on_a_worker_and_their_results_are_checkpointed() {
+    let t = TestEngine::new();
+    register_pipeline(&t);
+    let w = spawn(math_worker(&t));
+    let run = t.start("pipeline", &20u32, StartOptions::id("p1")).await.unwrap();
+    t.assert_output(&run.id, 41u32).await;
+    let history = t.checkpoints(&run.id).await;
+    assert_eq!(history.len(), 2);
+    for (cp, name) in history.iter().zip(["double", "add_one"]) {
+        assert_eq!(
+            (cp.kind, cp.status, cp.name.as_str(), cp.attempts),
+            (StepKind::Remote, CheckpointStatus::Completed, name, 1)
+        );
+    }
+    let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+    assert_eq!(tasks.len(), 2);
+    assert!(tasks.iter().all(|t| t.outcome.as_deref() == Some("completed")), "{tasks:?}");
+    let report = w.stop().await;
+    assert_eq!((report.claimed, report.completed, report.dropped), (2, 2, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failed_attempt_waits_its_durable_backoff_and_the_count_survives_a_restart() {
+    let t = TestEngine::new();
+    let reg = |t: &TestEngine| {
+        t.register("flaky", 1, |ctx: WorkflowCtx, _: ()| async move {
+            let v: String = ctx.remote_step("flaky", &()).retry(2, Backoff::Fixed(Duration::from_secs(60))).await?;
+            Ok::<_, WorkflowError>(v)
+        })
+    };
+    reg(&t);
+    let calls = Arc::new(AtomicU32::new(0));
+    let worker = |t: &TestEngine, calls: Arc<AtomicU32>| {
+        Worker::builder().engine(t.engine()).handle("flaky", move |ctx: TaskContext, _: ()| {
+            let n = calls.fetch_add(1, Ordering::SeqCst) + 1;
+            async move {
+                assert_eq!(ctx.attempt(), n, "the attempt number is the durable count");
+                if n == 1 { Err(StepError::retryable("flaky backend")) } else { Ok(format!("ok on {}", ctx.step_id())) }
+            }
+        })
+    };
+    let mut rx = t.subscribe();
+    let w = spawn(worker(&t, calls.clone()));
+    let run = t.start("flaky", &(), StartOptions::id("flaky")).await.unwrap();
+    // Attempt 1 fails; the run suspends with its backoff as wake_at.
+    let backoff_over = t.clock().now() + 60_000;
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { wake_at: Some(at), .. } if *at == backoff_over)).await;
+    let stored = t.store().get_run(&run.id).await.unwrap().unwrap();
+    assert_eq!((stored.status, stored.wake_at), (RunStatus::Suspended, Some(backoff_over)));
+    let cp = &t.checkpoints(&run.id).await[0];
+    assert_eq!((cp.status, cp.attempts, cp.wake_at), (CheckpointStatus::Waiting, 1, stored.wake_at));
+    w.stop().await;
+    // A restart between the attempts: the new engine resumes from the checkpoint.
+    let t = t.restart().await;
+    reg(&t);
+    let w = spawn(worker(&t, calls.clone()));
+    t.advance(Duration::from_secs(61));
+    t.assert_output(&run.id, "ok on flaky:0".to_string()).await;
+    t.assert_attempts(&run.id, "flaky", 2).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fatal_error_fails_the_step_at_once() {
+    let t = TestEngine::new();
+    t.register("charge", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let r: Result<(), _> = ctx.remote_step("charge", &()).retry(5, Backoff::None).await;
+        let e = r.expect_err("the step fails");
+        Ok::<_, WorkflowError>((e.attempts, e.error.code().map(str::to_string)))
+    });
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let w = spawn(Worker::builder().engine(t.engine()).handle("charge", move |_ctx, _: ()| {
+        c.fetch_add(1, Ordering::SeqCst);
+        async { Err::<(), _>(StepError::fatal("card declined").with_code("declined")) }
+    }));
+    let run = t.start("charge", &(), StartOptions::id("charge")).await.unwrap();
+    t.assert_output(&run.id, (1u32, Some("declined".to_string()))).await;
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_attempt_past_its_timeout_is_cancelled_and_retried_after_its_backoff() {
+    let t = TestEngine::new();
+    t.register("slow", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx
+            .remote_step("slow", &())
+            .timeout(Duration::from_secs(10))
+            .retry(1, Backoff::Fixed(Duration::from_secs(30)))
+            .await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let cancelled = Arc::new(AtomicU32::new(0));
+    let c = cancelled.clone();
+    let mut rx = t.subscribe();
+    let w = spawn(Worker::builder().engine(t.engine()).handle("slow", move |ctx: TaskContext, _: ()| {
+        let c = c.clone();
+        async move {
+            if ctx.attempt() == 1 {
+                ctx.cancelled().await; // hangs until the attempt's deadline
+                c.fetch_add(1, Ordering::SeqCst);
+                return Ok(0);
+            }
+            Ok(7)
+        }
+    }));
+    let run = t.start("slow", &(), StartOptions::id("slow")).await.unwrap();
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    // Wait for the claim before moving time (the timeout runs from it).
+    loop {
+        let tasks =
+            t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+        if tasks.first().is_some_and(|t| t.claimed_at.is_some()) {
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    t.advance(Duration::from_secs(11));
+    until(&mut rx, |e| matches!(e, EngineEvent::RemoteStepTimedOut { attempt: 1, .. })).await;
+    // The expiry is a failed attempt: the run waits out its durable backoff.
+    let backoff_over = t.clock().now() + 30_000;
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { wake_at: Some(at), .. } if *at == backoff_over)).await;
+    let cp = &t.checkpoints(&run.id).await[0];
+    assert_eq!((cp.status, cp.attempts), (CheckpointStatus::Waiting, 1));
+    assert_eq!(cp.error.as_ref().and_then(|e| e.code()), Some("remote_timeout"));
+    t.advance(Duration::from_secs(31));
+    t.assert_output(&run.id, 7u32).await;
+    assert_eq!(cancelled.load(Ordering::SeqCst), 1, "the first attempt's handler saw cancelled()");
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancel_while_a_task_runs_reaches_the_handler_and_its_late_result_is_dropped() {
+    let t = TestEngine::new();
+    t.register("long", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.remote_step("long", &()).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let (seen_tx, seen_rx) = oneshot::channel::<()>();
+    let started_tx = Arc::new(parking_lot::Mutex::new(Some((started_tx, seen_tx))));
+    let w = spawn(Worker::builder().engine(t.engine()).handle("long", move |ctx: TaskContext, _: ()| {
+        let channels = started_tx.lock().take();
+        async move {
+            let (started, seen) = channels.expect("one attempt");
+            let _ = started.send(());
+            ctx.heartbeat(&"working").await;
+            ctx.cancelled().await;
+            let _ = seen.send(());
+            Ok(1) // a late result
+        }
+    }));
+    let run = t.start("long", &(), StartOptions::id("long")).await.unwrap();
+    started_rx.await.unwrap();
+    t.cancel(&run.id).await.unwrap();
+    // The worker looks at its tasks' runs every poll interval.
+    t.advance(Duration::from_secs(2));
+    seen_rx.await.expect("the handler saw the cancel");
+    let report = w.stop().await;
+    assert_eq!(settled(&t, &run.id).await.status(), RunStatus::Cancelled);
+    assert_eq!((report.completed, report.dropped), (0, 1), "{report:?}");
+    let cps = t.checkpoints(&run.id).await;
+    assert_ne!(cps[0].status, CheckpointStatus::Completed, "the late result was not recorded");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_step_no_live_worker_can_take_blocks_the_run_until_one_appears() {
+    let t = TestEngine::new();
+    t.register("render", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: String = ctx.remote_step("render", &()).requires(["gpu", "cuda12"]).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let mut rx = t.subscribe();
+    // A worker without the capabilities is live: it does not count.
+    let cpu = spawn(
+        Worker::builder()
+            .engine(t.engine())
+            .handle("render", |_ctx, _: ()| async { Ok::<_, StepError>("cpu".to_string()) }),
+    );
+    let run = t.start("render", &(), StartOptions::id("render")).await.unwrap();
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    t.advance(t.config().blocked_poll);
+    match until(&mut rx, |e| matches!(e, EngineEvent::RunBlocked { .. })).await {
+        EngineEvent::RunBlocked { message, .. } => {
+            assert_eq!(message, "blocked: no compatible worker (requires gpu, cuda12)")
+        }
+        _ => unreachable!(),
+    }
+    let blocked = t.store().get_run(&run.id).await.unwrap().unwrap();
+    assert_eq!(blocked.status, RunStatus::Blocked);
+    assert_eq!(blocked.error.unwrap().message, "blocked: no compatible worker (requires gpu, cuda12)");
+    let gpu = spawn(
+        Worker::builder()
+            .engine(t.engine())
+            .handle("render", |_ctx, _: ()| async { Ok::<_, StepError>("gpu".to_string()) })
+            .capabilities(["gpu", "cuda12", "avx"]),
+    );
+    t.assert_output(&run.id, "gpu".to_string()).await;
+    cpu.stop().await;
+    gpu.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_wake_is_healed_by_the_reconcile_interval() {
+    let store = Arc::new(MemoryStore::new());
+    let t = TestEngine::with_store(store.clone());
+    let register = |t: &TestEngine| {
+        t.register("one", 1, |ctx: WorkflowCtx, _: ()| async move {
+            let v: u32 = ctx.remote_step("one", &()).await?;
+            Ok::<_, WorkflowError>(v)
+        })
+    };
+    register(&t);
+    let mut rx = t.subscribe();
+    let run = t.start("one", &(), StartOptions::id("one")).await.unwrap();
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    let parked = store.get_run(&run.id).await.unwrap().unwrap();
+    let reconcile_at = parked.wake_at.expect("a run parked on a remote step has a reconcile time");
+    assert_eq!(reconcile_at, t.clock().now() + t.config().reconcile_interval.as_millis() as u64);
+    // A restart: the new engine has nothing registered yet, so nothing of it looks at the run
+    // while the fault is injected.
+    let t = t.restart().await;
+    // A worker's result whose wake is lost: the checkpoint is written, the wake undone.
+    let task = store.list_tasks(&TaskFilter::default()).await.unwrap().remove(0);
+    let done = TaskDone {
+        run_id: run.id.clone(),
+        seq: 0,
+        attempt: task.task.attempt,
+        worker: Some("w".into()),
+        result: Ok(durable_core::Payload::encode(&5u32).unwrap()),
+        logs: Vec::new(),
+        now: t.clock().now(),
+    };
+    assert_eq!(store.complete_task(done).await.unwrap(), TaskCompletion::Accepted);
+    let patch = RunPatch { wake_at: Some(Some(reconcile_at)), now: t.clock().now(), ..RunPatch::default() };
+    assert!(store.update_run_if(&run.id, &[RunStatus::Suspended, RunStatus::Blocked], patch).await.unwrap());
+    assert_eq!(store.history(&run.id).await.unwrap()[0].status, CheckpointStatus::Completed);
+    register(&t);
+    t.advance(t.config().reconcile_interval);
+    t.assert_output(&run.id, 5u32).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redispatch_pending_resends_with_the_same_step_id_and_the_next_attempt() {
+    let t = TestEngine::new();
+    t.register("stuck", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: String = ctx.remote_step("stuck", &()).retry(0, Backoff::None).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let mut rx = t.subscribe();
+    let run = t.start("stuck", &(), StartOptions::id("stuck")).await.unwrap();
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    let first = t.store().list_tasks(&TaskFilter::default()).await.unwrap().remove(0);
+    assert_eq!(first.task.attempt, 1);
+    assert_eq!(t.redispatch_pending(&run.id).await.unwrap(), 1);
+    // The run dispatches attempt 2 (outside its policy of no retries).
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    let second = t.store().list_tasks(&TaskFilter::default()).await.unwrap().remove(0);
+    assert_eq!((second.task.step_id(), second.task.attempt), (first.task.step_id(), 2));
+    // The first attempt's late result is dropped.
+    let late = TaskDone {
+        run_id: run.id.clone(),
+        seq: 0,
+        attempt: 1,
+        worker: Some("old".into()),
+        result: Ok(durable_core::Payload::encode(&"late").unwrap()),
+        logs: Vec::new(),
+        now: t.clock().now(),
+    };
+    assert_eq!(t.store().complete_task(late).await.unwrap(), TaskCompletion::Duplicate);
+    let w = spawn(Worker::builder().engine(t.engine()).handle("stuck", |ctx: TaskContext, _: ()| async move {
+        Ok::<_, StepError>(format!("{} attempt {}", ctx.step_id(), ctx.attempt()))
+    }));
+    t.assert_output(&run.id, "stuck:0 attempt 2".to_string()).await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn worker_health_lists_queues_and_live_workers() {
+    let t = TestEngine::new();
+    t.register("one", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.remote_step("nobody", &()).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let mut rx = t.subscribe();
+    let w = spawn(
+        Worker::builder()
+            .engine(t.engine())
+            .id("w-1")
+            .capabilities(["gpu"])
+            .handle("double", |_c, n: u32| async move { Ok::<_, StepError>(n * 2) }),
+    );
+    t.start("one", &(), StartOptions::id("h")).await.unwrap();
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    let health = loop {
+        let h = t.worker_health().await.unwrap();
+        if !h.workers.is_empty() {
+            break h;
+        }
+        tokio::task::yield_now().await;
+    };
+    assert_eq!(health.workers[0].id, "w-1");
+    assert_eq!(health.workers[0].capabilities, vec!["gpu".to_string()]);
+    let nobody = health.queues.iter().find(|q| q.queue == "nobody").expect("the waiting queue");
+    assert_eq!((nobody.depth, nobody.claimed, nobody.workers.len()), (1, 0, 0));
+    let double = health.queues.iter().find(|q| q.queue == "double").expect("the served queue");
+    assert_eq!(double.workers, vec!["w-1".to_string()]);
+    w.stop().await;
+}
