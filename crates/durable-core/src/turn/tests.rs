@@ -2390,3 +2390,181 @@ fn vet_fails_a_continue_as_new_whose_successor_id_is_taken() {
     let told: ChildResult = vetted.signals[0].payload.decode().unwrap();
     assert_eq!(told.status, RunStatus::Failed);
 }
+
+// ---- remote steps ----
+
+const RECONCILE: Millis = 300_000;
+
+fn remote_options(policy: RetryPolicy) -> crate::task::RemoteOptions {
+    crate::task::RemoteOptions {
+        policy,
+        timeout: Some(Duration::from_secs(60)),
+        pickup_timeout: Some(Duration::from_secs(5)),
+        heartbeat_timeout: Duration::from_secs(10),
+        requires: vec!["gpu".into()],
+        queue: Some("pool".into()),
+        priority: 3,
+    }
+}
+
+fn remote<'a>(input: &Payload, options: &'a crate::task::RemoteOptions) -> RemoteCall<'a> {
+    RemoteCall { name: "resize", input: Ok(input.clone()), options }
+}
+
+/// The checkpoint of attempt `attempt` out since `at`.
+fn remote_out(attempt: u32, started: Millis, at: Millis, input: &Payload) -> Checkpoint {
+    let mut c = cp(0, "resize", StepKind::Remote, CheckpointStatus::Running, started);
+    c.updated_at = at;
+    c.attempts = attempt;
+    c.input = Some(input.clone());
+    c
+}
+
+fn task_of(attempt: u32, at: Millis, input: &Payload) -> crate::task::NewTask {
+    crate::task::NewTask {
+        run_id: rid(),
+        seq: 0,
+        attempt,
+        name: "resize".into(),
+        queue: "pool".into(),
+        namespace: "ns".into(),
+        input: input.clone(),
+        priority: 3,
+        requires: vec!["gpu".into()],
+        pickup_timeout_ms: Some(5_000),
+        timeout_ms: Some(60_000),
+        heartbeat_timeout_ms: 10_000,
+        created_at: at,
+    }
+}
+
+fn remote_waiter(at: Millis) -> Waiter {
+    Waiter {
+        run_id: rid(),
+        seq: 0,
+        name: "resize".into(),
+        kind: WaitKind::Signal { token: protocol::remote_token(&rid(), 0) },
+        created_at: at,
+    }
+}
+
+#[test]
+fn remote_fresh_dispatch_suspends_with_the_task_waiter_and_checkpoint_in_one_commit() {
+    let input = p("img.png");
+    let options = remote_options(RetryPolicy::none());
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 100), RemoteBegin::Park(Some(100 + RECONCILE)));
+    let Some(Ended::Suspend { commit: c, wake_at }) = t.t_pending(100) else { panic!("no suspend") };
+    assert_eq!(wake_at, Some(100 + RECONCILE));
+    let mut expected = commit(100);
+    expected.checkpoints = vec![remote_out(1, 100, 100, &input)];
+    expected.waits = vec![remote_waiter(100)];
+    expected.tasks = vec![task_of(1, 100, &input)];
+    expected.end = suspend(Some(100 + RECONCILE));
+    assert_eq!(c, expected);
+}
+
+#[test]
+fn remote_attempt_out_parks_until_the_reconcile_time_without_a_second_dispatch() {
+    let input = p("img.png");
+    let options = remote_options(RetryPolicy::none());
+    let mut t = turn(vec![remote_out(1, 100, 100, &input)]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 5_000), RemoteBegin::Park(Some(5_000 + RECONCILE)));
+    let Some(Ended::Suspend { commit: c, .. }) = t.t_pending(5_000) else { panic!("no suspend") };
+    assert!(c.tasks.is_empty() && c.waits.is_empty() && c.checkpoints.is_empty(), "{c:?}");
+}
+
+#[test]
+fn remote_completed_replays_its_output() {
+    let input = p("img.png");
+    let options = remote_options(RetryPolicy::none());
+    let mut done = remote_out(1, 100, 900, &input);
+    done.status = CheckpointStatus::Completed;
+    done.output = Some(p("small.png"));
+    let mut t = turn(vec![done]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 1_000), RemoteBegin::Return(p("small.png")));
+}
+
+/// A worker's failure of attempt `attempt`, as the store records it.
+fn remote_reported(attempt: u32, error: StepError, input: &Payload) -> Checkpoint {
+    let mut c = remote_out(attempt, 100, 900, input);
+    c.status = CheckpointStatus::Waiting;
+    c.error = Some(error);
+    c
+}
+
+#[test]
+fn remote_reported_failure_waits_a_durable_backoff_then_dispatches_the_next_attempt() {
+    let input = p("img.png");
+    let options = remote_options(durable());
+    let error = StepError::retryable("gpu fell over");
+    let mut t = turn(vec![remote_reported(1, error.clone(), &input)]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 1_000), RemoteBegin::Park(Some(6_000)));
+    let Some(Ended::Suspend { commit: c, wake_at }) = t.t_pending(1_000) else { panic!("no suspend") };
+    assert_eq!(wake_at, Some(6_000));
+    let mut backoff = remote_reported(1, error.clone(), &input);
+    backoff.wake_at = Some(6_000);
+    backoff.updated_at = 1_000;
+    assert_eq!(c.checkpoints, vec![backoff.clone()]);
+    assert!(c.tasks.is_empty());
+    // The backoff is over: attempt 2 goes out with the same step, keeping the last error.
+    let mut t = turn(vec![backoff]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 6_000), RemoteBegin::Park(Some(6_000 + RECONCILE)));
+    let Some(Ended::Suspend { commit: c, .. }) = t.t_pending(6_000) else { panic!("no suspend") };
+    let mut out = remote_out(2, 100, 6_000, &input);
+    out.error = Some(error);
+    assert_eq!(c.checkpoints, vec![out]);
+    assert_eq!(c.waits, vec![remote_waiter(6_000)]);
+    assert_eq!(c.tasks, vec![task_of(2, 6_000, &input)]);
+}
+
+#[test]
+fn remote_fatal_or_last_failure_fails_the_step_and_records_it() {
+    let input = p("img.png");
+    let options = remote_options(durable());
+    for (attempt, error) in [
+        (1, StepError::fatal("declined").with_code("declined")),
+        (3, StepError::retryable("timed out").with_code(codes::REMOTE_TIMEOUT)),
+    ] {
+        let mut t = turn(vec![remote_reported(attempt, error.clone(), &input)]);
+        let seq = t.take_seq();
+        assert_eq!(
+            t.remote_step(seq, remote(&input, &options), 1_000),
+            RemoteBegin::Fail { error: error.clone(), attempts: attempt }
+        );
+        let c = flush(&mut t, 1_000);
+        let mut failed = remote_reported(attempt, error, &input);
+        failed.status = CheckpointStatus::Failed;
+        failed.updated_at = 1_000;
+        assert_eq!(c.checkpoints, vec![failed]);
+    }
+}
+
+#[test]
+fn remote_redispatch_sends_the_next_attempt_at_once_outside_the_policy() {
+    let input = p("img.png");
+    let options = remote_options(RetryPolicy::none());
+    let error = StepError::retryable("re-sent").with_code(codes::REDISPATCH);
+    let mut t = turn(vec![remote_reported(1, error, &input)]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 2_000), RemoteBegin::Park(Some(2_000 + RECONCILE)));
+    let Some(Ended::Suspend { commit: c, .. }) = t.t_pending(2_000) else { panic!("no suspend") };
+    assert_eq!(c.tasks, vec![task_of(2, 2_000, &input)]);
+}
+
+#[test]
+fn remote_input_over_the_limit_fails_the_run_naming_the_step() {
+    let options = remote_options(RetryPolicy::none());
+    let big = p(&"x".repeat(100));
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&big, &options), 1), RemoteBegin::Stopped);
+    let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("not failed") };
+    assert_eq!(e.code(), Some(codes::PAYLOAD_TOO_LARGE));
+    assert!(e.message.contains("remote step \"resize\" (seq 0)"), "{}", e.message);
+}
