@@ -268,7 +268,46 @@ async fn start_all<I: serde::Serialize + Send + Sync + 'static>(
     Ok((began.elapsed(), latencies, outputs))
 }
 
+/// The remote-step handlers of `remote_chain`: no-ops.
+fn remote_worker(builder: durable::WorkerBuilder) -> durable::WorkerBuilder {
+    (0..5).fold(builder, |b, i| {
+        b.handle(&format!("r{i}"), |_ctx, acc: u64| async move { Ok::<_, durable::StepError>(acc + 1) })
+    })
+}
+
+/// `remote_chain`: runs of `steps` remote no-op steps, executed by in-process workers on
+/// this engine (`--workers 0`) or by the worker processes.
+async fn remote_chain(engine: &Engine, runs: usize, steps: usize, in_process: usize) -> Result<Measured, String> {
+    let mut workers = Vec::new();
+    let (stop, stopped) = tokio::sync::watch::channel(false);
+    for _ in 0..in_process {
+        let worker = remote_worker(durable::Worker::builder().engine(engine).concurrency(256)).build();
+        let mut stopped = stopped.clone();
+        workers.push(tokio::spawn(async move {
+            worker
+                .run(async move {
+                    let _ = stopped.wait_for(|s| *s).await;
+                })
+                .await
+        }));
+    }
+    let result = start_all(engine, "remote_chain", runs, steps).await;
+    let _ = stop.send(true);
+    for w in workers {
+        let _ = w.await;
+    }
+    let (wall, latencies, _) = result?;
+    Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns: None, extra: None })
+}
+
 fn register_chain(engine: &Engine) {
+    engine.register("remote_chain", 1, |ctx: WorkflowCtx, steps: usize| async move {
+        let mut acc = 0u64;
+        for i in 0..steps {
+            acc = ctx.remote_step(&format!("r{i}"), &acc).await?;
+        }
+        Ok::<_, WorkflowError>(acc)
+    });
     engine.register("chain", 1, |ctx: WorkflowCtx, steps: usize| async move {
         let mut acc = 0u64;
         for i in 0..steps {
@@ -451,6 +490,10 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
     let q = args.quick;
     match args.workload.as_str() {
         "chain" => chain(engine, if q { 100 } else { 1_000 }, 5).await,
+        "remote_chain" => {
+            let in_process = if args.workers == 0 { 2 } else { 0 };
+            remote_chain(engine, if q { 100 } else { 1_000 }, 5, in_process).await
+        }
         "long_chain" => chain(engine, if q { 4 } else { 20 }, if q { 200 } else { 1_000 }).await,
         "timers" => timers(engine, if q { 200 } else { 2_000 }).await,
         "signals" => signals(engine, if q { 200 } else { 2_000 }).await,
@@ -496,7 +539,7 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     let mut workers = Vec::new();
     for _ in 0..args.workers {
         let mut cmd = std::process::Command::new(&exe);
-        cmd.args(["--role", "worker", "--store", &args.store]);
+        cmd.args(["--role", "worker", "--store", &args.store, "--workload", &args.workload]);
         match (&db, &schema) {
             (Some(db), _) => cmd.arg("--db").arg(db),
             (None, Some(schema)) => cmd.args(["--pg-schema", schema]),
@@ -511,9 +554,16 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         }
         workers.push((child, lines));
     }
+    // In `remote_chain` the worker processes run remote steps only: this engine executes the
+    // workflows.
+    let executes = args.workload == "remote_chain";
     let client = match client {
-        Some(client) => client,
-        None => shared_engine(args, db.as_deref(), false).await?,
+        Some(client) if !executes => client,
+        Some(client) => {
+            client.shutdown().await;
+            shared_engine(args, None, true).await?
+        }
+        None => shared_engine(args, db.as_deref(), executes).await?,
     };
     let m = workload(&client, args).await;
     client.shutdown().await;
@@ -536,6 +586,19 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
 /// A worker process: executes runs from the shared file until SIGTERM, then prints its peak
 /// RSS.
 async fn worker(args: &Args) -> Result<(), String> {
+    if args.workload == "remote_chain" {
+        let store: Arc<dyn durable::store::Store> = match args.db.as_deref() {
+            Some(db) => Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?),
+            None => Arc::new(postgres_store(args)?),
+        };
+        let worker = remote_worker(durable::Worker::builder().store(store).concurrency(256))
+            .poll_interval(Duration::from_millis(5))
+            .build();
+        println!("ready");
+        worker.run(durable::shutdown_signal()).await;
+        println!("rss {}", peak_rss_mb());
+        return Ok(());
+    }
     let engine = shared_engine(args, args.db.as_deref(), true).await?;
     println!("ready");
     engine.run_worker(durable::shutdown_signal()).await;

@@ -20,7 +20,7 @@ commands:
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout, bulk, starts, start_many,
-                          schedules (default: all)
+                          schedules, remote_chain (default: all)
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
   sim [options]           the engine's sample workflows under seeded simulation (release mode, every core)
       --seeds N           how many seeds (default 10000; nightly size: 100000)
@@ -272,8 +272,19 @@ fn cycles(enforce: bool) -> Result<(), String> {
     }
 }
 
-const WORKLOADS: &[&str] =
-    &["chain", "long_chain", "timers", "signals", "events", "fanout", "bulk", "starts", "start_many", "schedules"];
+const WORKLOADS: &[&str] = &[
+    "chain",
+    "long_chain",
+    "timers",
+    "signals",
+    "events",
+    "fanout",
+    "bulk",
+    "starts",
+    "start_many",
+    "schedules",
+    "remote_chain",
+];
 /// Workloads that run in one process only (no `--workers`).
 const IN_PROCESS_ONLY: &[&str] = &["schedules"];
 /// Stores run by default…
