@@ -383,3 +383,61 @@ async fn worker_health_lists_queues_and_live_workers() {
     assert_eq!(double.workers, vec!["w-1".to_string()]);
     w.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn heartbeats_keep_a_two_minute_step_alive_and_a_silent_worker_loses_its_task() {
+    let t = TestEngine::new();
+    t.register("long", 1, |ctx: WorkflowCtx, kind: String| async move {
+        let v: String = ctx.remote_step("long", &kind).heartbeat_timeout(Duration::from_secs(10)).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let (beat_tx, mut beats) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    let clock = t.clock().clone();
+    // Worker A: beats every 5 s of (virtual) time for two minutes; or, for "silent", beats
+    // once and then never again.
+    let a =
+        spawn(Worker::builder().engine(t.engine()).id("a").handle("long", move |ctx: TaskContext, kind: String| {
+            let (beat_tx, clock) = (beat_tx.clone(), clock.clone());
+            async move {
+                for i in 0..24 {
+                    assert!(ctx.heartbeat(&i).await, "the lease holds while beating");
+                    // The next beat is due 5 s after this one, whenever the test moves time.
+                    let next = clock.now() + 5_000;
+                    let _ = beat_tx.send(i);
+                    if kind == "silent" {
+                        ctx.cancelled().await;
+                        return Ok("a, late".to_string());
+                    }
+                    clock.sleep_until(next).await;
+                }
+                Ok("a".to_string())
+            }
+        }));
+    let run = t.start("long", &"beating".to_string(), StartOptions::id("beating")).await.unwrap();
+    for i in 0..24 {
+        assert_eq!(beats.recv().await, Some(i));
+        t.advance(Duration::from_secs(5));
+    }
+    t.assert_output(&run.id, "a".to_string()).await;
+    let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+    assert_eq!((tasks[0].claims, tasks[0].worker.as_deref()), (1, Some("a")), "never redelivered");
+
+    // A's next task goes silent after its first beat; then worker B comes up.
+    let silent = t.start("long", &"silent".to_string(), StartOptions::id("silent")).await.unwrap();
+    assert_eq!(beats.recv().await, Some(0));
+    let b =
+        spawn(Worker::builder().engine(t.engine()).id("b").handle("long", |ctx: TaskContext, _: String| async move {
+            Ok::<_, StepError>(format!("b, attempt {}", ctx.attempt()))
+        }));
+    // Past the lease, B takes the same attempt over.
+    t.advance(Duration::from_secs(11));
+    t.assert_output(&silent.id, "b, attempt 1".to_string()).await;
+    let tasks =
+        t.store().list_tasks(&TaskFilter { run_id: Some(silent.id.clone()), ..Default::default() }).await.unwrap();
+    assert_eq!((tasks[0].claims, tasks[0].task.attempt, tasks[0].worker.as_deref()), (2, 1, Some("b")));
+    // A notices that the run is over at its next look, and its late result is dropped.
+    t.advance(Duration::from_secs(2));
+    let report = a.stop().await;
+    assert_eq!((report.completed, report.dropped), (1, 1), "{report:?}");
+    b.stop().await;
+}

@@ -509,7 +509,6 @@ impl Store for MemoryStore {
         }
         if terminal {
             inner.remove_waiters_of(id);
-            inner.finish_tasks_of(id);
         }
         for signal in patch.signals {
             inner.send_signal(&signal.token, signal.payload, patch.now);
