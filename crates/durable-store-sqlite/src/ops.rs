@@ -1317,6 +1317,15 @@ mod tests {
                 "sqlite_autoindex_trigger_buffers_1",
             ),
             ("SELECT body, revision FROM schedules WHERE key = 'k'", "sqlite_autoindex_schedules_1"),
+            ("SELECT attempt FROM tasks WHERE run_id = 'r' AND seq = 1", "sqlite_autoindex_tasks_1"),
+            (
+                "UPDATE tasks SET state = 'finished' WHERE run_id = 'r' AND state <> 'finished'",
+                "sqlite_autoindex_tasks_1",
+            ),
+            ("DELETE FROM tasks WHERE run_id = 'r'", "sqlite_autoindex_tasks_1"),
+            ("SELECT wid, name FROM waiters WHERE run_id = 'r' AND seq = 1", "waiters_run"),
+            ("DELETE FROM workers WHERE heartbeat_at < 5", "workers_heartbeat"),
+            ("SELECT body FROM workers ORDER BY id", "sqlite_autoindex_workers_1"),
         ];
         for (sql, index) in cases {
             let plan = plan(&conn, sql);
