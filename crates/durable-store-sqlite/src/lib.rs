@@ -40,6 +40,13 @@
 //!   its dedupe id, delivers or buffers the event, creates the trigger runs and updates the
 //!   gathering buffers in one write; flushing a due buffer deletes it and creates its run in one.
 //!   Expired dedupe ids are forgotten a few at a time by later publishes with a dedupe id.
+//! - **Remote steps.** Tasks live in a `tasks` table beside the runs: the commit that records a
+//!   remote step's in-flight checkpoint and its wait stores the task in the same transaction
+//!   (an outbox); a worker's claim reads the claimable tasks of its queues (priority, then age,
+//!   from an index) and marks them claimed in one write, so concurrent workers never share a
+//!   task; a result writes the checkpoint, consumes the wait and wakes the run in one write.
+//!   Expired and silent tasks are found through indexes on their deadline and last heartbeat.
+//!   Worker descriptors live in a `workers` table.
 //! - **Clean close.** Dropping the store checkpoints the WAL into the file and truncates it, so
 //!   no `-wal` file of megabytes is left behind (see [`SqliteStore`]).
 //! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
