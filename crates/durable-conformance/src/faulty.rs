@@ -831,6 +831,49 @@ mod tests {
     }
 
     #[test]
+    fn task_calls_are_counted_and_faulted_by_worker() {
+        use durable_core::task::{TaskClaim, TaskDone};
+        block_on(async {
+            let s = store();
+            s.arm(
+                Fault::when(|c| c.token == Some("bad-worker")).error(|_| StoreError::Conflict { message: "x".into() }),
+            );
+            let claim = |worker: &str| TaskClaim {
+                worker: worker.into(),
+                queues: vec!["q".into()],
+                namespace: None,
+                capabilities: vec![],
+                limit: 1,
+                now: 1,
+            };
+            let faulted = s.claim_tasks(&claim("bad-worker")).await.unwrap_err();
+            assert_eq!(faulted.kind(), StoreErrorKind::Conflict);
+            // Another worker's call reaches the wrapped store (whatever it answers).
+            let passed = s.claim_tasks(&claim("good-worker")).await;
+            assert!(passed.as_ref().err().is_none_or(|e| e.kind() != StoreErrorKind::Conflict), "{passed:?}");
+            let done = TaskDone {
+                run_id: RunId::from("r"),
+                seq: 0,
+                attempt: 1,
+                worker: Some("bad-worker".into()),
+                result: Ok(Payload::null()),
+                logs: vec![],
+                now: 1,
+            };
+            assert_eq!(s.complete_task(done).await.unwrap_err().kind(), StoreErrorKind::Conflict);
+            let _ = s.workers(0).await;
+            assert_eq!(
+                s.call_counts(),
+                BTreeMap::from([(Method::ClaimTasks, 2), (Method::CompleteTask, 1), (Method::Workers, 1)])
+            );
+            assert_eq!(
+                Method::ALL.iter().filter(|m| m.name().contains("task") || m.name().contains("worker")).count(),
+                8
+            );
+        });
+    }
+
+    #[test]
     fn latency_delays_calls_without_changing_answers() {
         block_on(async {
             let s = store();

@@ -157,6 +157,7 @@ macro_rules! __store_cases {
             handles::concurrent_creates_across_handles_have_one_winner(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
             handles::signal_race_across_handles_loses_nothing(TwoHandles, [SharedAcrossProcesses, SecondHandle]),
             run_queue::concurrent_claims_across_handles_hand_each_item_out_once(TwoQueues, [SharedAcrossProcesses, RunQueue, SecondQueue]),
+            tasks::concurrent_claimers_across_handles_take_each_task_once(TwoHandles, [SharedAcrossProcesses, SecondHandle, Tasks]),
             persistence::data_survives_reopen(Factory, [Persistent, Reopen]),
         }
     };

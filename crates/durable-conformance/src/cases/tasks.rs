@@ -257,12 +257,26 @@ pub async fn claims_need_every_required_capability(store: Arc<dyn Store>) -> Cas
 
 /// [`RACERS`] workers claiming at once: every task goes to exactly one of them.
 pub async fn concurrent_claimers_take_each_task_once(store: Arc<dyn Store>) -> CaseResult {
-    let s = &*store;
+    claim_race(&[store]).await
+}
+
+/// [`concurrent_claimers_take_each_task_once`] with the workers alternating between two
+/// handles on one store (two processes sharing it).
+pub async fn concurrent_claimers_across_handles_take_each_task_once(
+    a: Arc<dyn Store>,
+    b: Arc<dyn Store>,
+) -> CaseResult {
+    claim_race(&[a, b]).await
+}
+
+/// The race of [`concurrent_claimers_take_each_task_once`], across `handles`.
+async fn claim_race(handles: &[Arc<dyn Store>]) -> CaseResult {
+    let s = &*handles[0];
     let run = start(s, "r").await?;
     let tasks: Vec<NewTask> = (0..40).map(|seq| task("r", seq, 1)).collect();
     dispatch(s, &run, &tasks, false).await?;
     let results = race(RACERS, |i| {
-        let store = store.clone();
+        let store = handle_for(handles, i);
         async move { store.claim_tasks(&claim_of(&format!("w{i}"), &[QUEUE], 4, AT + 10)).await }
     })
     .await;
