@@ -11,10 +11,11 @@ use durable_conformance::{
     CaseOutcome, Fault, FaultyStore, FnFactory, Method, Requirement, StoreFactory, TestStore, find_case, run_all,
     run_case,
 };
+use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
     NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-    SaveSchedule, ScheduleRecord, Store, StoreResult, TriggerBuffer, Waiter,
+    SaveSchedule, ScheduleRecord, Store, StoreResult, TaskFilter, TriggerBuffer, Waiter,
 };
 use durable_store_memory::MemoryStore;
 
@@ -155,6 +156,49 @@ impl Store for AuditedStore {
 
     async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
         self.inner.due_schedules(query).await
+    }
+
+    async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
+        self.write();
+        self.inner.claim_tasks(claim).await
+    }
+
+    async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
+        self.write();
+        self.inner.heartbeat_task(beat).await
+    }
+
+    async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+        self.write();
+        self.inner.complete_task(done).await
+    }
+
+    async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
+        self.write();
+        self.inner.release_tasks(tasks, worker).await
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<Task>> {
+        self.inner.list_tasks(filter).await
+    }
+
+    async fn queue_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        self.inner.queue_stats().await
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> StoreResult<()> {
+        self.write();
+        self.inner.register_worker(worker).await
+    }
+
+    async fn remove_worker(&self, id: &str) -> StoreResult<bool> {
+        self.write();
+        self.inner.remove_worker(id).await
+    }
+
+    async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
+        self.write();
+        self.inner.workers(heartbeat_before).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

@@ -7,6 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_trait::async_trait;
+use durable_core::TaskFilter;
+use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
     NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
@@ -66,6 +68,24 @@ pub enum Method {
     DeleteSchedule,
     /// [`Store::due_schedules`].
     DueSchedules,
+    /// [`Store::claim_tasks`].
+    ClaimTasks,
+    /// [`Store::heartbeat_task`].
+    HeartbeatTask,
+    /// [`Store::complete_task`].
+    CompleteTask,
+    /// [`Store::release_tasks`].
+    ReleaseTasks,
+    /// [`Store::list_tasks`].
+    ListTasks,
+    /// [`Store::queue_stats`].
+    QueueStats,
+    /// [`Store::register_worker`].
+    RegisterWorker,
+    /// [`Store::remove_worker`].
+    RemoveWorker,
+    /// [`Store::workers`].
+    Workers,
     /// [`Store::waiters`].
     Waiters,
     /// [`Store::get_state`].
@@ -76,7 +96,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 27] = [
+    pub const ALL: [Method; 36] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -101,6 +121,15 @@ impl Method {
         Method::SaveSchedules,
         Method::DeleteSchedule,
         Method::DueSchedules,
+        Method::ClaimTasks,
+        Method::HeartbeatTask,
+        Method::CompleteTask,
+        Method::ReleaseTasks,
+        Method::ListTasks,
+        Method::QueueStats,
+        Method::RegisterWorker,
+        Method::RemoveWorker,
+        Method::Workers,
         Method::Waiters,
         Method::GetState,
         Method::DeleteRun,
@@ -133,6 +162,15 @@ impl Method {
             Method::SaveSchedules => "save_schedules",
             Method::DeleteSchedule => "delete_schedule",
             Method::DueSchedules => "due_schedules",
+            Method::ClaimTasks => "claim_tasks",
+            Method::HeartbeatTask => "heartbeat_task",
+            Method::CompleteTask => "complete_task",
+            Method::ReleaseTasks => "release_tasks",
+            Method::ListTasks => "list_tasks",
+            Method::QueueStats => "queue_stats",
+            Method::RegisterWorker => "register_worker",
+            Method::RemoveWorker => "remove_worker",
+            Method::Workers => "workers",
             Method::Waiters => "waiters",
             Method::GetState => "get_state",
             Method::DeleteRun => "delete_run",
@@ -156,7 +194,9 @@ pub struct Call<'a> {
     /// `create_runs` batch —, claimed, committed, read, …).
     pub run_id: Option<&'a RunId>,
     /// The signal token (`send_signal`), event name (`publish`), schedule key
-    /// (`get_schedule`, `save_schedule`, `delete_schedule`) or workflow (`flush_buffer`).
+    /// (`get_schedule`, `save_schedule`, `delete_schedule`), workflow (`flush_buffer`) or
+    /// worker id (`claim_tasks`, `heartbeat_task`, `complete_task` when a worker reports,
+    /// `release_tasks`, `register_worker`, `remove_worker`).
     pub token: Option<&'a str>,
     /// The position of this call among every call the wrapper received, from 1.
     pub number: u64,
@@ -615,6 +655,44 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.call(Method::DueSchedules, None, None, self.inner.due_schedules(query)).await
     }
 
+    async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
+        self.call(Method::ClaimTasks, None, Some(&claim.worker), self.inner.claim_tasks(claim)).await
+    }
+
+    async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
+        self.call(Method::HeartbeatTask, Some(&beat.run_id), Some(&beat.worker), self.inner.heartbeat_task(beat)).await
+    }
+
+    async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+        let (id, worker) = (done.run_id.clone(), done.worker.clone());
+        self.call(Method::CompleteTask, Some(&id), worker.as_deref(), self.inner.complete_task(done)).await
+    }
+
+    async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
+        let id = tasks.first().map(|t| t.0.clone());
+        self.call(Method::ReleaseTasks, id.as_ref(), Some(worker), self.inner.release_tasks(tasks, worker)).await
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<Task>> {
+        self.call(Method::ListTasks, filter.run_id.as_ref(), None, self.inner.list_tasks(filter)).await
+    }
+
+    async fn queue_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        self.call(Method::QueueStats, None, None, self.inner.queue_stats()).await
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> StoreResult<()> {
+        self.call(Method::RegisterWorker, None, Some(&worker.id), self.inner.register_worker(worker)).await
+    }
+
+    async fn remove_worker(&self, id: &str) -> StoreResult<bool> {
+        self.call(Method::RemoveWorker, None, Some(id), self.inner.remove_worker(id)).await
+    }
+
+    async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
+        self.call(Method::Workers, None, None, self.inner.workers(heartbeat_before)).await
+    }
+
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
         self.call(Method::Waiters, Some(id), None, self.inner.waiters(id)).await
     }
@@ -749,6 +827,49 @@ mod tests {
             s.reset_counts();
             s.get_run(&RunId::from("a")).await.unwrap();
             assert_eq!((s.total_calls(), s.calls(Method::CreateRun)), (1, 0));
+        });
+    }
+
+    #[test]
+    fn task_calls_are_counted_and_faulted_by_worker() {
+        use durable_core::task::{TaskClaim, TaskDone};
+        block_on(async {
+            let s = store();
+            s.arm(
+                Fault::when(|c| c.token == Some("bad-worker")).error(|_| StoreError::Conflict { message: "x".into() }),
+            );
+            let claim = |worker: &str| TaskClaim {
+                worker: worker.into(),
+                queues: vec!["q".into()],
+                namespace: None,
+                capabilities: vec![],
+                limit: 1,
+                now: 1,
+            };
+            let faulted = s.claim_tasks(&claim("bad-worker")).await.unwrap_err();
+            assert_eq!(faulted.kind(), StoreErrorKind::Conflict);
+            // Another worker's call reaches the wrapped store (whatever it answers).
+            let passed = s.claim_tasks(&claim("good-worker")).await;
+            assert!(passed.as_ref().err().is_none_or(|e| e.kind() != StoreErrorKind::Conflict), "{passed:?}");
+            let done = TaskDone {
+                run_id: RunId::from("r"),
+                seq: 0,
+                attempt: 1,
+                worker: Some("bad-worker".into()),
+                result: Ok(Payload::null()),
+                logs: vec![],
+                now: 1,
+            };
+            assert_eq!(s.complete_task(done).await.unwrap_err().kind(), StoreErrorKind::Conflict);
+            let _ = s.workers(0).await;
+            assert_eq!(
+                s.call_counts(),
+                BTreeMap::from([(Method::ClaimTasks, 2), (Method::CompleteTask, 1), (Method::Workers, 1)])
+            );
+            assert_eq!(
+                Method::ALL.iter().filter(|m| m.name().contains("task") || m.name().contains("worker")).count(),
+                8
+            );
         });
     }
 

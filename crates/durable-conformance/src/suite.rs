@@ -70,6 +70,8 @@ pub enum Requirement {
     Persistent,
     /// The store declares [`Capabilities::shared_across_processes`].
     SharedAcrossProcesses,
+    /// The store declares [`Capabilities::tasks`]: it keeps a task queue for remote steps.
+    Tasks,
     /// The factory opens a second handle on a store ([`StoreFactory::second_handle`]).
     SecondHandle,
     /// The factory reopens a store after a drop ([`StoreFactory::reopen`]).
@@ -94,6 +96,7 @@ impl Requirement {
         match self {
             Requirement::Persistent => caps.persistent,
             Requirement::SharedAcrossProcesses => caps.shared_across_processes,
+            Requirement::Tasks => caps.tasks,
             Requirement::SecondHandle
             | Requirement::Reopen
             | Requirement::Environment
@@ -108,6 +111,7 @@ impl fmt::Display for Requirement {
         f.write_str(match self {
             Requirement::Persistent => "persistent",
             Requirement::SharedAcrossProcesses => "shared_across_processes",
+            Requirement::Tasks => "tasks",
             Requirement::SecondHandle => "second_handle (StoreFactory::second_handle returned None)",
             Requirement::Reopen => "reopen (StoreFactory::reopen returned None)",
             Requirement::Environment => "a configured environment (StoreFactory::unavailable returned Some)",
@@ -327,10 +331,13 @@ pub async fn run_all(factory: &dyn StoreFactory) -> SuiteReport {
 
 #[cfg(test)]
 mod tests {
+    use durable_core::task::{
+        BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo,
+    };
     use durable_core::{
         Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload,
         Publish, Published, QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-        SaveSchedule, ScheduleRecord, StoreResult, TriggerBuffer, Waiter,
+        SaveSchedule, ScheduleRecord, StoreResult, TaskFilter, TriggerBuffer, Waiter,
     };
     use durable_store_memory::MemoryStore;
 
@@ -338,14 +345,15 @@ mod tests {
     use crate::FnFactory;
 
     /// One `MemoryStore` behind any number of handles, declared persistent and shared, so the
-    /// handle and persistence cases (skipped for the plain `MemoryStore`) run here too.
-    #[derive(Debug, Clone, Default)]
-    struct SharedMemory(Arc<MemoryStore>);
+    /// handle and persistence cases (skipped for the plain `MemoryStore`) run here too; the
+    /// flag is [`Capabilities::tasks`].
+    #[derive(Debug, Clone)]
+    struct SharedMemory(Arc<MemoryStore>, bool);
 
     #[async_trait::async_trait]
     impl Store for SharedMemory {
         fn capabilities(&self) -> Capabilities {
-            Capabilities::FULL
+            Capabilities::FULL.with_tasks(self.1)
         }
         async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
             self.0.create_run(run).await
@@ -427,6 +435,33 @@ mod tests {
         async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
             self.0.due_schedules(query).await
         }
+        async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
+            self.0.claim_tasks(claim).await
+        }
+        async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
+            self.0.heartbeat_task(beat).await
+        }
+        async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+            self.0.complete_task(done).await
+        }
+        async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
+            self.0.release_tasks(tasks, worker).await
+        }
+        async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<Task>> {
+            self.0.list_tasks(filter).await
+        }
+        async fn queue_stats(&self) -> StoreResult<Vec<QueueStats>> {
+            self.0.queue_stats().await
+        }
+        async fn register_worker(&self, worker: &WorkerInfo) -> StoreResult<()> {
+            self.0.register_worker(worker).await
+        }
+        async fn remove_worker(&self, id: &str) -> StoreResult<bool> {
+            self.0.remove_worker(id).await
+        }
+        async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
+            self.0.workers(heartbeat_before).await
+        }
         async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
             self.0.waiters(id).await
         }
@@ -468,12 +503,13 @@ mod tests {
     /// handles and reopens find it.
     struct SharedFactory {
         handles: bool,
+        tasks: bool,
     }
 
     #[async_trait::async_trait]
     impl StoreFactory for SharedFactory {
         async fn create(&self) -> StoreResult<TestStore> {
-            let data = SharedMemory::default();
+            let data = SharedMemory(Arc::default(), self.tasks);
             Ok(TestStore::new_with_queue(data.clone()).with_guard(data))
         }
         async fn second_handle(&self, store: &TestStore) -> Option<StoreResult<Arc<dyn Store>>> {
@@ -496,14 +532,14 @@ mod tests {
 
     #[test]
     fn every_case_passes_when_nothing_is_lacking() {
-        let report = block_on(run_all(&SharedFactory { handles: true }));
+        let report = block_on(run_all(&SharedFactory { handles: true, tasks: true }));
         report.assert_success();
         assert_eq!(report.passed(), CASES.len(), "{report}");
     }
 
     #[test]
     fn skips_name_what_is_lacking() {
-        let report = block_on(run_all(&SharedFactory { handles: false }));
+        let report = block_on(run_all(&SharedFactory { handles: false, tasks: true }));
         report.assert_success();
         let skipped: Vec<_> = report.skipped().collect();
         assert!(!skipped.is_empty());
@@ -519,6 +555,17 @@ mod tests {
         assert_eq!(block_on(run_case(&memory, queue)), CaseOutcome::Skipped(Requirement::RunQueue));
         let with_queue = FnFactory::new(|| async { Ok(TestStore::new_with_queue(MemoryStore::new())) });
         assert_eq!(block_on(run_case(&with_queue, queue)), CaseOutcome::Passed);
+    }
+
+    #[test]
+    fn a_store_without_tasks_skips_the_task_cases() {
+        let report = block_on(run_all(&SharedFactory { handles: true, tasks: false }));
+        report.assert_success();
+        let skipped: Vec<_> = report.skipped().collect();
+        let task_cases = CASES.iter().filter(|c| c.area == "tasks").count();
+        assert!(task_cases >= 20);
+        assert_eq!(skipped.len(), task_cases, "{report}");
+        assert!(skipped.iter().all(|(_, req)| *req == Requirement::Tasks), "{report}");
     }
 
     #[test]

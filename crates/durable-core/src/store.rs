@@ -117,13 +117,23 @@ pub struct Capabilities {
     pub shared_across_processes: bool,
     /// The store keeps its data when it is dropped and opened again.
     pub persistent: bool,
+    /// The store keeps a task queue for remote steps: it implements [`Store::claim_tasks`],
+    /// [`Store::complete_task`] and the other task and worker methods, and applies
+    /// [`Commit::tasks`].
+    pub tasks: bool,
 }
 
 impl Capabilities {
     /// A store that keeps data and may be shared across processes.
-    pub const FULL: Capabilities = Capabilities { shared_across_processes: true, persistent: true };
+    pub const FULL: Capabilities = Capabilities { shared_across_processes: true, persistent: true, tasks: true };
     /// An in-process store that loses its data when dropped.
-    pub const IN_MEMORY: Capabilities = Capabilities { shared_across_processes: false, persistent: false };
+    pub const IN_MEMORY: Capabilities = Capabilities { shared_across_processes: false, persistent: false, tasks: true };
+
+    /// These capabilities with [`Capabilities::tasks`] set to `tasks` (a store without a task
+    /// queue declares `Capabilities::FULL.with_tasks(false)`; the struct is non-exhaustive).
+    pub const fn with_tasks(self, tasks: bool) -> Capabilities {
+        Capabilities { tasks, ..self }
+    }
 }
 
 /// The answer of [`Store::create_run`].

@@ -40,6 +40,13 @@
 //!   its dedupe id, delivers or buffers the event, creates the trigger runs and updates the
 //!   gathering buffers in one write; flushing a due buffer deletes it and creates its run in one.
 //!   Expired dedupe ids are forgotten a few at a time by later publishes with a dedupe id.
+//! - **Remote steps.** Tasks live in a `tasks` table beside the runs: the commit that records a
+//!   remote step's in-flight checkpoint and its wait stores the task in the same transaction
+//!   (an outbox); a worker's claim reads the claimable tasks of its queues (priority, then age,
+//!   from an index) and marks them claimed in one write, so concurrent workers never share a
+//!   task; a result writes the checkpoint, consumes the wait and wakes the run in one write.
+//!   Expired and silent tasks are found through indexes on their deadline and last heartbeat.
+//!   Worker descriptors live in a `workers` table.
 //! - **Clean close.** Dropping the store checkpoints the WAL into the file and truncates it, so
 //!   no `-wal` file of megabytes is left behind (see [`SqliteStore`]).
 //! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
@@ -105,6 +112,7 @@ mod ops;
 mod options;
 mod queue;
 mod schema;
+mod tasks;
 mod workers;
 
 use std::fmt;
@@ -112,10 +120,11 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
     NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-    SaveSchedule, ScheduleRecord, Store, StoreResult, TriggerBuffer, Waiter,
+    SaveSchedule, ScheduleRecord, Store, StoreResult, TaskFilter, TriggerBuffer, Waiter,
 };
 
 pub use error::{Error, Result};
@@ -154,6 +163,17 @@ pub mod __private {
     /// query matches nothing.
     pub fn due_sql(which: Due, query: &DueQuery) -> Option<(String, Vec<Value>)> {
         crate::ops::due_sql(which, query).map(|q| (q.text, q.args))
+    }
+
+    /// The statement of `claim_tasks` and its arguments; `None` when the claim matches nothing.
+    pub fn claim_tasks_sql(claim: &durable_core::task::TaskClaim) -> Option<(String, Vec<Value>)> {
+        crate::tasks::claim_sql(claim).map(|q| (q.text, q.args))
+    }
+
+    /// The statement of `list_tasks` and its arguments.
+    pub fn list_tasks_sql(filter: &durable_core::TaskFilter) -> (String, Vec<Value>) {
+        let q = crate::tasks::list_tasks_sql(filter);
+        (q.text, q.args)
     }
 
     /// The statement of `list_schedules` and its arguments; `None` for a limit of 0.
@@ -395,6 +415,55 @@ impl Store for SqliteStore {
     async fn due_schedules(&self, query: &DueQuery) -> StoreResult<Vec<ScheduleRecord>> {
         let query = query.clone();
         self.workers.read("due_schedules", move |c| ops::due_schedules(c, &query)).await
+    }
+
+    async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
+        if claim.queues.is_empty() || claim.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let claim = claim.clone();
+        // One write: the claimable rows are read and marked claimed in the same transaction.
+        self.workers.write("claim_tasks", move |c| tasks::claim_tasks(c, &claim)).await
+    }
+
+    async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
+        let beat = beat.clone();
+        self.workers.write("heartbeat_task", move |c| tasks::heartbeat_task(c, &beat)).await
+    }
+
+    async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+        self.workers.write("complete_task", move |c| tasks::complete_task(c, done)).await
+    }
+
+    async fn release_tasks(&self, released: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
+        if released.is_empty() {
+            return Ok(());
+        }
+        let (released, worker) = (released.to_vec(), worker.to_string());
+        self.workers.write("release_tasks", move |c| tasks::release_tasks(c, &released, &worker)).await
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<Task>> {
+        let filter = filter.clone();
+        self.workers.read("list_tasks", move |c| tasks::list_tasks(c, &filter)).await
+    }
+
+    async fn queue_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        self.workers.read("queue_stats", tasks::queue_stats).await
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> StoreResult<()> {
+        let worker = worker.clone();
+        self.workers.write("register_worker", move |c| tasks::register_worker(c, &worker)).await
+    }
+
+    async fn remove_worker(&self, id: &str) -> StoreResult<bool> {
+        let id = id.to_string();
+        self.workers.write("remove_worker", move |c| tasks::remove_worker(c, &id)).await
+    }
+
+    async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
+        self.workers.write("workers", move |c| tasks::workers(c, heartbeat_before)).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

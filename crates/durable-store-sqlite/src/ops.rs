@@ -69,7 +69,7 @@ impl OpError {
     }
 }
 
-fn corrupt(message: String) -> OpError {
+pub(crate) fn corrupt(message: String) -> OpError {
     OpError::Corrupt(message)
 }
 
@@ -82,14 +82,14 @@ pub(crate) fn millis_to_sql(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn millis_from_sql(v: i64, what: impl FnOnce() -> String) -> OpResult<u64> {
+pub(crate) fn millis_from_sql(v: i64, what: impl FnOnce() -> String) -> OpResult<u64> {
     if v == i64::MAX {
         return Ok(u64::MAX);
     }
     u64::try_from(v).map_err(|_| corrupt(format!("{}: negative value {v}", what())))
 }
 
-fn u32_from_sql(v: i64, what: impl FnOnce() -> String) -> OpResult<u32> {
+pub(crate) fn u32_from_sql(v: i64, what: impl FnOnce() -> String) -> OpResult<u32> {
     u32::try_from(v).map_err(|_| corrupt(format!("{}: {v} is out of range", what())))
 }
 
@@ -97,23 +97,23 @@ fn tags_json(tags: &[String]) -> OpResult<String> {
     serde_json::to_string(tags).map_err(|e| OpError::Store(StoreError::backend(e)))
 }
 
-fn error_json(e: &StepError) -> OpResult<String> {
+pub(crate) fn error_json(e: &StepError) -> OpResult<String> {
     serde_json::to_string(e).map_err(|e| OpError::Store(StoreError::backend(e)))
 }
 
-fn text<'a>(row: &'a Row<'_>, i: usize) -> OpResult<&'a str> {
+pub(crate) fn text<'a>(row: &'a Row<'_>, i: usize) -> OpResult<&'a str> {
     Ok(row.get_ref(i)?.as_str().map_err(rusqlite::Error::from)?)
 }
 
-fn opt_text<'a>(row: &'a Row<'_>, i: usize) -> OpResult<Option<&'a str>> {
+pub(crate) fn opt_text<'a>(row: &'a Row<'_>, i: usize) -> OpResult<Option<&'a str>> {
     Ok(row.get_ref(i)?.as_str_or_null().map_err(rusqlite::Error::from)?)
 }
 
-fn opt_payload(row: &Row<'_>, i: usize) -> OpResult<Option<Payload>> {
+pub(crate) fn opt_payload(row: &Row<'_>, i: usize) -> OpResult<Option<Payload>> {
     Ok(opt_text(row, i)?.map(Payload::from_trusted))
 }
 
-fn opt_step_error(row: &Row<'_>, i: usize, what: impl FnOnce() -> String) -> OpResult<Option<StepError>> {
+pub(crate) fn opt_step_error(row: &Row<'_>, i: usize, what: impl FnOnce() -> String) -> OpResult<Option<StepError>> {
     match opt_text(row, i)? {
         None => Ok(None),
         Some(s) => {
@@ -122,7 +122,7 @@ fn opt_step_error(row: &Row<'_>, i: usize, what: impl FnOnce() -> String) -> OpR
     }
 }
 
-fn opt_millis(row: &Row<'_>, i: usize, what: impl FnOnce() -> String) -> OpResult<Option<u64>> {
+pub(crate) fn opt_millis(row: &Row<'_>, i: usize, what: impl FnOnce() -> String) -> OpResult<Option<u64>> {
     match row.get::<_, Option<i64>>(i)? {
         None => Ok(None),
         Some(v) => millis_from_sql(v, what).map(Some),
@@ -137,7 +137,7 @@ fn opt_error_json(e: &Option<StepError>) -> OpResult<Option<String>> {
     e.as_ref().map(error_json).transpose()
 }
 
-fn run_status(s: &str, id: &RunId) -> OpResult<RunStatus> {
+pub(crate) fn run_status(s: &str, id: &RunId) -> OpResult<RunStatus> {
     s.parse().map_err(|e| corrupt(format!("run {id}: {e}")))
 }
 
@@ -264,7 +264,7 @@ pub(crate) struct Sql {
 
 impl Sql {
     /// Adds an argument and returns its placeholder.
-    fn bind(&mut self, v: Value) -> String {
+    pub(crate) fn bind(&mut self, v: Value) -> String {
         self.args.push(v);
         format!("?{}", self.args.len())
     }
@@ -404,7 +404,7 @@ pub(crate) fn list_runs(conn: &Connection, filter: &RunFilter) -> OpResult<RunPa
     Ok(RunPage { runs, next_cursor })
 }
 
-fn sql_limit(limit: usize) -> i64 {
+pub(crate) fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }
 
@@ -429,7 +429,7 @@ const LEASE_FREE_AT: &str = "(CASE WHEN lease_owner IS NULL OR lease_until IS NU
 /// Each names its partial index (`INDEXED BY`): the status index covers the same rows and,
 /// without statistics, SQLite would take it (an equality beats a partial index's order or
 /// range), then sort everything of that status. Pending runs without a `wake_at` are walked in
-/// claim order (`runs_pending`), due timers and delayed starts (suspended or pending runs with a
+/// claim order (`runs_pending`), due timers and delayed starts (suspended, blocked or pending runs with a
 /// `wake_at`) by `wake_at` up to now (`runs_due`), orphans by the end of their lease up to now
 /// (`runs_orphaned`, then sorted by `updated_at`: only the orphans are). The status and
 /// `wake_at` terms repeat the partial index's own, so SQLite can tell the index holds the rows.
@@ -453,7 +453,7 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
         ),
         Poll::Due => (
             "runs_due",
-            format!("status IN ('suspended', 'pending') AND wake_at <= {now} AND {no_live_lease}"),
+            format!("status IN ('suspended', 'blocked', 'pending') AND wake_at <= {now} AND {no_live_lease}"),
             "wake_at, id",
         ),
         Poll::Orphaned => {
@@ -579,7 +579,11 @@ pub(crate) fn due_buffers(conn: &Connection, q: &DueQuery) -> OpResult<Vec<Trigg
 }
 
 /// The rows of a built query, decoded (none when there is no query: a limit of 0).
-fn query_rows<T>(conn: &Connection, sql: Option<Sql>, decode: fn(&Row<'_>) -> OpResult<T>) -> OpResult<Vec<T>> {
+pub(crate) fn query_rows<T>(
+    conn: &Connection,
+    sql: Option<Sql>,
+    decode: fn(&Row<'_>) -> OpResult<T>,
+) -> OpResult<Vec<T>> {
     let Some(sql) = sql else { return Ok(Vec::new()) };
     let mut stmt = conn.prepare_cached(&sql.text)?;
     let mut rows = stmt.query(params_from_iter(sql.args))?;
@@ -757,7 +761,7 @@ fn upsert_checkpoint(conn: &Connection, run_id: &RunId, cp: &Checkpoint) -> OpRe
 }
 
 /// Records a delivered payload as the `completed` checkpoint at the waiter's seq and wakes its
-/// run (`wake_gen + 1`; a suspended run becomes due now).
+/// run ([`wake`]).
 fn resolve(
     conn: &Connection,
     run_id: &str,
@@ -774,16 +778,22 @@ fn resolve(
          updated_at = excluded.updated_at",
     )?;
     cp.execute(params![run_id, seq, name, kind.as_str(), payload, now])?;
+    wake(conn, run_id, now)
+}
+
+/// Wakes a run as a delivery does: `wake_gen + 1` (a turn in progress sees it when it tries to
+/// suspend) and a parked run (`suspended` or `blocked`) due now.
+pub(crate) fn wake(conn: &Connection, run_id: &str, now: i64) -> OpResult<()> {
     let mut run = conn.prepare_cached(
         "UPDATE runs SET wake_gen = wake_gen + 1, \
-         wake_at = CASE WHEN status = 'suspended' THEN MIN(COALESCE(wake_at, ?2), ?2) ELSE wake_at END, \
+         wake_at = CASE WHEN status IN ('suspended', 'blocked') THEN MIN(COALESCE(wake_at, ?2), ?2) ELSE wake_at END, \
          updated_at = ?2 WHERE id = ?1",
     )?;
     run.execute(params![run_id, now])?;
     Ok(())
 }
 
-fn seq_of(v: i64) -> OpResult<u32> {
+pub(crate) fn seq_of(v: i64) -> OpResult<u32> {
     u32_from_sql(v, || "waiter seq".to_string())
 }
 
@@ -1093,6 +1103,9 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
     for sig in &c.signals {
         out.deliveries.push(send_signal(conn, &sig.token, sig.payload.as_str(), c.now)?);
     }
+    for task in &c.tasks {
+        crate::tasks::dispatch(conn, task)?;
+    }
     let running = status == RunStatus::Running;
     // Progress of a running run resets its recovery count, in the UPDATE the commit makes anyway.
     let progress = running && c.makes_progress();
@@ -1139,8 +1152,9 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
                     progress
                 ])? > 0;
             if out.settled {
-                // A settled run must not swallow later signals.
+                // A settled run must not swallow later signals, nor keep work out.
                 remove_waiters_of(conn, id)?;
+                crate::tasks::cancel_tasks_of(conn, id)?;
             }
         }
         // A turn end that finds the run no longer running (an operator cancelled it mid-turn)
@@ -1171,7 +1185,7 @@ pub(crate) fn update_run_if(conn: &Connection, id: &RunId, expected: &[RunStatus
     let wake_at = patch.wake_at.map(|w| w.map(millis_to_sql));
     let now = millis_to_sql(patch.now);
     // The status read above is the compare of this compare-and-set: the UPDATE repeats it.
-    // `wake` acts as a delivery: wake_gen + 1 and a suspended run (after the patch) is due now.
+    // `wake` acts as a delivery: wake_gen + 1 and a parked run (after the patch) is due now.
     let changed = conn
         .prepare_cached(
             "UPDATE runs SET status = ?2, \
@@ -1200,7 +1214,7 @@ pub(crate) fn update_run_if(conn: &Connection, id: &RunId, expected: &[RunStatus
             patch.reset_recovery,
             now,
             current.as_str(),
-            patch.wake && next == RunStatus::Suspended,
+            patch.wake && next.is_parked(),
             i64::from(patch.wake),
         ])?;
     if changed == 0 {
@@ -1246,7 +1260,7 @@ pub(crate) fn delete_run(conn: &Connection, id: &RunId) -> OpResult<u64> {
             i += 1;
         }
     }
-    for table in ["checkpoints", "waiters", "run_state", "run_tags"] {
+    for table in ["checkpoints", "waiters", "run_state", "run_tags", "tasks"] {
         let mut stmt = conn.prepare_cached(&format!("DELETE FROM {table} WHERE run_id = ?1"))?;
         for d in &doomed {
             stmt.execute([d.as_str()])?;
@@ -1303,6 +1317,15 @@ mod tests {
                 "sqlite_autoindex_trigger_buffers_1",
             ),
             ("SELECT body, revision FROM schedules WHERE key = 'k'", "sqlite_autoindex_schedules_1"),
+            ("SELECT attempt FROM tasks WHERE run_id = 'r' AND seq = 1", "sqlite_autoindex_tasks_1"),
+            (
+                "UPDATE tasks SET state = 'finished' WHERE run_id = 'r' AND state <> 'finished'",
+                "sqlite_autoindex_tasks_1",
+            ),
+            ("DELETE FROM tasks WHERE run_id = 'r'", "sqlite_autoindex_tasks_1"),
+            ("SELECT wid, name FROM waiters WHERE run_id = 'r' AND seq = 1", "waiters_run"),
+            ("DELETE FROM workers WHERE heartbeat_at < 5", "workers_heartbeat"),
+            ("SELECT body FROM workers ORDER BY id", "sqlite_autoindex_workers_1"),
         ];
         for (sql, index) in cases {
             let plan = plan(&conn, sql);

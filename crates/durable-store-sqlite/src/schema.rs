@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 5;
+pub const SCHEMA_VERSION: u32 = 6;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -229,6 +229,65 @@ CREATE TABLE event_dedupe (
     PRIMARY KEY (name, id)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX event_dedupe_expiry ON event_dedupe (keep_until);
+",
+    },
+    Migration {
+        version: 6,
+        description: "remote steps: tasks and workers; blocked runs are due like suspended ones",
+        sql: "
+-- A blocked run is a suspended one that no live worker can serve: its timers and wakes make it
+-- due the same way.
+DROP INDEX runs_due;
+CREATE INDEX runs_due ON runs (wake_at, id)
+    WHERE status IN ('suspended', 'blocked', 'pending') AND wake_at IS NOT NULL;
+
+-- One row per remote step (durable_core::Task), the latest attempt, keyed by the step's
+-- (run_id, seq). requires and logs are JSON arrays; input and progress payload text.
+-- deadline is Task::deadline (NULL: never), kept in step with claimed_at; seen_at is the last
+-- heartbeat, or the dispatch before any claim (the silence scan).
+CREATE TABLE tasks (
+    run_id               TEXT NOT NULL,
+    seq                  INTEGER NOT NULL,
+    attempt              INTEGER NOT NULL,
+    name                 TEXT NOT NULL,
+    queue                TEXT NOT NULL,
+    namespace            TEXT NOT NULL,
+    input                TEXT NOT NULL,
+    priority             INTEGER NOT NULL,
+    requires             TEXT NOT NULL,
+    pickup_timeout_ms    INTEGER,
+    timeout_ms           INTEGER,
+    heartbeat_timeout_ms INTEGER NOT NULL,
+    created_at           INTEGER NOT NULL,
+    state                TEXT NOT NULL,
+    worker               TEXT,
+    lease_until          INTEGER,
+    claimed_at           INTEGER,
+    heartbeat_at         INTEGER,
+    progress             TEXT,
+    claims               INTEGER NOT NULL DEFAULT 0,
+    logs                 TEXT NOT NULL DEFAULT '[]',
+    outcome              TEXT,
+    deadline             INTEGER,
+    seen_at              INTEGER NOT NULL,
+    PRIMARY KEY (run_id, seq)
+) STRICT;
+-- Claims: the unfinished tasks of a queue in claim order (priority, then age).
+CREATE INDEX tasks_claim ON tasks (queue, priority DESC, created_at, run_id, seq) WHERE state <> 'finished';
+-- Expiry and silence scans read the unfinished tasks past the time, not all of them.
+CREATE INDEX tasks_deadline ON tasks (deadline) WHERE state <> 'finished' AND deadline IS NOT NULL;
+CREATE INDEX tasks_seen ON tasks (seen_at) WHERE state <> 'finished';
+-- Listings, oldest first: of the unfinished tasks, and of all.
+CREATE INDEX tasks_unfinished ON tasks (created_at, run_id, seq) WHERE state <> 'finished';
+CREATE INDEX tasks_created ON tasks (created_at, run_id, seq);
+
+-- Worker descriptors (durable_core::WorkerInfo as JSON in body), by id.
+CREATE TABLE workers (
+    id           TEXT PRIMARY KEY NOT NULL,
+    heartbeat_at INTEGER NOT NULL,
+    body         TEXT NOT NULL
+) STRICT;
+CREATE INDEX workers_heartbeat ON workers (heartbeat_at);
 ",
     },
 ];

@@ -3,18 +3,24 @@
 //! `EXPLAIN QUERY PLAN`: a `SEARCH`, never a `SCAN` of the table or a walk of an index that the
 //! query does not narrow, and no sort of the rows found), so they cost what they return, not
 //! the number of runs; so are the schedulers' due scans (schedules, trigger buffers) and the
-//! schedule listing. And the answers of every combination are the memory store's.
+//! schedule listing; so are the remote-step scans (a worker's claim, and the task listings by
+//! run, expiry, silence and state). And the answers of every combination are the memory
+//! store's.
 
 mod common;
 
 use std::sync::Arc;
 
+use durable_core::TaskFilter;
+use durable_core::task::TaskClaim;
 use durable_core::{
     BufferAppend, DueQuery, Gather, NewRun, ParentLink, Payload, Publish, RunFilter, RunId, RunQuery, RunStatus,
     SaveSchedule, Schedule, ScheduleRecord, Store, encode_cursor,
 };
 use durable_store_memory::MemoryStore;
-use durable_store_sqlite::__private::{Due, Poll, Value, due_sql, list_runs_sql, list_schedules_sql, poll_sql};
+use durable_store_sqlite::__private::{
+    Due, Poll, Value, claim_tasks_sql, due_sql, list_runs_sql, list_schedules_sql, list_tasks_sql, poll_sql,
+};
 use rusqlite::Connection;
 
 /// The indexes the plans below rest on: dropping any one of them must break a plan.
@@ -31,10 +37,15 @@ const PLAN_INDEXES: &[&str] = &[
     "schedules_due",
     "schedules_namespace",
     "trigger_buffers_due",
+    "tasks_claim",
+    "tasks_deadline",
+    "tasks_seen",
+    "tasks_unfinished",
+    "tasks_created",
 ];
 
 /// The tables whose whole walk a plan must not do.
-const TABLES: &[&str] = &["runs", "run_tags", "schedules", "trigger_buffers"];
+const TABLES: &[&str] = &["runs", "run_tags", "schedules", "trigger_buffers", "tasks"];
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -166,6 +177,44 @@ fn cases() -> Vec<Case> {
             });
         }
     }
+    out.extend(task_cases());
+    out
+}
+
+/// The worker claims (one queue, one in a namespace, several queues) and the task listings.
+fn task_cases() -> Vec<Case> {
+    let mut out = Vec::new();
+    for (queues, namespace) in [(vec!["resize"], None), (vec!["resize"], Some("tenant")), (vec!["a", "b"], None)] {
+        let claim = TaskClaim {
+            worker: "w".into(),
+            queues: queues.iter().map(|q| q.to_string()).collect(),
+            namespace: namespace.map(str::to_string),
+            capabilities: vec!["gpu".into()],
+            limit: 10,
+            now: T0 + 50,
+        };
+        let (sql, args) = claim_tasks_sql(&claim).expect("a claim with queues");
+        // One queue is walked in claim order; several are merged by a sort of their entries.
+        let may_sort = queues.len() > 1;
+        out.push(Case { name: format!("claim_tasks {claim:?}"), table: "tasks", sql, args, may_walk: None, may_sort });
+    }
+    let run = Some(RunId::from("r"));
+    let filters = [
+        // (filter, the index it may walk whole, whether it sorts what it found: the tasks of one
+        // run, or those past a time, by age)
+        (TaskFilter { run_id: run.clone(), ..TaskFilter::default() }, None, true),
+        (TaskFilter { run_id: run.clone(), unfinished: true, ..TaskFilter::default() }, None, true),
+        (TaskFilter { expired_at: Some(T0), ..TaskFilter::default() }, None, true),
+        (TaskFilter { expired_at: Some(T0), queued: true, ..TaskFilter::default() }, None, true),
+        (TaskFilter { silent_since: Some(T0), ..TaskFilter::default() }, None, true),
+        (TaskFilter { unfinished: true, ..TaskFilter::default() }, Some("tasks_unfinished"), false),
+        (TaskFilter { queued: true, ..TaskFilter::default() }, Some("tasks_unfinished"), false),
+        (TaskFilter::default(), Some("tasks_created"), false),
+    ];
+    for (filter, may_walk, may_sort) in filters {
+        let (sql, args) = list_tasks_sql(&TaskFilter { limit: 10, ..filter.clone() });
+        out.push(Case { name: format!("list_tasks {filter:?}"), table: "tasks", sql, args, may_walk, may_sort });
+    }
     out
 }
 
@@ -230,7 +279,7 @@ fn database() -> (tempfile::TempDir, Connection) {
 fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
     let (_dir, conn) = database();
     let cases = cases();
-    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 4 + 4);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 4 + 4 + 3 + 8);
     let found = violations(&conn, &cases);
     assert!(found.is_empty(), "{} plans read more than they return:\n{}", found.len(), found.join("\n"));
 

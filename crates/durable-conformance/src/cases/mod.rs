@@ -22,4 +22,5 @@ pub mod run_queue;
 pub mod runs;
 pub mod schedules;
 pub mod signals;
+pub mod tasks;
 pub mod update;
