@@ -293,8 +293,12 @@ async fn a_settled_run_is_never_revived_and_its_tasks_end() {
         now: T0 + 30,
     };
     assert_eq!(store.heartbeat_task(&beat).await.unwrap(), BeatOutcome::Cancelled);
+    assert!(store.claim_tasks(&claim("w2", &["q"], 1, T0 + 5_000)).await.unwrap().is_empty(), "not redelivered");
+    assert!(store.queue_stats().await.unwrap().is_empty(), "tasks of settled runs are not counted");
     let late = store.complete_task(done("c", 1, 1, Ok(Payload::null()), T0 + 40)).await.unwrap();
-    assert!(matches!(late, TaskCompletion::Duplicate | TaskCompletion::RunTerminal), "{late:?}");
+    assert_eq!(late, TaskCompletion::RunTerminal);
+    let again = store.complete_task(done("c", 1, 1, Ok(Payload::null()), T0 + 41)).await.unwrap();
+    assert_eq!(again, TaskCompletion::Duplicate);
     let run = store.get_run(&RunId::from("c")).await.unwrap().unwrap();
     assert_eq!(run, cancelled, "not revived, not woken");
     let cp = store.history(&RunId::from("c")).await.unwrap().into_iter().find(|c| c.seq == 1).unwrap();

@@ -10,8 +10,10 @@
 --   pickup_timeout` until its first claim, `claimed_at + timeout` after it.
 -- * A commit's `tasks` are upserted `queued` at their `(run_id, seq)` (a re-dispatch replaces the
 --   attempt and keeps the logs), in the transaction that records the step's `running` checkpoint
---   and registers its wait (`remote:<run>:<seq>`): a transactional outbox. An applied settle, and
---   an `update_run_if` to a terminal status, finish the run's unfinished tasks (`cancelled`).
+--   and registers its wait (`remote:<run>:<seq>`): a transactional outbox. An applied settle
+--   finishes the run's unfinished tasks (`cancelled`). A run made terminal by `update_run_if`
+--   (an operator's cancel) keeps them as they are: claims skip tasks of terminal runs,
+--   heartbeats answer `cancelled`, and a result finishes the task (`run_terminal`).
 -- * `complete_task` is an operation of `apply`, batched like a signal: under the wait token's
 --   advisory lock (the lock `send_signal` takes) it locks the run row, then the task row (the
 --   order a commit takes them), takes the waiter with `DELETE … RETURNING`, writes the
@@ -478,8 +480,7 @@ BEGIN
 END
 $$;
 
--- `update_run_if` of version 1: `wake` makes a blocked run due too, and a terminal status
--- finishes the run's unfinished tasks.
+-- `update_run_if` of version 1: `wake` makes a blocked run due too.
 CREATE OR REPLACE FUNCTION __SCHEMA__.update_run_if(p jsonb) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -539,9 +540,10 @@ BEGIN
         DELETE FROM __SCHEMA__.checkpoints WHERE run_id = v_id AND seq >= (p ->> 'truncate_history_from')::bigint;
     END IF;
     IF v_next IN ('completed', 'failed', 'cancelled', 'dead') THEN
-        -- A settled run must not swallow later signals, nor keep workers busy.
+        -- A settled run must not swallow later signals. Its tasks stay as they are: no claim
+        -- takes them, a heartbeat is told to stop, and a result finds the run terminal and
+        -- finishes the task (`run_terminal`).
         DELETE FROM __SCHEMA__.waiters WHERE run_id = v_id;
-        PERFORM __SCHEMA__.finish_tasks_of(v_id);
     END IF;
     FOR v_item IN SELECT x FROM jsonb_array_elements(p -> 'signals') WITH ORDINALITY AS t (x, i) ORDER BY i LOOP
         PERFORM __SCHEMA__.send_signal(v_item ->> 'token', v_item ->> 'payload', v_now);
