@@ -1409,6 +1409,33 @@ mod tests {
     }
 
     #[test]
+    fn results_travel_with_their_token_and_timeout_flag() {
+        let error = StepError { code: Some(codes::REMOTE_TIMEOUT.into()), ..StepError::retryable("slow") };
+        let d = TaskDone {
+            run_id: RunId::from("r"),
+            seq: 3,
+            attempt: 2,
+            worker: None,
+            result: Err(error),
+            logs: vec![],
+            now: u64::MAX,
+        };
+        let v: Value = serde_json::from_str(&Op::CompleteTask(TaskDoneJson::new(&d)).encode()).unwrap();
+        assert_eq!(v["op"], "complete_task");
+        assert_eq!(v["token"], protocol::remote_token(&d.run_id, 3));
+        assert_eq!(
+            (v["timed_out"].as_bool(), v["output"].is_null(), v["now"].as_i64()),
+            (Some(true), true, Some(i64::MAX))
+        );
+        let d = TaskDone { result: Ok(Payload::from_trusted("{ \"a\": 1 }")), ..d };
+        let v: Value = serde_json::from_str(&Op::CompleteTask(TaskDoneJson::new(&d)).encode()).unwrap();
+        assert_eq!(
+            (v["output"].as_str(), v["error"].is_null(), v["timed_out"].as_bool()),
+            (Some("{ \"a\": 1 }"), true, Some(false))
+        );
+    }
+
+    #[test]
     fn settle_carries_the_transition_table() {
         let all = allowed_from(RunStatus::Completed);
         assert_eq!(all, vec!["running", "completed"]);
