@@ -547,3 +547,89 @@ async fn notify_claim_latency() {
     );
     assert!(pct(50) < Duration::from_secs(1), "p50 {:?}", pct(50));
 }
+
+/// Two workers (on two stores, so two writers and two transactions) report the same attempt at
+/// once, while the run's engine settles some of the runs: every task is accepted at most once,
+/// and never after its run settled.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_results_and_settles_record_each_task_at_most_once() {
+    let Some(url) = url_or_skip("racing_results_and_settles_record_each_task_at_most_once") else { return };
+    let scratch = ScratchSchema::new(&url, "trace").await.unwrap();
+    let a = scratch.connect().await.unwrap();
+    let b = scratch.connect().await.unwrap();
+    const N: usize = 40;
+    for i in 0..N {
+        dispatch(&a, task(&format!("r{i:02}"), 1, 1, "q")).await;
+    }
+    let before: Vec<u64> = {
+        let mut v = Vec::new();
+        for i in 0..N {
+            v.push(a.get_run(&RunId::from(format!("r{i:02}").as_str())).await.unwrap().unwrap().wake_gen);
+        }
+        v
+    };
+    let mut jobs = Vec::new();
+    for i in 0..N {
+        let run = format!("r{i:02}");
+        for (k, store) in [a.clone(), b.clone()].into_iter().enumerate() {
+            let run = run.clone();
+            jobs.push(tokio::spawn(async move {
+                let out = Payload::from_trusted(format!("{k}"));
+                (run.clone(), "result", store.complete_task(done(&run, 1, 1, Ok(out), T0 + 10)).await.unwrap())
+            }));
+        }
+        if i % 2 == 0 {
+            // The engine settles every other run meanwhile (a cancel taking effect in its turn).
+            let store = b.clone();
+            jobs.push(tokio::spawn(async move {
+                let id = RunId::from(run.as_str());
+                let claimed = store
+                    .claim_run(Claim {
+                        run_id: id.clone(),
+                        owner: "other".into(),
+                        lease_until: T0 + 60_000,
+                        now: T0 + 5,
+                    })
+                    .await
+                    .unwrap();
+                let settled = match claimed {
+                    ClaimOutcome::Acquired { .. } => {
+                        let mut c = Commit::new(id, "other", T0 + 6);
+                        c.end = Some(TurnEnd::Settle { status: RunStatus::Cancelled, output: None, error: None });
+                        store.commit(c).await.unwrap().settled
+                    }
+                    _ => false,
+                };
+                (run, "settle", if settled { TaskCompletion::RunTerminal } else { TaskCompletion::Duplicate })
+            }));
+        }
+    }
+    let mut accepted = std::collections::BTreeMap::<String, usize>::new();
+    for j in jobs {
+        let (run, kind, outcome) = j.await.unwrap();
+        if kind == "result" && outcome == TaskCompletion::Accepted {
+            *accepted.entry(run).or_default() += 1;
+        }
+    }
+    for (i, wake_gen) in before.into_iter().enumerate() {
+        let id = format!("r{i:02}");
+        let run = a.get_run(&RunId::from(id.as_str())).await.unwrap().unwrap();
+        let n = accepted.get(&id).copied().unwrap_or(0);
+        assert!(n <= 1, "{id}: accepted {n} times");
+        let cp = a.history(&run.id).await.unwrap().into_iter().find(|c| c.seq == 1).unwrap();
+        let t = a.list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..TaskFilter::default() }).await.unwrap();
+        assert_eq!(t[0].state, TaskState::Finished, "{id}");
+        if n == 1 {
+            assert_eq!(cp.status, CheckpointStatus::Completed, "{id}");
+            assert_eq!(t[0].outcome.as_deref(), Some("completed"));
+            assert!(run.wake_gen > wake_gen, "{id}: woken");
+        } else {
+            assert_eq!(run.status, RunStatus::Cancelled, "{id}: only a settle keeps a result out");
+            assert_eq!(cp.status, CheckpointStatus::Running, "{id}");
+            assert_eq!(t[0].outcome.as_deref(), Some("cancelled"));
+        }
+        if i % 2 == 1 {
+            assert_eq!(n, 1, "{id}: no settle raced it");
+        }
+    }
+}
