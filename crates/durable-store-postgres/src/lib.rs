@@ -68,6 +68,20 @@
 //!   released in batches by a writer of its own. With a notify channel every enqueue
 //!   `NOTIFY`s, and [`PostgresStore::queue_wakeups`] turns that into wake-ups for the
 //!   transport: an idle worker takes a new run within milliseconds, not at its next poll.
+//! - **Remote steps** ([`durable_core::task`]): a `tasks` table keyed by `(run, seq)`, written
+//!   by the commit that records the step's in-flight checkpoint and registers its wait (an
+//!   outbox: no task without its wait, no wait without its task). Workers claim with one
+//!   `FOR UPDATE SKIP LOCKED` statement (each task to exactly one of any number of concurrent
+//!   claimers, by priority then age, filtered by queue, namespace and capabilities), heartbeat
+//!   and release in transactions of their own that lock task rows only. A result
+//!   ([`Store::complete_task`]) is a write of the writer like a signal: under the wait token's
+//!   advisory lock and the run row's lock it consumes the wait, writes the checkpoint and wakes
+//!   the run as a delivery does; a run's settle finishes its tasks, and a result for a settled
+//!   run is `RunTerminal` and never revives it. A
+//!   `blocked` run is parked like a `suspended` one in every wake path. With a notify channel,
+//!   dispatches and releases `NOTIFY`, and [`PostgresStore::task_wakeups`] wakes an idle worker
+//!   at once. The claim, the expiry and silence scans and the listings walk indexes of open
+//!   tasks only (`tests/pg_plans.rs`).
 //! - **Claims never wait for a run another transaction is writing** (its lease holder
 //!   committing, a delivery waking it): [`Store::claim_run`] answers `Busy` with the run as last
 //!   committed and the engine looks again. Engines sharing a run queue often claim runs that
@@ -83,7 +97,9 @@
 //!   the queue listener's reconnections.
 //! - It does not retry a failed call for you (the engine decides), vacuum, back up or prune old
 //!   runs. It does not wire `NOTIFY` into the engine's dispatch itself: it hands a `Notify` to
-//!   the transport ([`PostgresStore::queue_wakeups`]), which decides when to look.
+//!   the transport ([`PostgresStore::queue_wakeups`]) and to workers
+//!   ([`PostgresStore::task_wakeups`]), which decide when to look. A task whose lease expires
+//!   is claimable again without a notification (nothing is written at that moment).
 //! - Ids, names and payloads cannot contain NUL characters (PostgreSQL `text` cannot).
 //! - Times are the caller's: a value past `i64::MAX` ms (a "forever" sentinel such as
 //!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`.
@@ -144,6 +160,7 @@ mod ops;
 mod options;
 mod queue;
 mod schema;
+mod tasks;
 #[cfg(feature = "test-support")]
 pub mod test_support;
 mod writer;
@@ -153,10 +170,11 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
     NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-    SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TriggerBuffer, Waiter, encode_cursor,
+    SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TaskFilter, TriggerBuffer, Waiter, encode_cursor,
 };
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
@@ -203,6 +221,32 @@ pub mod __private {
         (q.sql, q.params)
     }
 
+    /// The statement of `list_tasks`.
+    pub fn list_tasks_sql(store: &PostgresStore, filter: &durable_core::TaskFilter) -> Statement {
+        let q = crate::ops::list_tasks_query(&store.inner.sql.schema, filter);
+        (q.sql, q.params)
+    }
+
+    /// The statement of `claim_tasks`.
+    pub fn claim_tasks_sql(store: &PostgresStore, claim: &durable_core::task::TaskClaim) -> Statement {
+        let mut params: Vec<(Box<dyn ToSql + Sync + Send>, Type)> = vec![
+            (Box::new(crate::ops::millis_to_sql(claim.now)), Type::INT8),
+            (Box::new(i64::try_from(claim.limit).unwrap_or(i64::MAX)), Type::INT8),
+            (Box::new(claim.worker.clone()), Type::TEXT),
+            (Box::new(claim.queues.clone()), Type::TEXT_ARRAY),
+            (Box::new(claim.capabilities.clone()), Type::TEXT_ARRAY),
+        ];
+        if let Some(ns) = &claim.namespace {
+            params.push((Box::new(ns.clone()), Type::TEXT));
+        }
+        (crate::tasks::claim_sql(&store.inner.sql.schema, claim.namespace.is_some()), params)
+    }
+
+    /// The statement of `queue_stats`.
+    pub fn queue_stats_sql(store: &PostgresStore) -> Statement {
+        (crate::ops::queue_stats_sql(&store.inner.sql.schema), Vec::new())
+    }
+
     /// The statement of `list_schedules`.
     pub fn list_schedules_sql(
         store: &PostgresStore,
@@ -245,8 +289,11 @@ struct Inner {
     config: Option<tokio_postgres::Config>,
     sql: Statements,
     queue_sql: queue::QueueStatements,
+    task_sql: tasks::TaskStatements,
     /// The run queue's LISTEN connection, once [`PostgresStore::queue_wakeups`] started it.
-    listener: tokio::sync::Mutex<Option<queue::QueueListener>>,
+    listener: tokio::sync::Mutex<Option<queue::Listener>>,
+    /// The task channel's LISTEN connection, once [`PostgresStore::task_wakeups`] started it.
+    task_listener: tokio::sync::Mutex<Option<queue::Listener>>,
 }
 
 /// The fixed read statements, with the schema filled in.
@@ -365,6 +412,7 @@ impl PostgresStore {
         drop(client);
         let sql = Statements::new(&options.schema);
         let queue_sql = queue::QueueStatements::new(&sql.schema);
+        let task_sql = tasks::TaskStatements::new(&sql.schema);
         let shared = Arc::new(Shared {
             pool,
             target,
@@ -376,9 +424,20 @@ impl PostgresStore {
         });
         let writer = Writer::start(shared.clone());
         let queue_writer = Writer::start(shared.clone());
-        let listener = tokio::sync::Mutex::new(None);
+        let (listener, task_listener) = (tokio::sync::Mutex::new(None), tokio::sync::Mutex::new(None));
         Ok(PostgresStore {
-            inner: Arc::new(Inner { shared, writer, queue_writer, options, config, sql, queue_sql, listener }),
+            inner: Arc::new(Inner {
+                shared,
+                writer,
+                queue_writer,
+                options,
+                config,
+                sql,
+                queue_sql,
+                task_sql,
+                listener,
+                task_listener,
+            }),
         })
     }
 
@@ -744,6 +803,55 @@ impl Store for PostgresStore {
         let q = ops::due_schedules_query(&self.inner.sql.schema, query);
         let rows = self.query("reading due schedules", &q.sql, &q.param_refs()).await?;
         self.schedule_rows("reading due schedules", &rows)
+    }
+
+    /// One statement in a transaction of its own (`UPDATE … FROM (SELECT … FOR UPDATE SKIP
+    /// LOCKED)`): it never waits for a lock, and concurrent claimers each get other tasks.
+    async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
+        self.claim_tasks_now(claim).await
+    }
+
+    async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
+        self.heartbeat_now(beat).await
+    }
+
+    /// An operation of the writer, like a signal: batched with the writes waiting at that
+    /// moment, serialised with the run's commits by the wait token's advisory lock and the run
+    /// row's lock.
+    async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+        let answer = self.write(Op::CompleteTask(ops::TaskDoneJson::new(&done))).await?;
+        self.answer(ops::completion_answer(&answer, &done.run_id))
+    }
+
+    async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
+        self.release_now(tasks, worker).await
+    }
+
+    async fn list_tasks(&self, filter: &TaskFilter) -> StoreResult<Vec<Task>> {
+        let q = ops::list_tasks_query(&self.inner.sql.schema, filter);
+        let rows = self.query("listing tasks", &q.sql, &q.param_refs()).await?;
+        self.decode("listing tasks", ops::task_rows(&rows))
+    }
+
+    async fn queue_stats(&self) -> StoreResult<Vec<QueueStats>> {
+        let rows = self.query("reading queue stats", &self.inner.task_sql.queue_stats, &[]).await?;
+        let mut out = Vec::with_capacity(rows.len());
+        for row in &rows {
+            out.push(self.decode("reading queue stats", ops::stats_from_row(row))?);
+        }
+        Ok(out)
+    }
+
+    async fn register_worker(&self, worker: &WorkerInfo) -> StoreResult<()> {
+        self.register_worker_now(worker).await
+    }
+
+    async fn remove_worker(&self, id: &str) -> StoreResult<bool> {
+        self.remove_worker_now(id).await
+    }
+
+    async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
+        self.workers_now(heartbeat_before).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

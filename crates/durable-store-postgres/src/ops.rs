@@ -3,12 +3,16 @@
 //!
 //! Each mirrors the method of the same name in `durable-store-memory`, the reference.
 
+use durable_core::task::{
+    BeatOutcome, NewTask, QueueStats, Task, TaskCompletion, TaskDone, TaskLog, TaskState, WorkerInfo,
+};
 use durable_core::{
     BufferAppend, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gather,
     NewRun, ParentLink, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch, RunQuery,
     RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StoreError, TriggerBuffer, TurnEnd, WaitKind,
     Waiter, decode_cursor,
 };
+use durable_core::{TaskFilter, codes, protocol};
 use serde::{Deserialize, Serialize};
 use serde_json::Value;
 use tokio_postgres::Row;
@@ -242,6 +246,7 @@ pub(crate) enum Op<'a> {
     SaveSchedule(SaveScheduleJson<'a>),
     DeleteSchedule { key: &'a str },
     DeleteRun { id: &'a str },
+    CompleteTask(TaskDoneJson<'a>),
     Enqueue { items: Vec<QueueItemJson<'a>>, now: i64 },
     AckQueued { ids: Vec<i64>, owner: &'a str },
     ReleaseQueued { ids: Vec<i64>, owner: &'a str },
@@ -522,6 +527,7 @@ pub(crate) struct CommitJson<'a> {
     state: Vec<(&'a str, &'a str)>,
     children: Vec<NewRunJson<'a>>,
     signals: Vec<SignalJson<'a>>,
+    tasks: Vec<TaskJson<'a>>,
     end: Option<EndJson<'a>>,
 }
 
@@ -559,6 +565,7 @@ impl<'a> CommitJson<'a> {
             state: c.state.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
             children: c.children.iter().map(NewRunJson::new).collect(),
             signals: c.signals.iter().map(|s| SignalJson { token: &s.token, payload: s.payload.as_str() }).collect(),
+            tasks: c.tasks.iter().map(TaskJson::new).collect(),
             end: c.end.as_ref().map(|end| match end {
                 TurnEnd::Suspend { wake_at, seen_wake_gen } => EndJson::Suspend {
                     wake_at: wake_at.map(millis_to_sql),
@@ -614,6 +621,80 @@ impl<'a> PatchJson<'a> {
             wake: p.wake,
             signals: p.signals.iter().map(|s| SignalJson { token: &s.token, payload: s.payload.as_str() }).collect(),
             now: millis_to_sql(p.now),
+        }
+    }
+}
+
+/// A [`NewTask`] of a commit, as `dispatch_tasks()` reads it.
+#[derive(Debug, Serialize)]
+pub(crate) struct TaskJson<'a> {
+    run_id: &'a str,
+    seq: u32,
+    attempt: u32,
+    name: &'a str,
+    queue: &'a str,
+    namespace: &'a str,
+    input: &'a str,
+    priority: i32,
+    requires: &'a [String],
+    pickup_timeout_ms: Option<i64>,
+    timeout_ms: Option<i64>,
+    heartbeat_timeout_ms: i64,
+    created_at: i64,
+}
+
+impl<'a> TaskJson<'a> {
+    fn new(t: &'a NewTask) -> Self {
+        TaskJson {
+            run_id: t.run_id.as_str(),
+            seq: t.seq,
+            attempt: t.attempt,
+            name: &t.name,
+            queue: &t.queue,
+            namespace: &t.namespace,
+            input: t.input.as_str(),
+            priority: t.priority,
+            requires: &t.requires,
+            pickup_timeout_ms: t.pickup_timeout_ms.map(millis_to_sql),
+            timeout_ms: t.timeout_ms.map(millis_to_sql),
+            heartbeat_timeout_ms: millis_to_sql(t.heartbeat_timeout_ms),
+            created_at: millis_to_sql(t.created_at),
+        }
+    }
+}
+
+/// A [`TaskDone`], as `complete_task()` reads it: the output, or the error (as the
+/// checkpoints store it) and whether it is the engine's `remote_timeout`.
+#[derive(Debug, Serialize)]
+pub(crate) struct TaskDoneJson<'a> {
+    run_id: &'a str,
+    seq: u32,
+    attempt: u32,
+    /// The wait's token ([`protocol::remote_token`]).
+    token: String,
+    output: Option<&'a str>,
+    error: Option<String>,
+    timed_out: bool,
+    logs: &'a [TaskLog],
+    now: i64,
+}
+
+impl<'a> TaskDoneJson<'a> {
+    pub(crate) fn new(d: &'a TaskDone) -> Self {
+        let (output, error, timed_out) = match &d.result {
+            Ok(p) => (Some(p.as_str()), None, false),
+            Err(e) => (None, Some(error_json(e)), e.code() == Some(codes::REMOTE_TIMEOUT)),
+        };
+        TaskDoneJson {
+            run_id: d.run_id.as_str(),
+            seq: d.seq,
+            attempt: d.attempt,
+            token: protocol::remote_token(&d.run_id, d.seq),
+            output,
+            error,
+            timed_out,
+            logs: &d.logs,
+            now: millis_to_sql(d.now),
         }
     }
 }
@@ -795,6 +876,35 @@ pub(crate) fn commit_answer(text: &str, commit: &Commit) -> Result<CommitOutcome
     })
 }
 
+/// `complete_task()`'s answer.
+pub(crate) fn completion_answer(text: &str, run_id: &RunId) -> Result<TaskCompletion, Answer> {
+    let mut v = parse(text, run_id, None)?;
+    let outcome: String = field(&mut v, "outcome")?;
+    match outcome.as_str() {
+        "accepted" => Ok(TaskCompletion::Accepted),
+        "duplicate" => Ok(TaskCompletion::Duplicate),
+        "run_terminal" => Ok(TaskCompletion::RunTerminal),
+        other => Err(Answer::Corrupt(format!("unknown task completion {other:?}"))),
+    }
+}
+
+/// `heartbeat_task()`'s answer.
+pub(crate) fn beat_answer(text: &str, run_id: &RunId) -> Result<BeatOutcome, Answer> {
+    let mut v = parse(text, run_id, None)?;
+    let outcome: String = field(&mut v, "outcome")?;
+    match outcome.as_str() {
+        "extended" => {
+            let until: i64 = field(&mut v, "until")?;
+            let until =
+                millis_from_sql(until, || format!("heartbeat of run {run_id}: lease")).map_err(Answer::Corrupt)?;
+            Ok(BeatOutcome::Extended(until))
+        }
+        "lost" => Ok(BeatOutcome::Lost),
+        "cancelled" => Ok(BeatOutcome::Cancelled),
+        other => Err(Answer::Corrupt(format!("unknown heartbeat outcome {other:?}"))),
+    }
+}
+
 pub(crate) fn signal_answer(text: &str) -> Result<Delivery, Answer> {
     let mut v = parse(text, &RunId::new(""), None)?;
     delivery(field(&mut v, "delivery")?)
@@ -964,7 +1074,8 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
             (format!("status = 'pending' AND wake_at IS NULL AND {no_live_lease}"), "priority DESC, created_at, id")
         }
         Poll::Due => {
-            (format!("status IN ('suspended', 'pending') AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id")
+            let due = "status IN ('suspended', 'blocked', 'pending')";
+            (format!("{due} AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id")
         }
         Poll::Orphaned => (format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id"),
     };
@@ -1077,6 +1188,178 @@ pub(crate) fn buffer_from_row(row: &Row) -> Result<Result<TriggerBuffer, String>
     Ok(decoded)
 }
 
+// ---- tasks and workers ------------------------------------------------------------------------
+
+/// The columns of `tasks`, in [`task_from_row`]'s order (unqualified: `RETURNING` and `SELECT`
+/// name the same table).
+pub(crate) const TASK_COLS: &str = "run_id, seq, attempt, name, queue, namespace, input, priority, requires, \
+     pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, worker, lease_until, claimed_at, \
+     heartbeat_at, progress, claims, logs::text, outcome";
+
+pub(crate) fn task_from_row(row: &Row) -> Result<Result<Task, String>, tokio_postgres::Error> {
+    let run_id: String = row.try_get(0)?;
+    let seq: i64 = row.try_get(1)?;
+    let attempt: i64 = row.try_get(2)?;
+    let name: String = row.try_get(3)?;
+    let queue: String = row.try_get(4)?;
+    let namespace: String = row.try_get(5)?;
+    let input: String = row.try_get(6)?;
+    let priority: i32 = row.try_get(7)?;
+    let requires: Vec<String> = row.try_get(8)?;
+    let pickup: Option<i64> = row.try_get(9)?;
+    let timeout: Option<i64> = row.try_get(10)?;
+    let heartbeat_timeout: i64 = row.try_get(11)?;
+    let created_at: i64 = row.try_get(12)?;
+    let state: String = row.try_get(13)?;
+    let worker: Option<String> = row.try_get(14)?;
+    let lease_until: Option<i64> = row.try_get(15)?;
+    let claimed_at: Option<i64> = row.try_get(16)?;
+    let heartbeat_at: Option<i64> = row.try_get(17)?;
+    let progress: Option<String> = row.try_get(18)?;
+    let claims: i64 = row.try_get(19)?;
+    let logs: String = row.try_get(20)?;
+    let outcome: Option<String> = row.try_get(21)?;
+    let what = |col: &str| format!("task of run {run_id} seq {seq}: {col}");
+    let t = || -> Result<Task, String> {
+        let ms = |v: i64, col: &str| millis_from_sql(v, || what(col));
+        let opt = |v: Option<i64>, col: &str| v.map(|v| ms(v, col)).transpose();
+        Ok(Task {
+            task: NewTask {
+                run_id: RunId::new(run_id.clone()),
+                seq: u32_from_sql(seq, || what("seq"))?,
+                attempt: u32_from_sql(attempt, || what("attempt"))?,
+                name: name.clone(),
+                queue: queue.clone(),
+                namespace: namespace.clone(),
+                input: Payload::from_trusted(input.clone()),
+                priority,
+                requires: requires.clone(),
+                pickup_timeout_ms: opt(pickup, "pickup_timeout_ms")?,
+                timeout_ms: opt(timeout, "timeout_ms")?,
+                heartbeat_timeout_ms: ms(heartbeat_timeout, "heartbeat_timeout_ms")?,
+                created_at: ms(created_at, "created_at")?,
+            },
+            state: state.parse::<TaskState>().map_err(|e| format!("{}: {e}", what("state")))?,
+            worker: worker.clone(),
+            lease_until: opt(lease_until, "lease_until")?,
+            claimed_at: opt(claimed_at, "claimed_at")?,
+            heartbeat_at: opt(heartbeat_at, "heartbeat_at")?,
+            progress: progress.clone().map(Payload::from_trusted),
+            claims: u32_from_sql(claims, || what("claims"))?,
+            logs: serde_json::from_str(&logs).map_err(|e| format!("{}: {e}", what("logs")))?,
+            outcome: outcome.clone(),
+        })
+    };
+    Ok(t())
+}
+
+/// Decodes task rows.
+pub(crate) fn task_rows(rows: &[Row]) -> Result<Result<Vec<Task>, String>, tokio_postgres::Error> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        match task_from_row(row)? {
+            Ok(t) => out.push(t),
+            Err(e) => return Ok(Err(e)),
+        }
+    }
+    Ok(Ok(out))
+}
+
+/// A not-finished task, as every open-task index is partial on it.
+const OPEN: &str = "state <> 'finished'";
+
+/// `list_tasks`: oldest first (then run and seq). A run's tasks by the primary key, expired
+/// ones by `tasks_deadline`, silent ones by `tasks_silent`, the rest by `tasks_created`.
+pub(crate) fn list_tasks_query(schema: &str, f: &TaskFilter) -> Query {
+    let mut q = Query::default();
+    let mut sql = format!("SELECT {TASK_COLS} FROM {schema}.tasks WHERE true");
+    if let Some(run) = &f.run_id {
+        sql.push_str(&format!(" AND run_id = {}", q.bind(run.as_str().to_string(), Type::TEXT)));
+    }
+    if f.unfinished {
+        sql.push_str(&format!(" AND {OPEN}"));
+    }
+    if f.queued {
+        sql.push_str(&format!(" AND {OPEN} AND state = 'queued'"));
+    }
+    if let Some(at) = f.expired_at {
+        sql.push_str(&format!(" AND {OPEN} AND deadline <= {}", q.bind(millis_to_sql(at), Type::INT8)));
+    }
+    if let Some(at) = f.silent_since {
+        let at = q.bind(millis_to_sql(at), Type::INT8);
+        sql.push_str(&format!(" AND {OPEN} AND COALESCE(heartbeat_at, created_at) < {at}"));
+    }
+    let limit = if f.limit == 0 { 100 } else { f.limit };
+    let lim = limit_param(&mut q, limit);
+    // A filter on the state, the deadline or the last heartbeat is served by its own index and
+    // its matches sorted; `created_at + 0` keeps the planner from walking `tasks_created` in
+    // the listing order instead, filtering every finished task on the way (its estimates for
+    // these filters are guesses, and a LIMIT makes that walk look cheap).
+    let filtered = f.unfinished || f.queued || f.expired_at.is_some() || f.silent_since.is_some();
+    let by = if filtered && f.run_id.is_none() { "created_at + 0" } else { "created_at" };
+    sql.push_str(&format!(" ORDER BY {by}, run_id, seq LIMIT {lim}"));
+    q.sql = sql;
+    q
+}
+
+/// `queue_stats`: open tasks of active runs, per namespace and queue (by bytes, like Rust).
+pub(crate) fn queue_stats_sql(schema: &str) -> String {
+    format!(
+        "SELECT t.namespace, t.queue, count(*) FILTER (WHERE t.state = 'queued'),
+                count(*) FILTER (WHERE t.state = 'claimed'), min(t.created_at)
+           FROM {schema}.tasks AS t JOIN {schema}.runs AS r ON r.id = t.run_id
+          WHERE t.{OPEN} AND r.status IN ('pending', 'running', 'suspended', 'blocked')
+          GROUP BY t.namespace, t.queue
+          ORDER BY t.namespace COLLATE \"C\", t.queue COLLATE \"C\""
+    )
+}
+
+pub(crate) fn stats_from_row(row: &Row) -> Result<Result<QueueStats, String>, tokio_postgres::Error> {
+    let namespace: String = row.try_get(0)?;
+    let queue: String = row.try_get(1)?;
+    let queued: i64 = row.try_get(2)?;
+    let claimed: i64 = row.try_get(3)?;
+    let oldest: Option<i64> = row.try_get(4)?;
+    let what = || format!("queue {namespace}/{queue}: oldest_at");
+    let oldest_at = match oldest.map(|v| millis_from_sql(v, what)).transpose() {
+        Ok(v) => v,
+        Err(e) => return Ok(Err(e)),
+    };
+    Ok(Ok(QueueStats {
+        namespace,
+        queue,
+        queued: u64::try_from(queued).unwrap_or(0),
+        claimed: u64::try_from(claimed).unwrap_or(0),
+        oldest_at,
+    }))
+}
+
+/// The columns of `workers`, in [`worker_from_row`]'s order.
+pub(crate) const WORKER_COLS: &str =
+    "id, queues, capabilities, protocol_min, protocol_max, concurrency, started_at, heartbeat_at";
+
+pub(crate) fn worker_from_row(row: &Row) -> Result<Result<WorkerInfo, String>, tokio_postgres::Error> {
+    let id: String = row.try_get(0)?;
+    let queues: Vec<String> = row.try_get(1)?;
+    let capabilities: Vec<String> = row.try_get(2)?;
+    let (pmin, pmax, conc): (i64, i64, i64) = (row.try_get(3)?, row.try_get(4)?, row.try_get(5)?);
+    let (started, beat): (i64, i64) = (row.try_get(6)?, row.try_get(7)?);
+    let what = |col: &str| format!("worker {id}: {col}");
+    let w = || -> Result<WorkerInfo, String> {
+        Ok(WorkerInfo {
+            queues,
+            capabilities,
+            protocol_min: u32_from_sql(pmin, || what("protocol_min"))?,
+            protocol_max: u32_from_sql(pmax, || what("protocol_max"))?,
+            concurrency: u32_from_sql(conc, || what("concurrency"))?,
+            started_at: millis_from_sql(started, || what("started_at"))?,
+            heartbeat_at: millis_from_sql(beat, || what("heartbeat_at"))?,
+            id: id.clone(),
+        })
+    };
+    Ok(w())
+}
+
 /// Whole-row decoding helpers for the read paths.
 pub(crate) fn run_rows(rows: &[Row]) -> Result<Result<Vec<Run>, String>, tokio_postgres::Error> {
     let mut out = Vec::with_capacity(rows.len());
@@ -1123,6 +1406,33 @@ mod tests {
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["op"], "commit");
         assert_eq!(v["checkpoints"][0]["output"], "{ \"a\" :1.0 }");
+    }
+
+    #[test]
+    fn results_travel_with_their_token_and_timeout_flag() {
+        let error = StepError { code: Some(codes::REMOTE_TIMEOUT.into()), ..StepError::retryable("slow") };
+        let d = TaskDone {
+            run_id: RunId::from("r"),
+            seq: 3,
+            attempt: 2,
+            worker: None,
+            result: Err(error),
+            logs: vec![],
+            now: u64::MAX,
+        };
+        let v: Value = serde_json::from_str(&Op::CompleteTask(TaskDoneJson::new(&d)).encode()).unwrap();
+        assert_eq!(v["op"], "complete_task");
+        assert_eq!(v["token"], protocol::remote_token(&d.run_id, 3));
+        assert_eq!(
+            (v["timed_out"].as_bool(), v["output"].is_null(), v["now"].as_i64()),
+            (Some(true), true, Some(i64::MAX))
+        );
+        let d = TaskDone { result: Ok(Payload::from_trusted("{ \"a\": 1 }")), ..d };
+        let v: Value = serde_json::from_str(&Op::CompleteTask(TaskDoneJson::new(&d)).encode()).unwrap();
+        assert_eq!(
+            (v["output"].as_str(), v["error"].is_null(), v["timed_out"].as_bool()),
+            (Some("{ \"a\": 1 }"), true, Some(false))
+        );
     }
 
     #[test]

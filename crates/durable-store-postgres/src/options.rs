@@ -135,6 +135,9 @@ impl PostgresOptions {
     /// them. Every write that queues runs for the store-backed transport (the run queue)
     /// `NOTIFY`s `<channel>:queue` with their namespace;
     /// [`PostgresStore::queue_wakeups`](crate::PostgresStore::queue_wakeups) receives those.
+    /// Every commit that dispatches remote-step tasks, and every release of claimed tasks,
+    /// `NOTIFY`s `<channel>:tasks` with the queue's name;
+    /// [`PostgresStore::task_wakeups`](crate::PostgresStore::task_wakeups) receives those.
     /// At most 57 bytes (PostgreSQL's 63, less `:queue`). Default: no NOTIFY.
     pub fn notify_channel(mut self, channel: impl Into<String>) -> Self {
         self.notify_channel = Some(channel.into());

@@ -144,23 +144,29 @@ fn queued_from_row(
     Ok(Ok((item, enqueued_at)))
 }
 
-// ---- wake-ups: LISTEN on `<notify_channel>:queue` ------------------------------------------------
+// ---- wake-ups: LISTEN on `<notify_channel>:queue` (and `:tasks`) ---------------------------------
 
-/// The channel the run queue's NOTIFYs go to, for a store whose notify channel is `channel`.
-pub(crate) fn queue_channel(channel: &str) -> String {
-    format!("{channel}:queue")
+/// The suffix of the run queue's channel: enqueues and releases NOTIFY `<notify_channel>:queue`.
+pub(crate) const QUEUE_CHANNEL: &str = "queue";
+
+/// The suffix of the task channel: dispatches and releases NOTIFY `<notify_channel>:tasks`.
+pub(crate) const TASKS_CHANNEL: &str = "tasks";
+
+/// The channel `suffix` of a store whose notify channel is `channel`.
+pub(crate) fn sub_channel(channel: &str, suffix: &str) -> String {
+    format!("{channel}:{suffix}")
 }
 
-/// The listener behind [`PostgresStore::queue_wakeups`]: a task holding a dedicated connection
-/// that listens on the queue channel and reconnects when it drops. Dropped (task aborted,
-/// connection closed) with the store.
+/// The listener behind [`PostgresStore::queue_wakeups`] and [`PostgresStore::task_wakeups`]: a
+/// task holding a dedicated connection that listens on one channel and reconnects when it drops.
+/// Dropped (task aborted, connection closed) with the store.
 #[derive(Debug)]
-pub(crate) struct QueueListener {
+pub(crate) struct Listener {
     notify: Arc<Notify>,
     task: JoinHandle<()>,
 }
 
-impl Drop for QueueListener {
+impl Drop for Listener {
     fn drop(&mut self) {
         self.task.abort();
     }
@@ -194,7 +200,8 @@ impl ListenTarget {
         let subscribed = client.batch_execute(&format!("LISTEN {}", quote_ident(&self.channel))).await;
         if let Err(e) = subscribed {
             driver.abort();
-            return Err(error::query_error(&self.target, "subscribing to the queue's notify channel", e));
+            let doing = format!("subscribing to the notify channel {:?}", self.channel);
+            return Err(error::query_error(&self.target, &doing, e));
         }
         Ok((client, driver))
     }
@@ -251,26 +258,38 @@ impl PostgresStore {
     /// [`PostgresStore::from_pool`] (no URL to connect with); connection errors as for
     /// [`PostgresStore::connect_with`].
     pub async fn queue_wakeups(&self) -> Result<Arc<Notify>> {
+        self.wakeups(&self.inner.listener, QUEUE_CHANNEL, "queue_wakeups").await
+    }
+
+    /// The `Notify` of the listener in `slot` on `<notify_channel>:<suffix>`, started on first
+    /// use (`what` names the caller in errors).
+    pub(crate) async fn wakeups(
+        &self,
+        slot: &tokio::sync::Mutex<Option<Listener>>,
+        suffix: &str,
+        what: &str,
+    ) -> Result<Arc<Notify>> {
         let Some(channel) = self.inner.options.notify_channel.as_deref() else {
             return Err(Error::InvalidOptions {
-                reason: "queue_wakeups needs a channel: set PostgresOptions::notify_channel".into(),
+                reason: format!("{what} needs a channel: set PostgresOptions::notify_channel"),
             });
         };
         let Some(cfg) = self.inner.config.clone() else {
             return Err(Error::InvalidOptions {
-                reason: "queue_wakeups needs a store connected with a URL (PostgresStore::connect_with), not from_pool"
-                    .into(),
+                reason: format!(
+                    "{what} needs a store connected with a URL (PostgresStore::connect_with), not from_pool"
+                ),
             });
         };
-        let mut listener = self.inner.listener.lock().await;
+        let mut listener = slot.lock().await;
         if let Some(l) = listener.as_ref() {
             return Ok(l.notify.clone());
         }
-        let target = ListenTarget { cfg, target: self.target().to_string(), channel: queue_channel(channel) };
+        let target = ListenTarget { cfg, target: self.target().to_string(), channel: sub_channel(channel, suffix) };
         let notify = Arc::new(Notify::new());
         let (client, driver) = target.connect(&notify).await?;
         let task = tokio::spawn(supervise(target, notify.clone(), client, driver));
-        *listener = Some(QueueListener { notify: notify.clone(), task });
+        *listener = Some(Listener { notify: notify.clone(), task });
         Ok(notify)
     }
 }

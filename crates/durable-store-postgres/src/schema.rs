@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -51,6 +51,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "schedules, trigger buffers and publish dedupe ids; delayed starts (create_run stores start_at as wake_at, \
                       the pending and due scans split by it)",
         sql: include_str!("sql/v6.sql"),
+    },
+    Migration {
+        version: 7,
+        description: "remote steps: tasks (dispatched by commits, claimed, heartbeated, completed) and workers; \
+                      the blocked run status is parked like suspended",
+        sql: include_str!("sql/v7.sql"),
     },
 ];
 

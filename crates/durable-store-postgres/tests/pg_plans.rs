@@ -4,6 +4,11 @@
 //! own parameters: no `Seq Scan`, and no index scanned whole without a condition unless that is
 //! what the query wants), so they cost what they match, not the number of rows.
 //!
+//! The task scans are in it too: the claim (of any namespace or one, one queue or several, with
+//! and without capabilities), every `list_tasks` filter (a run's, unfinished, queued, expired,
+//! silent) and the queue figures, on 20,000 tasks: most finished, one in five claimed, and the
+//! queued ones in two rare queues.
+//!
 //! The runs table holds 20,000 runs, mostly `completed` runs of a few bulk workflows, with rare
 //! slices for each filter to find (delayed starts among them); the schedules and trigger buffers
 //! 20,000 each, one in a thousand due. The tables are `ANALYZE`d, and `enable_seqscan = off` asks
@@ -13,9 +18,11 @@
 mod common;
 
 use common::{ScratchSchema, url_or_skip};
-use durable_core::{DueQuery, RunFilter, RunId, RunQuery, RunStatus};
+use durable_core::task::TaskClaim;
+use durable_core::{DueQuery, RunFilter, RunId, RunQuery, RunStatus, TaskFilter};
 use durable_store_postgres::__private::{
-    Poll, Statement, due_buffers_sql, due_schedules_sql, list_runs_sql, list_schedules_sql, poll_sql,
+    Poll, Statement, claim_tasks_sql, due_buffers_sql, due_schedules_sql, list_runs_sql, list_schedules_sql,
+    list_tasks_sql, poll_sql, queue_stats_sql,
 };
 use durable_store_postgres::PostgresStore;
 use durable_store_postgres::deadpool_postgres::tokio_postgres::Client;
@@ -37,6 +44,10 @@ const PLAN_INDEXES: &[&str] = &[
     "schedules_due",
     "schedules_namespace",
     "trigger_buffers_due",
+    "tasks_claim",
+    "tasks_deadline",
+    "tasks_silent",
+    "tasks_created",
 ];
 
 const T0: i64 = 1_700_000_000_000;
@@ -88,6 +99,23 @@ fn populate_sql(schema: &str) -> String {
          FROM generate_series(1, {RUNS}) AS g;
          INSERT INTO \"{schema}\".trigger_buffer_payloads (workflow, key, n, payload)
          SELECT b.workflow, b.key, n, '{{}}' FROM \"{schema}\".trigger_buffers AS b, generate_series(0, 1) AS n;
+         INSERT INTO \"{schema}\".tasks (run_id, seq, attempt, name, queue, namespace, input, priority, requires,
+                                        pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state,
+                                        worker, lease_until, claimed_at, heartbeat_at, outcome)
+         SELECT 'run-' || lpad(g::text, 6, '0'), 1, 1, 'resize',
+                CASE g % 100 WHEN 3 THEN 'rare' WHEN 13 THEN 'rare-2' ELSE 'q-' || (g % 5) END,
+                CASE WHEN g % 400 = 9 THEN 'tenant' ELSE 'default' END, '{{}}', 0,
+                CASE WHEN g % 7 = 0 THEN ARRAY['gpu'] ELSE '{{}}'::text[] END,
+                CASE WHEN g % 3 = 0 THEN 60000 END, CASE WHEN g % 3 = 1 THEN 60000 END, 30000, {T0} + g, st,
+                CASE WHEN st = 'claimed' THEN 'w' END,
+                CASE WHEN st = 'claimed' AND g % 2 = 0 THEN {T0} WHEN st = 'claimed' THEN {T0} + 10 * {RUNS} END,
+                CASE WHEN st <> 'queued' THEN {T0} + g END,
+                CASE WHEN st <> 'queued' THEN {T0} + g END,
+                CASE WHEN st = 'finished' THEN 'completed' END
+         FROM (SELECT g, CASE WHEN g % 100 IN (3, 13) THEN 'queued' WHEN g % 10 IN (4, 5) THEN 'claimed'
+                              ELSE 'finished' END AS st
+                 FROM generate_series(1, {RUNS}) AS g) AS x;
+         ANALYZE \"{schema}\".tasks;
          ANALYZE \"{schema}\".runs;
          ANALYZE \"{schema}\".schedules;
          ANALYZE \"{schema}\".trigger_buffers;
@@ -218,6 +246,58 @@ fn cases(store: &PostgresStore) -> Vec<Case> {
             });
         }
     }
+    out.extend(task_cases(store));
+    out
+}
+
+/// The claim, every `list_tasks` filter and the queue figures.
+fn task_cases(store: &PostgresStore) -> Vec<Case> {
+    let mut out = Vec::new();
+    for namespace in [None, Some("tenant".to_string())] {
+        for queues in [vec!["rare".to_string()], vec!["rare".to_string(), "rare-2".to_string()]] {
+            for capabilities in [vec![], vec!["gpu".to_string()]] {
+                let claim = TaskClaim {
+                    worker: "w".into(),
+                    queues: queues.clone(),
+                    namespace: namespace.clone(),
+                    capabilities,
+                    limit: 10,
+                    now: (T0 + RUNS) as u64,
+                };
+                out.push(Case {
+                    name: format!("claim_tasks {claim:?}"),
+                    statement: claim_tasks_sql(store, &claim),
+                    may_walk: vec![],
+                    must_use: Some("tasks_claim"),
+                });
+            }
+        }
+    }
+    let (expired_at, silent_since) = ((T0 + 60_100) as u64, (T0 + 100) as u64);
+    let filters = [
+        (TaskFilter::default(), vec!["tasks_created"], "tasks_created"),
+        (TaskFilter { run_id: Some(RunId::from("run-000003")), ..TaskFilter::default() }, vec![], "tasks_pkey"),
+        // Open tasks (the working set, in the partial indexes that hold only them), or the
+        // queued ones among them.
+        (TaskFilter { unfinished: true, ..TaskFilter::default() }, vec!["tasks_claim", "tasks_silent"], ""),
+        (TaskFilter { queued: true, ..TaskFilter::default() }, vec!["tasks_claim", "tasks_silent"], ""),
+        (TaskFilter { expired_at: Some(expired_at), ..TaskFilter::default() }, vec![], "tasks_deadline"),
+        (TaskFilter { silent_since: Some(silent_since), ..TaskFilter::default() }, vec![], "tasks_silent"),
+    ];
+    for (filter, may_walk, must_use) in filters {
+        out.push(Case {
+            name: format!("list_tasks {filter:?}"),
+            statement: list_tasks_sql(store, &TaskFilter { limit: 20, ..filter }),
+            may_walk,
+            must_use: (!must_use.is_empty()).then_some(must_use),
+        });
+    }
+    out.push(Case {
+        name: "queue_stats".into(),
+        statement: queue_stats_sql(store),
+        may_walk: vec!["tasks_claim", "tasks_silent", "runs_active_created"],
+        must_use: None,
+    });
     out
 }
 
@@ -304,7 +384,7 @@ async fn every_list_filter_and_poller_scan_is_served_by_an_index() {
     admin.batch_execute(&populate_sql(scratch.name())).await.unwrap();
     admin.batch_execute("SET enable_seqscan = off").await.unwrap();
     let cases = cases(&store);
-    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 8 + 4);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 8 + 4 + 8 + 6 + 1);
     let found = violations(&admin, &cases).await;
     assert!(found.is_empty(), "{} plans read more than they match:\n{}", found.len(), found.join("\n"));
 

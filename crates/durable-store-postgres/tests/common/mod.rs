@@ -57,6 +57,29 @@ pub fn new_run(id: &str) -> NewRun {
     }
 }
 
+/// Takes schema version 7 back out of `schema` (its tables and new functions, the indexes as
+/// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
+/// the functions version 7 replaced, which re-running it writes anyway: for the tests of
+/// migrating older schemas forward.
+pub async fn undo_version_7(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "DROP TABLE {s}.tasks, {s}.workers;
+             DROP FUNCTION {s}.wake_run(text, bigint), {s}.notify_tasks(text), {s}.finish_tasks_of(text),
+                 {s}.dispatch_tasks(jsonb), {s}.complete_task(jsonb), {s}.heartbeat_task(jsonb),
+                 {s}.release_tasks(jsonb, text);
+             DROP INDEX {s}.runs_due, {s}.runs_active_created;
+             CREATE INDEX runs_due ON {s}.runs (wake_at, id)
+                 WHERE status IN ('suspended', 'pending') AND wake_at IS NOT NULL;
+             CREATE INDEX runs_active_created ON {s}.runs (created_at DESC, id DESC)
+                 WHERE status IN ('pending', 'running', 'suspended');
+             DELETE FROM {s}.schema_version WHERE version >= 7"
+        ))
+        .await
+        .expect("undo schema version 7");
+}
+
 /// Takes schema version 6 back out of `schema` (its tables and functions, the poller indexes as
 /// version 1 made them, its version row), leaving the schema as version 5 left it but for the
 /// functions version 6 replaced (`create_run`, `apply`), which re-running it writes anyway: for
