@@ -297,7 +297,9 @@ async fn remote_chain(engine: &Engine, runs: usize, steps: usize, in_process: us
         let _ = w.await;
     }
     let (wall, latencies, _) = result?;
-    Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns: None, extra: None })
+    let m = engine.metrics();
+    let turns = Some((m.turns, m.turns_without_progress));
+    Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns, extra: None })
 }
 
 fn register_chain(engine: &Engine) {
@@ -587,13 +589,21 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
 /// RSS.
 async fn worker(args: &Args) -> Result<(), String> {
     if args.workload == "remote_chain" {
-        let store: Arc<dyn durable::store::Store> = match args.db.as_deref() {
-            Some(db) => Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?),
-            None => Arc::new(postgres_store(args)?),
+        let builder = durable::Worker::builder().concurrency(256);
+        let builder = match args.db.as_deref() {
+            Some(db) => {
+                let store = Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?);
+                let transport = durable::QueueTransport::new(store.clone());
+                builder.store(store).transport(transport).poll_interval(Duration::from_millis(5))
+            }
+            None => {
+                let store = Arc::new(postgres_store(args)?);
+                let wakeups = store.task_wakeups().await.map_err(|e| e.to_string())?;
+                let transport = durable::QueueTransport::new(store.clone());
+                builder.store(store.clone()).transport(transport).wakeups(wakeups)
+            }
         };
-        let worker = remote_worker(durable::Worker::builder().store(store).concurrency(256))
-            .poll_interval(Duration::from_millis(5))
-            .build();
+        let worker = remote_worker(builder).build();
         println!("ready");
         worker.run(durable::shutdown_signal()).await;
         println!("rss {}", peak_rss_mb());

@@ -751,9 +751,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Tasks of the claim's queues (and namespace, if given) that are [`Task::claimable`] at
     /// `now`, whose `requires` are all among the claim's capabilities and whose run is not
     /// terminal; highest priority first, then oldest `created_at`; at most `limit`. Each is
-    /// set `claimed` by the worker with `lease_until = now + heartbeat_timeout`,
-    /// `heartbeat_at = now`, `claims + 1`, and `claimed_at = now` if it was never claimed (an
-    /// attempt's timeout runs from its first claim). Concurrent claimers: each task goes to
+    /// set `claimed` by the worker, stamped at `at = max(now, created_at)` (a claim never
+    /// precedes its dispatch, whatever the claimer's clock says): `lease_until = at +
+    /// heartbeat_timeout`, `heartbeat_at = at`, `claims + 1`, and `claimed_at = at` if it was
+    /// never claimed (an attempt's timeout runs from its first claim). Concurrent claimers: each task goes to
     /// exactly one.
     async fn claim_tasks(&self, claim: &TaskClaim) -> StoreResult<Vec<Task>> {
         let _ = claim;

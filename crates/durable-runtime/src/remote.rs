@@ -21,6 +21,9 @@ use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, watch};
 use tokio::task::JoinSet;
 
+use durable_core::{QueueReason, QueuedRun};
+use durable_transport::Transport;
+
 use crate::clock::{BoxFuture, Clock, SystemClock};
 use crate::engine::Engine;
 use crate::sched::Shared;
@@ -155,6 +158,7 @@ impl TaskContext {
 /// Builds a [`Worker`].
 pub struct WorkerBuilder {
     store: Option<Arc<dyn Store>>,
+    transport: Option<Arc<dyn Transport>>,
     clock: Arc<dyn Clock>,
     engine: Option<Weak<Shared>>,
     wakeups: Option<Arc<Notify>>,
@@ -193,6 +197,15 @@ impl WorkerBuilder {
         self.clock = engine.clock().clone();
         self.wakeups = Some(engine.shared().task_dispatched.clone());
         self.engine = Some(Arc::downgrade(engine.shared()));
+        self
+    }
+
+    /// The run queue the engines consume (for example a `QueueTransport` on the same store):
+    /// each recorded result sends the run a wake through it, so an engine resumes the run at
+    /// once instead of at its next poll of the store. Without it (and without
+    /// [`WorkerBuilder::engine`]) engines find woken runs by polling.
+    pub fn transport(mut self, transport: impl Transport) -> Self {
+        self.transport = Some(Arc::new(transport));
         self
     }
 
@@ -317,6 +330,7 @@ impl WorkerBuilder {
         Worker {
             inner: Arc::new(WorkerInner {
                 store,
+                transport: self.transport,
                 clock: self.clock,
                 engine: self.engine,
                 wakeups: self.wakeups,
@@ -366,6 +380,7 @@ pub struct Worker {
 
 struct WorkerInner {
     store: Arc<dyn Store>,
+    transport: Option<Arc<dyn Transport>>,
     clock: Arc<dyn Clock>,
     engine: Option<Weak<Shared>>,
     wakeups: Option<Arc<Notify>>,
@@ -404,6 +419,7 @@ impl Worker {
     pub fn builder() -> WorkerBuilder {
         WorkerBuilder {
             store: None,
+            transport: None,
             clock: Arc::new(SystemClock),
             engine: None,
             wakeups: None,
@@ -436,14 +452,15 @@ impl Worker {
         let started_at = w.clock.now();
         let mut registered_at: Option<Millis> = None;
         let mut checked_at: Millis = 0;
+        let (mut look, mut saturated, mut next_poll) = (true, false, 0);
         tokio::pin!(shutdown);
         let never = Notify::new();
         let nudges = w.wakeups.as_deref().unwrap_or(&never);
+        // Armed before any claim and re-armed only once it fired (then a claim follows), so
+        // no nudge falls between two looks.
+        let mut nudged = Box::pin(nudges.notified());
+        nudged.as_mut().enable();
         loop {
-            // Registered before the claim, so a nudge sent while it runs is not missed.
-            let nudged = nudges.notified();
-            tokio::pin!(nudged);
-            nudged.as_mut().enable();
             let now = w.clock.now();
             if registered_at.is_none_or(|at| now >= at.saturating_add(ms(w.register_interval))) {
                 match w.store.register_worker(&self.info(started_at, now)).await {
@@ -458,41 +475,58 @@ impl Worker {
                 checked_at = now;
                 self.stop_settled_runs(&inflight).await;
             }
+            // A claim is a write: look when told to (a nudge), on the poll interval (leases
+            // that expired, tasks another process queued), or when the last claim filled
+            // every slot and one has freed since (tasks may be waiting) — not after every
+            // finished task.
+            if now >= next_poll {
+                look = true;
+            }
             let free = w.concurrency.saturating_sub(running.len());
-            let mut claimed = 0;
-            if free > 0 {
+            if free > 0 && (look || saturated) {
+                look = false;
+                next_poll = now.saturating_add(ms(w.poll_interval));
                 let claim = TaskClaim {
                     worker: w.id.clone(),
                     queues: w.queues.clone(),
                     namespace: w.namespace.clone(),
                     capabilities: w.capabilities.clone(),
                     limit: free,
-                    now,
+                    // Read afresh: the loop may have waited on the store since `now`, and a
+                    // claim stamped in the past would start the attempt's timeout early.
+                    now: w.clock.now(),
                 };
                 match w.store.claim_tasks(&claim).await {
                     Ok(tasks) => {
-                        claimed = tasks.len();
+                        saturated = tasks.len() == free;
                         report.claimed += tasks.len() as u64;
                         for task in tasks {
+                            let key = (task.task.run_id.clone(), task.task.seq);
+                            // Our own task back after its lease expired: its handler still runs
+                            // here (the claim renewed its lease); never run it twice at once.
+                            if inflight.get(&key).is_some_and(|c| c.attempt() == task.task.attempt) {
+                                continue;
+                            }
                             let ctx = self.context(task);
-                            inflight.insert((ctx.run_id().clone(), ctx.seq()), ctx.clone());
+                            inflight.insert(key, ctx.clone());
                             running.spawn(self.clone().execute(ctx));
                         }
                     }
                     Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not claim tasks; trying again"),
                 }
             }
-            if claimed > 0 && claimed == free {
-                continue; // more may be waiting
-            }
-            let idle = w.clock.sleep_until(now.saturating_add(ms(w.poll_interval)));
+            let idle = w.clock.sleep_until(next_poll);
             tokio::select! {
                 biased;
                 _ = &mut shutdown => break,
                 Some(done) = running.join_next(), if !running.is_empty() => {
                     self.settled(done, &mut inflight, &mut report);
                 }
-                _ = nudged, if free > 0 => {}
+                _ = &mut nudged => {
+                    look = true;
+                    nudged = Box::pin(nudges.notified());
+                    nudged.as_mut().enable();
+                }
                 _ = idle => {}
             }
         }
@@ -644,13 +678,13 @@ impl Worker {
             logs,
             now: w.clock.now(),
         };
-        let completion = self.report(done).await;
+        let completion = self.report(done, task.task.namespace.clone()).await;
         Outcome { key, completion, dropped: false }
     }
 
     /// Hands a result to the store (retrying a failing store a few times; after that the task's
     /// lease runs out and another worker runs it again).
-    async fn report(&self, done: TaskDone) -> Option<TaskCompletion> {
+    async fn report(&self, done: TaskDone, namespace: String) -> Option<TaskCompletion> {
         let w = &self.inner;
         let shared = w.engine.as_ref().and_then(Weak::upgrade);
         let mark = shared.as_ref().map(|s| s.mark());
@@ -663,6 +697,18 @@ impl Worker {
                         TaskCompletion::Accepted => {
                             if let (Some(s), Some(mark)) = (shared, mark) {
                                 s.wake(run_id, mark);
+                            } else if let Some(t) = &w.transport {
+                                let item = QueuedRun {
+                                    id: 0,
+                                    reason: QueueReason::Wake,
+                                    namespace: Some(namespace.clone()),
+                                    priority: 0,
+                                    dedupe_key: format!("remote:{}:{}:{}", run_id, done.seq, done.attempt),
+                                    run_id,
+                                };
+                                if let Err(e) = t.dispatch_runs(Some(&namespace), vec![item]).await {
+                                    tracing::warn!(error = %e, "could not send the run its wake; engines find it at their next poll");
+                                }
                             }
                         }
                         TaskCompletion::Duplicate => {

@@ -710,9 +710,11 @@ impl Store for MemoryStore {
             let t = inner.tasks.get_mut(&key).expect("picked from the map");
             t.state = TaskState::Claimed;
             t.worker = Some(claim.worker.clone());
-            t.lease_until = Some(now.saturating_add(t.task.heartbeat_timeout_ms));
-            t.heartbeat_at = Some(now);
-            t.claimed_at.get_or_insert(now);
+            // Never stamped before the dispatch (a claimer's clock behind the dispatcher's).
+            let at = now.max(t.task.created_at);
+            t.lease_until = Some(at.saturating_add(t.task.heartbeat_timeout_ms));
+            t.heartbeat_at = Some(at);
+            t.claimed_at.get_or_insert(at);
             t.claims += 1;
             out.push(t.clone());
         }

@@ -51,9 +51,9 @@ pub(crate) fn claim_sql(schema: &str, namespace: bool) -> String {
              LIMIT $2
              FOR UPDATE OF t SKIP LOCKED)
          UPDATE {schema}.tasks AS t
-            SET state = 'claimed', worker = $3, heartbeat_at = $1, claims = t.claims + 1,
-                lease_until = {schema}.saturating_add($1, t.heartbeat_timeout_ms::numeric),
-                claimed_at = COALESCE(t.claimed_at, $1)
+            SET state = 'claimed', worker = $3, heartbeat_at = GREATEST($1, t.created_at), claims = t.claims + 1,
+                lease_until = {schema}.saturating_add(GREATEST($1, t.created_at), t.heartbeat_timeout_ms::numeric),
+                claimed_at = COALESCE(t.claimed_at, GREATEST($1, t.created_at))
            FROM picked WHERE t.run_id = picked.run_id AND t.seq = picked.seq
          RETURNING {cols}",
         cols = TASK_COLS.split(", ").map(|c| format!("t.{c}")).collect::<Vec<_>>().join(", ")

@@ -196,9 +196,11 @@ pub(crate) fn claim_tasks(conn: &Connection, claim: &TaskClaim) -> OpResult<Vec<
     for t in &mut tasks {
         t.state = TaskState::Claimed;
         t.worker = Some(claim.worker.clone());
-        t.lease_until = Some(claim.now.saturating_add(t.task.heartbeat_timeout_ms));
-        t.heartbeat_at = Some(claim.now);
-        t.claimed_at = Some(t.claimed_at.unwrap_or(claim.now));
+        // Never stamped before the dispatch (a claimer's clock behind the dispatcher's).
+        let at = claim.now.max(t.task.created_at);
+        t.lease_until = Some(at.saturating_add(t.task.heartbeat_timeout_ms));
+        t.heartbeat_at = Some(at);
+        t.claimed_at = Some(t.claimed_at.unwrap_or(at));
         t.claims += 1;
         save_state(conn, t)?;
     }

@@ -21,20 +21,21 @@ const BATCH: usize = 500;
 impl Shared {
     pub(super) async fn remote_loop(self: Arc<Self>) {
         loop {
+            // The next pass is due a poll after this one began: time that moved during the
+            // pass (a slow store, a virtual clock) is not slept through again.
+            let began = self.clock.now();
             // A store without a task queue answers `Unavailable`, not retryable: nothing to do.
-            if let Err(e) = self.remote_tick().await
+            if let Err(e) = self.remote_tick(began).await
                 && (e.kind() != durable_core::StoreErrorKind::Unavailable || e.is_retryable())
             {
                 tracing::warn!(error = %e, "could not look after remote steps; trying again next interval");
             }
-            let at = self.clock.now().saturating_add(ms(self.config.blocked_poll));
-            self.clock.sleep_until(at).await;
+            self.clock.sleep_until(began.saturating_add(ms(self.config.blocked_poll))).await;
         }
     }
 
     /// One pass: expire, then block and unblock.
-    async fn remote_tick(&self) -> StoreResult<()> {
-        let now = self.clock.now();
+    async fn remote_tick(&self, now: Millis) -> StoreResult<()> {
         self.expire_tasks(now).await?;
         self.route_blocked(now).await
     }
