@@ -503,6 +503,10 @@ fn write_run(
         let mut table = Table::new(&["SEQ", "WAITS FOR", "SINCE"]);
         for w in waiters {
             let what = match &w.kind {
+                // The wait a remote step's result is delivered to (`protocol::remote_token`).
+                WaitKind::Signal { token } if token.starts_with("remote:") => {
+                    format!("the result of remote step {} ({token})", w.name)
+                }
                 WaitKind::Signal { token } => format!("signal {token}"),
                 WaitKind::Event { name, matcher } => {
                     format!("event {name} matching {}", truncate(matcher.as_str(), 60))

@@ -194,6 +194,7 @@ fn show_lists_pending_remote_steps_with_heartbeats_progress_claims_and_logs() {
     assert_eq!(words[..5], ["0", "resize", "1", "claimed", "w-1"], "{row}");
     assert_eq!(words[5..], ["19", "min", "ago", "2", r#"{"stage":"download"}"#], "two claims, the progress: {row}");
     assert!(text.contains("\n  log of resize (seq 0):\n    [1] info downloading {\"bytes\":0}\n"), "{text}");
+    line_with(&text, &["0", "the result of remote step resize (remote:img-1:0)"]);
 
     // Claimed just now, with progress.
     let text = run_ok(dir.path(), &["runs", "show", "img-2", "--db", dbs]).stdout;
