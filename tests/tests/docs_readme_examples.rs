@@ -1,5 +1,7 @@
 //! The README's examples are real programs: "Several workers on one database" is the `durable`
-//! crate's example `postgres_worker` (compiled with the workspace's examples), line for line.
+//! crate's example `postgres_worker` (compiled with the workspace's examples), line for line;
+//! "Remote steps and workers" shows the lines of the example `remote_pipeline` between its
+//! `// readme:begin` and `// readme:end` markers.
 
 /// The lines of the first fenced block after the heading `heading` in `text`.
 fn block_after(text: &str, heading: &str) -> Vec<String> {
@@ -29,4 +31,26 @@ fn the_readme_shows_the_postgres_worker_example() {
     let code = example_code(&example);
     assert!(code.len() > 10 && code.iter().any(|l| l.contains("queue_wakeups")), "{code:#?}");
     assert_eq!(in_readme, code, "README.md and crates/durable/examples/postgres_worker.rs differ");
+}
+
+/// The lines of `text` strictly between the `// readme:begin` and `// readme:end` lines.
+fn between_markers(text: &str) -> Vec<String> {
+    let lines: Vec<&str> = text.lines().collect();
+    let begin = lines.iter().position(|l| l.trim() == "// readme:begin").expect("a `// readme:begin` line");
+    let end = lines.iter().position(|l| l.trim() == "// readme:end").expect("a `// readme:end` line");
+    assert!(begin < end, "`// readme:begin` must come before `// readme:end`");
+    lines[begin + 1..end].iter().map(|l| l.to_string()).collect()
+}
+
+#[test]
+fn the_readme_shows_the_remote_pipeline_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let example = std::fs::read_to_string(format!("{root}/crates/durable/examples/remote_pipeline.rs"))
+        .expect("crates/durable/examples/remote_pipeline.rs");
+    let in_readme = block_after(&readme, "Remote steps and workers");
+    let code = between_markers(&example);
+    assert!(code.len() > 10 && code.iter().any(|l| l.contains("remote_step(")), "{code:#?}");
+    assert!(code.iter().any(|l| l.contains("Worker::builder()")), "{code:#?}");
+    assert_eq!(in_readme, code, "README.md and crates/durable/examples/remote_pipeline.rs differ");
 }

@@ -2,6 +2,7 @@
 //! doc comments are the `--help` texts.
 
 use std::path::PathBuf;
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use durable::RunStatus;
@@ -19,6 +20,7 @@ Examples:
   durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'
   durable schedules list
   durable schedules show daily-order
+  durable workers
 
 Exit codes:
   0    success
@@ -32,7 +34,7 @@ Exit codes:
 /// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, operate
 /// the stored schedules, and try the engine with a demo.
 ///
-/// Operator commands (`runs`, `signal`, `schedules`) never execute workflow code: workers are
+/// Operator commands (`runs`, `signal`, `schedules`, `workers`) never execute workflow code: workers are
 /// your own binaries, which embed the workflow code and an engine. A run set back to `pending`
 /// by `runs retry`, woken by `signal`, or started by a schedule continues when a worker with its
 /// workflow registered picks it up.
@@ -116,6 +118,20 @@ Example:
   durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'")]
     Signal(SignalArgs),
 
+    /// The health of remote steps: per queue, its depth (tasks waiting for a worker), the tasks
+    /// claimed, how long the oldest has waited and the live workers serving it; and every live
+    /// worker (heartbeated within 30 s) with its queues, capabilities, concurrency and last
+    /// heartbeat.
+    ///
+    /// Workers are processes running `durable::Worker`; they execute the remote steps
+    /// (`ctx.remote_step`) of runs. A queue with tasks and no live worker is why its runs wait
+    /// (or show as `blocked` when they require capabilities no live worker has).
+    #[command(after_help = "\
+Examples:
+  durable workers
+  durable workers --json")]
+    Workers(WorkersArgs),
+
     /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.
     Completions(CompletionsArgs),
 }
@@ -136,11 +152,14 @@ pub enum RunsCommand {
 Examples:
   durable runs list --status failed,dead
   durable runs list --workflow demo_order --limit 5
+  durable runs list --status blocked
+  durable runs list --stale 15m
   durable runs list --json --limit 0")]
     List(ListArgs),
 
-    /// Show a run: its fields, its timeline (one line per checkpoint), its children and what
-    /// it waits for.
+    /// Show a run: its fields, its timeline (one line per checkpoint), its children, what it
+    /// waits for, and its pending remote steps (worker, last heartbeat, progress, redeliveries
+    /// and the lines their handlers logged).
     #[command(after_help = "\
 Examples:
   durable runs show demo-saga-3
@@ -265,7 +284,7 @@ pub struct ScheduleKeyArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ListArgs {
     /// Only runs with one of these statuses (comma-separated or repeated): pending, running,
-    /// suspended, completed, failed, cancelled, dead.
+    /// suspended, blocked, completed, failed, cancelled, dead.
     #[arg(long, value_name = "STATUS", value_delimiter = ',', value_parser = parse_status)]
     pub status: Vec<RunStatus>,
 
@@ -277,11 +296,26 @@ pub struct ListArgs {
     #[arg(long, value_name = "NAME")]
     pub namespace: Option<String>,
 
+    /// Only active runs with a remote step silent for at least this long: its worker has not
+    /// heartbeated (or, never claimed, no worker has picked it up) since. A number and a unit:
+    /// 90s, 15m, 1h30m, 2d (units ms, s, m, h, d).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub stale: Option<Duration>,
+
     /// At most this many runs (0: all of them).
     #[arg(long, value_name = "N", default_value_t = 50)]
     pub limit: usize,
 
     /// One JSON object per run and per line (the run as stored), instead of a table.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Flags of `durable workers`.
+#[derive(Debug, Clone, Args)]
+pub struct WorkersArgs {
+    /// One JSON document: `{"queues": [{"namespace", "queue", "depth", "claimed",
+    /// "oldest_age_ms", "workers"}, …], "workers": [the live workers' descriptors, …]}`.
     #[arg(long)]
     pub json: bool,
 }
@@ -367,6 +401,46 @@ pub struct CompletionsArgs {
     pub shell: clap_complete::Shell,
 }
 
+/// A duration from the command line: numbers with units, largest first or not (`90s`, `15m`,
+/// `1h30m`, `2d`, `500ms`), the way `durable schedules` prints intervals.
+pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
+    let bad = |why: &str| {
+        format!(
+            "invalid duration {s:?}: {why}; use a number and a unit, e.g. 90s, 15m, 1h30m, 2d (units: ms, s, m, h, d)"
+        )
+    };
+    let text = s.trim();
+    if text.is_empty() {
+        return Err(bad("it is empty"));
+    }
+    let mut total: u64 = 0;
+    let mut rest = text;
+    while !rest.is_empty() {
+        let digits = rest.find(|c: char| !c.is_ascii_digit()).unwrap_or(rest.len());
+        if digits == 0 {
+            return Err(bad("expected a number"));
+        }
+        let n: u64 = rest[..digits].parse().map_err(|_| bad("the number is too large"))?;
+        rest = &rest[digits..];
+        let unit_len = rest.find(|c: char| c.is_ascii_digit()).unwrap_or(rest.len());
+        let size: u64 = match &rest[..unit_len] {
+            "ms" => 1,
+            "s" => 1_000,
+            "m" => 60_000,
+            "h" => 3_600_000,
+            "d" => 86_400_000,
+            "" => return Err(bad("a number needs a unit")),
+            other => return Err(bad(&format!("unknown unit {other:?}"))),
+        };
+        rest = &rest[unit_len..];
+        total = n.checked_mul(size).and_then(|ms| total.checked_add(ms)).ok_or_else(|| bad("it is too long"))?;
+    }
+    if total == 0 {
+        return Err(bad("it must be longer than 0"));
+    }
+    Ok(Duration::from_millis(total))
+}
+
 fn parse_status(s: &str) -> Result<RunStatus, String> {
     s.trim().parse::<RunStatus>().map_err(|_| {
         let known: Vec<&str> = RunStatus::ALL.iter().map(|st| st.as_str()).collect();
@@ -422,6 +496,31 @@ mod tests {
     }
 
     #[test]
+    fn durations_parse_like_intervals_print() {
+        let ms = |s: &str| parse_duration(s).map(|d| d.as_millis() as u64);
+        assert_eq!(ms("15m"), Ok(900_000));
+        assert_eq!(ms("90s"), Ok(90_000));
+        assert_eq!(ms("1h30m"), Ok(5_400_000));
+        assert_eq!(ms("2d"), Ok(172_800_000));
+        assert_eq!(ms("2s500ms"), Ok(2_500));
+        assert_eq!(ms(" 5m "), Ok(300_000));
+        for (bad, why) in [
+            ("abc", "expected a number"),
+            ("", "it is empty"),
+            ("15", "a number needs a unit"),
+            ("15 m", "unknown unit \" m\""),
+            ("3w", "unknown unit \"w\""),
+            ("0s", "longer than 0"),
+            ("m5", "expected a number"),
+            ("99999999999999999999s", "too large"),
+            ("999999999999999d", "too long"),
+        ] {
+            let e = parse_duration(bad).unwrap_err();
+            assert!(e.contains(why) && e.contains("e.g. 90s, 15m"), "{bad:?}: {e}");
+        }
+    }
+
+    #[test]
     fn bad_values_are_usage_errors() {
         for args in [
             &["durable", "runs", "list", "--status", "bogus"][..],
@@ -434,6 +533,9 @@ mod tests {
             &["durable", "schedules", "show"],
             &["durable", "schedules", "trigger"],
             &["durable", "schedules", "list", "extra"],
+            &["durable", "runs", "list", "--stale", "abc"],
+            &["durable", "runs", "list", "--stale"],
+            &["durable", "workers", "extra"],
         ] {
             let e = Cli::try_parse_from(args).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{args:?}");

@@ -3,14 +3,17 @@
 
 use std::io::{Read, Write};
 
+use std::collections::HashMap;
+
 use durable::protocol;
-use durable::store::{WaitKind, Waiter};
+use durable::store::{TaskFilter, WaitKind, Waiter};
+use durable::task::{Task, TaskState};
 use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus, StepKind};
 use serde_json::json;
 
 use crate::cli::{CancelArgs, DeleteArgs, ExportArgs, ListArgs, RunIdArgs, ShowArgs, SignalArgs, StoreArgs};
 use crate::error::{Error, Result};
-use crate::format::{Table, ago, duration_ms, now_ms, timestamp, truncate};
+use crate::format::{Table, ago, duration_ms, interval, now_ms, timestamp, truncate};
 use crate::store::{Access, with_operator_engine};
 
 /// A run id from the command line.
@@ -55,7 +58,14 @@ fn workflow_at(run: &Run) -> String {
 pub(crate) async fn list(store: &StoreArgs, args: &ListArgs, out: &mut dyn Write) -> Result<()> {
     let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
-        let (runs, more) = collect(&engine, args).await?;
+        let now = now_ms();
+        let (runs, more, silent) = match args.stale {
+            None => {
+                let (runs, more) = collect(&engine, args).await?;
+                (runs, more, HashMap::new())
+            }
+            Some(stale) => collect_stale(&engine, args, now.saturating_sub(stale.as_millis() as u64)).await?,
+        };
         if args.json {
             for run in &runs {
                 let line =
@@ -65,10 +75,16 @@ pub(crate) async fn list(store: &StoreArgs, args: &ListArgs, out: &mut dyn Write
             return Ok(());
         }
         if runs.is_empty() {
-            writeln!(out, "no runs match")?;
+            match args.stale {
+                Some(stale) => writeln!(
+                    out,
+                    "no runs match: no remote step is silent for {} or more",
+                    interval(stale.as_millis() as u64)
+                )?,
+                None => writeln!(out, "no runs match")?,
+            }
             return Ok(());
         }
-        let now = now_ms();
         let mut table = Table::new(&["ID", "WORKFLOW", "STATUS", "UPDATED", "RETRIES/RECOV", "WAITING ON / ERROR"]);
         for run in &runs {
             let history = engine.history(&run.id).await?;
@@ -79,7 +95,10 @@ pub(crate) async fn list(store: &StoreArgs, args: &ListArgs, out: &mut dyn Write
                 run.status.to_string(),
                 ago(run.updated_at, now),
                 format!("{retries}/{}", run.recovery_attempts),
-                truncate(&waiting_on(run, &history, now), 72),
+                truncate(
+                    &silent.get(&run.id).map_or_else(|| waiting_on(run, &history, now), |tasks| tasks.join(", ")),
+                    72,
+                ),
             ]);
         }
         table.write(out, "")?;
@@ -112,6 +131,71 @@ async fn collect(engine: &Engine, args: &ListArgs) -> Result<(Vec<Run>, bool)> {
             Some(_) => return Ok((runs, true)),
             None => return Ok((runs, false)),
         }
+    }
+}
+
+/// How many tasks `--stale` looks at: more silent remote steps than this are not listed.
+const STALE_TASKS: usize = 10_000;
+
+/// The runs `list --stale` shows: active runs with an unfinished remote step silent since
+/// `since` (`TaskFilter::silent_since`), narrowed by the other flags, newest first; whether
+/// more match; and per run its silent steps in words.
+async fn collect_stale(
+    engine: &Engine,
+    args: &ListArgs,
+    since: u64,
+) -> Result<(Vec<Run>, bool, HashMap<RunId, Vec<String>>)> {
+    let now = now_ms();
+    let filter =
+        TaskFilter { silent_since: Some(since), unfinished: true, limit: STALE_TASKS, ..TaskFilter::default() };
+    let tasks = engine.store().list_tasks(&filter).await?;
+    let mut silent: HashMap<RunId, Vec<String>> = HashMap::new();
+    for task in &tasks {
+        silent.entry(task.task.run_id.clone()).or_default().push(silence(task, now));
+    }
+    let mut runs = Vec::new();
+    for id in silent.keys() {
+        let Some(run) = engine.get_run(id).await? else { continue };
+        let wanted = !run.status.is_terminal()
+            && (args.status.is_empty() || args.status.contains(&run.status))
+            && args.workflow.as_ref().is_none_or(|w| &run.workflow == w)
+            && args.namespace.as_ref().is_none_or(|n| &run.namespace == n);
+        if wanted {
+            runs.push(run);
+        }
+    }
+    runs.sort_by(|a, b| (b.created_at, &b.id).cmp(&(a.created_at, &a.id)));
+    let more = args.limit != 0 && runs.len() > args.limit;
+    if more {
+        runs.truncate(args.limit);
+    }
+    Ok((runs, more, silent))
+}
+
+/// A silent remote step in words: `remote step resize (attempt 1) silent 20 min on w-2`, or
+/// `remote step render (attempt 1) not picked up for 20 min`.
+fn silence(task: &Task, now: u64) -> String {
+    let t = &task.task;
+    match (task.heartbeat_at, &task.worker) {
+        (Some(at), Some(worker)) if task.state == TaskState::Claimed => format!(
+            "remote step {} (attempt {}) silent {} on {worker}",
+            t.name,
+            t.attempt,
+            duration_ms(now.saturating_sub(at))
+        ),
+        (Some(at), worker) => format!(
+            "remote step {} (attempt {}) handed back, waiting {} (last held by {})",
+            t.name,
+            t.attempt,
+            duration_ms(now.saturating_sub(at)),
+            worker.as_deref().unwrap_or("?")
+        ),
+        (None, _) => format!(
+            "remote step {} (attempt {}) not picked up for {}",
+            t.name,
+            t.attempt,
+            duration_ms(now.saturating_sub(t.created_at))
+        ),
     }
 }
 
@@ -206,17 +290,67 @@ pub(crate) async fn show(store: &StoreArgs, args: &ShowArgs, out: &mut dyn Write
         let history = engine.history(&id).await?;
         let children = engine.children(&id).await?;
         let waiters = engine.store().waiters(&id).await?;
+        let tasks = pending_tasks(&engine, &run).await?;
         if args.json {
-            let doc = json!({ "run": run, "history": history, "children": children, "waiters": waiters });
+            let doc = json!({
+                "run": run, "history": history, "children": children, "waiters": waiters, "remote_steps": tasks,
+            });
             let text =
                 serde_json::to_string_pretty(&doc).map_err(|e| Error::failed(format!("encoding run {id}: {e}")))?;
             writeln!(out, "{text}")?;
             return Ok(());
         }
         write_run(out, &run, &history, &children, &waiters)?;
+        write_tasks(out, &tasks)?;
         Ok(())
     })
     .await
+}
+
+/// The run's pending remote steps: its unfinished tasks, while it is active (a settled run's
+/// leftover task only waits for a late result, which is dropped).
+async fn pending_tasks(engine: &Engine, run: &Run) -> Result<Vec<Task>> {
+    if run.status.is_terminal() {
+        return Ok(Vec::new());
+    }
+    let filter = TaskFilter { run_id: Some(run.id.clone()), unfinished: true, limit: 1_000, ..TaskFilter::default() };
+    Ok(engine.store().list_tasks(&filter).await?)
+}
+
+/// The pending remote steps, and the lines their handlers logged (all attempts).
+fn write_tasks(out: &mut dyn Write, tasks: &[Task]) -> Result<()> {
+    if tasks.is_empty() {
+        return Ok(());
+    }
+    let now = now_ms();
+    writeln!(out, "\npending remote steps ({})", tasks.len())?;
+    let mut table = Table::new(&["SEQ", "NAME", "ATTEMPT", "STATE", "WORKER", "LAST HEARTBEAT", "CLAIMS", "PROGRESS"]);
+    for task in tasks {
+        let t = &task.task;
+        let heartbeat = match task.heartbeat_at {
+            Some(at) => ago(at, now),
+            None => format!("never (dispatched {})", ago(t.created_at, now)),
+        };
+        table.row(vec![
+            t.seq.to_string(),
+            if t.queue == t.name { t.name.clone() } else { format!("{} (queue {})", t.name, t.queue) },
+            t.attempt.to_string(),
+            task.state.to_string(),
+            task.worker.clone().unwrap_or_else(|| "-".into()),
+            heartbeat,
+            task.claims.to_string(),
+            task.progress.as_ref().map_or_else(|| "-".into(), |p| truncate(p.as_str(), 60)),
+        ]);
+    }
+    table.write(out, "  ")?;
+    for task in tasks.iter().filter(|t| !t.logs.is_empty()) {
+        writeln!(out, "\n  log of {} (seq {}):", task.task.name, task.task.seq)?;
+        for line in &task.logs {
+            let data = line.data.as_ref().map_or_else(String::new, |d| format!(" {}", truncate(&d.to_string(), 200)));
+            writeln!(out, "    [{}] {} {}{data}", line.attempt, line.level, truncate(&line.message, 200))?;
+        }
+    }
+    Ok(())
 }
 
 /// `durable runs export`.
@@ -369,6 +503,10 @@ fn write_run(
         let mut table = Table::new(&["SEQ", "WAITS FOR", "SINCE"]);
         for w in waiters {
             let what = match &w.kind {
+                // The wait a remote step's result is delivered to (`protocol::remote_token`).
+                WaitKind::Signal { token } if token.starts_with("remote:") => {
+                    format!("the result of remote step {} ({token})", w.name)
+                }
                 WaitKind::Signal { token } => format!("signal {token}"),
                 WaitKind::Event { name, matcher } => {
                     format!("event {name} matching {}", truncate(matcher.as_str(), 60))

@@ -131,6 +131,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
         &["schedules", "list", "--help"],
         &["schedules", "show", "--help"],
         &["schedules", "trigger", "--help"],
+        &["workers", "--help"],
         &["completions", "--help"],
         &["help", "runs", "list"],
     ] {
@@ -139,7 +140,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
     }
     // No command at all: one line naming the commands (see
     // `a_command_without_its_subcommand_is_one_line_naming_them`).
-    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, schedules, signal, completions");
+    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, schedules, signal, workers, completions");
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);
         assert!(ran.stdout.contains("durable"), "{shell}: {}", ran.stdout);

@@ -186,7 +186,7 @@ impl Task {
     }
 
     /// Whether it is unfinished past its deadline at `now` (see
-    /// [`Store::expired_tasks`](crate::Store::expired_tasks)).
+    /// [`TaskFilter::expired_at`](crate::TaskFilter::expired_at)).
     pub fn expired(&self, now: Millis) -> bool {
         self.state != TaskState::Finished && self.deadline().is_some_and(|d| d <= now)
     }

@@ -11,6 +11,11 @@
 //! ends with one commit and the body is dropped. A wake (a timer, a delivery) starts the
 //! next turn, on this engine or any other sharing the store.
 //!
+//! A remote step ([`WorkflowCtx::remote_step`]) is executed by a [`Worker`] instead, in any
+//! process that opens the store: the turn's commit writes the task with the step's checkpoint
+//! and wait, the worker claims it with a lease, heartbeats and reports the result, which wakes
+//! the run. [`Engine::worker_health`] and [`Engine::redispatch_pending`] operate them.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //! use durable_runtime::{Engine, StartOptions, WorkflowCtx, WorkflowError};
@@ -38,9 +43,10 @@
 //!
 //! # Tasks this crate spawns
 //!
-//! - The dispatcher loop, the timer loop and the poller (pending, due and orphaned runs, and
-//!   after each orphan scan the runs past their execution timeout), on an engine that executes
-//!   runs; the outbox flush loop, with a transport. They end when the engine shuts down or its
+//! - The dispatcher loop, the timer loop, the poller (pending, due and orphaned runs, and
+//!   after each orphan scan the runs past their execution timeout), the scheduler and the
+//!   remote-step loop (expired attempts, `blocked` runs), on an engine that executes runs; the
+//!   outbox flush loop, with a transport. They end when the engine shuts down or its
 //!   last clone is dropped.
 //! - One task per run the dispatcher gives a slot: it runs the run's turns until the run is
 //!   quiet, and ends early at shutdown. (The lease keeper is no task of its own: it races the
@@ -51,7 +57,9 @@
 //! - A lease re-check per run whose wake found another engine holding the lease (one per run
 //!   at a time): it wakes the run once the lease is free.
 //!
-//! The last two hold the engine weakly and end on their own.
+//! The last two hold the engine weakly and end on their own. A [`Worker`] runs its claim loop
+//! on the task that awaits [`Worker::run`] and spawns one task per claimed task (at most its
+//! concurrency at once) for the handler; they end with the drain.
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 

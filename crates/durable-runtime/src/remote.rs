@@ -355,7 +355,10 @@ impl WorkerBuilder {
 
 const DEFAULT_POLL: Duration = Duration::from_millis(200);
 
-/// A process's executor of remote steps. See the [module docs](self).
+/// A process's executor of remote steps ([`WorkflowCtx::remote_step`](crate::WorkflowCtx::remote_step)),
+/// without an engine: it claims tasks from the store with a lease, runs its handler for each,
+/// heartbeats when the handler asks ([`TaskContext::heartbeat`]), and reports the result; the
+/// store records it on the run's checkpoint and wakes the run.
 ///
 /// ```no_run
 /// # async fn demo(store: std::sync::Arc<dyn durable_core::Store>) {

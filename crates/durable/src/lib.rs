@@ -3,7 +3,8 @@
 //! Durable execution for Rust, as a library. Write a workflow as a plain `async fn`; every
 //! step's result is checkpointed in a store, so a run survives `kill -9`, deploys and
 //! restarts and resumes exactly where it stopped. Runs sleep for months, retry with durable
-//! backoff, and detect code changes that would corrupt them. No server to run: the default
+//! backoff, hand steps to workers in other processes ([`WorkflowCtx::remote_step`] and
+//! [`Worker`]), and detect code changes that would corrupt them. No server to run: the default
 //! store is one embedded SQLite file.
 //!
 //! ```no_run
@@ -38,7 +39,8 @@
 //! (feature `postgres`: `PostgresStore`, many engines sharing one PostgreSQL database) and
 //! `durable-conformance` (feature `testing`: the workflow test harness, as `durable::testing`;
 //! feature `conformance`: the store conformance suite, as `durable::conformance`). The example
-//! `postgres_worker` is a worker process of a deployment on PostgreSQL.
+//! `postgres_worker` is a worker process of a deployment on PostgreSQL; `remote_pipeline` runs
+//! a workflow whose `resize` and `upload` steps execute on a [`Worker`] in a child process.
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 // docs.rs builds with every feature and `--cfg docsrs`: feature-gated items say which feature

@@ -255,7 +255,7 @@ pub async fn claims_need_every_required_capability(store: Arc<dyn Store>) -> Cas
     Ok(())
 }
 
-/// [`RACERS`] workers claiming at once: every task goes to exactly one of them.
+/// Several workers (`RACERS`, 16) claiming at once: every task goes to exactly one of them.
 pub async fn concurrent_claimers_take_each_task_once(store: Arc<dyn Store>) -> CaseResult {
     claim_race(&[store]).await
 }
