@@ -13,7 +13,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use durable::store::TaskFilter;
 use durable::task::{BeatOutcome, TaskBeat, TaskClaim, TaskLog, WorkerInfo};
-use durable::{Engine, EngineConfig, Millis, Payload, RunId, RunStatus, SqliteStore, StartOptions, WorkflowCtx};
+use durable::{
+    Engine, EngineConfig, Millis, Payload, RunId, RunStatus, SqliteStore, StartOptions, VirtualClock, WorkflowCtx,
+};
 use serde_json::{Value, json};
 use support::{default_db, path_str, run_bad, run_ok, show};
 
@@ -49,9 +51,11 @@ fn worker_info(id: &str, queues: &[&str], capabilities: &[&str], at: Millis) -> 
     }
 }
 
-async fn wait_for(engine: &Engine, id: &str, status: RunStatus) {
+async fn wait_for(engine: &Engine, clock: &VirtualClock, id: &str, status: RunStatus) {
     let id = RunId::from(id);
     for _ in 0..400 {
+        // The engine's time moves on (its blocked routing runs every 50 ms of it).
+        clock.advance(Duration::from_millis(100));
         let run = engine.get_run(&id).await.unwrap().unwrap();
         let tasks = engine
             .store()
@@ -97,18 +101,28 @@ fn seed(db: &std::path::Path) {
     runtime.block_on(async {
         let mut config = EngineConfig::default();
         config.blocked_poll = Duration::from_millis(50);
-        let engine = Engine::builder().store(SqliteStore::open(db).unwrap()).config(config).build().unwrap();
+        // img-1 and img-2 are made 21 minutes ago (a claim is never stamped before its
+        // dispatch, and the test back-dates claims).
+        let clock = VirtualClock::new(now() - 21 * MINUTE);
+        let engine = Engine::builder()
+            .store(SqliteStore::open(db).unwrap())
+            .clock(clock.clone())
+            .config(config)
+            .build()
+            .unwrap();
         register(&engine);
         let store = engine.store().clone();
         store.register_worker(&worker_info("w-1", &["resize"], &["cpu"], now())).await.unwrap();
 
         engine.start("thumbnail", "https://img.example/1.png", StartOptions::id("img-1")).await.unwrap();
-        wait_for(&engine, "img-1", RunStatus::Suspended).await;
+        wait_for(&engine, &clock, "img-1", RunStatus::Suspended).await;
         tokio::time::sleep(Duration::from_millis(5)).await;
         engine.start("thumbnail", "https://img.example/2.png", StartOptions::id("img-2")).await.unwrap();
+        wait_for(&engine, &clock, "img-2", RunStatus::Suspended).await;
+        // render-1 is made now.
+        clock.set(now());
         engine.start("render", "scene-7", StartOptions::id("render-1")).await.unwrap();
-        wait_for(&engine, "img-2", RunStatus::Suspended).await;
-        wait_for(&engine, "render-1", RunStatus::Blocked).await;
+        wait_for(&engine, &clock, "render-1", RunStatus::Blocked).await;
         engine.shutdown().await;
 
         let t = now();
