@@ -23,7 +23,9 @@ async fn two_engines_three_workers_5000_remote_steps_survive_two_sigkills() {
     // The first store creates the schema before the workers open the file.
     let engines = [engine(), engine()];
     let (db_arg, ledger_arg) = (db.to_string_lossy().to_string(), ledger.to_string_lossy().to_string());
-    remote_common::scenario([&engines[0], &engines[1]], &["sqlite", &db_arg, &ledger_arg], &[], &ledger).await;
+    // Leases of 2 s: a killed worker's tasks go to the survivor 2 s after their claim.
+    let lease = Duration::from_secs(2);
+    remote_common::scenario([&engines[0], &engines[1]], lease, &["sqlite", &db_arg, &ledger_arg], &[], &ledger).await;
     for e in &engines {
         tokio::time::timeout(Duration::from_secs(30), e.shutdown()).await.expect("the engines shut down");
     }

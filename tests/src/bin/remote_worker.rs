@@ -8,8 +8,8 @@
 //!   remote_worker pg <url> <schema> <ledger>
 //! ```
 //!
-//! The handler of `work` appends `start <step_id> <attempt> <pid>` to the ledger file, works for
-//! WORK_MS (default 3) milliseconds, appends `done <step_id> <attempt> <pid>`, prints
+//! The handler of `work` appends `start <step_id> <attempt> <pid> <unix_ms>` to the ledger file, works for
+//! WORK_MS (default 3) milliseconds, appends `done <step_id> <attempt> <pid> <unix_ms>`, prints
 //! `done <step_id>` to stdout and returns `work(input)` (`2 * input + 1`). The ledger is opened
 //! with `O_APPEND` and each line is one `write`: lines of concurrent processes never interleave.
 //! The worker prints `ready <id>` once it runs and `report <claimed> <completed> <dropped>
@@ -29,6 +29,10 @@ use durable_tests::out;
 
 fn env_u64(name: &str, default: u64) -> u64 {
     std::env::var(name).ok().and_then(|v| v.parse().ok()).unwrap_or(default)
+}
+
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
 }
 
 /// Appends one line with one `write` (the file is in append mode, so it lands whole at the end).
@@ -75,10 +79,10 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let ledger = ledger.clone();
             async move {
                 let step_id = ctx.step_id();
-                append(&ledger, format!("start {step_id} {} {pid}\n", ctx.attempt()));
+                append(&ledger, format!("start {step_id} {} {pid} {}\n", ctx.attempt(), unix_ms()));
                 // The simulated work.
                 tokio::time::sleep(work).await;
-                append(&ledger, format!("done {step_id} {} {pid}\n", ctx.attempt()));
+                append(&ledger, format!("done {step_id} {} {pid} {}\n", ctx.attempt(), unix_ms()));
                 out(format_args!("done {step_id}"));
                 Ok::<_, StepError>(2 * n + 1)
             }

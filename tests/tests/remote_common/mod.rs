@@ -20,6 +20,10 @@ pub(crate) const LIMIT: Duration = Duration::from_secs(120);
 /// The line a worker's reader sends when its output ends (it exited or was killed).
 const EXITED: &str = "<exited>";
 
+fn unix_ms() -> u128 {
+    std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
+}
+
 /// The worker's step, as `remote_worker` computes it.
 fn work(n: u64) -> u64 {
     2 * n + 1
@@ -42,13 +46,14 @@ pub(crate) fn config() -> EngineConfig {
     config
 }
 
-/// Registers `remote5`: [`STEPS`] remote steps `work` in a row, each with a lease of 2 s (a
-/// killed worker's task goes to another worker 2 s after its claim).
-pub(crate) fn register(engine: &Engine) {
-    engine.register("remote5", 1, |ctx: WorkflowCtx, n: u64| async move {
+/// Registers `remote5`: [`STEPS`] remote steps `work` in a row, each with the lease `lease` (a
+/// killed worker's task goes to another worker that long after its claim; so does a live
+/// worker's whose result took longer to be recorded).
+fn register(engine: &Engine, lease: Duration) {
+    engine.register("remote5", 1, move |ctx: WorkflowCtx, n: u64| async move {
         let mut x = n;
         for _ in 0..STEPS {
-            x = ctx.remote_step("work", &x).heartbeat_timeout(Duration::from_secs(2)).await?;
+            x = ctx.remote_step("work", &x).heartbeat_timeout(lease).await?;
         }
         Ok::<_, WorkflowError>(x)
     });
@@ -101,18 +106,25 @@ impl Workers {
 /// One line of the ledger.
 struct Entry {
     done: bool,
+    at: u128,
     attempt: u32,
     pid: u32,
 }
 
-/// Runs the scenario: three workers (started with `worker_args`, which the caller made write
+/// Runs the scenario (remote steps with the lease `lease`): three workers (started with `worker_args`, which the caller made write
 /// to `ledger`), [`RUNS`] runs of `remote5` started half on each engine, worker 0 SIGKILLed a
 /// fifth of the way through, worker 1 half-way; worker 2 finishes the work. Then checks every
 /// run's output and the ledger, and prints the figures.
-pub(crate) async fn scenario(engines: [&Engine; 2], worker_args: &[&str], env: &[(&str, &str)], ledger: &Path) {
+pub(crate) async fn scenario(
+    engines: [&Engine; 2],
+    lease: Duration,
+    worker_args: &[&str],
+    env: &[(&str, &str)],
+    ledger: &Path,
+) {
     let began = Instant::now();
     for e in engines {
-        register(e);
+        register(e, lease);
     }
     let (tx, mut rx) = mpsc::unbounded_channel();
     let mut workers = Workers::default();
@@ -151,6 +163,7 @@ pub(crate) async fn scenario(engines: [&Engine; 2], worker_args: &[&str], env: &
     // printed a `done` (so it holds tasks in flight).
     let kills = [(0usize, RUNS * STEPS as usize / 5), (1usize, RUNS * STEPS as usize / 2)];
     let mut killed: BTreeMap<u32, Instant> = BTreeMap::new();
+    let mut killed_ms: BTreeMap<u32, u128> = BTreeMap::new();
     let mut dones = 0usize;
     let mut per_worker = [0usize; 3];
     let mut reports: BTreeMap<usize, String> = BTreeMap::new();
@@ -169,6 +182,7 @@ pub(crate) async fn scenario(engines: [&Engine; 2], worker_args: &[&str], env: &
                         if w == victim && dones >= at && !killed.contains_key(&pids[w]) {
                             workers.0[w].kill().expect("SIGKILL a worker");
                             killed.insert(pids[w], Instant::now());
+                            killed_ms.insert(pids[w], unix_ms());
                         }
                     }
                 }
@@ -209,13 +223,23 @@ pub(crate) async fn scenario(engines: [&Engine; 2], worker_args: &[&str], env: &
 
     // The ledger: step id → its lines in order.
     let text = std::fs::read_to_string(ledger).expect("read the ledger");
+    if let Ok(path) = std::env::var("REMOTE_DIAG") {
+        // For a look after the test: the ledger, then `killed <pid> <unix_ms>` lines.
+        let kills: String = killed_ms.iter().map(|(pid, at)| format!("killed {pid} {at}\n")).collect();
+        std::fs::write(path, format!("{text}{kills}")).expect("write the diagnostics");
+    }
     let mut steps: HashMap<String, Vec<Entry>> = HashMap::new();
     for line in text.lines() {
         let parts: Vec<&str> = line.split(' ').collect();
-        let [kind @ ("start" | "done"), step_id, attempt, pid] = parts.as_slice() else {
+        let [kind @ ("start" | "done"), step_id, attempt, pid, at] = parts.as_slice() else {
             panic!("a torn or unknown ledger line: {line:?}");
         };
-        let entry = Entry { done: *kind == "done", attempt: attempt.parse().unwrap(), pid: pid.parse().unwrap() };
+        let entry = Entry {
+            done: *kind == "done",
+            at: at.parse().unwrap(),
+            attempt: attempt.parse().unwrap(),
+            pid: pid.parse().unwrap(),
+        };
         steps.entry(step_id.to_string()).or_default().push(entry);
     }
     let expected_ids: BTreeSet<String> =
@@ -223,6 +247,9 @@ pub(crate) async fn scenario(engines: [&Engine; 2], worker_args: &[&str], env: &
     let unknown: Vec<&String> = steps.keys().filter(|id| !expected_ids.contains(*id)).take(5).collect();
     assert!(unknown.is_empty(), "ledger lines of steps that do not exist: {unknown:?}");
     let (mut redelivered, mut executed_twice, mut in_flight_at_kills) = (0, 0, 0);
+    let show = |entries: &[Entry]| -> Vec<String> {
+        entries.iter().map(|e| format!("{} pid {} at {}", if e.done { "done" } else { "start" }, e.pid, e.at)).collect()
+    };
     for id in &expected_ids {
         let entries = steps.get(id).map(Vec::as_slice).unwrap_or_default();
         assert!(entries.iter().any(|e| e.done), "step {id} lost: no `done` line");
@@ -240,10 +267,21 @@ pub(crate) async fn scenario(engines: [&Engine; 2], worker_args: &[&str], env: &
         for s in &starts {
             *by_pid.entry(s.pid).or_default() += 1;
         }
-        assert!(by_pid.values().all(|n| *n == 1), "step {id} started twice by one process: {by_pid:?}");
+        assert!(
+            by_pid.values().all(|n| *n == 1),
+            "step {id} started twice by one process: {:?}; killed {killed_ms:?}",
+            show(entries)
+        );
         let by_survivors = starts.iter().filter(|s| !killed.contains_key(&s.pid)).count();
-        assert!(by_survivors <= 1, "step {id} started by {by_survivors} live workers: {by_pid:?}");
-        if starts.iter().any(|s| killed.contains_key(&s.pid) && !entries.iter().any(|e| e.done && e.pid == s.pid)) {
+        assert!(
+            by_survivors <= 1,
+            "step {id} started by {by_survivors} live workers: {:?}; killed {killed_ms:?}",
+            show(entries)
+        );
+        // In flight at a kill: started on a worker that was killed, and started again on
+        // another (its result had not been recorded: the handler was still running, or had
+        // returned and its result was on its way to the store).
+        if starts.len() > 1 && starts.iter().any(|s| killed.contains_key(&s.pid)) {
             in_flight_at_kills += 1;
         }
         if starts.len() > 1 {
@@ -268,5 +306,5 @@ pub(crate) async fn scenario(engines: [&Engine; 2], worker_args: &[&str], env: &
         started.duration_since(began),
         reports.get(&2),
     );
-    assert!(in_flight_at_kills > 0, "no step was in flight at a kill: the test tested no redelivery");
+    assert!(in_flight_at_kills > 0, "no step of a killed worker was started again: the test tested no redelivery");
 }
