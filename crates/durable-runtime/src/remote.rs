@@ -565,6 +565,11 @@ impl Worker {
     ) {
         let w = &self.inner;
         let deadline = tokio::time::Instant::now() + w.drain_timeout;
+        // Handlers of runs that have settled meanwhile are told to stop now, not left to run
+        // out the drain timeout.
+        if !inflight.is_empty() {
+            self.stop_settled_runs(&inflight).await;
+        }
         loop {
             tokio::select! {
                 done = running.join_next() => match done {
