@@ -14,7 +14,7 @@ use std::time::Duration;
 use durable_core::task::{
     BeatOutcome, PROTOCOL_VERSION, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, WorkerInfo,
 };
-use durable_core::{Millis, Payload, RunId, StepError, Store, codes, protocol};
+use durable_core::{Millis, Payload, RunId, StepError, Store, codes, millis_after, protocol};
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -465,7 +465,7 @@ impl Worker {
         nudged.as_mut().enable();
         loop {
             let now = w.clock.now();
-            if registered_at.is_none_or(|at| now >= at.saturating_add(ms(w.register_interval))) {
+            if registered_at.is_none_or(|at| now >= millis_after(at, w.register_interval)) {
                 match w.store.register_worker(&self.info(started_at, now)).await {
                     Ok(()) => registered_at = Some(now),
                     Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not publish the worker's descriptor"),
@@ -474,7 +474,7 @@ impl Worker {
             while let Some(done) = running.try_join_next() {
                 self.settled(done, &mut inflight, &mut report);
             }
-            if !inflight.is_empty() && now >= checked_at.saturating_add(ms(w.poll_interval)) {
+            if !inflight.is_empty() && now >= millis_after(checked_at, w.poll_interval) {
                 checked_at = now;
                 self.stop_settled_runs(&inflight).await;
             }
@@ -488,7 +488,7 @@ impl Worker {
             let free = w.concurrency.saturating_sub(running.len());
             if free > 0 && (look || saturated) {
                 look = false;
-                next_poll = now.saturating_add(ms(w.poll_interval));
+                next_poll = millis_after(now, w.poll_interval);
                 let claim = TaskClaim {
                     worker: w.id.clone(),
                     queues: w.queues.clone(),
@@ -752,7 +752,3 @@ struct Outcome {
 
 /// How long a cancelled handler may take to return before it is dropped.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u64::MAX as u128) as u64
-}

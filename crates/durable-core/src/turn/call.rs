@@ -940,7 +940,6 @@ impl Turn {
             created_at: now,
         });
         let o = call.options;
-        let ms = |d: Duration| d.as_millis().min(u64::MAX as u128) as u64;
         self.buffer.tasks.push(NewTask {
             run_id: self.run.id.clone(),
             seq,
@@ -951,9 +950,9 @@ impl Turn {
             input,
             priority: o.priority,
             requires: o.requires.clone(),
-            pickup_timeout_ms: o.pickup_timeout.map(ms),
-            timeout_ms: o.timeout.map(ms),
-            heartbeat_timeout_ms: ms(o.heartbeat_timeout).max(1),
+            pickup_timeout_ms: o.pickup_timeout.map(crate::millis),
+            timeout_ms: o.timeout.map(crate::millis),
+            heartbeat_timeout_ms: crate::millis(o.heartbeat_timeout).max(1),
             created_at: now,
         });
         let at = millis_after(now, self.config.reconcile_interval);

@@ -10,7 +10,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable_core::task::{Task, TaskCompletion, TaskDone, WorkerInfo};
-use durable_core::{Millis, RunFilter, RunId, RunPatch, RunStatus, StepError, StoreResult, TaskFilter, codes};
+use durable_core::{
+    Millis, RunFilter, RunId, RunPatch, RunStatus, StepError, StoreResult, TaskFilter, codes, millis_after,
+    millis_before,
+};
 
 use super::Shared;
 use crate::events::EngineEvent;
@@ -30,7 +33,7 @@ impl Shared {
             {
                 tracing::warn!(error = %e, "could not look after remote steps; trying again next interval");
             }
-            self.clock.sleep_until(began.saturating_add(ms(self.config.blocked_poll))).await;
+            self.clock.sleep_until(millis_after(began, self.config.blocked_poll)).await;
         }
     }
 
@@ -101,20 +104,19 @@ impl Shared {
                 }
             }
         }
-        for (run_id, message) in stuck {
-            if already.contains(&run_id) {
-                continue;
-            }
+        stuck.retain(|id, _| !already.contains(id));
+        let ids: Vec<RunId> = stuck.keys().cloned().collect();
+        for run in self.store.get_runs(&ids).await? {
             // Only a plain suspended run: its error field may carry a cancel request.
-            let Some(run) = self.store.get_run(&run_id).await? else { continue };
             if run.status != RunStatus::Suspended || run.error.is_some() {
                 continue;
             }
+            let Some(message) = stuck.remove(&run.id) else { continue };
             let error = StepError::fatal(message.clone()).with_code(codes::BLOCKED);
             let patch =
                 RunPatch { status: Some(RunStatus::Blocked), error: Some(Some(error)), now, ..RunPatch::default() };
-            if self.store.update_run_if(&run_id, &[RunStatus::Suspended], patch).await? {
-                self.emit(EngineEvent::RunBlocked { run_id, message });
+            if self.store.update_run_if(&run.id, &[RunStatus::Suspended], patch).await? {
+                self.emit(EngineEvent::RunBlocked { run_id: run.id, message });
             }
         }
         Ok(())
@@ -122,7 +124,7 @@ impl Shared {
 
     /// Workers that heartbeated within `worker_ttl` (the store forgets the others).
     pub(crate) async fn live_workers(&self, now: Millis) -> StoreResult<Vec<WorkerInfo>> {
-        self.store.workers(now.saturating_sub(ms(self.config.worker_ttl))).await
+        self.store.workers(millis_before(now, self.config.worker_ttl)).await
     }
 }
 
@@ -138,8 +140,4 @@ fn blocked_message(task: &Task) -> String {
 
 fn secs(ms: Option<u64>) -> String {
     ms.map_or_else(|| "-".into(), |ms| format!("{:?}", Duration::from_millis(ms)))
-}
-
-fn ms(d: Duration) -> u64 {
-    d.as_millis().min(u64::MAX as u128) as u64
 }
