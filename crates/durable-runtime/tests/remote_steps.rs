@@ -67,6 +67,13 @@ async fn until<F: Fn(&EngineEvent) -> bool>(rx: &mut broadcast::Receiver<EngineE
     }
 }
 
+/// Until a worker has published its descriptor.
+async fn until_live(t: &TestEngine) {
+    while t.worker_health().await.unwrap().workers.is_empty() {
+        tokio::task::yield_now().await;
+    }
+}
+
 async fn settled(t: &TestEngine, id: &RunId) -> RunOutcome {
     t.wait_for_run(id).await.expect("run settles")
 }
@@ -115,6 +122,9 @@ async fn a_failed_attempt_waits_its_durable_backoff_and_the_count_survives_a_res
     };
     let mut rx = t.subscribe();
     let w = spawn(worker(&t, calls.clone()));
+    // The worker is live before the run starts, so the blocked routing never sees its step
+    // without one (the run would show `blocked` rather than `suspended` in between).
+    until_live(&t).await;
     let run = t.start("flaky", &(), StartOptions::id("flaky")).await.unwrap();
     // Attempt 1 fails; the run suspends with its backoff as wake_at.
     let backoff_over = t.clock().now() + 60_000;
