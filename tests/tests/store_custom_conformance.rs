@@ -11,6 +11,7 @@ use durable_conformance::{
     CaseOutcome, Fault, FaultyStore, FnFactory, Method, Requirement, StoreFactory, TestStore, find_case, run_all,
     run_case,
 };
+use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
@@ -199,6 +200,24 @@ impl Store for AuditedStore {
     async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
         self.write();
         self.inner.workers(heartbeat_before).await
+    }
+
+    async fn acquire_slot(&self, request: &SlotRequest) -> StoreResult<Admission> {
+        self.write();
+        self.inner.acquire_slot(request).await
+    }
+
+    async fn release_slot(&self, gate: &str, holder: &str, now: Millis) -> StoreResult<Vec<RunId>> {
+        self.write();
+        self.inner.release_slot(gate, holder, now).await
+    }
+
+    async fn admission_stats(&self, now: Millis) -> StoreResult<Vec<GateStats>> {
+        self.inner.admission_stats(now).await
+    }
+
+    async fn run_admission(&self, id: &RunId) -> StoreResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+        self.inner.run_admission(id).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

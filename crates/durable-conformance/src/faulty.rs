@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_core::TaskFilter;
+use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
@@ -86,6 +87,14 @@ pub enum Method {
     RemoveWorker,
     /// [`Store::workers`].
     Workers,
+    /// [`Store::acquire_slot`].
+    AcquireSlot,
+    /// [`Store::release_slot`].
+    ReleaseSlot,
+    /// [`Store::admission_stats`].
+    AdmissionStats,
+    /// [`Store::run_admission`].
+    RunAdmission,
     /// [`Store::waiters`].
     Waiters,
     /// [`Store::get_state`].
@@ -96,7 +105,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 36] = [
+    pub const ALL: [Method; 40] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -130,6 +139,10 @@ impl Method {
         Method::RegisterWorker,
         Method::RemoveWorker,
         Method::Workers,
+        Method::AcquireSlot,
+        Method::ReleaseSlot,
+        Method::AdmissionStats,
+        Method::RunAdmission,
         Method::Waiters,
         Method::GetState,
         Method::DeleteRun,
@@ -171,6 +184,10 @@ impl Method {
             Method::RegisterWorker => "register_worker",
             Method::RemoveWorker => "remove_worker",
             Method::Workers => "workers",
+            Method::AcquireSlot => "acquire_slot",
+            Method::ReleaseSlot => "release_slot",
+            Method::AdmissionStats => "admission_stats",
+            Method::RunAdmission => "run_admission",
             Method::Waiters => "waiters",
             Method::GetState => "get_state",
             Method::DeleteRun => "delete_run",
@@ -693,6 +710,22 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.call(Method::Workers, None, None, self.inner.workers(heartbeat_before)).await
     }
 
+    async fn acquire_slot(&self, request: &SlotRequest) -> StoreResult<Admission> {
+        self.call(Method::AcquireSlot, Some(&request.run_id), None, self.inner.acquire_slot(request)).await
+    }
+
+    async fn release_slot(&self, gate: &str, holder: &str, now: Millis) -> StoreResult<Vec<RunId>> {
+        self.call(Method::ReleaseSlot, None, None, self.inner.release_slot(gate, holder, now)).await
+    }
+
+    async fn admission_stats(&self, now: Millis) -> StoreResult<Vec<GateStats>> {
+        self.call(Method::AdmissionStats, None, None, self.inner.admission_stats(now)).await
+    }
+
+    async fn run_admission(&self, id: &RunId) -> StoreResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+        self.call(Method::RunAdmission, Some(id), None, self.inner.run_admission(id)).await
+    }
+
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
         self.call(Method::Waiters, Some(id), None, self.inner.waiters(id)).await
     }
@@ -719,6 +752,7 @@ mod tests {
 
     fn new_run(id: &str) -> NewRun {
         NewRun {
+            admission: None,
             id: RunId::from(id),
             workflow: "wf".into(),
             version: 1,

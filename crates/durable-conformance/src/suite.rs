@@ -72,6 +72,8 @@ pub enum Requirement {
     SharedAcrossProcesses,
     /// The store declares [`Capabilities::tasks`]: it keeps a task queue for remote steps.
     Tasks,
+    /// The store declares [`Capabilities::admission`]: it keeps admission records.
+    Admission,
     /// The factory opens a second handle on a store ([`StoreFactory::second_handle`]).
     SecondHandle,
     /// The factory reopens a store after a drop ([`StoreFactory::reopen`]).
@@ -97,6 +99,7 @@ impl Requirement {
             Requirement::Persistent => caps.persistent,
             Requirement::SharedAcrossProcesses => caps.shared_across_processes,
             Requirement::Tasks => caps.tasks,
+            Requirement::Admission => caps.admission,
             Requirement::SecondHandle
             | Requirement::Reopen
             | Requirement::Environment
@@ -112,6 +115,7 @@ impl fmt::Display for Requirement {
             Requirement::Persistent => "persistent",
             Requirement::SharedAcrossProcesses => "shared_across_processes",
             Requirement::Tasks => "tasks",
+            Requirement::Admission => "admission",
             Requirement::SecondHandle => "second_handle (StoreFactory::second_handle returned None)",
             Requirement::Reopen => "reopen (StoreFactory::reopen returned None)",
             Requirement::Environment => "a configured environment (StoreFactory::unavailable returned Some)",

@@ -18,6 +18,7 @@
 //!     id: RunId::from("order:42"), workflow: "order".into(), version: 1, namespace: "default".into(),
 //!     input: Payload::null(), tags: vec![], priority: 0, parent: None, created_at: 0,
 //!     start_at: None,
+//!     admission: None,
 //! }
 //! .into_run();
 //! let cp = Checkpoint::new(run.id.clone(), 0, "charge", StepKind::Step, CheckpointStatus::Completed, 5);
@@ -203,6 +204,7 @@ mod tests {
 
     fn export() -> HistoryExport {
         let mut run = NewRun {
+            admission: None,
             id: RunId::from("r"),
             workflow: "wf".into(),
             version: 2,

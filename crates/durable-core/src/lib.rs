@@ -49,6 +49,7 @@
 //!     id: RunId::from("order:42"), workflow: "order".into(), version: 1, namespace: "default".into(),
 //!     input: Payload::null(), tags: vec![], priority: 0, parent: None, created_at: 0,
 //!     start_at: None,
+//!     admission: None,
 //! }
 //! .into_run();
 //! // A history with one completed step.
@@ -74,6 +75,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+pub mod admission;
 pub mod export;
 mod history;
 mod ids;

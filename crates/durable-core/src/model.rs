@@ -291,6 +291,10 @@ pub struct NewRun {
     /// executes. `None`: at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<Millis>,
+    /// The concurrency key to pass before the run may execute (see
+    /// [`Store::create_run`](crate::Store::create_run)); not part of the run's record.
+    #[serde(default, skip)]
+    pub admission: Option<crate::admission::SlotRequest>,
 }
 
 impl From<&Run> for NewRun {
@@ -308,6 +312,7 @@ impl From<&Run> for NewRun {
             parent: run.parent.clone(),
             created_at: run.created_at,
             start_at: if run.status == RunStatus::Pending { run.wake_at } else { None },
+            admission: None,
         }
     }
 }

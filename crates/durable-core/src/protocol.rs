@@ -89,6 +89,28 @@ pub fn remote_token(run: &RunId, seq: u32) -> String {
     format!("remote:{run}:{seq}")
 }
 
+/// The admission gate of a workflow's concurrency key: `key:<namespace>:<workflow>:<key>`.
+pub fn key_gate(namespace: &str, workflow: &str, key: &str) -> String {
+    format!("key:{namespace}:{workflow}:{key}")
+}
+
+/// The admission gate of a step queue: `queue:<namespace>:<name>`.
+pub fn queue_gate(namespace: &str, name: &str) -> String {
+    format!("queue:{namespace}:{name}")
+}
+
+/// The parts of a gate name: `("key", "<namespace>", "<workflow>:<key>")` or
+/// `("queue", "<namespace>", "<name>")`.
+pub fn parse_gate(gate: &str) -> Option<(&str, &str, &str)> {
+    let (kind, rest) = gate.split_once(':')?;
+    let (ns, name) = rest.split_once(':')?;
+    matches!(kind, "key" | "queue").then_some((kind, ns, name))
+}
+
+/// The `wake_at` of a run created `pending` while it waits for its concurrency key: never
+/// due by time; a release hands it a slot and makes it due at once.
+pub const GATED: crate::Millis = i64::MAX as crate::Millis;
+
 /// The name of the step that hands an external task out.
 pub fn task_step_name(name: &str) -> String {
     format!("task:{name}")
@@ -229,6 +251,11 @@ mod tests {
         assert_eq!(task_step_name("review"), "task:review");
         assert_eq!(timeout_name("approve"), "timeout:approve");
         assert_eq!(undo_name("charge"), "undo:charge");
+        assert_eq!(key_gate("default", "sync", "acme"), "key:default:sync:acme");
+        assert_eq!(queue_gate("default", "api"), "queue:default:api");
+        assert_eq!(parse_gate("key:default:sync:acme"), Some(("key", "default", "sync:acme")));
+        assert_eq!(parse_gate("other:x:y"), None);
+        assert_eq!(GATED, 9_223_372_036_854_775_807);
         assert_eq!(continued_marker(&id("a~1")).as_str(), r#"{"$continued_as_new":"a~1"}"#);
         assert_eq!(child_failure_code(RunStatus::Cancelled), "child_cancelled");
         let cr =
@@ -254,6 +281,7 @@ mod tests {
         }
         assert_eq!(parse_child_failure_code("child_bogus"), None);
         let mut run = crate::NewRun {
+            admission: None,
             id: id("a"),
             workflow: "w".into(),
             version: 1,

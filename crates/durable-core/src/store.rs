@@ -9,6 +9,9 @@ use std::fmt;
 
 use async_trait::async_trait;
 
+use crate::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
+#[cfg(doc)]
+use crate::admission::{AdmissionBook, GateRecord};
 use crate::schedule::ScheduleRecord;
 use crate::task::{BeatOutcome, NewTask, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use crate::trigger::{Publish, Published, TriggerBuffer};
@@ -60,6 +63,17 @@ pub enum StoreError {
     /// Any other backend failure (corrupt file, disk full, SQL error, …).
     #[error("store backend error: {0}")]
     Backend(Box<dyn StdError + Send + Sync>),
+    /// A start was refused because its concurrency key's queue is full
+    /// ([`SlotRequest::max_waiting`]): nothing was persisted.
+    #[error("queue full: {gate} holds {held} and has {waiting} waiting")]
+    QueueFull {
+        /// The gate ([`protocol::key_gate`](crate::protocol::key_gate)).
+        gate: String,
+        /// Slots held.
+        held: u32,
+        /// Requests waiting.
+        waiting: u32,
+    },
 }
 
 /// The variant of a [`StoreError`], for matching without the payload.
@@ -78,6 +92,8 @@ pub enum StoreErrorKind {
     Unavailable,
     /// [`StoreError::Backend`].
     Backend,
+    /// [`StoreError::QueueFull`].
+    QueueFull,
 }
 
 impl StoreError {
@@ -90,6 +106,7 @@ impl StoreError {
             StoreError::LeaseLost { .. } => StoreErrorKind::LeaseLost,
             StoreError::Unavailable { .. } => StoreErrorKind::Unavailable,
             StoreError::Backend(_) => StoreErrorKind::Backend,
+            StoreError::QueueFull { .. } => StoreErrorKind::QueueFull,
         }
     }
 
@@ -121,18 +138,28 @@ pub struct Capabilities {
     /// [`Store::complete_task`] and the other task and worker methods, and applies
     /// [`Commit::tasks`].
     pub tasks: bool,
+    /// The store keeps admission records: it implements [`Store::acquire_slot`] and the
+    /// other admission methods, applies [`Commit::release_slots`] and [`NewRun::admission`].
+    pub admission: bool,
 }
 
 impl Capabilities {
     /// A store that keeps data and may be shared across processes.
-    pub const FULL: Capabilities = Capabilities { shared_across_processes: true, persistent: true, tasks: true };
+    pub const FULL: Capabilities =
+        Capabilities { shared_across_processes: true, persistent: true, tasks: true, admission: true };
     /// An in-process store that loses its data when dropped.
-    pub const IN_MEMORY: Capabilities = Capabilities { shared_across_processes: false, persistent: false, tasks: true };
+    pub const IN_MEMORY: Capabilities =
+        Capabilities { shared_across_processes: false, persistent: false, tasks: true, admission: true };
 
     /// These capabilities with [`Capabilities::tasks`] set to `tasks` (a store without a task
     /// queue declares `Capabilities::FULL.with_tasks(false)`; the struct is non-exhaustive).
     pub const fn with_tasks(self, tasks: bool) -> Capabilities {
         Capabilities { tasks, ..self }
+    }
+
+    /// These capabilities with [`Capabilities::admission`] set to `admission`.
+    pub const fn with_admission(self, admission: bool) -> Capabilities {
+        Capabilities { admission, ..self }
     }
 }
 
@@ -260,6 +287,9 @@ pub struct Commit {
     pub signals: Vec<OutgoingSignal>,
     /// Remote-step attempts to dispatch (see [`Store::commit`]).
     pub tasks: Vec<NewTask>,
+    /// Admission slots to release, `(gate, holder)`: their capacity is handed to the gates'
+    /// next waiters in the same atomic write (see [`Store::acquire_slot`]).
+    pub release_slots: Vec<(String, String)>,
     /// How the turn ends, if it does.
     pub end: Option<TurnEnd>,
 }
@@ -286,6 +316,7 @@ impl Commit {
             children: Vec::new(),
             signals: Vec::new(),
             tasks: Vec::new(),
+            release_slots: Vec::new(),
             end: None,
         }
     }
@@ -327,6 +358,8 @@ pub struct CommitOutcome {
     /// Seqs of `expire_waits` whose waiter was already taken by a delivery: their timeout
     /// checkpoints were not written (the delivery stands).
     pub raced: Vec<u32>,
+    /// Runs a released slot was handed to: they were woken (made due now); dispatch them.
+    pub handed_off: Vec<RunId>,
 }
 
 /// A change to a run row, applied by [`Store::update_run_if`].
@@ -474,6 +507,13 @@ fn no_remote_steps() -> StoreError {
     }
 }
 
+fn no_admission() -> StoreError {
+    StoreError::Unavailable {
+        message: "this store does not support flow control (it keeps no admission records)".into(),
+        retryable: false,
+    }
+}
+
 /// The storage backend of the engine.
 ///
 /// Object-safe: the engine holds an `Arc<dyn Store>`. Every method is one round trip and
@@ -492,6 +532,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Idempotent on `run.id`: if a run with that id exists, nothing is written and it is
     /// returned as [`CreateRun::Existing`]. Concurrent creators of one id: exactly one gets
     /// `Created`.
+    ///
+    /// With [`NewRun::admission`] (a concurrency key; stores with [`Capabilities::admission`]):
+    /// the request is decided as by [`Store::acquire_slot`] in the same transaction, holder =
+    /// the run id. `Full` → [`StoreError::QueueFull`] and nothing is written; `Waiting` → the
+    /// run is created `pending` with `wake_at = `[`protocol::GATED`](crate::protocol::GATED)
+    /// (never due, never claimed) until a release hands it the slot; `Admitted` → created as
+    /// usual. An existing id is answered `Existing` without deciding anything.
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun>;
 
     /// Creates several runs in `pending` at once: a bulk start, in one round trip.
@@ -559,6 +606,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// # Contract
     /// - Missing → `NotFound`; terminal → `Terminal` (nothing written).
     /// - A lease held by another owner with `lease_until >= now` → `Busy` (nothing written).
+    /// - A `pending` run waiting for its concurrency key (`wake_at = GATED`) → `Busy`
+    ///   (nothing written): it runs once a release hands it a slot.
     /// - Otherwise: lease set to `(owner, lease_until)`, status `running`, `updated_at = now`.
     ///   If the run was `running` under another owner (an expired lease), `recovery_attempts`
     ///   is incremented and `recovered` is true. The same owner may claim again (no recovery).
@@ -571,7 +620,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Contract
     /// Succeeds (`true`) only if `owner` holds the lease (expired or not, as long as nobody
-    /// took it over); then `lease_until` is set.
+    /// took it over); then `lease_until` is set, and so is the lease of every leased
+    /// admission slot the run holds (a step's slot lives as long as its run's lease).
     async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool>;
 
     /// Gives a lease up.
@@ -598,7 +648,11 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   `(run_id, seq)` if there is one (a re-dispatch; the old attempt's logs are kept).
     /// - `end`: see [`TurnEnd`]. A `Settle` that finds the run no longer `running` changes
     ///   nothing of the run row and reports `settled = false` (checkpoints are still written).
-    ///   An applied `Settle` finishes the run's unfinished tasks (outcome `cancelled`).
+    ///   An applied `Settle` finishes the run's unfinished tasks (outcome `cancelled`) and
+    ///   releases all its admission slots and queued requests.
+    /// - Each of `release_slots` is released as by [`Store::release_slot`]. Released capacity
+    ///   is handed to the gates' next waiters in the same transaction; their runs are woken
+    ///   and listed in `handed_off`.
     /// - Progress resets the recovery count: a commit that carries checkpoints or a turn end
     ///   (a `Suspend`, applied or `woken`, or a `Settle`), applied while the run is `running`,
     ///   sets its `recovery_attempts` to 0 in the same transaction — the turn that made it got
@@ -617,7 +671,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// run. A patched status must be allowed by [`RunStatus::can_become`] from the current one
     /// (or equal to it), else nothing is written and `Conflict` is returned. Concurrent racers
     /// with the same expectation: exactly one wins. A patch that makes the run terminal also
-    /// removes its waiters. The patch's `signals` are sent in the same transaction.
+    /// removes its waiters and releases its admission slots and queued requests (handing the
+    /// capacity on, as a commit does). The patch's `signals` are sent in the same transaction.
     async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool>;
 
     /// Pending runs to start, oldest first.
@@ -844,6 +899,54 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Err(no_remote_steps())
     }
 
+    /// Asks to pass an admission gate (see [`crate::admission`]).
+    ///
+    /// # Contract
+    /// One atomic call, doing what [`AdmissionBook::acquire`] does:
+    /// 1. Slots of the gate whose lease passed (`lease_until <= now`) are deleted and their
+    ///    capacity handed to the best waiters (woken: see below).
+    /// 2. A holder that holds a slot of the gate → `Admitted` (a leased slot's lease is set to
+    ///    the request's).
+    /// 3. The gate's record is created or its limits replaced by the request's, and its rate
+    ///    window rolled ([`GateRecord::roll`]).
+    /// 4. [`decide`](crate::admission::decide), with the request's rank (kept if it waits
+    ///    already, else [`GateRecord::rank`]) and the number of waiters ranked before it:
+    ///    `Admit` → the waiter row (if any) is deleted, a slot recorded when the gate limits
+    ///    concurrency, [`GateRecord::admitted`]; `Wait` → the waiter recorded if new; `Full`
+    ///    → nothing written.
+    ///
+    /// A woken run (a slot handed to its waiter): a run waiting for its concurrency key
+    /// (`pending`, `wake_at = GATED`) gets `wake_at = now`; any other run is woken as a
+    /// delivery wakes it ([`Store::send_signal`]).
+    async fn acquire_slot(&self, request: &SlotRequest) -> StoreResult<Admission> {
+        let _ = request;
+        Err(no_admission())
+    }
+
+    /// Releases a slot or a queued request outside a commit (a step whose turn ended before
+    /// it could commit).
+    ///
+    /// # Contract
+    /// Deletes `holder`'s slot and waiter row at `gate` (nothing when there are none) and
+    /// hands the freed capacity on as [`Store::acquire_slot`] does. Returns the runs woken.
+    async fn release_slot(&self, gate: &str, holder: &str, now: Millis) -> StoreResult<Vec<RunId>> {
+        let _ = (gate, holder, now);
+        Err(no_admission())
+    }
+
+    /// Per-gate figures at `now`, by gate name ([`AdmissionBook::stats`]).
+    async fn admission_stats(&self, now: Millis) -> StoreResult<Vec<GateStats>> {
+        let _ = now;
+        Err(no_admission())
+    }
+
+    /// What a run holds and waits for at admission gates: its slots and its queued requests,
+    /// each ordered by gate then holder.
+    async fn run_admission(&self, id: &RunId) -> StoreResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+        let _ = id;
+        Err(no_admission())
+    }
+
     /// The waiters a run has registered.
     ///
     /// # Contract
@@ -859,7 +962,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Deletes a run and everything tied to it.
     ///
     /// # Contract
-    /// Removes the run, its checkpoints, waiters, state and tasks, and the same for every descendant
+    /// Removes the run, its checkpoints, waiters, state, tasks and admission records (handing
+    /// freed slots on), and the same for every descendant
     /// (runs whose parent chain leads to it), atomically. Returns how many runs were removed
     /// (0 when it did not exist). Buffered signals are not tied to runs and are kept.
     async fn delete_run(&self, id: &RunId) -> StoreResult<u64>;
@@ -989,6 +1093,7 @@ mod tests {
 
     fn new_run(id: &str) -> NewRun {
         NewRun {
+            admission: None,
             id: RunId::from(id),
             workflow: "wf".into(),
             version: 1,

@@ -190,6 +190,7 @@ mod tests {
             gather,
             batch_id: "b1".into(),
             run: NewRun {
+                admission: None,
                 id: RunId::new("unused"),
                 workflow: "wf".into(),
                 version: 1,

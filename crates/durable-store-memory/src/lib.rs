@@ -21,6 +21,7 @@ use std::cmp::Reverse;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 
 use async_trait::async_trait;
+use durable_core::admission::{Admission, AdmissionBook, GateStats, Handoff, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{
     BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, TaskState, WorkerInfo,
 };
@@ -66,6 +67,8 @@ struct Inner {
     /// Remote-step tasks by `(run, seq)`.
     tasks: BTreeMap<(RunId, u32), Task>,
     workers: BTreeMap<String, WorkerInfo>,
+    /// Admission gates, slots and queued requests.
+    admission: AdmissionBook,
 }
 
 #[derive(Debug)]
@@ -131,6 +134,43 @@ impl Inner {
     /// The run's unclaimed queue item, if it has one (it has at most one).
     fn open_item(&mut self, run: &RunId) -> Option<&mut Queued> {
         self.queue.values_mut().find(|q| q.claim.is_none() && q.item.run_id == *run)
+    }
+
+    /// [`Inner::create`], deciding the run's concurrency key first (see `Store::create_run`).
+    fn create_admitted(&mut self, mut new: NewRun) -> StoreResult<CreateRun> {
+        if let Some(existing) = self.runs.get(&new.id) {
+            return Ok(CreateRun::Existing(existing.clone()));
+        }
+        if let Some(mut request) = new.admission.take() {
+            request.holder = new.id.to_string();
+            request.run_id = new.id.clone();
+            request.lease_until = None;
+            let (answer, handed) = self.admission.acquire(&request);
+            self.wake_handed(&handed, request.now);
+            match answer {
+                Admission::Admitted => {}
+                Admission::Waiting { .. } => new.start_at = Some(protocol::GATED),
+                Admission::Full { held, waiting } => {
+                    return Err(StoreError::QueueFull { gate: request.gate, held, waiting });
+                }
+            }
+        }
+        Ok(self.create(new))
+    }
+
+    /// Wakes the runs admission slots were handed to.
+    fn wake_handed(&mut self, handed: &[Handoff], now: Millis) {
+        for h in handed {
+            match self.runs.get_mut(&h.run_id) {
+                Some(run) if run.status == RunStatus::Pending && run.wake_at == Some(protocol::GATED) => {
+                    run.wake_at = Some(now);
+                    run.wake_gen += 1;
+                    run.updated_at = now;
+                }
+                Some(_) => self.wake(&h.run_id, now),
+                None => {}
+            }
+        }
     }
 
     fn create(&mut self, new: NewRun) -> CreateRun {
@@ -257,7 +297,9 @@ impl Inner {
         }
     }
 
-    fn delete_one(&mut self, id: &RunId) {
+    fn delete_one(&mut self, id: &RunId, now: Millis) {
+        let handed = self.admission.release_run(id, now);
+        self.wake_handed(&handed, now);
         self.tasks.retain(|(run, _), _| run != id);
         self.runs.remove(id);
         self.checkpoints.remove(id);
@@ -282,13 +324,33 @@ impl Store for MemoryStore {
     }
 
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
-        Ok(self.inner.lock().create(run))
+        self.inner.lock().create_admitted(run)
     }
 
     async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
         // Under one lock: no reader sees part of the batch.
         let mut inner = self.inner.lock();
-        Ok(runs.into_iter().map(|run| inner.create(run)).collect())
+        if runs.iter().all(|r| r.admission.is_none()) {
+            return Ok(runs.into_iter().map(|run| inner.create(run)).collect());
+        }
+        // All or nothing: a refused start undoes the batch's admissions and creations.
+        let book = inner.admission.clone();
+        let mut answers = Vec::with_capacity(runs.len());
+        for run in runs {
+            match inner.create_admitted(run) {
+                Ok(answer) => answers.push(answer),
+                Err(e) => {
+                    inner.admission = book;
+                    for a in answers {
+                        if let CreateRun::Created(r) = a {
+                            inner.runs.remove(&r.id);
+                        }
+                    }
+                    return Err(e);
+                }
+            }
+        }
+        Ok(answers)
     }
 
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
@@ -333,6 +395,9 @@ impl Store for MemoryStore {
         if run.status.is_terminal() {
             return Ok(ClaimOutcome::Terminal(run.clone()));
         }
+        if run.status == RunStatus::Pending && run.wake_at == Some(protocol::GATED) {
+            return Ok(ClaimOutcome::Busy(run.clone()));
+        }
         let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
         if held_by_other
             && lease_is_live(run, claim.now)
@@ -359,6 +424,7 @@ impl Store for MemoryStore {
         match inner.runs.get_mut(id) {
             Some(run) if run.lease_owner.as_deref() == Some(owner) => {
                 run.lease_until = Some(lease_until);
+                inner.admission.renew(id, lease_until);
                 Ok(true)
             }
             _ => Ok(false),
@@ -431,6 +497,10 @@ impl Store for MemoryStore {
             let logs = inner.tasks.remove(&key).map(|t| t.logs).unwrap_or_default();
             inner.tasks.insert(key, Task { logs, ..Task::queued(task) });
         }
+        let mut handed = Vec::new();
+        for (gate, holder) in &commit.release_slots {
+            handed.extend(inner.admission.release(gate, holder, now));
+        }
         let run = inner.runs.get_mut(&commit.run_id).expect("checked above");
         if progress && run.status == RunStatus::Running {
             // The turn got somewhere: recoveries count again from here.
@@ -460,11 +530,14 @@ impl Store for MemoryStore {
                 out.settled = true;
                 inner.remove_waiters_of(&commit.run_id);
                 inner.finish_tasks_of(&commit.run_id);
+                handed.extend(inner.admission.release_run(&commit.run_id, now));
             }
             // A turn end that finds the run no longer running (an operator cancelled it
             // mid-turn) changes nothing of the run row: terminal runs accept no transition.
             Some(_) => {}
         }
+        inner.wake_handed(&handed, now);
+        out.handed_off = handed.into_iter().map(|h| h.run_id).collect();
         Ok(out)
     }
 
@@ -509,6 +582,8 @@ impl Store for MemoryStore {
         }
         if terminal {
             inner.remove_waiters_of(id);
+            let handed = inner.admission.release_run(id, patch.now);
+            inner.wake_handed(&handed, patch.now);
         }
         for signal in patch.signals {
             inner.send_signal(&signal.token, signal.payload, patch.now);
@@ -888,6 +963,29 @@ impl Store for MemoryStore {
         Ok(inner.workers.values().cloned().collect())
     }
 
+    async fn acquire_slot(&self, request: &SlotRequest) -> StoreResult<Admission> {
+        let mut inner = self.inner.lock();
+        let (answer, handed) = inner.admission.acquire(request);
+        inner.wake_handed(&handed, request.now);
+        Ok(answer)
+    }
+
+    async fn release_slot(&self, gate: &str, holder: &str, now: Millis) -> StoreResult<Vec<RunId>> {
+        let mut inner = self.inner.lock();
+        let handed = inner.admission.release(gate, holder, now);
+        inner.wake_handed(&handed, now);
+        Ok(handed.into_iter().map(|h| h.run_id).collect())
+    }
+
+    async fn admission_stats(&self, now: Millis) -> StoreResult<Vec<GateStats>> {
+        Ok(self.inner.lock().admission.stats(now))
+    }
+
+    async fn run_admission(&self, id: &RunId) -> StoreResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+        let inner = self.inner.lock();
+        Ok((inner.admission.slots_of(id), inner.admission.waits_of(id)))
+    }
+
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
         let inner = self.inner.lock();
         Ok(inner
@@ -920,7 +1018,8 @@ impl Store for MemoryStore {
             i += 1;
         }
         for d in &doomed {
-            inner.delete_one(d);
+            // A deletion knows no time: freed slots are handed on at each gate's latest.
+            inner.delete_one(d, 0);
         }
         Ok(doomed.len() as u64)
     }

@@ -129,6 +129,7 @@
 //!         parent: None,
 //!         created_at: 1_000,
 //!         start_at: None,
+//!         admission: None,
 //!     })
 //!     .await?;
 //! assert!(created.created());
@@ -624,7 +625,7 @@ impl Drop for RunNotifications {
 #[async_trait]
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::FULL
+        Capabilities::FULL.with_admission(false)
     }
 
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {

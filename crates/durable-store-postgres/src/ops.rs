@@ -326,6 +326,7 @@ impl NewRunRow {
         let created_at = millis_from_sql(self.created_at, || what("created_at"))?;
         let start_at = self.start_at.map(|v| millis_from_sql(v, || what("start_at"))).transpose()?;
         Ok(NewRun {
+            admission: None,
             id: RunId::new(self.id),
             workflow: self.workflow,
             version: self.version,
@@ -873,6 +874,7 @@ pub(crate) fn commit_answer(text: &str, commit: &Commit) -> Result<CommitOutcome
             .into_iter()
             .map(|s| u32_from_sql(s, || "raced seq".into()).map_err(Answer::Corrupt))
             .collect::<Result<_, _>>()?,
+        handed_off: Vec::new(),
     })
 }
 
@@ -1478,6 +1480,7 @@ mod tests {
     #[test]
     fn publishes_and_saves_travel_in_the_stores_own_format() {
         let run = NewRun {
+            admission: None,
             id: RunId::from("x"),
             workflow: "wf".into(),
             version: 1,

@@ -84,6 +84,7 @@
 //!     parent: None,
 //!     created_at: 1_000,
 //!     start_at: None,
+//!     admission: None,
 //! };
 //! // Any executor works; the store needs no tokio runtime.
 //! let created = futures_lite_block_on(store.create_run(new))?;
@@ -269,7 +270,7 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::FULL
+        Capabilities::FULL.with_admission(false)
     }
 
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {

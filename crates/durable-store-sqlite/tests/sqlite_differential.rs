@@ -85,6 +85,7 @@ fn new_run(rng: &mut Rng, now: u64) -> NewRun {
         }
     }
     NewRun {
+        admission: None,
         id,
         workflow: if rng.chance(70) { "wf".into() } else { "other".into() },
         version: 1 + rng.below(2) as u32,

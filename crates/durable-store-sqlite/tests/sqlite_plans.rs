@@ -297,6 +297,7 @@ fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
 /// listing order is known.
 fn run(i: usize) -> NewRun {
     NewRun {
+        admission: None,
         id: RunId::from(format!("run-{i:04}")),
         workflow: format!("wf-{}", i % 3),
         version: 1,

@@ -216,6 +216,7 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         for id in ids {
             let new = NewRun {
+                admission: None,
                 id: RunId::from(*id),
                 workflow: "w".into(),
                 version: 1,

@@ -9,6 +9,7 @@
 
 mod fixtures;
 
+pub mod admission;
 pub mod commit;
 pub mod delete;
 pub mod events;

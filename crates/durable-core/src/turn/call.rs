@@ -683,6 +683,7 @@ impl Turn {
             created_at: now,
         });
         self.buffer.children.push(NewRun {
+            admission: None,
             id: call.id,
             workflow: call.workflow.to_string(),
             version,

@@ -352,6 +352,7 @@ impl Turn {
         let successor = protocol::successor_id(&self.run.id);
         let mut commit = self.drain(now);
         commit.children.push(NewRun {
+            admission: None,
             id: successor.clone(),
             workflow: self.run.workflow.clone(),
             version: self.config.latest_version,

@@ -257,6 +257,7 @@ struct World {
 impl World {
     fn new(script: &[Op]) -> Self {
         let run = NewRun {
+            admission: None,
             id: RunId::from("run"),
             workflow: "wf".into(),
             version: 1,

@@ -28,6 +28,7 @@ fn rid() -> RunId {
 
 fn run() -> Run {
     let mut run = NewRun {
+        admission: None,
         id: rid(),
         workflow: "wf".into(),
         version: 2,
@@ -1018,6 +1019,7 @@ fn spawn_child_records_a_wait_and_creates_the_child_with_the_next_commit() {
                     created_at: 10,
                 }],
                 children: vec![NewRun {
+                    admission: None,
                     id: RunId::from("r.child.0"),
                     workflow: "child-wf".into(),
                     version: 4,
@@ -1578,6 +1580,7 @@ fn continue_as_new_settles_completed_with_a_marker_and_creates_the_successor() {
                     ..cp(0, "now", StepKind::Now, CheckpointStatus::Completed, 10)
                 }],
                 children: vec![NewRun {
+                    admission: None,
                     id: RunId::from("r~1"),
                     workflow: "wf".into(),
                     version: 3,
@@ -2310,6 +2313,7 @@ fn a_history_with_a_record_the_call_cannot_have_made_is_corrupt() {
 
 fn existing(id: &str, workflow: &str, parent: Option<ParentLink>) -> Run {
     NewRun {
+        admission: None,
         id: RunId::from(id),
         workflow: workflow.into(),
         version: 1,

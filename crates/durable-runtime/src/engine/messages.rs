@@ -135,6 +135,7 @@ impl Engine {
             };
             handler.check_input(&probe).map_err(|source| Error::InvalidInput { workflow: workflow.clone(), source })?;
             let run = NewRun {
+                admission: None,
                 id: RunId::new(""),
                 workflow: workflow.clone(),
                 version,

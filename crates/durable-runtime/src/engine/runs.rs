@@ -119,6 +119,7 @@ impl Engine {
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
         let start_at = options.start_at.or_else(|| options.delay.map(|d| durable_core::millis_after(now, d)));
         Ok(NewRun {
+            admission: None,
             id,
             workflow: workflow.to_string(),
             version,

@@ -487,6 +487,7 @@ mod tests {
     #[test]
     fn only_a_due_pending_or_running_run_has_work() {
         let mut run = durable_core::NewRun {
+            admission: None,
             id: id("r"),
             workflow: "w".into(),
             version: 1,

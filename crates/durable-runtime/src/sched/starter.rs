@@ -150,6 +150,7 @@ impl Shared {
             let start = fires
                 .into_iter()
                 .map(|fire| NewRun {
+                    admission: None,
                     id: fire.run_id,
                     workflow: record.workflow.clone(),
                     version,

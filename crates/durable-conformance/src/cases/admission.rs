@@ -1,0 +1,344 @@
+//! Flow control: admission slots held in the store, taken and released atomically, handed to
+//! the next waiter by priority, fairness and arrival, reclaimed when a holder's lease passes.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable_core::admission::{Admission, Limits, Order, PriorityOrder, Rate, SlotRequest};
+use durable_core::{
+    ClaimOutcome, CreateRun, Millis, RunId, RunPatch, RunQuery, RunStatus, Store, StoreError, StoreErrorKind, protocol,
+};
+
+use super::fixtures::*;
+use crate::CaseResult;
+
+/// The step queue most cases use.
+const GATE: &str = "queue:default:api";
+
+/// A request of the step `<run>:<seq>` to pass [`GATE`] at `now`, with no lease.
+fn step_request(run: &str, seq: u32, limits: Limits, now: Millis) -> SlotRequest {
+    SlotRequest {
+        gate: GATE.into(),
+        holder: protocol::step_id(&RunId::from(run), seq),
+        run_id: RunId::from(run),
+        priority: 0,
+        fairness_key: String::new(),
+        limits,
+        lease_until: None,
+        max_waiting: None,
+        now,
+    }
+}
+
+fn concurrency(n: u32) -> Limits {
+    Limits { concurrency: Some(n), ..Limits::default() }
+}
+
+async fn ask(store: &dyn Store, request: &SlotRequest) -> CaseResult<Admission> {
+    Ok(store.acquire_slot(request).await?)
+}
+
+/// `(held, waiting)` of [`GATE`] at `now`.
+async fn counts(store: &dyn Store, now: Millis) -> CaseResult<(u32, u32)> {
+    let stats = store.admission_stats(now).await?;
+    let g = stats.iter().find(|g| g.gate == GATE).unwrap_or_else(|| panic!("no stats for {GATE}: {stats:?}"));
+    Ok((g.held, g.waiting))
+}
+
+/// Parks run `id` (created, claimed, suspended with no wake time): a run whose step waits.
+async fn parked(store: &dyn Store, id: &str) -> CaseResult {
+    let run = start(store, id).await?;
+    let mut c = commit(id, OWNER);
+    c.end = suspend(&run, None);
+    store.commit(c).await?;
+    Ok(())
+}
+
+async fn due(store: &dyn Store, now: Millis) -> CaseResult<Vec<String>> {
+    let due = store.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 100 }).await?;
+    Ok(due.iter().map(|r| r.to_string()).collect())
+}
+
+/// Releases the slot of `holder` (a step of a run [`OWNER`] holds) in a commit; returns the
+/// runs the commit says it handed the slot to.
+async fn release_in_commit(store: &dyn Store, run: &str, seq: u32, now: Millis) -> CaseResult<Vec<String>> {
+    let mut c = commit(run, OWNER);
+    c.now = now;
+    c.release_slots.push((GATE.into(), protocol::step_id(&RunId::from(run), seq)));
+    let out = store.commit(c).await?;
+    Ok(out.handed_off.iter().map(|r| r.to_string()).collect())
+}
+
+/// A concurrency limit admits that many holders; the rest wait (and stay waiting when they
+/// ask again), a holder asking again is still admitted, and the stats count both.
+pub async fn caps_concurrency(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let l = concurrency(2);
+    assert_eq!(ask(s, &step_request("a", 1, l, T0)).await?, Admission::Admitted);
+    assert_eq!(ask(s, &step_request("b", 1, l, T0)).await?, Admission::Admitted);
+    assert_eq!(ask(s, &step_request("c", 1, l, T0)).await?, Admission::Waiting { retry_at: None });
+    assert_eq!(ask(s, &step_request("a", 1, l, T0 + 1)).await?, Admission::Admitted, "a holder is admitted again");
+    assert_eq!(ask(s, &step_request("c", 1, l, T0 + 1)).await?, Admission::Waiting { retry_at: None });
+    assert_eq!(counts(s, T0 + 1).await?, (2, 1));
+    let (slots, waits) = s.run_admission(&RunId::from("c")).await?;
+    assert!(slots.is_empty());
+    assert_eq!(waits.iter().map(|w| w.holder.as_str()).collect::<Vec<_>>(), ["c:1"]);
+    let (slots, _) = s.run_admission(&RunId::from("a")).await?;
+    assert_eq!(slots.iter().map(|s| s.gate.as_str()).collect::<Vec<_>>(), [GATE]);
+    Ok(())
+}
+
+/// A fixed-window rate admits its limit per window, tells the rest to retry at the window's
+/// end, and in the next window admits the queued requests before a newcomer.
+pub async fn fixed_window_rate(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let l = Limits { rate: Some(Rate::per(2, Duration::from_secs(1))), ..Limits::default() };
+    let w = T0 - T0 % 1_000;
+    assert_eq!(ask(s, &step_request("a", 1, l, w + 100)).await?, Admission::Admitted);
+    assert_eq!(ask(s, &step_request("b", 1, l, w + 200)).await?, Admission::Admitted);
+    assert_eq!(ask(s, &step_request("c", 1, l, w + 300)).await?, Admission::Waiting { retry_at: Some(w + 1_000) });
+    assert_eq!(ask(s, &step_request("d", 1, l, w + 400)).await?, Admission::Waiting { retry_at: Some(w + 1_000) });
+    let next = w + 1_000;
+    assert_eq!(
+        ask(s, &step_request("e", 1, l, next + 1)).await?,
+        Admission::Waiting { retry_at: Some(next + 1_000) },
+        "two wait ahead of the newcomer"
+    );
+    assert_eq!(ask(s, &step_request("d", 1, l, next + 2)).await?, Admission::Admitted);
+    assert_eq!(ask(s, &step_request("c", 1, l, next + 3)).await?, Admission::Admitted);
+    assert_eq!(ask(s, &step_request("e", 1, l, next + 4)).await?, Admission::Waiting { retry_at: Some(next + 1_000) });
+    Ok(())
+}
+
+/// Serves waiters in the order `holders` asked, after a holder `h` (priorities in `prios`),
+/// by releasing each in turn; returns the order the slot went round.
+async fn served_order(store: &dyn Store, l: Limits, waiters: &[(&str, i32, &str)]) -> CaseResult<Vec<String>> {
+    assert_eq!(ask(store, &step_request("h", 1, l, T0)).await?, Admission::Admitted);
+    for (i, (run, priority, key)) in waiters.iter().enumerate() {
+        let mut r = step_request(run, 1, l, T0 + 1 + i as Millis);
+        r.priority = *priority;
+        r.fairness_key = key.to_string();
+        assert!(matches!(ask(store, &r).await?, Admission::Waiting { .. }));
+    }
+    let mut order = Vec::new();
+    let mut last = "h".to_string();
+    for i in 0..waiters.len() {
+        let handed = store.release_slot(GATE, &format!("{last}:1"), T0 + 100 + i as Millis).await?;
+        assert_eq!(handed.len(), 1, "one slot freed, one waiter served: {handed:?}");
+        last = handed[0].to_string();
+        order.push(last.clone());
+    }
+    Ok(order)
+}
+
+/// A freed slot goes to the highest priority first (or the lowest, when configured).
+pub async fn highest_priority_first(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let order = served_order(s, concurrency(1), &[("low", 1, ""), ("high", 9, ""), ("mid", 5, "")]).await?;
+    assert_eq!(order, strings(&["high", "mid", "low"]));
+    let lowest = Limits { priority: PriorityOrder::LowestFirst, ..concurrency(1) };
+    let mut r = step_request("x", 1, lowest, T0);
+    r.gate = "queue:default:other".into();
+    assert_eq!(ask(s, &r).await?, Admission::Admitted);
+    for (run, p) in [("p5", 5), ("p1", 1)] {
+        let mut w = step_request(run, 1, lowest, T0 + 1);
+        w.gate = r.gate.clone();
+        w.priority = p;
+        ask(s, &w).await?;
+    }
+    let handed = s.release_slot(&r.gate, "x:1", T0 + 2).await?;
+    assert_eq!(handed, [RunId::from("p1")]);
+    Ok(())
+}
+
+/// Among equal priorities, first come first served by default.
+pub async fn fifo_by_default(store: Arc<dyn Store>) -> CaseResult {
+    let order = served_order(&*store, concurrency(1), &[("a", 0, ""), ("b", 0, ""), ("c", 0, "")]).await?;
+    assert_eq!(order, strings(&["a", "b", "c"]));
+    Ok(())
+}
+
+/// With `Order::Lifo`, last come first served.
+pub async fn lifo_when_configured(store: Arc<dyn Store>) -> CaseResult {
+    let l = Limits { order: Order::Lifo, ..concurrency(1) };
+    let order = served_order(&*store, l, &[("a", 0, ""), ("b", 0, ""), ("c", 0, "")]).await?;
+    assert_eq!(order, strings(&["c", "b", "a"]));
+    Ok(())
+}
+
+/// With fairness, keys are served round robin: a key with many waiters does not hold back a
+/// key with one, which is served within one turn of the slot.
+pub async fn round_robin_across_fairness_keys(store: Arc<dyn Store>) -> CaseResult {
+    let l = Limits { fairness: true, ..concurrency(1) };
+    let waiters = [("a1", 0, "a"), ("a2", 0, "a"), ("a3", 0, "a"), ("b1", 0, "b"), ("c1", 0, "c"), ("b2", 0, "b")];
+    let order = served_order(&*store, l, &waiters).await?;
+    assert_eq!(order, strings(&["a1", "b1", "c1", "a2", "b2", "a3"]));
+    Ok(())
+}
+
+/// A gate with neither a concurrency nor a rate limit admits everything.
+pub async fn an_ungated_queue_admits_everything(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    for i in 0..20 {
+        assert_eq!(ask(s, &step_request(&format!("r{i}"), 1, Limits::default(), T0)).await?, Admission::Admitted);
+    }
+    Ok(())
+}
+
+/// A leased slot whose holder stops renewing is reclaimed once its lease passes and handed to
+/// the next waiter, whose run is woken; a renewal of the holder's run lease keeps it.
+pub async fn a_dead_holders_slot_is_reclaimed(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let l = concurrency(1);
+    start(s, "dead").await?;
+    let mut held = step_request("dead", 1, l, T0);
+    held.lease_until = Some(T0 + LEASE);
+    assert_eq!(ask(s, &held).await?, Admission::Admitted);
+    parked(s, "waiter").await?;
+    let mut w = step_request("waiter", 2, l, T0 + 1);
+    w.lease_until = Some(T0 + 1 + LEASE);
+    assert_eq!(ask(s, &w).await?, Admission::Waiting { retry_at: None });
+    // The engine renews the run's lease, and with it the slot's.
+    assert!(s.renew_lease(&RunId::from("dead"), OWNER, T0 + 2 * LEASE).await?);
+    assert_eq!(ask(s, &step_request("probe", 1, l, T0 + LEASE + 1)).await?, Admission::Waiting { retry_at: None });
+    assert_eq!(counts(s, T0 + LEASE + 1).await?.0, 1, "the renewed slot still counts");
+    // Past the renewed lease it no longer counts, and the next call hands it on.
+    let after = T0 + 2 * LEASE + 1;
+    assert_eq!(counts(s, after).await?.0, 0, "an expired slot does not count");
+    assert!(matches!(ask(s, &step_request("probe", 1, l, after)).await?, Admission::Waiting { .. }));
+    let (slots, waits) = s.run_admission(&RunId::from("waiter")).await?;
+    assert_eq!((slots.len(), waits.len()), (1, 0), "the waiter holds the reclaimed slot");
+    assert_eq!(slots[0].lease_until, Some(after + LEASE), "its lease runs from the hand-off");
+    assert!(due(s, after).await?.contains(&"waiter".to_string()), "the waiter's run is woken");
+    Ok(())
+}
+
+/// A commit that releases a slot hands it to the next waiter in the same write: the waiter's
+/// suspended run is due at once and named in `handed_off`.
+pub async fn a_release_in_a_commit_hands_the_slot_on(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let l = concurrency(1);
+    start(s, "holder").await?;
+    assert_eq!(ask(s, &step_request("holder", 3, l, T0)).await?, Admission::Admitted);
+    parked(s, "next").await?;
+    assert!(matches!(ask(s, &step_request("next", 1, l, T0 + 1)).await?, Admission::Waiting { .. }));
+    assert!(due(s, T0 + 5).await?.is_empty());
+    assert_eq!(release_in_commit(s, "holder", 3, T0 + 5).await?, ["next"]);
+    assert_eq!(due(s, T0 + 5).await?, ["next"]);
+    assert_eq!(ask(s, &step_request("next", 1, l, T0 + 6)).await?, Admission::Admitted, "the slot is next's");
+    assert_eq!(counts(s, T0 + 6).await?, (1, 0));
+    // A hand-off to a run in the middle of a turn makes its suspension report woken.
+    let run = get(s, "holder").await?;
+    assert!(matches!(ask(s, &step_request("holder", 4, l, T0 + 7)).await?, Admission::Waiting { .. }));
+    s.release_slot(GATE, "next:1", T0 + 8).await?;
+    let mut c = commit("holder", OWNER);
+    c.end = suspend(&run, None);
+    assert!(s.commit(c).await?.woken, "the slot handed mid-turn wakes the suspension");
+    Ok(())
+}
+
+/// Settling a run releases every slot and queued request it has; so do a cancel through
+/// `update_run_if` and a deletion, each handing the slot on.
+pub async fn settling_cancelling_or_deleting_a_run_releases_its_slots(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let l = concurrency(1);
+    start(s, "a").await?;
+    assert_eq!(ask(s, &step_request("a", 1, l, T0)).await?, Admission::Admitted);
+    for id in ["b", "c", "d"] {
+        parked(s, id).await?;
+        assert!(matches!(ask(s, &step_request(id, 1, l, T0 + 1)).await?, Admission::Waiting { .. }));
+    }
+    let mut c = commit("a", OWNER);
+    c.end = complete(serde_json::json!(1));
+    let out = s.commit(c).await?;
+    assert_eq!(out.handed_off, [RunId::from("b")], "settling a hands its slot to b");
+    let patch = RunPatch { status: Some(RunStatus::Cancelled), now: T0 + 2, ..RunPatch::default() };
+    assert!(s.update_run_if(&RunId::from("b"), &[], patch).await?);
+    assert_eq!(s.run_admission(&RunId::from("c")).await?.0.len(), 1, "cancelling b hands its slot to c");
+    assert!(due(s, T0 + 2).await?.contains(&"c".to_string()));
+    assert_eq!(s.delete_run(&RunId::from("c")).await?, 1);
+    assert_eq!(s.run_admission(&RunId::from("d")).await?.0.len(), 1, "deleting c hands its slot to d");
+    assert!(due(s, T0 + 3).await?.contains(&"d".to_string()));
+    assert!(s.run_admission(&RunId::from("a")).await?.0.is_empty());
+    Ok(())
+}
+
+/// A run started under a concurrency key: admitted ones are created as usual; one over the
+/// limit is created `pending` but never due nor claimable until a release hands it the slot;
+/// a start past `max_waiting` is refused with `QueueFull` and writes nothing.
+pub async fn a_keyed_start_waits_for_its_slot_or_is_refused(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let gate = protocol::key_gate("default", "wf", "acme");
+    let keyed = |id: &str| {
+        let mut run = new_run(id);
+        run.admission = Some(SlotRequest {
+            gate: gate.clone(),
+            holder: id.into(),
+            run_id: RunId::from(id),
+            priority: 0,
+            fairness_key: String::new(),
+            limits: concurrency(1),
+            lease_until: None,
+            max_waiting: Some(1),
+            now: T0,
+        });
+        run
+    };
+    assert!(matches!(s.create_run(keyed("k1")).await?, CreateRun::Created(ref r) if r.wake_at.is_none()));
+    let k2 = s.create_run(keyed("k2")).await?;
+    assert_eq!(k2.run().wake_at, Some(protocol::GATED), "k2 waits for the key");
+    match s.create_run(keyed("k3")).await {
+        Err(StoreError::QueueFull { gate: g, held: 1, waiting: 1 }) => assert_eq!(g, gate),
+        other => panic!("expected QueueFull for k3, got {other:?}"),
+    }
+    assert!(s.get_run(&RunId::from("k3")).await?.is_none(), "a refused start persists nothing");
+    assert!(matches!(s.create_run(keyed("k2")).await?, CreateRun::Existing(_)), "an existing id is not decided again");
+    let q = RunQuery { namespace: None, workflows: None, now: T0 + 10, limit: 10 };
+    assert_eq!(ids_of(&s.pending_runs(&q).await?), ["k1"], "a waiting start is not pending work");
+    assert!(due(s, T0 + 10).await?.is_empty());
+    assert!(matches!(s.claim_run(claim("k2", OWNER, T0 + 10)).await?, ClaimOutcome::Busy(_)));
+    // k1 runs and completes: the key goes to k2, due at once.
+    acquire(s, claim("k1", OWNER, T0 + 10)).await?;
+    let mut c = commit("k1", OWNER);
+    c.now = T0 + 20;
+    c.end = complete(serde_json::json!("done"));
+    assert_eq!(s.commit(c).await?.handed_off, [RunId::from("k2")]);
+    assert_eq!(due(s, T0 + 20).await?, ["k2"]);
+    acquire(s, claim("k2", OWNER, T0 + 21)).await?;
+    assert_eq!(s.create_run(keyed("k4")).await?.run().wake_at, Some(protocol::GATED), "k4 waits behind k2");
+    assert_kind(s.create_run(keyed("k5")).await, StoreErrorKind::QueueFull);
+    Ok(())
+}
+
+fn ids_of(ids: &[RunId]) -> Vec<String> {
+    ids.iter().map(|r| r.to_string()).collect()
+}
+
+/// Concurrent requests, however many, never hold more slots than the limit.
+pub async fn concurrent_requests_never_exceed_the_limit(store: Arc<dyn Store>) -> CaseResult {
+    let answers = race(RACERS, |i| {
+        let store = store.clone();
+        async move { store.acquire_slot(&step_request(&format!("r{i}"), 1, concurrency(3), T0)).await }
+    })
+    .await;
+    let admitted = answers.into_iter().map(|a| a.map(|a| a == Admission::Admitted)).collect::<Result<Vec<_>, _>>()?;
+    assert_eq!(admitted.iter().filter(|a| **a).count(), 3, "exactly the limit is admitted");
+    assert_eq!(counts(&*store, T0).await?, (3, RACERS as u32 - 3));
+    Ok(())
+}
+
+/// The same across two handles on one store (two processes).
+pub async fn concurrent_requests_across_handles_never_exceed_the_limit(
+    a: Arc<dyn Store>,
+    b: Arc<dyn Store>,
+) -> CaseResult {
+    let handles = [a, b];
+    let answers = race(RACERS, |i| {
+        let store = handle_for(&handles, i);
+        async move { store.acquire_slot(&step_request(&format!("r{i}"), 1, concurrency(3), T0)).await }
+    })
+    .await;
+    let admitted = answers.into_iter().map(|a| a.map(|a| a == Admission::Admitted)).collect::<Result<Vec<_>, _>>()?;
+    assert_eq!(admitted.iter().filter(|a| **a).count(), 3, "exactly the limit is admitted across handles");
+    Ok(())
+}

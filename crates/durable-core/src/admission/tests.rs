@@ -1,0 +1,320 @@
+use proptest::prelude::*;
+
+use super::*;
+
+fn limits(concurrency: Option<u32>) -> Limits {
+    Limits { concurrency, ..Limits::default() }
+}
+
+fn req(holder: &str, limits: Limits, now: Millis) -> SlotRequest {
+    SlotRequest {
+        gate: "q:default:api".into(),
+        holder: holder.into(),
+        run_id: RunId::from(holder),
+        priority: 0,
+        fairness_key: String::new(),
+        limits,
+        lease_until: None,
+        max_waiting: None,
+        now,
+    }
+}
+
+fn acquire(book: &mut AdmissionBook, r: &SlotRequest) -> Admission {
+    book.acquire(r).0
+}
+
+fn holders(h: &[Handoff]) -> Vec<&str> {
+    h.iter().map(|h| h.holder.as_str()).collect()
+}
+
+#[test]
+fn a_concurrency_limit_queues_the_rest_and_a_release_hands_the_slot_on() {
+    let mut book = AdmissionBook::default();
+    let l = limits(Some(2));
+    assert_eq!(acquire(&mut book, &req("a", l, 0)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("b", l, 0)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("c", l, 0)), Admission::Waiting { retry_at: None });
+    assert_eq!(acquire(&mut book, &req("d", l, 0)), Admission::Waiting { retry_at: None });
+    // A holder asking again is still admitted; a waiter asking again still waits.
+    assert_eq!(acquire(&mut book, &req("a", l, 1)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("d", l, 1)), Admission::Waiting { retry_at: None });
+    assert_eq!(holders(&book.release("q:default:api", "a", 2)), ["c"]);
+    assert_eq!(acquire(&mut book, &req("c", l, 3)), Admission::Admitted, "the handed-off slot is c's");
+    assert!(book.release("q:default:api", "nobody", 3).is_empty());
+    let stats = book.stats(3);
+    assert_eq!((stats[0].held, stats[0].waiting), (2, 1));
+}
+
+#[test]
+fn a_full_queue_refuses_and_records_nothing() {
+    let mut book = AdmissionBook::default();
+    let l = limits(Some(1));
+    let mut r = req("a", l, 0);
+    r.max_waiting = Some(1);
+    assert_eq!(acquire(&mut book, &r), Admission::Admitted);
+    r.holder = "b".into();
+    assert_eq!(acquire(&mut book, &r), Admission::Waiting { retry_at: None });
+    r.holder = "c".into();
+    assert_eq!(acquire(&mut book, &r), Admission::Full { held: 1, waiting: 1 });
+    assert_eq!(book.stats(0)[0].waiting, 1, "the refused request is not queued");
+    // b, already queued, is never refused.
+    r.holder = "b".into();
+    assert_eq!(acquire(&mut book, &r), Admission::Waiting { retry_at: None });
+}
+
+#[test]
+fn higher_priority_first_then_fifo_or_lifo() {
+    for (order, expected) in [(Order::Fifo, ["p9", "a", "b", "c"]), (Order::Lifo, ["p9", "c", "b", "a"])] {
+        let mut book = AdmissionBook::default();
+        let l = Limits { concurrency: Some(1), order, ..Limits::default() };
+        assert_eq!(acquire(&mut book, &req("h", l, 0)), Admission::Admitted);
+        for h in ["a", "b", "c"] {
+            acquire(&mut book, &req(h, l, 1));
+        }
+        let mut hi = req("p9", l, 2);
+        hi.priority = 9;
+        acquire(&mut book, &hi);
+        let mut served = Vec::new();
+        let mut last = "h".to_string();
+        for t in 3..7 {
+            let h = book.release("q:default:api", &last, t);
+            last = h[0].holder.clone();
+            served.push(last.clone());
+        }
+        assert_eq!(served, expected, "{order:?}");
+    }
+}
+
+#[test]
+fn lowest_first_priority_order_is_respected() {
+    let mut book = AdmissionBook::default();
+    let l = Limits { concurrency: Some(1), priority: PriorityOrder::LowestFirst, ..Limits::default() };
+    acquire(&mut book, &req("h", l, 0));
+    let mut a = req("a", l, 1);
+    a.priority = 5;
+    let mut b = req("b", l, 1);
+    b.priority = 1;
+    acquire(&mut book, &a);
+    acquire(&mut book, &b);
+    assert_eq!(holders(&book.release("q:default:api", "h", 2)), ["b"]);
+}
+
+#[test]
+fn fairness_serves_keys_round_robin_so_a_small_key_is_not_starved() {
+    let mut book = AdmissionBook::default();
+    let l = Limits { concurrency: Some(1), fairness: true, ..Limits::default() };
+    acquire(&mut book, &req("h", l, 0));
+    for i in 0..100 {
+        let mut r = req(&format!("big{i}"), l, 1);
+        r.fairness_key = "big".into();
+        acquire(&mut book, &r);
+    }
+    // Serve a few of the big key first.
+    let mut last = "h".to_string();
+    for t in 0..3 {
+        last = book.release("q:default:api", &last, 2 + t)[0].holder.clone();
+    }
+    let mut small = req("small", l, 10);
+    small.fairness_key = "small".into();
+    assert!(matches!(acquire(&mut book, &small), Admission::Waiting { .. }));
+    let next = book.release("q:default:api", &last, 11)[0].holder.clone();
+    let then = if next == "small" { next } else { book.release("q:default:api", &next, 12)[0].holder.clone() };
+    assert_eq!(then, "small", "the key with one waiter is served within one slot turn");
+}
+
+#[test]
+fn a_rate_window_admits_its_limit_and_says_when_to_retry() {
+    let mut book = AdmissionBook::default();
+    let l = Limits { rate: Some(Rate::per(2, Duration::from_secs(1))), ..Limits::default() };
+    assert_eq!(acquire(&mut book, &req("a", l, 1_200)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("b", l, 1_300)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("c", l, 1_400)), Admission::Waiting { retry_at: Some(2_000) });
+    assert_eq!(acquire(&mut book, &req("d", l, 1_500)), Admission::Waiting { retry_at: Some(2_000) });
+    // In the next window the queued ones go first, in order; a newcomer waits behind them.
+    assert_eq!(acquire(&mut book, &req("e", l, 2_001)), Admission::Waiting { retry_at: Some(3_000) });
+    assert_eq!(acquire(&mut book, &req("d", l, 2_002)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("c", l, 2_003)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("e", l, 2_004)), Admission::Waiting { retry_at: Some(3_000) });
+}
+
+#[test]
+fn an_expired_lease_is_reclaimed_and_handed_on() {
+    let mut book = AdmissionBook::default();
+    let l = limits(Some(1));
+    let mut dead = req("dead", l, 0);
+    dead.lease_until = Some(1_000);
+    assert_eq!(acquire(&mut book, &dead), Admission::Admitted);
+    let mut w = req("w", l, 10);
+    w.lease_until = Some(1_010);
+    assert_eq!(acquire(&mut book, &w), Admission::Waiting { retry_at: None });
+    // Renewing keeps the slot past its first lease.
+    book.renew(&RunId::from("dead"), 2_000);
+    assert_eq!(book.acquire(&req("x", l, 1_500)).1, vec![]);
+    // Past the renewed lease, the next acquire reclaims it and hands it to the waiter.
+    let (answer, handed) = book.acquire(&req("x", l, 2_001));
+    assert_eq!(holders(&handed), ["w"]);
+    assert!(matches!(answer, Admission::Waiting { .. }));
+    assert_eq!(book.slots_of(&RunId::from("w"))[0].lease_until, Some(2_001 + 1_000), "the lease length carries over");
+}
+
+#[test]
+fn releasing_a_run_frees_its_slots_and_drops_its_queued_requests() {
+    let mut book = AdmissionBook::default();
+    let l = limits(Some(1));
+    acquire(&mut book, &req("a", l, 0));
+    acquire(&mut book, &req("b", l, 0));
+    acquire(&mut book, &req("c", l, 0));
+    assert!(book.release_run(&RunId::from("b"), 1).is_empty(), "b held nothing");
+    assert_eq!(holders(&book.release_run(&RunId::from("a"), 2)), ["c"]);
+    assert!(book.waits_of(&RunId::from("b")).is_empty());
+}
+
+#[test]
+fn invalid_limits_are_named() {
+    let e = limits(Some(0)).validate("q:default:api").unwrap_err();
+    assert!(e.contains("q:default:api") && e.contains("at least 1"), "{e}");
+    let l = Limits { rate: Some(Rate { limit: 0, period_ms: 1_000 }), ..Limits::default() };
+    assert!(l.validate("g").is_err());
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Acquire { holder: u8, key: u8, priority: i8 },
+    Release { holder: u8 },
+    Advance(u16),
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        4 => (0u8..24, 0u8..4, -2i8..3).prop_map(|(holder, key, priority)| Op::Acquire { holder, key, priority }),
+        3 => (0u8..24).prop_map(|holder| Op::Release { holder }),
+        1 => (0u16..700).prop_map(Op::Advance),
+    ]
+}
+
+fn arb_limits() -> impl Strategy<Value = Limits> {
+    (
+        proptest::option::of(1u32..4),
+        proptest::option::of((1u32..4, 100u64..1_000)),
+        any::<bool>(),
+        any::<bool>(),
+        any::<bool>(),
+    )
+        .prop_filter("gated", |(c, r, ..)| c.is_some() || r.is_some())
+        .prop_map(|(concurrency, rate, lowest, fairness, lifo)| Limits {
+            concurrency,
+            rate: rate.map(|(limit, period_ms)| Rate { limit, period_ms }),
+            priority: if lowest { PriorityOrder::LowestFirst } else { PriorityOrder::HighestFirst },
+            fairness,
+            order: if lifo { Order::Lifo } else { Order::Fifo },
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, ..ProptestConfig::default() })]
+
+    /// Under any script: the concurrency limit is never exceeded, no rate window admits more
+    /// than its limit, every hand-off goes to the best-ranked waiter, and once the script
+    /// stops and holders keep releasing, every waiter is admitted (nobody starves).
+    #[test]
+    fn limits_hold_order_holds_and_nobody_starves(l in arb_limits(), ops in proptest::collection::vec(op(), 1..120)) {
+        let gate = "q:ns:g";
+        let mut book = AdmissionBook::default();
+        let mut now: Millis = 10_000;
+        let mut admitted_at: Vec<Millis> = Vec::new();
+        let mut holding: std::collections::BTreeSet<u8> = Default::default();
+        let mut waiting: std::collections::BTreeSet<u8> = Default::default();
+        let request = |h: u8, key: u8, priority: i8, now: Millis| SlotRequest {
+            gate: gate.into(),
+            holder: format!("h{h}"),
+            run_id: RunId::from(format!("h{h}").as_str()),
+            priority: i32::from(priority),
+            fairness_key: format!("k{key}"),
+            limits: l,
+            lease_until: None,
+            max_waiting: None,
+            now,
+        };
+        let parse = |s: &str| s[1..].parse::<u8>().unwrap();
+        let check_best = |book: &AdmissionBook, handed: &[Handoff], before: &BTreeMap<Rank, WaiterRecord>| {
+            // Hand-offs take the queue's head, in rank order.
+            let expected: Vec<&str> = before.values().take(handed.len()).map(|w| w.holder.as_str()).collect();
+            prop_assert_eq!(holders(handed), expected);
+            let _ = book;
+            Ok(())
+        };
+        for op in ops {
+            match op {
+                Op::Acquire { holder, key, priority } => {
+                    let before = book.gates.get(gate).map(|g| g.queue.clone()).unwrap_or_default();
+                    let (answer, handed) = book.acquire(&request(holder, key, priority, now));
+                    check_best(&book, &handed, &before)?;
+                    for h in &handed {
+                        let h = parse(&h.holder);
+                        waiting.remove(&h);
+                        holding.insert(h);
+                        admitted_at.push(now);
+                    }
+                    match answer {
+                        Admission::Admitted => {
+                            if holding.insert(holder) || l.concurrency.is_none() {
+                                admitted_at.push(now);
+                            }
+                            waiting.remove(&holder);
+                        }
+                        Admission::Waiting { .. } => { waiting.insert(holder); }
+                        Admission::Full { .. } => prop_assert!(false, "no max_waiting set"),
+                    }
+                }
+                Op::Release { holder } => {
+                    let before = book.gates.get(gate).map(|g| {
+                        let mut q = g.queue.clone();
+                        q.retain(|_, w| w.holder != format!("h{holder}"));
+                        q
+                    }).unwrap_or_default();
+                    let handed = book.release(gate, &format!("h{holder}"), now);
+                    check_best(&book, &handed, &before)?;
+                    holding.remove(&holder);
+                    waiting.remove(&holder);
+                    for h in &handed {
+                        let h = parse(&h.holder);
+                        waiting.remove(&h);
+                        holding.insert(h);
+                        admitted_at.push(now);
+                    }
+                }
+                Op::Advance(ms) => now += Millis::from(ms),
+            }
+            if let Some(c) = l.concurrency {
+                prop_assert!(book.gates.get(gate).map_or(0, |g| g.live(now)) <= c, "concurrency exceeded");
+                prop_assert!(holding.len() as u32 <= c);
+            }
+            if let Some(r) = l.rate {
+                let w = now - now % r.period_ms;
+                let in_window = admitted_at.iter().filter(|&&t| t >= w).count() as u32;
+                prop_assert!(in_window <= r.limit, "{} admissions in the window from {}", in_window, w);
+            }
+        }
+        // Drain: holders release, waiters retry after windows; everyone gets through.
+        for _ in 0..200 {
+            if waiting.is_empty() {
+                break;
+            }
+            now += l.rate.map_or(1, |r| r.period_ms);
+            for h in std::mem::take(&mut holding) {
+                for handed in book.release(gate, &format!("h{h}"), now) {
+                    waiting.remove(&parse(&handed.holder));
+                    holding.insert(parse(&handed.holder));
+                }
+            }
+            for h in waiting.clone() {
+                if book.acquire(&request(h, 0, 0, now)).0 == Admission::Admitted {
+                    waiting.remove(&h);
+                    holding.insert(h);
+                }
+            }
+        }
+        prop_assert!(waiting.is_empty(), "starved: {:?}", waiting);
+    }
+}
