@@ -110,9 +110,9 @@ pub use store::{
 pub use time::{millis, millis_after, millis_before};
 pub use trigger::{BufferAppend, Dedupe, Gather, Gathered, Publish, Published, TriggerBuffer};
 pub use turn::{
-    ChildCall, ChildJoin, Deadline, End, Halt, Next, Pending, RecordBegin, RecordOutcome, RemoteBegin, RemoteCall,
-    ReplayMismatch, Replayed, RunEnd, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall, Turn, TurnConfig,
-    TurnStop, UndoCall, WaitBegin, WaitCall,
+    ChildCall, ChildJoin, Deadline, End, GateCall, Halt, Next, Pending, RecordBegin, RecordOutcome, RemoteBegin,
+    RemoteCall, ReplayMismatch, Replayed, RunEnd, SleepBegin, StateBegin, StepAfter, StepBegin, StepCall, Turn,
+    TurnConfig, TurnStop, UndoCall, WaitBegin, WaitCall,
 };
 
 /// Error codes the engine sets on runs and steps.

@@ -86,6 +86,10 @@ pub struct EngineConfig {
     pub blocked_poll: Duration,
     /// A worker that has not heartbeated for this long counts as gone. Default 30 s.
     pub worker_ttl: Duration,
+    /// A step waiting for a slot of its queue asks again at least this often (a release
+    /// wakes it at once; this heals a slot whose holder died: it is reclaimed once its lease
+    /// passes). Default 15 s.
+    pub admission_recheck: Duration,
 }
 
 impl Default for EngineConfig {
@@ -117,6 +121,7 @@ impl Default for EngineConfig {
             reconcile_interval: Duration::from_secs(300),
             blocked_poll: Duration::from_secs(5),
             worker_ttl: Duration::from_secs(30),
+            admission_recheck: Duration::from_secs(15),
         }
     }
 }

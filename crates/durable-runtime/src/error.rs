@@ -173,9 +173,52 @@ pub enum Error {
         /// The key.
         key: String,
     },
+    /// A start was refused: its concurrency key already has `limit + max_queue_depth` runs
+    /// pending, running or suspended. Nothing was persisted; start it again later.
+    #[error(
+        "queue_full: workflow {workflow:?} has {held} runs holding key {key:?} and {waiting} waiting, the most its max_queue_depth allows; nothing was started — try again once one finishes"
+    )]
+    QueueFull {
+        /// The workflow.
+        workflow: String,
+        /// The concurrency key.
+        key: String,
+        /// Runs holding a slot of the key.
+        held: u32,
+        /// Runs waiting for one.
+        waiting: u32,
+    },
+    /// A workflow's concurrency-key function could not read a start's input. Nothing was
+    /// persisted.
+    #[error("workflow {workflow:?}: its concurrency key could not be computed from the input: {reason}")]
+    BadKey {
+        /// The workflow.
+        workflow: String,
+        /// Why.
+        reason: String,
+    },
+    /// [`Engine::register_queue`](crate::Engine::register_queue) refused the options.
+    #[error("step queue {name:?}: {reason}")]
+    BadQueue {
+        /// The queue.
+        name: String,
+        /// Why.
+        reason: String,
+    },
     /// The store failed.
     #[error(transparent)]
     Store(#[from] StoreError),
+}
+
+impl Error {
+    /// A stable code for the error where one applies (`queue_full`, …), for callers that
+    /// branch on it.
+    pub fn code(&self) -> Option<&'static str> {
+        match self {
+            Error::QueueFull { .. } => Some("queue_full"),
+            _ => None,
+        }
+    }
 }
 
 /// Why [`Engine::check_replay`](crate::Engine::check_replay) says a recorded history does not

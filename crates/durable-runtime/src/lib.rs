@@ -68,6 +68,7 @@ mod config;
 mod engine;
 mod error;
 mod events;
+mod flow;
 mod registry;
 mod remote;
 mod sched;
@@ -87,6 +88,7 @@ pub use engine::{
 };
 pub use error::{Error, ReplayError, Result, StepFailed, WorkflowError};
 pub use events::EngineEvent;
+pub use flow::QueueOptions;
 pub use remote::{TaskContext, Worker, WorkerBuilder, WorkerReport};
 pub use sched::Cancel;
 pub use trigger::{EventTrigger, PublishOptions};

@@ -7,6 +7,7 @@
 use std::time::Duration;
 
 use super::{Attempts, Flight, Mode, Turn, TurnStop, Undo};
+use crate::admission::{Admission, Limits, SlotRequest};
 use crate::protocol::{self, ChildResult};
 use crate::task::{NewTask, RemoteOptions};
 use crate::time::millis_after;
@@ -26,6 +27,21 @@ pub struct StepCall<'a> {
     pub policy: &'a RetryPolicy,
     /// Whether the step registers an undo once it has completed.
     pub undo: bool,
+    /// The admission gate each attempt must pass first (a step queue), if any.
+    pub gate: Option<GateCall<'a>>,
+}
+
+/// The admission gate of a step: a registered step queue with its limits.
+#[derive(Debug, Clone, Copy)]
+pub struct GateCall<'a> {
+    /// The gate ([`protocol::queue_gate`]).
+    pub gate: &'a str,
+    /// The queue's limits.
+    pub limits: Limits,
+    /// The step's priority in the queue.
+    pub priority: i32,
+    /// The step's fairness key (`""`: none).
+    pub fairness_key: &'a str,
 }
 
 /// The answer of [`Turn::begin_step`].
@@ -48,6 +64,9 @@ pub enum StepBegin {
         /// The attempt about to be made.
         attempt: u32,
     },
+    /// Ask the store for an admission slot first ([`Store::acquire_slot`](crate::Store::acquire_slot)),
+    /// then hand the answer to [`Turn::admitted`].
+    Acquire(SlotRequest),
     /// The turn is stopping: halt.
     Stopped,
 }
@@ -357,10 +376,72 @@ impl Turn {
                 undo: call.undo,
                 started_at,
                 last_error,
+                gate: call.gate.map(|g| (g.gate.to_string(), false)),
+                next_attempt: attempt,
             },
         );
         self.flights.insert(seq, Flight::Running);
-        StepBegin::Run { attempt }
+        match call.gate {
+            None => StepBegin::Run { attempt },
+            Some(g) => StepBegin::Acquire(SlotRequest {
+                gate: g.gate.to_string(),
+                holder: protocol::step_id(&self.run.id, seq),
+                run_id: self.run.id.clone(),
+                priority: g.priority,
+                fairness_key: g.fairness_key.to_string(),
+                limits: g.limits,
+                lease_until: Some(millis_after(now, self.config.slot_lease)),
+                max_waiting: None,
+                now,
+            }),
+        }
+    }
+
+    /// Hands in the store's answer to the [`StepBegin::Acquire`] of the step at `seq`:
+    /// admitted → run the attempt; otherwise park the step until the rate window's end
+    /// (jittered) or [`TurnConfig::admission_recheck`](super::TurnConfig::admission_recheck),
+    /// whichever is first — a release wakes the run earlier by handing it the slot.
+    pub fn admitted(&mut self, seq: u32, answer: Admission, now: Millis) -> StepBegin {
+        self.active();
+        if self.stop.is_some() {
+            return StepBegin::Stopped;
+        }
+        let Some(a) = self.attempts.get_mut(&seq) else {
+            // Abandoned meanwhile.
+            return StepBegin::Stopped;
+        };
+        match answer {
+            Admission::Admitted => {
+                if let Some((_, held)) = &mut a.gate {
+                    *held = true;
+                }
+                StepBegin::Run { attempt: a.next_attempt }
+            }
+            Admission::Waiting { retry_at } => {
+                let recheck = millis_after(now, self.config.admission_recheck);
+                let at = match retry_at {
+                    // Spread the waiters of a window over its first 10% (at most 1 s) so they
+                    // do not all ask at the same instant; the seed keeps replays identical.
+                    Some(t) => {
+                        let spread = (t.saturating_sub(now) / 10).clamp(1, 1_000);
+                        t + seed_for(self.run.id.as_str(), seq, a.next_attempt) % spread
+                    }
+                    None => recheck,
+                }
+                .min(recheck.max(now + 1));
+                self.attempts.remove(&seq);
+                self.flights.remove(&seq);
+                self.park(seq, Some(at));
+                StepBegin::Park(Some(at))
+            }
+            Admission::Full { .. } => {
+                let at = millis_after(now, self.config.admission_recheck);
+                self.attempts.remove(&seq);
+                self.flights.remove(&seq);
+                self.park(seq, Some(at));
+                StepBegin::Park(Some(at))
+            }
+        }
     }
 
     /// Hands in the result of attempt `attempt` of the step at `seq` (its output encoded, or
@@ -399,6 +480,7 @@ impl Turn {
                 cp.output = Some(output.clone());
                 cp.error = a.last_error;
                 self.record(cp);
+                self.release_slot_of(seq, a.gate);
                 StepAfter::Completed { output, commit: self.commit_for(seq, None, now) }
             }
             Err(error) => match a.policy.after_failure(attempt, &error, seed_for(self.run.id.as_str(), seq, attempt)) {
@@ -414,6 +496,7 @@ impl Turn {
                     cp.error = Some(error.clone());
                     cp.wake_at = Some(at);
                     self.record(cp);
+                    self.release_slot_of(seq, a.gate);
                     StepAfter::Park { at, error, commit: self.commit_for(seq, Some(at), now) }
                 }
                 RetryDecision::GiveUp => {
@@ -421,6 +504,7 @@ impl Turn {
                     cp.attempts = attempt;
                     cp.error = Some(error.clone());
                     self.record(cp);
+                    self.release_slot_of(seq, a.gate);
                     StepAfter::Failed { error, attempts: attempt, commit: self.commit_for(seq, None, now) }
                 }
             },

@@ -90,7 +90,7 @@ pub struct UndoCall {
 impl UndoCall {
     /// The undo as a step call with `policy`.
     pub fn step_call<'a>(&'a self, policy: &'a RetryPolicy) -> super::StepCall<'a> {
-        super::StepCall { name: &self.name, kind: StepKind::Compensation, policy, undo: false }
+        super::StepCall { name: &self.name, kind: StepKind::Compensation, policy, undo: false, gate: None }
     }
 }
 

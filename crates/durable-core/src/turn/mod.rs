@@ -56,15 +56,15 @@ use std::collections::BTreeMap;
 use std::time::Duration;
 
 pub use call::{
-    ChildCall, ChildJoin, Deadline, RecordBegin, RecordOutcome, RemoteBegin, RemoteCall, SleepBegin, StateBegin,
-    StepAfter, StepBegin, StepCall, WaitBegin, WaitCall,
+    ChildCall, ChildJoin, Deadline, GateCall, RecordBegin, RecordOutcome, RemoteBegin, RemoteCall, SleepBegin,
+    StateBegin, StepAfter, StepBegin, StepCall, WaitBegin, WaitCall,
 };
 pub use end::{End, Halt, Next, Pending, UndoCall};
 pub use replay::{ReplayMismatch, Replayed, RunEnd};
 
 use crate::{
     Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, NonDeterminism, Patched, Payload,
-    RetryPolicy, Run, StepError, StepKind, StoreErrorKind, codes,
+    RetryPolicy, Run, StepError, StepKind, StoreErrorKind, codes, protocol,
 };
 
 /// Why a turn stopped before the body finished.
@@ -106,6 +106,11 @@ pub struct TurnConfig {
     /// A run parked on a remote step wakes at least this often to look at its checkpoint
     /// again, so a lost wake heals.
     pub reconcile_interval: Duration,
+    /// The lease a step's admission slot takes (the engine renews it with the run's lease).
+    pub slot_lease: Duration,
+    /// A step waiting for an admission slot asks again at least this often, so a slot whose
+    /// holder died is reclaimed even when nothing else calls on the gate.
+    pub admission_recheck: Duration,
 }
 
 impl Default for TurnConfig {
@@ -117,6 +122,8 @@ impl Default for TurnConfig {
             non_ctx_await_grace: Duration::from_secs(1),
             replay_only: false,
             reconcile_interval: Duration::from_secs(300),
+            slot_lease: Duration::from_secs(30),
+            admission_recheck: Duration::from_secs(15),
         }
     }
 }
@@ -140,6 +147,10 @@ struct Attempts {
     undo: bool,
     started_at: Millis,
     last_error: Option<StepError>,
+    /// The admission gate the step must pass, and whether it holds a slot there.
+    gate: Option<(String, bool)>,
+    /// The attempt about to run, once admitted.
+    next_attempt: u32,
 }
 
 /// An undo registered by a completed step.
@@ -172,6 +183,7 @@ struct Buffer {
     children: Vec<crate::NewRun>,
     signals: Vec<crate::OutgoingSignal>,
     tasks: Vec<crate::task::NewTask>,
+    release_slots: Vec<(String, String)>,
 }
 
 /// The state of one turn. See the module docs for the call order.
@@ -324,7 +336,9 @@ impl Turn {
         self.active();
         self.flights.remove(&seq);
         self.parked.remove(&seq);
-        self.attempts.remove(&seq);
+        if let Some(a) = self.attempts.remove(&seq) {
+            self.release_slot_of(seq, a.gate);
+        }
     }
 
     /// The outcome of applying a commit an answer for `seq` carried. Returns whether the call
@@ -415,7 +429,15 @@ impl Turn {
         c.children = b.children;
         c.signals = b.signals;
         c.tasks = b.tasks;
+        c.release_slots = b.release_slots;
         c
+    }
+
+    /// Buffers the release of the slot the step at `seq` holds (if it holds one).
+    fn release_slot_of(&mut self, seq: u32, gate: Option<(String, bool)>) {
+        if let Some((gate, true)) = gate {
+            self.buffer.release_slots.push((gate, protocol::step_id(&self.run.id, seq)));
+        }
     }
 
     /// A commit of everything buffered, applied while `seq` stays in flight.

@@ -219,6 +219,7 @@ fn config() -> TurnConfig {
         non_ctx_await_grace: Duration::from_millis(GRACE),
         replay_only: false,
         reconcile_interval: Duration::from_secs(300),
+        ..TurnConfig::default()
     }
 }
 
@@ -859,6 +860,7 @@ impl<'a> Sim<'a> {
             StepBegin::Fail { error, .. } => return Ok(StepFlow::Err(error)),
             StepBegin::Park(_) | StepBegin::Stopped => return Ok(StepFlow::Pending),
             StepBegin::Run { attempt } => attempt,
+            StepBegin::Acquire(_) => return bug("a step without a gate asked for a slot".to_string()),
         };
         let expected = match self.world.cps.get(&seq) {
             None => 1,
@@ -966,7 +968,8 @@ impl<'a> Sim<'a> {
                 self.step_ops.insert(seq, i);
                 let policy = spec.retry.policy();
                 let name = format!("s{i}");
-                let call = StepCall { name: &name, kind: StepKind::Step, policy: &policy, undo: undo.is_some() };
+                let call =
+                    StepCall { name: &name, kind: StepKind::Step, policy: &policy, undo: undo.is_some(), gate: None };
                 match self.step(seq, call, spec, i, false)? {
                     StepFlow::Ok(v) => self.observe(label, seq, v).map(|()| Flow::Next),
                     StepFlow::Err(e) => {

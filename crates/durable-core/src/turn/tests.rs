@@ -58,6 +58,7 @@ fn config() -> TurnConfig {
         non_ctx_await_grace: Duration::from_secs(1),
         replay_only: false,
         reconcile_interval: Duration::from_secs(300),
+        ..TurnConfig::default()
     }
 }
 
@@ -92,11 +93,11 @@ fn ok() -> CommitOutcome {
 }
 
 fn step<'a>(name: &'a str, policy: &'a RetryPolicy) -> StepCall<'a> {
-    StepCall { name, kind: StepKind::Step, policy, undo: false }
+    StepCall { name, kind: StepKind::Step, policy, undo: false, gate: None }
 }
 
 fn undo_step<'a>(name: &'a str, policy: &'a RetryPolicy) -> StepCall<'a> {
-    StepCall { name, kind: StepKind::Step, policy, undo: true }
+    StepCall { name, kind: StepKind::Step, policy, undo: true, gate: None }
 }
 
 /// Three retries, 100 ms apart: waited in memory (under the 1 s threshold).
@@ -2571,4 +2572,110 @@ fn remote_input_over_the_limit_fails_the_run_naming_the_step() {
     let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("not failed") };
     assert_eq!(e.code(), Some(codes::PAYLOAD_TOO_LARGE));
     assert!(e.message.contains("remote step \"resize\" (seq 0)"), "{}", e.message);
+}
+
+// ---- admission (step queues) ----
+
+fn gated<'a>(name: &'a str, policy: &'a RetryPolicy, gate: &'a str) -> StepCall<'a> {
+    let limits = crate::admission::Limits { concurrency: Some(2), ..Default::default() };
+    StepCall { gate: Some(GateCall { gate, limits, priority: 3, fairness_key: "acme" }), ..step(name, policy) }
+}
+
+const GATE: &str = "queue:default:api";
+
+#[test]
+fn a_gated_step_asks_for_a_slot_then_runs_and_releases_it_in_its_commit() {
+    use crate::admission::{Admission, SlotRequest};
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    let StepBegin::Acquire(request) = t.begin_step(seq, gated("call", &policy, GATE), 10) else {
+        panic!("a gated step asks for a slot first")
+    };
+    assert_eq!(
+        request,
+        SlotRequest {
+            gate: GATE.into(),
+            holder: "r:0".into(),
+            run_id: rid(),
+            priority: 3,
+            fairness_key: "acme".into(),
+            limits: crate::admission::Limits { concurrency: Some(2), ..Default::default() },
+            lease_until: Some(10 + 30_000),
+            max_waiting: None,
+            now: 10,
+        }
+    );
+    assert_eq!(t.admitted(seq, Admission::Admitted, 11), StepBegin::Run { attempt: 1 });
+    let StepAfter::Completed { commit: c, .. } = t.finish_step(seq, 1, Ok(p(&1)), 20) else { panic!("completes") };
+    assert_eq!(c.release_slots, vec![(GATE.to_string(), "r:0".to_string())]);
+    assert_eq!(c.checkpoints.len(), 1);
+}
+
+#[test]
+fn a_step_not_admitted_parks_until_the_recheck_or_the_rate_window_writing_nothing() {
+    use crate::admission::Admission;
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, gated("call", &policy, GATE), 10), StepBegin::Acquire(_)));
+    // Held back by concurrency: wait for a hand-off, asking again at the recheck at the latest.
+    assert_eq!(t.admitted(seq, Admission::Waiting { retry_at: None }, 10), StepBegin::Park(Some(10 + 15_000)));
+    assert_eq!(
+        t.t_pending(11),
+        Some(Ended::Suspend { commit: Commit { end: suspend(Some(15_010)), ..commit(11) }, wake_at: Some(15_010) })
+    );
+    // Held back by a rate window ending at 1 000: retried just after it, spread by a seeded jitter.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, gated("call", &policy, GATE), 10), StepBegin::Acquire(_)));
+    let StepBegin::Park(Some(at)) = t.admitted(seq, Admission::Waiting { retry_at: Some(1_000) }, 10) else {
+        panic!("parks")
+    };
+    assert!((1_000..1_099).contains(&at), "retried within the window's first 10%: {at}");
+    let mut again = turn(vec![]);
+    let seq = again.take_seq();
+    again.begin_step(seq, gated("call", &policy, GATE), 10);
+    assert_eq!(
+        again.admitted(seq, Admission::Waiting { retry_at: Some(1_000) }, 10),
+        StepBegin::Park(Some(at)),
+        "same seed, same time"
+    );
+}
+
+#[test]
+fn a_durable_backoff_releases_the_slot_and_an_in_memory_retry_keeps_it() {
+    use crate::admission::Admission;
+    let mut t = turn(vec![]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    t.begin_step(seq, gated("call", &policy, GATE), 10);
+    assert_eq!(t.admitted(seq, Admission::Admitted, 10), StepBegin::Run { attempt: 1 });
+    assert!(matches!(t.finish_step(seq, 1, Err(StepError::retryable("e")), 20), StepAfter::RetryAt { .. }));
+    let StepAfter::Completed { commit: c, .. } = t.finish_step(seq, 2, Ok(p(&2)), 200) else { panic!("completes") };
+    assert_eq!(c.release_slots.len(), 1, "released once, when the step's result is committed");
+
+    let mut t = turn(vec![]);
+    let policy = durable();
+    let seq = t.take_seq();
+    t.begin_step(seq, gated("call", &policy, GATE), 10);
+    t.admitted(seq, Admission::Admitted, 10);
+    let StepAfter::Park { commit: c, .. } = t.finish_step(seq, 1, Err(StepError::retryable("e")), 20) else {
+        panic!("parks durably")
+    };
+    assert_eq!(c.release_slots, vec![(GATE.to_string(), "r:0".to_string())], "the backoff gives the slot back");
+}
+
+#[test]
+fn an_abandoned_admitted_step_releases_its_slot_with_the_next_commit() {
+    use crate::admission::Admission;
+    let mut t = turn(vec![]);
+    let policy = RetryPolicy::none();
+    let seq = t.take_seq();
+    t.begin_step(seq, gated("call", &policy, GATE), 10);
+    t.admitted(seq, Admission::Admitted, 10);
+    t.abandon(seq);
+    assert_eq!(t.admitted(seq, Admission::Admitted, 11), StepBegin::Stopped, "an abandoned call is gone");
+    let c = flush(&mut t, 20);
+    assert_eq!(c.release_slots, vec![(GATE.to_string(), "r:0".to_string())]);
 }

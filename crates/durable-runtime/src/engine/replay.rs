@@ -65,6 +65,8 @@ impl Engine {
             non_ctx_await_grace: shared.config.non_ctx_await_grace,
             replay_only: true,
             reconcile_interval: shared.config.reconcile_interval,
+            slot_lease: shared.config.lease_ttl,
+            admission_recheck: shared.config.admission_recheck,
         };
         let start = |ctx, input: &_| handler.call(ctx, input);
         let end = replay_turn(run.clone(), history.checkpoints.clone(), start, config, latest).await;

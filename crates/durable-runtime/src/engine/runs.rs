@@ -33,7 +33,7 @@ impl Engine {
         let shared = &self.inner.shared;
         let new = self.new_run(workflow, input, options, shared.clock.now())?;
         let mark = shared.mark();
-        let created = shared.store.create_run(new).await?;
+        let created = shared.store.create_run(new).await.map_err(|e| queue_full(workflow, e))?;
         Ok(self.started(created, mark))
     }
 
@@ -118,8 +118,9 @@ impl Engine {
         let namespace =
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
         let start_at = options.start_at.or_else(|| options.delay.map(|d| durable_core::millis_after(now, d)));
+        let admission = shared.flow.start_request(workflow, &namespace, &id, &input, options.priority, now)?;
         Ok(NewRun {
-            admission: None,
+            admission,
             id,
             workflow: workflow.to_string(),
             version,
@@ -275,5 +276,20 @@ impl Engine {
                 None => return Ok(outcome),
             }
         }
+    }
+}
+
+/// A store's refusal of a keyed start, as the engine's [`Error::QueueFull`] naming the
+/// workflow and key.
+fn queue_full(workflow: &str, e: durable_core::StoreError) -> Error {
+    match e {
+        durable_core::StoreError::QueueFull { gate, held, waiting } => {
+            let key = protocol::parse_gate(&gate)
+                .and_then(|(_, _, rest)| rest.strip_prefix(workflow)?.strip_prefix(':'))
+                .unwrap_or(&gate)
+                .to_string();
+            Error::QueueFull { workflow: workflow.to_string(), key, held, waiting }
+        }
+        other => Error::Store(other),
     }
 }

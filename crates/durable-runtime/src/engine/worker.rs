@@ -13,6 +13,7 @@ use serde::de::DeserializeOwned;
 
 use super::Engine;
 use crate::error::WorkflowError;
+use crate::flow::ConcurrencyKey;
 use crate::turn::WorkflowCtx;
 
 /// Per-workflow options for [`Engine::register_with`].
@@ -24,6 +25,10 @@ pub struct WorkflowOptions {
     pub execution_timeout: Option<Duration>,
     /// Events that start runs of the workflow ([`WorkflowOptions::on_event`]).
     pub triggers: Vec<EventTrigger>,
+    /// The concurrency key ([`WorkflowOptions::concurrency`]).
+    pub(crate) concurrency: Option<ConcurrencyKey>,
+    /// [`WorkflowOptions::max_queue_depth`].
+    pub(crate) max_queue_depth: Option<u32>,
 }
 
 impl WorkflowOptions {
@@ -62,6 +67,49 @@ impl WorkflowOptions {
         if let Some(t) = self.triggers.last_mut() {
             t.gather = Some(Gather::Batch { max_items, max_wait_ms: durable_core::millis(max_wait) });
         }
+        self
+    }
+
+    /// At most `limit` runs with the same key — `key(&input)` — are running or suspended at
+    /// once, across every process sharing the store. A run over the limit is created
+    /// `pending` and waits (shown by `durable runs show`) until a run holding the key
+    /// settles, which hands its slot to the next waiter at once (higher start priority first,
+    /// then the oldest).
+    ///
+    /// ```
+    /// # use durable_runtime::WorkflowOptions;
+    /// #[derive(serde::Deserialize)]
+    /// struct Sync { customer: String }
+    /// // One sync per customer at a time, at most 10 more queued per customer.
+    /// let options = WorkflowOptions::default()
+    ///     .concurrency(|s: &Sync| s.customer.clone(), 1)
+    ///     .max_queue_depth(10);
+    /// # let _ = options;
+    /// ```
+    ///
+    /// # Panics
+    /// With a `limit` of 0 (no run could ever start).
+    pub fn concurrency<I: DeserializeOwned + 'static>(
+        mut self,
+        key: impl Fn(&I) -> String + Send + Sync + 'static,
+        limit: u32,
+    ) -> Self {
+        assert!(limit > 0, "WorkflowOptions::concurrency: a limit of 0 would never start a run; use at least 1");
+        self.concurrency = Some(ConcurrencyKey::new(key, limit));
+        self
+    }
+
+    /// A singleton per key: [`WorkflowOptions::concurrency`] with a limit of 1.
+    pub fn singleton<I: DeserializeOwned + 'static>(self, key: impl Fn(&I) -> String + Send + Sync + 'static) -> Self {
+        self.concurrency(key, 1)
+    }
+
+    /// With a concurrency key: a start when `limit + depth` runs with its key are pending,
+    /// running or suspended is refused with [`Error::QueueFull`](crate::Error::QueueFull)
+    /// (code `queue_full`) and persists nothing. `max_queue_depth(0)` refuses every start
+    /// over the limit. Default: no bound.
+    pub fn max_queue_depth(mut self, depth: u32) -> Self {
+        self.max_queue_depth = Some(depth);
         self
     }
 
@@ -112,6 +160,11 @@ impl Engine {
         let hooks = &self.shared().hooks;
         hooks.set_timeout(name, options.execution_timeout);
         hooks.set_triggers(name, options.triggers);
+        let key = options.concurrency.map(|mut k| {
+            k.max_queue_depth = options.max_queue_depth;
+            k
+        });
+        self.shared().flow.set_key(name, key);
         self.register(name, version, f);
         self.shared().poke_scheduler();
     }

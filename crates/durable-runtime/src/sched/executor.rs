@@ -83,6 +83,9 @@ impl Shared {
             self.queue_start(id, &namespace, priority, created_at, mark);
         }
         self.wake_delivered(&outcome.deliveries, mark);
+        for id in &outcome.handed_off {
+            self.wake(id.clone(), mark);
+        }
         Ok(outcome)
     }
 
@@ -172,6 +175,8 @@ impl Shared {
             non_ctx_await_grace: self.config.non_ctx_await_grace,
             replay_only: false,
             reconcile_interval: self.config.reconcile_interval,
+            slot_lease: self.config.lease_ttl,
+            admission_recheck: self.config.admission_recheck,
         };
         let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
         let t = Arc::new(TurnState::new(turn, self.clone()));

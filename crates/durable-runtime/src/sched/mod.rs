@@ -57,7 +57,8 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use durable_core::{Commit, CommitOutcome, Millis, QueueReason, QueuedRun, RunId, Store, StoreResult};
+use durable_core::admission::{Admission, Limits, SlotRequest};
+use durable_core::{Commit, CommitOutcome, Millis, QueueReason, QueuedRun, RunId, Store, StoreResult, protocol};
 use durable_transport::Transport;
 use tokio::task::JoinHandle;
 
@@ -88,6 +89,8 @@ pub(crate) struct Shared {
     pub(crate) registry: Registry,
     pub(crate) metrics: MetricsInner,
     pub(crate) hooks: Hooks,
+    /// Registered step queues and concurrency keys.
+    pub(crate) flow: crate::flow::FlowControl,
     /// Set once by `shutdown` (or the last `Engine` clone dropped): background loops and run
     /// tasks end at their next poll. A flag and a `Notify` rather than a `watch` channel:
     /// a `watch` wakes its waiters in an order chosen at random, a `Notify` in the order they
@@ -157,6 +160,7 @@ impl Shared {
             registry: Registry::default(),
             metrics: MetricsInner::default(),
             hooks: Hooks::new(),
+            flow: crate::flow::FlowControl::default(),
             shutdown: AtomicBool::new(false),
             shutdown_notify: tokio::sync::Notify::new(),
             draining: AtomicBool::new(false),
@@ -283,6 +287,8 @@ impl Shared {
     pub(crate) fn announce_created(&self, run: &durable_core::Run, mark: Mark) {
         self.emit(EngineEvent::RunCreated { run_id: run.id.clone(), workflow: run.workflow.clone() });
         match run.wake_at {
+            // Waiting for its concurrency key: the release that hands it a slot wakes it.
+            Some(protocol::GATED) => {}
             // Due later: the in-memory timer here (the pollers of any engine find it too).
             Some(at) if at > self.clock.now() => {
                 if self.config.execute && self.serves(&run.namespace) {
@@ -416,6 +422,14 @@ impl TurnEnv for Shared {
 
     fn latest_version(&self, workflow: &str) -> Option<u32> {
         self.registry.latest(workflow).map(|(v, _)| v)
+    }
+
+    fn acquire_slot(&self, request: SlotRequest) -> BoxFuture<'_, StoreResult<Admission>> {
+        Box::pin(async move { self.store.acquire_slot(&request).await })
+    }
+
+    fn queue_limits(&self, name: &str) -> Option<Limits> {
+        self.flow.queue(name)
     }
 }
 

@@ -10,7 +10,7 @@ use durable_core::{ChildCall, ChildJoin, Payload, RunId, RunStatus, StepError, S
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
-use super::ctx::run_step;
+use super::ctx::{StepPlan, run_step};
 use super::{CallGuard, TurnState, WorkflowCtx, halt};
 use crate::error::WorkflowError;
 
@@ -24,7 +24,14 @@ pub(crate) async fn compensate(t: Arc<TurnState>) {
             continue;
         };
         let (seq, name) = (undo.seq, undo.name);
-        if let Err(failed) = run_step(t.clone(), seq, name, StepKind::Compensation, comp.options, comp.body, None).await
+        if let Err(failed) = run_step(
+            t.clone(),
+            seq,
+            StepPlan { name, kind: StepKind::Compensation, options: comp.options, queue: None },
+            comp.body,
+            None,
+        )
+        .await
         {
             tracing::warn!(run_id = %t.run.id, seq, "an undo failed and is skipped: {failed}");
         }

@@ -13,8 +13,8 @@ use std::task::{Context, Poll};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use durable_core::{
-    Backoff, Millis, Payload, RecordBegin, RecordOutcome, RetryPolicy, RunId, SleepBegin, StepAfter, StepBegin,
-    StepCall, StepError, StepKind, codes, millis_after,
+    Backoff, GateCall, Millis, Payload, RecordBegin, RecordOutcome, RetryPolicy, RunId, SleepBegin, StepAfter,
+    StepBegin, StepCall, StepError, StepKind, TurnStop, codes, millis_after, protocol,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -93,6 +93,22 @@ impl StepOptions {
     }
 }
 
+/// What a step is: its name, kind, retry options and queue.
+pub(crate) struct StepPlan {
+    pub(crate) name: String,
+    pub(crate) kind: StepKind,
+    pub(crate) options: StepOptions,
+    pub(crate) queue: Option<StepQueue>,
+}
+
+/// Where a step queues for admission ([`Step::queue`]).
+#[derive(Debug, Clone, Default)]
+pub(crate) struct StepQueue {
+    pub(crate) name: String,
+    pub(crate) priority: i32,
+    pub(crate) fairness_key: String,
+}
+
 pub(crate) type StepBody<'a, T> = Box<dyn FnMut(StepContext) -> BoxFuture<'a, Result<T, StepError>> + Send + 'a>;
 
 /// An undo registered by a completed step: its closure and retry options (the core keeps
@@ -114,6 +130,7 @@ pub struct Step<'a, T> {
     seq: u32,
     name: String,
     options: StepOptions,
+    queue: Option<StepQueue>,
     body: Option<StepBody<'a, T>>,
     on_complete: Option<OnComplete<'a, T>>,
     fut: Option<BoxFuture<'a, Result<T, StepFailed>>>,
@@ -142,6 +159,39 @@ impl<'a, T> Step<'a, T> {
     /// The seq this step was given.
     pub fn seq(&self) -> u32 {
         self.seq
+    }
+
+    /// Runs the step through the step queue `name` ([`Engine::register_queue`](crate::Engine::register_queue)):
+    /// each attempt first takes a slot of the queue, across every process sharing the store.
+    /// Not admitted, the run parks durably and is woken when a slot frees (or the queue's
+    /// rate window ends). A queue this engine has not registered is ungated.
+    ///
+    /// ```no_run
+    /// # async fn body(ctx: durable_runtime::WorkflowCtx) -> Result<(), durable_runtime::WorkflowError> {
+    /// let quote: u64 = ctx
+    ///     .step("fetch-quote", |_| async { Ok(42) })
+    ///     .queue("pricing-api")
+    ///     .priority(10)
+    ///     .fairness_key("tenant-7")
+    ///     .await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn queue(mut self, name: impl Into<String>) -> Self {
+        self.queue.get_or_insert_with(StepQueue::default).name = name.into();
+        self
+    }
+
+    /// The step's priority in its queue (higher first, unless the queue says otherwise).
+    pub fn priority(mut self, priority: i32) -> Self {
+        self.queue.get_or_insert_with(StepQueue::default).priority = priority;
+        self
+    }
+
+    /// The step's fairness key in its queue: with [`QueueOptions::fair`](crate::QueueOptions::fair),
+    /// keys are served round robin.
+    pub fn fairness_key(mut self, key: impl Into<String>) -> Self {
+        self.queue.get_or_insert_with(StepQueue::default).fairness_key = key.into();
+        self
     }
 
     /// Registers an undo for this step (a saga): once the step has completed (and again on
@@ -188,7 +238,8 @@ impl<'a, T: Serialize + DeserializeOwned + Send + 'a> Future for Step<'a, T> {
             let on_complete = self.on_complete.take();
             let (t, seq, name, options) =
                 (self.t.clone(), self.seq, std::mem::take(&mut self.name), self.options.clone());
-            let fut = run_step(t, seq, name, StepKind::Step, options, body, on_complete);
+            let plan = StepPlan { name, kind: StepKind::Step, options, queue: self.queue.take() };
+            let fut = run_step(t, seq, plan, body, on_complete);
             self.fut = Some(Box::pin(fut));
         }
         self.fut.as_mut().expect("set above").as_mut().poll(cx)
@@ -200,12 +251,11 @@ impl<'a, T: Serialize + DeserializeOwned + Send + 'a> Future for Step<'a, T> {
 pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
     t: Arc<TurnState>,
     seq: u32,
-    name: String,
-    kind: StepKind,
-    options: StepOptions,
+    plan: StepPlan,
     mut body: StepBody<'a, T>,
     on_complete: Option<OnComplete<'a, T>>,
 ) -> Result<T, StepFailed> {
+    let StepPlan { name, kind, options, queue } = plan;
     let _call = CallGuard::new(&t, seq);
     let run_id = t.run.id.clone();
     let failed = |error: StepError, attempts: u32| StepFailed {
@@ -216,8 +266,29 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
         attempts,
     };
     let policy = options.policy();
-    let call = StepCall { name: &name, kind, policy: &policy, undo: on_complete.is_some() };
-    let begin = t.turn.lock().begin_step(seq, call, t.now());
+    // A registered queue with limits gates the step; any other name does not.
+    let gated = queue.and_then(|q| {
+        let limits = t.env.queue_limits(&q.name).filter(|l| l.gates())?;
+        Some((protocol::queue_gate(&t.run.namespace, &q.name), limits, q))
+    });
+    let gate = gated.as_ref().map(|(gate, limits, q)| GateCall {
+        gate,
+        limits: *limits,
+        priority: q.priority,
+        fairness_key: &q.fairness_key,
+    });
+    let call = StepCall { name: &name, kind, policy: &policy, undo: on_complete.is_some(), gate };
+    let mut begin = t.turn.lock().begin_step(seq, call, t.now());
+    if let StepBegin::Acquire(request) = begin {
+        begin = match t.env.acquire_slot(request).await {
+            Ok(answer) => t.turn.lock().admitted(seq, answer, t.now()),
+            Err(e) => {
+                tracing::warn!(run_id = %run_id, seq, error = %e, "asking for an admission slot failed; the turn stops");
+                t.turn.lock().stop(TurnStop::Abort(format!("run {run_id} seq {seq}: acquire_slot failed: {e}")));
+                StepBegin::Stopped
+            }
+        };
+    }
     let mut attempt = match begin {
         StepBegin::Return(p) => {
             let Some(value) = t.decode::<T>(seq, &name, &p) else { return halt().await };
@@ -225,7 +296,7 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
             return Ok(value);
         }
         StepBegin::Fail { error, attempts } => return Err(failed(error, attempts)),
-        StepBegin::Park(_) | StepBegin::Stopped => return halt().await,
+        StepBegin::Park(_) | StepBegin::Stopped | StepBegin::Acquire(_) => return halt().await,
         StepBegin::Run { attempt } => attempt,
     };
     let retrying = |attempt, retry_at, error| EngineEvent::StepRetrying {
@@ -407,6 +478,7 @@ impl WorkflowCtx {
             seq,
             name: name.into(),
             options: StepOptions::default(),
+            queue: None,
             body: Some(Box::new(move |sc| Box::pin(f(sc)))),
             on_complete: None,
             fut: None,

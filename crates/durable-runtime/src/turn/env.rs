@@ -1,5 +1,6 @@
 //! The narrow environment a turn runs in.
 
+use durable_core::admission::{Admission, Limits, SlotRequest};
 use durable_core::{Commit, CommitOutcome, Millis, Run, RunId, StoreResult};
 
 use crate::clock::BoxFuture;
@@ -21,4 +22,8 @@ pub(crate) trait TurnEnv: Send + Sync + 'static {
     fn emit(&self, event: EngineEvent);
     /// The newest registered version of `workflow`, if any.
     fn latest_version(&self, workflow: &str) -> Option<u32>;
+    /// Asks the store for an admission slot.
+    fn acquire_slot(&self, request: SlotRequest) -> BoxFuture<'_, StoreResult<Admission>>;
+    /// The limits of the step queue `name`, if it is registered.
+    fn queue_limits(&self, name: &str) -> Option<Limits>;
 }

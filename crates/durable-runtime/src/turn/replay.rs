@@ -9,6 +9,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
+use durable_core::admission::{Admission, Limits, SlotRequest};
 use durable_core::{
     Commit, CommitOutcome, End, History, Millis, Payload, Run, RunId, StoreError, StoreResult, Turn, TurnConfig,
 };
@@ -53,6 +54,16 @@ impl TurnEnv for ReplayEnv {
 
     fn latest_version(&self, workflow: &str) -> Option<u32> {
         self.latest.get(workflow).copied()
+    }
+
+    fn acquire_slot(&self, request: SlotRequest) -> BoxFuture<'_, StoreResult<Admission>> {
+        // A replay-only turn runs no attempt, so it never asks for a slot.
+        let run = request.run_id;
+        Box::pin(async move { Err(StoreError::unavailable(format!("replay of run {run} takes no slot"))) })
+    }
+
+    fn queue_limits(&self, _name: &str) -> Option<Limits> {
+        None
     }
 }
 

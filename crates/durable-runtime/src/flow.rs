@@ -1,0 +1,208 @@
+//! Flow control: workflow concurrency keys (and singletons) and step queues with concurrency,
+//! rate limits, priority and fairness — held in the store, so they hold across every process
+//! sharing it. The decisions are the core's ([`durable_core::admission`]); this module keeps
+//! what the caller registered and turns it into requests.
+
+use std::collections::HashMap;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable_core::admission::{GateStats, Limits, Order, PriorityOrder, Rate, SlotRecord, SlotRequest, WaiterRecord};
+use durable_core::{Payload, RunId, protocol};
+use parking_lot::RwLock;
+use serde::de::DeserializeOwned;
+
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+
+/// How a step queue admits steps ([`Engine::register_queue`]).
+///
+/// ```
+/// use std::time::Duration;
+/// use durable_runtime::QueueOptions;
+/// // At most 4 calls at once and 10 per second; tenants served round robin.
+/// let api = QueueOptions::default().concurrency(4).rate(10, Duration::from_secs(1)).fair();
+/// # let _ = api;
+/// ```
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QueueOptions {
+    limits: Limits,
+}
+
+impl QueueOptions {
+    /// At most `n` steps of the queue execute at once, across every process.
+    pub fn concurrency(mut self, n: u32) -> Self {
+        self.limits.concurrency = Some(n);
+        self
+    }
+
+    /// At most `n` steps of the queue start per `period` (a fixed window).
+    pub fn rate(mut self, n: u32, period: Duration) -> Self {
+        self.limits.rate = Some(Rate::per(n, period));
+        self
+    }
+
+    /// Waiting steps of different fairness keys ([`Step::fairness_key`](crate::Step::fairness_key))
+    /// are served round robin, so one busy key cannot starve the others.
+    pub fn fair(mut self) -> Self {
+        self.limits.fairness = true;
+        self
+    }
+
+    /// Among waiters of equal priority the newest goes first (default: the oldest).
+    pub fn lifo(mut self) -> Self {
+        self.limits.order = Order::Lifo;
+        self
+    }
+
+    /// A lower priority is served first (default: a higher one).
+    pub fn lowest_priority_first(mut self) -> Self {
+        self.limits.priority = PriorityOrder::LowestFirst;
+        self
+    }
+
+    /// The limits as the core sees them.
+    pub fn limits(&self) -> Limits {
+        self.limits
+    }
+}
+
+/// A workflow's concurrency key: at most `limit` runs with one key are running or suspended
+/// at once; more wait `pending` (up to `max_queue_depth` of them).
+/// A workflow's key function over a run's encoded input.
+type KeyFn = Arc<dyn Fn(&Payload) -> std::result::Result<String, String> + Send + Sync>;
+
+#[derive(Clone)]
+pub(crate) struct ConcurrencyKey {
+    key: KeyFn,
+    pub(crate) limit: u32,
+    pub(crate) max_queue_depth: Option<u32>,
+}
+
+impl ConcurrencyKey {
+    pub(crate) fn new<I: DeserializeOwned + 'static>(
+        key: impl Fn(&I) -> String + Send + Sync + 'static,
+        limit: u32,
+    ) -> Self {
+        ConcurrencyKey {
+            key: Arc::new(move |input: &Payload| input.decode::<I>().map(|i| key(&i)).map_err(|e| e.to_string())),
+            limit,
+            max_queue_depth: None,
+        }
+    }
+
+    /// The key of a run with `input`.
+    pub(crate) fn key_of(&self, input: &Payload) -> std::result::Result<String, String> {
+        (self.key)(input)
+    }
+}
+
+impl fmt::Debug for ConcurrencyKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ConcurrencyKey")
+            .field("limit", &self.limit)
+            .field("max_queue_depth", &self.max_queue_depth)
+            .finish_non_exhaustive()
+    }
+}
+
+impl PartialEq for ConcurrencyKey {
+    fn eq(&self, other: &Self) -> bool {
+        Arc::ptr_eq(&self.key, &other.key) && self.limit == other.limit && self.max_queue_depth == other.max_queue_depth
+    }
+}
+
+impl Eq for ConcurrencyKey {}
+
+/// What this engine registered: step queues by name and concurrency keys by workflow.
+#[derive(Default)]
+pub(crate) struct FlowControl {
+    queues: RwLock<HashMap<String, Limits>>,
+    keys: RwLock<HashMap<String, ConcurrencyKey>>,
+}
+
+impl FlowControl {
+    /// The limits of a registered step queue.
+    pub(crate) fn queue(&self, name: &str) -> Option<Limits> {
+        self.queues.read().get(name).copied()
+    }
+
+    pub(crate) fn set_key(&self, workflow: &str, key: Option<ConcurrencyKey>) {
+        let mut keys = self.keys.write();
+        match key {
+            Some(k) => keys.insert(workflow.to_string(), k),
+            None => keys.remove(workflow),
+        };
+    }
+
+    /// The request a start of `workflow` with `input` makes, if the workflow has a key.
+    pub(crate) fn start_request(
+        &self,
+        workflow: &str,
+        namespace: &str,
+        run_id: &RunId,
+        input: &Payload,
+        priority: i32,
+        now: durable_core::Millis,
+    ) -> Result<Option<SlotRequest>> {
+        let Some(k) = self.keys.read().get(workflow).cloned() else {
+            return Ok(None);
+        };
+        let key = k.key_of(input).map_err(|reason| Error::BadKey { workflow: workflow.to_string(), reason })?;
+        Ok(Some(SlotRequest {
+            gate: protocol::key_gate(namespace, workflow, &key),
+            holder: run_id.to_string(),
+            run_id: run_id.clone(),
+            priority,
+            fairness_key: String::new(),
+            limits: Limits { concurrency: Some(k.limit), ..Limits::default() },
+            lease_until: None,
+            max_waiting: k.max_queue_depth,
+            now,
+        }))
+    }
+}
+
+impl fmt::Debug for FlowControl {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("FlowControl")
+            .field("queues", &*self.queues.read())
+            .field("keys", &self.keys.read().keys().collect::<Vec<_>>())
+            .finish()
+    }
+}
+
+impl Engine {
+    /// Registers (or replaces) the step queue `name`: steps that name it
+    /// ([`Step::queue`](crate::Step::queue), [`RemoteStep::queue`](crate::RemoteStep::queue))
+    /// pass its limits first, across every process sharing the store. A step not admitted
+    /// parks its run durably and is woken when a slot frees (or its rate window ends). A queue
+    /// name no engine registered is ungated. Register the same options on every engine that
+    /// runs the steps (the options travel with each request; the latest request's win).
+    ///
+    /// # Errors
+    /// [`Error::BadQueue`] for limits that would admit nothing (a concurrency or rate of 0).
+    pub fn register_queue(&self, name: &str, options: QueueOptions) -> Result<()> {
+        let limits = options.limits();
+        limits.validate(&format!("queue {name:?}")).map_err(|reason| Error::BadQueue { name: name.into(), reason })?;
+        if name.is_empty() {
+            return Err(Error::BadQueue { name: name.into(), reason: "a queue needs a non-empty name".into() });
+        }
+        self.shared().flow.queues.write().insert(name.to_string(), limits);
+        Ok(())
+    }
+
+    /// Every admission gate the store keeps (step queues `queue:<ns>:<name>` and concurrency
+    /// keys `key:<ns>:<workflow>:<key>`): slots held, requests waiting, the rate window.
+    pub async fn admission_stats(&self) -> Result<Vec<GateStats>> {
+        let shared = self.shared();
+        Ok(shared.store.admission_stats(shared.clock.now()).await?)
+    }
+
+    /// What a run holds and waits for at admission gates: its slots and its queued requests
+    /// (a `pending` run waiting for its concurrency key, or a step waiting for its queue).
+    pub async fn run_admission(&self, id: &RunId) -> Result<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+        Ok(self.shared().store.run_admission(id).await?)
+    }
+}
