@@ -13,7 +13,7 @@ use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use durable::{Engine, MemoryStore, StartOptions, WorkflowCtx, WorkflowError};
+use durable::{Engine, MemoryStore, StartOptions, WorkflowCtx, WorkflowError, WorkflowOptions};
 
 mod schedules;
 
@@ -198,6 +198,7 @@ async fn shared_engine(args: &Args, db: Option<&std::path::Path>, worker: bool) 
 /// Every workload's workflows: workers and clients register the same code.
 fn register_all(engine: &Engine) {
     register_chain(engine);
+    register_flow(engine);
     engine.register("timers", 1, |ctx: WorkflowCtx, sleep_ms: u64| async move {
         let t0 = ctx.now().await.duration_since(UNIX_EPOCH).map(|d| d.as_millis() as u64).unwrap_or(0);
         ctx.sleep(Duration::from_millis(sleep_ms)).await;
@@ -317,6 +318,46 @@ fn register_chain(engine: &Engine) {
         }
         Ok::<_, WorkflowError>(acc)
     });
+}
+
+/// `keyed_chain`: `chain` with every run under one concurrency key of limit 64 (at most 64 runs
+/// execute at once; the rest wait `pending` and are handed the key as runs finish).
+fn register_flow(engine: &Engine) {
+    let keyed = WorkflowOptions::default().concurrency(|_: &usize| "all".to_string(), 64);
+    engine.register_with("keyed_chain", 1, keyed, |ctx: WorkflowCtx, steps: usize| async move {
+        let mut acc = 0u64;
+        for i in 0..steps {
+            acc = ctx.step(format!("s{i}"), move |_| async move { Ok(acc + 1) }).await?;
+        }
+        Ok::<_, WorkflowError>(acc)
+    });
+    let single = WorkflowOptions::default().singleton(|_: &u64| "one".to_string());
+    engine.register_with("handoff", 1, single, |ctx: WorkflowCtx, _: u64| async move {
+        let began: u64 = ctx.step("began", |_| async { Ok(now_us()) }).await?;
+        let ended: u64 = ctx.step("ended", |_| async { Ok(now_us()) }).await?;
+        Ok::<_, WorkflowError>((began, ended))
+    });
+}
+
+fn now_us() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_micros() as u64).unwrap_or(0)
+}
+
+async fn keyed_chain(engine: &Engine, runs: usize, steps: usize) -> Result<Measured, String> {
+    let (wall, latencies, _) = start_all(engine, "keyed_chain", runs, steps).await?;
+    Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns: None, extra: None })
+}
+
+/// `admission`: `runs` runs of a singleton key, all started at once; each run's latency is the
+/// gap from the end of the previous holder's last step to its own first step: the settle that
+/// releases the key, the hand-off, the dispatch and the claim.
+async fn admission(engine: &Engine, runs: usize) -> Result<Measured, String> {
+    let (wall, _, outputs) = start_all(engine, "handoff", runs, 0u64).await?;
+    let mut spans: Vec<(u64, u64)> =
+        outputs.iter().map(|v| (v[0].as_u64().unwrap_or(0), v[1].as_u64().unwrap_or(0))).collect();
+    spans.sort();
+    let latencies = spans.windows(2).map(|w| w[1].0.saturating_sub(w[0].1) as f64 / 1e3).collect();
+    Ok(Measured { runs, steps_per_run: 2, wall, latencies, turns: None, extra: None })
 }
 
 async fn chain(engine: &Engine, runs: usize, steps: usize) -> Result<Measured, String> {
@@ -492,6 +533,8 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
     let q = args.quick;
     match args.workload.as_str() {
         "chain" => chain(engine, if q { 100 } else { 1_000 }, 5).await,
+        "keyed_chain" => keyed_chain(engine, if q { 100 } else { 1_000 }, 5).await,
+        "admission" => admission(engine, if q { 50 } else { 500 }).await,
         "remote_chain" => {
             let in_process = if args.workers == 0 { 2 } else { 0 };
             remote_chain(engine, if q { 100 } else { 1_000 }, 5, in_process).await

@@ -3,6 +3,8 @@
 
 use std::io::Write;
 
+pub mod flow;
+
 /// Prints one line to stdout and flushes it at once: the tests read the workers' lines as they
 /// come (a line is an event the test waits for), and a worker may be killed right after.
 pub fn out(line: std::fmt::Arguments<'_>) {

@@ -284,6 +284,8 @@ const WORKLOADS: &[&str] = &[
     "start_many",
     "schedules",
     "remote_chain",
+    "keyed_chain",
+    "admission",
 ];
 /// Workloads that run in one process only (no `--workers`).
 const IN_PROCESS_ONLY: &[&str] = &["schedules"];

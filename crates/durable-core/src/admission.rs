@@ -557,6 +557,17 @@ impl AdmissionBook {
         if freed || reclaimed { g.hand_off(now) } else { Vec::new() }
     }
 
+    /// Releases the slot `holder` (of `run`) holds at whatever gate, and hands it on (a remote
+    /// step's result is recorded).
+    pub fn release_holder(&mut self, run: &RunId, holder: &str, now: Millis) -> Vec<Handoff> {
+        let gate = self
+            .gates
+            .iter()
+            .find(|(_, g)| g.slots.get(holder).is_some_and(|s| &s.run_id == run))
+            .map(|(name, _)| name.clone());
+        gate.map_or_else(Vec::new, |gate| self.release(&gate, holder, now))
+    }
+
     /// Releases every slot and queued request of `run` (it settled, was cancelled or deleted)
     /// and hands the freed capacity on, at `now` or each gate's [`GateRecord::touched`] time if
     /// later (a deletion passes 0: it knows no time).

@@ -842,7 +842,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   decides whether to retry); either way `attempts = attempt`, `updated_at = now`; the
     ///   run is woken as a delivery wakes it ([`Store::send_signal`]); the task is finished
     ///   (outcome `completed`, `failed`, or `timed_out` for an error coded `remote_timeout`),
-    ///   its logs appended → `Accepted`.
+    ///   its logs appended; the admission slot the step holds (holder = its step id, at any
+    ///   gate: a gated remote step holds one while its attempt is out) is released and handed
+    ///   on as [`Store::release_slot`] does → `Accepted`.
     async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
         let _ = done;
         Err(no_remote_steps())

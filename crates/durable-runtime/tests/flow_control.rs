@@ -380,3 +380,50 @@ async fn a_crashed_engines_step_slot_is_reclaimed_after_its_lease() {
     let api = stats.iter().find(|s| s.gate == g).unwrap();
     assert_eq!((api.held, api.waiting), (0, 0));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_step_through_a_registered_queue_holds_its_slot_until_its_result() {
+    use durable_runtime::{StepError, TaskContext, Worker};
+    let t = TestEngine::new();
+    t.register_queue("render", QueueOptions::default().concurrency(1)).unwrap();
+    t.register("job", 1, |ctx: WorkflowCtx, n: u32| async move {
+        let out: u32 = ctx.remote_step("render", &n).await?;
+        Ok::<_, WorkflowError>(out)
+    });
+    let ledger = Arc::new(Ledger::default());
+    let l = ledger.clone();
+    let worker = Worker::builder()
+        .engine(t.engine())
+        .concurrency(4)
+        .handle("render", move |_ctx: TaskContext, n: u32| {
+            let l = l.clone();
+            async move {
+                l.begin("render", format!("r{n}"));
+                tokio::task::yield_now().await;
+                l.end("render");
+                Ok::<_, StepError>(n * 10)
+            }
+        })
+        .build();
+    let (stop, rx) = tokio::sync::oneshot::channel::<()>();
+    let w = tokio::spawn(async move {
+        worker
+            .run(async {
+                let _ = rx.await;
+            })
+            .await
+    });
+    let mut ids = Vec::new();
+    for n in 0..6u32 {
+        ids.push(t.start("job", &n, StartOptions::default()).await.unwrap().id);
+    }
+    for (n, id) in ids.iter().enumerate() {
+        t.assert_output(id, n as u32 * 10).await;
+    }
+    assert_eq!(ledger.max("render"), 1, "one attempt out at a time, though the worker takes 4");
+    let stats = t.admission_stats().await.unwrap();
+    let g = stats.iter().find(|s| s.gate == protocol::queue_gate("default", "render")).unwrap();
+    assert_eq!((g.held, g.waiting), (0, 0), "each result released its slot");
+    let _ = stop.send(());
+    w.await.unwrap();
+}

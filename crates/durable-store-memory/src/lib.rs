@@ -885,6 +885,10 @@ impl Store for MemoryStore {
             cp.attempts = done.attempt;
         }
         finish(inner.tasks.get_mut(&key).expect("checked above"), outcome, done.logs);
+        // The step's admission slot (a gated remote step holds one while its attempt is out).
+        let holder = protocol::step_id(&done.run_id, done.seq);
+        let handed = inner.admission.release_holder(&done.run_id, &holder, done.now);
+        inner.wake_handed(&handed, done.now);
         Ok(TaskCompletion::Accepted)
     }
 

@@ -57,10 +57,10 @@ pub use durable_core::{
 };
 pub use durable_runtime::{
     All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
-    EngineConfig, EngineEvent, Error, EventTrigger, Metrics, Publication, PublishOptions, QueueHealth, RemoteStep,
-    ReplayError, Result, RunOutcome, SignalError, StartOptions, Started, Step, StepContext, StepFailed, StepOptions,
-    SystemClock, TaskContext, TaskError, TokioClock, UpdateOutcome, VirtualClock, Worker, WorkerBuilder, WorkerHealth,
-    WorkerReport, WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
+    EngineConfig, EngineEvent, Error, EventTrigger, Metrics, Publication, PublishOptions, QueueHealth, QueueOptions,
+    RemoteStep, ReplayError, Result, RunOutcome, SignalError, StartOptions, Started, Step, StepContext, StepFailed,
+    StepOptions, SystemClock, TaskContext, TaskError, TokioClock, UpdateOutcome, VirtualClock, Worker, WorkerBuilder,
+    WorkerHealth, WorkerReport, WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]

@@ -241,6 +241,9 @@ pub struct RemoteCall<'a> {
     pub input: Result<Payload, String>,
     /// Its options.
     pub options: &'a RemoteOptions,
+    /// The admission gate each attempt must pass before it is dispatched (a registered step
+    /// queue), if any. The slot is held until the attempt's result is recorded.
+    pub gate: Option<GateCall<'a>>,
 }
 
 /// The answer of [`Turn::remote_step`].
@@ -259,6 +262,9 @@ pub enum RemoteBegin {
     /// backoff runs, until the time given (`None`: forever, a cancel with compensation is
     /// pending).
     Park(Option<Millis>),
+    /// Ask the store for an admission slot first, then hand the answer to
+    /// [`Turn::remote_admitted`].
+    Acquire(SlotRequest),
     /// The turn is stopping: halt.
     Stopped,
 }
@@ -418,17 +424,8 @@ impl Turn {
                 StepBegin::Run { attempt: a.next_attempt }
             }
             Admission::Waiting { retry_at } => {
-                let recheck = millis_after(now, self.config.admission_recheck);
-                let at = match retry_at {
-                    // Spread the waiters of a window over its first 10% (at most 1 s) so they
-                    // do not all ask at the same instant; the seed keeps replays identical.
-                    Some(t) => {
-                        let spread = (t.saturating_sub(now) / 10).clamp(1, 1_000);
-                        t + seed_for(self.run.id.as_str(), seq, a.next_attempt) % spread
-                    }
-                    None => recheck,
-                }
-                .min(recheck.max(now + 1));
+                let attempt = a.next_attempt;
+                let at = self.admission_retry_at(seq, attempt, retry_at, now);
                 self.attempts.remove(&seq);
                 self.flights.remove(&seq);
                 self.park(seq, Some(at));
@@ -953,7 +950,7 @@ impl Turn {
                 self.judge_remote(seq, call, attempts, now)
             }
             // Fresh, or a backoff is over.
-            (Decision::Execute { attempt }, _) => self.dispatch(seq, &call, attempt, now),
+            (Decision::Execute { attempt }, _) => self.dispatch_gated(seq, &call, attempt, now),
             (d, _) => {
                 self.corrupt(seq, call.name, &d);
                 RemoteBegin::Stopped
@@ -970,10 +967,10 @@ impl Turn {
         let error = cp.error.clone().unwrap_or_else(|| StepError::retryable("the worker reported no error"));
         // An operator's re-dispatch sends the next attempt at once, outside the policy.
         if error.code() == Some(codes::REDISPATCH) {
-            return self.dispatch(seq, &call, attempts + 1, now);
+            return self.dispatch_gated(seq, &call, attempts + 1, now);
         }
         match call.options.policy.after_failure(attempts, &error, seed_for(self.run.id.as_str(), seq, attempts)) {
-            RetryDecision::RetryAfter(delay) if delay.is_zero() => self.dispatch(seq, &call, attempts + 1, now),
+            RetryDecision::RetryAfter(delay) if delay.is_zero() => self.dispatch_gated(seq, &call, attempts + 1, now),
             RetryDecision::RetryAfter(delay) => {
                 let at = millis_after(now, delay);
                 let mut cp = cp;
@@ -995,6 +992,67 @@ impl Turn {
     }
 
     /// Records attempt `attempt` of the remote step at `seq` as out and queues its task.
+    /// Dispatches attempt `attempt`, or with a gate asks for its slot first.
+    fn dispatch_gated(&mut self, seq: u32, call: &RemoteCall<'_>, attempt: u32, now: Millis) -> RemoteBegin {
+        let Some(g) = call.gate else {
+            return self.dispatch(seq, call, attempt, now);
+        };
+        self.remote_admitting.insert(seq, attempt);
+        RemoteBegin::Acquire(SlotRequest {
+            gate: g.gate.to_string(),
+            holder: protocol::step_id(&self.run.id, seq),
+            run_id: self.run.id.clone(),
+            priority: g.priority,
+            fairness_key: g.fairness_key.to_string(),
+            limits: g.limits,
+            // Held while the run is suspended: released when the result is recorded.
+            lease_until: None,
+            max_waiting: None,
+            now,
+        })
+    }
+
+    /// Hands in the store's answer to the [`RemoteBegin::Acquire`] of the remote step at
+    /// `seq` (the same call again): admitted → the attempt is dispatched; otherwise the step
+    /// parks as a local step does ([`Turn::admitted`]).
+    pub fn remote_admitted(&mut self, seq: u32, call: RemoteCall<'_>, answer: Admission, now: Millis) -> RemoteBegin {
+        self.active();
+        if self.stop.is_some() {
+            return RemoteBegin::Stopped;
+        }
+        let Some(attempt) = self.remote_admitting.remove(&seq) else {
+            return RemoteBegin::Stopped;
+        };
+        match answer {
+            Admission::Admitted => self.dispatch(seq, &call, attempt, now),
+            Admission::Waiting { retry_at } => {
+                let at = self.admission_retry_at(seq, attempt, retry_at, now);
+                self.park(seq, Some(at));
+                RemoteBegin::Park(Some(at))
+            }
+            Admission::Full { .. } => {
+                let at = millis_after(now, self.config.admission_recheck);
+                self.park(seq, Some(at));
+                RemoteBegin::Park(Some(at))
+            }
+        }
+    }
+
+    /// When a call held back at a gate asks again: just after the rate window's end `retry_at`
+    /// (spread over the window's first 10%, at most 1 s, by a seed of the call so replays
+    /// agree), or at the recheck interval, whichever comes first.
+    fn admission_retry_at(&self, seq: u32, attempt: u32, retry_at: Option<Millis>, now: Millis) -> Millis {
+        let recheck = millis_after(now, self.config.admission_recheck);
+        let at = match retry_at {
+            Some(t) => {
+                let spread = (t.saturating_sub(now) / 10).clamp(1, 1_000);
+                t + seed_for(self.run.id.as_str(), seq, attempt) % spread
+            }
+            None => recheck,
+        };
+        at.min(recheck.max(now + 1))
+    }
+
     fn dispatch(&mut self, seq: u32, call: &RemoteCall<'_>, attempt: u32, now: Millis) -> RemoteBegin {
         let input = match &call.input {
             Ok(p) if self.too_large(p) => {

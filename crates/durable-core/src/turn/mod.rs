@@ -198,6 +198,8 @@ pub struct Turn {
     flights: BTreeMap<u32, Flight>,
     parked: BTreeMap<u32, Option<Millis>>,
     attempts: BTreeMap<u32, Attempts>,
+    /// Remote steps asking for an admission slot: the attempt each will dispatch.
+    remote_admitting: BTreeMap<u32, u32>,
     undos: Vec<Undo>,
     mode: Mode,
     stop: Option<TurnStop>,
@@ -229,6 +231,7 @@ impl Turn {
             flights: BTreeMap::new(),
             parked: BTreeMap::new(),
             attempts: BTreeMap::new(),
+            remote_admitting: BTreeMap::new(),
             undos: Vec::new(),
             mode: if cancel_requested { Mode::CancelRequested } else { Mode::Normal },
             stop: None,
@@ -336,6 +339,7 @@ impl Turn {
         self.active();
         self.flights.remove(&seq);
         self.parked.remove(&seq);
+        self.remote_admitting.remove(&seq);
         if let Some(a) = self.attempts.remove(&seq) {
             self.release_slot_of(seq, a.gate);
         }

@@ -2413,7 +2413,7 @@ fn remote_options(policy: RetryPolicy) -> crate::task::RemoteOptions {
 }
 
 fn remote<'a>(input: &Payload, options: &'a crate::task::RemoteOptions) -> RemoteCall<'a> {
-    RemoteCall { name: "resize", input: Ok(input.clone()), options }
+    RemoteCall { name: "resize", input: Ok(input.clone()), options, gate: None }
 }
 
 /// The checkpoint of attempt `attempt` out since `at`.
@@ -2678,4 +2678,37 @@ fn an_abandoned_admitted_step_releases_its_slot_with_the_next_commit() {
     assert_eq!(t.admitted(seq, Admission::Admitted, 11), StepBegin::Stopped, "an abandoned call is gone");
     let c = flush(&mut t, 20);
     assert_eq!(c.release_slots, vec![(GATE.to_string(), "r:0".to_string())]);
+}
+
+#[test]
+fn a_gated_remote_step_takes_its_slot_before_the_dispatch_and_waits_without_one() {
+    use crate::admission::{Admission, Limits};
+    let input = p("img.png");
+    let options = remote_options(RetryPolicy::none());
+    let limits = Limits { concurrency: Some(1), ..Default::default() };
+    let gated = |input: &Payload| RemoteCall {
+        gate: Some(GateCall { gate: GATE, limits, priority: 0, fairness_key: "" }),
+        ..remote(input, &options)
+    };
+    // Admitted: the dispatch is exactly the ungated one.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    let RemoteBegin::Acquire(request) = t.remote_step(seq, gated(&input), 100) else { panic!("asks first") };
+    assert_eq!((request.holder.as_str(), request.lease_until), ("r:0", None), "held until the result is in");
+    assert_eq!(
+        t.remote_admitted(seq, gated(&input), Admission::Admitted, 100),
+        RemoteBegin::Park(Some(100 + RECONCILE))
+    );
+    let Some(Ended::Suspend { commit: c, .. }) = t.t_pending(100) else { panic!("no suspend") };
+    assert_eq!(c.tasks, vec![task_of(1, 100, &input)]);
+    // Not admitted: nothing is dispatched; the run parks until the recheck.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert!(matches!(t.remote_step(seq, gated(&input), 100), RemoteBegin::Acquire(_)));
+    assert_eq!(
+        t.remote_admitted(seq, gated(&input), Admission::Waiting { retry_at: None }, 100),
+        RemoteBegin::Park(Some(100 + 15_000))
+    );
+    let Some(Ended::Suspend { commit: c, .. }) = t.t_pending(100) else { panic!("no suspend") };
+    assert!(c.tasks.is_empty() && c.checkpoints.is_empty(), "nothing dispatched: {c:?}");
 }

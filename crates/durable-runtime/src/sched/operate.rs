@@ -88,6 +88,8 @@ impl Shared {
         if status == RunStatus::Cancelled {
             self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
             self.notify_run(id);
+            // Its admission slots went to waiting runs, made due by the store: look now.
+            self.poll_now();
             if let Some(parent) = &run.parent {
                 self.wake(parent.run_id.clone(), mark);
             }

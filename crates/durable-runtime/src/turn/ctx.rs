@@ -30,6 +30,7 @@ pub struct StepContext {
     run_id: RunId,
     seq: u32,
     attempt: u32,
+    admitted_at: Option<Millis>,
 }
 
 impl StepContext {
@@ -52,6 +53,13 @@ impl StepContext {
     /// This attempt's number, from 1.
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// For a step run through a queue ([`Step::queue`]): when (engine clock, ms since the
+    /// epoch) the store admitted this attempt — the instant a rate limit counted it in. `None`
+    /// for a step without a queue.
+    pub fn admitted_at(&self) -> Option<Millis> {
+        self.admitted_at
     }
 }
 
@@ -279,7 +287,9 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
     });
     let call = StepCall { name: &name, kind, policy: &policy, undo: on_complete.is_some(), gate };
     let mut begin = t.turn.lock().begin_step(seq, call, t.now());
+    let mut admitted_at = None;
     if let StepBegin::Acquire(request) = begin {
+        admitted_at = Some(request.now);
         begin = match t.env.acquire_slot(request).await {
             Ok(answer) => t.turn.lock().admitted(seq, answer, t.now()),
             Err(e) => {
@@ -309,7 +319,7 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
     };
     let span = tracing::debug_span!("step", run_id = %run_id, seq, name = %name);
     loop {
-        let sc = StepContext { run_id: run_id.clone(), seq, attempt };
+        let sc = StepContext { run_id: run_id.clone(), seq, attempt, admitted_at };
         let result = {
             let _enter = span.enter();
             tracing::trace!(attempt, "executing");

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable_core::task::RemoteOptions;
-use durable_core::{Backoff, Payload, RemoteBegin, RemoteCall, RetryPolicy};
+use durable_core::{Backoff, GateCall, Payload, RemoteBegin, RemoteCall, RetryPolicy, TurnStop, protocol};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -32,6 +32,7 @@ pub struct RemoteStep<O> {
     name: String,
     input: Result<Payload, String>,
     options: RemoteOptions,
+    fairness_key: String,
     _out: PhantomData<fn() -> O>,
 }
 
@@ -90,15 +91,26 @@ impl<O> RemoteStep<O> {
     }
 
     /// The queue workers take it from. Default: the step's name. Queues are partitioned by
-    /// the run's namespace.
+    /// the run's namespace. If the engine registered a step queue of that name
+    /// ([`Engine::register_queue`](crate::Engine::register_queue)), each attempt first takes
+    /// one of its slots (held until the attempt's result is recorded), so the queue's
+    /// concurrency and rate hold for the remote step too.
     pub fn queue(mut self, queue: impl Into<String>) -> Self {
         self.options.queue = Some(queue.into());
         self
     }
 
-    /// Higher first among the queue's waiting tasks. Default 0.
+    /// Higher first among the queue's waiting tasks (and among the waiters for a slot of a
+    /// registered step queue). Default 0.
     pub fn priority(mut self, priority: i32) -> Self {
         self.options.priority = priority;
+        self
+    }
+
+    /// The step's fairness key in a registered step queue with
+    /// [`QueueOptions::fair`](crate::QueueOptions::fair): keys are served round robin.
+    pub fn fairness_key(mut self, key: impl Into<String>) -> Self {
+        self.fairness_key = key.into();
         self
     }
 
@@ -118,10 +130,30 @@ impl<O: DeserializeOwned + Send + 'static> IntoFuture for RemoteStep<O> {
 }
 
 async fn run_remote<O: DeserializeOwned>(s: RemoteStep<O>) -> Result<O, StepFailed> {
-    let RemoteStep { t, seq, name, input, options, .. } = s;
+    let RemoteStep { t, seq, name, input, options, fairness_key, .. } = s;
     let _call = CallGuard::new(&t, seq);
-    let call = RemoteCall { name: &name, input, options: &options };
-    let begin = t.turn.lock().remote_step(seq, call, t.now());
+    // A registered step queue of the routing queue's name gates each attempt.
+    let queue = options.queue.clone().unwrap_or_else(|| name.clone());
+    let gate_name = protocol::queue_gate(&t.run.namespace, &queue);
+    let gate = t.env.queue_limits(&queue).filter(|l| l.gates()).map(|limits| GateCall {
+        gate: &gate_name,
+        limits,
+        priority: options.priority,
+        fairness_key: &fairness_key,
+    });
+    let call = |input: Result<Payload, String>| RemoteCall { name: &name, input, options: &options, gate };
+    let mut begin = t.turn.lock().remote_step(seq, call(input.clone()), t.now());
+    if let RemoteBegin::Acquire(request) = begin {
+        begin = match t.env.acquire_slot(request).await {
+            Ok(answer) => t.turn.lock().remote_admitted(seq, call(input), answer, t.now()),
+            Err(e) => {
+                let run = &t.run.id;
+                tracing::warn!(run_id = %run, seq, error = %e, "asking for an admission slot failed; the turn stops");
+                t.turn.lock().stop(TurnStop::Abort(format!("run {run} seq {seq}: acquire_slot failed: {e}")));
+                RemoteBegin::Stopped
+            }
+        };
+    }
     match begin {
         RemoteBegin::Return(p) => match t.decode::<O>(seq, &name, &p) {
             Some(v) => Ok(v),
@@ -130,7 +162,7 @@ async fn run_remote<O: DeserializeOwned>(s: RemoteStep<O>) -> Result<O, StepFail
         RemoteBegin::Fail { error, attempts } => {
             Err(StepFailed { run_id: t.run.id.clone(), name, seq, error, attempts })
         }
-        RemoteBegin::Park(_) | RemoteBegin::Stopped => halt().await,
+        RemoteBegin::Park(_) | RemoteBegin::Stopped | RemoteBegin::Acquire(_) => halt().await,
     }
 }
 
@@ -164,6 +196,7 @@ impl WorkflowCtx {
             name: name.to_string(),
             input: Payload::encode(input).map_err(|e| e.to_string()),
             options: RemoteOptions { policy: default_policy(), ..RemoteOptions::default() },
+            fairness_key: String::new(),
             _out: PhantomData,
         }
     }
