@@ -82,6 +82,18 @@
 //!   dispatches and releases `NOTIFY`, and [`PostgresStore::task_wakeups`] wakes an idle worker
 //!   at once. The claim, the expiry and silence scans and the listings walk indexes of open
 //!   tasks only (`tests/pg_plans.rs`).
+//! - **Flow control** ([`durable_core::admission`]): gates, held slots and queued requests in
+//!   `admission_gates`, `admission_slots` and `admission_waiters`, kept by the rules of
+//!   [`AdmissionBook`](durable_core::admission::AdmissionBook) in PL/pgSQL (`tests/pg_admission.rs`
+//!   runs both side by side). [`Store::acquire_slot`] and [`Store::release_slot`] are writes of the
+//!   writer that lock the gate's row first (creating it if new), so acquirers and releasers of one
+//!   gate in any process take turns and a limit is never exceeded; a call touching several gates
+//!   locks them in gate order, and before any run row. A commit's `release_slots`, an applied
+//!   settle, a cancel through [`Store::update_run_if`] and a [`Store::delete_run`] release in
+//!   their own transaction and hand the freed slots to the next waiters at once, waking their runs
+//!   (as a delivery does, with `NOTIFY`). A keyed start ([`NewRun::admission`]) is decided in the
+//!   create; a keyed bulk start is all or nothing (a subtransaction). The queue's head, the count
+//!   of waiters ranked ahead and a fairness key's round are index reads (`tests/pg_plans.rs`).
 //! - **Claims never wait for a run another transaction is writing** (its lease holder
 //!   committing, a delivery waking it): [`Store::claim_run`] answers `Busy` with the run as last
 //!   committed and the engine looks again. Engines sharing a run queue often claim runs that
@@ -102,7 +114,11 @@
 //!   is claimable again without a notification (nothing is written at that moment).
 //! - Ids, names and payloads cannot contain NUL characters (PostgreSQL `text` cannot).
 //! - Times are the caller's: a value past `i64::MAX` ms (a "forever" sentinel such as
-//!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`.
+//!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`. Except one: the
+//!   `wake_at` of a `pending` run, where `i64::MAX` is
+//!   [`protocol::GATED`](durable_core::protocol::GATED) (a run waiting for its concurrency key).
+//!   So a delayed start at "forever" is a run waiting for its key here: never due, and
+//!   [`Store::claim_run`] answers `Busy` for it.
 //! - Do not rename the schema once created: the server-side functions name it.
 //!
 //! ## Example
@@ -156,6 +172,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod admission;
 mod error;
 mod ops;
 mod options;
@@ -171,6 +188,7 @@ use std::sync::Arc;
 
 use async_trait::async_trait;
 use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
+use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
@@ -248,6 +266,37 @@ pub mod __private {
         (crate::ops::queue_stats_sql(&store.inner.sql.schema), Vec::new())
     }
 
+    /// The statements of the admission helpers (`sql/v8.sql`) with these parameters: the queue
+    /// head of `gate`, the waiters ranked before `rank`, the round of fairness key `key`, the
+    /// slots that count at `now`, the gates a release of `run` at `now` looks at; then the stats
+    /// and the run's records. Named for the messages.
+    pub fn admission_sql(
+        store: &PostgresStore,
+        gate: &str,
+        rank: durable_core::admission::Rank,
+        key: &str,
+        run: &str,
+        now: u64,
+    ) -> Vec<(&'static str, Statement)> {
+        use crate::admission::{AHEAD, GATES_OF, KEY_ROUND, LIVE, QUEUE_HEAD};
+        let s = &store.inner.sql.schema;
+        let text = |v: &str| (Box::new(v.to_string()) as Box<dyn ToSql + Sync + Send>, Type::TEXT);
+        let int = |v: i64| (Box::new(v) as Box<dyn ToSql + Sync + Send>, Type::INT8);
+        let now = crate::ops::millis_to_sql(now);
+        vec![
+            ("queue head", (QUEUE_HEAD.render(s), vec![text(gate)])),
+            (
+                "waiters ahead",
+                (AHEAD.render(s), vec![text(gate), int(rank.priority), int(rank.round), int(rank.ticket)]),
+            ),
+            ("key round", (KEY_ROUND.render(s), vec![text(gate), text(key)])),
+            ("live slots", (LIVE.render(s), vec![text(gate), int(now)])),
+            ("gates of a run", (GATES_OF.render(s), vec![text(run), int(now)])),
+            ("admission stats", (store.inner.admission_sql.stats.clone(), vec![int(now)])),
+            ("run admission", (store.inner.admission_sql.run_admission.clone(), vec![text(run)])),
+        ]
+    }
+
     /// The statement of `list_schedules`.
     pub fn list_schedules_sql(
         store: &PostgresStore,
@@ -291,6 +340,7 @@ struct Inner {
     sql: Statements,
     queue_sql: queue::QueueStatements,
     task_sql: tasks::TaskStatements,
+    admission_sql: admission::AdmissionStatements,
     /// The run queue's LISTEN connection, once [`PostgresStore::queue_wakeups`] started it.
     listener: tokio::sync::Mutex<Option<queue::Listener>>,
     /// The task channel's LISTEN connection, once [`PostgresStore::task_wakeups`] started it.
@@ -414,6 +464,7 @@ impl PostgresStore {
         let sql = Statements::new(&options.schema);
         let queue_sql = queue::QueueStatements::new(&sql.schema);
         let task_sql = tasks::TaskStatements::new(&sql.schema);
+        let admission_sql = admission::AdmissionStatements::new(&sql.schema);
         let shared = Arc::new(Shared {
             pool,
             target,
@@ -436,6 +487,7 @@ impl PostgresStore {
                 sql,
                 queue_sql,
                 task_sql,
+                admission_sql,
                 listener,
                 task_listener,
             }),
@@ -625,11 +677,13 @@ impl Drop for RunNotifications {
 #[async_trait]
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::FULL.with_admission(false)
+        Capabilities::FULL
     }
 
+    /// A keyed start ([`NewRun::admission`]) is decided in the same operation, before the run
+    /// is written (`create_admitted` in `sql/v8.sql`).
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
-        let answer = self.write(Op::CreateRun { run: ops::NewRunJson::new(&run) }).await?;
+        let answer = self.write(Op::CreateRun(ops::CreateRunJson::new(&run)?)).await?;
         self.answer(ops::create_answer(&answer, run))
     }
 
@@ -639,11 +693,20 @@ impl Store for PostgresStore {
     /// with a run that another transaction deletes before the existing run is read answers an
     /// error (as `create_run` does) while the rest of the group commits; the call then fails
     /// with that error, and starting the batch again finds the others `Existing`.
+    ///
+    /// A batch with keyed starts ([`NewRun::admission`]) is one operation instead, whose
+    /// creates run in a subtransaction: a start refused with [`StoreError::QueueFull`] undoes
+    /// the whole batch (its admissions too) and the call fails with it.
     async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
         if runs.is_empty() {
             return Ok(Vec::new());
         }
-        let group = runs.iter().map(|run| Op::CreateRun { run: ops::NewRunJson::new(run) }.encode()).collect();
+        if runs.iter().any(|run| run.admission.is_some()) {
+            let keyed = runs.iter().map(ops::KeyedRunJson::new).collect::<StoreResult<Vec<_>>>()?;
+            let answer = self.write(Op::CreateRuns { runs: keyed }).await?;
+            return self.answer(ops::creates_answer(&answer, runs));
+        }
+        let group = runs.iter().map(|run| Op::CreateRun(ops::CreateRunJson::unkeyed(run)).encode()).collect();
         let answers = self.write_group(group, "creates").await?;
         runs.into_iter().zip(answers).map(|(run, answer)| self.answer(ops::create_answer(&answer, run))).collect()
     }
@@ -853,6 +916,24 @@ impl Store for PostgresStore {
 
     async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
         self.workers_now(heartbeat_before).await
+    }
+
+    /// An operation of the writer: it locks the gate's row (creating it if new), so acquirers
+    /// and releasers of one gate in any process take turns.
+    async fn acquire_slot(&self, request: &SlotRequest) -> StoreResult<Admission> {
+        self.acquire_slot_now(request).await
+    }
+
+    async fn release_slot(&self, gate: &str, holder: &str, now: Millis) -> StoreResult<Vec<RunId>> {
+        self.release_slot_now(gate, holder, now).await
+    }
+
+    async fn admission_stats(&self, now: Millis) -> StoreResult<Vec<GateStats>> {
+        self.admission_stats_now(now).await
+    }
+
+    async fn run_admission(&self, id: &RunId) -> StoreResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+        self.run_admission_now(id).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

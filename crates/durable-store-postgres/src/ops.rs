@@ -3,6 +3,7 @@
 //!
 //! Each mirrors the method of the same name in `durable-store-memory`, the reference.
 
+use durable_core::admission::{Admission, Limits, Order, PriorityOrder, Rate, SlotRequest};
 use durable_core::task::{
     BeatOutcome, NewTask, QueueStats, Task, TaskCompletion, TaskDone, TaskLog, TaskState, WorkerInfo,
 };
@@ -27,14 +28,14 @@ pub(crate) fn millis_to_sql(v: u64) -> i64 {
     i64::try_from(v).unwrap_or(i64::MAX)
 }
 
-fn millis_from_sql(v: i64, what: impl FnOnce() -> String) -> Result<u64, String> {
+pub(crate) fn millis_from_sql(v: i64, what: impl FnOnce() -> String) -> Result<u64, String> {
     if v == i64::MAX {
         return Ok(u64::MAX);
     }
     u64::try_from(v).map_err(|_| format!("{}: negative value {v}", what()))
 }
 
-fn u32_from_sql(v: i64, what: impl FnOnce() -> String) -> Result<u32, String> {
+pub(crate) fn u32_from_sql(v: i64, what: impl FnOnce() -> String) -> Result<u32, String> {
     u32::try_from(v).map_err(|_| format!("{}: {v} is out of range", what()))
 }
 
@@ -115,11 +116,11 @@ impl RunRow {
             }
             _ => None,
         };
+        let status = run_status(&self.status, &id)?;
         Ok(Run {
             workflow: self.workflow,
             version: u32_from_sql(self.version, || what("version"))?,
             namespace: self.namespace,
-            status: run_status(&self.status, &id)?,
             input: Payload::from_trusted(self.input),
             output: self.output.map(Payload::from_trusted),
             error: step_error(self.error, || what("error"))?,
@@ -128,7 +129,12 @@ impl RunRow {
             parent,
             created_at: millis_from_sql(self.created_at, || what("created_at"))?,
             updated_at: millis_from_sql(self.updated_at, || what("updated_at"))?,
-            wake_at: self.wake_at.map(|v| millis_from_sql(v, || what("wake_at"))).transpose()?,
+            wake_at: match self.wake_at {
+                // `GATED` is i64::MAX, which no other pending run's wake_at reads back as.
+                Some(i64::MAX) if status == RunStatus::Pending => Some(protocol::GATED),
+                w => w.map(|v| millis_from_sql(v, || what("wake_at"))).transpose()?,
+            },
+            status,
             lease_owner: self.lease_owner,
             lease_until: self.lease_until.map(|v| millis_from_sql(v, || what("lease_until"))).transpose()?,
             recovery_attempts: u32_from_sql(self.recovery_attempts, || what("recovery_attempts"))?,
@@ -234,7 +240,8 @@ pub(crate) fn waiter_from_row(row: &Row) -> Result<Result<Waiter, String>, tokio
 #[derive(Debug, Serialize)]
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Op<'a> {
-    CreateRun { run: NewRunJson<'a> },
+    CreateRun(CreateRunJson<'a>),
+    CreateRuns { runs: Vec<KeyedRunJson<'a>> },
     ClaimRun { id: &'a str, owner: &'a str, until: i64, now: i64 },
     RenewLease { id: &'a str, owner: &'a str, until: i64 },
     ReleaseLease { id: &'a str, owner: &'a str },
@@ -247,6 +254,8 @@ pub(crate) enum Op<'a> {
     DeleteSchedule { key: &'a str },
     DeleteRun { id: &'a str },
     CompleteTask(TaskDoneJson<'a>),
+    AcquireSlot(SlotRequestJson<'a>),
+    ReleaseSlot { gate: &'a str, holder: &'a str, now: i64 },
     Enqueue { items: Vec<QueueItemJson<'a>>, now: i64 },
     AckQueued { ids: Vec<i64>, owner: &'a str },
     ReleaseQueued { ids: Vec<i64>, owner: &'a str },
@@ -529,6 +538,8 @@ pub(crate) struct CommitJson<'a> {
     children: Vec<NewRunJson<'a>>,
     signals: Vec<SignalJson<'a>>,
     tasks: Vec<TaskJson<'a>>,
+    /// `(gate, holder)` pairs, as two-element arrays.
+    release_slots: Vec<(&'a str, &'a str)>,
     end: Option<EndJson<'a>>,
 }
 
@@ -567,6 +578,7 @@ impl<'a> CommitJson<'a> {
             children: c.children.iter().map(NewRunJson::new).collect(),
             signals: c.signals.iter().map(|s| SignalJson { token: &s.token, payload: s.payload.as_str() }).collect(),
             tasks: c.tasks.iter().map(TaskJson::new).collect(),
+            release_slots: c.release_slots.iter().map(|(g, h)| (g.as_str(), h.as_str())).collect(),
             end: c.end.as_ref().map(|end| match end {
                 TurnEnd::Suspend { wake_at, seen_wake_gen } => EndJson::Suspend {
                     wake_at: wake_at.map(millis_to_sql),
@@ -661,6 +673,121 @@ impl<'a> TaskJson<'a> {
             heartbeat_timeout_ms: millis_to_sql(t.heartbeat_timeout_ms),
             created_at: millis_to_sql(t.created_at),
         }
+    }
+}
+
+/// [`Limits`], as the store keeps them (its own format, not the core's serde form, so the
+/// stored rows do not change with it): flat fields the server-side functions read.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub(crate) struct LimitsJson {
+    concurrency: Option<u32>,
+    rate_limit: Option<u32>,
+    rate_period_ms: Option<i64>,
+    lowest_first: bool,
+    fairness: bool,
+    lifo: bool,
+}
+
+impl LimitsJson {
+    /// Refuses a rate window of 0 ms (the window's start is `now - now % period`).
+    pub(crate) fn new(gate: &str, l: &Limits) -> Result<Self, StoreError> {
+        if l.rate.is_some_and(|r| r.period_ms == 0) {
+            return Err(refused(format!("{gate}: a rate window must be at least 1 ms")));
+        }
+        Ok(LimitsJson {
+            concurrency: l.concurrency,
+            rate_limit: l.rate.map(|r| r.limit),
+            rate_period_ms: l.rate.map(|r| millis_to_sql(r.period_ms)),
+            lowest_first: l.priority == PriorityOrder::LowestFirst,
+            fairness: l.fairness,
+            lifo: l.order == Order::Lifo,
+        })
+    }
+
+    pub(crate) fn into_limits(self, gate: &str) -> Result<Limits, String> {
+        let rate = match (self.rate_limit, self.rate_period_ms) {
+            (Some(limit), Some(period)) => {
+                Some(Rate { limit, period_ms: millis_from_sql(period, || format!("gate {gate}: rate period"))? })
+            }
+            (None, None) => None,
+            _ => return Err(format!("gate {gate}: a rate limit without its period")),
+        };
+        Ok(Limits {
+            concurrency: self.concurrency,
+            rate,
+            priority: if self.lowest_first { PriorityOrder::LowestFirst } else { PriorityOrder::HighestFirst },
+            fairness: self.fairness,
+            order: if self.lifo { Order::Lifo } else { Order::Fifo },
+        })
+    }
+}
+
+/// A [`SlotRequest`], as `admission_acquire()` reads it.
+#[derive(Debug, Serialize)]
+pub(crate) struct SlotRequestJson<'a> {
+    gate: &'a str,
+    holder: &'a str,
+    run_id: &'a str,
+    priority: i32,
+    fairness_key: &'a str,
+    limits: LimitsJson,
+    lease_until: Option<i64>,
+    max_waiting: Option<u32>,
+    now: i64,
+}
+
+impl<'a> SlotRequestJson<'a> {
+    pub(crate) fn new(r: &'a SlotRequest) -> Result<Self, StoreError> {
+        Ok(SlotRequestJson {
+            gate: &r.gate,
+            holder: &r.holder,
+            run_id: r.run_id.as_str(),
+            priority: r.priority,
+            fairness_key: &r.fairness_key,
+            limits: LimitsJson::new(&r.gate, &r.limits)?,
+            lease_until: r.lease_until.map(millis_to_sql),
+            max_waiting: r.max_waiting,
+            now: millis_to_sql(r.now),
+        })
+    }
+}
+
+/// A [`NewRun`], as `create_admitted()` reads it: the run, and a keyed start's concurrency key.
+#[derive(Debug, Serialize)]
+pub(crate) struct CreateRunJson<'a> {
+    run: NewRunJson<'a>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admission: Option<SlotRequestJson<'a>>,
+}
+
+impl<'a> CreateRunJson<'a> {
+    pub(crate) fn new(run: &'a NewRun) -> Result<Self, StoreError> {
+        Ok(CreateRunJson {
+            run: NewRunJson::new(run),
+            admission: run.admission.as_ref().map(SlotRequestJson::new).transpose()?,
+        })
+    }
+
+    /// The run alone (a bulk start without keyed starts).
+    pub(crate) fn unkeyed(run: &'a NewRun) -> Self {
+        CreateRunJson { run: NewRunJson::new(run), admission: None }
+    }
+}
+
+/// A run of a keyed bulk start (`Op::CreateRuns`: one operation, all or nothing), as
+/// `create_runs()` reads it.
+#[derive(Debug, Serialize)]
+pub(crate) struct KeyedRunJson<'a> {
+    run: NewRunJson<'a>,
+    admission: Option<SlotRequestJson<'a>>,
+}
+
+impl<'a> KeyedRunJson<'a> {
+    pub(crate) fn new(run: &'a NewRun) -> Result<Self, StoreError> {
+        Ok(KeyedRunJson {
+            run: NewRunJson::new(run),
+            admission: run.admission.as_ref().map(SlotRequestJson::new).transpose()?,
+        })
     }
 }
 
@@ -779,14 +906,24 @@ pub(crate) enum Answer {
 fn parse(text: &str, run_id: &RunId, owner: Option<&str>) -> Result<Value, Answer> {
     let value: Value =
         serde_json::from_str(text).map_err(|e| Answer::Corrupt(format!("the server's answer is not JSON: {e}")))?;
-    let Some(err) = value.get("err").and_then(Value::as_str) else {
+    checked(value, run_id, owner)
+}
+
+/// An answer, or the contract error its `{"err": ...}` stands for.
+fn checked(mut value: Value, run_id: &RunId, owner: Option<&str>) -> Result<Value, Answer> {
+    let Some(err) = value.get("err").and_then(Value::as_str).map(str::to_string) else {
         return Ok(value);
     };
     let message = value.get("message").and_then(Value::as_str).unwrap_or_default().to_string();
-    Err(Answer::Store(match err {
+    Err(Answer::Store(match err.as_str() {
         "lease_lost" => StoreError::LeaseLost { run_id: run_id.clone(), owner: owner.unwrap_or_default().to_string() },
         "not_found" => StoreError::NotFound { what: format!("run {run_id}") },
         "conflict" => StoreError::Conflict { message },
+        "queue_full" => StoreError::QueueFull {
+            gate: field(&mut value, "gate")?,
+            held: count_field(&mut value, "held")?,
+            waiting: count_field(&mut value, "waiting")?,
+        },
         other => return Err(Answer::Corrupt(format!("the server answered error {other:?}: {message}"))),
     }))
 }
@@ -800,13 +937,39 @@ fn run_field(value: &mut Value) -> Result<Run, Answer> {
     field::<RunRow>(value, "run")?.into_run().map_err(Answer::Corrupt)
 }
 
+/// A count of the server's (a bigint), as the core's `u32` counts (saturating, as they do).
+fn count_field(value: &mut Value, key: &str) -> Result<u32, Answer> {
+    let n: i64 = field(value, key)?;
+    Ok(u32::try_from(n.max(0)).unwrap_or(u32::MAX))
+}
+
 pub(crate) fn create_answer(text: &str, new: NewRun) -> Result<CreateRun, Answer> {
-    let mut v = parse(text, &new.id, None)?;
+    let v = parse(text, &new.id, None)?;
+    created(v, new)
+}
+
+/// `create_run()`'s answer (`create_admitted()`'s: `"gated"` when the run waits for its key).
+fn created(mut v: Value, mut new: NewRun) -> Result<CreateRun, Answer> {
     if field::<bool>(&mut v, "created")? {
+        if field::<Option<bool>>(&mut v, "gated")?.unwrap_or(false) {
+            new.start_at = Some(protocol::GATED);
+        }
         Ok(CreateRun::Created(new.into_run()))
     } else {
         Ok(CreateRun::Existing(run_field(&mut v)?))
     }
+}
+
+/// `create_runs()`'s answer: one `create_admitted()` answer per run, in order, or the refusal of
+/// the whole group (`queue_full`).
+pub(crate) fn creates_answer(text: &str, runs: Vec<NewRun>) -> Result<Vec<CreateRun>, Answer> {
+    let first = runs.first().map(|r| r.id.clone()).unwrap_or_else(|| RunId::new(""));
+    let mut v = parse(text, &first, None)?;
+    let answers: Vec<Value> = field(&mut v, "answers")?;
+    if answers.len() != runs.len() {
+        return Err(Answer::Corrupt(format!("{} keyed creates got {} answers", runs.len(), answers.len())));
+    }
+    runs.into_iter().zip(answers).map(|(run, answer)| created(checked(answer, &run.id, None)?, run)).collect()
 }
 
 pub(crate) fn claim_answer(text: &str, claim: &Claim) -> Result<ClaimOutcome, Answer> {
@@ -874,8 +1037,30 @@ pub(crate) fn commit_answer(text: &str, commit: &Commit) -> Result<CommitOutcome
             .into_iter()
             .map(|s| u32_from_sql(s, || "raced seq".into()).map_err(Answer::Corrupt))
             .collect::<Result<_, _>>()?,
-        handed_off: Vec::new(),
+        handed_off: field::<Vec<String>>(&mut v, "handed_off")?.into_iter().map(RunId::new).collect(),
     })
+}
+
+/// `acquire_slot()`'s answer.
+pub(crate) fn admission_answer(text: &str, run_id: &RunId) -> Result<Admission, Answer> {
+    let mut v = parse(text, run_id, None)?;
+    let admission: String = field(&mut v, "admission")?;
+    match admission.as_str() {
+        "admitted" => Ok(Admission::Admitted),
+        "waiting" => {
+            let retry_at: Option<i64> = field(&mut v, "retry_at")?;
+            let retry_at = retry_at.map(|t| millis_from_sql(t, || "retry_at".into())).transpose();
+            Ok(Admission::Waiting { retry_at: retry_at.map_err(Answer::Corrupt)? })
+        }
+        "full" => Ok(Admission::Full { held: count_field(&mut v, "held")?, waiting: count_field(&mut v, "waiting")? }),
+        other => Err(Answer::Corrupt(format!("unknown admission {other:?}"))),
+    }
+}
+
+/// `release_slot()`'s answer: the runs woken.
+pub(crate) fn handed_answer(text: &str) -> Result<Vec<RunId>, Answer> {
+    let mut v = parse(text, &RunId::new(""), None)?;
+    Ok(field::<Vec<String>>(&mut v, "handed")?.into_iter().map(RunId::new).collect())
 }
 
 /// `complete_task()`'s answer.
@@ -1528,6 +1713,72 @@ mod tests {
         assert_eq!(save_answer(&stale).unwrap(), SaveOutcome::Stale(Some(Box::new(stored))));
         assert_eq!(save_answer(r#"{"saved": false, "current": null}"#).unwrap(), SaveOutcome::Stale(None));
         assert!(matches!(save_answer(r#"{"saved": false, "current": "{"}"#), Err(Answer::Corrupt(_))));
+    }
+
+    #[test]
+    fn admission_travels_in_the_stores_own_format() {
+        let limits = Limits {
+            concurrency: Some(2),
+            rate: Some(Rate::per(5, std::time::Duration::from_secs(1))),
+            priority: PriorityOrder::LowestFirst,
+            fairness: true,
+            order: Order::Lifo,
+        };
+        let json = LimitsJson::new("g", &limits).unwrap();
+        assert_eq!(
+            serde_json::to_value(&json).unwrap(),
+            serde_json::json!({"concurrency": 2, "rate_limit": 5, "rate_period_ms": 1000, "lowest_first": true,
+                               "fairness": true, "lifo": true})
+        );
+        assert_eq!(json.into_limits("g").unwrap(), limits);
+        let none = LimitsJson::new("g", &Limits::default()).unwrap();
+        assert_eq!(none.into_limits("g").unwrap(), Limits::default());
+        let zero = Limits { rate: Some(Rate { limit: 1, period_ms: 0 }), ..Limits::default() };
+        assert!(LimitsJson::new("g", &zero).is_err(), "a 0 ms window is refused before anything is sent");
+
+        let mut c = Commit::new(RunId::from("r"), "o", 5);
+        c.release_slots.push(("queue:default:api".into(), "r:3".into()));
+        let v: Value = serde_json::from_str(&Op::Commit(CommitJson::new(&c)).encode()).unwrap();
+        assert_eq!(v["release_slots"], serde_json::json!([["queue:default:api", "r:3"]]));
+        let mut run = NewRun {
+            admission: None,
+            id: RunId::from("k"),
+            workflow: "wf".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: Payload::null(),
+            tags: vec![],
+            priority: 0,
+            parent: None,
+            created_at: 0,
+            start_at: None,
+        };
+        let plain: Value = serde_json::from_str(&Op::CreateRun(CreateRunJson::new(&run).unwrap()).encode()).unwrap();
+        assert!(plain.get("admission").is_none(), "a plain create carries no key");
+        run.admission = Some(SlotRequest {
+            gate: "key:default:wf:acme".into(),
+            holder: "k".into(),
+            run_id: RunId::from("k"),
+            priority: 0,
+            fairness_key: String::new(),
+            limits,
+            lease_until: None,
+            max_waiting: Some(3),
+            now: 7,
+        });
+        let keyed: Value = serde_json::from_str(&Op::CreateRun(CreateRunJson::new(&run).unwrap()).encode()).unwrap();
+        assert_eq!((keyed["op"].as_str(), keyed["admission"]["max_waiting"].as_u64()), (Some("create_run"), Some(3)));
+
+        let id = RunId::from("r");
+        let waiting = admission_answer(r#"{"admission": "waiting", "retry_at": 9}"#, &id).unwrap();
+        assert_eq!(waiting, Admission::Waiting { retry_at: Some(9) });
+        let full = admission_answer(r#"{"admission": "full", "held": 2, "waiting": 5000000000}"#, &id).unwrap();
+        assert_eq!(full, Admission::Full { held: 2, waiting: u32::MAX }, "counts saturate as the core's do");
+        match create_answer(r#"{"err": "queue_full", "gate": "g", "held": 1, "waiting": 2}"#, run) {
+            Err(Answer::Store(StoreError::QueueFull { gate, held: 1, waiting: 2 })) => assert_eq!(gate, "g"),
+            other => panic!("{other:?}"),
+        }
+        assert_eq!(handed_answer(r#"{"handed": ["a", "b"]}"#).unwrap(), [RunId::from("a"), RunId::from("b")]);
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -57,6 +57,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "remote steps: tasks (dispatched by commits, claimed, heartbeated, completed) and workers; \
                       the blocked run status is parked like suspended",
         sql: include_str!("sql/v7.sql"),
+    },
+    Migration {
+        version: 8,
+        description: "flow control: admission gates, slots and waiters; keyed starts, slot releases in commits, settles, \
+                      cancels and deletes handing slots on; claims skip runs waiting for their key",
+        sql: include_str!("sql/v8.sql"),
     },
 ];
 

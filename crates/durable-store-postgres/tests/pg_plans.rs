@@ -9,6 +9,11 @@
 //! silent) and the queue figures, on 20,000 tasks: most finished, one in five claimed, and the
 //! queued ones in two rare queues.
 //!
+//! The admission statements too (the helpers of `sql/v8.sql` that a slot's acquire and release
+//! run: the queue's head, the waiters ranked ahead, a fairness key's round, the live slots, the
+//! gates of a run; and the stats and a run's records), on 20,000 slots and 20,000 waiters over
+//! 1,000 gates.
+//!
 //! The runs table holds 20,000 runs, mostly `completed` runs of a few bulk workflows, with rare
 //! slices for each filter to find (delayed starts among them); the schedules and trigger buffers
 //! 20,000 each, one in a thousand due. The tables are `ANALYZE`d, and `enable_seqscan = off` asks
@@ -18,11 +23,12 @@
 mod common;
 
 use common::{ScratchSchema, url_or_skip};
+use durable_core::admission::Rank;
 use durable_core::task::TaskClaim;
 use durable_core::{DueQuery, RunFilter, RunId, RunQuery, RunStatus, TaskFilter};
 use durable_store_postgres::__private::{
-    Poll, Statement, claim_tasks_sql, due_buffers_sql, due_schedules_sql, list_runs_sql, list_schedules_sql,
-    list_tasks_sql, poll_sql, queue_stats_sql,
+    Poll, Statement, admission_sql, claim_tasks_sql, due_buffers_sql, due_schedules_sql, list_runs_sql,
+    list_schedules_sql, list_tasks_sql, poll_sql, queue_stats_sql,
 };
 use durable_store_postgres::PostgresStore;
 use durable_store_postgres::deadpool_postgres::tokio_postgres::Client;
@@ -48,6 +54,11 @@ const PLAN_INDEXES: &[&str] = &[
     "tasks_deadline",
     "tasks_silent",
     "tasks_created",
+    "admission_slots_run",
+    "admission_slots_lease",
+    "admission_waiters_rank",
+    "admission_waiters_key",
+    "admission_waiters_run",
 ];
 
 const T0: i64 = 1_700_000_000_000;
@@ -115,6 +126,23 @@ fn populate_sql(schema: &str) -> String {
          FROM (SELECT g, CASE WHEN g % 100 IN (3, 13) THEN 'queued' WHEN g % 10 IN (4, 5) THEN 'claimed'
                               ELSE 'finished' END AS st
                  FROM generate_series(1, {RUNS}) AS g) AS x;
+         INSERT INTO \"{schema}\".admission_gates (gate, limits, next_ticket, round, window_start, window_count,
+                                                  touched)
+         SELECT 'gate-' || lpad(g::text, 4, '0'), '{{\"concurrency\": 5}}', {RUNS}, 0, {T0}, 0, {T0}
+         FROM generate_series(0, 999) AS g;
+         INSERT INTO \"{schema}\".admission_slots (gate, holder, run_id, acquired_at, lease_until)
+         SELECT 'gate-' || lpad((g % 1000)::text, 4, '0'), 'run-' || lpad(g::text, 6, '0') || ':1',
+                'run-' || lpad(g::text, 6, '0'), {T0} + g,
+                CASE WHEN g % 1000 = 5 THEN {T0} WHEN g % 3 = 0 THEN NULL ELSE {T0} + 10 * {RUNS} END
+         FROM generate_series(1, {RUNS}) AS g;
+         INSERT INTO \"{schema}\".admission_waiters (gate, holder, run_id, rank_priority, rank_round, rank_ticket,
+                                                    priority, fairness_key, lease_ms, since)
+         SELECT 'gate-' || lpad((g % 1000)::text, 4, '0'), 'run-' || lpad(g::text, 6, '0') || ':2',
+                'run-' || lpad(g::text, 6, '0'), -(g % 3), g % 7, g, g % 3, 'key-' || (g % 10), 30000, {T0} + g
+         FROM generate_series(1, {RUNS}) AS g;
+         ANALYZE \"{schema}\".admission_gates;
+         ANALYZE \"{schema}\".admission_slots;
+         ANALYZE \"{schema}\".admission_waiters;
          ANALYZE \"{schema}\".tasks;
          ANALYZE \"{schema}\".runs;
          ANALYZE \"{schema}\".schedules;
@@ -247,7 +275,30 @@ fn cases(store: &PostgresStore) -> Vec<Case> {
         }
     }
     out.extend(task_cases(store));
+    out.extend(admission_cases(store));
     out
+}
+
+/// The admission helpers' statements, the stats and a run's records.
+fn admission_cases(store: &PostgresStore) -> Vec<Case> {
+    let rank = Rank { priority: -1, round: 3, ticket: 10_007 };
+    admission_sql(store, "gate-0007", rank, "key-7", "run-000007", (T0 + RUNS) as u64)
+        .into_iter()
+        .map(|(name, statement)| {
+            let (may_walk, must_use) = match name {
+                "queue head" | "waiters ahead" => (vec![], Some("admission_waiters_rank")),
+                "key round" => (vec![], Some("admission_waiters_key")),
+                "live slots" => (vec![], Some("admission_slots_pkey")),
+                // The run's slots and waiters, and the expired slots of every gate.
+                "gates of a run" => (vec![], Some("admission_slots_lease")),
+                "run admission" => (vec![], Some("admission_slots_run")),
+                // Every gate, in order; each gate's slots and waiters by their indexes.
+                "admission stats" => (vec!["admission_gates_pkey"], Some("admission_waiters_key")),
+                other => panic!("unknown admission statement {other}"),
+            };
+            Case { name: format!("admission: {name}"), statement, may_walk, must_use }
+        })
+        .collect()
 }
 
 /// The claim, every `list_tasks` filter and the queue figures.
@@ -384,7 +435,7 @@ async fn every_list_filter_and_poller_scan_is_served_by_an_index() {
     admin.batch_execute(&populate_sql(scratch.name())).await.unwrap();
     admin.batch_execute("SET enable_seqscan = off").await.unwrap();
     let cases = cases(&store);
-    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 8 + 4 + 8 + 6 + 1);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 8 + 4 + 8 + 6 + 1 + 7);
     let found = violations(&admin, &cases).await;
     assert!(found.is_empty(), "{} plans read more than they match:\n{}", found.len(), found.join("\n"));
 

@@ -62,6 +62,28 @@ pub fn new_run(id: &str) -> NewRun {
 /// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
 /// the functions version 7 replaced, which re-running it writes anyway: for the tests of
 /// migrating older schemas forward.
+/// Takes a schema of this build back to version 7 (the functions version 8 replaced keep their
+/// version 8 text: migrating forward replaces them again).
+pub async fn undo_version_8(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {s}.admission_capacity(jsonb, bigint, bigint), {s}.admission_roll({s}.admission_gates, bigint),
+                 {s}.admission_admitted({s}.admission_gates, bigint), {s}.admission_save({s}.admission_gates),
+                 {s}.admission_live(text, bigint), {s}.admission_head(text),
+                 {s}.admission_ahead(text, bigint, bigint, bigint), {s}.admission_key_round(text, text),
+                 {s}.admission_gates_of(text, bigint), {s}.admission_lock(text[]), {s}.admission_hand_off(text, bigint),
+                 {s}.admission_release(text, text, bigint), {s}.admission_release_run(text, bigint),
+                 {s}.admission_wake(jsonb, bigint), {s}.admission_runs(jsonb), {s}.admission_acquire(jsonb),
+                 {s}.acquire_slot(jsonb), {s}.release_slot(jsonb), {s}.create_admitted(jsonb, jsonb),
+                 {s}.create_runs(jsonb);
+             DROP TABLE {s}.admission_gates, {s}.admission_slots, {s}.admission_waiters;
+             DELETE FROM {s}.schema_version WHERE version >= 8"
+        ))
+        .await
+        .expect("undo schema version 8");
+}
+
 pub async fn undo_version_7(admin: &tokio_postgres::Client, schema: &str) {
     let s = format!("\"{schema}\"");
     admin
