@@ -342,3 +342,22 @@ pub async fn concurrent_requests_across_handles_never_exceed_the_limit(
     assert_eq!(admitted.iter().filter(|a| **a).count(), 3, "exactly the limit is admitted across handles");
     Ok(())
 }
+
+/// A gated remote step holds its slot while its attempt is out: the accepted result releases
+/// it (in the same atomic call) and hands it to the next waiter, whose run is woken.
+pub async fn a_remote_steps_result_releases_its_slot(store: Arc<dyn Store>) -> CaseResult {
+    use super::tasks::{done, parked_on, task};
+    let s = &*store;
+    let l = concurrency(1);
+    assert_eq!(ask(s, &step_request("r", 1, l, T0)).await?, Admission::Admitted);
+    parked_on(s, "r", task("r", 1, 1)).await?;
+    parked(s, "w").await?;
+    assert!(matches!(ask(s, &step_request("w", 1, l, T0 + 1)).await?, Admission::Waiting { .. }));
+    let answer = s.complete_task(done("r", 1, 1, "worker-1", Ok(serde_json::json!(7)), T0 + 5)).await?;
+    assert_eq!(answer, durable_core::task::TaskCompletion::Accepted);
+    assert!(s.run_admission(&RunId::from("r")).await?.0.is_empty(), "the result released r's slot");
+    assert_eq!(s.run_admission(&RunId::from("w")).await?.0.len(), 1, "and handed it to w");
+    let due = due(s, T0 + 5).await?;
+    assert!(due.contains(&"w".to_string()) && due.contains(&"r".to_string()), "both are woken: {due:?}");
+    Ok(())
+}

@@ -30,7 +30,7 @@ const W2: &str = "worker-2";
 
 /// Attempt `attempt` of the remote step of `run` at `seq`, on [`QUEUE`] in namespace `default`,
 /// dispatched at [`AT`] with a lease of [`HB`] and no deadlines.
-fn task(run: &str, seq: u32, attempt: u32) -> NewTask {
+pub(crate) fn task(run: &str, seq: u32, attempt: u32) -> NewTask {
     NewTask {
         run_id: RunId::from(run),
         seq,
@@ -86,7 +86,7 @@ async fn dispatch(store: &dyn Store, run: &Run, tasks: &[NewTask], park: bool) -
 }
 
 /// Creates `id`, claims it and parks it on the dispatch of `t`. Returns the suspended run.
-async fn parked_on(store: &dyn Store, id: &str, t: NewTask) -> CaseResult<Run> {
+pub(crate) async fn parked_on(store: &dyn Store, id: &str, t: NewTask) -> CaseResult<Run> {
     let run = start(store, id).await?;
     dispatch(store, &run, &[t], true).await?;
     get(store, id).await
@@ -127,7 +127,7 @@ async fn task_at(store: &dyn Store, run: &str, seq: u32) -> CaseResult<Task> {
 }
 
 /// A result of attempt `attempt` of `(run, seq)`, reported by `worker` at `now`.
-fn done(
+pub(crate) fn done(
     run: &str,
     seq: u32,
     attempt: u32,
