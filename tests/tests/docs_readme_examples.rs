@@ -1,7 +1,8 @@
 //! The README's examples are real programs: "Several workers on one database" is the `durable`
 //! crate's example `postgres_worker` (compiled with the workspace's examples), line for line;
-//! "Remote steps and workers" shows the lines of the example `remote_pipeline` between its
-//! `// readme:begin` and `// readme:end` markers.
+//! "Remote steps and workers" and "Flow control" show the lines of the examples
+//! `remote_pipeline` and `flow_control` between their `// readme:begin` and `// readme:end`
+//! markers.
 
 /// The lines of the first fenced block after the heading `heading` in `text`.
 fn block_after(text: &str, heading: &str) -> Vec<String> {
@@ -53,4 +54,18 @@ fn the_readme_shows_the_remote_pipeline_example() {
     assert!(code.len() > 10 && code.iter().any(|l| l.contains("remote_step(")), "{code:#?}");
     assert!(code.iter().any(|l| l.contains("Worker::builder()")), "{code:#?}");
     assert_eq!(in_readme, code, "README.md and crates/durable/examples/remote_pipeline.rs differ");
+}
+
+#[test]
+fn the_readme_shows_the_flow_control_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let example = std::fs::read_to_string(format!("{root}/crates/durable/examples/flow_control.rs"))
+        .expect("crates/durable/examples/flow_control.rs");
+    let in_readme = block_after(&readme, "Flow control");
+    let code = between_markers(&example);
+    assert!(code.iter().any(|l| l.contains(".singleton(")), "{code:#?}");
+    assert!(code.iter().any(|l| l.contains("register_queue(")), "{code:#?}");
+    assert!(code.iter().any(|l| l.contains(".queue(\"crm-api\")")), "{code:#?}");
+    assert_eq!(in_readme, code, "README.md and crates/durable/examples/flow_control.rs differ");
 }

@@ -4,7 +4,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand};
+use clap::{Args, Parser, Subcommand, ValueEnum};
 use durable::RunStatus;
 
 /// The end of `durable --help`: examples, and what the exit codes mean. Every `durable …`
@@ -21,6 +21,7 @@ Examples:
   durable schedules list
   durable schedules show daily-order
   durable workers
+  durable queues
 
 Exit codes:
   0    success
@@ -34,7 +35,7 @@ Exit codes:
 /// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, operate
 /// the stored schedules, and try the engine with a demo.
 ///
-/// Operator commands (`runs`, `signal`, `schedules`, `workers`) never execute workflow code: workers are
+/// Operator commands (`runs`, `signal`, `schedules`, `workers`, `queues`) never execute workflow code: workers are
 /// your own binaries, which embed the workflow code and an engine. A run set back to `pending`
 /// by `runs retry`, woken by `signal`, or started by a schedule continues when a worker with its
 /// workflow registered picks it up.
@@ -132,6 +133,21 @@ Examples:
   durable workers --json")]
     Workers(WorkersArgs),
 
+    /// Flow control: every admission gate in the store — step queues (`engine.register_queue`)
+    /// and workflow concurrency keys (`WorkflowOptions::concurrency` / `singleton`) — with its
+    /// limits, the slots held, the requests waiting (per fairness key), the current rate
+    /// window's count and how long the oldest waiter has waited.
+    ///
+    /// A gate appears the first time a run asks to pass it: a start of a workflow with a
+    /// concurrency key, or a step sent through a registered queue (`.queue(name)`). What one
+    /// run holds and waits for is in `runs show` (its place in its key's line too).
+    #[command(after_help = "\
+Examples:
+  durable queues
+  durable queues --kind key --namespace default
+  durable queues --json")]
+    Queues(QueuesArgs),
+
     /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.
     Completions(CompletionsArgs),
 }
@@ -158,8 +174,9 @@ Examples:
     List(ListArgs),
 
     /// Show a run: its fields, its timeline (one line per checkpoint), its children, what it
-    /// waits for, and its pending remote steps (worker, last heartbeat, progress, redeliveries
-    /// and the lines their handlers logged).
+    /// waits for, its pending remote steps (worker, last heartbeat, progress, redeliveries
+    /// and the lines their handlers logged), and the admission slots it holds and waits for
+    /// (its concurrency key, with its place in the line; its steps' queues).
     #[command(after_help = "\
 Examples:
   durable runs show demo-saga-3
@@ -320,6 +337,43 @@ pub struct WorkersArgs {
     pub json: bool,
 }
 
+/// Flags of `durable queues`.
+#[derive(Debug, Clone, Args)]
+pub struct QueuesArgs {
+    /// Only gates of this kind: `queue` (step queues) or `key` (workflow concurrency keys).
+    #[arg(long, value_name = "KIND", value_enum)]
+    pub kind: Option<GateKind>,
+
+    /// Only gates of this namespace.
+    #[arg(long, value_name = "NAME")]
+    pub namespace: Option<String>,
+
+    /// One JSON object per gate and per line, instead of a table: `{"gate", "kind",
+    /// "namespace", "name", "key", "limits", "held", "waiting", "waiting_by_fairness_key",
+    /// "window_count", "window_start", "window_end", "oldest_waiting_since", "oldest_wait_ms"}`.
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// The kinds of admission gates (`durable queues --kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum GateKind {
+    /// A step queue (`engine.register_queue`, `ctx.step(..).queue(name)`).
+    Queue,
+    /// A workflow's concurrency key (`WorkflowOptions::concurrency`, `singleton`).
+    Key,
+}
+
+impl GateKind {
+    /// As gate names and `--json` spell it (`queue`, `key`).
+    pub fn as_str(self) -> &'static str {
+        match self {
+            GateKind::Queue => "queue",
+            GateKind::Key => "key",
+        }
+    }
+}
+
 /// Flags of `durable runs show`.
 #[derive(Debug, Clone, Args)]
 pub struct ShowArgs {
@@ -327,7 +381,9 @@ pub struct ShowArgs {
     #[arg(value_name = "ID")]
     pub id: String,
 
-    /// One JSON document: `{"run": …, "history": […], "children": […], "waiters": […]}`.
+    /// One JSON document: `{"run": …, "history": […], "children": […], "waiters": […],
+    /// "remote_steps": […], "admission": {"holds": […], "waits": […]}}` (`"admission"` is null
+    /// on a store without flow control).
     #[arg(long)]
     pub json: bool,
 }
@@ -536,6 +592,10 @@ mod tests {
             &["durable", "runs", "list", "--stale", "abc"],
             &["durable", "runs", "list", "--stale"],
             &["durable", "workers", "extra"],
+            &["durable", "queues", "extra"],
+            &["durable", "queues", "--kind", "bogus"],
+            &["durable", "queues", "--kind"],
+            &["durable", "queues", "--namespace"],
         ] {
             let e = Cli::try_parse_from(args).unwrap_err();
             assert_eq!(e.exit_code(), 2, "{args:?}");

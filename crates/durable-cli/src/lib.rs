@@ -6,7 +6,7 @@
 //! ```text
 //! durable demo [--runs N]                       run example workflows with a live progress bar
 //! durable runs list [--status S] [--workflow W] [--namespace N] [--stale D] [--limit N] [--json]
-//! durable runs show <id> [--json]               a run, its timeline, children, waiters, remote steps
+//! durable runs show <id> [--json]               a run, its timeline, children, waiters, remote steps, slots
 //! durable runs export <id> [--out FILE]         a run's history as a versioned JSON document
 //! durable runs retry <id>                       a failed or dead run goes back to pending
 //! durable runs cancel <id> [--compensate]       cancel an active run (and its children)
@@ -19,6 +19,7 @@
 //! durable schedules trigger <key>               fire it now: prints the run id it starts
 //! durable schedules delete <key>                delete it (the runs it started are kept)
 //! durable workers [--json]                      remote steps: queue depths, live workers
+//! durable queues [--kind K] [--namespace N] [--json]  flow control: step queues and concurrency keys
 //! durable completions <shell>                   a shell completion script
 //! ```
 //!
@@ -28,7 +29,7 @@
 //!
 //! ## What it does not do
 //!
-//! Operator commands (`runs`, `signal`, `schedules`, `workers`) never execute workflow code. Workflows are code, and
+//! Operator commands (`runs`, `signal`, `schedules`, `workers`, `queues`) never execute workflow code. Workflows are code, and
 //! workers are your own binaries that embed it: an [`Engine`](durable::Engine) with the
 //! workflows registered. `runs retry` sets a run back to `pending`, `signal` records a payload
 //! and wakes the run; a worker with the run's workflow registered then continues it (for the
@@ -65,15 +66,20 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod admission;
 mod cli;
 mod demo;
 mod error;
 mod format;
+mod queues;
 mod runs;
 mod schedules;
 mod store;
 mod workers;
 mod workflows;
+
+#[cfg(test)]
+mod flow_tests;
 
 use std::io::{BufWriter, Write};
 use std::process::ExitCode;
@@ -82,9 +88,9 @@ use std::time::Duration;
 use clap::{CommandFactory, Parser};
 
 pub use cli::{
-    CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, ListArgs, RunIdArgs, RunsCommand,
-    ScheduleKeyArgs, ScheduleListArgs, ScheduleShowArgs, SchedulesCommand, ShowArgs, SignalArgs, StoreArgs,
-    WorkersArgs,
+    CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, GateKind, ListArgs, QueuesArgs,
+    RunIdArgs, RunsCommand, ScheduleKeyArgs, ScheduleListArgs, ScheduleShowArgs, SchedulesCommand, ShowArgs,
+    SignalArgs, StoreArgs, WorkersArgs,
 };
 pub use error::{Error, Result};
 pub use workflows::register_demo_workflows;
@@ -109,6 +115,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Schedules(SchedulesCommand::Delete(args)) => schedules::delete(&cli.store, args, &mut out).await,
         Command::Signal(args) => runs::signal(&cli.store, args, &mut out).await,
         Command::Workers(args) => workers::workers(&cli.store, args, &mut out).await,
+        Command::Queues(args) => queues::queues(&cli.store, args, &mut out).await,
         Command::Completions(args) => {
             clap_complete::generate(args.shell, &mut Cli::command(), "durable", &mut out);
             Ok(())

@@ -11,6 +11,7 @@ use durable::task::{Task, TaskState};
 use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus, StepKind};
 use serde_json::json;
 
+use crate::admission::RunAdmission;
 use crate::cli::{CancelArgs, DeleteArgs, ExportArgs, ListArgs, RunIdArgs, ShowArgs, SignalArgs, StoreArgs};
 use crate::error::{Error, Result};
 use crate::format::{Table, ago, duration_ms, interval, now_ms, timestamp, truncate};
@@ -57,57 +58,62 @@ fn workflow_at(run: &Run) -> String {
 /// `durable runs list`.
 pub(crate) async fn list(store: &StoreArgs, args: &ListArgs, out: &mut dyn Write) -> Result<()> {
     let store = store.open(Access::Existing).await?;
-    with_operator_engine(store, |engine| async move {
-        let now = now_ms();
-        let (runs, more, silent) = match args.stale {
-            None => {
-                let (runs, more) = collect(&engine, args).await?;
-                (runs, more, HashMap::new())
-            }
-            Some(stale) => collect_stale(&engine, args, now.saturating_sub(stale.as_millis() as u64)).await?,
-        };
-        if args.json {
-            for run in &runs {
-                let line =
-                    serde_json::to_string(run).map_err(|e| Error::failed(format!("encoding run {}: {e}", run.id)))?;
-                writeln!(out, "{line}")?;
-            }
-            return Ok(());
+    with_operator_engine(store, |engine| async move { list_runs(&engine, args, out).await }).await
+}
+
+/// `durable runs list` on `engine`'s store.
+pub(crate) async fn list_runs(engine: &Engine, args: &ListArgs, out: &mut dyn Write) -> Result<()> {
+    let now = now_ms();
+    let (runs, more, silent) = match args.stale {
+        None => {
+            let (runs, more) = collect(engine, args).await?;
+            (runs, more, HashMap::new())
         }
-        if runs.is_empty() {
-            match args.stale {
-                Some(stale) => writeln!(
-                    out,
-                    "no runs match: no remote step is silent for {} or more",
-                    interval(stale.as_millis() as u64)
-                )?,
-                None => writeln!(out, "no runs match")?,
-            }
-            return Ok(());
-        }
-        let mut table = Table::new(&["ID", "WORKFLOW", "STATUS", "UPDATED", "RETRIES/RECOV", "WAITING ON / ERROR"]);
+        Some(stale) => collect_stale(engine, args, now.saturating_sub(stale.as_millis() as u64)).await?,
+    };
+    if args.json {
         for run in &runs {
-            let history = engine.history(&run.id).await?;
-            let retries: u32 = history.iter().map(|c| c.attempts.saturating_sub(1)).sum();
-            table.row(vec![
-                run.id.to_string(),
-                workflow_at(run),
-                run.status.to_string(),
-                ago(run.updated_at, now),
-                format!("{retries}/{}", run.recovery_attempts),
-                truncate(
-                    &silent.get(&run.id).map_or_else(|| waiting_on(run, &history, now), |tasks| tasks.join(", ")),
-                    72,
-                ),
-            ]);
+            let line =
+                serde_json::to_string(run).map_err(|e| Error::failed(format!("encoding run {}: {e}", run.id)))?;
+            writeln!(out, "{line}")?;
         }
-        table.write(out, "")?;
-        if more {
-            writeln!(out, "(the newest {} shown; more match: raise --limit, or --limit 0 for all)", runs.len())?;
+        return Ok(());
+    }
+    if runs.is_empty() {
+        match args.stale {
+            Some(stale) => writeln!(
+                out,
+                "no runs match: no remote step is silent for {} or more",
+                interval(stale.as_millis() as u64)
+            )?,
+            None => writeln!(out, "no runs match")?,
         }
-        Ok(())
-    })
-    .await
+        return Ok(());
+    }
+    let mut table = Table::new(&["ID", "WORKFLOW", "STATUS", "UPDATED", "RETRIES/RECOV", "WAITING ON / ERROR"]);
+    for run in &runs {
+        let history = engine.history(&run.id).await?;
+        let admission = if waits_for_admission(run) { RunAdmission::of(engine, run, false).await? } else { None };
+        let retries: u32 = history.iter().map(|c| c.attempts.saturating_sub(1)).sum();
+        table.row(vec![
+            run.id.to_string(),
+            workflow_at(run),
+            run.status.to_string(),
+            ago(run.updated_at, now),
+            format!("{retries}/{}", run.recovery_attempts),
+            truncate(
+                &silent
+                    .get(&run.id)
+                    .map_or_else(|| waiting_on(run, &history, admission.as_ref(), now), |tasks| tasks.join(", ")),
+                72,
+            ),
+        ]);
+    }
+    table.write(out, "")?;
+    if more {
+        writeln!(out, "(the newest {} shown; more match: raise --limit, or --limit 0 for all)", runs.len())?;
+    }
+    Ok(())
 }
 
 /// The runs `list` shows, following pages up to the limit (0: no limit), and whether more
@@ -199,12 +205,32 @@ fn silence(task: &Task, now: u64) -> String {
     }
 }
 
+/// Whether `run` may wait at an admission gate: `pending` for its concurrency key, or
+/// `suspended` with a step waiting for its queue.
+fn waits_for_admission(run: &Run) -> bool {
+    run.status == RunStatus::Suspended || is_gated(run)
+}
+
+/// A `pending` run waiting for a slot of its concurrency key ([`protocol::GATED`]).
+fn is_gated(run: &Run) -> bool {
+    run.status == RunStatus::Pending && run.wake_at == Some(protocol::GATED)
+}
+
 /// What an active run waits for (or, for a finished one, its error), in a few words.
-fn waiting_on(run: &Run, history: &[Checkpoint], now: u64) -> String {
+/// `admission`: what it waits for at admission gates, when the store keeps such records.
+fn waiting_on(run: &Run, history: &[Checkpoint], admission: Option<&RunAdmission>, now: u64) -> String {
+    let gates = admission.map(|a| a.waiting_on(run)).unwrap_or_default();
     match run.status {
         RunStatus::Completed => "-".into(),
         RunStatus::Failed | RunStatus::Cancelled | RunStatus::Dead => {
             run.error.as_ref().map_or_else(|| "-".into(), |e| format!("error: {}", e.message))
+        }
+        RunStatus::Pending if is_gated(run) => {
+            if gates.is_empty() {
+                "a slot of its concurrency key".into()
+            } else {
+                gates.join(", ")
+            }
         }
         RunStatus::Pending => match run.wake_at {
             // A delayed start (`StartOptions::start_at` / `delay`, or a schedule's jitter).
@@ -221,6 +247,7 @@ fn waiting_on(run: &Run, history: &[Checkpoint], now: u64) -> String {
             let cancel_requested =
                 run.error.as_ref().is_some_and(|e| e.code() == Some(durable::codes::CANCEL_REQUESTED));
             let mut waits = waits(history, now);
+            waits.extend(gates);
             if cancel_requested {
                 waits.insert(0, "a worker to run its undos (cancel requested)".into());
             }
@@ -285,26 +312,32 @@ fn waits(history: &[Checkpoint], now: u64) -> Vec<String> {
 pub(crate) async fn show(store: &StoreArgs, args: &ShowArgs, out: &mut dyn Write) -> Result<()> {
     let id = parse_id(&args.id)?;
     let store = store.open(Access::Existing).await?;
-    with_operator_engine(store, |engine| async move {
-        let run = require(&engine, &id).await?;
-        let history = engine.history(&id).await?;
-        let children = engine.children(&id).await?;
-        let waiters = engine.store().waiters(&id).await?;
-        let tasks = pending_tasks(&engine, &run).await?;
-        if args.json {
-            let doc = json!({
-                "run": run, "history": history, "children": children, "waiters": waiters, "remote_steps": tasks,
-            });
-            let text =
-                serde_json::to_string_pretty(&doc).map_err(|e| Error::failed(format!("encoding run {id}: {e}")))?;
-            writeln!(out, "{text}")?;
-            return Ok(());
-        }
-        write_run(out, &run, &history, &children, &waiters)?;
-        write_tasks(out, &tasks)?;
-        Ok(())
-    })
-    .await
+    with_operator_engine(store, |engine| async move { show_run(&engine, &id, args.json, out).await }).await
+}
+
+/// `durable runs show` on `engine`'s store.
+pub(crate) async fn show_run(engine: &Engine, id: &RunId, json: bool, out: &mut dyn Write) -> Result<()> {
+    let run = require(engine, id).await?;
+    let history = engine.history(id).await?;
+    let children = engine.children(id).await?;
+    let waiters = engine.store().waiters(id).await?;
+    let tasks = pending_tasks(engine, &run).await?;
+    let admission = RunAdmission::of(engine, &run, true).await?;
+    if json {
+        let doc = json!({
+            "run": run, "history": history, "children": children, "waiters": waiters, "remote_steps": tasks,
+            "admission": admission.as_ref().map(RunAdmission::to_json),
+        });
+        let text = serde_json::to_string_pretty(&doc).map_err(|e| Error::failed(format!("encoding run {id}: {e}")))?;
+        writeln!(out, "{text}")?;
+        return Ok(());
+    }
+    write_run(out, &run, &history, &children, &waiters, admission.as_ref())?;
+    write_tasks(out, &tasks)?;
+    if let Some(admission) = admission.filter(|a| !a.is_empty()) {
+        write_admission(out, &run, &admission)?;
+    }
+    Ok(())
 }
 
 /// The run's pending remote steps: its unfinished tasks, while it is active (a settled run's
@@ -315,6 +348,15 @@ async fn pending_tasks(engine: &Engine, run: &Run) -> Result<Vec<Task>> {
     }
     let filter = TaskFilter { run_id: Some(run.id.clone()), unfinished: true, limit: 1_000, ..TaskFilter::default() };
     Ok(engine.store().list_tasks(&filter).await?)
+}
+
+/// The admission slots the run holds and the requests it has queued.
+fn write_admission(out: &mut dyn Write, run: &Run, admission: &RunAdmission) -> Result<()> {
+    writeln!(out, "\nadmission ({} held, {} waiting)", admission.holds.len(), admission.waits.len())?;
+    for line in admission.lines(run, now_ms()) {
+        writeln!(out, "  {line}")?;
+    }
+    Ok(())
 }
 
 /// The pending remote steps, and the lines their handlers logged (all attempts).
@@ -419,6 +461,7 @@ fn write_run(
     history: &[Checkpoint],
     children: &[Run],
     waiters: &[Waiter],
+    admission: Option<&RunAdmission>,
 ) -> Result<()> {
     let now = now_ms();
     let or_dash = |s: Option<String>| s.unwrap_or_else(|| "-".into());
@@ -426,7 +469,7 @@ fn write_run(
     fields.row(vec!["workflow".into(), workflow_at(run)]);
     fields.row(vec!["status".into(), run.status.to_string()]);
     if !run.status.is_terminal() {
-        fields.row(vec!["waiting on".into(), waiting_on(run, history, now)]);
+        fields.row(vec!["waiting on".into(), waiting_on(run, history, admission, now)]);
     }
     fields.row(vec!["namespace".into(), run.namespace.clone()]);
     if !run.tags.is_empty() {
@@ -445,6 +488,11 @@ fn write_run(
         ),
     ]);
     match run.wake_at {
+        // Never due by time: a release of its key hands it a slot and makes it due at once.
+        Some(_) if is_gated(run) => fields.row(vec![
+            "starts at".into(),
+            "when a slot of its concurrency key is handed to it (a run holding the key settles)".into(),
+        ]),
         // A pending run's `wake_at` is its delayed start.
         Some(at) if run.status == RunStatus::Pending => {
             let when = if at > now { ago(at, now) } else { format!("due {}: a worker picks it up", ago(at, now)) };

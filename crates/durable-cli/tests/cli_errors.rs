@@ -24,6 +24,8 @@ fn operator_commands(db: &str) -> Vec<Vec<&str>> {
         vec!["schedules", "resume", "some-key", "--db", db],
         vec!["schedules", "trigger", "some-key", "--db", db],
         vec!["schedules", "delete", "some-key", "--db", db],
+        vec!["queues", "--db", db],
+        vec!["queues", "--json", "--kind", "key", "--db", db],
     ]
 }
 
@@ -132,6 +134,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
         &["schedules", "show", "--help"],
         &["schedules", "trigger", "--help"],
         &["workers", "--help"],
+        &["queues", "--help"],
         &["completions", "--help"],
         &["help", "runs", "list"],
     ] {
@@ -140,7 +143,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
     }
     // No command at all: one line naming the commands (see
     // `a_command_without_its_subcommand_is_one_line_naming_them`).
-    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, schedules, signal, workers, completions");
+    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, schedules, signal, workers, queues, completions");
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);
         assert!(ran.stdout.contains("durable"), "{shell}: {}", ran.stdout);

@@ -107,6 +107,21 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
     let ran = run_ok(dir.path(), &[&["schedules", "list"][..], &pg].concat());
     assert!(ran.stdout.starts_with("no schedules"), "{}", ran.stdout);
     run_bad(dir.path(), &[&["schedules", "trigger", "nope"][..], &pg].concat(), "schedule nope not found");
+    // Flow control: nothing is gated on the demo's schema; a store that keeps no admission
+    // records says so on one line.
+    let admission = runtime().block_on(async {
+        use durable::store::Store;
+        let options = durable::PostgresOptions::new().schema(schema.name()).create_if_missing(false);
+        durable::PostgresStore::connect_with(&url, options).await.expect("connect").capabilities().admission
+    });
+    if admission {
+        let ran = run_ok(dir.path(), &[&["queues"][..], &pg].concat());
+        assert!(ran.stdout.starts_with("no step queues or concurrency keys yet"), "{}", ran.stdout);
+        assert_eq!(run_ok(dir.path(), &[&["queues", "--json"][..], &pg].concat()).stdout, "");
+    } else {
+        let err = run_bad(dir.path(), &[&["queues"][..], &pg].concat(), "does not support flow control");
+        assert!(err.contains(schema.name()) && !err.contains("s3cret"), "{err}");
+    }
     // A demo run again on the same schema resumes nothing and starts nothing.
     let ran = run_ok(dir.path(), &[&["demo", "--runs", "20"][..], &pg].concat());
     assert_eq!(summary_count(&ran.stdout, "new"), 1, "only the deleted run is started again: {}", ran.stdout);

@@ -40,7 +40,9 @@
 //! `durable-conformance` (feature `testing`: the workflow test harness, as `durable::testing`;
 //! feature `conformance`: the store conformance suite, as `durable::conformance`). The example
 //! `postgres_worker` is a worker process of a deployment on PostgreSQL; `remote_pipeline` runs
-//! a workflow whose `resize` and `upload` steps execute on a [`Worker`] in a child process.
+//! a workflow whose `resize` and `upload` steps execute on a [`Worker`] in a child process;
+//! `flow_control` runs a per-customer singleton workflow whose API calls go through a
+//! rate-limited step queue ([`WorkflowOptions::singleton`], [`Engine::register_queue`]).
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 // docs.rs builds with every feature and `--cfg docsrs`: feature-gated items say which feature
@@ -90,6 +92,11 @@ pub mod store {
         WaitKind, Waiter,
     };
 }
+
+/// Flow control as stored: admission gates, their limits, held slots and queued requests
+/// (what [`Engine::admission_stats`] and [`Engine::run_admission`] return), and the pure
+/// admission controller the stores share.
+pub use durable_core::admission;
 
 /// Every persisted string format and id scheme (child ids, successor and retry ids, tokens,
 /// checkpoint names of deadlines and undos, the continued-run marker), formatted and parsed in
