@@ -335,6 +335,7 @@ pub async fn run_all(factory: &dyn StoreFactory) -> SuiteReport {
 
 #[cfg(test)]
 mod tests {
+    use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
     use durable_core::task::{
         BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo,
     };
@@ -465,6 +466,18 @@ mod tests {
         }
         async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
             self.0.workers(heartbeat_before).await
+        }
+        async fn acquire_slot(&self, request: &SlotRequest) -> StoreResult<Admission> {
+            self.0.acquire_slot(request).await
+        }
+        async fn release_slot(&self, gate: &str, holder: &str, now: Millis) -> StoreResult<Vec<RunId>> {
+            self.0.release_slot(gate, holder, now).await
+        }
+        async fn admission_stats(&self, now: Millis) -> StoreResult<Vec<GateStats>> {
+            self.0.admission_stats(now).await
+        }
+        async fn run_admission(&self, id: &RunId) -> StoreResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+            self.0.run_admission(id).await
         }
         async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {
             self.0.waiters(id).await

@@ -1,11 +1,12 @@
 //! Admission: concurrency limits, rate limits, priority and fairness, decided purely.
 //!
 //! Work that must be throttled passes a *gate*: a workflow's concurrency key
-//! ([`protocol::key_gate`]) or a named step queue ([`protocol::queue_gate`]). A gate has
-//! [`Limits`]; a request to pass it is a [`SlotRequest`] made by a *holder* (a run, or one step
-//! of a run). The answer is an [`Admission`]: admitted (a slot is held until it is released),
-//! waiting (the request is queued; it is woken when a slot is handed to it, or retries at a
-//! rate window's end), or full (the gate's queue depth is reached; nothing was recorded).
+//! ([`protocol::key_gate`](crate::protocol::key_gate)) or a named step queue
+//! ([`protocol::queue_gate`](crate::protocol::queue_gate)). A gate has [`Limits`]; a request
+//! to pass it is a [`SlotRequest`] made by a *holder* (a run, or one step of a run). The
+//! answer is an [`Admission`]: admitted (a slot is held until it is released), waiting (the
+//! request is queued; it is woken when a slot is handed to it, or retries at a rate window's
+//! end), or full (the gate's queue depth is reached; nothing was recorded).
 //!
 //! # The rules
 //!
@@ -28,7 +29,7 @@
 //! call the same pure helpers ([`GateRecord::capacity`], [`GateRecord::rank`], [`decide`],
 //! [`GateRecord::admitted`]), and the conformance suite checks that they agree.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -469,8 +470,9 @@ impl AdmissionBook {
     /// # Contract
     /// - A holder that holds a slot of the gate is admitted again (its lease renewed).
     /// - A waiting holder keeps its rank; a new one is ranked by the gate's rules.
-    /// - `Full` records nothing; `Waiting` records the waiter; `Admitted` records the slot
-    ///   (when the gate limits concurrency) and counts the admission in the rate window.
+    /// - `Full` records nothing (the gate's record is left as it was); `Waiting` records the
+    ///   waiter; `Admitted` records the slot (when the gate limits concurrency) and counts the
+    ///   admission in the rate window.
     pub fn acquire(&mut self, request: &SlotRequest) -> (Admission, Vec<Handoff>) {
         let now = request.now;
         let gate = self.gates.entry(request.gate.clone()).or_default();
@@ -484,6 +486,9 @@ impl AdmissionBook {
             }
             return (Admission::Admitted, handoffs);
         }
+        // `Full` writes nothing: the stored record stays as it was (a refused keyed start must
+        // leave no trace, not even the limits it brought or its time).
+        let stored = gate.record.clone();
         let mut record = gate.record.take().unwrap_or_else(|| GateRecord::new(&request.gate, request.limits, now));
         record.limits = request.limits;
         record.touch(now);
@@ -518,7 +523,10 @@ impl AdmissionBook {
                 }
                 Admission::Admitted
             }
-            Decision::Full => Admission::Full { held: live, waiting },
+            Decision::Full => {
+                gate.record = stored;
+                return (Admission::Full { held: live, waiting }, handoffs);
+            }
             Decision::Wait { retry_at } => {
                 if fresh_rank {
                     let mut key_round = gate.key_round(&request.fairness_key);
@@ -572,11 +580,20 @@ impl AdmissionBook {
     /// and hands the freed capacity on, at `now` or each gate's [`GateRecord::touched`] time if
     /// later (a deletion passes 0: it knows no time).
     pub fn release_run(&mut self, run: &RunId, now: Millis) -> Vec<Handoff> {
+        self.release_runs(std::slice::from_ref(run), now)
+    }
+
+    /// [`AdmissionBook::release_run`] for several runs at once (a run and its descendants,
+    /// deleted together): everything of all of them is released before any capacity is handed
+    /// on, so none of it goes to one of them, and the outcome does not depend on their order.
+    pub fn release_runs(&mut self, runs: &[RunId], now: Millis) -> Vec<Handoff> {
+        let runs: BTreeSet<&RunId> = runs.iter().collect();
         let mut out = Vec::new();
         for g in self.gates.values_mut() {
             let before = g.slots.len();
-            g.slots.retain(|_, s| &s.run_id != run);
-            let held: Vec<String> = g.queue.values().filter(|w| &w.run_id == run).map(|w| w.holder.clone()).collect();
+            g.slots.retain(|_, s| !runs.contains(&s.run_id));
+            let held: Vec<String> =
+                g.queue.values().filter(|w| runs.contains(&w.run_id)).map(|w| w.holder.clone()).collect();
             for h in held {
                 g.unqueue(&h);
             }
@@ -600,9 +617,12 @@ impl AdmissionBook {
         }
     }
 
-    /// The requests `run` has queued.
+    /// The requests `run` has queued, by gate then holder (as `Store::run_admission` lists them).
     pub fn waits_of(&self, run: &RunId) -> Vec<WaiterRecord> {
-        self.gates.values().flat_map(|g| g.queue.values()).filter(|w| &w.run_id == run).cloned().collect()
+        let mut waits: Vec<WaiterRecord> =
+            self.gates.values().flat_map(|g| g.queue.values()).filter(|w| &w.run_id == run).cloned().collect();
+        waits.sort_by(|a, b| (&a.gate, &a.holder).cmp(&(&b.gate, &b.holder)));
+        waits
     }
 
     /// The slots `run` holds (live or not).

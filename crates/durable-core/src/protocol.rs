@@ -109,7 +109,11 @@ pub fn parse_gate(gate: &str) -> Option<(&str, &str, &str)> {
 
 /// The `wake_at` of a run created `pending` while it waits for its concurrency key: never
 /// due by time; a release hands it a slot and makes it due at once.
-pub const GATED: crate::Millis = i64::MAX as crate::Millis;
+///
+/// One below `i64::MAX`, so it reads back unchanged from an SQL `BIGINT` (the SQL stores keep
+/// times past `i64::MAX` as `i64::MAX` and read that back as `u64::MAX`, the "forever"
+/// sentinel, which is not a gated run).
+pub const GATED: crate::Millis = (i64::MAX - 1) as crate::Millis;
 
 /// The name of the step that hands an external task out.
 pub fn task_step_name(name: &str) -> String {
@@ -255,7 +259,7 @@ mod tests {
         assert_eq!(queue_gate("default", "api"), "queue:default:api");
         assert_eq!(parse_gate("key:default:sync:acme"), Some(("key", "default", "sync:acme")));
         assert_eq!(parse_gate("other:x:y"), None);
-        assert_eq!(GATED, 9_223_372_036_854_775_807);
+        assert_eq!(GATED, 9_223_372_036_854_775_806);
         assert_eq!(continued_marker(&id("a~1")).as_str(), r#"{"$continued_as_new":"a~1"}"#);
         assert_eq!(child_failure_code(RunStatus::Cancelled), "child_cancelled");
         let cr =

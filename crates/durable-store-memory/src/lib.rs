@@ -297,9 +297,7 @@ impl Inner {
         }
     }
 
-    fn delete_one(&mut self, id: &RunId, now: Millis) {
-        let handed = self.admission.release_run(id, now);
-        self.wake_handed(&handed, now);
+    fn delete_one(&mut self, id: &RunId) {
         self.tasks.retain(|(run, _), _| run != id);
         self.runs.remove(id);
         self.checkpoints.remove(id);
@@ -1021,9 +1019,12 @@ impl Store for MemoryStore {
             );
             i += 1;
         }
+        // A deletion knows no time: freed slots are handed on at each gate's latest, once all
+        // the doomed runs' records are gone (none goes to one of them).
+        let handed = inner.admission.release_runs(&doomed, 0);
+        inner.wake_handed(&handed, 0);
         for d in &doomed {
-            // A deletion knows no time: freed slots are handed on at each gate's latest.
-            inner.delete_one(d, 0);
+            inner.delete_one(d);
         }
         Ok(doomed.len() as u64)
     }

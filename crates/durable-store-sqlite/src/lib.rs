@@ -47,6 +47,15 @@
 //!   task; a result writes the checkpoint, consumes the wait and wakes the run in one write.
 //!   Expired and silent tasks are found through indexes on their deadline and last heartbeat.
 //!   Worker descriptors live in a `workers` table.
+//! - **Flow control.** Admission gates, held slots and queued requests live in three tables
+//!   (`admission_gates`, `admission_slots`, `admission_waiters`). A request is decided by
+//!   `durable-core`'s pure admission helpers on the gate's row, in the write transaction that
+//!   records the outcome, so two processes on one file never admit past a limit. A gate's
+//!   queue is kept in rank order by an index: its head, and how many waiters rank before a
+//!   request, are index reads, so a release at a gate with thousands waiting costs what it
+//!   hands on, not the length of the queue. Releases in a commit, and those of a run that
+//!   settles, is cancelled or deleted, hand the slots on (and wake the runs they go to) in
+//!   the same transaction; a keyed start refused with `QueueFull` writes nothing.
 //! - **Clean close.** Dropping the store checkpoints the WAL into the file and truncates it, so
 //!   no `-wal` file of megabytes is left behind (see [`SqliteStore`]).
 //! - Errors name the file. Busy or locked → [`StoreError::Unavailable`](durable_core::StoreError::Unavailable) (retryable); read-only,
@@ -108,6 +117,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod admission;
 mod error;
 mod ops;
 mod options;
@@ -121,6 +131,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use async_trait::async_trait;
+use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
@@ -175,6 +186,13 @@ pub mod __private {
     pub fn list_tasks_sql(filter: &durable_core::TaskFilter) -> (String, Vec<Value>) {
         let q = crate::tasks::list_tasks_sql(filter);
         (q.text, q.args)
+    }
+
+    /// The admission statements whose plans must use an index: `(name, table, sql, args, what
+    /// the plan must search by)`.
+    #[allow(clippy::type_complexity)]
+    pub fn admission_sql() -> Vec<(&'static str, &'static str, &'static str, Vec<Value>, &'static str)> {
+        crate::admission::plan_statements()
     }
 
     /// The statement of `list_schedules` and its arguments; `None` for a limit of 0.
@@ -270,19 +288,22 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::FULL.with_admission(false)
+        Capabilities::FULL
     }
 
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
-        self.workers.write("create_run", move |c| ops::create_run(c, run)).await
+        self.workers.write("create_run", move |c| admission::create_run(c, run)).await
     }
 
     async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
         if runs.is_empty() {
             return Ok(Vec::new());
         }
-        // One write: one savepoint of the writer's group transaction, all of it or none.
-        self.workers.write("create_runs", move |c| runs.into_iter().map(|run| ops::create_run(c, run)).collect()).await
+        // One write: one savepoint of the writer's group transaction, all of it or none (a start
+        // refused by its concurrency key undoes the whole batch).
+        self.workers
+            .write("create_runs", move |c| runs.into_iter().map(|run| admission::create_run(c, run)).collect())
+            .await
     }
 
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
@@ -465,6 +486,25 @@ impl Store for SqliteStore {
 
     async fn workers(&self, heartbeat_before: Millis) -> StoreResult<Vec<WorkerInfo>> {
         self.workers.write("workers", move |c| tasks::workers(c, heartbeat_before)).await
+    }
+
+    async fn acquire_slot(&self, request: &SlotRequest) -> StoreResult<Admission> {
+        let request = request.clone();
+        self.workers.write("acquire_slot", move |c| admission::acquire_slot(c, &request)).await
+    }
+
+    async fn release_slot(&self, gate: &str, holder: &str, now: Millis) -> StoreResult<Vec<RunId>> {
+        let (gate, holder) = (gate.to_string(), holder.to_string());
+        self.workers.write("release_slot", move |c| admission::release_slot(c, &gate, &holder, now)).await
+    }
+
+    async fn admission_stats(&self, now: Millis) -> StoreResult<Vec<GateStats>> {
+        self.workers.read("admission_stats", move |c| admission::stats(c, now)).await
+    }
+
+    async fn run_admission(&self, id: &RunId) -> StoreResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+        let id = id.clone();
+        self.workers.read("run_admission", move |c| admission::run_admission(c, &id)).await
     }
 
     async fn waiters(&self, id: &RunId) -> StoreResult<Vec<Waiter>> {

@@ -14,11 +14,12 @@ use durable_core::{
     Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gathered, Millis, NewRun,
     ParentLink, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
     SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StepKind, StoreError, TriggerBuffer, TurnEnd, WaitKind,
-    Waiter, decode_cursor, encode_cursor, json_subset,
+    Waiter, decode_cursor, encode_cursor, json_subset, protocol,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
 
+use crate::admission;
 use crate::error::Error;
 
 /// What every operation needs to describe its errors.
@@ -687,6 +688,10 @@ pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcom
     if run.status.is_terminal() {
         return Ok(ClaimOutcome::Terminal(run));
     }
+    // A run waiting for its concurrency key runs once a release hands it the slot.
+    if run.status == RunStatus::Pending && run.wake_at == Some(protocol::GATED) {
+        return Ok(ClaimOutcome::Busy(run));
+    }
     let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
     if held_by_other && lease_is_live(&run, claim.now) {
         return Ok(ClaimOutcome::Busy(run));
@@ -717,7 +722,12 @@ pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcom
 
 pub(crate) fn renew_lease(conn: &Connection, id: &RunId, owner: &str, lease_until: Millis) -> OpResult<bool> {
     let mut stmt = conn.prepare_cached("UPDATE runs SET lease_until = ?3 WHERE id = ?1 AND lease_owner = ?2")?;
-    Ok(stmt.execute(params![id.as_str(), owner, millis_to_sql(lease_until)])? > 0)
+    let renewed = stmt.execute(params![id.as_str(), owner, millis_to_sql(lease_until)])? > 0;
+    if renewed {
+        // A step's slot lives as long as its run's lease.
+        admission::renew(conn, id.as_str(), lease_until)?;
+    }
+    Ok(renewed)
 }
 
 pub(crate) fn release_lease(conn: &Connection, id: &RunId, owner: &str) -> OpResult<bool> {
@@ -1106,6 +1116,13 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
     for task in &c.tasks {
         crate::tasks::dispatch(conn, task)?;
     }
+    // Released slots are handed on in this transaction; the runs they go to are woken after
+    // the turn end is applied (as the memory store does), so a hand-off to this very run does
+    // not keep it from suspending: it is suspended, then woken.
+    let mut handed = Vec::new();
+    for (gate, holder) in &c.release_slots {
+        admission::release(conn, gate, holder, c.now, &mut handed)?;
+    }
     let running = status == RunStatus::Running;
     // Progress of a running run resets its recovery count, in the UPDATE the commit makes anyway.
     let progress = running && c.makes_progress();
@@ -1152,15 +1169,18 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
                     progress
                 ])? > 0;
             if out.settled {
-                // A settled run must not swallow later signals, nor keep work out.
+                // A settled run must not swallow later signals, nor keep work or slots out.
                 remove_waiters_of(conn, id)?;
                 crate::tasks::cancel_tasks_of(conn, id)?;
+                admission::release_run(conn, id, c.now, &mut handed)?;
             }
         }
         // A turn end that finds the run no longer running (an operator cancelled it mid-turn)
         // changes nothing of the run row: terminal runs accept no transition.
         Some(_) => {}
     }
+    admission::wake_handed(conn, &handed, c.now)?;
+    out.handed_off = handed.into_iter().map(|h| h.run_id).collect();
     Ok(out)
 }
 
@@ -1225,8 +1245,11 @@ pub(crate) fn update_run_if(conn: &Connection, id: &RunId, expected: &[RunStatus
             .execute(params![id.as_str(), from])?;
     }
     if next.is_terminal() {
-        // A settled run must not swallow later signals.
+        // A settled run must not swallow later signals, nor keep slots.
         remove_waiters_of(conn, id.as_str())?;
+        let mut handed = Vec::new();
+        admission::release_run(conn, id.as_str(), patch.now, &mut handed)?;
+        admission::wake_handed(conn, &handed, patch.now)?;
     }
     for sig in &patch.signals {
         send_signal(conn, &sig.token, sig.payload.as_str(), patch.now)?;
@@ -1260,6 +1283,13 @@ pub(crate) fn delete_run(conn: &Connection, id: &RunId) -> OpResult<u64> {
             i += 1;
         }
     }
+    // Their slots and queued requests are released first, all of them before any is handed on
+    // (none goes to a doomed run). A deletion knows no time: it passes 0, and each gate hands
+    // off at its latest time (the runs woken are due at once, as in the memory store).
+    let mut handed = Vec::new();
+    let runs: Vec<&str> = doomed.iter().map(String::as_str).collect();
+    admission::release_runs(conn, &runs, 0, &mut handed)?;
+    admission::wake_handed(conn, &handed, 0)?;
     for table in ["checkpoints", "waiters", "run_state", "run_tags", "tasks"] {
         let mut stmt = conn.prepare_cached(&format!("DELETE FROM {table} WHERE run_id = ?1"))?;
         for d in &doomed {
@@ -1326,6 +1356,23 @@ mod tests {
             ("SELECT wid, name FROM waiters WHERE run_id = 'r' AND seq = 1", "waiters_run"),
             ("DELETE FROM workers WHERE heartbeat_at < 5", "workers_heartbeat"),
             ("SELECT body FROM workers ORDER BY id", "sqlite_autoindex_workers_1"),
+            // Admission writes by run and by holder (tests/sqlite_plans.rs reads the plans of
+            // the admission reads), and the stats' groupings, in index order.
+            ("DELETE FROM admission_slots WHERE run_id = 'r'", "admission_slots_run"),
+            ("DELETE FROM admission_waiters WHERE run_id = 'r'", "admission_waiters_run"),
+            (
+                "UPDATE admission_slots SET lease_until = 5 WHERE run_id = 'r' AND lease_until IS NOT NULL",
+                "admission_slots_run",
+            ),
+            ("DELETE FROM admission_slots WHERE gate = 'g' AND holder = 'h'", "PRIMARY KEY"),
+            ("DELETE FROM admission_waiters WHERE gate = 'g' AND holder = 'h'", "PRIMARY KEY"),
+            ("UPDATE admission_slots SET lease_until = 5 WHERE gate = 'g' AND holder = 'h'", "PRIMARY KEY"),
+            ("SELECT 1 FROM admission_slots WHERE gate = 'g' AND holder = 'h'", "PRIMARY KEY"),
+            (
+                "SELECT gate, fairness_key, COUNT(*), MIN(since) FROM admission_waiters GROUP BY gate, fairness_key",
+                "admission_waiters_key",
+            ),
+            ("SELECT gate FROM admission_gates ORDER BY gate", "sqlite_autoindex_admission_gates_1"),
         ];
         for (sql, index) in cases {
             let plan = plan(&conn, sql);

@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 6;
+pub const SCHEMA_VERSION: u32 = 7;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -288,6 +288,59 @@ CREATE TABLE workers (
     body         TEXT NOT NULL
 ) STRICT;
 CREATE INDEX workers_heartbeat ON workers (heartbeat_at);
+",
+    },
+    Migration {
+        version: 7,
+        description: "flow control: admission gates, held slots and queued requests",
+        sql: "
+-- One row per gate (durable_core::admission::GateRecord): its limits as JSON, the next arrival
+-- ticket, the fairness round being served, the rate window, and the latest time a call brought.
+-- Gates are never deleted (the stats list every gate ever used).
+CREATE TABLE admission_gates (
+    gate         TEXT PRIMARY KEY NOT NULL,
+    limits       TEXT NOT NULL,
+    next_ticket  INTEGER NOT NULL,
+    round        INTEGER NOT NULL,
+    window_start INTEGER NOT NULL,
+    window_count INTEGER NOT NULL,
+    touched      INTEGER NOT NULL
+) STRICT;
+
+-- Held slots (SlotRecord): a gate's are read by its primary-key prefix (at most about its
+-- concurrency), a run's by admission_slots_run (a settle or delete releases them all).
+-- lease_until NULL: held until released.
+CREATE TABLE admission_slots (
+    gate        TEXT NOT NULL,
+    holder      TEXT NOT NULL,
+    run_id      TEXT NOT NULL,
+    acquired_at INTEGER NOT NULL,
+    lease_until INTEGER,
+    PRIMARY KEY (gate, holder)
+) STRICT, WITHOUT ROWID;
+CREATE INDEX admission_slots_run ON admission_slots (run_id, gate, holder);
+-- Expired leased slots of every gate (a run's release reclaims them, as AdmissionBook does).
+CREATE INDEX admission_slots_expiry ON admission_slots (lease_until, gate) WHERE lease_until IS NOT NULL;
+
+-- Queued requests (WaiterRecord). The rank (priority, round, ticket) orders a gate's queue:
+-- the head and the number ranked before a request are range reads of admission_waiters_rank;
+-- a fairness key's next round is one step down admission_waiters_key.
+CREATE TABLE admission_waiters (
+    gate          TEXT NOT NULL,
+    holder        TEXT NOT NULL,
+    run_id        TEXT NOT NULL,
+    rank_priority INTEGER NOT NULL,
+    rank_round    INTEGER NOT NULL,
+    rank_ticket   INTEGER NOT NULL,
+    priority      INTEGER NOT NULL,
+    fairness_key  TEXT NOT NULL,
+    lease_ms      INTEGER,
+    since         INTEGER NOT NULL,
+    PRIMARY KEY (gate, holder)
+) STRICT, WITHOUT ROWID;
+CREATE UNIQUE INDEX admission_waiters_rank ON admission_waiters (gate, rank_priority, rank_round, rank_ticket);
+CREATE INDEX admission_waiters_key ON admission_waiters (gate, fairness_key, rank_round);
+CREATE INDEX admission_waiters_run ON admission_waiters (run_id, gate, holder);
 ",
     },
 ];

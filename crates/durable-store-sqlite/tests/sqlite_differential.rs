@@ -3,10 +3,12 @@
 
 mod common;
 
+use durable_core::admission::{Limits, Order, PriorityOrder, Rate, SlotRequest};
 use durable_core::{
     BufferAppend, Checkpoint, CheckpointStatus, Claim, Commit, Dedupe, DueQuery, Gather, NewRun, OutgoingSignal,
     ParentLink, Payload, Publish, RunFilter, RunId, RunPatch, RunQuery, RunStatus, SaveSchedule, Schedule,
-    ScheduleRecord, StepError, StepKind, Store, StoreErrorKind, StoreResult, TurnEnd, WaitKind, Waiter, splitmix64,
+    ScheduleRecord, StepError, StepKind, Store, StoreErrorKind, StoreResult, TurnEnd, WaitKind, Waiter, protocol,
+    splitmix64,
 };
 use durable_store_memory::MemoryStore;
 use serde_json::json;
@@ -38,6 +40,11 @@ const NAMESPACES: &[&str] = &["default", "other"];
 const SCHEDULES: &[&str] = &["s0", "s1", "s2"];
 const DEDUPE_IDS: &[&str] = &["d0", "d1"];
 const GATHER_KEYS: &[&str] = &["", "k"];
+/// The step queues the admission calls ask at.
+const QUEUE_GATES: &[&str] = &["queue:default:a", "queue:default:b", "queue:other:c"];
+/// The concurrency key of the keyed starts (its slots are the runs', never leased).
+const KEY_GATE: &str = "key:default:wf:k";
+const FAIRNESS_KEYS: &[&str] = &["", "x", "y"];
 
 fn run_id(rng: &mut Rng) -> RunId {
     RunId::from(*rng.pick(RUNS))
@@ -97,6 +104,65 @@ fn new_run(rng: &mut Rng, now: u64) -> NewRun {
         created_at: now,
         start_at: if rng.chance(15) { Some(now + rng.below(40)) } else { None },
     }
+}
+
+/// A gate's limits: mostly the gate's own (so its queue builds up), sometimes others (a
+/// request replaces the stored limits).
+fn limits(rng: &mut Rng, gate: &str) -> Limits {
+    let home = match gate {
+        "queue:default:a" => Limits { concurrency: Some(2), fairness: true, ..Limits::default() },
+        "queue:default:b" => Limits {
+            concurrency: Some(1),
+            rate: Some(Rate { limit: 2, period_ms: 30 }),
+            priority: PriorityOrder::LowestFirst,
+            order: Order::Lifo,
+            ..Limits::default()
+        },
+        _ => Limits { rate: Some(Rate { limit: 1, period_ms: 40 }), fairness: true, ..Limits::default() },
+    };
+    if rng.chance(85) {
+        return home;
+    }
+    Limits {
+        concurrency: rng.chance(70).then(|| 1 + rng.below(3) as u32),
+        rate: rng.chance(40).then(|| Rate { limit: 1 + rng.below(3) as u32, period_ms: 10 + rng.below(40) }),
+        priority: if rng.chance(50) { PriorityOrder::HighestFirst } else { PriorityOrder::LowestFirst },
+        fairness: rng.chance(50),
+        order: if rng.chance(70) { Order::Fifo } else { Order::Lifo },
+    }
+}
+
+/// A step's request to pass one of the queues.
+fn slot_request(rng: &mut Rng, now: u64) -> SlotRequest {
+    let gate = rng.pick(QUEUE_GATES).to_string();
+    let run = run_id(rng);
+    SlotRequest {
+        holder: protocol::step_id(&run, rng.below(3) as u32),
+        run_id: run,
+        priority: rng.below(3) as i32,
+        fairness_key: rng.pick(FAIRNESS_KEYS).to_string(),
+        limits: limits(rng, &gate),
+        lease_until: rng.chance(50).then(|| now + rng.below(60)),
+        max_waiting: rng.chance(30).then(|| rng.below(4) as u32),
+        gate,
+        now,
+    }
+}
+
+/// `new` started under [`KEY_GATE`] (one at a time).
+fn keyed(rng: &mut Rng, mut new: NewRun, now: u64) -> NewRun {
+    new.admission = Some(SlotRequest {
+        gate: KEY_GATE.into(),
+        holder: String::new(),
+        run_id: RunId::from(""),
+        priority: rng.below(3) as i32,
+        fairness_key: String::new(),
+        limits: Limits { concurrency: Some(1), ..Limits::default() },
+        lease_until: None,
+        max_waiting: rng.chance(60).then(|| rng.below(3) as u32),
+        now,
+    });
+    new
 }
 
 fn workflow(rng: &mut Rng) -> String {
@@ -221,6 +287,12 @@ fn filter(rng: &mut Rng, now: u64) -> RunFilter {
 #[derive(Debug, Clone)]
 enum Op {
     Create(NewRun),
+    CreateRuns(Vec<NewRun>),
+    Acquire(SlotRequest),
+    /// `release_slot(gate, holder, now)`.
+    ReleaseSlot(String, String, u64),
+    /// `admission_stats(now)` and `run_admission(run)`.
+    Admission(RunId, u64),
     Claim(Claim),
     Renew(RunId, String, u64),
     Release(RunId, String),
@@ -243,7 +315,7 @@ enum Op {
 
 impl Op {
     fn is_write(&self) -> bool {
-        !matches!(self, Op::Poll(_) | Op::Due(_) | Op::List(_) | Op::Inspect(..))
+        !matches!(self, Op::Poll(_) | Op::Due(_) | Op::List(_) | Op::Inspect(..) | Op::Admission(..))
     }
 }
 
@@ -258,6 +330,12 @@ fn answer<T: std::fmt::Debug>(r: StoreResult<T>) -> Answer {
 async fn apply(store: &dyn Store, op: Op) -> Vec<Answer> {
     match op {
         Op::Create(n) => vec![answer(store.create_run(n).await)],
+        Op::CreateRuns(runs) => vec![answer(store.create_runs(runs).await)],
+        Op::Acquire(request) => vec![answer(store.acquire_slot(&request).await)],
+        Op::ReleaseSlot(gate, holder, now) => vec![answer(store.release_slot(&gate, &holder, now).await)],
+        Op::Admission(id, now) => {
+            vec![answer(store.admission_stats(now).await), answer(store.run_admission(&id).await)]
+        }
         Op::Claim(c) => vec![answer(store.claim_run(c).await)],
         Op::Renew(id, owner, until) => vec![answer(store.renew_lease(&id, &owner, until).await)],
         Op::Release(id, owner) => vec![answer(store.release_lease(&id, &owner).await)],
@@ -311,8 +389,11 @@ async fn apply(store: &dyn Store, op: Op) -> Vec<Answer> {
 /// Generates the next call. `mem` is read only to pick a realistic `seen_wake_gen` and a
 /// buffer to flush.
 async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
-    match rng.below(26) {
-        0 | 1 => Op::Create(new_run(rng, now)),
+    match rng.below(31) {
+        0 | 1 => {
+            let new = new_run(rng, now);
+            Op::Create(if rng.chance(30) { keyed(rng, new, now) } else { new })
+        }
         2 | 3 => Op::Claim(Claim {
             run_id: run_id(rng),
             owner: rng.pick(OWNERS).to_string(),
@@ -346,6 +427,12 @@ async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
             }
             for _ in 0..rng.below(2) {
                 c.signals.push(OutgoingSignal { token: rng.pick(TOKENS).to_string(), payload: payload(rng) });
+            }
+            if rng.chance(25) {
+                let r = slot_request(rng, now);
+                // Mostly a slot of this run's own steps.
+                let holder = if rng.chance(70) { protocol::step_id(&id, rng.below(3) as u32) } else { r.holder };
+                c.release_slots.push((r.gate, holder));
             }
             c.end = match rng.below(3) {
                 0 => None,
@@ -423,6 +510,25 @@ async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
             let at = now + rng.below(40);
             Op::Due(due_query(rng, at))
         }
+        26 | 27 => Op::Acquire(slot_request(rng, now)),
+        28 => {
+            let (gate, holder) = if rng.chance(80) {
+                let r = slot_request(rng, now);
+                (r.gate, r.holder)
+            } else {
+                (KEY_GATE.to_string(), run_id(rng).to_string())
+            };
+            Op::ReleaseSlot(gate, holder, now)
+        }
+        29 => Op::CreateRuns(
+            (0..rng.below(4))
+                .map(|_| {
+                    let new = new_run(rng, now);
+                    if rng.chance(50) { keyed(rng, new, now) } else { new }
+                })
+                .collect(),
+        ),
+        30 => Op::Admission(run_id(rng), now + rng.below(40)),
         _ => Op::Inspect(run_id(rng), format!("key{}", rng.below(2))),
     }
 }
@@ -475,6 +581,13 @@ async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Stor
         for (i, (e, g)) in expected.into_iter().zip(got).enumerate() {
             assert_eq!(e, g, "step {step}: {:?}: answers differ (left MemoryStore, right SqliteStore)", ops[i]);
         }
+        // The admission records after every step (a hand-off changes no answer of the step
+        // that made it): the stats and one run's slots and requests, every run's when tracing.
+        let ids = if trace { RUNS } else { std::slice::from_ref(&RUNS[step % RUNS.len()]) };
+        for id in ids {
+            let op = Op::Admission(RunId::from(*id), now);
+            assert_eq!(apply(mem, op.clone()).await, apply(sql, op).await, "step {step}: admission records of {id}");
+        }
         step += ops.len();
     }
     // Final state: every run, its history, waiters and state agree.
@@ -486,6 +599,10 @@ async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Stor
     }
     let all = Op::List(RunFilter { limit: 1000, ..RunFilter::default() });
     assert_eq!(apply(mem, all.clone()).await, apply(sql, all).await, "final list");
+    for id in RUNS {
+        let op = Op::Admission(RunId::from(*id), now);
+        assert_eq!(apply(mem, op.clone()).await, apply(sql, op).await, "final admission records of {id}");
+    }
     let every = Op::Due(DueQuery { namespace: None, workflows: None, now: u64::MAX, limit: 1000 });
     assert_eq!(apply(mem, every.clone()).await, apply(sql, every).await, "final schedules and buffers");
 }
@@ -513,6 +630,8 @@ fn sqlite_answers_like_the_memory_store() {
             }
             let every = Op::Due(DueQuery { namespace: None, workflows: None, now: u64::MAX, limit: 1000 });
             assert_eq!(apply(&mem, every.clone()).await, apply(&sql, every).await, "reopened: schedules");
+            let admission = Op::Admission(RunId::from(RUNS[0]), 5_000);
+            assert_eq!(apply(&mem, admission.clone()).await, apply(&sql, admission).await, "reopened: admission");
         });
     }
 }

@@ -4,8 +4,9 @@
 //! query does not narrow, and no sort of the rows found), so they cost what they return, not
 //! the number of runs; so are the schedulers' due scans (schedules, trigger buffers) and the
 //! schedule listing; so are the remote-step scans (a worker's claim, and the task listings by
-//! run, expiry, silence and state). And the answers of every combination are the memory
-//! store's.
+//! run, expiry, silence and state); so are the admission lookups (a gate's queue head, the
+//! waiters ranked before a request, a fairness key's round, a run's slots and requests). And
+//! the answers of every combination are the memory store's.
 
 mod common;
 
@@ -19,7 +20,8 @@ use durable_core::{
 };
 use durable_store_memory::MemoryStore;
 use durable_store_sqlite::__private::{
-    Due, Poll, Value, claim_tasks_sql, due_sql, list_runs_sql, list_schedules_sql, list_tasks_sql, poll_sql,
+    Due, Poll, Value, admission_sql, claim_tasks_sql, due_sql, list_runs_sql, list_schedules_sql, list_tasks_sql,
+    poll_sql,
 };
 use rusqlite::Connection;
 
@@ -291,6 +293,60 @@ fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
         assert!(!found.is_empty(), "no plan needs index {index}");
     }
     assert!(violations(&conn, &cases).is_empty(), "the indexes are back");
+}
+
+/// The admission indexes: each must serve one of the admission statements.
+const ADMISSION_INDEXES: &[&str] = &[
+    "admission_slots_run",
+    "admission_slots_expiry",
+    "admission_waiters_rank",
+    "admission_waiters_key",
+    "admission_waiters_run",
+];
+
+/// What is wrong with the plans of the admission statements on `conn`, one line per problem:
+/// each must search its table by the index and terms it names (the queue's head, the waiters
+/// ranked before a request, a key's round: a step into `admission_waiters_rank` or
+/// `admission_waiters_key`, never a walk of a gate's queue), never walk a table or index whole,
+/// and never sort.
+fn admission_violations(conn: &Connection) -> Vec<String> {
+    let mut out = Vec::new();
+    for (name, table, sql, args, by) in admission_sql() {
+        let lines = match plan(conn, sql, &args) {
+            Ok(lines) => lines,
+            Err(e) => {
+                out.push(format!("{name}: cannot be planned: {e}\n  {sql}"));
+                continue;
+            }
+        };
+        let mut bad = |why: &str| out.push(format!("{name}: {why}\n  {sql}\n  plan: {}", lines.join(" | ")));
+        for line in &lines {
+            if line.starts_with("SCAN ") && line.contains("admission_") {
+                bad(&format!("walks a whole table or index ({line})"));
+            }
+            if line.contains("TEMP B-TREE") {
+                bad(&format!("sorts what it found ({line})"));
+            }
+        }
+        if !lines.iter().any(|l| l.starts_with(&format!("SEARCH {table} ")) && l.contains(by)) {
+            bad(&format!("does not search {table} by {by}"));
+        }
+    }
+    out
+}
+
+#[test]
+fn every_admission_lookup_is_served_by_an_index() {
+    let (_dir, conn) = database();
+    let found = admission_violations(&conn);
+    assert!(found.is_empty(), "{} admission plans read more than they need:\n{}", found.len(), found.join("\n"));
+    for index in ADMISSION_INDEXES {
+        conn.execute_batch(&format!("SAVEPOINT without; DROP INDEX {index};")).unwrap();
+        let found = admission_violations(&conn);
+        conn.execute_batch("ROLLBACK TO without; RELEASE without;").unwrap();
+        assert!(!found.is_empty(), "no admission plan needs index {index}");
+    }
+    assert!(admission_violations(&conn).is_empty(), "the indexes are back");
 }
 
 /// Run `i` of the data set the listing test reads: ids and creation times in order, so the

@@ -287,6 +287,7 @@ pub async fn a_keyed_start_waits_for_its_slot_or_is_refused(store: Arc<dyn Store
     assert!(matches!(s.create_run(keyed("k1")).await?, CreateRun::Created(ref r) if r.wake_at.is_none()));
     let k2 = s.create_run(keyed("k2")).await?;
     assert_eq!(k2.run().wake_at, Some(protocol::GATED), "k2 waits for the key");
+    assert_eq!(get(s, "k2").await?.wake_at, Some(protocol::GATED), "and reads back as waiting for it");
     match s.create_run(keyed("k3")).await {
         Err(StoreError::QueueFull { gate: g, held: 1, waiting: 1 }) => assert_eq!(g, gate),
         other => panic!("expected QueueFull for k3, got {other:?}"),

@@ -171,6 +171,48 @@ fn releasing_a_run_frees_its_slots_and_drops_its_queued_requests() {
 }
 
 #[test]
+fn releasing_several_runs_at_once_hands_nothing_to_them() {
+    let mut book = AdmissionBook::default();
+    let l = limits(Some(1));
+    acquire(&mut book, &req("a", l, 0));
+    acquire(&mut book, &req("b", l, 0));
+    acquire(&mut book, &req("c", l, 0));
+    // a and b go together (a run and its child, deleted): the slot goes past b, to c.
+    let ab = [RunId::from("b"), RunId::from("a")];
+    assert_eq!(holders(&book.release_runs(&ab, 1)), ["c"]);
+    assert_eq!(book.stats(1)[0].window_count, 2, "one admission each for a and c, none for b");
+}
+
+#[test]
+fn a_refusal_leaves_the_gate_as_it_was() {
+    let mut book = AdmissionBook::default();
+    let mut r = req("a", limits(Some(1)), 10);
+    r.max_waiting = Some(0);
+    assert_eq!(acquire(&mut book, &r), Admission::Admitted);
+    let before = book.stats(10);
+    // A refused request brings other limits and a later time: neither is kept.
+    r.holder = "b".into();
+    r.limits = Limits { rate: Some(Rate { limit: 5, period_ms: 100 }), ..limits(Some(1)) };
+    r.now = 500;
+    assert_eq!(acquire(&mut book, &r), Admission::Full { held: 1, waiting: 0 });
+    assert_eq!(book.stats(10), before);
+}
+
+#[test]
+fn a_runs_requests_are_listed_by_gate_then_holder() {
+    let mut book = AdmissionBook::default();
+    let l = limits(Some(1));
+    acquire(&mut book, &req("h", l, 0));
+    let mut r = req("x", l, 1);
+    r.holder = "x:2".into();
+    acquire(&mut book, &r);
+    r.holder = "x:1".into();
+    acquire(&mut book, &r);
+    let waits = book.waits_of(&RunId::from("x"));
+    assert_eq!(waits.iter().map(|w| w.holder.as_str()).collect::<Vec<_>>(), ["x:1", "x:2"]);
+}
+
+#[test]
 fn invalid_limits_are_named() {
     let e = limits(Some(0)).validate("q:default:api").unwrap_err();
     assert!(e.contains("q:default:api") && e.contains("at least 1"), "{e}");

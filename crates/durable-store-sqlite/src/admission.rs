@@ -1,0 +1,629 @@
+//! Flow control: admission gates, held slots and queued requests as SQL on one connection.
+//!
+//! The records are `durable_core::admission`'s, one row each (`admission_gates`,
+//! `admission_slots`, `admission_waiters`), and every call does what
+//! [`AdmissionBook`](durable_core::admission::AdmissionBook) does, step for step: the gate's row
+//! is loaded into a [`GateRecord`], the pure helpers ([`GateRecord::touch`],
+//! [`GateRecord::roll`], [`GateRecord::capacity`], [`GateRecord::rank`], [`decide`],
+//! [`GateRecord::admitted`], [`handed_lease`]) decide, and the row is written back. SQL only
+//! answers what the book reads from its collections: the live slots of a gate, whether a holder
+//! holds or waits, the queue's head, how many waiters rank before a request, a fairness key's
+//! last round.
+//!
+//! Writes run in the caller's write transaction (see `ops`), so a decision and what it records
+//! are atomic, across processes too (`BEGIN IMMEDIATE`). The slots handed on are collected as
+//! [`Handoff`]s and their runs woken by [`wake_handed`] where the memory store wakes them.
+//!
+//! Cost: a gate's slots are read by its primary-key prefix (about its concurrency at most);
+//! the queue's head, the count of waiters ranked before a request (stopped at the count that
+//! can change the answer), a key's round and a holder's row are index reads; a hand-off of `k`
+//! slots is `k` head reads and writes. No call walks a gate's whole queue, except the stats and
+//! a refusal (`Full` reports how many wait).
+
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+
+use durable_core::admission::{
+    Admission, Decision, GateRecord, GateStats, Handoff, Limits, Rank, SlotRecord, SlotRequest, WaiterRecord, decide,
+    handed_lease,
+};
+use durable_core::{CreateRun, Millis, NewRun, RunId, StoreError, protocol};
+use rusqlite::types::Value;
+use rusqlite::{Connection, OptionalExtension, Row, params};
+
+use crate::ops::{OpError, OpResult, corrupt, millis_from_sql, millis_to_sql, opt_millis, text, u32_from_sql};
+
+// ---- statements ---------------------------------------------------------------------------
+
+const GATE_LOAD: &str = "SELECT gate, limits, next_ticket, round, window_start, window_count, touched \
+     FROM admission_gates WHERE gate = ?1";
+
+const GATE_SAVE: &str = "INSERT INTO admission_gates \
+     (gate, limits, next_ticket, round, window_start, window_count, touched) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+     ON CONFLICT (gate) DO UPDATE SET limits = excluded.limits, next_ticket = excluded.next_ticket, \
+     round = excluded.round, window_start = excluded.window_start, window_count = excluded.window_count, \
+     touched = excluded.touched";
+
+/// The live slots of a gate at `?2` (the gate's primary-key prefix).
+const LIVE: &str = "SELECT COUNT(*) FROM admission_slots WHERE gate = ?1 AND (lease_until IS NULL OR lease_until > ?2)";
+
+/// Deletes the slots of a gate whose lease passed at `?2`.
+const RECLAIM: &str = "DELETE FROM admission_slots WHERE gate = ?1 AND lease_until <= ?2";
+
+/// The gates that hold a slot whose lease passed at `?1` (`admission_slots_expiry`).
+const EXPIRED_GATES: &str = "SELECT gate FROM admission_slots WHERE lease_until IS NOT NULL AND lease_until <= ?1";
+
+const WAITER_COLS: &str =
+    "gate, holder, run_id, rank_priority, rank_round, rank_ticket, priority, fairness_key, lease_ms, since";
+
+/// The head of a gate's queue (`admission_waiters_rank`).
+const QUEUE_HEAD: &str = "SELECT gate, holder, run_id, rank_priority, rank_round, rank_ticket, priority, \
+     fairness_key, lease_ms, since FROM admission_waiters WHERE gate = ?1 \
+     ORDER BY rank_priority, rank_round, rank_ticket LIMIT 1";
+
+/// How many waiters of a gate rank before `(?2, ?3, ?4)`, counting no further than `?5`
+/// (`admission_waiters_rank`).
+const AHEAD: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM admission_waiters WHERE gate = ?1 \
+     AND (rank_priority, rank_round, rank_ticket) < (?2, ?3, ?4) LIMIT ?5)";
+
+/// How many requests wait at a gate, counting no further than `?2` (a negative `?2`: all).
+const WAITING: &str = "SELECT COUNT(*) FROM (SELECT 1 FROM admission_waiters WHERE gate = ?1 LIMIT ?2)";
+
+/// The last round a fairness key's waiters hold (`admission_waiters_key`).
+const KEY_ROUND: &str = "SELECT MAX(rank_round) FROM admission_waiters WHERE gate = ?1 AND fairness_key = ?2";
+
+/// The rank of a holder's queued request (the primary key).
+const WAITER_RANK: &str =
+    "SELECT rank_priority, rank_round, rank_ticket FROM admission_waiters WHERE gate = ?1 AND holder = ?2";
+
+/// A run's slots and queued requests, by gate then holder (`admission_slots_run`,
+/// `admission_waiters_run`).
+const RUN_SLOTS: &str = "SELECT gate, holder, run_id, acquired_at, lease_until FROM admission_slots \
+     WHERE run_id = ?1 ORDER BY gate, holder";
+const RUN_WAITERS: &str = "SELECT gate, holder, run_id, rank_priority, rank_round, rank_ticket, priority, \
+     fairness_key, lease_ms, since FROM admission_waiters WHERE run_id = ?1 ORDER BY gate, holder";
+
+/// The gates a run holds slots of (`admission_slots_run`).
+const RUN_SLOT_GATES: &str = "SELECT gate FROM admission_slots WHERE run_id = ?1 ORDER BY gate";
+
+/// The statements whose plans `tests/sqlite_plans.rs` checks: `(name, table, sql, args, what
+/// the plan must search by)`.
+pub(crate) fn plan_statements() -> Vec<(&'static str, &'static str, &'static str, Vec<Value>, &'static str)> {
+    let gate = || Value::Text("queue:default:api".into());
+    let run = || Value::Text("r".into());
+    let int = Value::Integer;
+    vec![
+        ("queue head", "admission_waiters", QUEUE_HEAD, vec![gate()], "INDEX admission_waiters_rank (gate=?)"),
+        (
+            "waiters ranked before",
+            "admission_waiters",
+            AHEAD,
+            vec![gate(), int(0), int(0), int(7), int(64)],
+            "INDEX admission_waiters_rank (gate=? AND (rank_priority,rank_round,rank_ticket)<(?,?,?))",
+        ),
+        ("waiting, up to a bound", "admission_waiters", WAITING, vec![gate(), int(10)], "(gate=?)"),
+        (
+            "a fairness key's round",
+            "admission_waiters",
+            KEY_ROUND,
+            vec![gate(), Value::Text("acme".into())],
+            "INDEX admission_waiters_key (gate=? AND fairness_key=?)",
+        ),
+        (
+            "a holder's rank",
+            "admission_waiters",
+            WAITER_RANK,
+            vec![gate(), Value::Text("r:1".into())],
+            "PRIMARY KEY (gate=? AND holder=?)",
+        ),
+        (
+            "a run's queued requests",
+            "admission_waiters",
+            RUN_WAITERS,
+            vec![run()],
+            "INDEX admission_waiters_run (run_id=?)",
+        ),
+        ("a run's slots", "admission_slots", RUN_SLOTS, vec![run()], "INDEX admission_slots_run (run_id=?)"),
+        (
+            "the gates of a run's slots",
+            "admission_slots",
+            RUN_SLOT_GATES,
+            vec![run()],
+            "INDEX admission_slots_run (run_id=?)",
+        ),
+        ("a gate's live slots", "admission_slots", LIVE, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
+        ("a gate's expired slots", "admission_slots", RECLAIM, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
+        (
+            "gates with expired slots",
+            "admission_slots",
+            EXPIRED_GATES,
+            vec![int(5)],
+            "INDEX admission_slots_expiry (lease_until",
+        ),
+        ("a gate", "admission_gates", GATE_LOAD, vec![gate()], "(gate=?)"),
+    ]
+}
+
+// ---- rows ---------------------------------------------------------------------------------
+
+fn json_text(encoded: serde_json::Result<String>) -> OpResult<String> {
+    encoded.map_err(|e| OpError::Store(StoreError::backend(e)))
+}
+
+/// The gate columns, `gate` first.
+const GATE_COLS: &str = "gate, limits, next_ticket, round, window_start, window_count, touched";
+
+fn gate_from_row(row: &Row<'_>) -> OpResult<GateRecord> {
+    let gate = text(row, 0)?.to_string();
+    let what = |col: &str| format!("admission gate {gate:?}: {col}");
+    let limits: Limits =
+        serde_json::from_str(text(row, 1)?).map_err(|e| corrupt(format!("{}: {e}", what("limits"))))?;
+    Ok(GateRecord {
+        limits,
+        next_ticket: row.get(2)?,
+        round: row.get(3)?,
+        window_start: millis_from_sql(row.get(4)?, || what("window_start"))?,
+        window_count: u32_from_sql(row.get(5)?, || what("window_count"))?,
+        touched: millis_from_sql(row.get(6)?, || what("touched"))?,
+        gate,
+    })
+}
+
+fn load_gate(conn: &Connection, gate: &str) -> OpResult<Option<GateRecord>> {
+    let mut stmt = conn.prepare_cached(GATE_LOAD)?;
+    let mut rows = stmt.query([gate])?;
+    rows.next()?.map(gate_from_row).transpose()
+}
+
+fn save_gate(conn: &Connection, r: &GateRecord) -> OpResult<()> {
+    conn.prepare_cached(GATE_SAVE)?.execute(params![
+        r.gate,
+        json_text(serde_json::to_string(&r.limits))?,
+        r.next_ticket,
+        r.round,
+        millis_to_sql(r.window_start),
+        r.window_count,
+        millis_to_sql(r.touched),
+    ])?;
+    Ok(())
+}
+
+fn waiter_from_row(row: &Row<'_>) -> OpResult<WaiterRecord> {
+    let gate = text(row, 0)?.to_string();
+    let holder = text(row, 1)?.to_string();
+    let what = |col: &str| format!("admission waiter {holder:?} at {gate:?}: {col}");
+    let priority = i32::try_from(row.get::<_, i64>(6)?).map_err(|_| corrupt(what("priority out of range")))?;
+    Ok(WaiterRecord {
+        run_id: RunId::new(text(row, 2)?),
+        rank: Rank { priority: row.get(3)?, round: row.get(4)?, ticket: row.get(5)? },
+        priority,
+        fairness_key: text(row, 7)?.to_string(),
+        lease_ms: opt_millis(row, 8, || what("lease_ms"))?,
+        since: millis_from_sql(row.get(9)?, || what("since"))?,
+        gate,
+        holder,
+    })
+}
+
+fn slot_from_row(row: &Row<'_>) -> OpResult<SlotRecord> {
+    let gate = text(row, 0)?.to_string();
+    let holder = text(row, 1)?.to_string();
+    let what = |col: &str| format!("admission slot {holder:?} at {gate:?}: {col}");
+    Ok(SlotRecord {
+        run_id: RunId::new(text(row, 2)?),
+        acquired_at: millis_from_sql(row.get(3)?, || what("acquired_at"))?,
+        lease_until: opt_millis(row, 4, || what("lease_until"))?,
+        gate,
+        holder,
+    })
+}
+
+fn count(v: i64) -> OpResult<u32> {
+    u32_from_sql(v, || "admission count".to_string())
+}
+
+// ---- the book's collections, as queries ---------------------------------------------------
+
+/// `Gate::live`: the slots of `gate` that count at `now`.
+fn count_live(conn: &Connection, gate: &str, now: Millis) -> OpResult<u32> {
+    count(conn.prepare_cached(LIVE)?.query_row(params![gate, millis_to_sql(now)], |r| r.get(0))?)
+}
+
+/// `Gate::reclaim`: deletes the slots of `gate` whose lease passed; whether there were any.
+fn reclaim(conn: &Connection, gate: &str, now: Millis) -> OpResult<bool> {
+    Ok(conn.prepare_cached(RECLAIM)?.execute(params![gate, millis_to_sql(now)])? > 0)
+}
+
+fn insert_slot(conn: &Connection, slot: &SlotRecord) -> OpResult<()> {
+    conn.prepare_cached(
+        "INSERT OR REPLACE INTO admission_slots (gate, holder, run_id, acquired_at, lease_until) \
+         VALUES (?1, ?2, ?3, ?4, ?5)",
+    )?
+    .execute(params![
+        slot.gate,
+        slot.holder,
+        slot.run_id.as_str(),
+        millis_to_sql(slot.acquired_at),
+        slot.lease_until.map(millis_to_sql)
+    ])?;
+    Ok(())
+}
+
+/// `Gate::unqueue`: deletes `holder`'s queued request at `gate`.
+fn unqueue(conn: &Connection, gate: &str, holder: &str) -> OpResult<()> {
+    conn.prepare_cached("DELETE FROM admission_waiters WHERE gate = ?1 AND holder = ?2")?.execute([gate, holder])?;
+    Ok(())
+}
+
+fn queue_head(conn: &Connection, gate: &str) -> OpResult<Option<WaiterRecord>> {
+    let mut stmt = conn.prepare_cached(QUEUE_HEAD)?;
+    let mut rows = stmt.query([gate])?;
+    rows.next()?.map(waiter_from_row).transpose()
+}
+
+/// `Gate::key_round`: the round after the last one `key`'s waiters hold.
+fn key_round(conn: &Connection, gate: &str, key: &str) -> OpResult<Option<i64>> {
+    let last: Option<i64> = conn.prepare_cached(KEY_ROUND)?.query_row([gate, key], |r| r.get(0))?;
+    Ok(last.map(|r| r + 1))
+}
+
+/// How many waiters of `gate` rank before `rank`, or `bound` if at least that many do.
+fn count_ahead(conn: &Connection, gate: &str, rank: Rank, bound: u32) -> OpResult<u32> {
+    count(
+        conn.prepare_cached(AHEAD)?
+            .query_row(params![gate, rank.priority, rank.round, rank.ticket, i64::from(bound)], |r| r.get(0))?,
+    )
+}
+
+/// How many requests wait at `gate`, or `bound` if at least that many do (`None`: all).
+fn count_waiting(conn: &Connection, gate: &str, bound: Option<u32>) -> OpResult<u32> {
+    let limit = bound.map_or(-1, i64::from);
+    count(conn.prepare_cached(WAITING)?.query_row(params![gate, limit], |r| r.get(0))?)
+}
+
+/// `Gate::hand_off`, on a loaded record (the caller saves it): hands free capacity to the best
+/// waiters at `now` (or the gate's latest time, if later).
+fn hand_off(conn: &Connection, record: &mut GateRecord, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
+    let now = record.touch(now);
+    record.roll(now);
+    let mut live = count_live(conn, &record.gate, now)?;
+    while record.capacity(live) > 0 {
+        let Some(w) = queue_head(conn, &record.gate)? else { break };
+        unqueue(conn, &w.gate, &w.holder)?;
+        record.admitted(w.rank);
+        if record.limits.concurrency.is_some() {
+            let slot = SlotRecord {
+                gate: w.gate.clone(),
+                holder: w.holder.clone(),
+                run_id: w.run_id.clone(),
+                acquired_at: now,
+                lease_until: handed_lease(&w, now),
+            };
+            insert_slot(conn, &slot)?;
+            // The book counts the slots again: the new one counts if it is live.
+            if slot.live(now) {
+                live += 1;
+            }
+        }
+        out.push(Handoff { gate: w.gate, holder: w.holder, run_id: w.run_id });
+    }
+    Ok(())
+}
+
+/// [`hand_off`] at `gate`, loading and saving its record (nothing when it has none).
+fn hand_off_gate(conn: &Connection, gate: &str, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
+    let Some(mut record) = load_gate(conn, gate)? else { return Ok(()) };
+    hand_off(conn, &mut record, now, out)?;
+    save_gate(conn, &record)
+}
+
+// ---- the book's methods -------------------------------------------------------------------
+
+/// `AdmissionBook::acquire`: decides `request` and records the outcome; slots a reclaim handed
+/// on are added to `out`.
+pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Handoff>) -> OpResult<Admission> {
+    let now = request.now;
+    let gate = request.gate.as_str();
+    let mut stored = load_gate(conn, gate)?;
+    if reclaim(conn, gate, now)?
+        && let Some(record) = stored.as_mut()
+    {
+        hand_off(conn, record, now, out)?;
+        save_gate(conn, record)?;
+    }
+    // A holder is admitted again (its lease set to the request's, if it brings one).
+    let held = match request.lease_until {
+        Some(until) => {
+            conn.prepare_cached("UPDATE admission_slots SET lease_until = ?3 WHERE gate = ?1 AND holder = ?2")?
+                .execute(params![gate, request.holder, millis_to_sql(until)])?
+                > 0
+        }
+        None => conn
+            .prepare_cached("SELECT 1 FROM admission_slots WHERE gate = ?1 AND holder = ?2")?
+            .exists([gate, request.holder.as_str()])?,
+    };
+    if held {
+        return Ok(Admission::Admitted);
+    }
+    let mut record = stored.unwrap_or_else(|| GateRecord::new(gate, request.limits, now));
+    record.limits = request.limits;
+    record.touch(now);
+    record.roll(now);
+    let live = count_live(conn, gate, now)?;
+    let queued: Option<Rank> = conn
+        .prepare_cached(WAITER_RANK)?
+        .query_row([gate, request.holder.as_str()], |r| {
+            Ok(Rank { priority: r.get(0)?, round: r.get(1)?, ticket: r.get(2)? })
+        })
+        .optional()?;
+    let key_round =
+        if queued.is_none() && record.limits.fairness { key_round(conn, gate, &request.fairness_key)? } else { None };
+    // A new request's rank is probed on a copy: it takes a ticket only if it waits.
+    let rank = match queued {
+        Some(rank) => rank,
+        None => record.clone().rank(request.priority, &mut { key_round }),
+    };
+    // `decide` compares the waiters ahead with the free capacity and the free concurrency only,
+    // so counting them stops at the larger of the two (the free concurrency, when limited);
+    // nothing limits when the capacity is unbounded.
+    let capacity = record.capacity(live);
+    let bound = record.limits.concurrency.map_or(capacity, |c| c.saturating_sub(live));
+    let ahead = if capacity == u32::MAX || bound == 0 { 0 } else { count_ahead(conn, gate, rank, bound)? };
+    // The queue's length matters only to a new request with a maximum: counted up to it.
+    let waiting = match request.max_waiting {
+        Some(max) if queued.is_none() => count_waiting(conn, gate, Some(max))?,
+        _ => 0,
+    };
+    let answer = match decide(&record, request, live, ahead, waiting, queued.is_some()) {
+        Decision::Admit => {
+            if queued.is_some() {
+                unqueue(conn, gate, &request.holder)?;
+            }
+            record.admitted(rank);
+            if record.limits.concurrency.is_some() {
+                insert_slot(
+                    conn,
+                    &SlotRecord {
+                        gate: request.gate.clone(),
+                        holder: request.holder.clone(),
+                        run_id: request.run_id.clone(),
+                        acquired_at: now,
+                        lease_until: request.lease_until,
+                    },
+                )?;
+            }
+            Admission::Admitted
+        }
+        // Nothing written: the gate's row stays as it was.
+        Decision::Full => return Ok(Admission::Full { held: live, waiting: count_waiting(conn, gate, None)? }),
+        Decision::Wait { retry_at } => {
+            if queued.is_none() {
+                let rank = record.rank(request.priority, &mut { key_round });
+                conn.prepare_cached(&format!(
+                    "INSERT INTO admission_waiters ({WAITER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
+                ))?
+                .execute(params![
+                    gate,
+                    request.holder,
+                    request.run_id.as_str(),
+                    rank.priority,
+                    rank.round,
+                    rank.ticket,
+                    request.priority,
+                    request.fairness_key,
+                    request.lease_until.map(|t| millis_to_sql(t.saturating_sub(now))),
+                    millis_to_sql(now),
+                ])?;
+            }
+            Admission::Waiting { retry_at }
+        }
+    };
+    save_gate(conn, &record)?;
+    Ok(answer)
+}
+
+/// `AdmissionBook::release`: releases `holder`'s slot or queued request at `gate` and hands
+/// the freed capacity on.
+pub(crate) fn release(
+    conn: &Connection,
+    gate: &str,
+    holder: &str,
+    now: Millis,
+    out: &mut Vec<Handoff>,
+) -> OpResult<()> {
+    let freed =
+        conn.prepare_cached("DELETE FROM admission_slots WHERE gate = ?1 AND holder = ?2")?.execute([gate, holder])?
+            > 0;
+    unqueue(conn, gate, holder)?;
+    let reclaimed = reclaim(conn, gate, now)?;
+    if freed || reclaimed {
+        hand_off_gate(conn, gate, now, out)?;
+    }
+    Ok(())
+}
+
+/// `AdmissionBook::release_run`: releases every slot and queued request of `run` and hands the
+/// freed capacity on (see [`release_runs`]).
+pub(crate) fn release_run(conn: &Connection, run: &str, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
+    release_runs(conn, &[run], now, out)
+}
+
+/// `AdmissionBook::release_runs`: releases every slot and queued request of `runs`, then hands
+/// the freed capacity on, gate by gate in name order; like the book, it also reclaims the
+/// slots of every gate whose lease passed at `now` (a deletion passes 0: none has).
+pub(crate) fn release_runs(conn: &Connection, runs: &[&str], now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
+    let mut held: BTreeSet<String> = BTreeSet::new();
+    for run in runs {
+        let mut holds = false;
+        {
+            let mut stmt = conn.prepare_cached(RUN_SLOT_GATES)?;
+            for gate in stmt.query_map([run], |r| r.get::<_, String>(0))? {
+                held.insert(gate?);
+                holds = true;
+            }
+        }
+        if holds {
+            conn.prepare_cached("DELETE FROM admission_slots WHERE run_id = ?1")?.execute([run])?;
+        }
+        conn.prepare_cached("DELETE FROM admission_waiters WHERE run_id = ?1")?.execute([run])?;
+    }
+    let expired: BTreeSet<String> = {
+        let mut stmt = conn.prepare_cached(EXPIRED_GATES)?;
+        let gates = stmt.query_map([millis_to_sql(now)], |r| r.get::<_, String>(0))?;
+        gates.collect::<Result<_, _>>()?
+    };
+    for gate in held.union(&expired) {
+        let reclaimed = expired.contains(gate) && reclaim(conn, gate, now)?;
+        if held.contains(gate) || reclaimed {
+            hand_off_gate(conn, gate, now, out)?;
+        }
+    }
+    Ok(())
+}
+
+/// `AdmissionBook::renew`: the leased slots of `run` take the run's new lease.
+pub(crate) fn renew(conn: &Connection, run: &str, lease_until: Millis) -> OpResult<()> {
+    conn.prepare_cached("UPDATE admission_slots SET lease_until = ?2 WHERE run_id = ?1 AND lease_until IS NOT NULL")?
+        .execute(params![run, millis_to_sql(lease_until)])?;
+    Ok(())
+}
+
+/// Wakes the runs slots were handed to at `now`, the time of the call that handed them (as the
+/// memory store does; a deletion's is 0): a run waiting for its concurrency key (`pending`,
+/// `wake_at = GATED`) is due then; any other is woken as a delivery wakes it.
+pub(crate) fn wake_handed(conn: &Connection, handed: &[Handoff], now: Millis) -> OpResult<()> {
+    let at = millis_to_sql(now);
+    for h in handed {
+        let id = h.run_id.as_str();
+        let gated = conn
+            .prepare_cached(
+                "UPDATE runs SET wake_at = ?2, wake_gen = wake_gen + 1, updated_at = ?2 \
+                 WHERE id = ?1 AND status = 'pending' AND wake_at = ?3",
+            )?
+            .execute(params![id, at, millis_to_sql(protocol::GATED)])?;
+        if gated == 0 {
+            crate::ops::wake(conn, id, at)?;
+        }
+    }
+    Ok(())
+}
+
+// ---- store methods ------------------------------------------------------------------------
+
+/// `acquire_slot`.
+pub(crate) fn acquire_slot(conn: &Connection, request: &SlotRequest) -> OpResult<Admission> {
+    let mut handed = Vec::new();
+    let answer = acquire(conn, request, &mut handed)?;
+    wake_handed(conn, &handed, request.now)?;
+    Ok(answer)
+}
+
+/// `release_slot`: the runs woken.
+pub(crate) fn release_slot(conn: &Connection, gate: &str, holder: &str, now: Millis) -> OpResult<Vec<RunId>> {
+    let mut handed = Vec::new();
+    release(conn, gate, holder, now, &mut handed)?;
+    wake_handed(conn, &handed, now)?;
+    Ok(handed.into_iter().map(|h| h.run_id).collect())
+}
+
+/// `create_run` with the run's concurrency key decided first (holder = the run): refused
+/// (`QueueFull`; the caller's savepoint undoes what the call wrote), created due-never
+/// (`wake_at = GATED`) to wait for its slot, or created as usual. An existing id is answered
+/// without deciding anything.
+pub(crate) fn create_run(conn: &Connection, mut new: NewRun) -> OpResult<CreateRun> {
+    if let Some(mut request) = new.admission.take() {
+        if let Some(existing) = crate::ops::get_run(conn, &new.id)? {
+            return Ok(CreateRun::Existing(existing));
+        }
+        request.holder = new.id.to_string();
+        request.run_id = new.id.clone();
+        request.lease_until = None;
+        let mut handed = Vec::new();
+        let answer = acquire(conn, &request, &mut handed)?;
+        wake_handed(conn, &handed, request.now)?;
+        match answer {
+            Admission::Admitted => {}
+            Admission::Waiting { .. } => new.start_at = Some(protocol::GATED),
+            Admission::Full { held, waiting } => {
+                return Err(StoreError::QueueFull { gate: request.gate, held, waiting }.into());
+            }
+        }
+    }
+    crate::ops::create_run(conn, new)
+}
+
+/// `admission_stats`, from one snapshot.
+pub(crate) fn stats(conn: &Connection, now: Millis) -> OpResult<Vec<GateStats>> {
+    let tx = conn.unchecked_transaction()?;
+    let mut held: HashMap<String, u32> = HashMap::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT gate, COUNT(*) FROM admission_slots WHERE lease_until IS NULL OR lease_until > ?1 GROUP BY gate",
+        )?;
+        let mut rows = stmt.query([millis_to_sql(now)])?;
+        while let Some(row) = rows.next()? {
+            held.insert(text(row, 0)?.to_string(), count(row.get(1)?)?);
+        }
+    }
+    #[derive(Default)]
+    struct Queue {
+        waiting: u32,
+        oldest: Option<Millis>,
+        by_key: BTreeMap<String, u32>,
+    }
+    let mut queues: HashMap<String, Queue> = HashMap::new();
+    {
+        let mut stmt = tx.prepare_cached(
+            "SELECT gate, fairness_key, COUNT(*), MIN(since) FROM admission_waiters GROUP BY gate, fairness_key",
+        )?;
+        let mut rows = stmt.query([])?;
+        while let Some(row) = rows.next()? {
+            let n = count(row.get(2)?)?;
+            let since = millis_from_sql(row.get(3)?, || "admission stats: since".to_string())?;
+            let q = queues.entry(text(row, 0)?.to_string()).or_default();
+            q.waiting = q.waiting.saturating_add(n);
+            q.oldest = Some(q.oldest.map_or(since, |o| o.min(since)));
+            q.by_key.insert(text(row, 1)?.to_string(), n);
+        }
+    }
+    let mut out = Vec::new();
+    let mut stmt = tx.prepare_cached(&format!("SELECT {GATE_COLS} FROM admission_gates ORDER BY gate"))?;
+    let mut rows = stmt.query([])?;
+    while let Some(row) = rows.next()? {
+        let mut record = gate_from_row(row)?;
+        record.roll(now);
+        let q = queues.remove(&record.gate).unwrap_or_default();
+        out.push(GateStats {
+            held: held.get(&record.gate).copied().unwrap_or(0),
+            waiting: q.waiting,
+            window_count: record.window_count,
+            window_start: record.window_start,
+            oldest_waiting_since: q.oldest,
+            waiting_by_key: q.by_key.into_iter().collect(),
+            limits: record.limits,
+            gate: record.gate,
+        });
+    }
+    Ok(out)
+}
+
+/// `run_admission`, from one snapshot.
+pub(crate) fn run_admission(conn: &Connection, id: &RunId) -> OpResult<(Vec<SlotRecord>, Vec<WaiterRecord>)> {
+    let tx = conn.unchecked_transaction()?;
+    let mut slots = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(RUN_SLOTS)?;
+        let mut rows = stmt.query([id.as_str()])?;
+        while let Some(row) = rows.next()? {
+            slots.push(slot_from_row(row)?);
+        }
+    }
+    let mut waits = Vec::new();
+    {
+        let mut stmt = tx.prepare_cached(RUN_WAITERS)?;
+        let mut rows = stmt.query([id.as_str()])?;
+        while let Some(row) = rows.next()? {
+            waits.push(waiter_from_row(row)?);
+        }
+    }
+    Ok((slots, waits))
+}
