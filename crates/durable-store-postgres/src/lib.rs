@@ -114,11 +114,9 @@
 //!   is claimable again without a notification (nothing is written at that moment).
 //! - Ids, names and payloads cannot contain NUL characters (PostgreSQL `text` cannot).
 //! - Times are the caller's: a value past `i64::MAX` ms (a "forever" sentinel such as
-//!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`. Except one: the
-//!   `wake_at` of a `pending` run, where `i64::MAX` is
-//!   [`protocol::GATED`](durable_core::protocol::GATED) (a run waiting for its concurrency key).
-//!   So a delayed start at "forever" is a run waiting for its key here: never due, and
-//!   [`Store::claim_run`] answers `Busy` for it.
+//!   `u64::MAX`) is stored as `i64::MAX` and read back as `u64::MAX`.
+//!   [`protocol::GATED`](durable_core::protocol::GATED) (`i64::MAX - 1`, the `wake_at` of a run
+//!   waiting for its concurrency key) round-trips as it is.
 //! - Do not rename the schema once created: the server-side functions name it.
 //!
 //! ## Example

@@ -129,11 +129,7 @@ impl RunRow {
             parent,
             created_at: millis_from_sql(self.created_at, || what("created_at"))?,
             updated_at: millis_from_sql(self.updated_at, || what("updated_at"))?,
-            wake_at: match self.wake_at {
-                // `GATED` is i64::MAX, which no other pending run's wake_at reads back as.
-                Some(i64::MAX) if status == RunStatus::Pending => Some(protocol::GATED),
-                w => w.map(|v| millis_from_sql(v, || what("wake_at"))).transpose()?,
-            },
+            wake_at: self.wake_at.map(|v| millis_from_sql(v, || what("wake_at"))).transpose()?,
             status,
             lease_owner: self.lease_owner,
             lease_until: self.lease_until.map(|v| millis_from_sql(v, || what("lease_until"))).transpose()?,

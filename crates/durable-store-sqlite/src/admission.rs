@@ -517,6 +517,19 @@ pub(crate) fn acquire_slot(conn: &Connection, request: &SlotRequest) -> OpResult
     Ok(answer)
 }
 
+/// `AdmissionBook::release_holder`: the slot `holder` of `run` holds at whatever gate is
+/// released and handed on, its runs woken (a gated remote step's accepted result).
+pub(crate) fn release_holder(conn: &Connection, run: &str, holder: &str, now: Millis) -> OpResult<()> {
+    let gate: Option<String> = conn
+        .prepare_cached("SELECT gate FROM admission_slots WHERE run_id = ?1 AND holder = ?2")?
+        .query_row([run, holder], |r| r.get(0))
+        .optional()?;
+    if let Some(gate) = gate {
+        release_slot(conn, &gate, holder, now)?;
+    }
+    Ok(())
+}
+
 /// `release_slot`: the runs woken.
 pub(crate) fn release_slot(conn: &Connection, gate: &str, holder: &str, now: Millis) -> OpResult<Vec<RunId>> {
     let mut handed = Vec::new();

@@ -9,7 +9,7 @@ use durable_core::task::{
     BeatOutcome, NewTask, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, TaskState,
     WorkerInfo,
 };
-use durable_core::{Millis, Payload, RunId, StoreError, TaskFilter, codes};
+use durable_core::{Millis, Payload, RunId, StoreError, TaskFilter, codes, protocol};
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row, params};
 
@@ -283,6 +283,8 @@ pub(crate) fn complete_task(conn: &Connection, done: TaskDone) -> OpResult<TaskC
         .into(),
     );
     save_state(conn, &t)?;
+    // A gated remote step held an admission slot while its attempt was out.
+    crate::admission::release_holder(conn, run_id, &protocol::step_id(&done.run_id, done.seq), done.now)?;
     Ok(TaskCompletion::Accepted)
 }
 

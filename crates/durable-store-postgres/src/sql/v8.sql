@@ -21,7 +21,7 @@
 --   `admission_hand_off` is `Gate::hand_off`. Counts are `u32` there: "unlimited" is
 --   4294967295 here, and the rate window's count saturates at it.
 -- * A slot handed to a waiter wakes its run (`admission_wake`): a run created waiting for its
---   concurrency key (`pending`, `wake_at = GATED` = i64::MAX) is due now; any other run is woken
+--   concurrency key (`pending`, `wake_at = GATED` = i64::MAX - 1) is due now; any other run is woken
 --   as a delivery wakes it (`wake_run` of version 7); either way wake_gen + 1 and NOTIFY.
 -- * Commits apply `release_slots` and, on an applied settle, release everything the run has
 --   (`admission_release_run`), in their own transaction; so do `update_run_if` to a terminal
@@ -306,7 +306,7 @@ BEGIN
         v_at := COALESCE(p_now, (v_h ->> 'at')::bigint);
         UPDATE __SCHEMA__.runs
            SET wake_gen = wake_gen + 1,
-               wake_at = CASE WHEN status = 'pending' AND wake_at = 9223372036854775807 THEN v_at
+               wake_at = CASE WHEN status = 'pending' AND wake_at = 9223372036854775806 THEN v_at
                               WHEN status IN ('suspended', 'blocked') THEN LEAST(COALESCE(wake_at, v_at), v_at)
                               ELSE wake_at END,
                updated_at = v_at
@@ -541,7 +541,7 @@ BEGIN
         RETURN jsonb_build_object('err', 'queue_full', 'gate', p_admission ->> 'gate',
                                   'held', v_answer -> 'held', 'waiting', v_answer -> 'waiting');
     ELSIF v_answer ->> 'admission' = 'waiting' THEN
-        RETURN __SCHEMA__.create_run(p_run || jsonb_build_object('start_at', 9223372036854775807))
+        RETURN __SCHEMA__.create_run(p_run || jsonb_build_object('start_at', 9223372036854775806))
                || jsonb_build_object('gated', true);
     END IF;
     RETURN __SCHEMA__.create_run(p_run);
@@ -606,7 +606,7 @@ BEGIN
            recovery_attempts = recovery_attempts + CASE WHEN v_recovered THEN 1 ELSE 0 END
      WHERE id = v_id
        AND status IN ('pending', 'running', 'suspended', 'blocked')
-       AND NOT (status = 'pending' AND wake_at IS NOT NULL AND wake_at = 9223372036854775807)
+       AND NOT (status = 'pending' AND wake_at IS NOT NULL AND wake_at = 9223372036854775806)
        AND NOT (lease_owner IS NOT NULL AND lease_owner <> v_owner AND lease_until IS NOT NULL AND lease_until >= v_now)
     RETURNING * INTO v_run;
     IF NOT FOUND THEN
