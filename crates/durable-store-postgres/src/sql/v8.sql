@@ -472,7 +472,8 @@ BEGIN
         END IF;
         v_answer := jsonb_build_object('admission', 'admitted');
     ELSIF NOT v_queued AND v_max IS NOT NULL AND v_waiting >= v_max THEN
-        v_answer := jsonb_build_object('admission', 'full', 'held', v_live, 'waiting', v_waiting);
+        -- A refusal writes nothing: the gate's record stays as it was.
+        RETURN jsonb_build_object('admission', 'full', 'held', v_live, 'waiting', v_waiting, 'handed', v_handed);
     ELSE
         IF NOT v_queued THEN
             v_g.next_ticket := v_g.next_ticket + 1;
