@@ -321,9 +321,11 @@ fn register_chain(engine: &Engine) {
 }
 
 /// `keyed_chain`: `chain` with every run under one concurrency key of limit 64 (at most 64 runs
-/// execute at once; the rest wait `pending` and are handed the key as runs finish).
+/// execute at once; the rest wait `pending` and are handed the key as runs finish). The limit
+/// comes from `KEY_LIMIT` when set.
 fn register_flow(engine: &Engine) {
-    let keyed = WorkflowOptions::default().concurrency(|_: &usize| "all".to_string(), 64);
+    let limit = std::env::var("KEY_LIMIT").ok().and_then(|v| v.parse().ok()).unwrap_or(64);
+    let keyed = WorkflowOptions::default().concurrency(|_: &usize| "all".to_string(), limit);
     engine.register_with("keyed_chain", 1, keyed, |ctx: WorkflowCtx, steps: usize| async move {
         let mut acc = 0u64;
         for i in 0..steps {
