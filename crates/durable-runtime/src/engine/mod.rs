@@ -6,6 +6,7 @@
 
 mod messages;
 mod operate;
+mod queues;
 mod remote;
 mod replay;
 mod runs;
