@@ -57,7 +57,7 @@
 //! cp.output = Some(Payload::encode(&"receipt-1").unwrap());
 //! let mut turn = Turn::new(run, "engine-a", History::new([cp]), TurnConfig::default());
 //! let policy = RetryPolicy::none();
-//! let step = |name| StepCall { name, kind: StepKind::Step, policy: &policy, undo: false };
+//! let step = |name| StepCall { name, kind: StepKind::Step, policy: &policy, undo: false, gate: None };
 //!
 //! // Replaying: the recorded output comes back, nothing executes.
 //! let seq = turn.take_seq();
