@@ -416,6 +416,18 @@ impl Gate {
         self.queue.values().filter(|w| w.fairness_key == key).map(|w| w.rank.round + 1).max()
     }
 
+    /// Records a slot held by `holder` (of `run`) from `now`.
+    fn hold(&mut self, gate: &str, holder: &str, run: &RunId, now: Millis, lease_until: Option<Millis>) {
+        let slot = SlotRecord {
+            gate: gate.to_string(),
+            holder: holder.to_string(),
+            run_id: run.clone(),
+            acquired_at: now,
+            lease_until,
+        };
+        self.slots.insert(holder.to_string(), slot);
+    }
+
     /// Hands free capacity to the best waiters.
     fn hand_off(&mut self, now: Millis) -> Vec<Handoff> {
         let mut out = Vec::new();
@@ -436,16 +448,7 @@ impl Gate {
             let w = self.unqueue(&holder).expect("queued waiter");
             record.admitted(rank);
             if record.limits.concurrency.is_some() {
-                self.slots.insert(
-                    w.holder.clone(),
-                    SlotRecord {
-                        gate: w.gate.clone(),
-                        holder: w.holder.clone(),
-                        run_id: w.run_id.clone(),
-                        acquired_at: now,
-                        lease_until: handed_lease(&w, now),
-                    },
-                );
+                self.hold(&w.gate, &w.holder, &w.run_id, now, handed_lease(&w, now));
             }
             out.push(Handoff { gate: w.gate, holder: w.holder, run_id: w.run_id });
         }
@@ -510,16 +513,7 @@ impl AdmissionBook {
                 gate.unqueue(&request.holder);
                 record.admitted(rank);
                 if record.limits.concurrency.is_some() {
-                    gate.slots.insert(
-                        request.holder.clone(),
-                        SlotRecord {
-                            gate: request.gate.clone(),
-                            holder: request.holder.clone(),
-                            run_id: request.run_id.clone(),
-                            acquired_at: now,
-                            lease_until: request.lease_until,
-                        },
-                    );
+                    gate.hold(&request.gate, &request.holder, &request.run_id, now, request.lease_until);
                 }
                 Admission::Admitted
             }
