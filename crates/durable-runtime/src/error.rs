@@ -176,7 +176,7 @@ pub enum Error {
     /// A start was refused: its concurrency key already has `limit + max_queue_depth` runs
     /// pending, running or suspended. Nothing was persisted; start it again later.
     #[error(
-        "queue_full: workflow {workflow:?} has {held} runs holding key {key:?} and {waiting} waiting, the most its max_queue_depth allows; nothing was started — try again once one finishes"
+        "queue_full: key {key:?} of workflow {workflow:?} is held by {held} run(s) with {waiting} more waiting, the most its max_queue_depth allows; nothing was started — try again once one finishes"
     )]
     QueueFull {
         /// The workflow.
