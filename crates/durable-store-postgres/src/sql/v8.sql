@@ -325,69 +325,27 @@ LANGUAGE sql IMMUTABLE AS $$
       FROM jsonb_array_elements(p_handed) WITH ORDINALITY AS t (x, i)
 $$;
 
--- A task's result (Store::complete_task), as in v7, and the admission slot of a gated remote
--- step released and handed on once the result is accepted.
-CREATE OR REPLACE FUNCTION __SCHEMA__.complete_task(p jsonb) RETURNS jsonb
+-- A task's result (Store::complete_task): v7's `complete_task`, and the admission slot a gated
+-- remote step holds while its attempt is out released and handed on once the result is accepted.
+-- The slot's gate is locked first (gates before run rows, the order commits take them).
+CREATE FUNCTION __SCHEMA__.complete_task_admitted(p jsonb) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
     v_run text := p ->> 'run_id';
-    v_seq bigint := (p ->> 'seq')::bigint;
     v_now bigint := (p ->> 'now')::bigint;
-    v_token text := p ->> 'token';
-    v_logs jsonb := COALESCE(p -> 'logs', '[]'::jsonb);
-    v_status text;
-    v_task __SCHEMA__.tasks;
-    v_name text;
-    v_outcome text;
-    v_holder text := v_run || ':' || v_seq;
+    v_holder text := v_run || ':' || (p ->> 'seq');
     v_gate text;
+    v_answer jsonb;
 BEGIN
-    -- 0. A gated remote step holds an admission slot while its attempt is out: its gate is
-    --    locked first (gates before run rows, as commits take them), released once accepted.
     SELECT s.gate INTO v_gate FROM __SCHEMA__.admission_slots AS s WHERE s.run_id = v_run AND s.holder = v_holder;
     IF v_gate IS NOT NULL THEN
         PERFORM __SCHEMA__.admission_lock(ARRAY[v_gate]);
     END IF;
-    -- 1. The wait token's advisory lock (as send_signal), then the run row, then the task row:
-    --    the order a commit takes them.
-    PERFORM pg_advisory_xact_lock(__SCHEMA__.lock_key('signal', v_token));
-    SELECT r.status INTO v_status FROM __SCHEMA__.runs AS r WHERE r.id = v_run FOR UPDATE;
-    SELECT * INTO v_task FROM __SCHEMA__.tasks AS t WHERE t.run_id = v_run AND t.seq = v_seq FOR UPDATE;
-    IF NOT FOUND OR v_task.attempt <> (p ->> 'attempt')::bigint OR v_task.state = 'finished' THEN
-        RETURN jsonb_build_object('outcome', 'duplicate');
-    END IF;
-    -- 2. A settled (or deleted) run takes no result; its task is over.
-    IF v_status IS NULL OR v_status NOT IN ('pending', 'running', 'suspended', 'blocked') THEN
-        UPDATE __SCHEMA__.tasks SET state = 'finished', outcome = 'cancelled', lease_until = NULL, logs = logs || v_logs
-         WHERE run_id = v_run AND seq = v_seq;
-        RETURN jsonb_build_object('outcome', 'run_terminal');
-    END IF;
-    -- 3. The wait the dispatch registered, taken as a delivery takes it.
-    DELETE FROM __SCHEMA__.waiters
-     WHERE run_id = v_run AND seq = v_seq AND kind = 'signal' AND key = v_token
-    RETURNING name INTO v_name;
-    IF NOT FOUND THEN
-        RETURN jsonb_build_object('outcome', 'duplicate');
-    END IF;
-    -- 4. The checkpoint, and the wake.
-    IF jsonb_typeof(p -> 'output') = 'string' THEN
-        PERFORM __SCHEMA__.resolve(v_run, v_seq, v_name, 'remote', p ->> 'output', v_now);
-        v_outcome := 'completed';
-    ELSE
-        INSERT INTO __SCHEMA__.checkpoints (run_id, seq, name, kind, status, error, attempts, started_at, updated_at)
-        VALUES (v_run, v_seq, v_name, 'remote', 'waiting', p ->> 'error', 0, v_now, v_now)
-        ON CONFLICT (run_id, seq) DO UPDATE
-            SET status = 'waiting', error = excluded.error, wake_at = NULL, updated_at = excluded.updated_at;
-        PERFORM __SCHEMA__.wake_run(v_run, v_now);
-        v_outcome := CASE WHEN (p ->> 'timed_out')::boolean THEN 'timed_out' ELSE 'failed' END;
-    END IF;
-    UPDATE __SCHEMA__.checkpoints SET attempts = v_task.attempt WHERE run_id = v_run AND seq = v_seq;
-    UPDATE __SCHEMA__.tasks SET state = 'finished', outcome = v_outcome, lease_until = NULL, logs = logs || v_logs
-     WHERE run_id = v_run AND seq = v_seq;
-    IF v_gate IS NOT NULL THEN
+    v_answer := __SCHEMA__.complete_task(p);
+    IF v_gate IS NOT NULL AND v_answer ->> 'outcome' = 'accepted' THEN
         PERFORM __SCHEMA__.admission_wake(__SCHEMA__.admission_release(v_gate, v_holder, v_now), v_now);
     END IF;
-    RETURN jsonb_build_object('outcome', 'accepted');
+    RETURN v_answer;
 END
 $$;
 
@@ -957,7 +915,7 @@ BEGIN
             WHEN 'update_run_if' THEN __SCHEMA__.update_run_if(v_op)
             WHEN 'send_signal' THEN jsonb_build_object('delivery',
                 __SCHEMA__.send_signal(v_op ->> 'token', v_op ->> 'payload', (v_op ->> 'now')::bigint))
-            WHEN 'complete_task' THEN __SCHEMA__.complete_task(v_op)
+            WHEN 'complete_task' THEN __SCHEMA__.complete_task_admitted(v_op)
             WHEN 'publish' THEN __SCHEMA__.publish(v_op)
             WHEN 'flush_buffer' THEN __SCHEMA__.flush_buffer(v_op)
             WHEN 'save_schedule' THEN __SCHEMA__.save_schedule(v_op)

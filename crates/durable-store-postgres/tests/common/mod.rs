@@ -76,7 +76,7 @@ pub async fn undo_version_8(admin: &tokio_postgres::Client, schema: &str) {
                  {s}.admission_release(text, text, bigint), {s}.admission_release_run(text, bigint),
                  {s}.admission_wake(jsonb, bigint), {s}.admission_runs(jsonb), {s}.admission_acquire(jsonb),
                  {s}.acquire_slot(jsonb), {s}.release_slot(jsonb), {s}.create_admitted(jsonb, jsonb),
-                 {s}.create_runs(jsonb);
+                 {s}.create_runs(jsonb), {s}.complete_task_admitted(jsonb);
              DROP TABLE {s}.admission_gates, {s}.admission_slots, {s}.admission_waiters;
              DELETE FROM {s}.schema_version WHERE version >= 8"
         ))
