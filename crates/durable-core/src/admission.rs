@@ -165,6 +165,17 @@ pub enum Admission {
     },
 }
 
+impl Admission {
+    /// When a request held back should ask again at the latest, if the answer says
+    /// (`Waiting` held back by a rate window).
+    pub fn retry_at(&self) -> Option<Millis> {
+        match self {
+            Admission::Waiting { retry_at } => *retry_at,
+            Admission::Admitted | Admission::Full { .. } => None,
+        }
+    }
+}
+
 /// Where a waiter stands in its gate's queue: compared ascending, the least is served first.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize)]
 pub struct Rank {

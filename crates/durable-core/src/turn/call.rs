@@ -423,16 +423,11 @@ impl Turn {
                 }
                 StepBegin::Run { attempt: a.next_attempt }
             }
-            Admission::Waiting { retry_at } => {
+            // A step's request sets no `max_waiting`, so `Full` cannot come; were it to, the
+            // step asks again at the recheck, like any waiter.
+            held_back => {
                 let attempt = a.next_attempt;
-                let at = self.admission_retry_at(seq, attempt, retry_at, now);
-                self.attempts.remove(&seq);
-                self.flights.remove(&seq);
-                self.park(seq, Some(at));
-                StepBegin::Park(Some(at))
-            }
-            Admission::Full { .. } => {
-                let at = millis_after(now, self.config.admission_recheck);
+                let at = self.admission_retry_at(seq, attempt, held_back.retry_at(), now);
                 self.attempts.remove(&seq);
                 self.flights.remove(&seq);
                 self.park(seq, Some(at));
@@ -1025,13 +1020,8 @@ impl Turn {
         };
         match answer {
             Admission::Admitted => self.dispatch(seq, &call, attempt, now),
-            Admission::Waiting { retry_at } => {
-                let at = self.admission_retry_at(seq, attempt, retry_at, now);
-                self.park(seq, Some(at));
-                RemoteBegin::Park(Some(at))
-            }
-            Admission::Full { .. } => {
-                let at = millis_after(now, self.config.admission_recheck);
+            held_back => {
+                let at = self.admission_retry_at(seq, attempt, held_back.retry_at(), now);
                 self.park(seq, Some(at));
                 RemoteBegin::Park(Some(at))
             }

@@ -14,7 +14,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use durable_core::{
     Backoff, GateCall, Millis, Payload, RecordBegin, RecordOutcome, RetryPolicy, RunId, SleepBegin, StepAfter,
-    StepBegin, StepCall, StepError, StepKind, TurnStop, codes, millis_after, protocol,
+    StepBegin, StepCall, StepError, StepKind, codes, millis_after, protocol,
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -290,13 +290,9 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
     let mut admitted_at = None;
     if let StepBegin::Acquire(request) = begin {
         admitted_at = Some(request.now);
-        begin = match t.env.acquire_slot(request).await {
-            Ok(answer) => t.turn.lock().admitted(seq, answer, t.now()),
-            Err(e) => {
-                tracing::warn!(run_id = %run_id, seq, error = %e, "asking for an admission slot failed; the turn stops");
-                t.turn.lock().stop(TurnStop::Abort(format!("run {run_id} seq {seq}: acquire_slot failed: {e}")));
-                StepBegin::Stopped
-            }
+        begin = match t.acquire_slot(seq, request).await {
+            Some(answer) => t.turn.lock().admitted(seq, answer, t.now()),
+            None => StepBegin::Stopped,
         };
     }
     let mut attempt = match begin {

@@ -30,6 +30,7 @@ pub use remote::RemoteStep;
 pub(crate) use replay::replay_turn;
 pub use wait::{SignalError, TaskError, UpdateOutcome};
 
+use durable_core::admission::Admission;
 use durable_core::{Commit, Millis, Payload, Run, StoreResult, Turn};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
@@ -111,6 +112,22 @@ impl TurnState {
             Err(e) => {
                 tracing::warn!(run_id = %self.run.id, seq, error = %e, "commit failed; the turn stops");
                 turn.committed(seq, Err((e.kind(), e.to_string())))
+            }
+        }
+    }
+
+    /// Asks the store for the admission slot the call at `seq` requested. A store failure
+    /// stops the turn (`None`: the call halts; the run is retried later).
+    async fn acquire_slot(&self, seq: u32, request: durable_core::admission::SlotRequest) -> Option<Admission> {
+        match self.env.acquire_slot(request).await {
+            Ok(answer) => Some(answer),
+            Err(e) => {
+                let run = &self.run.id;
+                tracing::warn!(run_id = %run, seq, error = %e, "asking for an admission slot failed; the turn stops");
+                self.turn
+                    .lock()
+                    .stop(durable_core::TurnStop::Abort(format!("run {run} seq {seq}: acquire_slot failed: {e}")));
+                None
             }
         }
     }

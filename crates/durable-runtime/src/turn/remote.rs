@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable_core::task::RemoteOptions;
-use durable_core::{Backoff, GateCall, Payload, RemoteBegin, RemoteCall, RetryPolicy, TurnStop, protocol};
+use durable_core::{Backoff, GateCall, Payload, RemoteBegin, RemoteCall, RetryPolicy, protocol};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -144,14 +144,9 @@ async fn run_remote<O: DeserializeOwned>(s: RemoteStep<O>) -> Result<O, StepFail
     let call = |input: Result<Payload, String>| RemoteCall { name: &name, input, options: &options, gate };
     let mut begin = t.turn.lock().remote_step(seq, call(input.clone()), t.now());
     if let RemoteBegin::Acquire(request) = begin {
-        begin = match t.env.acquire_slot(request).await {
-            Ok(answer) => t.turn.lock().remote_admitted(seq, call(input), answer, t.now()),
-            Err(e) => {
-                let run = &t.run.id;
-                tracing::warn!(run_id = %run, seq, error = %e, "asking for an admission slot failed; the turn stops");
-                t.turn.lock().stop(TurnStop::Abort(format!("run {run} seq {seq}: acquire_slot failed: {e}")));
-                RemoteBegin::Stopped
-            }
+        begin = match t.acquire_slot(seq, request).await {
+            Some(answer) => t.turn.lock().remote_admitted(seq, call(input), answer, t.now()),
+            None => RemoteBegin::Stopped,
         };
     }
     match begin {
