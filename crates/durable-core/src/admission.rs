@@ -599,11 +599,17 @@ impl AdmissionBook {
             g.slots.retain(|_, s| !runs.contains(&s.run_id));
             let held: Vec<String> =
                 g.queue.values().filter(|w| runs.contains(&w.run_id)).map(|w| w.holder.clone()).collect();
+            let freed = g.slots.len() != before;
+            if !freed && held.is_empty() {
+                // A gate the runs had nothing at is left alone (its expired slots are reclaimed
+                // by the next call on it): a settle costs nothing at gates it never used.
+                continue;
+            }
             for h in held {
                 g.unqueue(&h);
             }
             let reclaimed = g.reclaim(now);
-            if g.slots.len() != before || reclaimed {
+            if freed || reclaimed {
                 out.extend(g.hand_off(now));
             }
         }

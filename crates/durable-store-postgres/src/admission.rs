@@ -59,10 +59,9 @@ pub(crate) const LIVE: HelperStatement = HelperStatement {
 pub(crate) const GATES_OF: HelperStatement = HelperStatement {
     sql: "SELECT x.gate FROM ( \
           SELECT s.gate FROM {s}.admission_slots AS s WHERE s.run_id = $1 \
-          UNION SELECT w.gate FROM {s}.admission_waiters AS w WHERE w.run_id = $1 \
-          UNION SELECT s.gate FROM {s}.admission_slots AS s WHERE s.lease_until <= $2) AS x \
+          UNION SELECT w.gate FROM {s}.admission_waiters AS w WHERE w.run_id = $1) AS x \
           ORDER BY x.gate",
-    params: &["p_run", "p_now"],
+    params: &["p_run"],
 };
 
 impl HelperStatement {

@@ -289,7 +289,7 @@ pub mod __private {
             ),
             ("key round", (KEY_ROUND.render(s), vec![text(gate), text(key)])),
             ("live slots", (LIVE.render(s), vec![text(gate), int(now)])),
-            ("gates of a run", (GATES_OF.render(s), vec![text(run), int(now)])),
+            ("gates of a run", (GATES_OF.render(s), vec![text(run)])),
             ("admission stats", (store.inner.admission_sql.stats.clone(), vec![int(now)])),
             ("run admission", (store.inner.admission_sql.run_admission.clone(), vec![text(run)])),
         ]

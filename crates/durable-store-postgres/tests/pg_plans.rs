@@ -55,7 +55,6 @@ const PLAN_INDEXES: &[&str] = &[
     "tasks_silent",
     "tasks_created",
     "admission_slots_run",
-    "admission_slots_lease",
     "admission_waiters_rank",
     "admission_waiters_key",
     "admission_waiters_run",
@@ -289,8 +288,8 @@ fn admission_cases(store: &PostgresStore) -> Vec<Case> {
                 "queue head" | "waiters ahead" => (vec![], Some("admission_waiters_rank")),
                 "key round" => (vec![], Some("admission_waiters_key")),
                 "live slots" => (vec![], Some("admission_slots_pkey")),
-                // The run's slots and waiters, and the expired slots of every gate.
-                "gates of a run" => (vec![], Some("admission_slots_lease")),
+                // The run's slots and waiters.
+                "gates of a run" => (vec![], Some("admission_waiters_run")),
                 "run admission" => (vec![], Some("admission_slots_run")),
                 // Every gate, in order; each gate's slots and waiters by their indexes.
                 "admission stats" => (vec!["admission_gates_pkey"], Some("admission_waiters_key")),

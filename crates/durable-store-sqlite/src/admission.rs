@@ -20,7 +20,7 @@
 //! slots is `k` head reads and writes. No call walks a gate's whole queue, except the stats and
 //! a refusal (`Full` reports how many wait).
 
-use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::collections::{BTreeMap, HashMap};
 
 use durable_core::admission::{
     Admission, Decision, GateRecord, GateStats, Handoff, Limits, Rank, SlotRecord, SlotRequest, WaiterRecord, decide,
@@ -48,9 +48,6 @@ const LIVE: &str = "SELECT COUNT(*) FROM admission_slots WHERE gate = ?1 AND (le
 
 /// Deletes the slots of a gate whose lease passed at `?2`.
 const RECLAIM: &str = "DELETE FROM admission_slots WHERE gate = ?1 AND lease_until <= ?2";
-
-/// The gates that hold a slot whose lease passed at `?1` (`admission_slots_expiry`).
-const EXPIRED_GATES: &str = "SELECT gate FROM admission_slots WHERE lease_until IS NOT NULL AND lease_until <= ?1";
 
 const WAITER_COLS: &str =
     "gate, holder, run_id, rank_priority, rank_round, rank_ticket, priority, fairness_key, lease_ms, since";
@@ -83,7 +80,10 @@ const RUN_WAITERS: &str = "SELECT gate, holder, run_id, rank_priority, rank_roun
      fairness_key, lease_ms, since FROM admission_waiters WHERE run_id = ?1 ORDER BY gate, holder";
 
 /// The gates a run holds slots of (`admission_slots_run`).
-const RUN_SLOT_GATES: &str = "SELECT gate FROM admission_slots WHERE run_id = ?1 ORDER BY gate";
+/// The gates a run holds a slot at (`1`) or waits at (`0`): one read, empty for a run that never
+/// used flow control (its settle costs no more).
+const RUN_GATES: &str = "SELECT gate, 1 FROM admission_slots WHERE run_id = ?1 \
+     UNION ALL SELECT gate, 0 FROM admission_waiters WHERE run_id = ?1";
 
 /// The statements whose plans `tests/sqlite_plans.rs` checks: `(name, table, sql, args, what
 /// the plan must search by)`.
@@ -123,22 +123,10 @@ pub(crate) fn plan_statements() -> Vec<(&'static str, &'static str, &'static str
             "INDEX admission_waiters_run (run_id=?)",
         ),
         ("a run's slots", "admission_slots", RUN_SLOTS, vec![run()], "INDEX admission_slots_run (run_id=?)"),
-        (
-            "the gates of a run's slots",
-            "admission_slots",
-            RUN_SLOT_GATES,
-            vec![run()],
-            "INDEX admission_slots_run (run_id=?)",
-        ),
+        ("the gates of a run", "admission_slots", RUN_GATES, vec![run()], "INDEX admission_slots_run (run_id=?)"),
+        ("the gates of a run", "admission_waiters", RUN_GATES, vec![run()], "INDEX admission_waiters_run (run_id=?)"),
         ("a gate's live slots", "admission_slots", LIVE, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
         ("a gate's expired slots", "admission_slots", RECLAIM, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
-        (
-            "gates with expired slots",
-            "admission_slots",
-            EXPIRED_GATES,
-            vec![int(5)],
-            "INDEX admission_slots_expiry (lease_until",
-        ),
         ("a gate", "admission_gates", GATE_LOAD, vec![gate()], "(gate=?)"),
     ]
 }
@@ -447,33 +435,33 @@ pub(crate) fn release_run(conn: &Connection, run: &str, now: Millis, out: &mut V
     release_runs(conn, &[run], now, out)
 }
 
-/// `AdmissionBook::release_runs`: releases every slot and queued request of `runs`, then hands
-/// the freed capacity on, gate by gate in name order; like the book, it also reclaims the
-/// slots of every gate whose lease passed at `now` (a deletion passes 0: none has).
+/// `AdmissionBook::release_runs`: releases every slot and queued request of `runs`, then, at
+/// each gate they had something at (in name order), reclaims the slots whose lease passed at
+/// `now` and hands the freed capacity on.
 pub(crate) fn release_runs(conn: &Connection, runs: &[&str], now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
-    let mut held: BTreeSet<String> = BTreeSet::new();
+    // Gate → whether a slot was freed there (else the runs only waited at it).
+    let mut touched: BTreeMap<String, bool> = BTreeMap::new();
     for run in runs {
-        let mut holds = false;
+        let (mut holds, mut waits) = (false, false);
         {
-            let mut stmt = conn.prepare_cached(RUN_SLOT_GATES)?;
-            for gate in stmt.query_map([run], |r| r.get::<_, String>(0))? {
-                held.insert(gate?);
-                holds = true;
+            let mut stmt = conn.prepare_cached(RUN_GATES)?;
+            for row in stmt.query_map([run], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?)))? {
+                let (gate, slot) = row?;
+                *touched.entry(gate).or_default() |= slot;
+                holds |= slot;
+                waits |= !slot;
             }
         }
         if holds {
             conn.prepare_cached("DELETE FROM admission_slots WHERE run_id = ?1")?.execute([run])?;
         }
-        conn.prepare_cached("DELETE FROM admission_waiters WHERE run_id = ?1")?.execute([run])?;
+        if waits {
+            conn.prepare_cached("DELETE FROM admission_waiters WHERE run_id = ?1")?.execute([run])?;
+        }
     }
-    let expired: BTreeSet<String> = {
-        let mut stmt = conn.prepare_cached(EXPIRED_GATES)?;
-        let gates = stmt.query_map([millis_to_sql(now)], |r| r.get::<_, String>(0))?;
-        gates.collect::<Result<_, _>>()?
-    };
-    for gate in held.union(&expired) {
-        let reclaimed = expired.contains(gate) && reclaim(conn, gate, now)?;
-        if held.contains(gate) || reclaimed {
+    for (gate, freed) in &touched {
+        let reclaimed = reclaim(conn, gate, now)?;
+        if *freed || reclaimed {
             hand_off_gate(conn, gate, now, out)?;
         }
     }

@@ -319,8 +319,6 @@ CREATE TABLE admission_slots (
     PRIMARY KEY (gate, holder)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX admission_slots_run ON admission_slots (run_id, gate, holder);
--- Expired leased slots of every gate (a run's release reclaims them, as AdmissionBook does).
-CREATE INDEX admission_slots_expiry ON admission_slots (lease_until, gate) WHERE lease_until IS NOT NULL;
 
 -- Queued requests (WaiterRecord). The rank (priority, round, ticket) orders a gate's queue:
 -- the head and the number ranked before a request are range reads of admission_waiters_rank;

@@ -296,13 +296,8 @@ fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
 }
 
 /// The admission indexes: each must serve one of the admission statements.
-const ADMISSION_INDEXES: &[&str] = &[
-    "admission_slots_run",
-    "admission_slots_expiry",
-    "admission_waiters_rank",
-    "admission_waiters_key",
-    "admission_waiters_run",
-];
+const ADMISSION_INDEXES: &[&str] =
+    &["admission_slots_run", "admission_waiters_rank", "admission_waiters_key", "admission_waiters_run"];
 
 /// What is wrong with the plans of the admission statements on `conn`, one line per problem:
 /// each must search its table by the index and terms it names (the queue's head, the waiters

@@ -55,8 +55,6 @@ CREATE TABLE __SCHEMA__.admission_slots (
 );
 -- A run's slots (released when it settles, renewed with its lease).
 CREATE INDEX admission_slots_run ON __SCHEMA__.admission_slots (run_id);
--- Expired leased slots of any gate (a run's release reclaims them, as `release_run` does).
-CREATE INDEX admission_slots_lease ON __SCHEMA__.admission_slots (lease_until) WHERE lease_until IS NOT NULL;
 
 CREATE TABLE __SCHEMA__.admission_waiters (
     gate          text COLLATE "C" NOT NULL,
@@ -168,15 +166,14 @@ BEGIN
 END
 $$;
 
--- The gates a release of run `p_run` at `p_now` looks at: those it holds or waits at, and those
--- with slots whose lease passed (`release_run` reclaims them), in gate order.
-CREATE FUNCTION __SCHEMA__.admission_gates_of(p_run text, p_now bigint) RETURNS text[]
+-- The gates a release of run `p_run` looks at: those it holds or waits at (their expired slots
+-- are reclaimed too; other gates are left to the next call on them), in gate order.
+CREATE FUNCTION __SCHEMA__.admission_gates_of(p_run text) RETURNS text[]
 LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN ARRAY(SELECT x.gate FROM (
         SELECT s.gate FROM __SCHEMA__.admission_slots AS s WHERE s.run_id = p_run
-        UNION SELECT w.gate FROM __SCHEMA__.admission_waiters AS w WHERE w.run_id = p_run
-        UNION SELECT s.gate FROM __SCHEMA__.admission_slots AS s WHERE s.lease_until <= p_now) AS x
+        UNION SELECT w.gate FROM __SCHEMA__.admission_waiters AS w WHERE w.run_id = p_run) AS x
         ORDER BY x.gate);
 END
 $$;
@@ -261,13 +258,13 @@ END
 $$;
 
 -- `AdmissionBook::release_run`: releases every slot and queued request of `p_run`, reclaims the
--- expired slots of every gate, and hands the freed capacity on, gate by gate in gate order.
+-- expired slots of the gates it had something at, and hands the freed capacity on, gate by gate.
 -- Returns the hand-offs. (Should a hand-off of another transaction give the run a slot at a gate
 -- while this one locks, that gate is released in a second pass.)
 CREATE FUNCTION __SCHEMA__.admission_release_run(p_run text, p_now bigint) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
-    v_gates text[] := __SCHEMA__.admission_gates_of(p_run, p_now);
+    v_gates text[] := __SCHEMA__.admission_gates_of(p_run);
     v_gate text;
     v_freed boolean;
     v_reclaimed boolean;
@@ -645,7 +642,7 @@ BEGIN
             SELECT x ->> 0 FROM jsonb_array_elements(COALESCE(p -> 'release_slots', '[]'::jsonb)) AS x
             UNION
             SELECT unnest(CASE WHEN v_end ->> 'type' = 'settle'
-                               THEN __SCHEMA__.admission_gates_of(v_run, v_now) ELSE '{}'::text[] END)));
+                               THEN __SCHEMA__.admission_gates_of(v_run) ELSE '{}'::text[] END)));
     END IF;
 
     -- 2. The lease check: only the lease owner's commit gets the run row (and its lock).
@@ -793,7 +790,7 @@ BEGIN
         UNION ALL
         SELECT __SCHEMA__.lock_key('signal', x ->> 'token') FROM jsonb_array_elements(p -> 'signals') AS x));
     IF v_status IN ('completed', 'failed', 'cancelled', 'dead') THEN
-        PERFORM __SCHEMA__.admission_lock(__SCHEMA__.admission_gates_of(v_id, v_now));
+        PERFORM __SCHEMA__.admission_lock(__SCHEMA__.admission_gates_of(v_id));
     END IF;
     -- The row lock makes the outcome reported below the state the UPDATE's predicate sees.
     SELECT r.status INTO v_current FROM __SCHEMA__.runs AS r WHERE r.id = v_id FOR UPDATE;

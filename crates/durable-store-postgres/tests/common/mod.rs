@@ -72,7 +72,7 @@ pub async fn undo_version_8(admin: &tokio_postgres::Client, schema: &str) {
                  {s}.admission_admitted({s}.admission_gates, bigint), {s}.admission_save({s}.admission_gates),
                  {s}.admission_live(text, bigint), {s}.admission_head(text),
                  {s}.admission_ahead(text, bigint, bigint, bigint), {s}.admission_key_round(text, text),
-                 {s}.admission_gates_of(text, bigint), {s}.admission_lock(text[]), {s}.admission_hand_off(text, bigint),
+                 {s}.admission_gates_of(text), {s}.admission_lock(text[]), {s}.admission_hand_off(text, bigint),
                  {s}.admission_release(text, text, bigint), {s}.admission_release_run(text, bigint),
                  {s}.admission_wake(jsonb, bigint), {s}.admission_runs(jsonb), {s}.admission_acquire(jsonb),
                  {s}.acquire_slot(jsonb), {s}.release_slot(jsonb), {s}.create_admitted(jsonb, jsonb),
