@@ -47,7 +47,9 @@ const GATE_SAVE: &str = "INSERT INTO admission_gates \
 const LIVE: &str = "SELECT COUNT(*) FROM admission_slots WHERE gate = ?1 AND (lease_until IS NULL OR lease_until > ?2)";
 
 /// Deletes the slots of a gate whose lease passed at `?2`.
-const RECLAIM: &str = "DELETE FROM admission_slots WHERE gate = ?1 AND lease_until <= ?2";
+/// Only leased slots can expire: `admission_slots_leased` holds just those, so a gate of
+/// unleased slots (a concurrency key's) is answered without reading them.
+const RECLAIM: &str = "DELETE FROM admission_slots WHERE gate = ?1 AND lease_until IS NOT NULL AND lease_until <= ?2";
 
 const WAITER_COLS: &str =
     "gate, holder, run_id, rank_priority, rank_round, rank_ticket, priority, fairness_key, lease_ms, since";
@@ -126,7 +128,13 @@ pub(crate) fn plan_statements() -> Vec<(&'static str, &'static str, &'static str
         ("the gates of a run", "admission_slots", RUN_GATES, vec![run()], "INDEX admission_slots_run (run_id=?)"),
         ("the gates of a run", "admission_waiters", RUN_GATES, vec![run()], "INDEX admission_waiters_run (run_id=?)"),
         ("a gate's live slots", "admission_slots", LIVE, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
-        ("a gate's expired slots", "admission_slots", RECLAIM, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
+        (
+            "a gate's expired slots",
+            "admission_slots",
+            RECLAIM,
+            vec![gate(), int(5)],
+            "INDEX admission_slots_leased (gate=? AND lease_until",
+        ),
         ("a gate", "admission_gates", GATE_LOAD, vec![gate()], "(gate=?)"),
     ]
 }

@@ -319,6 +319,8 @@ CREATE TABLE admission_slots (
     PRIMARY KEY (gate, holder)
 ) STRICT, WITHOUT ROWID;
 CREATE INDEX admission_slots_run ON admission_slots (run_id, gate, holder);
+-- A gate's leased slots (steps'), the only ones that can expire: reclaiming reads these alone.
+CREATE INDEX admission_slots_leased ON admission_slots (gate, lease_until) WHERE lease_until IS NOT NULL;
 
 -- Queued requests (WaiterRecord). The rank (priority, round, ticket) orders a gate's queue:
 -- the head and the number ranked before a request are range reads of admission_waiters_rank;
