@@ -26,7 +26,10 @@ fn append(ledger: &File, line: String) {
 /// The engines' settings: short leases so a killed holder's slot comes back in seconds.
 pub fn config() -> EngineConfig {
     let mut config = EngineConfig::default();
-    config.lease_ttl = Duration::from_secs(2);
+    // Short by default, so a killed holder's slot comes back in seconds; the scenarios without
+    // kills set a long one (LEASE_MS), so a worker starved of CPU never loses a run mid-step
+    // (its step would run again elsewhere: at least once, not the limit being broken).
+    config.lease_ttl = Duration::from_millis(env_u64("LEASE_MS", 2_000));
     config.poll_interval = Duration::from_millis(50);
     config.orphan_poll_interval = Duration::from_millis(250);
     config.wait_poll_interval = Duration::from_millis(25);

@@ -89,8 +89,9 @@ fn ledger_lines(ledger: &Path) -> Vec<Vec<String>> {
 /// the ledger of (key, start, end) never shows more than 2 runs of one key at once.
 pub(crate) async fn three_processes_keyed_runs(client: &Engine, args: &[&str], env: &[(&str, &str)], ledger: &Path) {
     let (mut workers, mut rx) = Workers::new();
+    let env: Vec<(&str, &str)> = env.iter().copied().chain([("LEASE_MS", "15000")]).collect();
     for _ in 0..3 {
-        workers.spawn(args, env, &mut rx).await;
+        workers.spawn(args, &env, &mut rx).await;
     }
     let began = Instant::now();
     let runs = (0..300)
@@ -132,8 +133,9 @@ pub(crate) async fn three_processes_keyed_runs(client: &Engine, args: &[&str], e
 /// three processes: no one-second window admits more than 10.
 pub(crate) async fn rate_limited_queue(client: &Engine, args: &[&str], env: &[(&str, &str)], ledger: &Path) {
     let (mut workers, mut rx) = Workers::new();
+    let env: Vec<(&str, &str)> = env.iter().copied().chain([("LEASE_MS", "15000")]).collect();
     for _ in 0..3 {
-        workers.spawn(args, env, &mut rx).await;
+        workers.spawn(args, &env, &mut rx).await;
     }
     let began = Instant::now();
     let runs = (0..50u32).map(|i| ("rated", i, StartOptions::id(format!("rated-{i}"))));
