@@ -76,6 +76,7 @@
 #![deny(missing_docs)]
 
 pub mod admission;
+pub mod control;
 pub mod export;
 mod history;
 mod ids;
@@ -91,6 +92,7 @@ mod time;
 pub mod trigger;
 mod turn;
 
+pub use control::{ControlError, ControlMessage, ControlPlane, ControlSink};
 pub use export::{ExportError, HistoryExport};
 pub use history::{Decision, History, NonDeterminism, Patched};
 pub use ids::{InvalidId, RunId};

@@ -38,7 +38,7 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-pub use durable_core::{QueueReason, QueuedRun, RunQueue};
+pub use durable_core::{ControlError, ControlMessage, ControlPlane, ControlSink, QueueReason, QueuedRun, RunQueue};
 pub use in_process::InProcessTransport;
 pub use queue::QueueTransport;
 use tokio::sync::watch;
