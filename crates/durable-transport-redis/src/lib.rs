@@ -73,7 +73,9 @@
 //!   consumer of one namespace reads that namespace's streams; a consumer of every namespace
 //!   (`None`) reads every stream in `<prefix>:namespaces`. When nothing is waiting it blocks
 //!   on its own connection (`XREAD BLOCK`, which wakes it at the next entry without taking
-//!   it), so acknowledgements never queue behind a blocked read.
+//!   it), so acknowledgements never queue behind a blocked read. Every 5 minutes it also
+//!   removes from the group the consumers that hold nothing and have taken nothing for an
+//!   hour (those of stopped engines; an idle live one joins again with its next item).
 //! - **Settling**: each item runs on a task of its own holding one of the consumer's
 //!   `concurrency` slots. [`Handled::Done`](durable_transport::Handled::Done) acknowledges and
 //!   deletes the entry (`XACK` + `XDEL`, one round trip: the stream holds only what is

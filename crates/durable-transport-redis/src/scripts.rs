@@ -57,14 +57,16 @@ return added
 /// KEYS: for one namespace, its urgent and normal streams; for every namespace, the
 /// namespaces set and the new-streams stream.
 /// ARGV: group, consumer, count, min_idle (ms, 0: no reclaim), mode (`one`/`all`), the
-/// prefix of urgent stream keys.
+/// prefix of urgent stream keys, prune (ms, 0: none): the group forgets the other consumers
+/// that hold nothing and have taken nothing for longer (dead ones; an idle live one is added
+/// back by its next read).
 /// Returns `{entries, wake}`: entries as `{stream, id, {field, value, ...}}`, wake as a flat
 /// `{key, id, key, id, ...}` (empty when `count` entries were found).
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
     Script::new(
         r#"
 local group, consumer = ARGV[1], ARGV[2]
-local count, min_idle = tonumber(ARGV[3]), tonumber(ARGV[4])
+local count, min_idle, prune = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local streams, wake = {}, {}
 if ARGV[5] == 'all' then
   local urgent_prefix = ARGV[6]
@@ -115,6 +117,24 @@ for _, s in ipairs(streams) do
         ok, r = pcall(redis.call, 'XREADGROUP', 'GROUP', group, consumer, 'COUNT', count, 'STREAMS', s, '>')
       end
       if ok and r then take(s, r[1][2]) end
+    end
+  end
+end
+if prune > 0 then
+  for _, s in ipairs(streams) do
+    local ok, consumers = pcall(redis.call, 'XINFO', 'CONSUMERS', s, group)
+    if ok then
+      for _, c in ipairs(consumers) do
+        local name, pending, idle
+        for j = 1, #c, 2 do
+          if c[j] == 'name' then name = c[j + 1]
+          elseif c[j] == 'pending' then pending = c[j + 1]
+          elseif c[j] == 'idle' then idle = c[j + 1] end
+        end
+        if name and name ~= consumer and pending == 0 and idle and idle > prune then
+          redis.call('XGROUP', 'DELCONSUMER', s, group, name)
+        end
+      end
     end
   end
 end

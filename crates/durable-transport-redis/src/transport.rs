@@ -33,6 +33,18 @@ pub(crate) fn manager_config(response_timeout: Duration) -> ConnectionManagerCon
         .set_max_delay(Duration::from_millis(500))
 }
 
+/// How often a consumer looks for dead consumers in the group (often in this crate's own
+/// tests, which watch one go).
+const PRUNE_EVERY: Duration = if cfg!(test) { Duration::from_millis(50) } else { Duration::from_secs(300) };
+/// A consumer that holds nothing and has taken nothing for this long is forgotten: it is dead,
+/// or idle (then its next read adds it back; forgetting a consumer that holds nothing loses
+/// nothing).
+const PRUNE_IDLE: Duration = if cfg!(test) { Duration::from_millis(200) } else { Duration::from_secs(3600) };
+
+fn millis(d: Duration) -> u64 {
+    u64::try_from(d.as_millis()).unwrap_or(u64::MAX)
+}
+
 pub(crate) fn unavailable(e: redis::RedisError) -> TransportError {
     TransportError::Unavailable(format!("redis: {e}"))
 }
@@ -209,7 +221,7 @@ impl Transport for RedisTransport {
         if batch.is_empty() {
             return Ok(());
         }
-        let window_ms = u64::try_from(self.dedupe_window.as_millis()).unwrap_or(u64::MAX);
+        let window_ms = millis(self.dedupe_window);
         let mut call = DISPATCH.prepare_invoke();
         call.key(self.keys.stream(namespace, false))
             .key(self.keys.stream(namespace, true))
@@ -283,6 +295,7 @@ impl Reader {
         // The blocking reads get a connection of their own, so acks never queue behind them.
         let mut blocking: Option<ConnectionManager> = None;
         let mut last_reclaim: Option<Instant> = None;
+        let mut last_prune = Instant::now();
         loop {
             // A free slot first (or stop), then as many more as are free, up to a batch.
             let first = tokio::select! {
@@ -299,8 +312,9 @@ impl Reader {
             }
             let want = permits.len();
             let reclaim = last_reclaim.is_none_or(|t| t.elapsed() >= tick);
+            let prune = last_prune.elapsed() >= PRUNE_EVERY;
             // Not raced against stop: what a claim takes is handled, never left to idle out.
-            let (entries, wake) = match self.claim(want, reclaim).await {
+            let (entries, wake) = match self.claim(want, reclaim, prune).await {
                 Ok(claimed) => {
                     failures.ok();
                     claimed
@@ -317,6 +331,9 @@ impl Reader {
             };
             if reclaim {
                 last_reclaim = Some(Instant::now());
+            }
+            if prune {
+                last_prune = Instant::now();
             }
             let found = entries.len();
             for (stream, id, fields) in entries {
@@ -365,8 +382,9 @@ impl Reader {
         }
     }
 
-    /// Takes up to `count` entries (reclaiming idle ones first when `reclaim`).
-    async fn claim(&self, count: usize, reclaim: bool) -> redis::RedisResult<Claimed> {
+    /// Takes up to `count` entries (reclaiming idle ones first when `reclaim`; forgetting dead
+    /// consumers when `prune`).
+    async fn claim(&self, count: usize, reclaim: bool, prune: bool) -> redis::RedisResult<Claimed> {
         let keys = &self.transport.keys;
         let mut call = CLAIM.prepare_invoke();
         let mode = match &self.namespace {
@@ -379,12 +397,9 @@ impl Reader {
                 "all"
             }
         };
-        let min_idle = if reclaim {
-            u64::try_from(self.transport.redeliver_after.as_millis()).unwrap_or(u64::MAX).max(1)
-        } else {
-            0
-        };
-        call.arg(GROUP).arg(&self.name).arg(count).arg(min_idle).arg(mode).arg(keys.urgent_prefix());
+        let min_idle = if reclaim { millis(self.transport.redeliver_after).max(1) } else { 0 };
+        let prune = if prune { millis(PRUNE_IDLE) } else { 0 };
+        call.arg(GROUP).arg(&self.name).arg(count).arg(min_idle).arg(mode).arg(keys.urgent_prefix()).arg(prune);
         let mut conn = self.transport.conn.clone();
         call.invoke_async(&mut conn).await
     }
@@ -394,11 +409,14 @@ impl Reader {
     fn start(&self, stream: String, id: String, fields: Vec<String>, permit: OwnedSemaphorePermit) {
         let handler = self.handler.clone();
         let mut conn = self.transport.conn.clone();
-        let in_hand = self.in_hand.clone();
         let failures = self.settle_failures.clone();
         let consumer = self.name.clone();
+        // Released when the task ends, however it ends (a handler that panics included: its
+        // entry stays pending and is redelivered after `redeliver_after`).
+        let held = Held { in_hand: self.in_hand.clone(), key: (stream, id), _permit: permit };
         tokio::spawn(async move {
-            let outcome = match decode(&id, &fields) {
+            let (stream, id) = &held.key;
+            let outcome = match decode(id, &fields) {
                 Some(item) => handler.handle(item).await,
                 None => {
                     tracing::warn!(stream, id, ?fields, "dropping a run-queue entry this version cannot read");
@@ -408,13 +426,13 @@ impl Reader {
             let settled = match outcome {
                 Handled::Done => {
                     let mut pipe = redis::pipe();
-                    pipe.cmd("XACK").arg(&stream).arg(GROUP).arg(&id).ignore();
-                    pipe.cmd("XDEL").arg(&stream).arg(&id).ignore();
+                    pipe.cmd("XACK").arg(stream).arg(GROUP).arg(id).ignore();
+                    pipe.cmd("XDEL").arg(stream).arg(id).ignore();
                     pipe.exec_async(&mut conn).await
                 }
                 Handled::HandBack => {
                     let mut call = HAND_BACK.prepare_invoke();
-                    call.key(&stream).arg(GROUP).arg(&consumer).arg(&id).arg(&fields);
+                    call.key(stream).arg(GROUP).arg(&consumer).arg(id).arg(&fields);
                     call.invoke_async::<u8>(&mut conn).await.map(drop)
                 }
             };
@@ -424,9 +442,22 @@ impl Reader {
                 // `redeliver_after`, and the run's state in the store decides what it does.
                 Err(e) => drop(failures.lock().failed(&e)),
             }
-            in_hand.lock().remove(&(stream, id));
-            drop(permit);
+            drop(held);
         });
+    }
+}
+
+/// An entry in hand: its slot, and its place in the consumer's in-hand set, both given up
+/// when dropped.
+struct Held {
+    in_hand: Arc<Mutex<HashSet<(String, String)>>>,
+    key: (String, String),
+    _permit: OwnedSemaphorePermit,
+}
+
+impl Drop for Held {
+    fn drop(&mut self) {
+        self.in_hand.lock().remove(&self.key);
     }
 }
 
@@ -436,7 +467,7 @@ async fn wait_for_new(mut conn: ConnectionManager, wake: &[String], block: Durat
     if wake.is_empty() {
         return Ok(());
     }
-    let block_ms = u64::try_from(block.as_millis()).unwrap_or(u64::MAX).max(1);
+    let block_ms = millis(block).max(1);
     let mut cmd = redis::cmd("XREAD");
     cmd.arg("COUNT").arg(1).arg("BLOCK").arg(block_ms).arg("STREAMS");
     for key in wake.iter().step_by(2) {
@@ -489,5 +520,58 @@ mod tests {
             (minimal.id, minimal.priority, minimal.namespace, minimal.dedupe_key),
             (1 << 20 | 2, 0, None, String::new())
         );
+    }
+
+    #[cfg(feature = "test-support")]
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn the_group_forgets_consumers_that_are_gone() {
+        use crate::test_support::{ScratchPrefix, url_or_skip};
+
+        struct Done;
+        #[async_trait]
+        impl RunHandler for Done {
+            async fn handle(&self, _: QueuedRun) -> Handled {
+                Handled::Done
+            }
+        }
+
+        let Some(url) = url_or_skip("the_group_forgets_consumers_that_are_gone") else { return };
+        let scratch = ScratchPrefix::new(&url);
+        let transport = RedisTransport::connect(&url, scratch.prefix()).await.unwrap();
+        let consumers = || async {
+            let mut conn = transport.conn.clone();
+            let stream = transport.keys.stream(Some("ns"), false);
+            let listed: Vec<Vec<redis::Value>> =
+                redis::cmd("XINFO").arg("CONSUMERS").arg(&stream).arg(GROUP).query_async(&mut conn).await.unwrap();
+            listed.len()
+        };
+        transport.dispatch_runs(Some("ns"), vec![item(0, None)]).await.unwrap();
+        let gone = transport.consume_runs(Some("ns".into()), 1, Arc::new(Done));
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while transport.queued().await.unwrap() > 0 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the item is handled");
+        gone.stop().await;
+        assert_eq!(consumers().await, 1);
+        // A consumer of the same stream (it joins the group with its first item) forgets the
+        // one that is gone, which holds nothing, once it has been idle for PRUNE_IDLE; only
+        // the live one prunes, and never itself: one consumer left means the gone one went.
+        let live = transport.consume_runs(Some("ns".into()), 1, Arc::new(Done));
+        transport
+            .dispatch_runs(Some("ns"), vec![QueuedRun { dedupe_key: "other".into(), ..item(0, None) }])
+            .await
+            .unwrap();
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while transport.queued().await.unwrap() > 0 || consumers().await != 1 {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        })
+        .await
+        .expect("the consumer that is gone is forgotten");
+        live.stop().await;
+        transport.destroy().await.unwrap();
     }
 }
