@@ -67,9 +67,10 @@
 //! - **Consuming** ([`consume_runs`](durable_transport::Transport::consume_runs)): each
 //!   consumer is a member of the group under a name of its own. It takes at most as many items
 //!   as it has free slots (and at most [`claim_batch`](RedisTransport::claim_batch)) in one
-//!   script call: items other consumers have held unacknowledged for longer than
-//!   [`redeliver_after`](RedisTransport::redeliver_after) first (`XAUTOCLAIM`, looked for
-//!   every quarter of that time, at most every 2 s), then new ones (`XREADGROUP … >`). A
+//!   script call: items left unacknowledged for longer than
+//!   [`redeliver_after`](RedisTransport::redeliver_after) first (`XPENDING … IDLE` and
+//!   `XCLAIM`, looked for every quarter of that time, at most every 2 s; never one whose
+//!   handler still runs at this consumer), then new ones (`XREADGROUP … >`). A
 //!   consumer of one namespace reads that namespace's streams; a consumer of every namespace
 //!   (`None`) reads every stream in `<prefix>:namespaces`. When nothing is waiting it blocks
 //!   on its own connection (`XREAD BLOCK`, which wakes it at the next entry without taking

@@ -48,8 +48,10 @@ return added
     )
 });
 
-/// Claims up to `count` entries for one consumer: first (when `min_idle` > 0) entries other
-/// consumers have held longer than `min_idle` ms (XAUTOCLAIM), then new ones (XREADGROUP `>`),
+/// Claims up to `count` entries for one consumer: first (when `min_idle` > 0) entries pending
+/// for longer than `min_idle` ms (XPENDING IDLE, then XCLAIM: those of a consumer that died,
+/// or whose handler hangs, or whose acknowledgement was lost), except the excluded ones (in
+/// hand at the claiming consumer itself), then new ones (XREADGROUP `>`),
 /// urgent streams before normal ones. When fewer than `count` were found, also returns for
 /// each stream read the id its group has delivered up to, for a blocking XREAD that wakes at
 /// the next new entry without taking it.
@@ -59,7 +61,7 @@ return added
 /// ARGV: group, consumer, count, min_idle (ms, 0: no reclaim), mode (`one`/`all`), the
 /// prefix of urgent stream keys, prune (ms, 0: none): the group forgets the other consumers
 /// that hold nothing and have taken nothing for longer (dead ones; an idle live one is added
-/// back by its next read).
+/// back by its next read); then the excluded entries as `stream, id` pairs.
 /// Returns `{entries, wake}`: entries as `{stream, id, {field, value, ...}}`, wake as a flat
 /// `{key, id, key, id, ...}` (empty when `count` entries were found).
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
@@ -68,6 +70,11 @@ pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
 local group, consumer = ARGV[1], ARGV[2]
 local count, min_idle, prune = tonumber(ARGV[3]), tonumber(ARGV[4]), tonumber(ARGV[7])
 local streams, wake = {}, {}
+local excluded, excluded_count = {}, 0
+for j = 8, #ARGV - 1, 2 do
+  excluded[ARGV[j] .. ' ' .. ARGV[j + 1]] = true
+  excluded_count = excluded_count + 1
+end
 if ARGV[5] == 'all' then
   local urgent_prefix = ARGV[6]
   local normal = {}
@@ -101,13 +108,14 @@ for _, s in ipairs(streams) do
   if count <= 0 then break end
   if redis.call('EXISTS', s) == 1 then
     if min_idle > 0 then
-      local cursor = '0-0'
-      for _ = 1, 8 do
-        local ok, r = pcall(redis.call, 'XAUTOCLAIM', s, group, consumer, min_idle, cursor, 'COUNT', count)
-        if not ok then break end
-        take(s, r[2])
-        cursor = r[1]
-        if cursor == '0-0' or count <= 0 then break end
+      local ok, idle = pcall(redis.call, 'XPENDING', s, group, 'IDLE', min_idle, '-', '+', count + excluded_count)
+      if ok then
+        local ids = {}
+        for _, p in ipairs(idle) do
+          if #ids >= count then break end
+          if not excluded[s .. ' ' .. p[1]] then table.insert(ids, p[1]) end
+        end
+        if #ids > 0 then take(s, redis.call('XCLAIM', s, group, consumer, min_idle, unpack(ids))) end
       end
     end
     if count > 0 then

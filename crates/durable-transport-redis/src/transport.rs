@@ -1,6 +1,6 @@
 //! The run queue on Redis Streams.
 
-use std::collections::HashSet;
+use std::collections::HashMap;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -252,7 +252,7 @@ impl Transport for RedisTransport {
             namespace,
             handler,
             slots: Arc::new(Semaphore::new(concurrency.max(1))),
-            in_hand: Arc::new(Mutex::new(HashSet::new())),
+            in_hand: Arc::new(Mutex::new(HashMap::new())),
             settle_failures: Arc::new(Mutex::new(Outage::new("run consumer (acknowledging items)"))),
         };
         Consumer::new(stop, tokio::spawn(reader.run(stopped)))
@@ -270,6 +270,9 @@ fn consumer_name() -> String {
 /// asked for, the `(stream, delivered up to)` pairs to wait on.
 type Claimed = (Vec<(String, String, Vec<String>)>, Vec<String>);
 
+/// The entries a consumer has in hand: `(stream, entry id)` → when its handler started.
+type InHand = HashMap<(String, String), Instant>;
+
 /// One consumer's loop and what its handler tasks share.
 struct Reader {
     transport: RedisTransport,
@@ -277,9 +280,10 @@ struct Reader {
     namespace: Option<String>,
     handler: Arc<dyn RunHandler>,
     slots: Arc<Semaphore>,
-    /// `(stream, entry id)` of the entries whose handler runs now: a reclaim that finds one of
-    /// them (idle too long, but still in hand here) does not start it a second time.
-    in_hand: Arc<Mutex<HashSet<(String, String)>>>,
+    /// `(stream, entry id)` of the entries whose handler runs now, with when it started: a
+    /// reclaim leaves those that idled too long to the other consumers, never starting one a
+    /// second time here.
+    in_hand: Arc<Mutex<InHand>>,
     settle_failures: Arc<Mutex<Outage>>,
 }
 
@@ -337,8 +341,8 @@ impl Reader {
             }
             let found = entries.len();
             for (stream, id, fields) in entries {
-                if !self.in_hand.lock().insert((stream.clone(), id.clone())) {
-                    continue; // reclaimed from ourselves: its handler is still running
+                if self.in_hand.lock().insert((stream.clone(), id.clone()), Instant::now()).is_some() {
+                    continue; // in hand here already (the reclaim excludes these: a safety net)
                 }
                 let Some(permit) = permits.pop() else { break };
                 self.start(stream, id, fields, permit);
@@ -400,6 +404,15 @@ impl Reader {
         let min_idle = if reclaim { millis(self.transport.redeliver_after).max(1) } else { 0 };
         let prune = if prune { millis(PRUNE_IDLE) } else { 0 };
         call.arg(GROUP).arg(&self.name).arg(count).arg(min_idle).arg(mode).arg(keys.urgent_prefix()).arg(prune);
+        if reclaim {
+            // Entries in hand long enough to have idled past `redeliver_after` on the server
+            // (which counts from their delivery, just before their start here): a reclaim
+            // must leave them to the other consumers, not take them back.
+            let since = self.transport.redeliver_after / 2;
+            for (stream, id) in self.in_hand.lock().iter().filter(|(_, t)| t.elapsed() >= since).map(|(k, _)| k) {
+                call.arg(stream).arg(id);
+            }
+        }
         let mut conn = self.transport.conn.clone();
         call.invoke_async(&mut conn).await
     }
@@ -450,7 +463,7 @@ impl Reader {
 /// An entry in hand: its slot, and its place in the consumer's in-hand set, both given up
 /// when dropped.
 struct Held {
-    in_hand: Arc<Mutex<HashSet<(String, String)>>>,
+    in_hand: Arc<Mutex<InHand>>,
     key: (String, String),
     _permit: OwnedSemaphorePermit,
 }

@@ -227,8 +227,8 @@ async fn an_item_never_acknowledged_goes_to_another_consumer_after_redeliver_aft
     let redeliver_after = Duration::from_secs(1);
     let transport = RedisTransport::connect(&url, scratch.prefix()).await.unwrap().redeliver_after(redeliver_after);
     let hung = Seen::new();
-    // One slot, taken by the hanging handler: this consumer reclaims nothing itself.
-    let stuck = transport.consume_runs(Some("ns".into()), 1, Arc::new(Hang(hung.clone())));
+    // Free slots left: this consumer reclaims too, but never what its own handler still holds.
+    let stuck = transport.consume_runs(Some("ns".into()), 4, Arc::new(Hang(hung.clone())));
     transport.dispatch_runs(Some("ns"), vec![item("stuck")]).await.unwrap();
     hung.wait_for(1).await;
     let taken_at = Instant::now();
@@ -241,6 +241,45 @@ async fn an_item_never_acknowledged_goes_to_another_consumer_after_redeliver_aft
     stuck.stop().await;
     assert_eq!(hung.runs(), ["stuck"]);
     assert_eq!(seen.runs(), ["stuck"]);
+    transport.destroy().await.unwrap();
+}
+
+/// Panics on the first item it is given, records the ones after.
+struct PanicOnce {
+    panicked: std::sync::atomic::AtomicBool,
+    seen: Arc<Seen>,
+}
+
+#[async_trait]
+impl RunHandler for PanicOnce {
+    async fn handle(&self, item: QueuedRun) -> Handled {
+        if !self.panicked.swap(true, Ordering::SeqCst) {
+            panic!("a handler that panics (on purpose, in a test)");
+        }
+        self.seen.push(item);
+        Handled::Done
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_item_of_a_handler_that_panicked_comes_back_after_redeliver_after_even_to_a_lone_consumer() {
+    let Some(url) =
+        url_or_skip("the_item_of_a_handler_that_panicked_comes_back_after_redeliver_after_even_to_a_lone_consumer")
+    else {
+        return;
+    };
+    let scratch = ScratchPrefix::new(&url);
+    let transport =
+        RedisTransport::connect(&url, scratch.prefix()).await.unwrap().redeliver_after(Duration::from_secs(1));
+    let seen = Seen::new();
+    let handler = Arc::new(PanicOnce { panicked: false.into(), seen: seen.clone() });
+    // One slot: the panic must give it back, or nothing more would run.
+    let consumer = transport.consume_runs(None, 1, handler);
+    transport.dispatch_runs(None, vec![item("boom")]).await.unwrap();
+    seen.wait_for(1).await;
+    drained(&transport).await;
+    consumer.stop().await;
+    assert_eq!(seen.runs(), ["boom"]);
     transport.destroy().await.unwrap();
 }
 
