@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+pub mod control;
 pub mod flow;
 
 /// Prints one line to stdout and flushes it at once: the tests read the workers' lines as they

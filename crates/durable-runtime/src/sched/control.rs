@@ -1,7 +1,8 @@
 //! The control plane from the engine's side: what it publishes (its events, filtered by
 //! [`EventForwarding`]; cancels; "work was queued" nudges, coalesced), what it does with what
-//! it hears from other instances (re-emits their events to local subscribers; stops its own
-//! turn of a cancelled run), and the registry of the turns executing here that a cancel stops.
+//! it hears from other instances (re-emits their events to local subscribers, and wakes the
+//! local `wait_for_run` callers of a run another engine settled; stops its own turn of a
+//! cancelled run), and the registry of the turns executing here that a cancel stops.
 //!
 //! Nothing here waits in a turn: an event is handed to a bounded queue (dropped and counted
 //! when it is full) that a background task publishes in batches, a nudge is a set insert that a
@@ -259,7 +260,13 @@ impl Shared {
         }
         match message {
             ControlMessage::Event { event, .. } => match serde_json::from_value::<EngineEvent>(event) {
-                Ok(event) => self.hooks.emit(event),
+                Ok(event) => {
+                    // `wait_for_run` callers here read the run now, not at their next poll.
+                    if let EngineEvent::RunSettled { run_id, .. } | EngineEvent::RunSuspended { run_id, .. } = &event {
+                        self.notify_run(run_id);
+                    }
+                    self.hooks.emit(event);
+                }
                 Err(e) => {
                     tracing::debug!(error = %e, "an engine event from another engine does not decode (a newer version?); dropped")
                 }

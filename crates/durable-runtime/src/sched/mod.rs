@@ -8,9 +8,9 @@
 //! no cycle: `fleet` (the run queue: outbox flusher, consumer) → `dispatch` (slots, the
 //! dispatcher loop, the task that runs a run) → `executor` (a run's turns, and what follows
 //! a turn that could not run) → `timers` (in-memory timers, the pollers) → `operate` (cancel,
-//! children) → `watch` (waiters) → `starter` (the scheduler: schedules, trigger buffers) →
-//! `control` (the control plane: forwarded events, cancels, nudges, and the turns executing
-//! here that a cancel stops). Asking for a run to execute (`wake`, `queue_start`,
+//! children) → `control` (the control plane: forwarded events, cancels, nudges, and the turns
+//! executing here that a cancel stops) → `watch` (waiters) → `starter` (the scheduler:
+//! schedules, trigger buffers). Asking for a run to execute (`wake`, `queue_start`,
 //! `dispatch_as`, with a [`Nudge`] that says how old the news is, from a [`Mark`]) is what all
 //! of them need, so it lives here, as does `impl TurnEnv`.
 //!
