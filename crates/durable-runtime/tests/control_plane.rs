@@ -14,7 +14,7 @@ use durable_core::{RunStatus, StepError};
 use durable_runtime::{
     Cancel, Engine, EngineConfig, EngineEvent, EventForwarding, StartOptions, Worker, WorkflowCtx, WorkflowError,
 };
-use durable_transport::InProcessControlPlane;
+use durable_transport::{ControlWakeups, InProcessControlPlane, QueueTransport};
 use parking_lot::Mutex;
 use support::StoreFixture;
 use tokio::sync::{broadcast, watch};
@@ -25,6 +25,7 @@ on_every_store!(
     a_cancel_stops_a_turn_inside_a_step_that_would_run_for_minutes,
     a_clients_cancel_with_compensation_runs_the_undos_on_the_executing_engine,
     a_cancel_reaches_a_running_remote_step_long_before_the_workers_poll,
+    a_run_queue_consumer_woken_by_the_plane_takes_a_clients_start_at_once,
 );
 
 /// Generous: only a broken plane gets near it.
@@ -372,4 +373,58 @@ async fn a_cancel_reaches_a_running_remote_step_long_before_the_workers_poll(s: 
     let report = tokio::time::timeout(WAIT, running).await.expect("the worker stops").unwrap();
     assert_eq!(report.claimed, 1);
     drop((a, b));
+}
+
+/// Engine B consumes the store's run queue and polls once an hour (its pollers too): only the
+/// plane's nudge — engine A announcing the batch it sent — gets A's start to it.
+async fn a_run_queue_consumer_woken_by_the_plane_takes_a_clients_start_at_once(s: StoreFixture) {
+    let plane = InProcessControlPlane::new();
+    let hour = Duration::from_secs(3600);
+    let mut config = EngineConfig::default();
+    config.poll_interval = hour;
+    config.orphan_poll_interval = hour;
+    // Two handles on one store, each both a store and a run queue.
+    let [(store_b, queue_b), (store_a, queue_a)]: [(Arc<dyn durable_core::Store>, Arc<dyn durable_core::RunQueue>); 2] =
+        match &s.db {
+            Some((_, path)) => [0, 1].map(|_| {
+                let store = Arc::new(durable_store_sqlite::SqliteStore::open(path).expect("open sqlite"));
+                (store.clone() as Arc<dyn durable_core::Store>, store as Arc<dyn durable_core::RunQueue>)
+            }),
+            None => {
+                let store = Arc::new(durable_store_memory::MemoryStore::new());
+                [0, 1].map(|_| {
+                    (store.clone() as Arc<dyn durable_core::Store>, store.clone() as Arc<dyn durable_core::RunQueue>)
+                })
+            }
+        };
+    let consumer = QueueTransport::new(queue_b)
+        .poll_interval(hour)
+        .with_wakeups(ControlWakeups::subscribe(&plane, None).await.unwrap());
+    let b = Engine::builder()
+        .shared_store(store_b)
+        .config(config)
+        .owner("engine-b")
+        .transport(consumer)
+        .control_plane(plane.clone())
+        .build()
+        .unwrap();
+    // A's transport is another instance on the store (as another process's would be), so
+    // nothing but the plane tells B's consumer that A queued a run.
+    let a = Engine::builder()
+        .shared_store(store_a)
+        .client_only()
+        .owner("engine-a")
+        .transport(QueueTransport::new(queue_a).poll_interval(hour))
+        .control_plane(plane.clone())
+        .build()
+        .unwrap();
+    register_greet(&a);
+    register_greet(&b);
+    let mut at_a = a.subscribe();
+    let began = Instant::now();
+    let run = a.start("greet", &"queued", StartOptions::id("greet:queued")).await.unwrap();
+    let settled = until(&mut at_a, |e| matches!(e, EngineEvent::RunSettled { run_id, .. } if *run_id == run.id)).await;
+    assert_eq!(settled, EngineEvent::RunSettled { run_id: run.id.clone(), status: RunStatus::Completed });
+    println!("run queue: B took and completed A's start {} after it was called", ms(began.elapsed()));
+    assert_eq!(b.metrics().turns, 1);
 }
