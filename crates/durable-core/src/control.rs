@@ -145,8 +145,14 @@ pub struct ControlError(pub String);
 /// - [`subscribe`](ControlPlane::subscribe) starts delivering to `sink` every message published
 ///   after it returns, until the plane (every clone of it) is dropped. A subscriber whose
 ///   connection drops reconnects on its own and reports the outage at most once a minute.
-///   Must be called inside a tokio runtime.
-/// - Messages of one publisher arrive in the order it published them.
+///   Must be called inside a tokio runtime. There is no unsubscribe: a sink outlives whoever
+///   subscribed it (see [`ControlSink`]). A plane that can subscribe without waiting (no
+///   round trip) should: the engine subscribes while it is built, and only a subscription
+///   made then hears what is published as soon as `build` returns.
+/// - Messages of one publisher arrive in the order it published them;
+///   [`publish_all`](ControlPlane::publish_all) keeps the order of its batch.
+/// - A message larger than the backend carries may be dropped (with a log line), not refused:
+///   every message is a hint.
 #[async_trait]
 pub trait ControlPlane: Send + Sync + fmt::Debug + 'static {
     /// Sends a message to every subscriber.
