@@ -37,9 +37,10 @@
 //! events, newest versions). `sched` holds the engine's state and everything that moves runs
 //! (dispatch slots, timers and pollers, the turn executor, the run queue, waiters, the control
 //! plane) and is that environment. `engine` is the [`Engine`] handle, grouped by audience
-//! (runs, operate, messages, replay, worker). Dependencies point one way only: `engine` → `sched` → `turn` (and
-//! `engine` → `turn`), all of them → the leaves `clock`, `config`, `error`, `events` and
-//! `registry` (which may use `turn`); nothing but the re-exports below names `engine`.
+//! (runs, operate, messages, replay, worker). Dependencies point one way only: `engine` →
+//! `sched` → `turn` (and `engine` → `turn`), all of them → the leaves `clock`, `config`,
+//! `error`, `events` and `registry` (which may use `turn`); nothing but the re-exports below
+//! names `engine`.
 //!
 //! # Tasks this crate spawns
 //!
