@@ -98,6 +98,11 @@ impl Store for AuditedStore {
         self.inner.due_runs(query).await
     }
 
+    async fn claim_due_runs(&self, query: &RunQuery, until: Millis) -> StoreResult<Vec<RunId>> {
+        self.write();
+        self.inner.claim_due_runs(query, until).await
+    }
+
     async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
         self.inner.orphaned_runs(query).await
     }

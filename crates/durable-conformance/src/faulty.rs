@@ -47,6 +47,8 @@ pub enum Method {
     PendingRuns,
     /// [`Store::due_runs`].
     DueRuns,
+    /// [`Store::claim_due_runs`].
+    ClaimDueRuns,
     /// [`Store::orphaned_runs`].
     OrphanedRuns,
     /// [`Store::send_signal`].
@@ -105,7 +107,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 40] = [
+    pub const ALL: [Method; 41] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -119,6 +121,7 @@ impl Method {
         Method::UpdateRunIf,
         Method::PendingRuns,
         Method::DueRuns,
+        Method::ClaimDueRuns,
         Method::OrphanedRuns,
         Method::SendSignal,
         Method::PublishEvent,
@@ -164,6 +167,7 @@ impl Method {
             Method::UpdateRunIf => "update_run_if",
             Method::PendingRuns => "pending_runs",
             Method::DueRuns => "due_runs",
+            Method::ClaimDueRuns => "claim_due_runs",
             Method::OrphanedRuns => "orphaned_runs",
             Method::SendSignal => "send_signal",
             Method::PublishEvent => "publish",
@@ -612,6 +616,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
 
     async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
         self.call(Method::DueRuns, None, None, self.inner.due_runs(query)).await
+    }
+
+    async fn claim_due_runs(&self, query: &RunQuery, until: Millis) -> StoreResult<Vec<RunId>> {
+        self.call(Method::ClaimDueRuns, None, None, self.inner.claim_due_runs(query, until)).await
     }
 
     async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {

@@ -396,6 +396,9 @@ mod tests {
         async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
             self.0.due_runs(query).await
         }
+        async fn claim_due_runs(&self, query: &RunQuery, until: Millis) -> StoreResult<Vec<RunId>> {
+            self.0.claim_due_runs(query, until).await
+        }
         async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
             self.0.orphaned_runs(query).await
         }

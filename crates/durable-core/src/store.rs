@@ -691,6 +691,22 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// earliest `wake_at` first; at most `limit`.
     async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>>;
 
+    /// Claims due runs for a poller: the runs [`Store::due_runs`] returns, each taken out of
+    /// every poller's sight until `until`, so that many pollers sharing the store hand each
+    /// due run on about once (the poller then queues a wake for it).
+    ///
+    /// # Contract
+    /// One atomic call: selects the runs `due_runs(query)` returns (same statuses, `wake_at <=
+    /// now`, no live lease, namespace and workflows; earliest `wake_at` first; at most
+    /// `limit`) and sets each one's `wake_at` to `until`, in the same write; returns their ids,
+    /// in no particular order. Nothing else of the row changes: status, lease, `wake_gen`,
+    /// `updated_at` are kept. With `until > now`, concurrent callers (through any handle on
+    /// the store) never get the same run: a claimed run is not due again before `until` —
+    /// unless a delivery makes it due at once, or a turn parks it again (which sets its
+    /// `wake_at` anew). A run waiting for its concurrency key (`wake_at = GATED`) is never due,
+    /// so never claimed.
+    async fn claim_due_runs(&self, query: &RunQuery, until: Millis) -> StoreResult<Vec<RunId>>;
+
     /// Runs that are `running` but nobody holds: the lease expired (`lease_until < now`) or was
     /// released.
     ///
@@ -1042,6 +1058,9 @@ mod tests {
             unimplemented!()
         }
         async fn due_runs(&self, _: &RunQuery) -> StoreResult<Vec<RunId>> {
+            unimplemented!()
+        }
+        async fn claim_due_runs(&self, _: &RunQuery, _: Millis) -> StoreResult<Vec<RunId>> {
             unimplemented!()
         }
         async fn orphaned_runs(&self, _: &RunQuery) -> StoreResult<Vec<RunId>> {

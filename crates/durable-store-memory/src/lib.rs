@@ -131,6 +131,23 @@ fn check_transition(run: &Run, next: RunStatus) -> StoreResult<()> {
 }
 
 impl Inner {
+    /// The ids `Store::due_runs` returns: parked runs and delayed starts due at `q.now`
+    /// without a live lease, earliest `wake_at` first.
+    fn due_runs(&self, q: &RunQuery) -> Vec<RunId> {
+        let mut runs: Vec<&Run> = self
+            .runs
+            .values()
+            .filter(|r| {
+                (r.status.is_parked() || r.status == RunStatus::Pending)
+                    && r.wake_at.is_some_and(|w| w <= q.now)
+                    && !lease_is_live(r, q.now)
+                    && matches_query(r, q)
+            })
+            .collect();
+        runs.sort_by(|a, b| (a.wake_at, &a.id).cmp(&(b.wake_at, &b.id)));
+        runs.into_iter().take(q.limit).map(|r| r.id.clone()).collect()
+    }
+
     /// The run's unclaimed queue item, if it has one (it has at most one).
     fn open_item(&mut self, run: &RunId) -> Option<&mut Queued> {
         self.queue.values_mut().find(|q| q.claim.is_none() && q.item.run_id == *run)
@@ -605,19 +622,18 @@ impl Store for MemoryStore {
     }
 
     async fn due_runs(&self, q: &RunQuery) -> StoreResult<Vec<RunId>> {
-        let inner = self.inner.lock();
-        let mut runs: Vec<&Run> = inner
-            .runs
-            .values()
-            .filter(|r| {
-                (r.status.is_parked() || r.status == RunStatus::Pending)
-                    && r.wake_at.is_some_and(|w| w <= q.now)
-                    && !lease_is_live(r, q.now)
-                    && matches_query(r, q)
-            })
-            .collect();
-        runs.sort_by(|a, b| (a.wake_at, &a.id).cmp(&(b.wake_at, &b.id)));
-        Ok(runs.into_iter().take(q.limit).map(|r| r.id.clone()).collect())
+        Ok(self.inner.lock().due_runs(q))
+    }
+
+    async fn claim_due_runs(&self, q: &RunQuery, until: Millis) -> StoreResult<Vec<RunId>> {
+        let mut inner = self.inner.lock();
+        let ids = inner.due_runs(q);
+        for id in &ids {
+            if let Some(run) = inner.runs.get_mut(id) {
+                run.wake_at = Some(until);
+            }
+        }
+        Ok(ids)
     }
 
     async fn orphaned_runs(&self, q: &RunQuery) -> StoreResult<Vec<RunId>> {

@@ -31,7 +31,10 @@
 //!   working set) in one partial index, workflow, namespace and parent each in the listing order,
 //!   tags in a GIN index. The poller scans ([`Store::pending_runs`], [`Store::due_runs`],
 //!   [`Store::orphaned_runs`]) walk partial indexes that no listing index can stand in for, so the
-//!   planner keeps them even when its statistics lag a burst of runs. No index names
+//!   planner keeps them even when its statistics lag a burst of runs. A poller's claim of due
+//!   runs ([`Store::claim_due_runs`]) is the due scan locking what it picks `FOR UPDATE SKIP
+//!   LOCKED` and one `UPDATE` of those rows in the same statement: concurrent pollers never
+//!   wait for each other and never claim the same run. No index names
 //!   `updated_at`: a step commit, which changes only that and the recovery count, is a HOT update
 //!   that writes no index entry when the row's page has room (the table's fill factor is 90).
 //! - **Schedules, event triggers and delayed starts, in the same writes.** A schedule save
@@ -229,6 +232,12 @@ pub mod __private {
     /// The statement of `pending_runs`, `due_runs` or `orphaned_runs`.
     pub fn poll_sql(store: &PostgresStore, which: Poll, query: &RunQuery) -> Statement {
         let q = crate::ops::poll_query(&store.inner.sql.schema, which, query);
+        (q.sql, q.params)
+    }
+
+    /// The statement of `claim_due_runs`.
+    pub fn claim_due_sql(store: &PostgresStore, query: &RunQuery, until: durable_core::Millis) -> Statement {
+        let q = crate::ops::claim_due_query(&store.inner.sql.schema, query, until);
         (q.sql, q.params)
     }
 
@@ -782,6 +791,18 @@ impl Store for PostgresStore {
 
     async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
         self.poll(Poll::Due, query).await
+    }
+
+    /// One statement on the pool, in a transaction of its own (not a write of the writer): see
+    /// `claim_due_query` in `ops.rs`. Concurrent claimers never wait for each other.
+    async fn claim_due_runs(&self, query: &RunQuery, until: Millis) -> StoreResult<Vec<RunId>> {
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        let q = ops::claim_due_query(&self.inner.sql.schema, query, until);
+        let rows = self.statement("claiming due runs", &q.sql, &q.param_refs()).await?;
+        let ids: std::result::Result<Vec<String>, _> = rows.iter().map(|r| r.try_get::<_, String>(0)).collect();
+        self.decode("claiming due runs", ids.map(|ids| Ok(ids.into_iter().map(RunId::new).collect())))
     }
 
     async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {

@@ -9,9 +9,9 @@ use durable_core::task::{
 };
 use durable_core::{
     BufferAppend, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gather,
-    NewRun, ParentLink, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch, RunQuery,
-    RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StoreError, TriggerBuffer, TurnEnd, WaitKind,
-    Waiter, decode_cursor,
+    Millis, NewRun, ParentLink, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch,
+    RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StoreError, TriggerBuffer, TurnEnd,
+    WaitKind, Waiter, decode_cursor,
 };
 use durable_core::{TaskFilter, codes, protocol};
 use serde::{Deserialize, Serialize};
@@ -1277,6 +1277,22 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     let lim = q.bind(i64::try_from(rq.limit).unwrap_or(i64::MAX), Type::INT8);
     sql.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
     q.sql = sql;
+    q
+}
+
+/// `claim_due_runs`: the due scan of [`poll_query`] (walking `runs_due`), locking what it picks
+/// with `SKIP LOCKED`, and one `UPDATE` of the picked rows moving their `wake_at` to `until`,
+/// `RETURNING` their ids — one statement, a transaction of its own. It never waits for a row
+/// lock: a run another claim (or a commit) holds is skipped; a run another claim moved since
+/// this statement's snapshot is re-read once locked and no longer due, so it is left out.
+pub(crate) fn claim_due_query(schema: &str, rq: &RunQuery, until: Millis) -> Query {
+    let mut q = poll_query(schema, Poll::Due, rq);
+    let until = q.bind(millis_to_sql(until), Type::INT8);
+    q.sql = format!(
+        "WITH picked AS ({scan} FOR UPDATE OF runs SKIP LOCKED) \
+         UPDATE {schema}.runs AS r SET wake_at = {until} FROM picked WHERE r.id = picked.id RETURNING r.id",
+        scan = q.sql
+    );
     q
 }
 

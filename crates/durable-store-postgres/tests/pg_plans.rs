@@ -1,8 +1,9 @@
 //! The query plans of the statements the store builds: every `list_runs` filter and combination
-//! of filters, the three poller scans, the due schedules and trigger buffers and the schedule
-//! listings are served by an index (PostgreSQL's `EXPLAIN (FORMAT JSON)`, with the statement's
-//! own parameters: no `Seq Scan`, and no index scanned whole without a condition unless that is
-//! what the query wants), so they cost what they match, not the number of rows.
+//! of filters, the three poller scans, the claim of due runs, the due schedules and trigger
+//! buffers and the schedule listings are served by an index (PostgreSQL's `EXPLAIN (FORMAT
+//! JSON)`, with the statement's own parameters: no `Seq Scan`, and no index scanned whole
+//! without a condition unless that is what the query wants), so they cost what they match, not
+//! the number of rows.
 //!
 //! The task scans are in it too: the claim (of any namespace or one, one queue or several, with
 //! and without capabilities), every `list_tasks` filter (a run's, unfinished, queued, expired,
@@ -27,7 +28,7 @@ use durable_core::admission::Rank;
 use durable_core::task::TaskClaim;
 use durable_core::{DueQuery, RunFilter, RunId, RunQuery, RunStatus, TaskFilter};
 use durable_store_postgres::__private::{
-    Poll, Statement, admission_sql, claim_tasks_sql, due_buffers_sql, due_schedules_sql, list_runs_sql,
+    Poll, Statement, admission_sql, claim_due_sql, claim_tasks_sql, due_buffers_sql, due_schedules_sql, list_runs_sql,
     list_schedules_sql, list_tasks_sql, poll_sql, queue_stats_sql,
 };
 use durable_store_postgres::PostgresStore;
@@ -235,6 +236,18 @@ fn cases(store: &PostgresStore) -> Vec<Case> {
             }
         }
     }
+    // The claim of due runs: the due scan, locking what it picks, and an update of those rows.
+    for namespace in [None, Some("default".to_string())] {
+        for workflows in workflows.clone() {
+            let q = RunQuery { namespace: namespace.clone(), workflows, now: (T0 + RUNS) as u64, limit: 10 };
+            out.push(Case {
+                name: format!("claim_due_runs {q:?}"),
+                statement: claim_due_sql(store, &q, q.now + 30_000),
+                may_walk: vec![],
+                must_use: Some("runs_due"),
+            });
+        }
+    }
     // Due schedules and trigger buffers: those due now, and the next one to come due.
     let workflows = [None, Some(vec!["bulk-1".to_string(), "wf-1".to_string()])];
     for (now, limit) in [((T0 + RUNS) as u64, 10), (u64::MAX, 1)] {
@@ -434,7 +447,7 @@ async fn every_list_filter_and_poller_scan_is_served_by_an_index() {
     admin.batch_execute(&populate_sql(scratch.name())).await.unwrap();
     admin.batch_execute("SET enable_seqscan = off").await.unwrap();
     let cases = cases(&store);
-    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 8 + 4 + 8 + 6 + 1 + 7);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 4 + 2 * 8 + 4 + 8 + 6 + 1 + 7);
     let found = violations(&admin, &cases).await;
     assert!(found.is_empty(), "{} plans read more than they match:\n{}", found.len(), found.join("\n"));
 

@@ -32,7 +32,9 @@
 //!   namespace, tag, parent, created range, and any combination, newest first, with the cursor)
 //!   walks an index kept in the listing order, and the poller scans ([`Store::pending_runs`],
 //!   [`Store::due_runs`], [`Store::orphaned_runs`]) each walk a partial index of their own: a
-//!   first page costs about what it returns, not the number of runs in the file. So do the
+//!   first page costs about what it returns, not the number of runs in the file. A poller's
+//!   claim of due runs ([`Store::claim_due_runs`]) is the due scan inside one `UPDATE … RETURNING`
+//!   of the writer, so pollers in other processes never claim the same run. So do the
 //!   schedulers' scans ([`Store::due_schedules`], [`Store::due_buffers`]): they read the
 //!   schedules and trigger buffers that are due, not all of them.
 //! - **Schedules and triggers in the same transactions.** A schedule save is a compare-and-set
@@ -169,6 +171,12 @@ pub mod __private {
     /// when the query matches nothing (the store then asks nothing).
     pub fn poll_sql(which: Poll, query: &RunQuery) -> Option<(String, Vec<Value>)> {
         crate::ops::poll_sql(which, query).map(|q| (q.text, q.args))
+    }
+
+    /// The statement of `claim_due_runs` and its arguments; `None` when the query matches
+    /// nothing.
+    pub fn claim_due_sql(query: &RunQuery, until: durable_core::Millis) -> Option<(String, Vec<Value>)> {
+        crate::ops::claim_due_sql(query, until).map(|q| (q.text, q.args))
     }
 
     /// The statement of `due_schedules` or `due_buffers` and its arguments; `None` when the
@@ -365,6 +373,16 @@ impl Store for SqliteStore {
     async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {
         let query = query.clone();
         self.workers.read("due_runs", move |c| ops::poll_runs(c, Poll::Due, &query)).await
+    }
+
+    /// A write of the writer (one `UPDATE … WHERE id IN (the due scan) RETURNING id`), grouped
+    /// with the writes waiting at that moment.
+    async fn claim_due_runs(&self, query: &RunQuery, until: Millis) -> StoreResult<Vec<RunId>> {
+        if ops::poll_sql(Poll::Due, query).is_none() {
+            return Ok(Vec::new());
+        }
+        let query = query.clone();
+        self.workers.write("claim_due_runs", move |c| ops::claim_due_runs(c, &query, until)).await
     }
 
     async fn orphaned_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>> {

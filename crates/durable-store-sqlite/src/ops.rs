@@ -493,6 +493,32 @@ pub(crate) fn poll_runs(conn: &Connection, which: Poll, q: &RunQuery) -> OpResul
     Ok(out)
 }
 
+/// The statement of `claim_due_runs`: `due_runs`'s own ([`poll_sql`], walking `runs_due`) as
+/// the set of ids an `UPDATE` moves to `until`, found by the primary key, `RETURNING` them. Run
+/// by the writer, inside its `BEGIN IMMEDIATE` transaction, so the select and the update are
+/// one write: another handle's claim (another process) waits for the file's write lock and
+/// then sees the moved `wake_at`s.
+///
+/// `None` for a query that matches nothing.
+pub(crate) fn claim_due_sql(q: &RunQuery, until: Millis) -> Option<Sql> {
+    let mut sql = poll_sql(Poll::Due, q)?;
+    let until = sql.bind(Value::Integer(millis_to_sql(until)));
+    sql.text = format!("UPDATE runs SET wake_at = {until} WHERE id IN ({}) RETURNING id", sql.text);
+    Some(sql)
+}
+
+/// `claim_due_runs`: see [`claim_due_sql`].
+pub(crate) fn claim_due_runs(conn: &Connection, q: &RunQuery, until: Millis) -> OpResult<Vec<RunId>> {
+    let Some(sql) = claim_due_sql(q, until) else { return Ok(Vec::new()) };
+    let mut stmt = conn.prepare_cached(&sql.text)?;
+    let mut rows = stmt.query(params_from_iter(sql.args))?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        out.push(RunId::new(text(row, 0)?));
+    }
+    Ok(out)
+}
+
 /// Which due scan of the schedulers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Due {

@@ -308,6 +308,8 @@ enum Op {
     /// `flush_buffer(workflow, key, batch_id, now)`.
     Flush(String, String, String, u64),
     Poll(RunQuery),
+    /// `claim_due_runs(query, until)`.
+    ClaimDue(RunQuery, u64),
     Due(DueQuery),
     List(RunFilter),
     Inspect(RunId, String),
@@ -358,6 +360,14 @@ async fn apply(store: &dyn Store, op: Op) -> Vec<Answer> {
             answer(store.list_schedules(None, Some("s0"), 10).await),
             answer(store.get_schedule(SCHEDULES[q.limit % SCHEDULES.len()]).await),
         ],
+        Op::ClaimDue(q, until) => {
+            // In no particular order: compared sorted.
+            let mut claimed = store.claim_due_runs(&q, until).await;
+            if let Ok(ids) = &mut claimed {
+                ids.sort();
+            }
+            vec![answer(claimed)]
+        }
         Op::Poll(q) => vec![
             answer(store.pending_runs(&q).await),
             answer(store.due_runs(&q).await),
@@ -488,7 +498,7 @@ async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
         13 if rng.chance(30) => Op::Delete(run_id(rng)),
         14 => {
             let at = now + rng.below(40);
-            Op::Poll(query(rng, at))
+            if rng.chance(30) { Op::ClaimDue(query(rng, at), at + rng.below(60)) } else { Op::Poll(query(rng, at)) }
         }
         15 => Op::List(filter(rng, now)),
         16 | 17 => Op::PublishFull(publish(rng, now)),

@@ -1,5 +1,5 @@
 //! The query plans of the statements the store builds: every `list_runs` filter and combination
-//! of filters, and the three poller scans, are served by an index on the runs (SQLite's
+//! of filters, the three poller scans and the claim of due runs, are served by an index on the runs (SQLite's
 //! `EXPLAIN QUERY PLAN`: a `SEARCH`, never a `SCAN` of the table or a walk of an index that the
 //! query does not narrow, and no sort of the rows found), so they cost what they return, not
 //! the number of runs; so are the schedulers' due scans (schedules, trigger buffers) and the
@@ -20,8 +20,8 @@ use durable_core::{
 };
 use durable_store_memory::MemoryStore;
 use durable_store_sqlite::__private::{
-    Due, Poll, Value, admission_sql, claim_tasks_sql, due_sql, list_runs_sql, list_schedules_sql, list_tasks_sql,
-    poll_sql,
+    Due, Poll, Value, admission_sql, claim_due_sql, claim_tasks_sql, due_sql, list_runs_sql, list_schedules_sql,
+    list_tasks_sql, poll_sql,
 };
 use rusqlite::Connection;
 
@@ -156,6 +156,21 @@ fn cases() -> Vec<Case> {
             may_sort: which == Poll::Orphaned,
         });
     }
+    // The claim of due runs: the due scan inside an update of the rows it found (by id).
+    for (which, q) in poll_queries().into_iter().filter(|(which, _)| *which == Poll::Due) {
+        let Some((sql, args)) = claim_due_sql(&q, q.now + 30_000) else {
+            assert_eq!(q.workflows, Some(vec![]), "only a query for no workflow asks nothing");
+            continue;
+        };
+        out.push(Case {
+            name: format!("claim_due_runs {which:?} {q:?}"),
+            table: "runs",
+            sql,
+            args,
+            may_walk: None,
+            may_sort: false,
+        });
+    }
     for (which, q) in due_queries() {
         let Some((sql, args)) = due_sql(which, &q) else {
             assert_eq!(q.workflows, Some(vec![]), "only a query for no workflow asks nothing");
@@ -281,7 +296,7 @@ fn database() -> (tempfile::TempDir, Connection) {
 fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
     let (_dir, conn) = database();
     let cases = cases();
-    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 2 * 4 + 4 + 3 + 8);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 4 + 4 + 2 * 4 + 4 + 3 + 8);
     let found = violations(&conn, &cases);
     assert!(found.is_empty(), "{} plans read more than they return:\n{}", found.len(), found.join("\n"));
 

@@ -344,11 +344,12 @@ impl Shared {
         }
     }
 
-    /// Reads the run: whether it has something to do now. A read error says yes: a spare turn
-    /// is harmless, a missed wake is not.
+    /// Reads the run: whether it has something to do now — or this engine's poller claimed it
+    /// and no turn parked it since ([`Shared::claimed_here`]: the claim moved its `wake_at`).
+    /// A read error says yes: a spare turn is harmless, a missed wake is not.
     async fn has_work(&self, id: &RunId) -> bool {
         match self.store.get_run(id).await {
-            Ok(run) => run.is_some_and(|r| has_work(&r, self.clock.now())),
+            Ok(run) => run.is_some_and(|r| has_work(&r, self.clock.now()) || self.claimed_here(&r)),
             Err(_) => true,
         }
     }
@@ -482,6 +483,71 @@ mod tests {
         // A mark taken after it was forgotten knows it did not.
         d.runs.lock().active.remove(&r);
         assert_eq!(d.enter(&r, Nudge::found(false, d.mark())), Some(false));
+    }
+
+    /// A poller claims a due run in a claim begun before a turn of the run went quiet here
+    /// (the turn parked it due, just before the claim): a poller's find would be dropped as
+    /// older than that turn, but the claim moved the run's `wake_at` so that no poller finds it
+    /// again for a lease period — so the claim queues a wake that reads the run first, and the
+    /// read, knowing the claim, finds the run due. Once a turn parks the run again it is not.
+    #[tokio::test]
+    async fn a_claimed_run_that_went_quiet_here_is_read_and_found_due() {
+        use durable_core::{Claim, ClaimOutcome, Commit, RunQuery, Store, TurnEnd};
+
+        let store = Arc::new(durable_store_memory::MemoryStore::new());
+        let engine = |owner: &str| {
+            let config = crate::config::EngineConfig::default();
+            Shared::new(store.clone(), Arc::new(crate::clock::SystemClock), config, None, None, owner.into())
+        };
+        let (here, other) = (engine("here"), engine("other"));
+        let now = here.clock.now();
+        let r = id("r");
+        let new = durable_core::NewRun {
+            admission: None,
+            id: r.clone(),
+            workflow: "w".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: durable_core::Payload::encode(&()).expect("encodes"),
+            tags: Vec::new(),
+            priority: 0,
+            parent: None,
+            created_at: now,
+            start_at: None,
+        };
+        store.create_run(new).await.expect("create");
+        let park = |wake_at: Millis| {
+            let (store, r) = (store.clone(), r.clone());
+            async move {
+                let claim = Claim { run_id: r.clone(), owner: "here".into(), lease_until: now + 60_000, now };
+                let ClaimOutcome::Acquired { run, .. } = store.claim_run(claim).await.expect("claim") else {
+                    panic!("not acquired")
+                };
+                let mut commit = Commit::new(r, "here", now);
+                commit.end = Some(TurnEnd::Suspend { wake_at: Some(wake_at), seen_wake_gen: run.wake_gen });
+                store.commit(commit).await.expect("park");
+            }
+        };
+        // The poller's claim begins; a turn of the run parks it, due, and goes quiet here.
+        let mark = here.mark();
+        let d = &here.dispatch;
+        d.enter(&r, Nudge::wake(mark));
+        start(d, &r);
+        park(now - 1).await;
+        end_turn(d, &r);
+        assert!(d.knows(&r, mark), "a poller's find would be dropped");
+        // The claim takes it.
+        let until = now + 30_000;
+        let query = RunQuery { namespace: None, workflows: None, now, limit: 10 };
+        assert_eq!(store.claim_due_runs(&query, until).await.expect("claim due"), vec![r.clone()]);
+        here.record_claims(std::slice::from_ref(&r), until);
+        here.queue_claimed(r.clone(), mark);
+        assert!(d.runs.lock().active[&r].check, "queued to be read first");
+        assert!(here.has_work(&r).await, "the claim tells the read that the run is due");
+        assert!(!other.has_work(&r).await, "without the claim, its wake_at says later");
+        // A turn parks it again: not due any more, claim or not.
+        park(now + 3_600_000).await;
+        assert!(!here.has_work(&r).await);
     }
 
     #[test]

@@ -388,7 +388,7 @@ impl Shared {
         }
     }
 
-    fn lease_ms(&self) -> Millis {
+    pub(super) fn lease_ms(&self) -> Millis {
         durable_core::millis(self.config.lease_ttl)
     }
 
@@ -450,7 +450,7 @@ impl Shared {
                     continue;
                 }
                 let due = match run.status {
-                    RunStatus::Suspended => run.wake_at.is_some_and(|w| w <= now),
+                    RunStatus::Suspended => run.wake_at.is_some_and(|w| w <= now) || shared.claimed_here(&run),
                     _ => true,
                 };
                 if due {

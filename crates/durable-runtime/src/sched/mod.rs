@@ -21,7 +21,7 @@
 //! [`Dispatch`], [`Executor`], [`Timers`], [`Fleet`], [`Watchers`], [`Hooks`] and [`Control`].
 //! The fields of each are private to the file that declares it, so each lock is taken in that
 //! file only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
-//! `rechecks`, `warned_versions`), `timers.rs` (`due`), `fleet.rs` (`outbox`,
+//! `rechecks`, `warned_versions`), `timers.rs` (`due`, `claims`), `fleet.rs` (`outbox`,
 //! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`),
 //! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`) and `control.rs` (`turns`,
 //! `nudges`, `dropped_report`, `publish_report`, and `pending_events`, a tokio mutex the event
@@ -333,6 +333,22 @@ impl Shared {
         }
         if self.dispatch.knows(&id, mark) {
             return;
+        }
+        self.enqueue(id, nudge, self.config.namespace.clone(), 0, None);
+    }
+
+    /// Asks for a due run this engine's poller claimed, in a claim begun at `mark`, to be
+    /// woken: through the queue, so every instance takes a share — or here, while the queue
+    /// is failing or when the run is queued or executing here or went quiet here since the
+    /// claim began. Unlike a poller's find, the claim is never dropped as old news: no other
+    /// poller will find the run before the claim ends. Here it is a wake: a run queued or
+    /// executing here looks again once its turn ends, and a run that went quiet here since
+    /// is read first — a read that, the claim remembered ([`Shared::claimed_here`]), knows the
+    /// run is due while no turn parked it since the claim.
+    fn queue_claimed(&self, id: RunId, mark: Mark) {
+        let nudge = Nudge::wake(mark);
+        if !self.fleet.has_queue() || self.fleet.is_down() || self.dispatch.knows(&id, mark) {
+            return self.dispatch_as(id, nudge);
         }
         self.enqueue(id, nudge, self.config.namespace.clone(), 0, None);
     }

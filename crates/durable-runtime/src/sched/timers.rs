@@ -1,12 +1,14 @@
 //! Timers and pollers: in-memory timers for runs this engine parked, and the poller that
 //! looks at the store for pending, due and orphaned runs and runs past their execution
-//! timeout.
+//! timeout. Due runs are claimed, not just read (`Store::claim_due_runs` moves their
+//! `wake_at` one lease period ahead), so pollers of many engines sharing a store hand each
+//! one on about once; the claims are remembered here until they end.
 
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable_core::{Millis, QueueReason, RunFilter, RunId, RunQuery, RunStatus, StepError, codes};
+use durable_core::{Millis, QueueReason, Run, RunFilter, RunId, RunQuery, RunStatus, StepError, codes};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
@@ -21,6 +23,9 @@ pub(super) struct Timers {
     changed: Notify,
     /// Look at the store now, not at the next poll (a registration, `poll_now`).
     poke: Notify,
+    /// The due runs this engine's poller claimed lately, with the `wake_at` the claim gave
+    /// them (when the claim ends). Forgotten once that time passed.
+    claims: Mutex<HashMap<RunId, Millis>>,
 }
 
 /// One timer per run: the time its last turn here parked it until.
@@ -69,6 +74,26 @@ impl Timers {
 }
 
 impl Shared {
+    /// Remembers the runs the poller claimed (their `wake_at` is `until` now), forgetting the
+    /// claims that ended.
+    pub(super) fn record_claims(&self, ids: &[RunId], until: Millis) {
+        let now = self.clock.now();
+        let mut claims = self.timers.claims.lock();
+        claims.retain(|_, end| *end > now);
+        for id in ids {
+            claims.insert(id.clone(), until);
+        }
+    }
+
+    /// Whether the run, as read from the store, is one this engine's poller claimed and no turn
+    /// has parked since: its `wake_at` is still the one the claim gave it. It is due then,
+    /// although its `wake_at` says later — the claim moved it so that no other poller hands it
+    /// on again; the wake that this engine queued for it must not be taken for stale news.
+    pub(super) fn claimed_here(&self, run: &Run) -> bool {
+        !run.status.is_terminal()
+            && run.wake_at.is_some_and(|at| self.timers.claims.lock().get(&run.id).is_some_and(|until| *until == at))
+    }
+
     /// Drops the run's in-memory timer: a turn of it starts here, and sets a new one if it
     /// parks (so a timer never wakes a run that already moved on).
     pub(super) fn cancel_timer(&self, id: &RunId) {
@@ -117,27 +142,39 @@ impl Shared {
     }
 
     /// One look at the store for runs to execute. Returns false when nothing is registered.
-    /// What it finds is left alone if it is queued or executing here, or went quiet here
-    /// while the store was read (the find is older than that turn): a run is executed by one
-    /// turn per wake, never by a spare one because a poller saw it too.
+    ///
+    /// Pending and orphaned runs are read; what is found is left alone if it is queued or
+    /// executing here, or went quiet here while the store was read (the find is older than
+    /// that turn): a run is executed by one turn per wake, never by a spare one because a
+    /// poller saw it too. Due runs are claimed (`Store::claim_due_runs`: their `wake_at`
+    /// moves one lease period ahead, so no other poller finds them meanwhile) and each gets a
+    /// wake (see [`Shared::queue_claimed`]): if that wake is lost, the run is due again when
+    /// the claim ends. A draining or stopping engine claims nothing: it could not hand on
+    /// what it claimed, and the other engines' pollers find it.
     async fn poll_once(&self, orphans: bool) -> bool {
         let workflows = self.registry.keys();
         if workflows.is_empty() {
             return false;
         }
+        let now = self.clock.now();
         let query = RunQuery {
             namespace: self.config.namespace.clone(),
             workflows: Some(workflows),
-            now: self.clock.now(),
+            now,
             limit: self.config.poll_batch,
         };
+        let until = now.saturating_add(self.lease_ms());
+        let claim = !self.is_stopping() && !self.is_draining();
         let mark = self.mark();
-        let (mut pending, mut due) = (Vec::new(), Vec::new());
+        let (mut pending, mut claimed, mut orphaned) = (Vec::new(), Vec::new(), Vec::new());
         let result = async {
             pending.extend(self.store.pending_runs(&query).await?);
-            due.extend(self.store.due_runs(&query).await?);
+            if claim {
+                claimed.extend(self.store.claim_due_runs(&query, until).await?);
+                self.record_claims(&claimed, until);
+            }
             if orphans {
-                due.extend(self.store.orphaned_runs(&query).await?);
+                orphaned.extend(self.store.orphaned_runs(&query).await?);
             }
             Ok::<_, durable_core::StoreError>(())
         }
@@ -149,7 +186,10 @@ impl Shared {
         for id in pending {
             self.queue_found(id, QueueReason::Start, mark);
         }
-        for id in due {
+        for id in claimed {
+            self.queue_claimed(id, mark);
+        }
+        for id in orphaned {
             self.queue_found(id, QueueReason::Wake, mark);
         }
         true
