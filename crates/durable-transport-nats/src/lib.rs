@@ -74,9 +74,9 @@
 //! with a priority above 0 go to the priority lane (`p.prio.<ns>`), and every fetch takes from
 //! the priority lane first, then fills what is left from the normal lane. Within a lane,
 //! items come out in stream order (oldest first); priorities above 0 are not told apart from
-//! each other, and priorities below 0 count as 0. The engine hands what a fetch returned to its
-//! execution slots in that order (each fetch takes no more items than there are free slots, so
-//! nothing waits behind a later fetch).
+//! each other, and priorities below 0 count as 0. A consumer takes no more items than it has free
+//! slots (its `concurrency`), so items do not pile up in an instance behind ones fetched
+//! later; the engine hands what it gets to its execution slots in arrival order.
 //!
 //! ## Failures
 //!
@@ -91,15 +91,16 @@
 //! ## Tasks
 //!
 //! [`NatsTransport::consume_runs`](durable_transport::Transport::consume_runs) spawns one task
-//! for the consumer's loop and one per item in hand; [`NatsControlPlane::subscribe`]
-//! (`ControlPlane::subscribe`) spawns one task per subscription, aborted when the last clone of
+//! for the consumer's loop and one per item in hand;
+//! [`ControlPlane::subscribe`](durable_transport::ControlPlane::subscribe) on a
+//! [`NatsControlPlane`] spawns one task per subscription, aborted when the last clone of
 //! the plane is dropped. The client (async-nats) runs its own connection task.
 //!
 //! ## Tests
 //!
 //! The tests need a NATS server with JetStream: `DURABLE_NATS_URL=nats://127.0.0.1:4222 cargo
 //! test -p durable-transport-nats`. Without the variable each prints one line saying it was
-//! skipped, and passes ([`test_support`], feature `test-support`).
+//! skipped, and passes (module `test_support`, feature `test-support`).
 //!
 //! [`ControlMessage::encode`]: durable_transport::ControlMessage::encode
 #![forbid(unsafe_code)]
@@ -108,7 +109,7 @@
 mod control;
 mod names;
 mod report;
-#[cfg(feature = "test-support")]
+#[cfg(any(test, feature = "test-support"))]
 pub mod test_support;
 mod transport;
 

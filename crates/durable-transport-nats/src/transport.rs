@@ -686,6 +686,42 @@ mod tests {
         assert_eq!((back.namespace, back.priority), (None, 0));
     }
 
+    /// A handler for consumers that must never get anything.
+    struct Nothing;
+
+    #[async_trait]
+    impl RunHandler for Nothing {
+        async fn handle(&self, _: QueuedRun) -> Handled {
+            Handled::Done
+        }
+    }
+
+    #[tokio::test]
+    async fn a_namespaced_consumer_beside_one_of_every_namespace_is_refused_as_an_overlap() {
+        let test = "a_namespaced_consumer_beside_one_of_every_namespace_is_refused_as_an_overlap";
+        let Some(url) = crate::test_support::url_or_skip(test) else { return };
+        let prefix = crate::test_support::unique_prefix("overlap");
+        let transport = NatsTransport::connect(&url, &prefix).await.expect("connect");
+        let looper = |namespace: Option<&str>| Looper {
+            transport: transport.clone(),
+            namespace: namespace.map(str::to_string),
+            slots: Arc::new(Semaphore::new(1)),
+            handler: Arc::new(Nothing),
+            lanes: [None, None],
+        };
+        let mut all = looper(None);
+        all.consumer(1, Lane::Normal).await.expect("the consumer of every namespace");
+        let mut one = looper(Some("a"));
+        match one.consumer(1, Lane::Normal).await {
+            Err(LookError::Overlap { consumer, .. }) => assert_eq!(consumer, "runs-n61"),
+            other => panic!("expected an overlap, got {other:?}"),
+        }
+        // Two lanes never overlap each other; two instances of one namespace share a consumer.
+        all.consumer(0, Lane::Priority).await.expect("the priority lane beside the normal one");
+        looper(None).consumer(1, Lane::Normal).await.expect("a second instance of every namespace");
+        transport.delete().await.expect("delete");
+    }
+
     #[test]
     fn dedupe_keys_never_carry_line_breaks_into_a_header() {
         assert_eq!(header_safe("start:r:1"), "start:r:1");

@@ -28,26 +28,7 @@ async fn every_item_reaches_exactly_one_of_two_instances_with_its_fields() {
     batch[3].dedupe_key = "wake:r3:9@owner#12".into();
     a.dispatch_runs(None, batch).await.expect("dispatch");
 
-    let total = Notify::new();
-    let (wa, wb) = (ra.clone(), rb.clone());
-    let forward = tokio::spawn({
-        let (ra, rb) = (ra.clone(), rb.clone());
-        async move {
-            loop {
-                tokio::select! { () = ra.changed.notified() => {}, () = rb.changed.notified() => {} }
-            }
-        }
-    });
-    // Whichever instance gets them: wait on both recorders.
-    tokio::time::timeout(DEADLINE, async {
-        while wa.count() + wb.count() < 20 {
-            tokio::select! { () = wa.changed.notified() => {}, () = wb.changed.notified() => {}, () = tokio::time::sleep(Duration::from_millis(50)) => {} }
-        }
-    })
-    .await
-    .expect("all 20 items delivered");
-    forward.abort();
-    drop(total);
+    wait_total(&[&ra, &rb], 20).await;
     ca.stop().await;
     cb.stop().await;
 
@@ -101,13 +82,7 @@ async fn a_batch_of_500_arrives_whole() {
     let (r1, r2) = (Recorder::new(), Recorder::new());
     let c1 = t.consume_runs(Some("ns".into()), 64, r1.clone());
     let c2 = other.consume_runs(Some("ns".into()), 64, r2.clone());
-    tokio::time::timeout(DEADLINE, async {
-        while r1.count() + r2.count() < 500 {
-            tokio::select! { () = r1.changed.notified() => {}, () = r2.changed.notified() => {}, () = tokio::time::sleep(Duration::from_millis(50)) => {} }
-        }
-    })
-    .await
-    .expect("500 items delivered");
+    wait_total(&[&r1, &r2], 500).await;
     c1.stop().await;
     c2.stop().await;
     let mut runs = r1.runs();

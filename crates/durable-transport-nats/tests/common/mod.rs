@@ -116,6 +116,31 @@ impl RunHandler for Recorder {
     }
 }
 
+/// Waits until the recorders got `n` items between them.
+pub async fn wait_total(recorders: &[&Arc<Recorder>], n: usize) {
+    let changed = Arc::new(Notify::new());
+    // Each recorder's news, forwarded to one Notify the wait listens to.
+    let forwards: Vec<_> = recorders
+        .iter()
+        .map(|r| {
+            let (r, changed) = ((*r).clone(), changed.clone());
+            tokio::spawn(async move {
+                loop {
+                    let news = r.changed.notified();
+                    tokio::pin!(news);
+                    news.as_mut().enable();
+                    changed.notify_waiters();
+                    news.await;
+                }
+            })
+        })
+        .collect();
+    wait_for(&format!("{n} items in all"), &changed, || recorders.iter().map(|r| r.count()).sum::<usize>() >= n).await;
+    for f in forwards {
+        f.abort();
+    }
+}
+
 /// A handler that records the item and then never answers (a hung turn).
 #[derive(Default)]
 pub struct Hang {
