@@ -4,6 +4,7 @@
 use std::io::Write;
 
 pub mod flow;
+pub mod remote;
 
 /// Prints one line to stdout and flushes it at once: the tests read the workers' lines as they
 /// come (a line is an event the test waits for), and a worker may be killed right after.

@@ -44,6 +44,7 @@ fn two_engines_three_workers_5000_remote_steps_survive_two_sigkills() {
         // lease sends the step to another live worker, a duplicate no kill explains.
         let lease = Duration::from_secs(5);
         remote_common::scenario(
+            remote_common::RUNS,
             [&engines[0], &engines[1]],
             lease,
             &["pg", scratch.url(), scratch.name(), &ledger_arg],

@@ -33,3 +33,22 @@ pub fn run_test(factory: &dyn StoreFactory, name: &str) {
         CaseOutcome::Failed(why) => panic!("conformance case {name} failed: {why}"),
     }
 }
+
+/// Runs the transport case `name` on a fresh queue from `factory`, on a runtime of its own;
+/// panics if it fails, prints one line if it is skipped.
+pub fn run_transport_test(factory: &dyn crate::transport::TransportFactory, name: &str) {
+    use crate::transport::{TransportOutcome, find_transport_case, run_transport_case};
+    let case = find_transport_case(name).unwrap_or_else(|| panic!("no transport conformance case is named {name}"));
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(WORKER_THREADS)
+        .enable_all()
+        .build()
+        .unwrap_or_else(|e| panic!("cannot build the tokio runtime for case {name}: {e}"));
+    match runtime.block_on(run_transport_case(factory, case)) {
+        TransportOutcome::Passed => {}
+        TransportOutcome::Skipped(reason) => {
+            let _ = writeln!(std::io::stderr().lock(), "skipped {name}: {reason}");
+        }
+        TransportOutcome::Failed(why) => panic!("transport conformance case {name} failed: {why}"),
+    }
+}

@@ -54,6 +54,7 @@ mod macros;
 pub mod replay;
 pub mod sim;
 mod suite;
+pub mod transport;
 
 #[doc(hidden)]
 pub mod __private;

@@ -228,3 +228,69 @@ macro_rules! __store_case_tests {
         )*
     };
 }
+
+/// Emits one `#[test]` per transport conformance case, each running the case on a fresh queue
+/// from the factory expression (a [`TransportFactory`](crate::transport::TransportFactory)),
+/// on a multi-thread tokio runtime owned by this crate. When the factory is
+/// [unavailable](crate::transport::TransportFactory::unavailable), each test prints one line,
+/// `skipped <case>: <reason>`, and passes.
+///
+/// See [`transport`](crate::transport) for an example.
+#[macro_export]
+macro_rules! transport_conformance_tests {
+    ($factory:expr $(,)?) => {
+        $crate::__transport_cases!(__transport_case_tests { $factory });
+    };
+}
+
+/// The transport cases: `name(redelivery time in seconds)`, handed to `$callback`. The single
+/// source of [`TRANSPORT_CASES`](crate::transport::TRANSPORT_CASES) and of the tests emitted by
+/// [`transport_conformance_tests!`].
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __transport_cases {
+    ($callback:ident { $($args:tt)* }) => {
+        $crate::$callback! {
+            { $($args)* }
+            delivered_at_least_once(60),
+            claimed_by_one_consumer_at_a_time(60),
+            redelivered_after_a_consumer_dies(1),
+            handed_back_items_return_at_once(600),
+            duplicate_sends_are_delivered_once(60),
+            batches_of_500_arrive_whole(60),
+            concurrency_is_respected(60),
+            namespaces_are_isolated(60),
+        }
+    };
+}
+
+/// Builds [`TRANSPORT_CASES`](crate::transport::TRANSPORT_CASES) from the case list.
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __transport_case_table {
+    ({} $($name:ident ($secs:literal),)*) => {
+        /// Every case of the transport suite, in the order
+        /// [`run_transport_all`](crate::transport::run_transport_all) runs them.
+        pub const TRANSPORT_CASES: &[TransportCase] = &[$(
+            TransportCase {
+                name: ::core::stringify!($name),
+                redeliver_after: ::std::time::Duration::from_secs($secs),
+                run: |q| ::std::boxed::Box::pin($crate::transport::cases::$name(q)),
+            },
+        )*];
+    };
+}
+
+/// Emits one `#[test]` per transport case (see [`transport_conformance_tests!`]).
+#[doc(hidden)]
+#[macro_export]
+macro_rules! __transport_case_tests {
+    ({ $factory:expr } $($name:ident ($secs:literal),)*) => {
+        $(
+            #[test]
+            fn $name() {
+                $crate::__private::run_transport_test(&$factory, ::core::stringify!($name));
+            }
+        )*
+    };
+}

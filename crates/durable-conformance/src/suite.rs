@@ -232,7 +232,7 @@ fn outcome(result: Result<CaseResult, Box<dyn Any + Send>>) -> CaseOutcome {
     }
 }
 
-fn panic_message(panic: &(dyn Any + Send)) -> String {
+pub(crate) fn panic_message(panic: &(dyn Any + Send)) -> String {
     match (panic.downcast_ref::<&str>(), panic.downcast_ref::<String>()) {
         (Some(s), _) => (*s).to_string(),
         (_, Some(s)) => s.clone(),
@@ -241,7 +241,7 @@ fn panic_message(panic: &(dyn Any + Send)) -> String {
 }
 
 /// Polls a future, turning a panic in it into an `Err` (like `futures`' `catch_unwind`).
-async fn catch_unwind<F: Future + Unpin>(future: F) -> Result<F::Output, Box<dyn Any + Send>> {
+pub(crate) async fn catch_unwind<F: Future + Unpin>(future: F) -> Result<F::Output, Box<dyn Any + Send>> {
     struct CatchUnwind<F>(F);
     impl<F: Future + Unpin> Future for CatchUnwind<F> {
         type Output = Result<F::Output, Box<dyn Any + Send>>;

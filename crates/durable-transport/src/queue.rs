@@ -45,6 +45,9 @@ impl fmt::Debug for QueueTransport {
     }
 }
 
+/// Handles made by this process, numbering their owner names.
+static HANDLES: AtomicUsize = AtomicUsize::new(0);
+
 fn now_ms() -> Millis {
     SystemTime::now().duration_since(UNIX_EPOCH).map_or(0, durable_core::millis)
 }
@@ -56,7 +59,13 @@ impl QueueTransport {
     pub fn new(queue: Arc<dyn RunQueue>) -> Self {
         QueueTransport {
             queue,
-            owner: format!("consumer-{}-{:x}", std::process::id(), now_ms()),
+            // Unique per handle, also for handles made in the same millisecond.
+            owner: format!(
+                "consumer-{}-{:x}-{}",
+                std::process::id(),
+                now_ms(),
+                HANDLES.fetch_add(1, Ordering::Relaxed)
+            ),
             poll_interval: Duration::from_millis(50),
             claim_ttl: Duration::from_secs(60),
             claim_batch: 32,

@@ -8,13 +8,12 @@ use std::path::Path;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
 
-use durable::{Engine, EngineConfig, RunId, RunStatus, StartOptions, WorkflowCtx, WorkflowError};
+use durable::{Engine, EngineConfig, RunId, RunStatus, StartOptions};
+use durable_tests::remote::{STEPS, expected, register};
 use tokio::sync::mpsc;
 
-/// Runs started by the scenario.
+/// Runs started by the scenarios of the store-backed tests.
 pub(crate) const RUNS: usize = 1_000;
-/// Remote steps per run, one after the other.
-pub(crate) const STEPS: u32 = 5;
 /// How long the scenario may take before it fails: a hang guard, never the mechanism.
 pub(crate) const LIMIT: Duration = Duration::from_secs(120);
 /// The line a worker's reader sends when its output ends (it exited or was killed).
@@ -22,16 +21,6 @@ const EXITED: &str = "<exited>";
 
 fn unix_ms() -> u128 {
     std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_millis()).unwrap_or(0)
-}
-
-/// The worker's step, as `remote_worker` computes it.
-fn work(n: u64) -> u64 {
-    2 * n + 1
-}
-
-/// The output of run `i` (its input): `work` applied [`STEPS`] times.
-fn expected(i: u64) -> u64 {
-    (0..STEPS).fold(i, |x, _| work(x))
 }
 
 /// The engines' settings: pollers fast enough that a run woken by a worker's result in another
@@ -44,19 +33,6 @@ pub(crate) fn config() -> EngineConfig {
     config.recheck_interval = Duration::from_millis(200);
     config.lease_ttl = Duration::from_secs(10);
     config
-}
-
-/// Registers `remote5`: [`STEPS`] remote steps `work` in a row, each with the lease `lease` (a
-/// killed worker's task goes to another worker that long after its claim; so does a live
-/// worker's whose result took longer to be recorded).
-fn register(engine: &Engine, lease: Duration) {
-    engine.register("remote5", 1, move |ctx: WorkflowCtx, n: u64| async move {
-        let mut x = n;
-        for _ in 0..STEPS {
-            x = ctx.remote_step("work", &x).heartbeat_timeout(lease).await?;
-        }
-        Ok::<_, WorkflowError>(x)
-    });
 }
 
 /// The worker processes, SIGKILLed on drop if still running (a failing test leaks none).
@@ -112,10 +88,11 @@ struct Entry {
 }
 
 /// Runs the scenario (remote steps with the lease `lease`): three workers (started with `worker_args`, which the caller made write
-/// to `ledger`), [`RUNS`] runs of `remote5` started half on each engine, worker 0 SIGKILLed a
+/// to `ledger`), `runs` runs of `remote5` started half on each engine, worker 0 SIGKILLed a
 /// fifth of the way through, worker 1 half-way; worker 2 finishes the work. Then checks every
 /// run's output and the ledger, and prints the figures.
 pub(crate) async fn scenario(
+    runs: usize,
     engines: [&Engine; 2],
     lease: Duration,
     worker_args: &[&str],
@@ -142,17 +119,17 @@ pub(crate) async fn scenario(
 
     let started = Instant::now();
     for (k, engine) in engines.iter().enumerate() {
-        let batch = (0..RUNS).filter(|i| i % 2 == k).map(|i| ("remote5", i as u64, StartOptions::id(format!("r{i}"))));
+        let batch = (0..runs).filter(|i| i % 2 == k).map(|i| ("remote5", i as u64, StartOptions::id(format!("r{i}"))));
         engine.start_many(batch).await.expect("start the runs");
     }
     let waiter = engines[0].clone();
     let mut all = tokio::spawn(async move {
         let mut set = tokio::task::JoinSet::new();
-        for i in 0..RUNS {
+        for i in 0..runs {
             let engine = waiter.clone();
             set.spawn(async move { (i, engine.wait_for_run(&RunId::new(format!("r{i}"))).await) });
         }
-        let mut outcomes = Vec::with_capacity(RUNS);
+        let mut outcomes = Vec::with_capacity(runs);
         while let Some(r) = set.join_next().await {
             outcomes.push(r.expect("a waiter task"));
         }
@@ -161,7 +138,7 @@ pub(crate) async fn scenario(
 
     // Kill worker 0 once a fifth of the steps are done, worker 1 at half, each right after it
     // printed a `done` (so it holds tasks in flight).
-    let kills = [(0usize, RUNS * STEPS as usize / 5), (1usize, RUNS * STEPS as usize / 2)];
+    let kills = [(0usize, runs * STEPS as usize / 5), (1usize, runs * STEPS as usize / 2)];
     let mut killed: BTreeMap<u32, Instant> = BTreeMap::new();
     let mut killed_ms: BTreeMap<u32, u128> = BTreeMap::new();
     let mut dones = 0usize;
@@ -199,7 +176,7 @@ pub(crate) async fn scenario(
     let after_last_kill = last_kill.elapsed();
 
     // Every run completed with its output.
-    assert_eq!(outcomes.len(), RUNS);
+    assert_eq!(outcomes.len(), runs);
     for (i, outcome) in &outcomes {
         let outcome = outcome.as_ref().unwrap_or_else(|e| panic!("waiting for r{i}: {e}"));
         assert_eq!(outcome.status(), RunStatus::Completed, "r{i}: {:?}", outcome.error());
@@ -243,7 +220,7 @@ pub(crate) async fn scenario(
         steps.entry(step_id.to_string()).or_default().push(entry);
     }
     let expected_ids: BTreeSet<String> =
-        (0..RUNS).flat_map(|i| (0..STEPS).map(move |seq| format!("r{i}:{seq}"))).collect();
+        (0..runs).flat_map(|i| (0..STEPS).map(move |seq| format!("r{i}:{seq}"))).collect();
     let unknown: Vec<&String> = steps.keys().filter(|id| !expected_ids.contains(*id)).take(5).collect();
     assert!(unknown.is_empty(), "ledger lines of steps that do not exist: {unknown:?}");
     let (mut redelivered, mut executed_twice, mut in_flight_at_kills) = (0, 0, 0);
@@ -295,7 +272,7 @@ pub(crate) async fn scenario(
     }
     let starts_total: usize = steps.values().map(|v| v.iter().filter(|e| !e.done).count()).sum();
     eprintln!(
-        "{RUNS} runs, {} remote steps on 2 engines and 3 workers (2 SIGKILLed): {:?} from the first start to the \
+        "{runs} runs, {} remote steps on 2 engines and 3 workers (2 SIGKILLed): {:?} from the first start to the \
          last run's completion ({:?} after the second kill; setup {:?}); {starts_total} starts; {in_flight_at_kills} \
          steps in flight at a kill; {redelivered} steps started again on another worker; {executed_twice} executed to \
          the end twice; done lines per worker {per_worker:?}; survivor's report (claimed completed dropped \
