@@ -484,26 +484,27 @@ impl Looper {
     /// Fetches the priority lane, then the normal one, up to `min(free slots, claim_batch)`
     /// items in all; `Ok(true)` if it got all it asked for (more may be waiting).
     async fn look(&mut self, first: OwnedSemaphorePermit) -> Result<bool, LookError> {
-        let mut permits = first;
-        let more = self.slots.available_permits().min(self.transport.claim_batch - 1);
-        if more > 0
-            && let Ok(extra) = self.slots.clone().try_acquire_many_owned(more as u32)
-        {
-            permits.merge(extra);
+        // One permit per item this look may take: the free slots, at most `claim_batch`.
+        let mut permits = vec![first];
+        while permits.len() < self.transport.claim_batch {
+            match self.slots.clone().try_acquire_owned() {
+                Ok(permit) => permits.push(permit),
+                Err(_) => break,
+            }
         }
         if self.transport.shared.client.connection_state() == State::Disconnected {
             return Err(LookError::Failed("not connected to NATS (reconnecting)".into()));
         }
         // The priority lane first; what it leaves goes to the normal lane.
         for (i, lane) in LANES.into_iter().enumerate() {
-            if permits.num_permits() == 0 {
+            if permits.is_empty() {
                 break;
             }
             let consumer = self.consumer(i, lane).await?;
             self.fetch(&consumer, &mut permits).await?;
         }
         // Unused permits go back with `permits`.
-        Ok(permits.num_permits() == 0)
+        Ok(permits.is_empty())
     }
 
     /// The lane's JetStream consumer, created (or updated) if not known yet.
@@ -567,17 +568,14 @@ impl Looper {
     }
 
     /// Takes what is waiting in one lane, at most one item per permit, and hands each on with
-    /// one permit; returns how many it got.
-    async fn fetch(&self, consumer: &PullConsumer, permits: &mut OwnedSemaphorePermit) -> Result<usize, LookError> {
-        let want = permits.num_permits();
+    /// one of the permits.
+    async fn fetch(&self, consumer: &PullConsumer, permits: &mut Vec<OwnedSemaphorePermit>) -> Result<(), LookError> {
         let failed = |e: &dyn fmt::Display| LookError::Failed(format!("fetch from JetStream: {e}"));
         let taken = tokio::time::timeout(REQUEST_TIMEOUT, async {
-            let mut batch = consumer.fetch().max_messages(want).messages().await.map_err(|e| failed(&e))?;
-            let mut got = 0;
+            let mut batch = consumer.fetch().max_messages(permits.len()).messages().await.map_err(|e| failed(&e))?;
             while let Some(message) = batch.next().await {
                 let message = message.map_err(|e| failed(&e))?;
-                got += 1;
-                match permits.split(1) {
+                match permits.pop() {
                     Some(permit) => self.hand(message, permit),
                     // Never: the server sends at most what was asked for. Put it back.
                     None => {
@@ -585,7 +583,7 @@ impl Looper {
                     }
                 }
             }
-            Ok(got)
+            Ok(())
         })
         .await;
         match taken {
