@@ -304,8 +304,9 @@ impl Shared {
             ..Default::default()
         };
         let mut last = None;
-        for _ in 0..3 {
-            match self.js.get_or_create_stream(config.clone()).await {
+        let mut backoff = Duration::from_millis(50);
+        for _ in 0..5 {
+            let e = match self.js.get_or_create_stream(config.clone()).await {
                 Ok(stream) => {
                     let found = &stream.cached_info().config;
                     if found.retention != RetentionPolicy::WorkQueue {
@@ -316,14 +317,26 @@ impl Shared {
                     }
                     return Ok(());
                 }
+                Err(e) => e,
+            };
+            let code = match e.kind() {
+                jetstream::context::CreateStreamErrorKind::JetStream(js) => Some((js.code(), js.error_code())),
+                _ => None,
+            };
+            match code {
                 // Another instance created it between our lookup and our create (with other
                 // options): look it up again.
-                Err(e) if matches!(e.kind(), jetstream::context::CreateStreamErrorKind::JetStream(js) if js.error_code() == ErrorCode::STREAM_NAME_EXIST) =>
-                {
-                    last = Some(e);
+                Some((_, ErrorCode::STREAM_NAME_EXIST)) => {}
+                // The server failed creating its store (seen on a standalone 2.9 server creating
+                // a stream while the last other one is being deleted): try again shortly.
+                Some((500, _)) => {
+                    tracing::debug!(stream = %self.stream, error = %e, "creating the stream failed on the server; trying again");
+                    tokio::time::sleep(backoff).await;
+                    backoff *= 2;
                 }
-                Err(e) => return Err(unavailable(&format!("could not create stream {}", self.stream), e)),
+                _ => return Err(unavailable(&format!("could not create stream {}", self.stream), e)),
             }
+            last = Some(e);
         }
         Err(unavailable(
             &format!("could not create stream {}", self.stream),
