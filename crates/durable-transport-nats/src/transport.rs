@@ -45,16 +45,26 @@ pub struct StreamOptions {
     /// Keep the stream in memory instead of on disk (faster, lost when the server restarts —
     /// the engine's pollers find the runs again). Default `false`.
     pub memory: bool,
+    /// How long an item nobody consumes stays in the stream (e.g. one sent with no namespace
+    /// while every engine consumes a single namespace, or while no engine runs at all). The
+    /// engine's pollers find what such an item stood for. Default 24 hours; zero keeps items
+    /// for good.
+    pub max_age: Duration,
 }
 
 impl Default for StreamOptions {
     fn default() -> Self {
-        StreamOptions { dedupe_window: Duration::from_secs(120), replicas: 1, memory: false }
+        StreamOptions {
+            dedupe_window: Duration::from_secs(120),
+            replicas: 1,
+            memory: false,
+            max_age: Duration::from_secs(24 * 3600),
+        }
     }
 }
 
 impl StreamOptions {
-    /// The defaults: a 2-minute dedupe window, one replica, on disk.
+    /// The defaults: a 2-minute dedupe window, one replica, on disk, items kept 24 hours.
     pub fn new() -> Self {
         Self::default()
     }
@@ -74,6 +84,12 @@ impl StreamOptions {
     /// Sets [`StreamOptions::memory`].
     pub fn memory(mut self, memory: bool) -> Self {
         self.memory = memory;
+        self
+    }
+
+    /// Sets [`StreamOptions::max_age`].
+    pub fn max_age(mut self, max_age: Duration) -> Self {
+        self.max_age = max_age;
         self
     }
 }
@@ -300,6 +316,7 @@ impl Shared {
             storage: if self.options.memory { StorageType::Memory } else { StorageType::File },
             num_replicas: self.options.replicas,
             duplicate_window: self.options.dedupe_window,
+            max_age: self.options.max_age,
             description: Some(format!("durable run queue of prefix {:?}", self.prefix)),
             ..Default::default()
         };

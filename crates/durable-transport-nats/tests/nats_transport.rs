@@ -289,3 +289,31 @@ async fn many_instances_starting_at_once_share_one_stream() {
     assert_eq!(transports[7].queued().await.expect("queued"), 1);
     transports[0].delete().await.expect("delete");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_stream_is_a_work_queue_with_the_options_it_was_created_with() {
+    let Some(url) = url_or_skip("the_stream_is_a_work_queue_with_the_options_it_was_created_with") else { return };
+    let prefix = durable_transport_nats::test_support::unique_prefix("options");
+    let options = durable_transport_nats::StreamOptions::new()
+        .dedupe_window(Duration::from_secs(30))
+        .max_age(Duration::from_secs(600))
+        .memory(true);
+    let t = durable_transport_nats::NatsTransport::connect_with(&url, &prefix, options).await.expect("connect");
+    assert_eq!(t.stream_name(), format!("{}_RUNS", prefix.to_uppercase()));
+    let js = async_nats::jetstream::new(t.client().clone());
+    let mut stream = js.get_stream(t.stream_name()).await.expect("the stream");
+    let config = stream.info().await.expect("stream info").config.clone();
+    use async_nats::jetstream::stream::{RetentionPolicy, StorageType};
+    assert_eq!(config.retention, RetentionPolicy::WorkQueue);
+    assert_eq!(config.storage, StorageType::Memory);
+    assert_eq!(config.duplicate_window, Duration::from_secs(30));
+    assert_eq!(config.max_age, Duration::from_secs(600));
+    assert_eq!(config.subjects, [format!("{prefix}.prio.>"), format!("{prefix}.runs.>")]);
+    // Another instance with other options uses the stream as it is.
+    let again = durable_transport_nats::NatsTransport::connect(&url, &prefix).await.expect("connect again");
+    again.dispatch_runs(None, vec![item("x")]).await.expect("dispatch");
+    assert_eq!(t.queued().await.expect("queued"), 1);
+    t.delete().await.expect("delete");
+    // Deleting twice is fine.
+    t.delete().await.expect("delete again");
+}
