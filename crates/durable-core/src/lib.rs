@@ -92,7 +92,7 @@ mod time;
 pub mod trigger;
 mod turn;
 
-pub use control::{ControlError, ControlMessage, ControlPlane, ControlSink};
+pub use control::{ControlError, ControlMessage, ControlPlane, ControlSink, ControlSinks};
 pub use export::{ExportError, HistoryExport};
 pub use history::{Decision, History, NonDeterminism, Patched};
 pub use ids::{InvalidId, RunId};

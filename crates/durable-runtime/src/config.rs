@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use crate::events::EventForwarding;
+
 /// Tuning knobs of an [`Engine`](crate::Engine). `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -90,6 +92,10 @@ pub struct EngineConfig {
     /// wakes it at once; this heals a slot whose holder died: it is reclaimed once its lease
     /// passes). Default 15 s.
     pub admission_recheck: Duration,
+    /// Which of this engine's events it publishes on its control plane for the other engines
+    /// sharing it ([`EngineBuilder::control_plane`](crate::EngineBuilder::control_plane)).
+    /// Default [`EventForwarding::Runs`]: the run-level events.
+    pub event_forwarding: EventForwarding,
 }
 
 impl Default for EngineConfig {
@@ -122,6 +128,7 @@ impl Default for EngineConfig {
             blocked_poll: Duration::from_secs(5),
             worker_ttl: Duration::from_secs(30),
             admission_recheck: Duration::from_secs(15),
+            event_forwarding: EventForwarding::Runs,
         }
     }
 }

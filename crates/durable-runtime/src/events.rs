@@ -1,14 +1,25 @@
-//! The engine's event stream: what happened to runs and steps on this engine instance.
+//! The engine's event stream: what happened to runs and steps on this engine instance (and,
+//! with a control plane, on the others), and which events an engine forwards to the others.
 
 use durable_core::{Millis, RunId, RunStatus, StepError};
+use serde::{Deserialize, Serialize};
 
-/// Something that happened on this engine instance (turns executed by other engines sharing
-/// the store are not seen here). Most events report a store write and are sent once the store
-/// acknowledged it; each variant says exactly when it is sent — in particular, a
+/// Something that happened to a run or a step. Most events report a store write and are sent
+/// once the store acknowledged it; each variant says exactly when it is sent — in particular, a
 /// [`StepRetrying`](EngineEvent::StepRetrying) for an in-memory retry is sent with nothing
 /// committed. Subscribe with [`Engine::subscribe`](crate::Engine::subscribe); a receiver that
 /// falls more than 4,096 events behind loses the oldest ones.
-#[derive(Debug, Clone, PartialEq)]
+///
+/// An engine sees the events of what it did itself and, with a control plane shared with
+/// other engines ([`EngineBuilder::control_plane`](crate::EngineBuilder::control_plane)), the
+/// events those engines forward ([`EventForwarding`]: by default the run-level ones), a few
+/// milliseconds after they were sent there. Without one, turns executed by other engines
+/// sharing the store are not seen here.
+///
+/// Events travel as JSON, tagged with their variant's name:
+/// `{"type":"RunSettled","run_id":"order:42","status":"completed"}`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(tag = "type")]
 #[non_exhaustive]
 pub enum EngineEvent {
     /// A run was created by [`Engine::start`](crate::Engine::start) on this engine (also
@@ -164,4 +175,121 @@ pub enum EngineEvent {
         /// Its final status.
         status: RunStatus,
     },
+}
+
+impl EngineEvent {
+    /// The run the event is about (`None` for [`QueueUnavailable`](EngineEvent::QueueUnavailable)
+    /// and [`ScheduleAdvanced`](EngineEvent::ScheduleAdvanced)).
+    pub fn run_id(&self) -> Option<&RunId> {
+        match self {
+            EngineEvent::RunCreated { run_id, .. }
+            | EngineEvent::RunBlocked { run_id, .. }
+            | EngineEvent::RunUnblocked { run_id }
+            | EngineEvent::RemoteStepTimedOut { run_id, .. }
+            | EngineEvent::TurnStarted { run_id, .. }
+            | EngineEvent::WakeDeferred { run_id, .. }
+            | EngineEvent::StepCompleted { run_id, .. }
+            | EngineEvent::StepRetrying { run_id, .. }
+            | EngineEvent::StepFailed { run_id, .. }
+            | EngineEvent::RunSuspended { run_id, .. }
+            | EngineEvent::TurnAborted { run_id, .. }
+            | EngineEvent::RunSettled { run_id, .. } => Some(run_id),
+            EngineEvent::ScheduleAdvanced { .. } | EngineEvent::QueueUnavailable { .. } => None,
+        }
+    }
+}
+
+/// Which of its [`EngineEvent`]s an engine publishes on its control plane, for the engines
+/// sharing the plane to re-emit to their subscribers
+/// ([`EngineConfig::event_forwarding`](crate::EngineConfig::event_forwarding)). Publishing
+/// never slows a turn: events are handed to a bounded queue that a background task publishes
+/// in batches; when it is full, events are dropped and counted (reported at most once a
+/// minute).
+///
+/// An engine on the default control plane (one of its own, when none was given) forwards
+/// nothing: nobody else would hear it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub enum EventForwarding {
+    /// Nothing: other engines never see this engine's events.
+    None,
+    /// The run-level events (the default): [`RunCreated`](EngineEvent::RunCreated),
+    /// [`RunSettled`](EngineEvent::RunSettled), [`RunBlocked`](EngineEvent::RunBlocked),
+    /// [`RunUnblocked`](EngineEvent::RunUnblocked),
+    /// [`RemoteStepTimedOut`](EngineEvent::RemoteStepTimedOut) and
+    /// [`ScheduleAdvanced`](EngineEvent::ScheduleAdvanced) — a few per run, where per-step and
+    /// per-turn events would be several per step (at thousands of steps a second, a flood for
+    /// a database's `NOTIFY`).
+    #[default]
+    Runs,
+    /// Every event, per-step and per-turn ones included. For small deployments and debugging.
+    All,
+}
+
+impl EventForwarding {
+    /// Whether `event` is forwarded.
+    pub fn forwards(self, event: &EngineEvent) -> bool {
+        match self {
+            EventForwarding::None => false,
+            EventForwarding::All => true,
+            EventForwarding::Runs => matches!(
+                event,
+                EngineEvent::RunCreated { .. }
+                    | EngineEvent::RunSettled { .. }
+                    | EngineEvent::RunBlocked { .. }
+                    | EngineEvent::RunUnblocked { .. }
+                    | EngineEvent::RemoteStepTimedOut { .. }
+                    | EngineEvent::ScheduleAdvanced { .. }
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn events_travel_as_tagged_json_and_come_back_equal() {
+        let settled = EngineEvent::RunSettled { run_id: RunId::from("order:42"), status: RunStatus::Completed };
+        let json = serde_json::to_value(&settled).unwrap();
+        assert_eq!(json, serde_json::json!({"type": "RunSettled", "run_id": "order:42", "status": "completed"}));
+        let events = [
+            settled,
+            EngineEvent::StepRetrying {
+                run_id: RunId::from("r"),
+                seq: 3,
+                name: "charge".into(),
+                attempt: 2,
+                retry_at: 1_767_225_600_000,
+                error: StepError::retryable("timeout").with_code("http_504"),
+            },
+            EngineEvent::ScheduleAdvanced {
+                key: "nightly".into(),
+                fired: vec![RunId::from("sched:nightly:1")],
+                skipped: 1,
+                missed: 0,
+                buffered: None,
+            },
+        ];
+        for event in events {
+            let back: EngineEvent = serde_json::from_value(serde_json::to_value(&event).unwrap()).unwrap();
+            assert_eq!(back, event);
+        }
+        assert!(serde_json::from_value::<EngineEvent>(serde_json::json!({"type": "FromTheFuture"})).is_err());
+    }
+
+    #[test]
+    fn run_level_forwarding_leaves_out_step_and_turn_events() {
+        let run = || RunId::from("r");
+        let settled = EngineEvent::RunSettled { run_id: run(), status: RunStatus::Failed };
+        let step = EngineEvent::StepCompleted { run_id: run(), seq: 0, name: "s".into(), attempts: 1 };
+        let turn = EngineEvent::TurnStarted { run_id: run(), recovered: false };
+        assert!(EventForwarding::Runs.forwards(&settled));
+        assert!(!EventForwarding::Runs.forwards(&step) && !EventForwarding::Runs.forwards(&turn));
+        assert!(EventForwarding::All.forwards(&step));
+        assert!(!EventForwarding::None.forwards(&settled));
+        assert_eq!(EventForwarding::default(), EventForwarding::Runs);
+        assert_eq!(step.run_id(), Some(&run()));
+    }
 }

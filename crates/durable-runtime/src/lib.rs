@@ -35,19 +35,22 @@
 //! `turn` executes one turn of one run — the [`WorkflowCtx`] and the driver that polls the
 //! body — and sees the rest of the engine only through a narrow environment (clock, commit,
 //! events, newest versions). `sched` holds the engine's state and everything that moves runs
-//! (dispatch slots, timers and pollers, the turn executor, the run queue, waiters) and is that
-//! environment. `engine` is the [`Engine`] handle, grouped by audience (runs, operate,
-//! messages, replay, worker). Dependencies point one way only: `engine` → `sched` → `turn` (and
-//! `engine` → `turn`), all of them → the leaves `clock`, `config`, `error`, `events` and
-//! `registry` (which may use `turn`); nothing but the re-exports below names `engine`.
+//! (dispatch slots, timers and pollers, the turn executor, the run queue, waiters, the control
+//! plane) and is that environment. `engine` is the [`Engine`] handle, grouped by audience
+//! (runs, operate, messages, replay, worker). Dependencies point one way only: `engine` →
+//! `sched` → `turn` (and `engine` → `turn`), all of them → the leaves `clock`, `config`,
+//! `error`, `events` and `registry` (which may use `turn`); nothing but the re-exports below
+//! names `engine`.
 //!
 //! # Tasks this crate spawns
 //!
 //! - The dispatcher loop, the timer loop, the poller (pending, due and orphaned runs, and
 //!   after each orphan scan the runs past their execution timeout), the scheduler and the
 //!   remote-step loop (expired attempts, `blocked` runs), on an engine that executes runs; the
-//!   outbox flush loop, with a transport. They end when the engine shuts down or its
-//!   last clone is dropped.
+//!   outbox flush loop, with a transport; on every engine, the control plane's two
+//!   publishers (forwarded events in batches; coalesced "work was queued" nudges), and, for a
+//!   plane that does not subscribe at once, the task that subscribes. They end when the engine
+//!   shuts down or its last clone is dropped.
 //! - One task per run the dispatcher gives a slot: it runs the run's turns until the run is
 //!   quiet, and ends early at shutdown. (The lease keeper is no task of its own: it races the
 //!   turn inside this task. Runs from the transport's consumer execute in the consumer's task,
@@ -59,7 +62,9 @@
 //!
 //! The last two hold the engine weakly and end on their own. A [`Worker`] runs its claim loop
 //! on the task that awaits [`Worker::run`] and spawns one task per claimed task (at most its
-//! concurrency at once) for the handler; they end with the drain.
+//! concurrency at once) for the handler; they end with the drain. (What the control plane
+//! hears is handed to the engine, or to the worker's claim loop, on the plane's own listener
+//! task.)
 #![forbid(unsafe_code)]
 #![warn(missing_docs)]
 
@@ -87,7 +92,7 @@ pub use engine::{
     WorkflowOptions, shutdown_signal,
 };
 pub use error::{Error, ReplayError, Result, StepFailed, WorkflowError};
-pub use events::EngineEvent;
+pub use events::{EngineEvent, EventForwarding};
 pub use flow::QueueOptions;
 pub use remote::{TaskContext, Worker, WorkerBuilder, WorkerReport};
 pub use sched::Cancel;

@@ -18,10 +18,10 @@ use durable_core::{Millis, Payload, RunId, StepError, Store, codes, millis_after
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{Notify, watch};
+use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
 
-use durable_core::{QueueReason, QueuedRun};
+use durable_core::{ControlMessage, ControlPlane, ControlSink, QueueReason, QueuedRun};
 use durable_transport::Transport;
 
 use crate::clock::{BoxFuture, Clock, SystemClock};
@@ -162,6 +162,7 @@ pub struct WorkerBuilder {
     clock: Arc<dyn Clock>,
     engine: Option<Weak<Shared>>,
     wakeups: Option<Arc<Notify>>,
+    control: Option<Arc<dyn ControlPlane>>,
     handlers: HashMap<String, Handler>,
     queues: Vec<String>,
     capabilities: Vec<String>,
@@ -191,12 +192,29 @@ impl WorkerBuilder {
     }
 
     /// Runs beside an engine in this process: its store and clock, a wake-up as soon as the
-    /// engine dispatches a task, and the run woken at once when a result is recorded.
+    /// engine dispatches a task, the run woken at once when a result is recorded, and the
+    /// engine's control plane (unless [`WorkerBuilder::control_plane`] gives one).
     pub fn engine(mut self, engine: &Engine) -> Self {
         self.store = Some(engine.store().clone());
         self.clock = engine.clock().clone();
         self.wakeups = Some(engine.shared().task_dispatched.clone());
         self.engine = Some(Arc::downgrade(engine.shared()));
+        self.control.get_or_insert_with(|| engine.control_plane().clone());
+        self
+    }
+
+    /// The control plane the engines publish on (the one given to
+    /// [`EngineBuilder::control_plane`](crate::EngineBuilder::control_plane)). Through it the
+    /// worker
+    /// - cancels a running handler ([`TaskContext::cancelled`] resolves) as soon as an operator
+    ///   cancels its run, instead of at its next poll interval;
+    /// - claims at once when an engine announces tasks on a queue it serves (like
+    ///   [`WorkerBuilder::wakeups`]);
+    /// - announces the tasks it hands back when it drains, so another worker takes them now.
+    ///
+    /// Polling stays on as the safety net (a message may be lost).
+    pub fn control_plane(mut self, plane: impl ControlPlane) -> Self {
+        self.control = Some(Arc::new(plane));
         self
     }
 
@@ -298,8 +316,10 @@ impl WorkerBuilder {
         self
     }
 
-    /// How often an idle worker looks for tasks without a nudge (default 200 ms; 2 s with
-    /// [`WorkerBuilder::wakeups`] or [`WorkerBuilder::engine`]).
+    /// How often an idle worker looks for tasks without a nudge, and at the runs of its running
+    /// tasks to stop the handlers of settled ones (default 200 ms; 2 s with
+    /// [`WorkerBuilder::wakeups`], [`WorkerBuilder::engine`] or
+    /// [`WorkerBuilder::control_plane`]).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.poll_interval = interval;
         self
@@ -319,11 +339,9 @@ impl WorkerBuilder {
     pub fn build(self) -> Worker {
         let store = self.store.expect("Worker::builder() needs .store(..) or .engine(..)");
         assert!(!self.handlers.is_empty(), "a worker needs at least one .handle(name, handler)");
-        let poll = if self.wakeups.is_some() && self.poll_interval == DEFAULT_POLL {
-            Duration::from_secs(2)
-        } else {
-            self.poll_interval
-        };
+        let nudged = self.wakeups.is_some() || self.control.is_some();
+        let poll =
+            if nudged && self.poll_interval == DEFAULT_POLL { Duration::from_secs(2) } else { self.poll_interval };
         let id = self.id.unwrap_or_else(|| {
             format!("worker-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..8])
         });
@@ -334,6 +352,7 @@ impl WorkerBuilder {
                 clock: self.clock,
                 engine: self.engine,
                 wakeups: self.wakeups,
+                control: self.control,
                 handlers: self.handlers,
                 queues: self.queues,
                 capabilities: self.capabilities,
@@ -387,6 +406,7 @@ struct WorkerInner {
     clock: Arc<dyn Clock>,
     engine: Option<Weak<Shared>>,
     wakeups: Option<Arc<Notify>>,
+    control: Option<Arc<dyn ControlPlane>>,
     handlers: HashMap<String, Handler>,
     queues: Vec<String>,
     capabilities: Vec<String>,
@@ -426,6 +446,7 @@ impl Worker {
             clock: Arc::new(SystemClock),
             engine: None,
             wakeups: None,
+            control: None,
             handlers: HashMap::new(),
             queues: Vec::new(),
             capabilities: Vec::new(),
@@ -463,6 +484,7 @@ impl Worker {
         // no nudge falls between two looks.
         let mut nudged = Box::pin(nudges.notified());
         nudged.as_mut().enable();
+        let mut heard = self.hear().await;
         loop {
             let now = w.clock.now();
             if registered_at.is_none_or(|at| now >= millis_after(at, w.register_interval)) {
@@ -530,12 +552,59 @@ impl Worker {
                     nudged = Box::pin(nudges.notified());
                     nudged.as_mut().enable();
                 }
+                Some(first) = heard.recv() => {
+                    let mut next = Some(first);
+                    while let Some(message) = next {
+                        match message {
+                            Heard::Cancel(run_id) => self.cancel_run_tasks(&run_id, &inflight),
+                            Heard::Queued => look = true,
+                        }
+                        next = heard.try_recv().ok();
+                    }
+                }
                 _ = idle => {}
             }
         }
         self.drain(running, inflight, &mut report).await;
         let _ = w.store.remove_worker(&w.id).await;
         report
+    }
+
+    /// Subscribes to the control plane, if the worker has one: cancels of any run, and tasks
+    /// queued on a queue it serves (in its namespace, or of an unknown one). The subscription
+    /// outlives this run of the worker; once the receiver is gone it costs a check per message.
+    async fn hear(&self) -> mpsc::UnboundedReceiver<Heard> {
+        let w = &self.inner;
+        let (tx, rx) = mpsc::unbounded_channel();
+        let Some(plane) = &w.control else { return rx };
+        let (queues, namespace) = (w.queues.clone(), w.namespace.clone());
+        let sink: ControlSink = Arc::new(move |message| {
+            let heard = match message {
+                ControlMessage::Cancel { run_id, .. } => Heard::Cancel(run_id),
+                ControlMessage::Enqueued { queue: Some(queue), namespace: queued, .. }
+                    if queues.contains(&queue)
+                        && namespace.as_ref().zip(queued.as_ref()).is_none_or(|(mine, theirs)| mine == theirs) =>
+                {
+                    Heard::Queued
+                }
+                _ => return,
+            };
+            let _ = tx.send(heard);
+        });
+        if let Err(e) = plane.subscribe(sink).await {
+            tracing::warn!(worker = %w.id, error = %e, "could not subscribe to the control plane; cancels and nudges are found by polling");
+        }
+        rx
+    }
+
+    /// An operator cancelled `run_id`: the handlers of its tasks running here are told at once.
+    fn cancel_run_tasks(&self, run_id: &RunId, inflight: &HashMap<(RunId, u32), TaskContext>) {
+        for ((run, _), ctx) in inflight {
+            if run == run_id && !ctx.is_cancelled() {
+                tracing::debug!(worker = %self.inner.id, step_id = %ctx.step_id(), "the run was cancelled; cancelling its task");
+                ctx.cancel();
+            }
+        }
     }
 
     /// Tells the handlers of tasks whose run has settled (a cancel, say) to stop.
@@ -587,8 +656,30 @@ impl Worker {
         running.abort_all();
         while running.join_next().await.is_some() {}
         report.handed_back += back.len() as u64;
-        if let Err(e) = w.store.release_tasks(&back, &w.id).await {
-            tracing::warn!(worker = %w.id, error = %e, "could not hand tasks back; they return when their leases expire");
+        let queues: std::collections::BTreeSet<(String, String)> = inflight
+            .values()
+            .map(|ctx| (ctx.inner.task.task.namespace.clone(), ctx.inner.task.task.queue.clone()))
+            .collect();
+        match w.store.release_tasks(&back, &w.id).await {
+            Ok(_) => {
+                // Other workers take them now, not at their next poll.
+                if let (Some(plane), false) = (&w.control, queues.is_empty()) {
+                    let messages = queues
+                        .into_iter()
+                        .map(|(namespace, queue)| ControlMessage::Enqueued {
+                            origin: w.id.clone(),
+                            namespace: Some(namespace),
+                            queue: Some(queue),
+                        })
+                        .collect();
+                    if let Err(e) = plane.publish_all(messages).await {
+                        tracing::debug!(worker = %w.id, error = %e, "could not announce the tasks handed back");
+                    }
+                }
+            }
+            Err(e) => {
+                tracing::warn!(worker = %w.id, error = %e, "could not hand tasks back; they return when their leases expire")
+            }
         }
     }
 
@@ -740,6 +831,14 @@ impl Worker {
         }
         None
     }
+}
+
+/// What a worker heard on its control plane.
+enum Heard {
+    /// An operator cancelled this run.
+    Cancel(RunId),
+    /// Tasks were queued on a queue the worker serves.
+    Queued,
 }
 
 struct Outcome {

@@ -82,6 +82,10 @@
 //!   dispatches and releases `NOTIFY`, and [`PostgresStore::task_wakeups`] wakes an idle worker
 //!   at once. The claim, the expiry and silence scans and the listings walk indexes of open
 //!   tasks only (`tests/pg_plans.rs`).
+//! - **A control plane** ([`PostgresStore::control_plane`], a [`PostgresControlPlane`]): engine
+//!   events, cancels and "work was queued" nudges between every engine and worker on the schema,
+//!   over `LISTEN/NOTIFY` on the schema's own channel (`<schema>:control`); a batch of messages
+//!   is one statement, a listener one dedicated connection per store.
 //! - **Flow control** ([`durable_core::admission`]): gates, held slots and queued requests in
 //!   `admission_gates`, `admission_slots` and `admission_waiters`, kept by the rules of
 //!   [`AdmissionBook`](durable_core::admission::AdmissionBook) in PL/pgSQL (`tests/pg_admission.rs`
@@ -171,7 +175,9 @@
 #![deny(missing_docs)]
 
 mod admission;
+mod control;
 mod error;
+mod listener;
 mod ops;
 mod options;
 mod queue;
@@ -306,6 +312,7 @@ pub mod __private {
         (q.sql, q.params)
     }
 }
+pub use control::{MAX_CONTROL_MESSAGE, PostgresControlPlane};
 pub use error::{Error, Result};
 pub use options::PostgresOptions;
 pub use schema::SCHEMA_VERSION;
@@ -340,9 +347,12 @@ struct Inner {
     task_sql: tasks::TaskStatements,
     admission_sql: admission::AdmissionStatements,
     /// The run queue's LISTEN connection, once [`PostgresStore::queue_wakeups`] started it.
-    listener: tokio::sync::Mutex<Option<queue::Listener>>,
+    listener: tokio::sync::Mutex<Option<listener::Listener<Arc<tokio::sync::Notify>>>>,
     /// The task channel's LISTEN connection, once [`PostgresStore::task_wakeups`] started it.
-    task_listener: tokio::sync::Mutex<Option<queue::Listener>>,
+    task_listener: tokio::sync::Mutex<Option<listener::Listener<Arc<tokio::sync::Notify>>>>,
+    /// The control channel's LISTEN connection and the plane's subscribers, once
+    /// [`PostgresStore::control_plane`] started it.
+    control_listener: tokio::sync::Mutex<Option<listener::Listener<Arc<durable_core::ControlSinks>>>>,
 }
 
 /// The fixed read statements, with the schema filled in.
@@ -475,6 +485,7 @@ impl PostgresStore {
         let writer = Writer::start(shared.clone());
         let queue_writer = Writer::start(shared.clone());
         let (listener, task_listener) = (tokio::sync::Mutex::new(None), tokio::sync::Mutex::new(None));
+        let control_listener = tokio::sync::Mutex::new(None);
         Ok(PostgresStore {
             inner: Arc::new(Inner {
                 shared,
@@ -488,6 +499,7 @@ impl PostgresStore {
                 admission_sql,
                 listener,
                 task_listener,
+                control_listener,
             }),
         })
     }

@@ -3,19 +3,16 @@
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_core::{Millis, QueueReason, QueuedRun, RunId, RunQueue, StoreResult};
 use tokio::sync::Notify;
-use tokio::task::JoinHandle;
 use tokio_postgres::types::Type;
-use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::PostgresStore;
-use crate::error::{self, Error, Result};
+use crate::error::{Error, Result};
+use crate::listener::{self, Listener};
 use crate::ops::{self, Op, QueueItemJson};
-use crate::options::quote_ident;
 
 /// The claim statements, with the schema filled in: of any namespace, or of one (`$5`).
 pub(crate) struct QueueStatements {
@@ -157,87 +154,6 @@ pub(crate) fn sub_channel(channel: &str, suffix: &str) -> String {
     format!("{channel}:{suffix}")
 }
 
-/// The listener behind [`PostgresStore::queue_wakeups`] and [`PostgresStore::task_wakeups`]: a
-/// task holding a dedicated connection that listens on one channel and reconnects when it drops.
-/// Dropped (task aborted, connection closed) with the store.
-#[derive(Debug)]
-pub(crate) struct Listener {
-    notify: Arc<Notify>,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Listener {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-/// What the listener needs to (re)connect.
-struct ListenTarget {
-    cfg: tokio_postgres::Config,
-    target: String,
-    channel: String,
-}
-
-impl ListenTarget {
-    /// Opens a connection, starts a task forwarding its notifications to `notify`, and
-    /// subscribes. Returns the client (the connection lives as long as it) and the task, which
-    /// ends when the connection does.
-    async fn connect(&self, notify: &Arc<Notify>) -> Result<(tokio_postgres::Client, JoinHandle<()>)> {
-        let (client, mut connection) =
-            self.cfg.connect(NoTls).await.map_err(|e| error::connect_error(&self.target, e))?;
-        let forward = notify.clone();
-        let driver = tokio::spawn(async move {
-            loop {
-                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                    // Stores one permit when nobody waits: a nudge is never lost, nudges fold.
-                    Some(Ok(AsyncMessage::Notification(_))) => forward.notify_one(),
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) | None => break,
-                }
-            }
-        });
-        let subscribed = client.batch_execute(&format!("LISTEN {}", quote_ident(&self.channel))).await;
-        if let Err(e) = subscribed {
-            driver.abort();
-            let doing = format!("subscribing to the notify channel {:?}", self.channel);
-            return Err(error::query_error(&self.target, &doing, e));
-        }
-        Ok((client, driver))
-    }
-}
-
-/// Keeps listening: waits for the connection to end, then reconnects with a backoff (50 ms
-/// doubling to 5 s) and nudges once after every reconnection, since notifications sent while
-/// the connection was down are lost.
-async fn supervise(
-    target: ListenTarget,
-    notify: Arc<Notify>,
-    mut client: tokio_postgres::Client,
-    mut driver: JoinHandle<()>,
-) {
-    loop {
-        let _ = (&mut driver).await;
-        // The connection is gone (terminated, server restarted, network). The store has no
-        // logging dependency: this is silent; polling covers the gap and the reconnection
-        // nudges once.
-        drop(client);
-        let mut backoff = Duration::from_millis(50);
-        loop {
-            tokio::time::sleep(backoff).await;
-            match target.connect(&notify).await {
-                Ok((c, d)) => {
-                    client = c;
-                    driver = d;
-                    break;
-                }
-                Err(_) => backoff = (backoff * 2).min(Duration::from_secs(5)),
-            }
-        }
-        notify.notify_one();
-    }
-}
-
 impl PostgresStore {
     /// Wake-ups for a run-queue consumer: a [`Notify`] that is triggered
     /// ([`Notify::notify_one`]) each time any engine on this schema queues runs, within
@@ -265,7 +181,7 @@ impl PostgresStore {
     /// use (`what` names the caller in errors).
     pub(crate) async fn wakeups(
         &self,
-        slot: &tokio::sync::Mutex<Option<Listener>>,
+        slot: &tokio::sync::Mutex<Option<Listener<Arc<Notify>>>>,
         suffix: &str,
         what: &str,
     ) -> Result<Arc<Notify>> {
@@ -274,22 +190,10 @@ impl PostgresStore {
                 reason: format!("{what} needs a channel: set PostgresOptions::notify_channel"),
             });
         };
-        let Some(cfg) = self.inner.config.clone() else {
-            return Err(Error::InvalidOptions {
-                reason: format!(
-                    "{what} needs a store connected with a URL (PostgresStore::connect_with), not from_pool"
-                ),
-            });
-        };
-        let mut listener = slot.lock().await;
-        if let Some(l) = listener.as_ref() {
-            return Ok(l.notify.clone());
-        }
-        let target = ListenTarget { cfg, target: self.target().to_string(), channel: sub_channel(channel, suffix) };
-        let notify = Arc::new(Notify::new());
-        let (client, driver) = target.connect(&notify).await?;
-        let task = tokio::spawn(supervise(target, notify.clone(), client, driver));
-        *listener = Some(Listener { notify: notify.clone(), task });
-        Ok(notify)
+        self.listener(slot, sub_channel(channel, suffix), what, || {
+            let notify = Arc::new(Notify::new());
+            (notify.clone(), listener::nudge(notify))
+        })
+        .await
     }
 }

@@ -4,32 +4,38 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::Client;
 use async_nats::connection::State;
+use async_nats::{Client, PublishErrorKind, Subscriber};
 use async_trait::async_trait;
-use durable_core::{ControlError, ControlMessage, ControlPlane, ControlSink};
+use durable_core::{ControlError, ControlMessage, ControlPlane, ControlSink, ControlSinks};
 use futures_util::StreamExt;
-use parking_lot::Mutex;
 use tokio::task::AbortHandle;
 
 use crate::names;
 use crate::report::Reporter;
 
-/// How long a subscription may take to be confirmed by the server.
+/// How long the plane's subscription may take to be confirmed by the server.
 const CONFIRM_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// How often a subscription's task looks at the connection's state.
+/// How often the listener looks at the connection's state.
 const STATE_CHECK: Duration = Duration::from_secs(1);
 
 /// [`ControlMessage`]s between the instances of one deployment, on the core NATS subject
 /// `<prefix>.control` (not JetStream: nothing is stored). Clones share the connection and the
-/// subscriptions; the subscriptions' tasks end when the last clone is dropped.
+/// subscribers.
 ///
-/// The client reconnects on its own after a connection loss; each subscription's task reports
-/// the outages it sees with `tracing::warn!`, at most once a minute, with a count. Messages
-/// published while a subscriber is disconnected do not reach it (best effort, as the
-/// [`ControlPlane`] contract says), and [`publish`](ControlPlane::publish) fails at once while
-/// this instance is disconnected.
+/// The plane subscribes to its subject once, when it is made (a round trip to the server, so
+/// that its subscription is in force when [`connect`](NatsControlPlane::connect) or
+/// [`from_client`](NatsControlPlane::from_client) returns), and one task hands every message
+/// that decodes to the sinks; [`subscribe`](ControlPlane::subscribe) only adds a sink, without
+/// waiting. The task ends when the last clone is dropped.
+///
+/// The client reconnects on its own after a connection loss; the task reports the outages it
+/// sees with `tracing::warn!`, at most once a minute, with a count. Messages published while
+/// this instance is disconnected do not reach it (best effort, as the [`ControlPlane`]
+/// contract says), and [`publish`](ControlPlane::publish) fails at once while it is
+/// disconnected. A message larger than the server's maximum payload (1 MiB by default) is
+/// dropped with a warning.
 #[derive(Clone)]
 pub struct NatsControlPlane {
     inner: Arc<Inner>,
@@ -39,15 +45,14 @@ struct Inner {
     client: Client,
     prefix: String,
     subject: String,
-    /// The subscriptions' tasks, aborted when the last clone is dropped.
-    tasks: Mutex<Vec<AbortHandle>>,
+    sinks: Arc<ControlSinks>,
+    /// The listener task, aborted when the last clone is dropped.
+    listener: AbortHandle,
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
-        for task in self.tasks.get_mut().drain(..) {
-            task.abort();
-        }
+        self.listener.abort();
     }
 }
 
@@ -56,7 +61,7 @@ impl fmt::Debug for NatsControlPlane {
         f.debug_struct("NatsControlPlane")
             .field("prefix", &self.inner.prefix)
             .field("subject", &self.inner.subject)
-            .field("subscriptions", &self.inner.tasks.lock().len())
+            .field("subscribers", &self.inner.sinks.len())
             .finish()
     }
 }
@@ -66,8 +71,8 @@ fn unavailable(what: &str, e: impl fmt::Display) -> ControlError {
 }
 
 impl NatsControlPlane {
-    /// Connects to the NATS server(s) at `url` (several separated by commas); messages travel
-    /// on `<prefix>.control`.
+    /// Connects to the NATS server(s) at `url` (several separated by commas) and listens on
+    /// `<prefix>.control`. Must be called inside a tokio runtime (it spawns the listener).
     pub async fn connect(url: &str, prefix: &str) -> Result<Self, ControlError> {
         names::check_prefix(prefix).map_err(ControlError)?;
         let client = async_nats::ConnectOptions::new()
@@ -75,19 +80,26 @@ impl NatsControlPlane {
             .connect(url)
             .await
             .map_err(|e| unavailable(&format!("could not connect to NATS at {url}"), e))?;
-        Self::from_client(client, prefix)
+        Self::from_client(client, prefix).await
     }
 
     /// A control plane on a connection you made (or the one of a
     /// [`NatsTransport`](crate::NatsTransport): [`NatsTransport::client`](crate::NatsTransport::client)).
-    pub fn from_client(client: Client, prefix: &str) -> Result<Self, ControlError> {
+    pub async fn from_client(client: Client, prefix: &str) -> Result<Self, ControlError> {
         names::check_prefix(prefix).map_err(ControlError)?;
+        let subject = names::control_subject(prefix);
+        let subscription = client.subscribe(subject.clone()).await.map_err(|e| unavailable("subscribe", e))?;
+        round_trip(&client).await?;
+        let sinks = Arc::new(ControlSinks::new());
+        // The task holds no clone of the plane: dropping the last one aborts it.
+        let listener = tokio::spawn(listen(client.clone(), subject.clone(), subscription, sinks.clone()));
         Ok(NatsControlPlane {
             inner: Arc::new(Inner {
                 client,
                 prefix: prefix.to_string(),
-                subject: names::control_subject(prefix),
-                tasks: Mutex::new(Vec::new()),
+                subject,
+                sinks,
+                listener: listener.abort_handle(),
             }),
         })
     }
@@ -100,6 +112,38 @@ impl NatsControlPlane {
     /// The connection.
     pub fn client(&self) -> &Client {
         &self.inner.client
+    }
+
+    /// How many sinks subscribed (over every clone).
+    pub fn subscribers(&self) -> usize {
+        self.inner.sinks.len()
+    }
+
+    /// Publishes one message; an oversized one is dropped with a warning.
+    async fn send(&self, message: &ControlMessage) -> Result<(), ControlError> {
+        let payload = message.encode();
+        let payload_len = payload.len();
+        match self.inner.client.publish(self.inner.subject.clone(), payload.into()).await {
+            Ok(()) => Ok(()),
+            Err(e) if matches!(e.kind(), PublishErrorKind::MaxPayloadExceeded) => {
+                tracing::warn!(
+                    subject = %self.inner.subject,
+                    origin = message.origin(),
+                    size = payload_len,
+                    max_payload = self.inner.client.max_payload(),
+                    "dropping a control message larger than the NATS server's maximum payload"
+                );
+                Ok(())
+            }
+            Err(e) => Err(unavailable("publish to NATS", e)),
+        }
+    }
+
+    fn check_connected(&self) -> Result<(), ControlError> {
+        if self.inner.client.connection_state() == State::Disconnected {
+            return Err(ControlError("not connected to NATS (reconnecting)".into()));
+        }
+        Ok(())
     }
 }
 
@@ -117,61 +161,62 @@ async fn round_trip(client: &Client) -> Result<(), ControlError> {
     }
 }
 
+/// The listener: hands every message that decodes to the sinks (anything else — garbage, a
+/// newer sender's variant — is dropped), and reports outages at most once a minute.
+async fn listen(client: Client, subject: String, mut subscription: Subscriber, sinks: Arc<ControlSinks>) {
+    let mut outages = Reporter::default();
+    let mut connected = true;
+    let mut check = tokio::time::interval(STATE_CHECK);
+    check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tokio::select! {
+            message = subscription.next() => {
+                let Some(message) = message else {
+                    tracing::warn!(subject, "the NATS connection was closed: control messages no longer arrive here");
+                    break;
+                };
+                if let Some(decoded) = std::str::from_utf8(&message.payload).ok().and_then(ControlMessage::decode) {
+                    sinks.deliver(&decoded);
+                }
+            }
+            _ = check.tick() => {
+                let now = client.connection_state() != State::Disconnected;
+                if connected && !now && let Some(outages) = outages.failed() {
+                    tracing::warn!(
+                        subject,
+                        outages,
+                        "lost the NATS connection of the control plane ({outages} outages since the last report); \
+                         reconnecting, messages sent meanwhile do not arrive here"
+                    );
+                }
+                if !connected && now && outages.succeeded() {
+                    tracing::info!(subject, "the control plane is connected to NATS again");
+                }
+                connected = now;
+            }
+        }
+    }
+}
+
 #[async_trait]
 impl ControlPlane for NatsControlPlane {
     async fn publish(&self, message: ControlMessage) -> Result<(), ControlError> {
-        let client = &self.inner.client;
-        if client.connection_state() == State::Disconnected {
-            return Err(ControlError("not connected to NATS (reconnecting)".into()));
+        self.check_connected()?;
+        self.send(&message).await
+    }
+
+    /// Publishes the messages in order on the one connection (they are pipelined: no round
+    /// trip each).
+    async fn publish_all(&self, messages: Vec<ControlMessage>) -> Result<(), ControlError> {
+        self.check_connected()?;
+        for message in &messages {
+            self.send(message).await?;
         }
-        client
-            .publish(self.inner.subject.clone(), message.encode().into())
-            .await
-            .map_err(|e| unavailable("publish to NATS", e))
+        Ok(())
     }
 
     async fn subscribe(&self, sink: ControlSink) -> Result<(), ControlError> {
-        let client = self.inner.client.clone();
-        let subject = self.inner.subject.clone();
-        let mut subscription = client.subscribe(subject.clone()).await.map_err(|e| unavailable("subscribe", e))?;
-        round_trip(&client).await?;
-        // The task holds no clone of the plane: dropping the last one aborts it.
-        let task = tokio::spawn(async move {
-            let mut outages = Reporter::default();
-            let mut connected = true;
-            let mut check = tokio::time::interval(STATE_CHECK);
-            check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                tokio::select! {
-                    message = subscription.next() => {
-                        let Some(message) = message else {
-                            tracing::warn!(subject, "the NATS connection was closed: control messages no longer arrive here");
-                            break;
-                        };
-                        // Anything that does not decode (garbage, a newer sender's variant) is dropped.
-                        if let Some(decoded) = std::str::from_utf8(&message.payload).ok().and_then(ControlMessage::decode) {
-                            sink(decoded);
-                        }
-                    }
-                    _ = check.tick() => {
-                        let now = client.connection_state() != State::Disconnected;
-                        if connected && !now && let Some(outages) = outages.failed() {
-                            tracing::warn!(
-                                subject,
-                                outages,
-                                "lost the NATS connection of the control plane ({outages} outages since the last report); \
-                                 reconnecting, messages sent meanwhile do not arrive here"
-                            );
-                        }
-                        if !connected && now && outages.succeeded() {
-                            tracing::info!(subject, "the control plane is connected to NATS again");
-                        }
-                        connected = now;
-                    }
-                }
-            }
-        });
-        self.inner.tasks.lock().push(task.abort_handle());
+        self.inner.sinks.add(sink);
         Ok(())
     }
 }

@@ -25,7 +25,7 @@
 //!     .redeliver_after(Duration::from_secs(60)) // JetStream's ack wait
 //!     .claim_batch(32);
 //! // The control plane can share the transport's connection.
-//! let control = NatsControlPlane::from_client(transport.client().clone(), "orders")?;
+//! let control = NatsControlPlane::from_client(transport.client().clone(), "orders").await?;
 //! control.subscribe(std::sync::Arc::new(|message| println!("{message:?}"))).await?;
 //! // Hand both to the engine builder; the engine calls `dispatch_runs` and `consume_runs`.
 //! # Ok(())
@@ -93,9 +93,9 @@
 //!
 //! [`NatsTransport::consume_runs`](durable_transport::Transport::consume_runs) spawns one task
 //! for the consumer's loop and one per item in hand;
-//! [`ControlPlane::subscribe`](durable_transport::ControlPlane::subscribe) on a
-//! [`NatsControlPlane`] spawns one task per subscription, aborted when the last clone of
-//! the plane is dropped. The client (async-nats) runs its own connection task.
+//! a [`NatsControlPlane`] spawns one listener task when it is made (it hands messages to every
+//! subscribed sink), aborted when the last clone of the plane is dropped. The client
+//! (async-nats) runs its own connection task.
 //!
 //! ## Tests
 //!

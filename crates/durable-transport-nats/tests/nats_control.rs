@@ -122,3 +122,24 @@ async fn the_subscription_ends_when_the_last_clone_is_dropped() {
     })
     .await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publish_all_keeps_its_order_and_an_oversized_message_is_dropped() {
+    let Some(url) = url_or_skip("publish_all_keeps_its_order_and_an_oversized_message_is_dropped") else { return };
+    let prefix = unique_prefix("batch");
+    let (a, b) = (
+        NatsControlPlane::connect(&url, &prefix).await.expect("connect a"),
+        NatsControlPlane::connect(&url, &prefix).await.expect("connect b"),
+    );
+    let inbox = Arc::new(Inbox::default());
+    b.subscribe(inbox.sink()).await.expect("subscribe");
+    assert_eq!(b.subscribers(), 1);
+    let huge = "x".repeat(a.client().max_payload() + 1);
+    let oversized = ControlMessage::Event { origin: "a".into(), event: serde_json::json!({ "blob": huge }) };
+    let batch: Vec<_> = (0..50).map(|i| cancel("a", &format!("r{i}"))).collect();
+    let mut sent = batch.clone();
+    sent.insert(10, oversized);
+    a.publish_all(sent).await.expect("an oversized message is dropped, not refused");
+    inbox.wait_count(50).await;
+    assert_eq!(*inbox.got.lock(), batch);
+}

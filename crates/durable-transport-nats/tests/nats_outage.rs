@@ -135,7 +135,7 @@ async fn a_consumer_and_a_plane_resume_by_themselves_after_an_outage() {
     let behind = NatsTransport::connect(&proxy.url(), &prefix).await.expect("connect through the proxy");
     let behind = behind.poll_interval(Duration::from_millis(200));
     let direct = NatsTransport::connect(&url, &prefix).await.expect("connect directly");
-    let plane = NatsControlPlane::from_client(behind.client().clone(), &prefix).expect("plane");
+    let plane = NatsControlPlane::from_client(behind.client().clone(), &prefix).await.expect("plane");
     let direct_plane = NatsControlPlane::connect(&url, &prefix).await.expect("direct plane");
     let heard = Arc::new((Mutex::new(Vec::<ControlMessage>::new()), tokio::sync::Notify::new()));
     let sink = {

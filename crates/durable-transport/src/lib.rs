@@ -15,6 +15,12 @@
 //!   sharing one PostgreSQL database share its queue, woken within milliseconds by
 //!   `LISTEN/NOTIFY` through a [`Wakeups`] source ([`QueueTransport::with_wakeups`]).
 //!
+//! The control plane ([`ControlPlane`], defined in `durable-core` and re-exported here) carries
+//! small best-effort messages between instances: engine events, cancels, and "work was queued"
+//! nudges. [`InProcessControlPlane`] is the one inside a process (the engine's default);
+//! [`ControlWakeups`] turns a plane's run-queue nudges into [`Wakeups`] for a
+//! [`QueueTransport`]. PostgreSQL's plane lives in its store crate, brokers' in theirs.
+//!
 //! It does not depend on any store crate: [`RunQueue`] is defined in `durable-core`, next to
 //! the `Store` trait, and re-exported here.
 //!
@@ -30,6 +36,7 @@
 #![forbid(unsafe_code)]
 #![deny(missing_docs)]
 
+mod control;
 mod in_process;
 mod queue;
 mod wakeups;
@@ -38,7 +45,10 @@ use std::fmt;
 use std::sync::Arc;
 
 use async_trait::async_trait;
-pub use durable_core::{ControlError, ControlMessage, ControlPlane, ControlSink, QueueReason, QueuedRun, RunQueue};
+pub use control::{ControlWakeups, InProcessControlPlane};
+pub use durable_core::{
+    ControlError, ControlMessage, ControlPlane, ControlSink, ControlSinks, QueueReason, QueuedRun, RunQueue,
+};
 pub use in_process::InProcessTransport;
 pub use queue::QueueTransport;
 use tokio::sync::watch;

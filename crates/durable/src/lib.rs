@@ -68,18 +68,21 @@ pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]
 #[cfg_attr(docsrs, doc(cfg(feature = "postgres")))]
 pub use durable_store_postgres::{
-    Error as PostgresError, PostgresOptions, PostgresStats, PostgresStore, RunNotifications,
+    Error as PostgresError, PostgresControlPlane, PostgresOptions, PostgresStats, PostgresStore, RunNotifications,
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
 pub use durable_store_sqlite::{Durability, Error as SqliteError, SqliteOptions, SqliteStore};
-pub use durable_transport::{InProcessTransport, QueueTransport, Transport};
+pub use durable_transport::{
+    ControlMessage, ControlPlane, ControlWakeups, InProcessControlPlane, InProcessTransport, QueueTransport, Transport,
+};
 
-/// The API for implementing a transport: the run queue between engine instances.
+/// The API for implementing a transport: the run queue and the control plane between engine
+/// instances.
 pub mod transport {
     pub use durable_transport::{
-        Consumer, Handled, QueueReason, QueuedRun, RunHandler, RunQueue, Transport, TransportError, WakeupFuture,
-        Wakeups,
+        Consumer, ControlError, ControlMessage, ControlPlane, ControlSink, ControlSinks, Handled, QueueReason,
+        QueuedRun, RunHandler, RunQueue, Transport, TransportError, WakeupFuture, Wakeups,
     };
 }
 

@@ -18,7 +18,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable_core::{Millis, Run, RunId, RunStatus, StepError, Store};
-use durable_transport::Transport;
+use durable_transport::{ControlPlane, Transport};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 use tokio::sync::broadcast;
@@ -121,6 +121,7 @@ pub struct EngineBuilder {
     clock: Arc<dyn Clock>,
     config: EngineConfig,
     transport: Option<Arc<dyn Transport>>,
+    control_plane: Option<Arc<dyn ControlPlane>>,
     owner: Option<String>,
 }
 
@@ -164,6 +165,36 @@ impl EngineBuilder {
         self
     }
 
+    /// The control plane shared with the other engines (and workers) on the store — an
+    /// [`InProcessControlPlane`](durable_transport::InProcessControlPlane) clone for engines in
+    /// one process, `PostgresStore::control_plane()` for engines on one PostgreSQL schema, a
+    /// broker's. On it this engine
+    /// - publishes its events as [`EngineConfig::event_forwarding`] says (by default the
+    ///   run-level ones) and re-emits the events of the others to its own
+    ///   [`subscribe`](Engine::subscribe)rs, so a client engine sees runs settle that workers
+    ///   executed;
+    /// - publishes its cancels: the engine executing a turn of the cancelled run stops it at
+    ///   once (instead of at its next commit) and acts on what the store holds;
+    /// - announces the remote-step tasks its commits dispatch (workers with the plane claim at
+    ///   once) and the batches it sends to the run queue
+    ///   ([`ControlWakeups`](durable_transport::ControlWakeups)), coalesced.
+    ///
+    /// Everything on it is a hint; the store stays the truth and the pollers the safety net.
+    /// Without one the engine has an in-process plane of its own ([`Engine::control_plane`]),
+    /// which the workers beside it share, and forwards no events.
+    pub fn control_plane(mut self, plane: impl ControlPlane) -> Self {
+        self.control_plane = Some(Arc::new(plane));
+        self
+    }
+
+    /// Which of this engine's events are published on its control plane (default
+    /// [`EventForwarding::Runs`](crate::EventForwarding::Runs)). Same as
+    /// `EngineConfig { event_forwarding, .. }`.
+    pub fn event_forwarding(mut self, forwarding: crate::events::EventForwarding) -> Self {
+        self.config.event_forwarding = forwarding;
+        self
+    }
+
     /// The id this engine holds leases under, shown as a run's `lease_owner` (default:
     /// `engine-<pid>-<random>`). Every engine sharing a store needs its own: two engines
     /// with one id would each take the other's leases for their own. Useful to name a
@@ -197,7 +228,7 @@ impl EngineBuilder {
         let owner = self.owner.unwrap_or_else(|| {
             format!("engine-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12])
         });
-        let shared = Shared::new(store, self.clock, self.config, self.transport, owner);
+        let shared = Shared::new(store, self.clock, self.config, self.transport, self.control_plane, owner);
         let tasks = shared.spawn_background();
         Ok(Engine { inner: Arc::new(EngineInner { shared, tasks: Mutex::new(tasks) }) })
     }
@@ -320,6 +351,7 @@ impl Engine {
             clock: Arc::new(SystemClock),
             config: EngineConfig::default(),
             transport: None,
+            control_plane: None,
             owner: None,
         }
     }
@@ -328,7 +360,14 @@ impl Engine {
         &self.inner.shared
     }
 
-    /// This engine instance's lease-owner id.
+    /// The control plane this engine publishes on and listens to: the one given to
+    /// [`EngineBuilder::control_plane`], or the engine's own in-process plane.
+    pub fn control_plane(&self) -> &Arc<dyn ControlPlane> {
+        self.inner.shared.control_plane()
+    }
+
+    /// This engine instance's id: the lease owner it holds leases under, and the `origin` of
+    /// what it publishes on its control plane.
     pub fn owner(&self) -> &str {
         &self.inner.shared.owner
     }
@@ -348,7 +387,8 @@ impl Engine {
         &self.inner.shared.config
     }
 
-    /// Subscribes to this engine's [`EngineEvent`]s.
+    /// Subscribes to this engine's [`EngineEvent`]s, and to those other engines forward on
+    /// the control plane.
     pub fn subscribe(&self) -> broadcast::Receiver<EngineEvent> {
         self.inner.shared.hooks.subscribe()
     }

@@ -212,6 +212,8 @@ impl Engine {
         }
         shared.until_idle().await;
         shared.release_interrupted().await;
+        // The last turns' events, for the other engines.
+        shared.flush_events().await;
     }
 
     /// Stops taking work, lets executing turns finish for up to `timeout`, then shuts down

@@ -15,6 +15,7 @@ use durable_core::{
 use parking_lot::Mutex;
 use tracing::Instrument;
 
+use super::control::TurnWatch;
 use super::{Mark, Nudge, Shared};
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
@@ -73,11 +74,16 @@ impl Shared {
     pub(super) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         let children: Vec<(RunId, String, i32, u64)> =
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
-        let dispatches = !commit.tasks.is_empty();
+        let queues: Vec<(String, String)> =
+            commit.tasks.iter().map(|t| (t.namespace.clone(), t.queue.clone())).collect();
         let mark = self.mark();
         let outcome = self.store.commit(commit).await?;
-        if dispatches {
+        if !queues.is_empty() {
             self.task_dispatched.notify_waiters();
+            // Workers elsewhere look now, not at their next poll.
+            for (namespace, queue) in &queues {
+                self.nudge(Some(namespace), Some(queue));
+            }
         }
         for (id, namespace, priority, created_at) in children {
             self.queue_start(id, &namespace, priority, created_at, mark);
@@ -100,7 +106,10 @@ impl Shared {
 
     /// Runs turns of `id` until it settles, suspends or belongs to someone else.
     pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId) {
+        // A cancel heard while the run executes here stops its turn (see `control`).
+        let watch = self.watch_turns(id);
         loop {
+            watch.claiming();
             let now = self.clock.now();
             let claim = Claim {
                 run_id: id.clone(),
@@ -130,7 +139,7 @@ impl Shared {
             self.cancel_timer(id);
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
             let span = tracing::info_span!("turn", run_id = %id, workflow = %run.workflow, version = run.version);
-            match self.execute_turn(run, history, previous, handler).instrument(span).await {
+            match self.execute_turn(run, history, previous, handler, &watch).instrument(span).await {
                 TurnEnded::Again => continue,
                 TurnEnded::Done => {
                     self.executor.store_failures.lock().remove(id);
@@ -149,10 +158,11 @@ impl Shared {
         history: Vec<Checkpoint>,
         previous: RunStatus,
         handler: Arc<dyn ErasedWorkflow>,
+        watch: &TurnWatch<'_>,
     ) -> TurnEnded {
         self.metrics.turns.fetch_add(1, Ordering::Relaxed);
         let mut tally = Tally { previous, checkpointed: false, counted: false };
-        let ended = self.run_turn(run, history, handler, &mut tally).await;
+        let ended = self.run_turn(run, history, handler, &mut tally, watch).await;
         // An end that did not apply (a halt, a failed commit) changed nothing.
         tally.count(&self.metrics, false, None);
         ended
@@ -165,6 +175,7 @@ impl Shared {
         history: Vec<Checkpoint>,
         handler: Arc<dyn ErasedWorkflow>,
         tally: &mut Tally,
+        watch: &TurnWatch<'_>,
     ) -> TurnEnded {
         let id = run.id.clone();
         let input = run.input.clone();
@@ -180,6 +191,7 @@ impl Shared {
         };
         let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
         let t = Arc::new(TurnState::new(turn, self.clone()));
+        watch.turn(&t);
         let end = match handler.call(WorkflowCtx { t: t.clone() }, &input) {
             Ok(body) => {
                 let driver = TurnDriver::new(t.clone(), body);

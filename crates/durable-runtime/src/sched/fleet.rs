@@ -140,6 +140,8 @@ impl Shared {
             for chunk in group.chunks(self.config.dispatch_batch.max(1)) {
                 match transport.dispatch_runs(namespace.as_deref(), chunk.to_vec()).await {
                     Ok(()) => {
+                        // Consumers elsewhere look now (`ControlWakeups`), not at their next poll.
+                        self.nudge(namespace.as_deref(), None);
                         self.fleet.queue_failures.lock().down = false;
                         self.metrics.batches.fetch_add(1, Ordering::Relaxed);
                         self.metrics.queued_runs.fetch_add(chunk.len() as u64, Ordering::Relaxed);

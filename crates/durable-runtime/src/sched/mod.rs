@@ -8,7 +8,9 @@
 //! no cycle: `fleet` (the run queue: outbox flusher, consumer) → `dispatch` (slots, the
 //! dispatcher loop, the task that runs a run) → `executor` (a run's turns, and what follows
 //! a turn that could not run) → `timers` (in-memory timers, the pollers) → `operate` (cancel,
-//! children) → `watch` (waiters) → `starter` (the scheduler: schedules, trigger buffers). Asking for a run to execute (`wake`, `queue_start`,
+//! children) → `control` (the control plane: forwarded events, cancels, nudges, and the turns
+//! executing here that a cancel stops) → `watch` (waiters) → `starter` (the scheduler:
+//! schedules, trigger buffers). Asking for a run to execute (`wake`, `queue_start`,
 //! `dispatch_as`, with a [`Nudge`] that says how old the news is, from a [`Mark`]) is what all
 //! of them need, so it lives here, as does `impl TurnEnv`.
 //!
@@ -16,12 +18,14 @@
 //!
 //! `Shared` holds what never changes after `build` (store, clock, config, owner, registry),
 //! counters, two lifecycle flags (`shutdown`, `draining`), and one struct per owner:
-//! [`Dispatch`], [`Executor`], [`Timers`], [`Fleet`], [`Watchers`] and [`Hooks`]. The fields
-//! of each are private to the file that declares it, so each lock is taken in that file
-//! only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
+//! [`Dispatch`], [`Executor`], [`Timers`], [`Fleet`], [`Watchers`], [`Hooks`] and [`Control`].
+//! The fields of each are private to the file that declares it, so each lock is taken in that
+//! file only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
 //! `rechecks`, `warned_versions`), `timers.rs` (`due`), `fleet.rs` (`outbox`,
-//! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`) and
-//! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`).
+//! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`),
+//! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`) and `control.rs` (`turns`,
+//! `nudges`, `dropped_report`, `publish_report`, and `pending_events`, a tokio mutex the event
+//! publisher holds across its receive and nothing else).
 //!
 //! # Lock order
 //!
@@ -39,9 +43,16 @@
 //! of these is held, and no lock of ours is taken while they are — a turn holds its lock only
 //! around a call into the core, reading the clock (`TurnEnv::now`) at most; `commit`, `emit`
 //! and `latest_version` are called without it. The executor takes a turn's lock once, to fail
-//! a turn whose input does not decode. The engine holds its task list's lock only to abort
-//! the background tasks.
+//! a turn whose input does not decode. A cancel heard on the control plane copies the turn out
+//! of `Control::turns`, releases that lock, then stops the turn (`TurnState::interrupt`: the
+//! turn's lock, released, then its driver's waker slot). The engine holds its task list's lock
+//! only to abort the background tasks.
+//!
+//! The control plane calls the engine's sink on the plane's listener (or, in process, on the
+//! publisher's task — a turn's, for a forwarded event): it takes the locks above one at a time
+//! like any caller, and never waits.
 
+mod control;
 mod dispatch;
 mod executor;
 mod fleet;
@@ -59,7 +70,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
 use durable_core::admission::{Admission, Limits, SlotRequest};
 use durable_core::{Commit, CommitOutcome, Millis, QueueReason, QueuedRun, RunId, Store, StoreResult, protocol};
-use durable_transport::Transport;
+use durable_transport::{ControlPlane, Transport};
 use tokio::task::JoinHandle;
 
 use crate::clock::{BoxFuture, Clock};
@@ -67,6 +78,7 @@ use crate::config::EngineConfig;
 use crate::events::EngineEvent;
 use crate::registry::Registry;
 use crate::turn::TurnEnv;
+use control::Control;
 use dispatch::Dispatch;
 use executor::Executor;
 use fleet::Fleet;
@@ -105,6 +117,7 @@ pub(crate) struct Shared {
     fleet: Fleet,
     watchers: Watchers,
     starter: Starter,
+    control: Control,
     /// Notified after a commit that dispatched remote-step tasks (in-process workers look at
     /// once).
     pub(crate) task_dispatched: Arc<tokio::sync::Notify>,
@@ -149,8 +162,10 @@ impl Shared {
         clock: Arc<dyn Clock>,
         config: EngineConfig,
         transport: Option<Arc<dyn Transport>>,
+        plane: Option<Arc<dyn ControlPlane>>,
         owner: String,
     ) -> Arc<Self> {
+        let control = Control::new(plane, config.event_forwarding);
         Arc::new(Shared {
             store,
             clock,
@@ -169,13 +184,15 @@ impl Shared {
             fleet: Fleet::new(transport),
             watchers: Watchers::default(),
             starter: Starter::default(),
+            control,
             task_dispatched: Arc::new(tokio::sync::Notify::new()),
         })
     }
 
     /// Starts the background tasks: the dispatcher, the timer loop and the poller on an
     /// engine that executes runs; the outbox flusher (and, executing, the transport's
-    /// consumer) with a run queue. Each ends when the engine stops.
+    /// consumer) with a run queue; the control plane's publishers (events, nudges), after
+    /// subscribing to it. Each ends when the engine stops.
     pub(crate) fn spawn_background(self: &Arc<Self>) -> Vec<JoinHandle<()>> {
         let spawn = |f: Pin<Box<dyn Future<Output = ()> + Send>>| {
             let shared = self.clone();
@@ -189,6 +206,9 @@ impl Shared {
             })
         };
         let mut tasks = Vec::new();
+        tasks.extend(self.subscribe_control());
+        tasks.push(spawn(Box::pin(self.clone().event_loop())));
+        tasks.push(spawn(Box::pin(self.clone().nudge_loop())));
         if self.config.execute {
             tasks.push(spawn(Box::pin(self.clone().dispatch_loop())));
             tasks.push(spawn(Box::pin(self.clone().timer_loop())));
@@ -205,7 +225,10 @@ impl Shared {
         tasks
     }
 
+    /// Sends an event to this engine's subscribers and, if it is forwarded, to the other
+    /// engines on the control plane.
     pub(crate) fn emit(&self, event: EngineEvent) {
+        self.forward_event(&event);
         self.hooks.emit(event);
     }
 
@@ -439,7 +462,7 @@ mod tests {
 
     fn shared(owner: &str) -> Arc<Shared> {
         let store: Arc<dyn Store> = Arc::new(durable_store_memory::MemoryStore::new());
-        Shared::new(store, Arc::new(crate::clock::SystemClock), EngineConfig::default(), None, owner.into())
+        Shared::new(store, Arc::new(crate::clock::SystemClock), EngineConfig::default(), None, None, owner.into())
     }
 
     #[test]

@@ -85,6 +85,12 @@ impl Shared {
             let run = self.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;
             return Ok(run.status);
         }
+        // A turn of the run stops at once — here, and, through the control plane, on the
+        // engine executing it — instead of at its next commit (or, with compensation, its next
+        // suspend): the run is claimed again and what follows is decided on what the store
+        // holds now.
+        self.interrupt_turn(id, format!("run {id} was cancelled by an operator"));
+        self.publish_cancel(id).await;
         if status == RunStatus::Cancelled {
             self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
             self.notify_run(id);

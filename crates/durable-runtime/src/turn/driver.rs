@@ -41,6 +41,9 @@ impl TurnDriver {
 impl Future for TurnDriver {
     type Output = End;
     fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<End> {
+        // Before the core is asked anything: a stop from outside the turn set after this
+        // point wakes this task again, one set before it is seen by the questions below.
+        self.t.driven_by(cx.waker());
         loop {
             let this = &mut *self;
             let now = this.t.now();

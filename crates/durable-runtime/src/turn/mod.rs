@@ -19,7 +19,7 @@ use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::{Context, Poll};
+use std::task::{Context, Poll, Waker};
 
 pub use child::{ChildFailed, ChildHandle, ChildOptions};
 pub(crate) use ctx::Compensation;
@@ -48,6 +48,11 @@ pub(crate) struct TurnState {
     /// The store acknowledged a commit of this turn that carried a checkpoint (a step result,
     /// a recorded value, a wait, a sleep, …): the turn got somewhere.
     checkpointed: AtomicBool,
+    /// The waker of the task polling the driver, as of its last poll: an [`interrupt`]
+    /// from outside the turn wakes it so the driver asks the core at once.
+    ///
+    /// [`interrupt`]: TurnState::interrupt
+    driver: Mutex<Option<Waker>>,
 }
 
 impl TurnState {
@@ -58,6 +63,30 @@ impl TurnState {
             env,
             undos: Mutex::new(HashMap::new()),
             checkpointed: AtomicBool::new(false),
+            driver: Mutex::new(None),
+        }
+    }
+
+    /// Stops the turn from outside it, because the store holds newer facts about the run than
+    /// the turn saw — an operator cancelled it: the core is told to stop with
+    /// [`TurnStop::Rerun`](durable_core::TurnStop::Rerun) (the executor then claims the run
+    /// again and a fresh turn acts on what the store holds), and the driver is woken, so the
+    /// turn ends at its next poll — at once, even in the middle of a step (whose closure is
+    /// dropped, its result unrecorded, as in a crash). Takes the turn's locks one after the
+    /// other, never together.
+    pub(crate) fn interrupt(&self, why: String) {
+        self.turn.lock().stop(durable_core::TurnStop::Rerun(why));
+        let waker = self.driver.lock().take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
+    /// Records the waker of the task polling the driver (see [`TurnState::interrupt`]).
+    fn driven_by(&self, waker: &Waker) {
+        let mut driver = self.driver.lock();
+        if !driver.as_ref().is_some_and(|w| w.will_wake(waker)) {
+            *driver = Some(waker.clone());
         }
     }
 
