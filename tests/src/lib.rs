@@ -3,6 +3,7 @@
 
 use std::io::Write;
 
+pub mod broker;
 pub mod control;
 pub mod flow;
 pub mod remote;

@@ -2,12 +2,15 @@
 //! the runs another engine executed settle, and its cancel stops a long turn there within
 //! milliseconds — abandoning the run, or running its undos. Once with both engines in this
 //! process (each with a store and a plane of its own on one schema), once with the executing
-//! engine in a process of its own (`src/bin/control_pg_worker.rs`).
+//! engine in a process of its own (`src/bin/control_pg_worker.rs`). The process test runs again
+//! with the control plane (and the run queue) on NATS and on Redis, the state in PostgreSQL.
 //!
-//! The server comes from `DURABLE_PG_URL`; without it every test prints one skip line and passes:
+//! The servers come from `DURABLE_PG_URL`, `DURABLE_NATS_URL` and `DURABLE_REDIS_URL`; without
+//! one, each test that needs it prints one skip line and passes:
 //!
 //! ```text
-//! DURABLE_PG_URL=postgres://postgres@127.0.0.1:5432/test cargo test -p durable-tests --test control_postgres
+//! DURABLE_PG_URL=postgres://postgres@127.0.0.1:5432/test DURABLE_NATS_URL=nats://127.0.0.1:4222 \
+//!   DURABLE_REDIS_URL=redis://127.0.0.1:6379 cargo test -p durable-tests --test control_postgres
 //! ```
 
 use std::io::{BufRead, BufReader};
@@ -17,6 +20,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durable::{Cancel, CheckpointStatus, Engine, EngineEvent, PostgresStore, RunId, RunStatus, StartOptions};
 use durable_store_postgres::test_support::{ScratchSchema, url_or_skip};
+use durable_tests::broker::Broker;
 use durable_tests::control::{self, LoopInput, Report};
 use tokio::sync::broadcast;
 
@@ -172,10 +176,12 @@ struct WorkerProcess {
 }
 
 impl WorkerProcess {
-    fn spawn(scratch: &ScratchSchema) -> Self {
+    /// `broker`: `[kind, url, prefix]` of the broker whose plane it uses, else the schema's.
+    fn spawn(scratch: &ScratchSchema, broker: &[&str]) -> Self {
         let mut child = Command::new(env!("CARGO_BIN_EXE_control_pg_worker"))
             .arg(scratch.url())
             .arg(scratch.name())
+            .args(broker)
             .env("APP_NAME", scratch.application_name())
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
@@ -223,15 +229,56 @@ impl Drop for WorkerProcess {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there() {
-    let Some(url) = url_or_skip("a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there") else {
-        return;
-    };
+    let test = "a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there";
+    let Some(url) = url_or_skip(test) else { return };
+    client_and_worker_process(&url, None).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_nats_a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there() {
+    let test = "over_nats_a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there";
+    let Some(url) = url_or_skip(test) else { return };
+    let Some(nats) = durable_transport_nats::test_support::url_or_skip(test) else { return };
+    client_and_worker_process(&url, Some(("nats", &nats))).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_redis_a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there() {
+    let test = "over_redis_a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there";
+    let Some(url) = url_or_skip(test) else { return };
+    let Some(redis) = durable_transport_redis::test_support::url_or_skip(test) else { return };
+    client_and_worker_process(&url, Some(("redis", &redis))).await;
+}
+
+/// A client engine here, an executing engine in a worker process; the control plane is the
+/// schema's, or `broker`'s (`(kind, url)`, with its run queue).
+async fn client_and_worker_process(url: &str, broker: Option<(&str, &str)>) {
     let _serial = one_at_a_time().await;
-    let scratch = ScratchSchema::new(&url, "control_proc").await.expect("scratch schema");
+    let scratch = ScratchSchema::new(url, "control_proc").await.expect("scratch schema");
+    let over = broker.map_or("PostgreSQL", |(kind, _)| kind);
     // The client first: it creates the schema the worker connects to.
-    let (a, _) = engine(&scratch, "client", false).await;
+    let (a, worker, broker) = match broker {
+        None => {
+            let (a, _) = engine(&scratch, "client", false).await;
+            (a, WorkerProcess::spawn(&scratch, &[]), None)
+        }
+        Some((kind, broker_url)) => {
+            let prefix = durable_transport_nats::test_support::unique_prefix("control");
+            let broker = Broker::connect(kind, broker_url, &prefix, Duration::from_secs(10)).await.expect("broker");
+            let store = scratch.connect().await.expect("connect");
+            let a = Engine::builder()
+                .store(store)
+                .config(control::config())
+                .owner("client")
+                .transport(broker.transport.clone())
+                .control_plane(broker.plane.clone())
+                .client_only()
+                .build()
+                .expect("engine");
+            (a, WorkerProcess::spawn(&scratch, &[kind, broker_url, &prefix]), Some(broker))
+        }
+    };
     control::register(&a, Arc::new(|_| {}));
-    let worker = WorkerProcess::spawn(&scratch);
     worker.until("ready");
     let mut at_a = a.subscribe();
 
@@ -249,7 +296,7 @@ async fn a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there() {
     let words = worker.until(&format!("stopped {} ", run.id));
     let stopped: u128 = words[0].parse().expect("a time");
     println!(
-        "PostgreSQL, worker process: its turn stopped {} after the client's cancel returned ({} after it was called)",
+        "{over}, worker process: its turn stopped {} after the client's cancel returned ({} after it was called)",
         ms(stopped.saturating_sub(returned)),
         ms(stopped.saturating_sub(called))
     );
@@ -270,4 +317,7 @@ async fn a_client_hears_a_worker_process_and_its_cancel_stops_the_turn_there() {
     }
     worker.stop();
     a.shutdown().await;
+    if let Some(broker) = broker {
+        broker.destroy().await.expect("remove the broker's stream or keys");
+    }
 }

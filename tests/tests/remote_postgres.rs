@@ -15,6 +15,9 @@
 
 mod remote_common;
 
+/// Runs started by the test.
+const RUNS: usize = 1_000;
+
 use std::time::Duration;
 
 use durable::{Engine, PostgresStore};
@@ -44,7 +47,7 @@ fn two_engines_three_workers_5000_remote_steps_survive_two_sigkills() {
         // lease sends the step to another live worker, a duplicate no kill explains.
         let lease = Duration::from_secs(5);
         remote_common::scenario(
-            remote_common::RUNS,
+            RUNS,
             [&engines[0], &engines[1]],
             lease,
             &["pg", scratch.url(), scratch.name(), &ledger_arg],

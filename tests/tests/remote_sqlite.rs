@@ -6,6 +6,9 @@
 
 mod remote_common;
 
+/// Runs started by the test.
+const RUNS: usize = 1_000;
+
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -25,15 +28,8 @@ async fn two_engines_three_workers_5000_remote_steps_survive_two_sigkills() {
     let (db_arg, ledger_arg) = (db.to_string_lossy().to_string(), ledger.to_string_lossy().to_string());
     // Leases of 2 s: a killed worker's tasks go to the survivor 2 s after their claim.
     let lease = Duration::from_secs(2);
-    remote_common::scenario(
-        remote_common::RUNS,
-        [&engines[0], &engines[1]],
-        lease,
-        &["sqlite", &db_arg, &ledger_arg],
-        &[],
-        &ledger,
-    )
-    .await;
+    remote_common::scenario(RUNS, [&engines[0], &engines[1]], lease, &["sqlite", &db_arg, &ledger_arg], &[], &ledger)
+        .await;
     for e in &engines {
         tokio::time::timeout(Duration::from_secs(30), e.shutdown()).await.expect("the engines shut down");
     }

@@ -123,4 +123,27 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// most `concurrency` at once, until the returned consumer is stopped. Must be called
     /// inside a tokio runtime.
     fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer;
+
+    /// Whether an item sent without a namespace still reaches the consumers of its run's
+    /// namespace (a store-backed queue fills it in from the run; the in-process queue hands such
+    /// items to every consumer). When `false` (the default: a broker routes by namespace), the
+    /// engine looks up the namespaces it does not know before it sends.
+    fn routes_without_namespace(&self) -> bool {
+        false
+    }
+}
+
+#[async_trait]
+impl<T: Transport + ?Sized> Transport for Arc<T> {
+    async fn dispatch_runs(&self, namespace: Option<&str>, batch: Vec<QueuedRun>) -> Result<(), TransportError> {
+        (**self).dispatch_runs(namespace, batch).await
+    }
+
+    fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer {
+        (**self).consume_runs(namespace, concurrency, handler)
+    }
+
+    fn routes_without_namespace(&self) -> bool {
+        (**self).routes_without_namespace()
+    }
 }

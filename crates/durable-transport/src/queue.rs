@@ -122,6 +122,10 @@ impl Transport for QueueTransport {
         Ok(())
     }
 
+    fn routes_without_namespace(&self) -> bool {
+        true
+    }
+
     fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer {
         let (stop, mut stopped) = watch::channel(false);
         let this = self.clone();

@@ -77,6 +77,25 @@ pub use durable_transport::{
     ControlMessage, ControlPlane, ControlWakeups, InProcessControlPlane, InProcessTransport, QueueTransport, Transport,
 };
 
+/// The NATS transport (feature `nats`): [`NatsTransport`](nats::NatsTransport) puts the run
+/// queue on a JetStream stream, [`NatsControlPlane`](nats::NatsControlPlane) carries events,
+/// cancels and nudges on core NATS subjects.
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats {
+    pub use durable_transport_nats::{NatsControlPlane, NatsTransport, StreamOptions};
+}
+
+/// The Redis transport (feature `redis`): [`RedisTransport`](redis::RedisTransport) puts the
+/// run queue on Redis Streams with a consumer group,
+/// [`RedisControlPlane`](redis::RedisControlPlane) carries events, cancels and nudges on
+/// pub/sub.
+#[cfg(feature = "redis")]
+#[cfg_attr(docsrs, doc(cfg(feature = "redis")))]
+pub mod redis {
+    pub use durable_transport_redis::{RedisControlPlane, RedisTransport};
+}
+
 /// The API for implementing a transport: the run queue and the control plane between engine
 /// instances.
 pub mod transport {

@@ -3,19 +3,23 @@
 //! until SIGTERM.
 //!
 //! ```text
-//! usage: control_pg_worker <url> <schema>
+//! usage: control_pg_worker <url> <schema> [<nats|redis> <broker-url> <prefix>]
 //! prints: ready                          once the engine runs
 //!         step <run> <i> <unix_us>       a step of `loop` started
 //!         undo <run> <i> <unix_us>       an undo of `loop` ran
 //!         stopped <run> <unix_us>        a turn of `loop` ended (its body was dropped)
 //! ```
 //!
+//! With a broker, the control plane (and the run queue) are the broker's, under `prefix`;
+//! without, the schema's `LISTEN/NOTIFY` plane.
+//!
 //! APP_NAME: the connections' application_name (default `durable-control`).
 
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use durable::{Engine, PostgresOptions, PostgresStore};
+use durable_tests::broker::Broker;
 use durable_tests::control::{self, Report};
 use durable_tests::out;
 
@@ -37,18 +41,20 @@ async fn main() -> std::process::ExitCode {
 async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let (Some(url), Some(schema)) = (args.first(), args.get(1)) else {
-        return Err("usage: control_pg_worker <url> <schema>".into());
+        return Err("usage: control_pg_worker <url> <schema> [<nats|redis> <broker-url> <prefix>]".into());
     };
     let app = std::env::var("APP_NAME").unwrap_or_else(|_| "durable-control".into());
     let options = PostgresOptions::new().schema(schema).pool_size(8).application_name(app);
     let store = PostgresStore::connect_with(url, options).await?;
-    let plane = store.control_plane().await?;
-    let engine = Engine::builder()
-        .store(store)
-        .config(control::config())
-        .owner(format!("worker-process-{}", std::process::id()))
-        .control_plane(plane)
-        .build()?;
+    let builder = Engine::builder().store(store.clone());
+    let builder = match (args.get(2), args.get(3), args.get(4)) {
+        (Some(kind), Some(broker_url), Some(prefix)) => {
+            let broker = Broker::connect(kind, broker_url, prefix, Duration::from_secs(10)).await?;
+            builder.transport(broker.transport.clone()).control_plane(broker.plane.clone())
+        }
+        _ => builder.control_plane(store.control_plane().await?),
+    };
+    let engine = builder.config(control::config()).owner(format!("worker-process-{}", std::process::id())).build()?;
     control::register(
         &engine,
         Arc::new(|report| match report {

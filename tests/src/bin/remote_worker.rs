@@ -6,7 +6,13 @@
 //! usage:
 //!   remote_worker sqlite <db> <ledger>
 //!   remote_worker pg <url> <schema> <ledger>
+//!   remote_worker broker <nats|redis> <broker-url> <prefix> <pg-url> <schema> <ledger>
 //! ```
+//!
+//! In `broker` mode the process is a whole fleet member: beside the worker it runs an engine
+//! that executes `remote5` runs (`durable_tests::remote`), taking starts and wakes from the
+//! broker's run queue, and both share the broker's control plane (task nudges, cancels,
+//! events); the state is in PostgreSQL.
 //!
 //! The handler of `work` appends `start <step_id> <attempt> <pid> <unix_ms>` to the ledger file, works for
 //! WORK_MS (default 3) milliseconds, appends `done <step_id> <attempt> <pid> <unix_ms>`, prints
@@ -24,7 +30,8 @@ use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable::{PostgresOptions, PostgresStore, SqliteStore, StepError, TaskContext, Worker};
+use durable::{Engine, EngineConfig, PostgresOptions, PostgresStore, SqliteStore, StepError, TaskContext, Worker};
+use durable_tests::broker::Broker;
 use durable_tests::out;
 
 fn env_u64(name: &str, default: u64) -> u64 {
@@ -56,6 +63,7 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let args: Vec<&str> = args.iter().map(String::as_str).collect();
     let builder = Worker::builder();
+    let mut engine = None;
     let (builder, ledger, poll_ms) = match args.as_slice() {
         ["sqlite", db, ledger] => {
             let store: Arc<dyn durable::store::Store> = Arc::new(SqliteStore::open(db)?);
@@ -69,7 +77,33 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
             let wakeups = store.task_wakeups().await?;
             (builder.store(Arc::new(store)).wakeups(wakeups), *ledger, 250)
         }
-        _ => return Err("usage: remote_worker sqlite <db> <ledger> | pg <url> <schema> <ledger>".into()),
+        ["broker", kind, broker_url, prefix, url, schema, ledger] => {
+            let options = PostgresOptions::new().schema(*schema).pool_size(4).application_name("durable-broker");
+            let store = PostgresStore::connect_with(url, options).await?;
+            let broker = Broker::connect(kind, broker_url, prefix, Duration::from_secs(10)).await?;
+            let mut config = EngineConfig::default();
+            config.poll_interval = Duration::from_millis(100);
+            config.orphan_poll_interval = Duration::from_millis(250);
+            config.lease_ttl = Duration::from_secs(5);
+            let e = Engine::builder()
+                .store(store.clone())
+                .transport(broker.transport.clone())
+                .control_plane(broker.plane.clone())
+                .config(config)
+                .build()?;
+            durable_tests::remote::register(&e, Duration::from_secs(5));
+            // `.engine(&e)`: results wake runs in this process at once, the plane is the engine's.
+            let builder = builder.store(Arc::new(store)).engine(&e).transport(broker.transport.clone());
+            engine = Some(e);
+            (builder, *ledger, 1000)
+        }
+        _ => {
+            return Err(
+                "usage: remote_worker sqlite <db> <ledger> | pg <url> <schema> <ledger> | broker <nats|redis> \
+                        <broker-url> <prefix> <pg-url> <schema> <ledger>"
+                    .into(),
+            );
+        }
     };
     let ledger = Arc::new(std::fs::OpenOptions::new().create(true).append(true).open(ledger)?);
     let work = Duration::from_millis(env_u64("WORK_MS", 3));
@@ -91,7 +125,11 @@ async fn run() -> Result<(), Box<dyn std::error::Error>> {
         .poll_interval(Duration::from_millis(env_u64("POLL_MS", poll_ms)))
         .build();
     out(format_args!("ready {}", worker.id()));
+    let executing = engine.clone().map(|e| tokio::spawn(async move { e.run_worker(durable::shutdown_signal()).await }));
     let r = worker.run(durable::shutdown_signal()).await;
+    if let Some(task) = executing {
+        task.await?;
+    }
     out(format_args!("report {} {} {} {}", r.claimed, r.completed, r.dropped, r.handed_back));
     Ok(())
 }

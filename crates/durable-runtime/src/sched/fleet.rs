@@ -128,9 +128,12 @@ impl Shared {
     /// Sends everything in the outbox, grouped by namespace, in batches.
     pub(crate) async fn flush(&self) {
         let Some(transport) = &self.fleet.transport else { return };
-        let items = self.fleet.outbox.lock().take();
+        let mut items = self.fleet.outbox.lock().take();
         if items.is_empty() {
             return;
+        }
+        if !transport.routes_without_namespace() {
+            self.fill_namespaces(&mut items).await;
         }
         let mut groups: BTreeMap<Option<String>, Vec<QueuedRun>> = BTreeMap::new();
         for item in items {
@@ -149,6 +152,25 @@ impl Shared {
                     Err(e) => self.queue_failed(chunk, &e),
                 }
             }
+        }
+    }
+
+    /// Looks up the namespaces of the runs whose items lack one (a wake names only its run), in
+    /// one store read, for a transport that routes by namespace. If the read fails they go
+    /// without one: consumers of every namespace take them, and the pollers find the runs anyway.
+    async fn fill_namespaces(&self, items: &mut [QueuedRun]) {
+        let unknown: Vec<RunId> = items.iter().filter(|i| i.namespace.is_none()).map(|i| i.run_id.clone()).collect();
+        if unknown.is_empty() {
+            return;
+        }
+        match self.store.get_runs(&unknown).await {
+            Ok(runs) => {
+                let of: HashMap<RunId, String> = runs.into_iter().map(|r| (r.id, r.namespace)).collect();
+                for item in items.iter_mut().filter(|i| i.namespace.is_none()) {
+                    item.namespace = of.get(&item.run_id).cloned();
+                }
+            }
+            Err(e) => tracing::debug!(error = %e, "could not read the namespaces of queued runs; sending them without"),
         }
     }
 
