@@ -1,8 +1,8 @@
 //! The README's examples are real programs: "Several workers on one database" is the `durable`
 //! crate's example `postgres_worker` (compiled with the workspace's examples), line for line;
 //! "Remote steps and workers" and "Flow control" show the lines of the examples
-//! `remote_pipeline` and `flow_control` between their `// readme:begin` and `// readme:end`
-//! markers.
+//! `remote_pipeline` and `flow_control`, and "A fleet on NATS" those of `fleet_nats`, between
+//! their `// readme:begin` and `// readme:end` markers.
 
 /// The lines of the first fenced block after the heading `heading` in `text`.
 fn block_after(text: &str, heading: &str) -> Vec<String> {
@@ -68,4 +68,17 @@ fn the_readme_shows_the_flow_control_example() {
     assert!(code.iter().any(|l| l.contains("register_queue(")), "{code:#?}");
     assert!(code.iter().any(|l| l.contains(".queue(\"crm-api\")")), "{code:#?}");
     assert_eq!(in_readme, code, "README.md and crates/durable/examples/flow_control.rs differ");
+}
+
+#[test]
+fn the_readme_shows_the_fleet_nats_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let example = std::fs::read_to_string(format!("{root}/crates/durable/examples/fleet_nats.rs"))
+        .expect("crates/durable/examples/fleet_nats.rs");
+    let in_readme = block_after(&readme, "A fleet on NATS");
+    let code = between_markers(&example);
+    assert!(code.iter().any(|l| l.contains("NatsTransport::connect")), "{code:#?}");
+    assert!(code.iter().any(|l| l.contains(".control_plane(plane)")), "{code:#?}");
+    assert_eq!(in_readme, code, "README.md and crates/durable/examples/fleet_nats.rs differ");
 }

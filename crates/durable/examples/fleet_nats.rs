@@ -48,14 +48,15 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     std::fs::create_dir_all(&dir)?;
     let db = dir.join("fleet.db");
 
-    // What every instance does to join the fleet: the shared store, the NATS run queue, the
-    // NATS control plane.
+    // readme:begin
+    // What every instance does to join the fleet: the shared store (a `PostgresStore` across
+    // machines), the run queue on a JetStream stream, the control plane on NATS subjects.
     let join = |client: bool| {
         let (url, prefix, db) = (url.clone(), prefix.clone(), db.clone());
         async move {
             let store = Arc::new(SqliteStore::open(&db)?);
-            let transport = NatsTransport::connect(&url, &prefix).await?;
-            let plane = NatsControlPlane::connect(&url, &prefix).await?;
+            let transport = NatsTransport::connect(&url, &prefix).await?; // stream <PREFIX>_RUNS
+            let plane = NatsControlPlane::connect(&url, &prefix).await?; // subject <prefix>.control
             let builder = Engine::builder().shared_store(store).transport(transport).control_plane(plane);
             let engine = if client { builder.client_only() } else { builder }.build()?;
             engine.register("order", 1, order);
@@ -63,6 +64,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
             Ok::<_, Box<dyn std::error::Error>>(engine)
         }
     };
+    // readme:end
     let mut instances = Vec::new();
     for _ in 0..3 {
         instances.push(join(false).await?);
