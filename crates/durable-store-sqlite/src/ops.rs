@@ -484,6 +484,11 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
 /// `pending_runs`, `due_runs` and `orphaned_runs`: see [`poll_sql`].
 pub(crate) fn poll_runs(conn: &Connection, which: Poll, q: &RunQuery) -> OpResult<Vec<RunId>> {
     let Some(sql) = poll_sql(which, q) else { return Ok(Vec::new()) };
+    run_ids(conn, sql)
+}
+
+/// Runs a statement whose rows are one run id each.
+fn run_ids(conn: &Connection, sql: Sql) -> OpResult<Vec<RunId>> {
     let mut stmt = conn.prepare_cached(&sql.text)?;
     let mut rows = stmt.query(params_from_iter(sql.args))?;
     let mut out = Vec::new();
@@ -510,13 +515,7 @@ pub(crate) fn claim_due_sql(q: &RunQuery, until: Millis) -> Option<Sql> {
 /// `claim_due_runs`: see [`claim_due_sql`].
 pub(crate) fn claim_due_runs(conn: &Connection, q: &RunQuery, until: Millis) -> OpResult<Vec<RunId>> {
     let Some(sql) = claim_due_sql(q, until) else { return Ok(Vec::new()) };
-    let mut stmt = conn.prepare_cached(&sql.text)?;
-    let mut rows = stmt.query(params_from_iter(sql.args))?;
-    let mut out = Vec::new();
-    while let Some(row) = rows.next()? {
-        out.push(RunId::new(text(row, 0)?));
-    }
-    Ok(out)
+    run_ids(conn, sql)
 }
 
 /// Which due scan of the schedulers.
