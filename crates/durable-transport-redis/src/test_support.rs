@@ -100,24 +100,7 @@ impl ScratchPrefix {
     pub async fn key_count(&self) -> redis::RedisResult<usize> {
         let client = redis::Client::open(self.url.as_str())?;
         let mut conn = client.get_multiplexed_async_connection().await?;
-        let pattern = Keys::new(self.prefix.clone()).pattern();
-        let mut cursor: u64 = 0;
-        let mut count = 0;
-        loop {
-            let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-                .arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(1000)
-                .query_async(&mut conn)
-                .await?;
-            count += found.len();
-            if next == 0 {
-                return Ok(count);
-            }
-            cursor = next;
-        }
+        Ok(crate::transport::scan_keys(&mut conn, &Keys::new(self.prefix.clone()).pattern()).await?.len())
     }
 
     /// Deletes every key under the prefix now (dropping the guard deletes what was created
@@ -131,28 +114,15 @@ impl ScratchPrefix {
 
 impl Drop for ScratchPrefix {
     fn drop(&mut self) {
-        // Maybe inside the test's runtime, maybe outside any: delete from a thread with a
-        // blocking connection, and wait for it. A failure leaves the keys behind, nothing more.
-        let (url, pattern) = (self.url.clone(), Keys::new(self.prefix.clone()).pattern());
+        // Maybe inside the test's runtime, maybe outside any: delete on a thread with a runtime
+        // of its own, and wait for it. A failure leaves the keys behind, nothing more.
+        let (url, prefix) = (self.url.clone(), self.prefix.clone());
         let _ = std::thread::spawn(move || -> redis::RedisResult<()> {
-            let mut conn = redis::Client::open(url.as_str())?.get_connection()?;
-            let mut cursor: u64 = 0;
-            loop {
-                let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-                    .arg(cursor)
-                    .arg("MATCH")
-                    .arg(&pattern)
-                    .arg("COUNT")
-                    .arg(1000)
-                    .query(&mut conn)?;
-                if !found.is_empty() {
-                    redis::cmd("DEL").arg(&found).exec(&mut conn)?;
-                }
-                if next == 0 {
-                    return Ok(());
-                }
-                cursor = next;
-            }
+            let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build()?;
+            runtime.block_on(async {
+                let conn = redis::aio::ConnectionManager::new(redis::Client::open(url.as_str())?).await?;
+                crate::transport::delete_prefix(&conn, &Keys::new(prefix)).await
+            })
         })
         .join();
     }

@@ -152,28 +152,30 @@ impl RedisTransport {
     }
 }
 
-/// Deletes every key matching the prefix's pattern, a SCAN page at a time.
-pub(crate) async fn delete_prefix(conn: &ConnectionManager, keys: &Keys) -> redis::RedisResult<()> {
-    let mut conn = conn.clone();
-    let pattern = keys.pattern();
-    let mut cursor: u64 = 0;
+/// Every key matching `pattern`, read a SCAN page at a time.
+pub(crate) async fn scan_keys(
+    conn: &mut impl redis::aio::ConnectionLike,
+    pattern: &str,
+) -> redis::RedisResult<Vec<String>> {
+    let (mut cursor, mut keys) = (0u64, Vec::new());
     loop {
-        let (next, found): (u64, Vec<String>) = redis::cmd("SCAN")
-            .arg(cursor)
-            .arg("MATCH")
-            .arg(&pattern)
-            .arg("COUNT")
-            .arg(1000)
-            .query_async(&mut conn)
-            .await?;
-        if !found.is_empty() {
-            redis::cmd("DEL").arg(&found).exec_async(&mut conn).await?;
-        }
+        let (next, found): (u64, Vec<String>) =
+            redis::cmd("SCAN").arg(cursor).arg("MATCH").arg(pattern).arg("COUNT").arg(1000).query_async(conn).await?;
+        keys.extend(found);
         if next == 0 {
-            return Ok(());
+            return Ok(keys);
         }
         cursor = next;
     }
+}
+
+/// Deletes every key matching the prefix's pattern, a thousand at a time.
+pub(crate) async fn delete_prefix(conn: &ConnectionManager, keys: &Keys) -> redis::RedisResult<()> {
+    let mut conn = conn.clone();
+    for chunk in scan_keys(&mut conn, &keys.pattern()).await?.chunks(1000) {
+        redis::cmd("DEL").arg(chunk).exec_async(&mut conn).await?;
+    }
+    Ok(())
 }
 
 /// An item's stream fields: name, value, name, value…
