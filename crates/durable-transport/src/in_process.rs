@@ -1,7 +1,7 @@
 //! A transport inside one process: an in-memory queue shared by every clone.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -45,6 +45,8 @@ struct Queue {
     ready: BTreeMap<(Reverse<i32>, u64), QueuedRun>,
     /// Delivered and not answered: the item and when it goes back to `ready` (`None`: never).
     in_hand: BTreeMap<u64, (QueuedRun, Option<Instant>)>,
+    /// The redelivery times of `in_hand`, earliest first.
+    deadlines: BTreeSet<(Instant, u64)>,
     /// Dedupe keys seen, with when they were sent.
     seen: HashMap<String, Instant>,
     /// When `seen` was last pruned.
@@ -60,14 +62,24 @@ impl Queue {
 
     /// Items whose redelivery time has come go back to `ready`; returns the next such time.
     fn expire(&mut self, now: Instant) -> Option<Instant> {
-        let due: Vec<u64> =
-            self.in_hand.iter().filter(|(_, (_, at))| at.is_some_and(|at| at <= now)).map(|(id, _)| *id).collect();
-        for id in due {
+        while let Some(&(at, id)) = self.deadlines.first()
+            && at <= now
+        {
+            self.deadlines.pop_first();
             // Under a new id: the answer of the handler that gave up on it is then ignored.
-            let (item, _) = self.in_hand.remove(&id).expect("listed above");
+            let (item, _) = self.in_hand.remove(&id).expect("a deadline of an item in hand");
             self.push(item);
         }
-        self.in_hand.values().filter_map(|(_, at)| *at).min()
+        self.deadlines.first().map(|(at, _)| *at)
+    }
+
+    /// The item `id` is answered: it leaves `in_hand` (`None`: it had been redelivered).
+    fn answered(&mut self, id: u64) -> Option<QueuedRun> {
+        let (item, until) = self.in_hand.remove(&id)?;
+        if let Some(at) = until {
+            self.deadlines.remove(&(at, id));
+        }
+        Some(item)
     }
 
     /// Takes up to `limit` ready items a consumer of `namespace` may have.
@@ -82,6 +94,9 @@ impl Queue {
         keys.into_iter()
             .map(|k| {
                 let item = self.ready.remove(&k).expect("listed above");
+                if let Some(at) = until {
+                    self.deadlines.insert((at, item.id));
+                }
                 self.in_hand.insert(item.id, (item.clone(), until));
                 item
             })
@@ -121,7 +136,7 @@ impl InProcessTransport {
     fn answer(&self, id: u64, handled: Handled) {
         let mut q = self.shared.queue.lock();
         // Gone already when its redelivery time came and another consumer took it.
-        if let Some((item, _)) = q.in_hand.remove(&id)
+        if let Some(item) = q.answered(id)
             && handled == Handled::HandBack
         {
             q.ready.insert((Reverse(item.priority), item.id), item);
