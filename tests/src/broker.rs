@@ -15,8 +15,14 @@ pub struct Broker {
     pub transport: Arc<dyn Transport>,
     /// The control plane.
     pub plane: Arc<dyn ControlPlane>,
-    nats: Option<NatsTransport>,
-    redis: Option<RedisTransport>,
+    /// The run queue as its own type, for [`Broker::destroy`].
+    queue: Queue,
+}
+
+#[derive(Debug)]
+enum Queue {
+    Nats(NatsTransport),
+    Redis(RedisTransport),
 }
 
 impl Broker {
@@ -28,40 +34,33 @@ impl Broker {
         prefix: &str,
         redeliver_after: Duration,
     ) -> Result<Broker, Box<dyn std::error::Error>> {
-        Ok(match kind {
-            "nats" => {
-                let transport =
-                    NatsTransport::connect(url, prefix).await?.redeliver_after(redeliver_after).claim_batch(64);
-                let plane = NatsControlPlane::connect(url, prefix).await?;
-                Broker {
-                    transport: Arc::new(transport.clone()),
-                    plane: Arc::new(plane),
-                    nats: Some(transport),
-                    redis: None,
-                }
-            }
-            "redis" => {
-                let transport =
-                    RedisTransport::connect(url, prefix).await?.redeliver_after(redeliver_after).claim_batch(64);
-                let plane = RedisControlPlane::connect(url, prefix.to_string()).await?;
-                Broker {
-                    transport: Arc::new(transport.clone()),
-                    plane: Arc::new(plane),
-                    nats: None,
-                    redis: Some(transport),
-                }
-            }
+        let (queue, plane): (Queue, Arc<dyn ControlPlane>) = match kind {
+            "nats" => (
+                Queue::Nats(
+                    NatsTransport::connect(url, prefix).await?.redeliver_after(redeliver_after).claim_batch(64),
+                ),
+                Arc::new(NatsControlPlane::connect(url, prefix).await?),
+            ),
+            "redis" => (
+                Queue::Redis(
+                    RedisTransport::connect(url, prefix).await?.redeliver_after(redeliver_after).claim_batch(64),
+                ),
+                Arc::new(RedisControlPlane::connect(url, prefix.to_string()).await?),
+            ),
             other => return Err(format!("unknown broker {other:?}: nats or redis").into()),
-        })
+        };
+        let transport: Arc<dyn Transport> = match &queue {
+            Queue::Nats(t) => Arc::new(t.clone()),
+            Queue::Redis(t) => Arc::new(t.clone()),
+        };
+        Ok(Broker { transport, plane, queue })
     }
 
     /// Deletes everything under the prefix (the stream, the keys).
     pub async fn destroy(&self) -> Result<(), Box<dyn std::error::Error>> {
-        if let Some(t) = &self.nats {
-            t.delete().await?;
-        }
-        if let Some(t) = &self.redis {
-            t.destroy().await?;
+        match &self.queue {
+            Queue::Nats(t) => t.delete().await?,
+            Queue::Redis(t) => t.destroy().await?,
         }
         Ok(())
     }
