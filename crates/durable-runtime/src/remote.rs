@@ -795,7 +795,7 @@ impl Worker {
                     match c {
                         TaskCompletion::Accepted => {
                             if let (Some(s), Some(mark)) = (shared, mark) {
-                                s.wake(run_id, mark);
+                                s.wake_in(run_id, &namespace, mark);
                             } else if let Some(t) = &w.transport {
                                 let item = QueuedRun {
                                     id: 0,

@@ -272,3 +272,48 @@ async fn a_client_waiting_on_many_runs_reads_them_together() {
     assert!(faulty.calls(Method::GetRuns) >= 3);
     assert_eq!(client.metrics().runs_watched, 0, "a finished wait left its run watched (and read forever)");
 }
+
+/// A run queue that routes by namespace (as the brokers do) and records what it is sent.
+#[derive(Debug, Clone)]
+struct Routing {
+    inner: durable_transport::InProcessTransport,
+    sent: Arc<parking_lot::Mutex<Vec<QueuedRun>>>,
+}
+
+#[async_trait]
+impl Transport for Routing {
+    async fn dispatch_runs(&self, namespace: Option<&str>, batch: Vec<QueuedRun>) -> Result<(), TransportError> {
+        self.sent.lock().extend(batch.iter().cloned());
+        self.inner.dispatch_runs(namespace, batch).await
+    }
+
+    fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer {
+        self.inner.consume_runs(namespace, concurrency, handler)
+    }
+}
+
+/// Every start and wake an engine sends to a transport that routes by namespace names the
+/// run's namespace — also the wakes of its in-memory timers, which know only the run's id — so
+/// the consumers of that namespace get them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_item_sent_to_a_routing_transport_names_its_runs_namespace() {
+    let sent = Arc::new(parking_lot::Mutex::new(Vec::new()));
+    let transport = Routing { inner: durable_transport::InProcessTransport::new(), sent: sent.clone() };
+    let mut config = EngineConfig::default();
+    config.namespace = Some("billing".into());
+    let engine = Engine::builder().store(MemoryStore::new()).transport(transport).config(config).build().unwrap();
+    register_nap(&engine);
+    let mut ids = Vec::new();
+    for i in 0..20u64 {
+        ids.push(engine.start("nap", &i, StartOptions::id(format!("nap-{i}"))).await.unwrap().id);
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let out: u64 = engine.wait_for_run(id).await.unwrap().output().unwrap();
+        assert_eq!(out, 2 * i as u64);
+    }
+    let sent = sent.lock().clone();
+    assert!(sent.iter().any(|item| item.reason == durable_transport::QueueReason::Wake), "no wake was sent: {sent:?}");
+    let stray: Vec<_> = sent.iter().filter(|item| item.namespace.as_deref() != Some("billing")).collect();
+    assert!(stray.is_empty(), "items sent without the run's namespace: {stray:?}");
+    engine.shutdown().await;
+}

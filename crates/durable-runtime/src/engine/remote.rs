@@ -103,7 +103,7 @@ impl Engine {
             };
             let mark = shared.mark();
             if shared.store.complete_task(done).await? == TaskCompletion::Accepted {
-                shared.wake(run_id.clone(), mark);
+                shared.wake_in(run_id.clone(), &task.task.namespace, mark);
                 sent += 1;
             }
         }

@@ -291,8 +291,15 @@ impl Shared {
     /// call begun at `mark`: if a turn of the run went quiet here since, it may have seen it
     /// already (or a poller may have executed it), so the run is read before it is executed —
     /// a read, not a spare turn.
+    /// The run's namespace is not known here: a transport that routes by namespace gets it
+    /// looked up before the send ([`Shared::wake_in`] when the caller knows it).
     pub(crate) fn wake(&self, id: RunId, mark: Mark) {
         self.enqueue(id, Nudge::wake(mark), None, 0, None);
+    }
+
+    /// [`Shared::wake`] of a run of `namespace`: nothing to look up before the send.
+    pub(crate) fn wake_in(&self, id: RunId, namespace: &str, mark: Mark) {
+        self.enqueue(id, Nudge::wake(mark), Some(namespace.to_string()), 0, None);
     }
 
     /// Asks for a new run, created `pending` by a store call begun at `mark`, to be started

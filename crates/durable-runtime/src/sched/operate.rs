@@ -100,7 +100,7 @@ impl Shared {
                 self.wake(parent.run_id.clone(), mark);
             }
         } else {
-            self.wake(id.clone(), mark);
+            self.wake_in(id.clone(), &run.namespace, mark);
         }
         for child in self.children(id).await? {
             if !child.status.is_terminal() {

@@ -74,7 +74,7 @@ impl Shared {
             let mark = self.mark();
             if self.store.complete_task(done).await? == TaskCompletion::Accepted {
                 self.emit(EngineEvent::RemoteStepTimedOut { run_id: t.run_id.clone(), seq: t.seq, attempt: t.attempt });
-                self.wake(t.run_id.clone(), mark);
+                self.wake_in(t.run_id.clone(), &t.namespace, mark);
             }
         }
         Ok(())
