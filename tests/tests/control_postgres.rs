@@ -61,17 +61,7 @@ async fn engine(scratch: &ScratchSchema, owner: &str, execute: bool) -> (Engine,
 }
 
 async fn until<F: Fn(&EngineEvent) -> bool>(rx: &mut broadcast::Receiver<EngineEvent>, f: F) -> EngineEvent {
-    tokio::time::timeout(WAIT, async {
-        loop {
-            match rx.recv().await {
-                Ok(e) if f(&e) => return e,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("event stream closed"),
-            }
-        }
-    })
-    .await
-    .expect("the event in time")
+    durable_conformance::next_event(rx, WAIT, f).await
 }
 
 fn settled_of(run: &RunId) -> impl Fn(&EngineEvent) -> bool + '_ {

@@ -244,3 +244,39 @@ impl Counter {
         self.0.load(Ordering::SeqCst)
     }
 }
+
+/// The next event of `events` that `matches`, waiting at most `within` (events that do not
+/// match are skipped, and so is a lag); panics when none came in time or the stream closed.
+/// For tests that wait for something an engine reports, instead of sleeping.
+///
+/// ```no_run
+/// # async fn demo(engine: durable_runtime::Engine, run: durable_core::RunId) {
+/// use std::time::Duration;
+/// use durable_runtime::EngineEvent;
+///
+/// let mut events = engine.subscribe();
+/// // … start or signal something …
+/// let settled = durable_conformance::next_event(&mut events, Duration::from_secs(30), |e| {
+///     matches!(e, EngineEvent::RunSettled { run_id, .. } if *run_id == run)
+/// })
+/// .await;
+/// # let _ = settled;
+/// # }
+/// ```
+pub async fn next_event(
+    events: &mut tokio::sync::broadcast::Receiver<durable_runtime::EngineEvent>,
+    within: Duration,
+    matches: impl Fn(&durable_runtime::EngineEvent) -> bool,
+) -> durable_runtime::EngineEvent {
+    use tokio::sync::broadcast::error::RecvError;
+    let next = async {
+        loop {
+            match events.recv().await {
+                Ok(e) if matches(&e) => return e,
+                Ok(_) | Err(RecvError::Lagged(_)) => {}
+                Err(RecvError::Closed) => panic!("the engine's event stream closed"),
+            }
+        }
+    };
+    tokio::time::timeout(within, next).await.unwrap_or_else(|_| panic!("no matching event within {within:?}"))
+}

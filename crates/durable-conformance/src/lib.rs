@@ -61,7 +61,7 @@ pub mod __private;
 
 pub use factory::{FnFactory, StoreFactory, TestStore};
 pub use faulty::{Call, Fault, FaultyStore, Method};
-pub use harness::{Counter, FailFirst, TestEngine, test_config};
+pub use harness::{Counter, FailFirst, TestEngine, next_event, test_config};
 pub use suite::{
     CASES, Case, CaseError, CaseFn, CaseFuture, CaseOutcome, CaseResult, Requirement, SuiteReport, find_case, run_all,
     run_case,

@@ -59,17 +59,7 @@ fn client(s: &StoreFixture, plane: &InProcessControlPlane) -> Engine {
 }
 
 async fn until<F: Fn(&EngineEvent) -> bool>(rx: &mut broadcast::Receiver<EngineEvent>, f: F) -> EngineEvent {
-    tokio::time::timeout(WAIT, async {
-        loop {
-            match rx.recv().await {
-                Ok(e) if f(&e) => return e,
-                Ok(_) | Err(broadcast::error::RecvError::Lagged(_)) => {}
-                Err(broadcast::error::RecvError::Closed) => panic!("event stream closed"),
-            }
-        }
-    })
-    .await
-    .expect("the event in time")
+    durable_conformance::next_event(rx, WAIT, f).await
 }
 
 async fn a_client_sees_the_run_level_events_of_runs_another_engine_executed(s: StoreFixture) {

@@ -185,7 +185,9 @@ pub mod testing {
     //! ```
 
     pub use durable_conformance::replay::{self, assert_replayable, assert_replayable_dir, check_replayable};
-    pub use durable_conformance::{Call, Counter, FailFirst, Fault, FaultyStore, Method, TestEngine, sim, test_config};
+    pub use durable_conformance::{
+        Call, Counter, FailFirst, Fault, FaultyStore, Method, TestEngine, next_event, sim, test_config,
+    };
 }
 
 /// The store conformance suite (feature `conformance`): certify your own
