@@ -65,6 +65,7 @@ async fn park_due_timers(store: Arc<dyn Store>) {
     let now = now_ms();
     let id = |i: usize| RunId::from(format!("timer-{i:05}"));
     let new = |i: usize| NewRun {
+        trace_context: None,
         id: id(i),
         workflow: "tick".into(),
         version: 1,

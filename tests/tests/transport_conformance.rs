@@ -75,6 +75,7 @@ impl<S: Store + RunQueue> TransportUnderTest for StoreQueue<S> {
     async fn prepare_runs(&self, runs: &[(RunId, String)]) -> Result<(), String> {
         for (id, namespace) in runs {
             let run = NewRun {
+                trace_context: None,
                 admission: None,
                 id: id.clone(),
                 workflow: "w".into(),

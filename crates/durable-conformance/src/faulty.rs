@@ -760,6 +760,7 @@ mod tests {
 
     fn new_run(id: &str) -> NewRun {
         NewRun {
+            trace_context: None,
             admission: None,
             id: RunId::from(id),
             workflow: "wf".into(),

@@ -38,6 +38,7 @@ macro_rules! __store_cases {
             { $($args)* }
             runs::capabilities_are_constant(Store, []),
             runs::create_run_is_idempotent(Store, []),
+            runs::create_run_keeps_the_trace_context(Store, []),
             runs::concurrent_creates_have_one_winner(Store, []),
             runs::create_runs_answers_each_item_in_order(Store, []),
             runs::create_runs_is_seen_whole(Store, []),
@@ -131,6 +132,7 @@ macro_rules! __store_cases {
             schedules::due_buffers_flush_once(Store, []),
             schedules::a_delayed_start_is_due_at_its_time(Store, []),
             tasks::dispatch_is_atomic_with_checkpoint_and_wait(Store, [Tasks]),
+            tasks::a_task_keeps_its_trace_context(Store, [Tasks]),
             tasks::claims_by_priority_then_age_per_queue_and_namespace(Store, [Tasks]),
             tasks::claims_need_every_required_capability(Store, [Tasks]),
             tasks::concurrent_claimers_take_each_task_once(Store, [Tasks]),

@@ -19,6 +19,7 @@
 //!     input: Payload::null(), tags: vec![], priority: 0, parent: None, created_at: 0,
 //!     start_at: None,
 //!     admission: None,
+//!     trace_context: None,
 //! }
 //! .into_run();
 //! let cp = Checkpoint::new(run.id.clone(), 0, "charge", StepKind::Step, CheckpointStatus::Completed, 5);
@@ -204,6 +205,7 @@ mod tests {
 
     fn export() -> HistoryExport {
         let mut run = NewRun {
+            trace_context: None,
             admission: None,
             id: RunId::from("r"),
             workflow: "wf".into(),

@@ -50,6 +50,7 @@
 //!     input: Payload::null(), tags: vec![], priority: 0, parent: None, created_at: 0,
 //!     start_at: None,
 //!     admission: None,
+//!     trace_context: None,
 //! }
 //! .into_run();
 //! // A history with one completed step.
@@ -89,6 +90,7 @@ pub mod schedule;
 mod store;
 pub mod task;
 mod time;
+pub mod trace;
 pub mod trigger;
 mod turn;
 

@@ -264,6 +264,11 @@ pub struct Run {
     /// Incremented by every delivery to the run (signal, event, child result), so a turn that
     /// suspends can tell that something arrived while it ran.
     pub wake_gen: u64,
+    /// The W3C `traceparent` the run's spans join (see [`trace`](crate::trace)), set at
+    /// creation: every turn, remote step and child of the run shares its trace id. `None` on
+    /// runs created before trace contexts were stored.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
 }
 
 /// A run to create.
@@ -291,6 +296,10 @@ pub struct NewRun {
     /// executes. `None`: at once.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub start_at: Option<Millis>,
+    /// The W3C `traceparent` to store on the run ([`Run::trace_context`]); the engine sets
+    /// one on every run it creates (children inherit their parent's).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
     /// The concurrency key to pass before the run may execute (see
     /// [`Store::create_run`](crate::Store::create_run)); not part of the run's record.
     #[serde(default, skip)]
@@ -299,7 +308,8 @@ pub struct NewRun {
 
 impl From<&Run> for NewRun {
     /// The create that would make `run` again: its id, workflow and version, namespace,
-    /// input, tags, priority, parent and creation time (importing a recorded run, say).
+    /// input, tags, priority, parent, creation time and trace context (importing a recorded run,
+    /// say).
     fn from(run: &Run) -> Self {
         NewRun {
             id: run.id.clone(),
@@ -312,6 +322,7 @@ impl From<&Run> for NewRun {
             parent: run.parent.clone(),
             created_at: run.created_at,
             start_at: if run.status == RunStatus::Pending { run.wake_at } else { None },
+            trace_context: run.trace_context.clone(),
             admission: None,
         }
     }
@@ -339,6 +350,7 @@ impl NewRun {
             lease_until: None,
             recovery_attempts: 0,
             wake_gen: 0,
+            trace_context: self.trace_context,
         }
     }
 }

@@ -285,6 +285,7 @@ mod tests {
         }
         assert_eq!(parse_child_failure_code("child_bogus"), None);
         let mut run = crate::NewRun {
+            trace_context: None,
             admission: None,
             id: id("a"),
             workflow: "w".into(),

@@ -59,6 +59,10 @@ pub struct NewTask {
     pub heartbeat_timeout_ms: u64,
     /// When it was dispatched.
     pub created_at: Millis,
+    /// The run's W3C `traceparent` ([`Run::trace_context`](crate::Run::trace_context)): the
+    /// worker's span for the attempt joins the run's trace.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub trace_context: Option<String>,
 }
 
 impl NewTask {
@@ -361,6 +365,7 @@ mod tests {
 
     fn task() -> NewTask {
         NewTask {
+            trace_context: None,
             run_id: RunId::from("r"),
             seq: 2,
             attempt: 1,

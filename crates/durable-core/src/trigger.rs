@@ -190,6 +190,7 @@ mod tests {
             gather,
             batch_id: "b1".into(),
             run: NewRun {
+                trace_context: None,
                 admission: None,
                 id: RunId::new("unused"),
                 workflow: "wf".into(),

@@ -230,6 +230,7 @@ fn run() -> impl Strategy<Value = Run> {
         (prop::option::of(any::<u64>()), any::<u32>(), any::<u64>()),
     )
         .prop_map(|(a, b, c, d, e)| Run {
+            trace_context: None,
             id: a.0,
             workflow: a.1,
             version: a.2,

@@ -64,6 +64,10 @@ pub enum Error {
     /// A run id was refused.
     #[error(transparent)]
     InvalidId(#[from] InvalidId),
+    /// A trace context ([`StartOptions::trace_context`](crate::StartOptions::trace_context))
+    /// is not a valid W3C `traceparent`.
+    #[error(transparent)]
+    InvalidTraceContext(#[from] durable_core::trace::BadTraceParent),
     /// No run with that id.
     #[error("run {0} not found")]
     RunNotFound(RunId),

@@ -77,6 +77,7 @@ mod flow;
 mod registry;
 mod remote;
 mod sched;
+mod trace;
 mod trigger;
 mod turn;
 

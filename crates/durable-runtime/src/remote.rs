@@ -20,6 +20,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 use tokio::sync::{Notify, mpsc, watch};
 use tokio::task::JoinSet;
+use tracing::Instrument;
 
 use durable_core::{ControlMessage, ControlPlane, ControlSink, QueueReason, QueuedRun};
 use durable_transport::Transport;
@@ -532,9 +533,11 @@ impl Worker {
                             if inflight.get(&key).is_some_and(|c| c.attempt() == task.task.attempt) {
                                 continue;
                             }
+                            // One span per attempt, in the run's trace.
+                            let span = crate::trace::task_span(&task, &w.id);
                             let ctx = self.context(task);
                             inflight.insert(key, ctx.clone());
-                            running.spawn(self.clone().execute(ctx));
+                            running.spawn(self.clone().execute(ctx).instrument(span));
                         }
                     }
                     Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not claim tasks; trying again"),
@@ -759,14 +762,15 @@ impl Worker {
                 };
                 tokio::select! {
                     r = run => r,
-                    _ = stop => return Outcome { key, completion: None, dropped: true },
+                    _ = stop => return Outcome::dropped(key),
                 }
             }
         };
         // A result past the attempt's deadline is not reported: the attempt has expired.
         if task.deadline().is_some_and(|d| w.clock.now() >= d) {
-            return Outcome { key, completion: None, dropped: true };
+            return Outcome::dropped(key);
         }
+        crate::trace::outcome(&tracing::Span::current(), if result.is_ok() { "completed" } else { "failed" });
         let logs = std::mem::take(&mut ctx.inner.beat.lock().logs);
         let done = TaskDone {
             run_id: task.task.run_id.clone(),
@@ -847,6 +851,14 @@ struct Outcome {
     /// The worker dropped the result itself (the attempt expired, or the handler did not
     /// return within its grace after being cancelled).
     dropped: bool,
+}
+
+impl Outcome {
+    /// The worker dropped the attempt's result (its span says so).
+    fn dropped(key: (RunId, u32)) -> Self {
+        crate::trace::outcome(&tracing::Span::current(), "dropped");
+        Outcome { key, completion: None, dropped: true }
+    }
 }
 
 /// How long a cancelled handler may take to return before it is dropped.

@@ -37,6 +37,7 @@ fn checkpoint(run_id: &RunId, seq: u32) -> Checkpoint {
 async fn life(store: PostgresStore, id: String, commits: u32) -> u32 {
     let run_id = RunId::from(id.as_str());
     let new = NewRun {
+        trace_context: None,
         admission: None,
         id: run_id.clone(),
         workflow: "bench".into(),

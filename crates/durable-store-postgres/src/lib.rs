@@ -151,6 +151,7 @@
 //!         created_at: 1_000,
 //!         start_at: None,
 //!         admission: None,
+//!         trace_context: None,
 //!     })
 //!     .await?;
 //! assert!(created.created());

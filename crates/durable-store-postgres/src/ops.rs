@@ -56,7 +56,7 @@ fn run_status(s: &str, id: &str) -> Result<RunStatus, String> {
 
 /// The columns of `runs`, in [`RunRow::from_row`]'s order.
 pub(crate) const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
-     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen";
+     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen, trace_context";
 
 /// A `runs` row, as the server's `to_jsonb(runs)` or a query's columns.
 #[derive(Debug, Deserialize)]
@@ -80,6 +80,8 @@ pub(crate) struct RunRow {
     lease_until: Option<i64>,
     recovery_attempts: i64,
     wake_gen: i64,
+    #[serde(default)]
+    trace_context: Option<String>,
 }
 
 impl RunRow {
@@ -104,6 +106,7 @@ impl RunRow {
             lease_until: row.try_get(16)?,
             recovery_attempts: row.try_get(17)?,
             wake_gen: row.try_get(18)?,
+            trace_context: row.try_get(19)?,
         })
     }
 
@@ -135,6 +138,7 @@ impl RunRow {
             lease_until: self.lease_until.map(|v| millis_from_sql(v, || what("lease_until"))).transpose()?,
             recovery_attempts: u32_from_sql(self.recovery_attempts, || what("recovery_attempts"))?,
             wake_gen: millis_from_sql(self.wake_gen, || what("wake_gen"))?,
+            trace_context: self.trace_context,
             id: RunId::new(id),
         })
     }
@@ -284,6 +288,7 @@ pub(crate) struct NewRunJson<'a> {
     created_at: i64,
     /// A delayed start: the run's `wake_at`.
     start_at: Option<i64>,
+    trace_context: Option<&'a str>,
 }
 
 impl<'a> NewRunJson<'a> {
@@ -300,6 +305,7 @@ impl<'a> NewRunJson<'a> {
             parent_seq: run.parent.as_ref().map(|p| p.seq),
             created_at: millis_to_sql(run.created_at),
             start_at: run.start_at.map(millis_to_sql),
+            trace_context: run.trace_context.as_deref(),
         }
     }
 }
@@ -319,6 +325,8 @@ struct NewRunRow {
     created_at: i64,
     #[serde(default)]
     start_at: Option<i64>,
+    #[serde(default)]
+    trace_context: Option<String>,
 }
 
 impl NewRunRow {
@@ -342,6 +350,7 @@ impl NewRunRow {
             parent,
             created_at,
             start_at,
+            trace_context: self.trace_context,
         })
     }
 }
@@ -650,6 +659,7 @@ pub(crate) struct TaskJson<'a> {
     timeout_ms: Option<i64>,
     heartbeat_timeout_ms: i64,
     created_at: i64,
+    trace_context: Option<&'a str>,
 }
 
 impl<'a> TaskJson<'a> {
@@ -668,6 +678,7 @@ impl<'a> TaskJson<'a> {
             timeout_ms: t.timeout_ms.map(millis_to_sql),
             heartbeat_timeout_ms: millis_to_sql(t.heartbeat_timeout_ms),
             created_at: millis_to_sql(t.created_at),
+            trace_context: t.trace_context.as_deref(),
         }
     }
 }
@@ -1393,7 +1404,7 @@ pub(crate) fn buffer_from_row(row: &Row) -> Result<Result<TriggerBuffer, String>
 /// name the same table).
 pub(crate) const TASK_COLS: &str = "run_id, seq, attempt, name, queue, namespace, input, priority, requires, \
      pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, worker, lease_until, claimed_at, \
-     heartbeat_at, progress, claims, logs::text, outcome";
+     heartbeat_at, progress, claims, logs::text, outcome, trace_context";
 
 pub(crate) fn task_from_row(row: &Row) -> Result<Result<Task, String>, tokio_postgres::Error> {
     let run_id: String = row.try_get(0)?;
@@ -1418,6 +1429,7 @@ pub(crate) fn task_from_row(row: &Row) -> Result<Result<Task, String>, tokio_pos
     let claims: i64 = row.try_get(19)?;
     let logs: String = row.try_get(20)?;
     let outcome: Option<String> = row.try_get(21)?;
+    let trace_context: Option<String> = row.try_get(22)?;
     let what = |col: &str| format!("task of run {run_id} seq {seq}: {col}");
     let t = || -> Result<Task, String> {
         let ms = |v: i64, col: &str| millis_from_sql(v, || what(col));
@@ -1437,6 +1449,7 @@ pub(crate) fn task_from_row(row: &Row) -> Result<Result<Task, String>, tokio_pos
                 timeout_ms: opt(timeout, "timeout_ms")?,
                 heartbeat_timeout_ms: ms(heartbeat_timeout, "heartbeat_timeout_ms")?,
                 created_at: ms(created_at, "created_at")?,
+                trace_context: trace_context.clone(),
             },
             state: state.parse::<TaskState>().map_err(|e| format!("{}: {e}", what("state")))?,
             worker: worker.clone(),
@@ -1677,6 +1690,7 @@ mod tests {
     #[test]
     fn publishes_and_saves_travel_in_the_stores_own_format() {
         let run = NewRun {
+            trace_context: None,
             admission: None,
             id: RunId::from("x"),
             workflow: "wf".into(),
@@ -1753,6 +1767,7 @@ mod tests {
         let v: Value = serde_json::from_str(&Op::Commit(CommitJson::new(&c)).encode()).unwrap();
         assert_eq!(v["release_slots"], serde_json::json!([["queue:default:api", "r:3"]]));
         let mut run = NewRun {
+            trace_context: None,
             admission: None,
             id: RunId::from("k"),
             workflow: "wf".into(),

@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -63,6 +63,11 @@ const MIGRATIONS: &[Migration] = &[
         description: "flow control: admission gates, slots and waiters; keyed starts, slot releases in commits, settles, \
                       cancels and deletes handing slots on; claims skip runs waiting for their key",
         sql: include_str!("sql/v8.sql"),
+    },
+    Migration {
+        version: 9,
+        description: "trace contexts: runs and tasks keep the W3C traceparent their spans join",
+        sql: include_str!("sql/v9.sql"),
     },
 ];
 

@@ -24,6 +24,7 @@ const OWNER: &str = "engine";
 
 fn task(run: &str, seq: u32, attempt: u32, queue: &str) -> NewTask {
     NewTask {
+        trace_context: None,
         run_id: RunId::from(run),
         seq,
         attempt,

@@ -30,6 +30,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
                 let id = RunId::from(format!("run-{i}"));
                 store
                     .create_run(NewRun {
+                        trace_context: None,
                         admission: None,
                         id: id.clone(),
                         workflow: "bench".into(),

@@ -96,6 +96,7 @@
 //!     created_at: 1_000,
 //!     start_at: None,
 //!     admission: None,
+//!     trace_context: None,
 //! };
 //! // Any executor works; the store needs no tokio runtime.
 //! let created = futures_lite_block_on(store.create_run(new))?;

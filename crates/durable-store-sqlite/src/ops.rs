@@ -145,12 +145,14 @@ pub(crate) fn run_status(s: &str, id: &RunId) -> OpResult<RunStatus> {
 // ---- rows ---------------------------------------------------------------------------------
 
 const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
-     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen";
+     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen, \
+     trace_context";
 
 /// [`RUN_COLS`] for a query that joins another table.
 const RUN_COLS_QUALIFIED: &str = "runs.id, runs.workflow, runs.version, runs.namespace, runs.status, runs.input, \
      runs.output, runs.error, runs.tags, runs.priority, runs.parent_id, runs.parent_seq, runs.created_at, \
-     runs.updated_at, runs.wake_at, runs.lease_owner, runs.lease_until, runs.recovery_attempts, runs.wake_gen";
+     runs.updated_at, runs.wake_at, runs.lease_owner, runs.lease_until, runs.recovery_attempts, runs.wake_gen, \
+     runs.trace_context";
 
 fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
     let id = RunId::new(text(row, 0)?);
@@ -181,6 +183,7 @@ fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
         lease_until: opt_millis(row, 16, || what("lease_until"))?,
         recovery_attempts: u32_from_sql(row.get(17)?, || what("recovery_attempts"))?,
         wake_gen: millis_from_sql(row.get(18)?, || what("wake_gen"))?,
+        trace_context: opt_text(row, 19)?.map(str::to_string),
         id,
     })
 }
@@ -664,7 +667,8 @@ pub(crate) fn get_state(conn: &Connection, id: &RunId, key: &str) -> OpResult<Op
 fn create(conn: &Connection, new: &NewRun) -> OpResult<Option<Run>> {
     let mut stmt = conn.prepare_cached(
         "INSERT INTO runs (id, workflow, version, namespace, status, input, tags, priority, parent_id, parent_seq, \
-         created_at, updated_at, wake_at) VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11) \
+         created_at, updated_at, wake_at, trace_context) \
+         VALUES (?1, ?2, ?3, ?4, 'pending', ?5, ?6, ?7, ?8, ?9, ?10, ?10, ?11, ?12) \
          ON CONFLICT (id) DO NOTHING",
     )?;
     let inserted = stmt.execute(params![
@@ -679,6 +683,7 @@ fn create(conn: &Connection, new: &NewRun) -> OpResult<Option<Run>> {
         new.parent.as_ref().map(|p| p.seq),
         millis_to_sql(new.created_at),
         new.start_at.map(millis_to_sql),
+        new.trace_context,
     ])?;
     if inserted == 0 {
         return get_run(conn, &new.id)?

@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 7;
+pub const SCHEMA_VERSION: u32 = 8;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -341,6 +341,15 @@ CREATE TABLE admission_waiters (
 CREATE UNIQUE INDEX admission_waiters_rank ON admission_waiters (gate, rank_priority, rank_round, rank_ticket);
 CREATE INDEX admission_waiters_key ON admission_waiters (gate, fairness_key, rank_round);
 CREATE INDEX admission_waiters_run ON admission_waiters (run_id, gate, holder);
+",
+    },
+    Migration {
+        version: 8,
+        description: "trace contexts: runs and tasks keep the W3C traceparent their spans join",
+        sql: "
+-- NULL on rows written before (their spans derive a trace id from the run id).
+ALTER TABLE runs ADD COLUMN trace_context TEXT;
+ALTER TABLE tasks ADD COLUMN trace_context TEXT;
 ",
     },
 ];

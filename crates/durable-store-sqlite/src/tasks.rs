@@ -20,7 +20,7 @@ use crate::ops::{
 
 const TASK_COLS: &str = "run_id, seq, attempt, name, queue, namespace, input, priority, requires, \
      pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, worker, lease_until, claimed_at, \
-     heartbeat_at, progress, claims, logs, outcome";
+     heartbeat_at, progress, claims, logs, outcome, trace_context";
 
 /// The statuses of runs that are not terminal, as an SQL list.
 const ACTIVE: &str = "('pending', 'running', 'suspended', 'blocked')";
@@ -52,6 +52,7 @@ fn task_from_row(row: &Row<'_>) -> OpResult<Task> {
         timeout_ms: opt_millis(row, 10, || what("timeout_ms"))?,
         heartbeat_timeout_ms: millis_from_sql(row.get(11)?, || what("heartbeat_timeout_ms"))?,
         created_at: millis_from_sql(row.get(12)?, || what("created_at"))?,
+        trace_context: opt_text(row, 22)?.map(str::to_string),
         run_id: run_id.clone(),
     };
     Ok(Task {
@@ -120,13 +121,14 @@ pub(crate) fn dispatch(conn: &Connection, t: &NewTask) -> OpResult<()> {
     let deadline = Task::queued(t.clone()).deadline().map(millis_to_sql);
     conn.prepare_cached(
         "INSERT INTO tasks (run_id, seq, attempt, name, queue, namespace, input, priority, requires, \
-         pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, deadline, seen_at) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'queued', ?14, ?13) \
+         pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, deadline, seen_at, trace_context) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'queued', ?14, ?13, ?15) \
          ON CONFLICT (run_id, seq) DO UPDATE SET attempt = excluded.attempt, name = excluded.name, \
          queue = excluded.queue, namespace = excluded.namespace, input = excluded.input, \
          priority = excluded.priority, requires = excluded.requires, \
          pickup_timeout_ms = excluded.pickup_timeout_ms, timeout_ms = excluded.timeout_ms, \
          heartbeat_timeout_ms = excluded.heartbeat_timeout_ms, created_at = excluded.created_at, \
+         trace_context = excluded.trace_context, \
          state = 'queued', worker = NULL, lease_until = NULL, claimed_at = NULL, heartbeat_at = NULL, \
          progress = NULL, claims = 0, outcome = NULL, deadline = excluded.deadline, seen_at = excluded.seen_at",
     )?
@@ -145,6 +147,7 @@ pub(crate) fn dispatch(conn: &Connection, t: &NewTask) -> OpResult<()> {
         millis_to_sql(t.heartbeat_timeout_ms),
         millis_to_sql(t.created_at),
         deadline,
+        t.trace_context,
     ])?;
     Ok(())
 }

@@ -92,6 +92,7 @@ fn new_run(rng: &mut Rng, now: u64) -> NewRun {
         }
     }
     NewRun {
+        trace_context: None,
         admission: None,
         id,
         workflow: if rng.chance(70) { "wf".into() } else { "other".into() },

@@ -363,6 +363,7 @@ fn every_admission_lookup_is_served_by_an_index() {
 /// listing order is known.
 fn run(i: usize) -> NewRun {
     NewRun {
+        trace_context: None,
         admission: None,
         id: RunId::from(format!("run-{i:04}")),
         workflow: format!("wf-{}", i % 3),

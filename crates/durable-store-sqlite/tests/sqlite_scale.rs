@@ -32,6 +32,7 @@ fn id(i: usize) -> String {
 /// `completed` (claimed, then settled).
 fn new_run(i: usize) -> NewRun {
     NewRun {
+        trace_context: None,
         admission: None,
         id: RunId::from(id(i)),
         workflow: format!("wf-{}", i % 10),

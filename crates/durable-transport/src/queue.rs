@@ -229,6 +229,7 @@ mod tests {
         let store = Arc::new(MemoryStore::new());
         for id in ids {
             let new = NewRun {
+                trace_context: None,
                 admission: None,
                 id: RunId::from(*id),
                 workflow: "w".into(),

@@ -120,6 +120,39 @@ pub mod store {
 /// admission controller the stores share.
 pub use durable_core::admission;
 
+/// W3C trace contexts as runs store them ([`Run::trace_context`]): parse, validate, format.
+pub use durable_core::trace;
+
+/// OpenTelemetry traces (feature `otel`): every run is one trace — its `run` span, the `turn`
+/// spans of every engine that executes it, the `step` spans inside them, the `task` spans of
+/// the workers that run its remote steps, and its children's spans share one trace id.
+///
+/// Install a [`tracing_opentelemetry`] layer over your OpenTelemetry tracer (from
+/// `opentelemetry_sdk` 0.33 with the exporter of your choice: OTLP, stdout, in-memory), and
+/// durable's spans are exported:
+///
+/// ```ignore
+/// use durable::otel::{opentelemetry::trace::TracerProvider as _, tracing_opentelemetry};
+/// use tracing_subscriber::prelude::*;
+///
+/// let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+///     .with_batch_exporter(my_exporter)
+///     .build();
+/// tracing_subscriber::registry()
+///     .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("my-service")))
+///     .init();
+/// ```
+///
+/// A run started inside a span joins that span's trace (its `run` span is the span's child);
+/// [`StartOptions::trace_context`] names a trace explicitly (a `traceparent` received from
+/// elsewhere). The example `otel_traces` runs a workflow and prints the spans it exported.
+#[cfg(feature = "otel")]
+#[cfg_attr(docsrs, doc(cfg(feature = "otel")))]
+pub mod otel {
+    pub use opentelemetry;
+    pub use tracing_opentelemetry;
+}
+
 /// Every persisted string format and id scheme (child ids, successor and retry ids, tokens,
 /// checkpoint names of deadlines and undos, the continued-run marker), formatted and parsed in
 /// one place. Tools that read stored runs should use it instead of parsing by hand.

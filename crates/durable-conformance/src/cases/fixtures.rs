@@ -33,6 +33,7 @@ pub(crate) fn json(value: Value) -> Payload {
 /// A run to create: workflow `wf` v1 in namespace `default`, created at [`T0`].
 pub(crate) fn new_run(id: &str) -> NewRun {
     NewRun {
+        trace_context: None,
         admission: None,
         id: RunId::from(id),
         workflow: "wf".into(),

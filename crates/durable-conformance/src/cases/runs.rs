@@ -47,6 +47,44 @@ pub async fn create_run_is_idempotent(store: Arc<dyn Store>) -> CaseResult {
     Ok(())
 }
 
+/// A run keeps the trace context (W3C `traceparent`) it was created with, as given, in every
+/// read: `create_run`, `get_run`, `get_runs`, `list_runs`, `claim_run` and a second create;
+/// `create_runs` and a child created by a commit keep theirs; a run created without one reads
+/// back `None`.
+pub async fn create_run_keeps_the_trace_context(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const CHILD: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let new = NewRun { trace_context: Some(TP.into()), ..new_run("traced") };
+    let created = s.create_run(new.clone()).await?;
+    assert_eq!(created.run().trace_context.as_deref(), Some(TP), "create_run returns the trace context");
+    assert_eq!(get(s, "traced").await?.trace_context.as_deref(), Some(TP), "get_run returns it");
+    let again = s.create_run(NewRun { trace_context: None, ..new }).await?;
+    assert_eq!(again.run().trace_context.as_deref(), Some(TP), "a second create returns the stored one");
+    let listed = s.list_runs(&RunFilter { limit: 10, ..RunFilter::default() }).await?;
+    assert_eq!(listed.runs[0].trace_context.as_deref(), Some(TP), "list_runs returns it");
+    let many = s.get_runs(&[RunId::from("traced")]).await?;
+    assert_eq!(many[0].trace_context.as_deref(), Some(TP), "get_runs returns it");
+    let claimed = acquire(s, claim("traced", OWNER, T0 + 1)).await?;
+    assert_eq!(claimed.trace_context.as_deref(), Some(TP), "claim_run returns it");
+
+    let batch =
+        s.create_runs(vec![NewRun { trace_context: Some(CHILD.into()), ..new_run("batch") }, new_run("plain")]).await?;
+    assert_eq!(batch[0].run().trace_context.as_deref(), Some(CHILD), "create_runs keeps each item's");
+    assert_eq!(get(s, "batch").await?.trace_context.as_deref(), Some(CHILD));
+    assert_eq!(get(s, "plain").await?.trace_context, None, "a run created without one has none");
+
+    let mut c = commit("traced", OWNER);
+    c.children.push(NewRun {
+        trace_context: Some(TP.into()),
+        parent: Some(ParentLink { run_id: RunId::from("traced"), seq: 0 }),
+        ..new_run("traced.child")
+    });
+    s.commit(c).await?;
+    assert_eq!(get(s, "traced.child").await?.trace_context.as_deref(), Some(TP), "a child keeps its trace context");
+    Ok(())
+}
+
 /// 16 concurrent creators of one id: exactly one gets `Created`, every other gets the same
 /// run as `Existing`.
 pub async fn concurrent_creates_have_one_winner(store: Arc<dyn Store>) -> CaseResult {

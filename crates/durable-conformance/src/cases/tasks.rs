@@ -32,6 +32,7 @@ const W2: &str = "worker-2";
 /// dispatched at [`AT`] with a lease of [`HB`] and no deadlines.
 pub(crate) fn task(run: &str, seq: u32, attempt: u32) -> NewTask {
     NewTask {
+        trace_context: None,
         run_id: RunId::from(run),
         seq,
         attempt,
@@ -159,6 +160,25 @@ fn log(attempt: u32, at: Millis, message: &str) -> TaskLog {
 /// The runs due at `now`.
 async fn due(store: &dyn Store, now: Millis) -> CaseResult<Vec<RunId>> {
     Ok(store.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 100 }).await?)
+}
+
+/// A task keeps the trace context (its run's W3C `traceparent`) it was dispatched with, in
+/// claims and listings; a re-dispatch replaces it; a task dispatched without one has none.
+pub async fn a_task_keeps_its_trace_context(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    const TP: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    const TP2: &str = "00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01";
+    let run = start(s, "r").await?;
+    let traced = NewTask { trace_context: Some(TP.into()), ..task("r", 0, 1) };
+    dispatch(s, &run, &[traced, task("r", 1, 1)], false).await?;
+    let claimed = claim_all(s, W1, AT).await?;
+    let mut contexts: Vec<_> = claimed.iter().map(|t| (t.task.seq, t.task.trace_context.as_deref())).collect();
+    contexts.sort();
+    assert_eq!(contexts, [(0, Some(TP)), (1, None)], "claims return each task's trace context");
+    assert_eq!(task_at(s, "r", 0).await?.task.trace_context.as_deref(), Some(TP), "list_tasks returns it");
+    dispatch(s, &run, &[NewTask { trace_context: Some(TP2.into()), ..task("r", 0, 2) }], false).await?;
+    assert_eq!(task_at(s, "r", 0).await?.task.trace_context.as_deref(), Some(TP2), "a re-dispatch replaces it");
+    Ok(())
 }
 
 /// A commit dispatches its tasks atomically with the step's `running` checkpoint and the wait

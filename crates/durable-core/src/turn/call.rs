@@ -112,6 +112,20 @@ pub enum StepAfter {
     Stopped,
 }
 
+impl StepAfter {
+    /// How the attempt ended, in one word (what a span or a log records): `completed`,
+    /// `retrying` (in memory), `parked` (a durable backoff), `failed` or `stopped`.
+    pub fn outcome(&self) -> &'static str {
+        match self {
+            StepAfter::Completed { .. } => "completed",
+            StepAfter::RetryAt { .. } => "retrying",
+            StepAfter::Park { .. } => "parked",
+            StepAfter::Failed { .. } => "failed",
+            StepAfter::Stopped => "stopped",
+        }
+    }
+}
+
 /// The answer of [`Turn::begin_record`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum RecordBegin {
@@ -770,6 +784,8 @@ impl Turn {
             parent: Some(ParentLink { run_id: self.run.id.clone(), seq }),
             created_at: now,
             start_at: None,
+            // A child joins its parent's trace.
+            trace_context: self.run.trace_context.clone(),
         });
     }
 
@@ -1087,6 +1103,8 @@ impl Turn {
             timeout_ms: o.timeout.map(crate::millis),
             heartbeat_timeout_ms: crate::millis(o.heartbeat_timeout).max(1),
             created_at: now,
+            // The worker's span joins the run's trace.
+            trace_context: self.run.trace_context.clone(),
         });
         let at = millis_after(now, self.config.reconcile_interval);
         self.park(seq, Some(at));

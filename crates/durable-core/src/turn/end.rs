@@ -363,6 +363,7 @@ impl Turn {
             parent: self.run.parent.clone(),
             created_at: now,
             start_at: None,
+            trace_context: self.run.trace_context.clone(),
         });
         commit.end = Some(TurnEnd::Settle {
             status: RunStatus::Completed,

@@ -258,6 +258,7 @@ struct World {
 impl World {
     fn new(script: &[Op]) -> Self {
         let run = NewRun {
+            trace_context: None,
             admission: None,
             id: RunId::from("run"),
             workflow: "wf".into(),

@@ -28,6 +28,7 @@ fn rid() -> RunId {
 
 fn run() -> Run {
     let mut run = NewRun {
+        trace_context: None,
         admission: None,
         id: rid(),
         workflow: "wf".into(),
@@ -1020,6 +1021,7 @@ fn spawn_child_records_a_wait_and_creates_the_child_with_the_next_commit() {
                     created_at: 10,
                 }],
                 children: vec![NewRun {
+                    trace_context: None,
                     admission: None,
                     id: RunId::from("r.child.0"),
                     workflow: "child-wf".into(),
@@ -1581,6 +1583,7 @@ fn continue_as_new_settles_completed_with_a_marker_and_creates_the_successor() {
                     ..cp(0, "now", StepKind::Now, CheckpointStatus::Completed, 10)
                 }],
                 children: vec![NewRun {
+                    trace_context: None,
                     admission: None,
                     id: RunId::from("r~1"),
                     workflow: "wf".into(),
@@ -2314,6 +2317,7 @@ fn a_history_with_a_record_the_call_cannot_have_made_is_corrupt() {
 
 fn existing(id: &str, workflow: &str, parent: Option<ParentLink>) -> Run {
     NewRun {
+        trace_context: None,
         admission: None,
         id: RunId::from(id),
         workflow: workflow.into(),
@@ -2427,6 +2431,7 @@ fn remote_out(attempt: u32, started: Millis, at: Millis, input: &Payload) -> Che
 
 fn task_of(attempt: u32, at: Millis, input: &Payload) -> crate::task::NewTask {
     crate::task::NewTask {
+        trace_context: None,
         run_id: rid(),
         seq: 0,
         attempt,

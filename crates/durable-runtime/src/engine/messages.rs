@@ -136,6 +136,8 @@ impl Engine {
             handler.check_input(&probe).map_err(|source| Error::InvalidInput { workflow: workflow.clone(), source })?;
             let run = NewRun {
                 admission: None,
+                // The publisher's trace (with `otel`), or a fresh one.
+                trace_context: Some(crate::trace::new_trace_context(None, &workflow, version)),
                 id: RunId::new(""),
                 workflow: workflow.clone(),
                 version,

@@ -252,6 +252,11 @@ pub struct StartOptions {
     pub start_at: Option<Millis>,
     /// A delayed start: the run executes this long after it is created.
     pub delay: Option<Duration>,
+    /// The W3C `traceparent` the run's spans join (a trace the caller received from
+    /// elsewhere, say an HTTP request's header). Default: the caller's current span's, with
+    /// the `otel` feature and a valid OpenTelemetry context, else a fresh trace. A value that
+    /// is not a valid `traceparent` fails the start with [`Error::InvalidTraceContext`](crate::Error::InvalidTraceContext).
+    pub trace_context: Option<String>,
 }
 
 impl StartOptions {
@@ -295,6 +300,12 @@ impl StartOptions {
     /// Starts the run `delay` after it is created ([`StartOptions::start_at`]).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
+        self
+    }
+
+    /// Sets the W3C `traceparent` the run's spans join ([`StartOptions::trace_context`]).
+    pub fn trace_context(mut self, traceparent: impl Into<String>) -> Self {
+        self.trace_context = Some(traceparent.into());
         self
     }
 }

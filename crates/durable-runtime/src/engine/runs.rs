@@ -118,9 +118,14 @@ impl Engine {
         let namespace =
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
         let start_at = options.start_at.or_else(|| options.delay.map(|d| durable_core::millis_after(now, d)));
+        let trace_context = match options.trace_context {
+            Some(given) => durable_core::trace::TraceParent::parse(&given)?.to_string(),
+            None => crate::trace::new_trace_context(Some(&id), workflow, version),
+        };
         let admission = shared.flow.start_request(workflow, &namespace, &id, &input, options.priority, now)?;
         Ok(NewRun {
             admission,
+            trace_context: Some(trace_context),
             id,
             workflow: workflow.to_string(),
             version,

@@ -503,6 +503,7 @@ mod tests {
         let now = here.clock.now();
         let r = id("r");
         let new = durable_core::NewRun {
+            trace_context: None,
             admission: None,
             id: r.clone(),
             workflow: "w".into(),
@@ -553,6 +554,7 @@ mod tests {
     #[test]
     fn only_a_due_pending_or_running_run_has_work() {
         let mut run = durable_core::NewRun {
+            trace_context: None,
             admission: None,
             id: id("r"),
             workflow: "w".into(),

@@ -138,7 +138,7 @@ impl Shared {
             // Its in-memory timer, if any, is stale now: the turn sets a new one if it parks.
             self.cancel_timer(id);
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
-            let span = tracing::info_span!("turn", run_id = %id, workflow = %run.workflow, version = run.version);
+            let span = crate::trace::turn_span(&run, &self.owner);
             match self.execute_turn(run, history, previous, handler, &watch).instrument(span).await {
                 TurnEnded::Again => continue,
                 TurnEnded::Done => {
@@ -218,6 +218,15 @@ impl Shared {
 
     /// Applies the end of a turn.
     async fn end_turn(&self, id: &RunId, t: &TurnState, end: End, tally: &mut Tally) -> TurnEnded {
+        let outcome = match &end {
+            End::Suspend { .. } => "suspended",
+            End::Settle { status, .. } => status.as_str(),
+            End::Halt(Halt::Rerun(_)) => "rerun",
+            End::Halt(Halt::LeaseLost(_)) => "lease_lost",
+            End::Halt(Halt::Abort(_)) => "aborted",
+            End::Replayed(_) => "replayed",
+        };
+        crate::trace::outcome(&tracing::Span::current(), outcome);
         match end {
             End::Suspend { commit, wake_at } => match t.vet(commit).await {
                 Ok(commit) => {

@@ -151,6 +151,7 @@ impl Shared {
                 .into_iter()
                 .map(|fire| NewRun {
                     admission: None,
+                    trace_context: Some(crate::trace::new_trace_context(Some(&fire.run_id), &record.workflow, version)),
                     id: fire.run_id,
                     workflow: record.workflow.clone(),
                     version,

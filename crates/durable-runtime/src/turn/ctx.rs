@@ -18,6 +18,7 @@ use durable_core::{
 };
 use serde::Serialize;
 use serde::de::DeserializeOwned;
+use tracing::Instrument;
 
 use super::{CallGuard, CatchUnwind, TurnState, halt};
 use crate::clock::BoxFuture;
@@ -313,23 +314,20 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
         retry_at,
         error,
     };
-    let span = tracing::debug_span!("step", run_id = %run_id, seq, name = %name);
     loop {
+        // One span per attempt: the closure runs in it, and so does the commit of its result.
+        let span = crate::trace::step_span(&run_id, seq, &name, kind, attempt);
         let sc = StepContext { run_id: run_id.clone(), seq, attempt, admitted_at };
-        let result = {
-            let _enter = span.enter();
-            tracing::trace!(attempt, "executing");
-            drop(_enter);
-            run_attempt(&t, body(sc), options.timeout).await
-        };
+        let result = run_attempt(&t, body(sc), options.timeout).instrument(span.clone()).await;
         let (value, encoded) = match result.and_then(|v| encode_output(&name, v)) {
             Ok((v, p)) => (Some(v), Ok(p)),
             Err(e) => (None, Err(e)),
         };
         let after = t.turn.lock().finish_step(seq, attempt, encoded, t.now());
+        crate::trace::outcome(&span, after.outcome());
         match after {
             StepAfter::Completed { commit, .. } => {
-                if !t.apply(seq, commit).await {
+                if !t.apply(seq, commit).instrument(span).await {
                     return halt().await;
                 }
                 t.emit(EngineEvent::StepCompleted {
@@ -349,13 +347,13 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
                 attempt = next;
             }
             StepAfter::Park { at, error, commit } => {
-                if t.apply(seq, commit).await {
+                if t.apply(seq, commit).instrument(span).await {
                     t.emit(retrying(attempt, at, error));
                 }
                 return halt().await;
             }
             StepAfter::Failed { error, attempts, commit } => {
-                if !t.apply(seq, commit).await {
+                if !t.apply(seq, commit).instrument(span).await {
                     return halt().await;
                 }
                 let event = EngineEvent::StepFailed {

@@ -44,6 +44,7 @@ pub const T0: u64 = 1_700_000_000_000;
 
 pub fn new_run(id: &str) -> NewRun {
     NewRun {
+        trace_context: None,
         admission: None,
         id: RunId::from(id),
         workflow: "wf".into(),

@@ -28,6 +28,7 @@ pub fn open(path: &Path) -> SqliteStore {
 
 pub fn new_run(id: &str, created_at: u64) -> NewRun {
     NewRun {
+        trace_context: None,
         admission: None,
         id: RunId::from(id),
         workflow: "wf".into(),
