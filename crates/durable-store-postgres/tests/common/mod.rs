@@ -63,6 +63,21 @@ pub fn new_run(id: &str) -> NewRun {
 /// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
 /// the functions version 7 replaced, which re-running it writes anyway: for the tests of
 /// migrating older schemas forward.
+/// Takes a schema of this build back to version 8: the trace context columns and the version
+/// row (the functions version 9 replaced keep their version 9 text: migrating forward replaces
+/// them again).
+pub async fn undo_version_9(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {s}.runs DROP COLUMN trace_context;
+             ALTER TABLE {s}.tasks DROP COLUMN trace_context;
+             DELETE FROM {s}.schema_version WHERE version >= 9"
+        ))
+        .await
+        .expect("undo schema version 9");
+}
+
 /// Takes a schema of this build back to version 7 (the functions version 8 replaced keep their
 /// version 8 text: migrating forward replaces them again).
 pub async fn undo_version_8(admin: &tokio_postgres::Client, schema: &str) {
