@@ -1,8 +1,8 @@
 //! The README's examples are real programs: "Several workers on one database" is the `durable`
 //! crate's example `postgres_worker` (compiled with the workspace's examples), line for line;
 //! "Remote steps and workers" and "Flow control" show the lines of the examples
-//! `remote_pipeline` and `flow_control`, and "A fleet on NATS" those of `fleet_nats`, between
-//! their `// readme:begin` and `// readme:end` markers.
+//! `remote_pipeline` and `flow_control`, "A fleet on NATS" those of `fleet_nats`, and "Traces"
+//! those of `otel_traces`, between their `// readme:begin` and `// readme:end` markers.
 
 /// The lines of the first fenced block after the heading `heading` in `text`.
 fn block_after(text: &str, heading: &str) -> Vec<String> {
@@ -54,6 +54,17 @@ fn the_readme_shows_the_remote_pipeline_example() {
     assert!(code.len() > 10 && code.iter().any(|l| l.contains("remote_step(")), "{code:#?}");
     assert!(code.iter().any(|l| l.contains("Worker::builder()")), "{code:#?}");
     assert_eq!(in_readme, code, "README.md and crates/durable/examples/remote_pipeline.rs differ");
+}
+
+#[test]
+fn the_readme_shows_the_otel_traces_example() {
+    let root = concat!(env!("CARGO_MANIFEST_DIR"), "/..");
+    let readme = std::fs::read_to_string(format!("{root}/README.md")).expect("README.md");
+    let example = std::fs::read_to_string(format!("{root}/crates/durable/examples/otel_traces.rs"))
+        .expect("crates/durable/examples/otel_traces.rs");
+    let code = between_markers(&example);
+    assert!(code.iter().any(|l| l.contains("tracing_opentelemetry::layer()")), "{code:#?}");
+    assert_eq!(block_after(&readme, "Traces"), code, "README.md and crates/durable/examples/otel_traces.rs differ");
 }
 
 #[test]

@@ -35,12 +35,14 @@ async fn receipt(ctx: WorkflowCtx, label: String) -> Result<String, WorkflowErro
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // 1. Spans go to OpenTelemetry (here, to memory).
+    // readme:begin
+    // Spans go to OpenTelemetry: here to memory; in a service, to your exporter (OTLP, stdout, …).
     let exporter = InMemorySpanExporter::default();
     let provider = SdkTracerProvider::builder().with_simple_exporter(exporter.clone()).build();
     tracing_subscriber::registry()
         .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("otel-traces-example")))
         .init();
+    // readme:end
 
     // 2. An engine and a worker on one store.
     let store = Arc::new(MemoryStore::new());
