@@ -74,6 +74,7 @@ mod engine;
 mod error;
 mod events;
 mod flow;
+pub mod metrics;
 mod registry;
 mod remote;
 mod sched;
