@@ -54,7 +54,7 @@
 use std::time::Duration;
 
 use ::metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
-use durable_core::{Commit, RunStatus, StepKind};
+use durable_core::{Commit, RunStatus, StepAfter, StepKind};
 
 /// Counter: runs created by this process, by `workflow`.
 pub const RUNS_STARTED: &str = "durable_runs_started_total";
@@ -185,7 +185,15 @@ pub(crate) fn run_settled(workflow: &str, status: RunStatus, timed_out: bool) {
     }
 }
 
-pub(crate) fn step_attempt(workflow: &str, kind: StepKind, outcome: &'static str, took: Duration) {
+/// An attempt of a step took `took`, and the core decided `after` (a stopping turn's attempt
+/// takes no sample).
+pub(crate) fn step_attempt(workflow: &str, kind: StepKind, after: &StepAfter, took: Duration) {
+    let outcome = match after {
+        StepAfter::Completed { .. } => "completed",
+        StepAfter::RetryAt { .. } | StepAfter::Park { .. } => "retry",
+        StepAfter::Failed { .. } => "failed",
+        StepAfter::Stopped => return,
+    };
     histogram!(STEP_DURATION, "workflow" => workflow.to_string(), "kind" => kind.as_str(), "outcome" => outcome)
         .record(took);
 }

@@ -12,11 +12,14 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod support;
+
 use durable_conformance::{Counter, TestEngine, test_config};
 use durable_core::{RunStatus, StepError};
 use durable_runtime::metrics as names;
 use durable_runtime::{EngineEvent, StartOptions, TaskContext, Worker, WorkflowCtx, WorkflowError, WorkflowOptions};
 use metrics_exporter_prometheus::PrometheusBuilder;
+use support::StoreFixture;
 use tokio::sync::{mpsc, oneshot, watch};
 
 /// A Prometheus scrape.
@@ -86,10 +89,21 @@ fn register_job(t: &TestEngine) {
 }
 
 #[test]
-fn ten_runs_on_two_engines_are_counted_once_each_by_outcome() {
+fn ten_runs_on_two_engines_are_counted_once_each_by_outcome_on_memory() {
+    ten_runs_on_two_engines(StoreFixture::memory());
+}
+
+#[test]
+fn ten_runs_on_two_engines_are_counted_once_each_by_outcome_on_sqlite() {
+    ten_runs_on_two_engines(StoreFixture::sqlite());
+}
+
+/// Two engines (on SQLite, each with its own handle on the file, as two processes) start and
+/// execute 10 runs: 7 complete, 2 fail, 1 is cancelled.
+fn ten_runs_on_two_engines(s: StoreFixture) {
     let (turns, m) = recorded(|| async {
-        let a = TestEngine::new();
-        let b = a.sibling();
+        let a = s.engine();
+        let b = TestEngine::with_parts(s.second_handle(), a.clock().clone(), test_config());
         register_job(&a);
         register_job(&b);
         let modes = [0, 0, 0, 0, 0, 0, 0, 1, 1, 2];

@@ -329,15 +329,7 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
             Err(e) => (None, Err(e)),
         };
         let after = t.turn.lock().finish_step(seq, attempt, encoded, t.now());
-        let outcome = match &after {
-            StepAfter::Completed { .. } => Some("completed"),
-            StepAfter::RetryAt { .. } | StepAfter::Park { .. } => Some("retry"),
-            StepAfter::Failed { .. } => Some("failed"),
-            StepAfter::Stopped => None,
-        };
-        if let Some(outcome) = outcome {
-            crate::metrics::step_attempt(&t.run.workflow, kind, outcome, took);
-        }
+        crate::metrics::step_attempt(&t.run.workflow, kind, &after, took);
         match after {
             StepAfter::Completed { commit, .. } => {
                 if !t.apply(seq, commit).await {
