@@ -19,7 +19,7 @@
 //! | `durable_turn_duration_seconds` | histogram | `workflow` | One sample per turn executed in this process: from its claim's answer to the end of the turn (its last commit applied, or the turn stopped). |
 //! | `durable_turns_without_progress_total` | counter | — | Turns that got nowhere (see [`Metrics::turns_without_progress`](crate::Metrics::turns_without_progress)). |
 //! | `durable_lease_takeovers_total` | counter | `workflow` | Claims of this engine that took a run over from another owner whose lease had expired (the store increments the run's `recovery_attempts`). |
-//! | `durable_recoveries_total` | counter | `workflow` | Turns of a taken-over run (see above) whose end the store applied: the run was recovered and moved on. |
+//! | `durable_recoveries_total` | counter | `workflow` | Turns of a taken-over run (see above) that made progress: the store acknowledged a checkpoint of the turn, or its end moved the run on (the rule that resets `recovery_attempts`). Takeovers minus recoveries are recoveries that got nowhere. |
 //! | `durable_leases_lost_total` | counter | `workflow` | Turns of this engine stopped because their lease was lost: renewals refused or failing for a whole lease period, or an end the store refused (another owner holds the lease). |
 //! | `durable_dead_runs_total` | counter | `workflow` | Runs this engine buried `dead` (recovered more than `max_recovery_attempts` times in a row without progress). Also counted in `durable_runs_settled_total{outcome="dead"}`. |
 //! | `durable_store_commit_seconds` | histogram | `outcome` | Latency of each `Store::commit` this engine made (a turn's checkpoints, waits, children, tasks and end in one transaction): `outcome` is `ok` or `error`. |
@@ -68,7 +68,7 @@ pub const TURN_DURATION: &str = "durable_turn_duration_seconds";
 pub const TURNS_WITHOUT_PROGRESS: &str = "durable_turns_without_progress_total";
 /// Counter: runs taken over from an owner whose lease expired, by `workflow`.
 pub const LEASE_TAKEOVERS: &str = "durable_lease_takeovers_total";
-/// Counter: taken-over runs whose recovery turn's end applied, by `workflow`.
+/// Counter: turns of taken-over runs that made progress, by `workflow`.
 pub const RECOVERIES: &str = "durable_recoveries_total";
 /// Counter: turns stopped because their lease was lost, by `workflow`.
 pub const LEASES_LOST: &str = "durable_leases_lost_total";
@@ -137,7 +137,7 @@ pub fn describe() {
     describe_counter!(
         RECOVERIES,
         Unit::Count,
-        "Taken-over runs whose recovery turn's end the store applied, by workflow."
+        "Turns of taken-over runs that made progress (a checkpoint or a status change), by workflow."
     );
     describe_counter!(
         LEASES_LOST,
