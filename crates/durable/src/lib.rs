@@ -109,7 +109,7 @@ pub mod transport {
 pub mod store {
     pub use durable_core::{
         BufferAppend, Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Dedupe, Delivery, DueQuery,
-        Gathered, NewRun, OutgoingSignal, ParentLink, Publish, Published, RunPatch, RunQuery, SaveOutcome,
+        Gathered, NewRun, OutgoingSignal, ParentLink, Publish, Published, RunCount, RunPatch, RunQuery, SaveOutcome,
         SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TaskFilter, TriggerBuffer, TurnEnd,
         WaitKind, Waiter,
     };
@@ -152,6 +152,12 @@ pub mod otel {
     pub use opentelemetry;
     pub use tracing_opentelemetry;
 }
+
+/// The metrics the engine and workers record through the `metrics` facade: every name as a
+/// constant, the table of their types, labels and meanings, and histogram buckets that fit
+/// them. Install any `metrics` exporter (for example `metrics-exporter-prometheus`) before
+/// building the engine; without one nothing is recorded.
+pub use durable_runtime::metrics as metrics_names;
 
 /// Every persisted string format and id scheme (child ids, successor and retry ids, tokens,
 /// checkpoint names of deadlines and undos, the continued-run marker), formatted and parsed in

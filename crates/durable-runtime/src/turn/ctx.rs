@@ -318,13 +318,16 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
         // One span per attempt: the closure runs in it, and so does the commit of its result.
         let span = crate::trace::step_span(&run_id, seq, &name, kind, attempt);
         let sc = StepContext { run_id: run_id.clone(), seq, attempt, admitted_at };
+        let began = std::time::Instant::now();
         let result = run_attempt(&t, body(sc), options.timeout).instrument(span.clone()).await;
+        let took = began.elapsed();
         let (value, encoded) = match result.and_then(|v| encode_output(&name, v)) {
             Ok((v, p)) => (Some(v), Ok(p)),
             Err(e) => (None, Err(e)),
         };
         let after = t.turn.lock().finish_step(seq, attempt, encoded, t.now());
         crate::trace::outcome(&span, after.outcome());
+        crate::metrics::step_attempt(&t.run.workflow, kind, &after, took);
         match after {
             StepAfter::Completed { commit, .. } => {
                 if !t.apply(seq, commit).instrument(span).await {
