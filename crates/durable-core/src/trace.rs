@@ -76,7 +76,13 @@ impl TraceParent {
 
     /// The trace context of `run`: the stored one when it is valid, else [`TraceParent::derived`].
     pub fn of_run(run: &crate::Run) -> Self {
-        run.trace_context.as_deref().and_then(|s| s.parse().ok()).unwrap_or_else(|| TraceParent::derived(&run.id))
+        TraceParent::stored_or_derived(run.trace_context.as_deref(), &run.id)
+    }
+
+    /// `stored` (a run's or a task's trace context) when it is valid, else the one
+    /// [derived](TraceParent::derived) from the run id.
+    pub fn stored_or_derived(stored: Option<&str>, run_id: &RunId) -> Self {
+        stored.and_then(|s| s.parse().ok()).unwrap_or_else(|| TraceParent::derived(run_id))
     }
 
     /// The trace id.

@@ -57,7 +57,7 @@ pub(crate) fn step_span(run_id: &RunId, seq: u32, name: &str, kind: StepKind, at
 /// task's, or one derived from the run id for a task dispatched before contexts were stored).
 pub(crate) fn task_span(task: &Task, worker: &str) -> Span {
     let t = &task.task;
-    let tp = t.trace_context.as_deref().and_then(|s| s.parse().ok()).unwrap_or_else(|| TraceParent::derived(&t.run_id));
+    let tp = TraceParent::stored_or_derived(t.trace_context.as_deref(), &t.run_id);
     let span = tracing::info_span!(
         "task",
         run_id = %t.run_id,
