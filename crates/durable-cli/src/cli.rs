@@ -148,6 +148,22 @@ Examples:
   durable queues --json")]
     Queues(QueuesArgs),
 
+    /// Serve the JSON API, Prometheus metrics and the web dashboard over the store, until
+    /// Ctrl-C or SIGTERM.
+    ///
+    /// Like the other operator commands it executes no workflow code: retry, cancel, delete
+    /// and signal from the page or the API change the store, and the workers with the
+    /// workflows registered continue the runs. Actions (POST, DELETE) need `Authorization:
+    /// Bearer <token>`; without --token (or DURABLE_TOKEN) the server refuses to start unless
+    /// --dev is given, and --dev listens on a loopback address only. The endpoints are listed
+    /// at /api/openapi.json.
+    #[command(after_help = "\
+Examples:
+  durable serve --token \"$(openssl rand -hex 16)\" --addr 0.0.0.0:8080
+  durable serve --dev                        # no token, 127.0.0.1:8080 only
+  curl -H 'Authorization: Bearer T' -X POST localhost:8080/api/runs/demo-saga-3/cancel -d '{}'")]
+    Serve(ServeArgs),
+
     /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.
     Completions(CompletionsArgs),
 }
@@ -326,6 +342,30 @@ pub struct ListArgs {
     /// One JSON object per run and per line (the run as stored), instead of a table.
     #[arg(long)]
     pub json: bool,
+}
+
+/// Flags of `durable serve`.
+#[derive(Debug, Clone, Args)]
+pub struct ServeArgs {
+    /// The address to listen on (port 0: any free port; the URL is printed).
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080")]
+    pub addr: std::net::SocketAddr,
+
+    /// The bearer token actions (and with --protect-reads, reads) need.
+    #[arg(long, value_name = "TOKEN", env = "DURABLE_TOKEN", hide_env_values = true)]
+    pub token: Option<String>,
+
+    /// A development server: no token needed, loopback addresses only.
+    #[arg(long)]
+    pub dev: bool,
+
+    /// Reads need the token too (the page, its assets, /healthz and /api/openapi.json stay open).
+    #[arg(long)]
+    pub protect_reads: bool,
+
+    /// How often an open event stream (/api/events) reads its view: 500ms, 1s, 5s.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub poll: Duration,
 }
 
 /// Flags of `durable workers`.

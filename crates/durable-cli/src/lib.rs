@@ -20,6 +20,7 @@
 //! durable schedules delete <key>                delete it (the runs it started are kept)
 //! durable workers [--json]                      remote steps: queue depths, live workers
 //! durable queues [--kind K] [--namespace N] [--json]  flow control: step queues and concurrency keys
+//! durable serve [--addr A] [--token T | --dev] [--protect-reads] [--poll D]  the JSON API, /metrics, the dashboard
 //! durable completions <shell>                   a shell completion script
 //! ```
 //!
@@ -74,6 +75,7 @@ mod format;
 mod queues;
 mod runs;
 mod schedules;
+mod serve;
 mod store;
 mod workers;
 mod workflows;
@@ -89,7 +91,7 @@ use clap::{CommandFactory, Parser};
 
 pub use cli::{
     CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, GateKind, ListArgs, QueuesArgs,
-    RunIdArgs, RunsCommand, ScheduleKeyArgs, ScheduleListArgs, ScheduleShowArgs, SchedulesCommand, ShowArgs,
+    RunIdArgs, RunsCommand, ScheduleKeyArgs, ScheduleListArgs, ScheduleShowArgs, SchedulesCommand, ServeArgs, ShowArgs,
     SignalArgs, StoreArgs, WorkersArgs,
 };
 pub use error::{Error, Result};
@@ -116,6 +118,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Signal(args) => runs::signal(&cli.store, args, &mut out).await,
         Command::Workers(args) => workers::workers(&cli.store, args, &mut out).await,
         Command::Queues(args) => queues::queues(&cli.store, args, &mut out).await,
+        Command::Serve(args) => serve::serve(&cli.store, args, &mut out).await,
         Command::Completions(args) => {
             clap_complete::generate(args.shell, &mut Cli::command(), "durable", &mut out);
             Ok(())

@@ -9,6 +9,7 @@ use durable::protocol;
 use durable::store::{TaskFilter, WaitKind, Waiter};
 use durable::task::{Task, TaskState};
 use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus, StepKind};
+use durable_serve::ops;
 use serde_json::json;
 
 use crate::admission::RunAdmission;
@@ -44,6 +45,15 @@ fn invalid_id_message(id: &str, reason: &str) -> String {
 /// Reads a run that must exist.
 async fn require(engine: &Engine, id: &RunId) -> Result<Run> {
     engine.get_run(id).await?.ok_or_else(|| not_found(id))
+}
+
+/// An action refused or failed ([`ops`]), as the command line words it.
+fn op_error(e: ops::OpError) -> Error {
+    match e {
+        ops::OpError::NotFound(id) => not_found(&id),
+        ops::OpError::Engine(e) => e.into(),
+        e => Error::bad(e.to_string()),
+    }
 }
 
 fn not_found(id: &RunId) -> Error {
@@ -572,12 +582,7 @@ pub(crate) async fn retry(store: &StoreArgs, args: &RunIdArgs, out: &mut dyn Wri
     let id = parse_id(&args.id)?;
     let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
-        let run = require(&engine, &id).await?;
-        let from = engine.history(&id).await?.into_iter().find(|c| c.status == CheckpointStatus::Failed);
-        let status = engine.retry(&id).await?;
-        if status != RunStatus::Pending {
-            return Err(Error::bad(format!("run {id} is {status} now (it changed meanwhile); it was not retried")));
-        }
+        let ops::Retried { before: run, from } = ops::retry(&engine, &id).await.map_err(op_error)?;
         let resume = from.map_or_else(
             || "from where it stopped".to_string(),
             |cp| format!("from step {:?} (seq {}) with fresh attempts; the steps before it are kept", cp.name, cp.seq),
@@ -597,21 +602,19 @@ pub(crate) async fn cancel(store: &StoreArgs, args: &CancelArgs, out: &mut dyn W
     let id = parse_id(&args.id)?;
     let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
-        let run = require(&engine, &id).await?;
-        if run.status.is_terminal() {
-            writeln!(out, "run {id} is already {}; nothing to cancel", run.status)?;
-            return Ok(());
-        }
         let how = if args.compensate { Cancel::Compensate } else { Cancel::Abandon };
-        let status = engine.cancel_with(&id, how).await?;
-        match (how, status) {
-            (Cancel::Abandon, RunStatus::Cancelled) => writeln!(out, "run {id} is cancelled (its active children too)")?,
-            (Cancel::Compensate, s) if !s.is_terminal() => writeln!(
+        let (run, outcome) = ops::cancel(&engine, &id, how).await.map_err(op_error)?;
+        match outcome {
+            ops::Cancelled::AlreadyFinished(s) => writeln!(out, "run {id} is already {s}; nothing to cancel")?,
+            ops::Cancelled::Cancelled => writeln!(out, "run {id} is cancelled (its active children too)")?,
+            ops::Cancelled::Requested => writeln!(
                 out,
                 "cancel requested for run {id}: a worker with workflow {} registered runs its undos, then it ends cancelled",
                 workflow_at(&run)
             )?,
-            (_, s) => writeln!(out, "run {id} finished as {s} before the cancel landed; nothing was cancelled")?,
+            ops::Cancelled::FinishedFirst(s) => {
+                writeln!(out, "run {id} finished as {s} before the cancel landed; nothing was cancelled")?
+            }
         }
         Ok(())
     })
@@ -623,16 +626,15 @@ pub(crate) async fn delete(store: &StoreArgs, args: &DeleteArgs, out: &mut dyn W
     let id = parse_id(&args.id)?;
     let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
-        let run = require(&engine, &id).await?;
-        if !run.status.is_terminal() && !args.force {
-            return Err(Error::bad(format!(
-                "run {id} is {} (still active): cancel it first (`durable runs cancel {id}`), or pass --force to delete it anyway",
-                run.status
-            )));
-        }
-        let deleted = engine.delete_run(&id).await?;
+        let deleted = match ops::delete(&engine, &id, args.force).await {
+            Err(ops::OpError::Active { status, .. }) => {
+                return Err(Error::bad(format!(
+                    "run {id} is {status} (still active): cancel it first (`durable runs cancel {id}`), or pass --force to delete it anyway"
+                )));
+            }
+            other => other.map_err(op_error)?,
+        };
         match deleted {
-            0 => return Err(Error::bad(format!("run {id} not found (deleted meanwhile?)"))),
             1 => writeln!(out, "deleted run {id}")?,
             n => writeln!(out, "deleted run {id} and {} descendant run{}", n - 1, if n == 2 { "" } else { "s" })?,
         }
@@ -644,7 +646,7 @@ pub(crate) async fn delete(store: &StoreArgs, args: &DeleteArgs, out: &mut dyn W
 /// `durable signal`.
 pub(crate) async fn signal(store: &StoreArgs, args: &SignalArgs, out: &mut dyn Write) -> Result<()> {
     if args.token.trim().is_empty() {
-        return Err(Error::bad("the signal token is empty; pass the token the run waits on"));
+        return Err(op_error(ops::signal_token_empty()));
     }
     let text = if args.payload == "-" {
         let mut text = String::new();
@@ -662,7 +664,7 @@ pub(crate) async fn signal(store: &StoreArgs, args: &SignalArgs, out: &mut dyn W
     })?;
     let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
-        match engine.signal(&args.token, &payload).await? {
+        match ops::signal(&engine, &args.token, &payload).await.map_err(op_error)? {
             Delivery::Delivered { run_id, seq } => {
                 let workflow = engine.get_run(&run_id).await?.map_or_else(|| "its workflow".into(), |r| workflow_at(&r));
                 writeln!(

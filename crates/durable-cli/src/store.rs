@@ -3,6 +3,7 @@
 use std::sync::Arc;
 
 use durable::store::Store;
+use durable::transport::ControlPlane;
 use durable::{Durability, Engine, PostgresOptions, PostgresStore, SqliteError, SqliteOptions, SqliteStore};
 
 use crate::cli::StoreArgs;
@@ -30,6 +31,12 @@ impl StoreArgs {
 
     /// Opens the store the flags name.
     pub(crate) async fn open(&self, access: Access) -> Result<Arc<dyn Store>> {
+        Ok(self.open_with_events(access).await?.store)
+    }
+
+    /// Opens the store the flags name, with its control plane when it has one (PostgreSQL:
+    /// an engine on it hears the events of the other engines on the schema at once).
+    pub(crate) async fn open_with_events(&self, access: Access) -> Result<Opened> {
         if let Some(url) = &self.url {
             let options = PostgresOptions::new().schema(&self.schema).application_name("durable-cli");
             let options = match access {
@@ -37,7 +44,12 @@ impl StoreArgs {
                 Access::Existing => options.create_if_missing(false).pool_size(2),
                 Access::CreateIfMissing => options.pool_size(8),
             };
-            return Ok(Arc::new(PostgresStore::connect_with(url, options).await?));
+            let store = PostgresStore::connect_with(url, options).await?;
+            let plane: Option<Arc<dyn ControlPlane>> = match access {
+                Access::Existing => Some(Arc::new(store.control_plane().await?)),
+                Access::CreateIfMissing => None,
+            };
+            return Ok(Opened { store: Arc::new(store), plane });
         }
         let options = match access {
             // One short-lived command: one reader is plenty.
@@ -46,7 +58,20 @@ impl StoreArgs {
             // `Normal`; only a power loss could lose the last commits of a demo.
             Access::CreateIfMissing => SqliteOptions::new().durability(Durability::Normal),
         };
-        Ok(Arc::new(SqliteStore::open_with(&self.db, options).map_err(sqlite_open_error)?))
+        let store = SqliteStore::open_with(&self.db, options).map_err(sqlite_open_error)?;
+        Ok(Opened { store: Arc::new(store), plane: None })
+    }
+}
+
+/// A store, and its control plane when it has one.
+pub(crate) struct Opened {
+    pub(crate) store: Arc<dyn Store>,
+    pub(crate) plane: Option<Arc<dyn ControlPlane>>,
+}
+
+impl From<Arc<dyn Store>> for Opened {
+    fn from(store: Arc<dyn Store>) -> Self {
+        Opened { store, plane: None }
     }
 }
 
@@ -87,12 +112,20 @@ fn redact(url: &str) -> String {
 /// ([`EngineBuilder::client_only`](durable::EngineBuilder::client_only)) runs no pollers and
 /// never claims a run: the runs an operation wakes are left to the workers that have their
 /// workflows registered.
-pub(crate) async fn with_operator_engine<T, F, Fut>(store: Arc<dyn Store>, f: F) -> Result<T>
+///
+/// With a control plane (`durable serve` on PostgreSQL), the engine hears the events of the
+/// engines that execute the runs, at once.
+pub(crate) async fn with_operator_engine<T, F, Fut>(store: impl Into<Opened>, f: F) -> Result<T>
 where
     F: FnOnce(Engine) -> Fut,
     Fut: Future<Output = Result<T>>,
 {
-    let engine = Engine::builder().shared_store(store).client_only().build()?;
+    let Opened { store, plane } = store.into();
+    let mut builder = Engine::builder().shared_store(store).client_only();
+    if let Some(plane) = plane {
+        builder = builder.control_plane(plane);
+    }
+    let engine = builder.build()?;
     let result = f(engine.clone()).await;
     engine.shutdown().await;
     result

@@ -469,6 +469,17 @@ pub struct RunPage {
     pub next_cursor: Option<String>,
 }
 
+/// One line of [`Store::run_counts`]: how many runs of `workflow` are in `status`.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct RunCount {
+    /// The workflow.
+    pub workflow: String,
+    /// The status.
+    pub status: RunStatus,
+    /// How many runs.
+    pub count: u64,
+}
+
 /// The cursor format shared by the in-tree stores: `<created_at>:<id>`.
 pub fn encode_cursor(run: &Run) -> String {
     format!("{}:{}", run.created_at, run.id)
@@ -594,6 +605,29 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// (100 when 0); `next_cursor` is `Some` exactly when more runs match. Paging through with
     /// the cursor visits every matching run once.
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage>;
+
+    /// How many runs there are per workflow and status.
+    ///
+    /// # Contract
+    /// One [`RunCount`] per `(workflow, status)` with at least one run, ordered by workflow
+    /// then status ([`RunStatus`]'s order); the counts are those of one consistent read. The
+    /// default pages through [`Store::list_runs`] (every run is read); a store should answer
+    /// it with one aggregate query (the in-tree stores do, from an index).
+    async fn run_counts(&self) -> StoreResult<Vec<RunCount>> {
+        let mut counts = std::collections::BTreeMap::<(String, RunStatus), u64>::new();
+        let mut filter = RunFilter { limit: 1_000, ..RunFilter::default() };
+        loop {
+            let page = self.list_runs(&filter).await?;
+            for run in page.runs {
+                *counts.entry((run.workflow, run.status)).or_default() += 1;
+            }
+            match page.next_cursor {
+                Some(cursor) => filter.cursor = Some(cursor),
+                None => break,
+            }
+        }
+        Ok(counts.into_iter().map(|((workflow, status), count)| RunCount { workflow, status, count }).collect())
+    }
 
     /// Reads a run's checkpoints.
     ///

@@ -109,7 +109,7 @@ pub mod transport {
 pub mod store {
     pub use durable_core::{
         BufferAppend, Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Dedupe, Delivery, DueQuery,
-        Gathered, NewRun, OutgoingSignal, ParentLink, Publish, Published, RunPatch, RunQuery, SaveOutcome,
+        Gathered, NewRun, OutgoingSignal, ParentLink, Publish, Published, RunCount, RunPatch, RunQuery, SaveOutcome,
         SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TaskFilter, TriggerBuffer, TurnEnd,
         WaitKind, Waiter,
     };
