@@ -591,7 +591,7 @@ function renderRun(view, d, refresh) {
   }
   if (run.output !== null && run.output !== undefined) parts.push(section('Output', h('div', { id: 'run-output' }, jsonBlock(run.output))));
   const timeline = d.timeline || [];
-  parts.push(section(`Timeline (${timeline.length} steps)`,
+  parts.push(section(`Timeline (${timeline.length})`,
     timeline.length ? null : h('p', { class: 'muted' }, 'No steps recorded yet.'),
     h('ol', { id: 'timeline', class: 'timeline' }, timeline.map(timelineEntry))));
   if ((d.children || []).length) parts.push(section(`Children (${d.children.length})`, h('div', { id: 'children' }, childList(d.children))));

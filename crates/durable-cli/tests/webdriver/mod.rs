@@ -11,7 +11,7 @@
 //! as soon as it holds, or when its deadline passes.
 #![allow(dead_code, unreachable_pub)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{BufRead, BufReader, Write};
 use std::net::TcpStream;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -42,8 +42,7 @@ pub fn find_driver() -> Option<PathBuf> {
         .find(|p| p.is_file())
 }
 
-/// One request to the driver; the answer's `value`, or a panic naming the command and the
-/// driver's error.
+/// One request to the driver: the answer's `value`, or the driver's error.
 fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> Result<Value, WebDriverError> {
     let body = body.map(|b| b.to_string()).unwrap_or_default();
     let mut stream = TcpStream::connect(("127.0.0.1", port))
@@ -55,11 +54,8 @@ fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> Result<
         body.len()
     )
     .unwrap_or_else(|e| panic!("send {method} {path} to chromedriver: {e}"));
-    let mut answer = Vec::new();
-    stream.read_to_end(&mut answer).unwrap_or_else(|e| panic!("read the answer to {method} {path}: {e}"));
-    let (status, body) = parse_response(&answer).unwrap_or_else(|| {
-        panic!("{method} {path}: not an HTTP answer: {:?}", String::from_utf8_lossy(&answer))
-    });
+    let (status, body) = read_response(BufReader::new(stream))
+        .unwrap_or_else(|e| panic!("{method} {path}: no valid HTTP answer from chromedriver: {e}"));
     let json: Value = serde_json::from_slice(&body)
         .unwrap_or_else(|e| panic!("{method} {path}: the answer is not JSON ({e}): {}", String::from_utf8_lossy(&body)));
     let value = json.get("value").cloned().unwrap_or(Value::Null);
@@ -73,26 +69,48 @@ fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> Result<
     }
 }
 
-/// The status code and the body (de-chunked) of an HTTP/1.1 answer.
-fn parse_response(raw: &[u8]) -> Option<(u16, Vec<u8>)> {
-    let split = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..split]).ok()?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let mut body = raw[split + 4..].to_vec();
-    if head.lines().any(|l| l.to_ascii_lowercase().starts_with("transfer-encoding:") && l.contains("chunked")) {
-        let (mut out, mut rest) = (Vec::new(), &body[..]);
+/// The status code and the body of an HTTP/1.1 answer (chromedriver keeps the connection open
+/// despite `Connection: close`, so the body is read by its length).
+fn read_response(mut reader: impl BufRead) -> std::io::Result<(u16, Vec<u8>)> {
+    let bad = |what: &str| std::io::Error::new(std::io::ErrorKind::InvalidData, what.to_string());
+    let mut line = String::new();
+    reader.read_line(&mut line)?;
+    let status = line.split(' ').nth(1).and_then(|s| s.parse().ok()).ok_or_else(|| bad(&line))?;
+    let (mut length, mut chunked) = (None, false);
+    loop {
+        line.clear();
+        reader.read_line(&mut line)?;
+        let header = line.trim_end();
+        if header.is_empty() {
+            break;
+        }
+        let (name, value) = header.split_once(':').ok_or_else(|| bad(header))?;
+        match name.trim().to_ascii_lowercase().as_str() {
+            "content-length" => length = Some(value.trim().parse::<usize>().map_err(|_| bad(header))?),
+            "transfer-encoding" => chunked = value.contains("chunked"),
+            _ => {}
+        }
+    }
+    let mut body = Vec::new();
+    if chunked {
         loop {
-            let eol = rest.windows(2).position(|w| w == b"\r\n")?;
-            let size = usize::from_str_radix(std::str::from_utf8(&rest[..eol]).ok()?.trim(), 16).ok()?;
+            line.clear();
+            reader.read_line(&mut line)?;
+            let size = usize::from_str_radix(line.trim(), 16).map_err(|_| bad(&line))?;
+            let mut chunk = vec![0; size + 2];
+            reader.read_exact(&mut chunk)?;
             if size == 0 {
                 break;
             }
-            out.extend_from_slice(rest.get(eol + 2..eol + 2 + size)?);
-            rest = rest.get(eol + 4 + size..)?;
+            body.extend_from_slice(&chunk[..size]);
         }
-        body = out;
+    } else if let Some(length) = length {
+        body.resize(length, 0);
+        reader.read_exact(&mut body)?;
+    } else {
+        reader.read_to_end(&mut body)?;
     }
-    Some((status, body))
+    Ok((status, body))
 }
 
 /// An error answer of the driver.
