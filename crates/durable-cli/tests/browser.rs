@@ -190,6 +190,17 @@ fn the_runs_list_loads_and_filters_by_status() {
     );
     assert_eq!(row, json!([html_id, "<b>bold</b>", 0, true]));
     assert!(browser.find("#error:not([hidden])").is_none(), "no error banner: {}", browser.page_text());
+
+    // A run started while the page is open appears at the top, without a reload.
+    browser.exec("window.__before_new_run = 'still here'", json!([]));
+    assert_eq!(worker.run("import-d", json!({}), &[]), RunStatus::Completed);
+    browser.wait_for(
+        "the new run at the top",
+        &format!("{ROW_IDS}[0] === 'import-d' && document.querySelector('#runs-table tr[data-run-id=\"import-d\"] td.status').textContent === 'completed'"),
+        PAGE,
+    );
+    assert_eq!(browser.exec(&format!("return {ROW_IDS}.length"), json!([])), json!(5));
+    assert_eq!(browser.exec("return window.__before_new_run", json!([])), json!("still here"), "the page was not reloaded");
     browser.screenshot("runs-list");
 
     // The status filter narrows the rows to the failed run, and says so in the address.
@@ -209,9 +220,28 @@ fn the_runs_list_loads_and_filters_by_status() {
     browser.wait_for("the completed nightly run", &format!("JSON.stringify({ROW_IDS}) === '[\"import-a\"]'"), PAGE);
     browser.screenshot("runs-list-filtered");
 
+    // Pages of two: "next page" walks through every run once, newest first.
+    browser.goto(&format!("{}/#/runs?limit=2", server.url));
+    let mut seen = Vec::new();
+    loop {
+        let page = browser.wait_for(
+            "a page of runs",
+            &format!("{ROW_IDS}.length > 0 && !{ROW_IDS}.some(id => {}.includes(id)) && {ROW_IDS}", json!(seen)),
+            PAGE,
+        );
+        let page: Vec<String> = serde_json::from_value(page).unwrap();
+        assert!(page.len() <= 2, "{page:?}");
+        seen.extend(page);
+        if browser.find("#next-page").is_none() {
+            break;
+        }
+        browser.click_on("#next-page");
+    }
+    assert_eq!(seen, ["import-d", "import-c", "import-b", html_id, "import-a"]);
+
     // On a narrow screen the list still fits the width (rows become cards, no sideways scroll).
-    browser.click_on("#clear-filters");
-    browser.wait_for("the four runs again", &format!("{ROW_IDS}.length === 4"), PAGE);
+    browser.goto(&format!("{}/#/runs", server.url));
+    browser.wait_for("the five runs again", &format!("{ROW_IDS}.length === 5"), PAGE);
     browser.set_window_size(400, 900);
     browser.wait_for(
         "the list to fit 400 px",
