@@ -158,10 +158,13 @@ Examples:
     /// --dev is given, and --dev listens on a loopback address only. The endpoints are listed
     /// at /api/openapi.json.
     #[command(after_help = "\
-Examples:
-  durable serve --token \"$(openssl rand -hex 16)\" --addr 0.0.0.0:8080
-  durable serve --dev                        # no token, 127.0.0.1:8080 only
-  curl -H 'Authorization: Bearer T' -X POST localhost:8080/api/runs/demo-saga-3/cancel -d '{}'")]
+Examples (a server runs until Ctrl-C or SIGTERM):
+  DURABLE_TOKEN=... durable serve --addr 0.0.0.0:8080
+  (development, no token, 127.0.0.1:8080 only:)   durable serve --dev
+  curl -H 'Authorization: Bearer ...' -X POST localhost:8080/api/runs/demo-saga-3/cancel -d '{}'
+Refused:
+  durable serve --addr 127.0.0.1:0           # exits 2: no token and no --dev
+  durable serve --dev --addr 0.0.0.0:8080    # exits 2: --dev listens on loopback only")]
     Serve(ServeArgs),
 
     /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.

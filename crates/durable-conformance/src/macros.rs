@@ -47,6 +47,7 @@ macro_rules! __store_cases {
             runs::history_is_ordered_by_seq(Store, []),
             list::list_is_newest_first(Store, []),
             list::list_filters_by_workflow(Store, []),
+            list::run_counts_by_workflow_and_status(Store, []),
             list::list_filters_by_statuses(Store, []),
             list::list_filters_by_namespace(Store, []),
             list::list_filters_by_tag(Store, []),

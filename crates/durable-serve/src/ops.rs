@@ -63,10 +63,21 @@ pub async fn retry(engine: &Engine, id: &RunId) -> Result<Retried, OpError> {
 }
 
 /// Starts a new run of `id`'s workflow with `input` ([`Engine::retry_with_input`]); the
-/// original run is left as it is. Returns the new run.
+/// original run is left as it is. Returns the new run. The workflow must be registered on
+/// `engine` (its input is checked, its version chosen): on an operator engine with no
+/// workflows this is a [`OpError::Conflict`] saying so.
 pub async fn retry_with_input(engine: &Engine, id: &RunId, input: &serde_json::Value) -> Result<Run, OpError> {
-    require(engine, id).await?;
-    let started = engine.retry_with_input(id, input).await?;
+    let run = require(engine, id).await?;
+    let started = match engine.retry_with_input(id, input).await {
+        Err(durable::Error::UnknownWorkflow { name }) => {
+            return Err(OpError::Conflict(format!(
+                "retrying run {id} with a new input starts a new run of workflow {name:?} (version {}), which needs the \
+                 workflow registered on this engine: serve from a worker that registers it, or retry without an input",
+                run.version
+            )));
+        }
+        other => other?,
+    };
     require(engine, &started.id).await
 }
 

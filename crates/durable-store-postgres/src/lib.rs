@@ -199,8 +199,9 @@ use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, Wai
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
-    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-    SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TaskFilter, TriggerBuffer, Waiter, encode_cursor,
+    NewRun, Payload, Publish, Published, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
+    SaveOutcome, SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TaskFilter, TriggerBuffer, Waiter,
+    encode_cursor,
 };
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
@@ -751,6 +752,12 @@ impl Store for PostgresStore {
         runs.truncate(limit);
         let next_cursor = if more { runs.last().map(encode_cursor) } else { None };
         Ok(RunPage { runs, next_cursor })
+    }
+
+    async fn run_counts(&self) -> StoreResult<Vec<RunCount>> {
+        let sql = ops::run_counts_sql(&self.inner.sql.schema);
+        let rows = self.query("counting runs", &sql, &[]).await?;
+        self.decode("counting runs", ops::run_count_rows(&rows))
     }
 
     async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {

@@ -137,8 +137,8 @@ use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, Wai
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
-    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-    SaveSchedule, ScheduleRecord, Store, StoreResult, TaskFilter, TriggerBuffer, Waiter,
+    NewRun, Payload, Publish, Published, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
+    SaveOutcome, SaveSchedule, ScheduleRecord, Store, StoreResult, TaskFilter, TriggerBuffer, Waiter,
 };
 
 pub use error::{Error, Result};
@@ -157,6 +157,9 @@ pub mod __private {
     pub use rusqlite::types::Value;
 
     pub use crate::ops::{Due, Poll};
+
+    /// The statement `run_counts()` runs.
+    pub const RUN_COUNTS_SQL: &str = crate::ops::RUN_COUNTS_SQL;
 
     /// The statement `list_runs(filter)` runs and its arguments (`?N` placeholders).
     pub fn list_runs_sql(filter: &RunFilter) -> Result<(String, Vec<Value>), StoreError> {
@@ -335,6 +338,10 @@ impl Store for SqliteStore {
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
         let filter = filter.clone();
         self.workers.read("list_runs", move |c| ops::list_runs(c, &filter)).await
+    }
+
+    async fn run_counts(&self) -> StoreResult<Vec<RunCount>> {
+        self.workers.read("run_counts", ops::run_counts).await
     }
 
     async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {

@@ -405,6 +405,22 @@ pub(crate) fn list_runs(conn: &Connection, filter: &RunFilter) -> OpResult<RunPa
     Ok(RunPage { runs, next_cursor })
 }
 
+/// The statement of `run_counts`: runs by workflow and status, one aggregate.
+pub(crate) const RUN_COUNTS_SQL: &str = "SELECT workflow, status, count(*) FROM runs GROUP BY workflow, status";
+
+pub(crate) fn run_counts(conn: &Connection) -> OpResult<Vec<durable_core::RunCount>> {
+    let mut stmt = conn.prepare_cached(RUN_COUNTS_SQL)?;
+    let mut rows = stmt.query([])?;
+    let mut out = Vec::new();
+    while let Some(row) = rows.next()? {
+        let status: String = row.get(1)?;
+        let status = status.parse::<RunStatus>().map_err(|e| corrupt(format!("runs: {e}")))?;
+        out.push(durable_core::RunCount { workflow: row.get(0)?, status, count: row.get::<_, i64>(2)? as u64 });
+    }
+    out.sort_by(|a, b| (&a.workflow, a.status).cmp(&(&b.workflow, b.status)));
+    Ok(out)
+}
+
 pub(crate) fn sql_limit(limit: usize) -> i64 {
     i64::try_from(limit).unwrap_or(i64::MAX)
 }

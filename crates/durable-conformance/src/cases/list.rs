@@ -77,6 +77,29 @@ pub async fn list_filters_by_statuses(store: Arc<dyn Store>) -> CaseResult {
     assert_lists(s, by(vec![]), &["f", "e", "d", "c", "b", "a"]).await
 }
 
+/// `run_counts` counts the runs per workflow and status, ordered by workflow then status, and
+/// follows deletes.
+pub async fn run_counts_by_workflow_and_status(store: Arc<dyn Store>) -> CaseResult {
+    use durable_core::RunCount;
+    let s = &*store;
+    assert_eq!(s.run_counts().await?, vec![], "run_counts of an empty store");
+    catalog(s).await?;
+    let count = |workflow: &str, status, count| RunCount { workflow: workflow.into(), status, count };
+    use RunStatus::*;
+    let expected = vec![
+        count("checkout", Pending, 1),
+        count("checkout", Running, 1),
+        count("checkout", Completed, 1),
+        count("refund", Pending, 1),
+        count("refund", Cancelled, 1),
+        count("report", Suspended, 1),
+    ];
+    assert_eq!(s.run_counts().await?, expected, "run_counts of the catalog");
+    s.delete_run(&RunId::from("e")).await?;
+    assert_eq!(s.run_counts().await?, [&expected[..2], &expected[3..]].concat(), "run_counts after a delete");
+    Ok(())
+}
+
 /// `namespace` keeps the runs of that namespace.
 pub async fn list_filters_by_namespace(store: Arc<dyn Store>) -> CaseResult {
     let s = &*store;
