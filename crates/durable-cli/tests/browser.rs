@@ -166,7 +166,10 @@ fn the_runs_list_loads_and_filters_by_status() {
     // A run id and a tag that are HTML: the page must show them as text.
     let html_id = "import/<img src=x onerror=\"window.__xss=1\">";
     assert_eq!(worker.run("import-a", json!({}), &["nightly"]), RunStatus::Completed);
-    assert_eq!(worker.run(html_id, json!({"note": "<script>window.__xss=2</script>"}), &["<b>bold</b>"]), RunStatus::Completed);
+    assert_eq!(
+        worker.run(html_id, json!({"note": "<script>window.__xss=2</script>"}), &["<b>bold</b>"]),
+        RunStatus::Completed
+    );
     assert_eq!(worker.run("import-b", json!({"source": true}), &["nightly"]), RunStatus::Failed);
     assert_eq!(worker.run("import-c", json!({}), &[]), RunStatus::Completed);
     let server = Server::start(dir.path(), &db);
@@ -200,7 +203,11 @@ fn the_runs_list_loads_and_filters_by_status() {
         PAGE,
     );
     assert_eq!(browser.exec(&format!("return {ROW_IDS}.length"), json!([])), json!(5));
-    assert_eq!(browser.exec("return window.__before_new_run", json!([])), json!("still here"), "the page was not reloaded");
+    assert_eq!(
+        browser.exec("return window.__before_new_run", json!([])),
+        json!("still here"),
+        "the page was not reloaded"
+    );
     browser.screenshot("runs-list");
 
     // The status filter narrows the rows to the failed run, and says so in the address.
@@ -270,7 +277,11 @@ fn clicking_a_run_shows_its_timeline() {
     browser.goto(&format!("{}/#/runs", server.url));
     browser.wait_for("the run's row", &format!("{ROW_IDS}.includes({})", json!(id)), PAGE);
     browser.click_on(&format!("#runs-table tr[data-run-id={}] td.id a", json!(id)));
-    browser.wait_for("one timeline entry per checkpoint", "document.querySelectorAll('#timeline li[data-seq]').length === 3", PAGE);
+    browser.wait_for(
+        "one timeline entry per checkpoint",
+        "document.querySelectorAll('#timeline li[data-seq]').length === 3",
+        PAGE,
+    );
     let entries = browser.exec(
         "return [...document.querySelectorAll('#timeline li[data-seq]')].map(li => \
            [Number(li.dataset.seq), li.querySelector('.name').textContent, li.querySelector('.badge').textContent])",
@@ -333,11 +344,13 @@ fn the_retry_button_retries_a_failed_run_and_the_page_shows_it_completing() {
     worker.source.send_replace(Source::Up);
     browser.wait_for("the run to complete", "document.querySelector('#run-status')?.textContent === 'completed'", PAGE);
     browser.wait_for("the full timeline", "document.querySelectorAll('#timeline li[data-seq]').length === 3", PAGE);
-    assert_eq!(browser.exec("return window.__before_retry", json!([])), json!("still here"), "the page was not reloaded");
-    let fetch = browser.exec(
-        "return document.querySelector('#timeline li[data-seq=\"1\"] .badge').textContent",
-        json!([]),
+    assert_eq!(
+        browser.exec("return window.__before_retry", json!([])),
+        json!("still here"),
+        "the page was not reloaded"
     );
+    let fetch =
+        browser.exec("return document.querySelector('#timeline li[data-seq=\"1\"] .badge').textContent", json!([]));
     assert_eq!(fetch, json!("completed"));
     assert!(browser.find("#error:not([hidden])").is_none(), "no error banner: {}", browser.page_text());
     browser.screenshot("retry-completed");

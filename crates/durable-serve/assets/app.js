@@ -459,7 +459,8 @@ function genericValue(v) {
   return h('p', {}, valueNode('', v));
 }
 
-function timelineEntry(c) {
+/** One checkpoint; `child` is the child run it started, when it is a `child` checkpoint. */
+function timelineEntry(c, child) {
   const key = `cp-${c.seq}`;
   const details = [];
   if (c.input !== null && c.input !== undefined) details.push(h('h4', {}, 'input'), jsonBlock(c.input));
@@ -477,7 +478,8 @@ function timelineEntry(c) {
       badge(c.status),
       h('span', { class: 'duration', title: 'duration' }, c.duration_ms === null || c.duration_ms === undefined
         ? (c.status === 'running' ? 'running' : c.status === 'waiting' ? 'waiting' : '—') : fmtDuration(c.duration_ms)),
-      h('span', { class: 'attempts', title: 'attempts' }, c.attempts === 1 ? '1 attempt' : `${c.attempts} attempts`)),
+      c.attempts ? h('span', { class: 'attempts', title: 'attempts' }, c.attempts === 1 ? '1 attempt' : `${c.attempts} attempts`) : null,
+      child ? h('span', { class: 'child-link' }, '→ ', runLink(child.id), ' ', badge(child.status)) : null),
     h('div', { class: 'step-meta muted small' }, 'started ', timeEl(c.started_at),
       c.wake_at ? [' · due ', timeEl(c.wake_at)] : null),
     c.error ? h('div', { class: 'step-error' }, c.error.message, c.error.code ? ` [${c.error.code}]` : '',
@@ -513,7 +515,8 @@ function childList(children) {
 
 /**
  * The run page's actions: which statuses allow them, what the dialog says, the call.
- * `body(answer, run)` gives the JSON text sent; `edit(run)` the text the dialog lets the user edit.
+ * `body(answer)` gives the JSON text sent; `edit(run)` the text the dialog lets the user edit;
+ * `open(answer)` the run to show next (`null`: the runs list) instead of this one refreshed.
  */
 const ACTIONS = [
   { id: 'retry-run', label: 'Retry', when: (s) => RETRYABLE.has(s), method: 'POST', suffix: '/retry',
@@ -521,10 +524,10 @@ const ACTIONS = [
     text: 'The run starts again from its last completed step, with the same input.',
     done: 'is pending again until a worker picks it up.' },
   { id: 'retry-edit-run', label: 'Retry with input…', when: (s) => RETRYABLE.has(s), method: 'POST', suffix: '/retry',
-    title: 'Retry with a new input', yes: 'Retry with this input', edit: (run) => JSON.stringify(run.input, null, 2),
+    title: 'Retry with a new input', yes: 'Start a new run', edit: (run) => JSON.stringify(run.input, null, 2),
     body: (answer) => `{"input":${answer.input}}`,
-    text: 'The run starts again from its last completed step, with this input.',
-    done: 'is pending again, with the new input.' },
+    text: 'A new run of the same workflow starts with this input (the server must have the workflow registered).',
+    done: (res) => `was retried as a new run: ${res.run.id}.`, open: (res) => res.run.id },
   { id: 'cancel-run', label: 'Cancel', when: (s) => !TERMINAL.has(s), method: 'POST', suffix: '/cancel', danger: true,
     title: 'Cancel', yes: 'Cancel the run', body: () => '{"compensate":false}',
     text: 'The run stops and is marked cancelled; its completed steps are not undone.',
@@ -537,7 +540,7 @@ const ACTIONS = [
   { id: 'delete-run', label: 'Delete', when: (s) => TERMINAL.has(s), method: 'DELETE', suffix: '', danger: true,
     title: 'Delete', yes: 'Delete', body: () => undefined,
     text: 'The run, its history and its child runs are removed from the store. This cannot be undone.',
-    done: 'is deleted.', leave: true },
+    done: 'is deleted.', open: () => null },
 ];
 
 function actionButtons(run, refresh) {
@@ -550,10 +553,13 @@ function actionButtons(run, refresh) {
     if (!answer) return;
     clearError();
     try {
-      await api(action.method, path + action.suffix, action.body(answer));
-      notify(`${run.id} ${action.done}`);
-      if (action.leave) go('#/runs');
-      else await refresh();
+      const res = await api(action.method, path + action.suffix, action.body(answer));
+      notify(`${run.id} ${typeof action.done === 'function' ? action.done(res) : action.done}`);
+      if (!action.open) await refresh();
+      else {
+        const next = action.open(res);
+        go(next ? runHref(next) : '#/runs');
+      }
     } catch (e) { showError(e); }
   };
   return h('div', { class: 'actions' }, ACTIONS.map((action) => h('button', {
@@ -593,11 +599,13 @@ function renderRun(view, d, refresh) {
   const timeline = d.timeline || [];
   parts.push(section(`Timeline (${timeline.length})`,
     timeline.length ? null : h('p', { class: 'muted' }, 'No steps recorded yet.'),
-    h('ol', { id: 'timeline', class: 'timeline' }, timeline.map(timelineEntry))));
+    h('ol', { id: 'timeline', class: 'timeline' }, timeline.map((c) =>
+      timelineEntry(c, c.kind === 'child' ? (d.children || []).find((r) => r.parent && r.parent.seq === c.seq) : null)))));
   if ((d.children || []).length) parts.push(section(`Children (${d.children.length})`, h('div', { id: 'children' }, childList(d.children))));
   if ((d.waiters || []).length) parts.push(section('Waiting for', genericTable(d.waiters)));
   if ((d.tasks || []).length) parts.push(section('Pending remote steps', genericTable(d.tasks)));
-  if (d.admission) parts.push(section('Admission', genericValue(d.admission)));
+  const admission = d.admission && Object.values(d.admission).some((v) => (Array.isArray(v) ? v.length : v));
+  if (admission) parts.push(section('Admission', genericValue(d.admission)));
 
   // Keep the open/closed state of the details across live refreshes.
   const open = new Set([...document.querySelectorAll('#view details[open][data-key]')].map((e) => e.dataset.key));
@@ -649,6 +657,14 @@ async function runPage(view, id) {
 // ---------------------------------------------------------------------------------------------
 // Queues, schedules, workers: shown as the API gives them, refreshed every few seconds.
 
+const SECTION_TITLES = {
+  admission: 'Admission gates (queues and concurrency keys)',
+  tasks: 'Task queues of remote steps',
+  queues: 'Queues of remote steps',
+  workers: 'Live workers',
+  schedules: 'Schedules',
+};
+
 async function tablesPage(view, title, path) {
   const load = async () => {
     const data = await api('GET', path, undefined, view.signal);
@@ -656,7 +672,7 @@ async function tablesPage(view, title, path) {
     if (Array.isArray(data)) {
       body.push(h('div', { class: 'card' }, genericValue(data)));
     } else if (data && typeof data === 'object') {
-      for (const [k, v] of Object.entries(data)) body.push(section(k.replace(/_/g, ' '), genericValue(v)));
+      for (const [k, v] of Object.entries(data)) body.push(section(SECTION_TITLES[k] || k.replace(/_/g, ' '), genericValue(v)));
     } else {
       body.push(h('p', {}, valueNode('', data)));
     }

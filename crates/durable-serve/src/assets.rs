@@ -27,7 +27,8 @@ const HEADERS: [(header::HeaderName, &str); 3] = [
 
 /// `GET /`: the dashboard page.
 pub(crate) async fn index() -> Response {
-    (HEADERS, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("../assets/index.html")).into_response()
+    (HEADERS, [(header::CONTENT_TYPE, "text/html; charset=utf-8")], include_str!("../assets/index.html"))
+        .into_response()
 }
 
 /// `GET /assets/{name}`.

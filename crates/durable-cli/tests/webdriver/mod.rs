@@ -35,11 +35,7 @@ pub fn find_driver() -> Option<PathBuf> {
         );
         return Some(path);
     }
-    std::env::var_os("PATH")?
-        .to_str()?
-        .split(':')
-        .map(|dir| Path::new(dir).join("chromedriver"))
-        .find(|p| p.is_file())
+    std::env::var_os("PATH")?.to_str()?.split(':').map(|dir| Path::new(dir).join("chromedriver")).find(|p| p.is_file())
 }
 
 /// One request to the driver: the answer's `value`, or the driver's error.
@@ -56,8 +52,9 @@ fn request(port: u16, method: &str, path: &str, body: Option<&Value>) -> Result<
     .unwrap_or_else(|e| panic!("send {method} {path} to chromedriver: {e}"));
     let (status, body) = read_response(BufReader::new(stream))
         .unwrap_or_else(|e| panic!("{method} {path}: no valid HTTP answer from chromedriver: {e}"));
-    let json: Value = serde_json::from_slice(&body)
-        .unwrap_or_else(|e| panic!("{method} {path}: the answer is not JSON ({e}): {}", String::from_utf8_lossy(&body)));
+    let json: Value = serde_json::from_slice(&body).unwrap_or_else(|e| {
+        panic!("{method} {path}: the answer is not JSON ({e}): {}", String::from_utf8_lossy(&body))
+    });
     let value = json.get("value").cloned().unwrap_or(Value::Null);
     if status == 200 {
         Ok(value)
