@@ -44,7 +44,7 @@ fn invalid_id_message(id: &str, reason: &str) -> String {
 
 /// Reads a run that must exist.
 async fn require(engine: &Engine, id: &RunId) -> Result<Run> {
-    engine.get_run(id).await?.ok_or_else(|| not_found(id))
+    ops::require(engine, id).await.map_err(op_error)
 }
 
 /// An action refused or failed ([`ops`]), as the command line words it.

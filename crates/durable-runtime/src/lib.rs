@@ -39,8 +39,9 @@
 //! plane) and is that environment. `engine` is the [`Engine`] handle, grouped by audience
 //! (runs, operate, messages, replay, worker). Dependencies point one way only: `engine` →
 //! `sched` → `turn` (and `engine` → `turn`), all of them → the leaves `clock`, `config`,
-//! `error`, `events` and `registry` (which may use `turn`); nothing but the re-exports below
-//! names `engine`.
+//! `error`, `events`, `metrics` and `registry` (which may use `turn`); nothing but the
+//! re-exports below names `engine`. [`metrics`] is public: the names of the metrics the engine
+//! and workers record through the `metrics` facade.
 //!
 //! # Tasks this crate spawns
 //!
@@ -74,6 +75,7 @@ mod engine;
 mod error;
 mod events;
 mod flow;
+pub mod metrics;
 mod registry;
 mod remote;
 mod sched;

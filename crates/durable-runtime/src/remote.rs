@@ -339,6 +339,7 @@ impl WorkerBuilder {
     pub fn build(self) -> Worker {
         let store = self.store.expect("Worker::builder() needs .store(..) or .engine(..)");
         assert!(!self.handlers.is_empty(), "a worker needs at least one .handle(name, handler)");
+        crate::metrics::describe();
         let nudged = self.wakeups.is_some() || self.control.is_some();
         let poll =
             if nudged && self.poll_interval == DEFAULT_POLL { Duration::from_secs(2) } else { self.poll_interval };
@@ -740,6 +741,7 @@ impl Worker {
                 w.id, task.task.queue, task.task.name
             ))),
             Some(handler) => {
+                let began = std::time::Instant::now();
                 let run = handler(ctx.clone(), task.task.input.clone());
                 let deadline = task.deadline();
                 // At the attempt's deadline, or when the store says stop, the handler is told
@@ -757,14 +759,20 @@ impl Worker {
                     }
                     tokio::time::sleep(CANCEL_GRACE).await;
                 };
-                tokio::select! {
+                let result = tokio::select! {
                     r = run => r,
-                    _ = stop => return Outcome { key, completion: None, dropped: true },
-                }
+                    _ = stop => {
+                        crate::metrics::task_result_dropped("expired");
+                        return Outcome { key, completion: None, dropped: true };
+                    }
+                };
+                crate::metrics::task_handled(&task.task.queue, result.is_ok(), began.elapsed());
+                result
             }
         };
         // A result past the attempt's deadline is not reported: the attempt has expired.
         if task.deadline().is_some_and(|d| w.clock.now() >= d) {
+            crate::metrics::task_result_dropped("expired");
             return Outcome { key, completion: None, dropped: true };
         }
         let logs = std::mem::take(&mut ctx.inner.beat.lock().logs);
@@ -777,13 +785,13 @@ impl Worker {
             logs,
             now: w.clock.now(),
         };
-        let completion = self.report(done, task.task.namespace.clone()).await;
+        let completion = self.report(done, task.task.namespace.clone(), &task.task.queue).await;
         Outcome { key, completion, dropped: false }
     }
 
     /// Hands a result to the store (retrying a failing store a few times; after that the task's
     /// lease runs out and another worker runs it again).
-    async fn report(&self, done: TaskDone, namespace: String) -> Option<TaskCompletion> {
+    async fn report(&self, done: TaskDone, namespace: String, queue: &str) -> Option<TaskCompletion> {
         let w = &self.inner;
         let shared = w.engine.as_ref().and_then(Weak::upgrade);
         let mark = shared.as_ref().map(|s| s.mark());
@@ -794,6 +802,10 @@ impl Worker {
                 Ok(c) => {
                     match c {
                         TaskCompletion::Accepted => {
+                            crate::metrics::task_recorded(
+                                queue,
+                                if done.result.is_ok() { "completed" } else { "failed" },
+                            );
                             if let (Some(s), Some(mark)) = (shared, mark) {
                                 s.wake_in(run_id, &namespace, mark);
                             } else if let Some(t) = &w.transport {
@@ -811,9 +823,11 @@ impl Worker {
                             }
                         }
                         TaskCompletion::Duplicate => {
+                            crate::metrics::task_result_dropped("duplicate");
                             tracing::debug!(step_id = %protocol::step_id(&done.run_id, done.seq), attempt = done.attempt, "duplicate or late result dropped")
                         }
                         TaskCompletion::RunTerminal => {
+                            crate::metrics::task_result_dropped("run_settled");
                             tracing::info!(run_id = %done.run_id, seq = done.seq, "result dropped: the run has settled")
                         }
                     }

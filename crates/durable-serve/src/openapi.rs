@@ -3,8 +3,7 @@
 use axum::Json;
 use serde_json::{Value, json};
 
-/// Every route the router serves, as `(method, OpenAPI path)`: the router is built from it
-/// checked against it (a test compares both ways).
+/// The document: every route of [`crate::ROUTES`] (a test compares both ways).
 pub(crate) fn document() -> Value {
     let run = json!({ "$ref": "#/components/schemas/Run" });
     let error = json!({ "description": "An error", "content": { "application/json": { "schema": { "$ref": "#/components/schemas/Error" } } } });

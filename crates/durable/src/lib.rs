@@ -120,6 +120,12 @@ pub mod store {
 /// admission controller the stores share.
 pub use durable_core::admission;
 
+/// The metrics the engine and workers record through the `metrics` facade: every name as a
+/// constant, the table of their types, labels and meanings, and histogram buckets that fit
+/// them. Install any `metrics` exporter (for example `metrics-exporter-prometheus`) before
+/// building the engine; without one nothing is recorded.
+pub use durable_runtime::metrics as metrics_names;
+
 /// Every persisted string format and id scheme (child ids, successor and retry ids, tokens,
 /// checkpoint names of deadlines and undos, the continued-run marker), formatted and parsed in
 /// one place. Tools that read stored runs should use it instead of parsing by hand.

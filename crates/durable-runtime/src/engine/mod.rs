@@ -218,7 +218,8 @@ impl EngineBuilder {
     }
 
     /// Builds the engine and starts its background tasks. Must be called inside a tokio
-    /// runtime.
+    /// runtime. Describes the engine's metrics to the installed `metrics` recorder, if any
+    /// (see [`metrics`](crate::metrics)): install it before building the engine.
     pub fn build(self) -> Result<Engine> {
         let store = self.store.ok_or_else(|| {
             Error::Store(durable_core::StoreError::NotFound {
@@ -228,6 +229,7 @@ impl EngineBuilder {
         let owner = self.owner.unwrap_or_else(|| {
             format!("engine-{}-{}", std::process::id(), &uuid::Uuid::new_v4().simple().to_string()[..12])
         });
+        crate::metrics::describe();
         let shared = Shared::new(store, self.clock, self.config, self.transport, self.control_plane, owner);
         let tasks = shared.spawn_background();
         Ok(Engine { inner: Arc::new(EngineInner { shared, tasks: Mutex::new(tasks) }) })

@@ -103,6 +103,7 @@ impl Engine {
             };
             let mark = shared.mark();
             if shared.store.complete_task(done).await? == TaskCompletion::Accepted {
+                crate::metrics::task_recorded(&task.task.queue, "redispatched");
                 shared.wake_in(run_id.clone(), &task.task.namespace, mark);
                 sent += 1;
             }

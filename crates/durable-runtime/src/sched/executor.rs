@@ -32,14 +32,19 @@ pub(super) struct Executor {
     warned_versions: Mutex<HashSet<RunId>>,
 }
 
-/// Whether a turn made progress, for `Metrics::turns_without_progress`: the store
-/// acknowledged a checkpoint of it, or its end moved the run to another status than the claim
-/// found (pending → suspended, a settle). Counted once per turn: as its end is applied, before
-/// its events and waiters are told (so whoever sees the end sees the count), or when the turn
-/// ends without an end that applied.
+/// Whether a turn made progress, for `Metrics::turns_without_progress` (and, of a recovered
+/// run, for the `durable_recoveries_total` metric): the store acknowledged a checkpoint of it,
+/// or its end moved the run to another status than the claim found (pending → suspended, a
+/// settle). Counted once per turn: as its end is applied, before its events and waiters are
+/// told (so whoever sees the end sees the count), or when the turn ends without an end that
+/// applied.
 struct Tally {
+    /// The run's workflow (the metrics' label).
+    workflow: String,
     /// The run's status before the claim.
     previous: RunStatus,
+    /// The claim took the run over from an owner whose lease had expired.
+    recovered: bool,
     /// The store acknowledged a commit of the turn that carried a checkpoint.
     checkpointed: bool,
     counted: bool,
@@ -52,8 +57,13 @@ impl Tally {
         if std::mem::replace(&mut self.counted, true) {
             return;
         }
-        if !(self.checkpointed || checkpoints || status.is_some_and(|s| s != self.previous)) {
+        if self.checkpointed || checkpoints || status.is_some_and(|s| s != self.previous) {
+            if self.recovered {
+                crate::metrics::recovery(&self.workflow);
+            }
+        } else {
             metrics.turns_without_progress.fetch_add(1, Ordering::Relaxed);
+            crate::metrics::turn_without_progress();
         }
     }
 }
@@ -74,10 +84,18 @@ impl Shared {
     pub(super) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         let children: Vec<(RunId, String, i32, u64)> =
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
+        let started: Vec<String> = commit.children.iter().map(|c| c.workflow.clone()).collect();
         let queues: Vec<(String, String)> =
             commit.tasks.iter().map(|t| (t.namespace.clone(), t.queue.clone())).collect();
         let mark = self.mark();
-        let outcome = self.store.commit(commit).await?;
+        let size = crate::metrics::commit_size(&commit);
+        let began = std::time::Instant::now();
+        let outcome = self.store.commit(commit).await;
+        crate::metrics::store_commit(began.elapsed(), outcome.as_ref().ok().map(|_| size));
+        let outcome = outcome?;
+        for child in &started {
+            crate::metrics::run_started(child);
+        }
         if !queues.is_empty() {
             self.task_dispatched.notify_waiters();
             // Workers elsewhere look now, not at their next poll.
@@ -124,6 +142,9 @@ impl Shared {
                 Ok(ClaimOutcome::Busy(run)) => return self.recheck_later(&run),
                 Err(e) => return self.retry_after_store_error(id, &e),
             };
+            if recovered {
+                crate::metrics::lease_takeover(&run.workflow);
+            }
             if recovered && run.recovery_attempts > self.config.max_recovery_attempts {
                 return self.bury(&run).await;
             }
@@ -139,7 +160,7 @@ impl Shared {
             self.cancel_timer(id);
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
             let span = tracing::info_span!("turn", run_id = %id, workflow = %run.workflow, version = run.version);
-            match self.execute_turn(run, history, previous, handler, &watch).instrument(span).await {
+            match self.execute_turn(run, history, previous, recovered, handler, &watch).instrument(span).await {
                 TurnEnded::Again => continue,
                 TurnEnded::Done => {
                     self.executor.store_failures.lock().remove(id);
@@ -150,21 +171,26 @@ impl Shared {
         }
     }
 
-    /// Runs one turn of a claimed run (`previous`: its status before the claim) and applies
-    /// its end; counts it in `turns` and, if it got nowhere, in `turns_without_progress`.
+    /// Runs one turn of a claimed run (`previous`: its status before the claim; `recovered`:
+    /// the claim took it over from an expired lease) and applies its end; counts it in `turns`
+    /// and, if it got nowhere, in `turns_without_progress`.
     async fn execute_turn(
         self: &Arc<Self>,
         run: Run,
         history: Vec<Checkpoint>,
         previous: RunStatus,
+        recovered: bool,
         handler: Arc<dyn ErasedWorkflow>,
         watch: &TurnWatch<'_>,
     ) -> TurnEnded {
         self.metrics.turns.fetch_add(1, Ordering::Relaxed);
-        let mut tally = Tally { previous, checkpointed: false, counted: false };
+        let began = std::time::Instant::now();
+        let workflow = run.workflow.clone();
+        let mut tally = Tally { workflow, previous, recovered, checkpointed: false, counted: false };
         let ended = self.run_turn(run, history, handler, &mut tally, watch).await;
         // An end that did not apply (a halt, a failed commit) changed nothing.
         tally.count(&self.metrics, false, None);
+        crate::metrics::turn(&tally.workflow, began.elapsed());
         ended
     }
 
@@ -226,12 +252,12 @@ impl Shared {
                     let rerun = matches!(t.turn.lock().stopped(), Some(durable_core::TurnStop::Rerun(_)));
                     if rerun && matches!(ended, TurnEnded::Done) { TurnEnded::Again } else { ended }
                 }
-                Err(e) => self.commit_failed(id, &e),
+                Err(e) => self.commit_failed(id, &e, tally),
             },
             End::Settle { commit, status } => {
                 let commit = match t.vet(commit).await {
                     Ok(commit) => commit,
-                    Err(e) => return self.commit_failed(id, &e),
+                    Err(e) => return self.commit_failed(id, &e, tally),
                 };
                 if let Some(durable_core::TurnEnd::Settle { error: Some(e), .. }) = &commit.end
                     && matches!(e.code(), Some(codes::PANIC | codes::NON_CTX_AWAIT))
@@ -248,6 +274,7 @@ impl Shared {
             }
             End::Halt(Halt::LeaseLost(why)) => {
                 tracing::info!(run_id = %id, "turn stopped: {why}; the run belongs to another owner now");
+                crate::metrics::lease_lost(&tally.workflow);
                 TurnEnded::Done
             }
             End::Halt(Halt::Abort(why)) => TurnEnded::StoreFailed(StoreError::unavailable(why)),
@@ -265,12 +292,13 @@ impl Shared {
             Ok(outcome) => {
                 tally.count(&self.metrics, checkpoints, outcome.settled.then_some(status));
                 if outcome.settled {
+                    crate::metrics::run_settled(&tally.workflow, status, false);
                     self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
                 }
                 self.notify_run(id);
                 TurnEnded::Done
             }
-            Err(e) => self.commit_failed(id, &e),
+            Err(e) => self.commit_failed(id, &e, tally),
         }
     }
 
@@ -290,13 +318,14 @@ impl Shared {
                 self.notify_run(id);
                 TurnEnded::Done
             }
-            Err(e) => self.commit_failed(id, &e),
+            Err(e) => self.commit_failed(id, &e, tally),
         }
     }
 
-    fn commit_failed(&self, id: &RunId, e: &StoreError) -> TurnEnded {
+    fn commit_failed(&self, id: &RunId, e: &StoreError, tally: &Tally) -> TurnEnded {
         if e.kind() == StoreErrorKind::LeaseLost {
             tracing::info!(run_id = %id, "turn end refused: {e}");
+            crate::metrics::lease_lost(&tally.workflow);
             TurnEnded::Done
         } else {
             tracing::warn!(run_id = %id, error = %e, "could not commit the end of a turn");
@@ -317,6 +346,7 @@ impl Shared {
         match self.apply_commit(commit).await {
             Ok(outcome) if outcome.settled => {
                 tracing::error!(run_id = %run.id, "run is dead after {} recoveries", run.recovery_attempts);
+                crate::metrics::run_settled(&run.workflow, RunStatus::Dead, false);
                 self.emit(EngineEvent::RunSettled { run_id: run.id.clone(), status: RunStatus::Dead });
                 self.notify_run(&run.id);
                 let listeners = self.hooks.dead_listeners();

@@ -315,6 +315,7 @@ impl Shared {
     /// A run this engine created (a start, a schedule's fire, an event trigger): announced,
     /// then queued to start — or, with a delayed start, timed to wake at its start time.
     pub(crate) fn announce_created(&self, run: &durable_core::Run, mark: Mark) {
+        crate::metrics::run_started(&run.workflow);
         self.emit(EngineEvent::RunCreated { run_id: run.id.clone(), workflow: run.workflow.clone() });
         match run.wake_at {
             // Waiting for its concurrency key: the release that hands it a slot wakes it.

@@ -56,6 +56,7 @@ impl Shared {
             return Ok(run.status);
         }
         let now = self.clock.now();
+        let timed_out = error.as_ref().is_some_and(|e| e.code() == Some(codes::EXECUTION_TIMEOUT));
         let (patch, status) = match how {
             Cancel::Abandon => {
                 let error = error.unwrap_or_else(|| {
@@ -92,6 +93,7 @@ impl Shared {
         self.interrupt_turn(id, format!("run {id} was cancelled by an operator"));
         self.publish_cancel(id).await;
         if status == RunStatus::Cancelled {
+            crate::metrics::run_settled(&run.workflow, status, timed_out);
             self.emit(EngineEvent::RunSettled { run_id: id.clone(), status });
             self.notify_run(id);
             // Its admission slots went to waiting runs, made due by the store: look now.

@@ -73,6 +73,7 @@ impl Shared {
             };
             let mark = self.mark();
             if self.store.complete_task(done).await? == TaskCompletion::Accepted {
+                crate::metrics::task_recorded(&t.queue, "timed_out");
                 self.emit(EngineEvent::RemoteStepTimedOut { run_id: t.run_id.clone(), seq: t.seq, attempt: t.attempt });
                 self.wake_in(t.run_id.clone(), &t.namespace, mark);
             }

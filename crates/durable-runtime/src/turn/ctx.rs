@@ -316,17 +316,20 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
     let span = tracing::debug_span!("step", run_id = %run_id, seq, name = %name);
     loop {
         let sc = StepContext { run_id: run_id.clone(), seq, attempt, admitted_at };
+        let began = std::time::Instant::now();
         let result = {
             let _enter = span.enter();
             tracing::trace!(attempt, "executing");
             drop(_enter);
             run_attempt(&t, body(sc), options.timeout).await
         };
+        let took = began.elapsed();
         let (value, encoded) = match result.and_then(|v| encode_output(&name, v)) {
             Ok((v, p)) => (Some(v), Ok(p)),
             Err(e) => (None, Err(e)),
         };
         let after = t.turn.lock().finish_step(seq, attempt, encoded, t.now());
+        crate::metrics::step_attempt(&t.run.workflow, kind, &after, took);
         match after {
             StepAfter::Completed { commit, .. } => {
                 if !t.apply(seq, commit).await {
