@@ -99,15 +99,17 @@ fn register(engine: &Engine, source: &watch::Receiver<Source>) {
                 .step("fetch", move |_| {
                     let mut source = source.clone();
                     async move {
-                        while needs_source {
+                        if !needs_source {
+                            return Ok(42);
+                        }
+                        loop {
                             match *source.borrow_and_update() {
                                 Source::Down => return Err(StepError::fatal("the source is down")),
-                                Source::Up => break,
+                                Source::Up => return Ok(42),
                                 Source::Held => {}
                             }
                             source.changed().await.map_err(|_| StepError::fatal("the test ended"))?;
                         }
-                        Ok(42)
                     }
                 })
                 .await?;
