@@ -156,6 +156,10 @@ impl Drop for Worker {
     }
 }
 
+/// A JavaScript expression: whether the page shows what its address names (and not still the
+/// view it had before the last navigation).
+const SHOWN: &str = "document.querySelector('#view').dataset.route === location.hash";
+
 /// A JavaScript expression: the ids of the rows of the runs table, in order.
 const ROW_IDS: &str = "[...document.querySelectorAll('#runs-table tr[data-run-id]')].map(r => r.dataset.runId)";
 
@@ -235,7 +239,10 @@ fn the_runs_list_loads_and_filters_by_status() {
     loop {
         let page = browser.wait_for(
             "a page of runs",
-            &format!("{ROW_IDS}.length > 0 && !{ROW_IDS}.some(id => {}.includes(id)) && {ROW_IDS}", json!(seen)),
+            &format!(
+                "{SHOWN} && {ROW_IDS}.length > 0 && !{ROW_IDS}.some(id => {}.includes(id)) && {ROW_IDS}",
+                json!(seen)
+            ),
             PAGE,
         );
         let page: Vec<String> = serde_json::from_value(page).unwrap();
@@ -250,7 +257,7 @@ fn the_runs_list_loads_and_filters_by_status() {
 
     // On a narrow screen the list still fits the width (rows become cards, no sideways scroll).
     browser.goto(&format!("{}/#/runs", server.url));
-    browser.wait_for("the five runs again", &format!("{ROW_IDS}.length === 5"), PAGE);
+    browser.wait_for("the five runs again", &format!("{SHOWN} && {ROW_IDS}.length === 5"), PAGE);
     browser.set_window_size(400, 900);
     browser.wait_for(
         "the list to fit 400 px",

@@ -258,6 +258,7 @@ function route() {
   clearError();
   setLive('off');
   const hash = location.hash || '#/runs';
+  view.route = hash;
   const q = hash.indexOf('?');
   const path = q < 0 ? hash.slice(1) : hash.slice(1, q);
   const params = new URLSearchParams(q < 0 ? '' : hash.slice(q + 1));
@@ -277,10 +278,14 @@ function decodeSafe(text) {
   try { return decodeURIComponent(text); } catch (_) { return text; }
 }
 
-/** Replaces the page's content, unless the user has moved on to another view. */
+/**
+ * Replaces the page's content, unless the user has moved on to another view. `#view`'s
+ * `data-route` names the address it shows (the browser tests wait for it).
+ */
 function show(view, ...nodes) {
   if (view.signal.aborted) return false;
   $('#view').replaceChildren(...nodes);
+  $('#view').dataset.route = view.route;
   return true;
 }
 
@@ -350,7 +355,7 @@ const RUN_COLUMNS = ['Run', 'Workflow', 'Namespace', 'Status', 'Tags', 'Created'
 
 function runRow(run) {
   const cell = (label, cls, ...content) => h('td', { 'data-label': label, class: cls }, ...content);
-  return h('tr', { 'data-run-id': run.id, 'data-updated': run.updated_at, 'data-created': run.created_at },
+  return h('tr', { 'data-run-id': run.id, 'data-status': run.status, 'data-updated': run.updated_at, 'data-created': run.created_at },
     cell('Run', 'id', runLink(run.id), run.parent ? h('span', { class: 'muted small' }, ' child') : null),
     cell('Workflow', 'workflow', `${run.workflow}@${run.version}`),
     cell('Namespace', 'namespace', run.namespace),
@@ -406,7 +411,8 @@ async function runsPage(view, params) {
     const rows = [...tbody.rows];
     const old = rows.find((r) => r.dataset.runId === run.id);
     if (old) {
-      if (Number(old.dataset.updated) > run.updated_at) return;
+      const seen = Number(old.dataset.updated);
+      if (seen > run.updated_at || (seen === run.updated_at && old.dataset.status === run.status)) return;
       const row = runRow(run);
       row.classList.add('changed');
       old.replaceWith(row);

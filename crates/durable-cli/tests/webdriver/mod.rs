@@ -226,10 +226,18 @@ impl Browser {
         self.must("POST", &format!("/element/{}/click", element.0), json!({}));
     }
 
-    /// Clicks the first element matching the CSS selector.
+    /// Clicks the first element matching the CSS selector (found again if the page replaced it
+    /// between finding and clicking).
     pub fn click_on(&self, css: &str) {
-        let element = self.element(css);
-        self.click(&element);
+        for _ in 0..5 {
+            let element = self.element(css);
+            match self.call("POST", &format!("/element/{}/click", element.0), json!({})) {
+                Ok(_) => return,
+                Err(e) if e.error == "stale element reference" => continue,
+                Err(e) => panic!("click {css:?}: {e:?}"),
+            }
+        }
+        panic!("click {css:?}: the page replaced the element five times in a row");
     }
 
     /// Types `text` into an input.
