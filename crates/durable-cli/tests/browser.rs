@@ -156,6 +156,23 @@ impl Drop for Worker {
     }
 }
 
+/// What each test starts from: a worker on a database file in a temp dir, and the driver. (The
+/// tests drop the worker at their end, before the directory goes.)
+struct Setup {
+    worker: Worker,
+    db: PathBuf,
+    dir: tempfile::TempDir,
+    driver: PathBuf,
+}
+
+/// The test's [`Setup`], or `None` (with one printed line) when there is no chromedriver.
+fn setup(test: &str) -> Option<Setup> {
+    let driver = driver(test)?;
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    Some(Setup { worker: Worker::start(&db), db, dir, driver })
+}
+
 /// A JavaScript expression: whether the page shows what its address names (and not still the
 /// view it had before the last navigation).
 const SHOWN: &str = "document.querySelector('#view').dataset.route === location.hash";
@@ -165,10 +182,7 @@ const ROW_IDS: &str = "[...document.querySelectorAll('#runs-table tr[data-run-id
 
 #[test]
 fn the_runs_list_loads_and_filters_by_status() {
-    let Some(driver) = driver("the_runs_list_loads_and_filters_by_status") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let db = default_db(dir.path());
-    let worker = Worker::start(&db);
+    let Some(Setup { worker, db, dir, driver }) = setup("the_runs_list_loads_and_filters_by_status") else { return };
     // A run id and a tag that are HTML: the page must show them as text.
     let html_id = "import/<img src=x onerror=\"window.__xss=1\">";
     assert_eq!(worker.run("import-a", json!({}), &["nightly"]), RunStatus::Completed);
@@ -270,10 +284,7 @@ fn the_runs_list_loads_and_filters_by_status() {
 
 #[test]
 fn clicking_a_run_shows_its_timeline() {
-    let Some(driver) = driver("clicking_a_run_shows_its_timeline") else { return };
-    let dir = tempfile::tempdir().unwrap();
-    let db = default_db(dir.path());
-    let worker = Worker::start(&db);
+    let Some(Setup { worker, db, dir, driver }) = setup("clicking_a_run_shows_its_timeline") else { return };
     let id = "orders/2024:17";
     assert_eq!(worker.run(id, json!({"order": 17}), &[]), RunStatus::Completed);
     assert_eq!(worker.run("other", json!({}), &[]), RunStatus::Completed);
@@ -318,12 +329,11 @@ fn clicking_a_run_shows_its_timeline() {
 
 #[test]
 fn the_retry_button_retries_a_failed_run_and_the_page_shows_it_completing() {
-    let Some(driver) = driver("the_retry_button_retries_a_failed_run_and_the_page_shows_it_completing") else {
+    let Some(Setup { worker, db, dir, driver }) =
+        setup("the_retry_button_retries_a_failed_run_and_the_page_shows_it_completing")
+    else {
         return;
     };
-    let dir = tempfile::tempdir().unwrap();
-    let db = default_db(dir.path());
-    let worker = Worker::start(&db);
     let id = "import-retry";
     assert_eq!(worker.run(id, json!({"source": true}), &[]), RunStatus::Failed);
     let server = Server::start(dir.path(), &db);
