@@ -45,13 +45,15 @@ struct Server {
 }
 
 impl Server {
-    fn start(dir: &Path, db: &Path) -> Server {
-        let mut child = durable(dir)
-            .args(["serve", "--dev", "--addr", "127.0.0.1:0", "--db", path_str(db)])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start durable serve");
+    /// A development server (no token), or with `token` one whose actions need it.
+    fn start(dir: &Path, db: &Path, token: Option<&str>) -> Server {
+        let mut cmd = durable(dir);
+        cmd.args(["serve", "--addr", "127.0.0.1:0", "--db", path_str(db)]);
+        match token {
+            Some(token) => cmd.args(["--token", token]),
+            None => cmd.arg("--dev"),
+        };
+        let mut child = cmd.stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn().expect("start durable serve");
         let mut lines = BufReader::new(child.stdout.take().expect("piped stdout")).lines();
         let url = loop {
             match lines.next() {
@@ -192,7 +194,7 @@ fn the_runs_list_loads_and_filters_by_status() {
     );
     assert_eq!(worker.run("import-b", json!({"source": true}), &["nightly"]), RunStatus::Failed);
     assert_eq!(worker.run("import-c", json!({}), &[]), RunStatus::Completed);
-    let server = Server::start(dir.path(), &db);
+    let server = Server::start(dir.path(), &db, None);
     let browser = Browser::start(&driver, 1280, 900);
 
     browser.goto(&format!("{}/#/runs", server.url));
@@ -291,7 +293,7 @@ fn clicking_a_run_shows_its_timeline() {
     let history = show(dir.path(), &db, id)["history"].as_array().unwrap().clone();
     let names: Vec<&str> = history.iter().map(|c| c["name"].as_str().unwrap()).collect();
     assert_eq!(names, ["prepare", "fetch", "save"]);
-    let server = Server::start(dir.path(), &db);
+    let server = Server::start(dir.path(), &db, None);
     let browser = Browser::start(&driver, 1280, 900);
 
     browser.goto(&format!("{}/#/runs", server.url));
@@ -336,7 +338,7 @@ fn the_retry_button_retries_a_failed_run_and_the_page_shows_it_completing() {
     };
     let id = "import-retry";
     assert_eq!(worker.run(id, json!({"source": true}), &[]), RunStatus::Failed);
-    let server = Server::start(dir.path(), &db);
+    let server = Server::start(dir.path(), &db, Some("s3cret-token"));
     let browser = Browser::start(&driver, 1280, 900);
 
     browser.goto(&format!("{}/#/runs/{id}", server.url));
@@ -350,6 +352,20 @@ fn the_retry_button_retries_a_failed_run_and_the_page_shows_it_completing() {
     // The operator retries from the page, after confirming. The retried run holds in `fetch`
     // until the page shows it active again, so its completion can only reach the page later,
     // through the live event stream.
+    // Without the server's token the retry is refused, and the page says what to do.
+    browser.click_on("#retry-run");
+    browser.wait_for("the confirmation dialog", "document.querySelector('#confirm').open", PAGE);
+    browser.click_on("#confirm-yes");
+    browser.wait_for("the refusal", "!document.querySelector('#error').hidden", PAGE);
+    let refusal = browser.text(&browser.element("#error-text"));
+    assert!(refusal.contains("[unauthorized]") && refusal.contains("enter the server's token"), "{refusal}");
+    assert_eq!(browser.text(&browser.element("#run-status")), "failed");
+    browser.screenshot("retry-unauthorized");
+    browser.type_into("#token", "s3cret-token");
+    browser.click_on("#save-token");
+    browser.wait_for("the token saved", "sessionStorage.getItem('durable.token') === 's3cret-token'", PAGE);
+    browser.wait_for("the banner gone", "document.querySelector('#error').hidden", PAGE);
+
     worker.source.send_replace(Source::Held);
     browser.click_on("#retry-run");
     browser.wait_for("the confirmation dialog", "document.querySelector('#confirm').open", PAGE);
