@@ -161,7 +161,8 @@ impl Browser {
         // Keep reading (and dropping) its output so it never blocks on a full pipe.
         std::thread::spawn(move || lines.for_each(drop));
         let profile = tempfile::tempdir().expect("a profile dir");
-        let mut args = vec![
+        // No sandbox: CI runs as root, where Chromium's sandbox refuses to start.
+        let args = [
             "--headless=new".to_string(),
             "--no-sandbox".to_string(),
             "--disable-gpu".to_string(),
@@ -171,9 +172,6 @@ impl Browser {
             format!("--window-size={width},{height}"),
             format!("--user-data-dir={}", profile.path().display()),
         ];
-        if let Some(extra) = std::env::var_os("DURABLE_CHROMIUM_ARGS") {
-            args.extend(extra.to_string_lossy().split_whitespace().map(str::to_string));
-        }
         let caps = json!({"capabilities": {"alwaysMatch": {
             "browserName": "chrome",
             "pageLoadStrategy": "normal",
