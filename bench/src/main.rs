@@ -18,6 +18,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use durable::{Engine, MemoryStore, StartOptions, WorkflowCtx, WorkflowError, WorkflowOptions};
 use durable_tests::broker::Broker;
 
+mod api;
 mod schedules;
 
 struct Args {
@@ -120,7 +121,9 @@ fn remove_db(path: &std::path::Path) {
 /// for the workloads that measure starts alone).
 fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
     let builder = Engine::builder();
-    let builder = if args.workload.starts_with("start") { builder.client_only() } else { builder };
+    // `api`: an operator engine, as `durable serve`'s.
+    let client_only = args.workload.starts_with("start") || args.workload == "api";
+    let builder = if client_only { builder.client_only() } else { builder };
     let (builder, db) = match args.store.as_str() {
         "memory" => (builder.store(MemoryStore::new()), None),
         "sqlite" => {
@@ -619,6 +622,7 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
         "bulk" => bulk(engine, if q { 1_000 } else { 10_000 }).await,
         "starts" => starts(engine, if q { 2_000 } else { 20_000 }).await,
         "start_many" => start_many(engine, if q { 2_000 } else { 100_000 }).await,
+        "api" => api::api(engine, if q { 2_000 } else { 100_000 }, if q { 20 } else { 200 }).await,
         other => Err(format!("unknown workload {other:?}")),
     }
 }

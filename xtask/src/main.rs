@@ -20,7 +20,7 @@ commands:
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout, bulk, starts, start_many,
-                          schedules, remote_chain (default: all)
+                          schedules, remote_chain, keyed_chain, admission, api (default: all)
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
       --transport T[,T..] the workers' run queue: store, nats, redis (default: store; needs --workers;
                           nats uses DURABLE_NATS_URL, redis DURABLE_REDIS_URL)
@@ -290,11 +290,12 @@ const WORKLOADS: &[&str] = &[
     "remote_chain",
     "keyed_chain",
     "admission",
+    "api",
 ];
 /// The run queues of `--workers` runs: the store-backed queue and the brokers.
 const TRANSPORTS: &[&str] = &["store", "nats", "redis"];
 /// Workloads that run in one process only (no `--workers`).
-const IN_PROCESS_ONLY: &[&str] = &["schedules"];
+const IN_PROCESS_ONLY: &[&str] = &["schedules", "api"];
 /// Stores run by default…
 const STORES: &[&str] = &["memory", "sqlite"];
 /// …and those that may be asked for (`postgres` needs a server: DURABLE_PG_URL).
@@ -438,6 +439,35 @@ fn print_table(results: &[serde_json::Value]) {
             num("p99_ms"),
             num("peak_rss_mb"),
         );
+    }
+    print_requests(results);
+}
+
+/// The per-request latencies of the workloads that time requests (`api`: its `requests` field,
+/// one object per request kind).
+fn print_requests(results: &[serde_json::Value]) {
+    let timed: Vec<&serde_json::Value> = results.iter().filter(|r| r["requests"].is_object()).collect();
+    if timed.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<11} {:<8} {:<12} {:>6} {:>8} {:>8} {:>8}",
+        "workload", "store", "request", "n", "p50_ms", "p95_ms", "p99_ms"
+    );
+    for r in timed {
+        for (kind, t) in r["requests"].as_object().into_iter().flatten() {
+            let num = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{:<11} {:<8} {:<12} {:>6} {:>8.2} {:>8.2} {:>8.2}",
+                r["workload"].as_str().unwrap_or("?"),
+                r["store"].as_str().unwrap_or("?"),
+                kind,
+                num("n"),
+                num("p50_ms"),
+                num("p95_ms"),
+                num("p99_ms"),
+            );
+        }
     }
 }
 
