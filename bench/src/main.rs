@@ -5,16 +5,20 @@
 //! the lines into `bench/results.json` in cargo's target directory and prints a table.
 //!
 //! With `--workers N` the runs execute in N worker processes (this binary with
-//! `--role worker`) sharing one SQLite file through the store-backed run queue; this process
-//! is then a client engine that starts the runs and waits for them. `peak_rss_mb` is the
-//! largest of the processes.
+//! `--role worker`) sharing one SQLite file or PostgreSQL schema; each runs an engine that
+//! executes runs from the run queue and, in `remote_chain`, a remote-step worker beside it.
+//! The run queue is the store-backed one (`--transport store`) or a broker's
+//! (`--transport nats|redis`, with its control plane). This process is then a client engine
+//! that starts the runs and waits for them. `peak_rss_mb` is the largest of the processes.
 
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use durable::{Engine, MemoryStore, StartOptions, WorkflowCtx, WorkflowError, WorkflowOptions};
+use durable_tests::broker::Broker;
 
+mod api;
 mod schedules;
 
 struct Args {
@@ -29,6 +33,10 @@ struct Args {
     db: Option<PathBuf>,
     /// `--pg-schema`: the PostgreSQL schema a multi-process run shares.
     pg_schema: Option<String>,
+    /// `--transport`: the run queue of a multi-process run: `store`, `nats` or `redis`.
+    transport: String,
+    /// `--broker-prefix`: the broker prefix (stream, keys) a multi-process run shares.
+    broker_prefix: Option<String>,
     /// `--defer-runs` (`schedules`): the fired runs are created to start a year later, so none
     /// executes during the measurement.
     defer_runs: bool,
@@ -44,6 +52,8 @@ fn parse_args() -> Result<Args, String> {
         role_worker: false,
         db: None,
         pg_schema: None,
+        transport: "store".into(),
+        broker_prefix: None,
         defer_runs: false,
     };
     let mut it = std::env::args().skip(1);
@@ -60,6 +70,8 @@ fn parse_args() -> Result<Args, String> {
             "--role" => args.role_worker = it.next().as_deref() == Some("worker"),
             "--db" => args.db = Some(it.next().ok_or("--db needs a path")?.into()),
             "--pg-schema" => args.pg_schema = Some(it.next().ok_or("--pg-schema needs a name")?),
+            "--transport" => args.transport = it.next().ok_or("--transport needs a value")?,
+            "--broker-prefix" => args.broker_prefix = Some(it.next().ok_or("--broker-prefix needs a value")?),
             other => return Err(format!("unknown option {other:?}")),
         }
     }
@@ -68,6 +80,12 @@ fn parse_args() -> Result<Args, String> {
     }
     if args.workers > 0 && args.store == "memory" {
         return Err("--workers needs a store processes can share: --store sqlite or postgres".into());
+    }
+    if !["store", "nats", "redis"].contains(&args.transport.as_str()) {
+        return Err(format!("unknown transport {:?}: store, nats or redis", args.transport));
+    }
+    if args.transport != "store" && args.workers == 0 && !args.role_worker {
+        return Err(format!("--transport {} is the run queue of worker processes: add --workers N", args.transport));
     }
     Ok(args)
 }
@@ -103,7 +121,9 @@ fn remove_db(path: &std::path::Path) {
 /// for the workloads that measure starts alone).
 fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
     let builder = Engine::builder();
-    let builder = if args.workload.starts_with("start") { builder.client_only() } else { builder };
+    // `api`: an operator engine, as `durable serve`'s.
+    let client_only = args.workload.starts_with("start") || args.workload == "api";
+    let builder = if client_only { builder.client_only() } else { builder };
     let (builder, db) = match args.store.as_str() {
         "memory" => (builder.store(MemoryStore::new()), None),
         "sqlite" => {
@@ -140,6 +160,27 @@ fn postgres_store(args: &Args) -> Result<durable::PostgresStore, String> {
     Ok(store)
 }
 
+/// What a process of a multi-process run did: its engine's counters and store round trips
+/// (a worker prints it as its last line; the client adds its own and sums them).
+fn process_stats(engine: &Engine) -> serde_json::Value {
+    let m = engine.metrics();
+    let mut stats = serde_json::json!({
+        "rss_mb": peak_rss_mb(),
+        "turns": m.turns,
+        "turns_without_progress": m.turns_without_progress,
+        "runs_sent": m.runs_sent,
+    });
+    // Round trips to PostgreSQL: write batches, reads and run-queue claims (task claims are not
+    // counted).
+    if let Some((store, _)) = PG_BENCH.get() {
+        let s = store.stats();
+        stats["pg_round_trips"] = s.round_trips().into();
+        stats["pg_reads"] = s.reads.into();
+        stats["pg_claims"] = s.claims.into();
+    }
+    stats
+}
+
 /// After a PostgreSQL run: prints the store's round trips on stderr and drops the schema this
 /// process created. Nothing to do for the other stores.
 async fn cleanup() {
@@ -168,22 +209,54 @@ async fn cleanup() {
     }
 }
 
-/// An engine of a multi-process run: a worker, or the client that starts and waits. The
-/// processes share a SQLite file (`db`) or a PostgreSQL schema, and its run queue.
-async fn shared_engine(args: &Args, db: Option<&std::path::Path>, worker: bool) -> Result<Engine, String> {
+/// How long a broker leaves an unanswered run-queue item with a consumer before another
+/// gets it (nobody dies in a benchmark: only a bound for a lost answer).
+const REDELIVER_AFTER: Duration = Duration::from_secs(10);
+
+/// The broker of `--transport nats|redis` under `prefix` (at DURABLE_NATS_URL /
+/// DURABLE_REDIS_URL, or the local server's default port); `None` for `--transport store`.
+async fn connect_broker(args: &Args, prefix: &str) -> Result<Option<Broker>, String> {
+    let (var, default) = match args.transport.as_str() {
+        "nats" => ("DURABLE_NATS_URL", "nats://127.0.0.1:4222"),
+        "redis" => ("DURABLE_REDIS_URL", "redis://127.0.0.1:6379"),
+        _ => return Ok(None),
+    };
+    let url = std::env::var(var).unwrap_or_else(|_| default.into());
+    Broker::connect(&args.transport, &url, prefix, REDELIVER_AFTER)
+        .await
+        .map(Some)
+        .map_err(|e| format!("connecting to {} at {url} (set {var}): {e}", args.transport))
+}
+
+/// An engine of a multi-process run: a worker (`execute`), or the client that starts and
+/// waits. The processes share a SQLite file (`db`) or a PostgreSQL schema, and a run queue:
+/// the store's, or the broker's with its control plane.
+async fn shared_engine(
+    args: &Args,
+    db: Option<&std::path::Path>,
+    broker: Option<&Broker>,
+    execute: bool,
+) -> Result<Engine, String> {
     let mut config = durable::EngineConfig::default();
-    // The client sees completions by polling the store: cheap on a local file, a round trip
-    // per waiter on a server.
+    // Without a control plane the client sees completions by polling the store: cheap on a
+    // local file, a round trip per interval (for every waiter at once) on a server.
     config.wait_poll_interval = Duration::from_millis(if db.is_some() { 5 } else { 50 });
-    config.execute = worker;
+    config.execute = execute;
     let builder = Engine::builder().config(config);
-    let builder = match db {
-        Some(db) => {
+    let builder = match (db, broker) {
+        (_, Some(broker)) => {
+            let builder = match db {
+                Some(db) => builder.store(durable::SqliteStore::open(db).map_err(|e| e.to_string())?),
+                None => builder.store(postgres_store(args)?),
+            };
+            builder.transport(broker.transport.clone()).control_plane(broker.plane.clone())
+        }
+        (Some(db), None) => {
             let store = Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?);
             let transport = durable::QueueTransport::new(store.clone()).poll_interval(Duration::from_millis(5));
             builder.shared_store(store).transport(transport)
         }
-        None => {
+        (None, None) => {
             let store = Arc::new(postgres_store(args)?);
             let wakeups = store.queue_wakeups().await.map_err(|e| e.to_string())?;
             let transport = durable::QueueTransport::new(store.clone()).with_wakeups(wakeups);
@@ -298,8 +371,8 @@ async fn remote_chain(engine: &Engine, runs: usize, steps: usize, in_process: us
         let _ = w.await;
     }
     let (wall, latencies, _) = result?;
-    let m = engine.metrics();
-    let turns = Some((m.turns, m.turns_without_progress));
+    // Worker processes execute the runs with `--workers`: this engine's counters say nothing.
+    let turns = engine.config().execute.then(|| engine.metrics()).map(|m| (m.turns, m.turns_without_progress));
     Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns, extra: None })
 }
 
@@ -549,6 +622,7 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
         "bulk" => bulk(engine, if q { 1_000 } else { 10_000 }).await,
         "starts" => starts(engine, if q { 2_000 } else { 20_000 }).await,
         "start_many" => start_many(engine, if q { 2_000 } else { 100_000 }).await,
+        "api" => api::api(engine, if q { 2_000 } else { 100_000 }, if q { 20 } else { 200 }).await,
         other => Err(format!("unknown workload {other:?}")),
     }
 }
@@ -573,20 +647,19 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         cleanup().await;
         return Ok((m, peak_rss_mb()));
     }
-    // The shared store exists (schema migrated) before the processes race to open it.
-    let (db, client) = if args.store == "sqlite" {
-        let db = fresh_db(args)?;
-        drop(durable::SqliteStore::open(&db).map_err(|e| e.to_string())?);
-        (Some(db), None)
-    } else {
-        (None, Some(shared_engine(args, None, false).await?))
-    };
+    // The shared store exists (schema migrated) before the processes race to open it: the
+    // client engine makes it.
+    let db = if args.store == "sqlite" { Some(fresh_db(args)?) } else { None };
+    let prefix = format!("durable_bench_{}_{}", args.workload, std::process::id());
+    let broker = connect_broker(args, &prefix).await?;
+    let client = shared_engine(args, db.as_deref(), broker.as_ref(), false).await?;
     let schema = PG_BENCH.get().and_then(|(_, s)| s.clone());
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut workers = Vec::new();
     for _ in 0..args.workers {
         let mut cmd = std::process::Command::new(&exe);
         cmd.args(["--role", "worker", "--store", &args.store, "--workload", &args.workload]);
+        cmd.args(["--transport", &args.transport, "--broker-prefix", &prefix]);
         match (&db, &schema) {
             (Some(db), _) => cmd.arg("--db").arg(db),
             (None, Some(schema)) => cmd.args(["--pg-schema", schema]),
@@ -601,24 +674,21 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         }
         workers.push((child, lines));
     }
-    // In `remote_chain` the worker processes run remote steps only: this engine executes the
-    // workflows.
-    let executes = args.workload == "remote_chain";
-    let client = match client {
-        Some(client) if !executes => client,
-        Some(client) => {
-            client.shutdown().await;
-            shared_engine(args, None, true).await?
-        }
-        None => shared_engine(args, db.as_deref(), executes).await?,
-    };
     let m = workload(&client, args).await;
     client.shutdown().await;
-    let mut rss = peak_rss_mb();
+    // The processes' counters, summed (the largest RSS).
+    let mut fleet = process_stats(&client);
     for (child, mut lines) in workers {
         let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
-        if let Some(Ok(l)) = lines.next() {
-            rss = rss.max(l.trim_start_matches("rss ").parse().unwrap_or(f64::NAN));
+        let stats: serde_json::Value = match lines.next() {
+            Some(Ok(l)) => {
+                serde_json::from_str(&l).map_err(|e| format!("a worker's last line is not its stats ({e}): {l}"))?
+            }
+            other => return Err(format!("a worker ended without its stats: {other:?}")),
+        };
+        for (key, value) in stats.as_object().into_iter().flatten() {
+            let (sum, add) = (fleet[key].as_f64().unwrap_or(0.0), value.as_f64().unwrap_or(f64::NAN));
+            fleet[key] = serde_json::json!(if key == "rss_mb" { sum.max(add) } else { sum + add });
         }
         let mut child = child;
         let _ = child.wait();
@@ -626,38 +696,44 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     if let Some(db) = db {
         remove_db(&db);
     }
+    if let Some(broker) = broker
+        && let Err(e) = broker.destroy().await
+    {
+        eprintln!("durable-bench: could not remove the broker's {prefix} stream or keys: {e}");
+    }
     cleanup().await;
-    Ok((m?, rss))
+    let mut m = m?;
+    let rss = fleet["rss_mb"].as_f64().unwrap_or(f64::NAN);
+    let extra = m.extra.get_or_insert_with(|| serde_json::json!({}));
+    for key in ["turns", "turns_without_progress", "runs_sent", "pg_round_trips", "pg_reads", "pg_claims"] {
+        if !fleet[key].is_null() {
+            extra[format!("fleet_{key}")] = fleet[key].clone();
+        }
+    }
+    Ok((m, rss))
 }
 
-/// A worker process: executes runs from the shared file until SIGTERM, then prints its peak
-/// RSS.
+/// A worker process: an engine executing runs from the shared run queue and, in
+/// `remote_chain`, a remote-step worker beside it, until SIGTERM; then prints its stats
+/// (`process_stats`) as its last line.
 async fn worker(args: &Args) -> Result<(), String> {
-    if args.workload == "remote_chain" {
-        let builder = durable::Worker::builder().concurrency(256);
-        let builder = match args.db.as_deref() {
-            Some(db) => {
-                let store = Arc::new(durable::SqliteStore::open(db).map_err(|e| e.to_string())?);
-                let transport = durable::QueueTransport::new(store.clone());
-                builder.store(store).transport(transport).poll_interval(Duration::from_millis(5))
-            }
-            None => {
-                let store = Arc::new(postgres_store(args)?);
-                let wakeups = store.task_wakeups().await.map_err(|e| e.to_string())?;
-                let transport = durable::QueueTransport::new(store.clone());
-                builder.store(store.clone()).transport(transport).wakeups(wakeups)
-            }
-        };
-        let worker = remote_worker(builder).build();
-        println!("ready");
-        worker.run(durable::shutdown_signal()).await;
-        println!("rss {}", peak_rss_mb());
-        return Ok(());
-    }
-    let engine = shared_engine(args, args.db.as_deref(), true).await?;
+    let prefix = args.broker_prefix.as_deref().unwrap_or("durable_bench");
+    let broker = connect_broker(args, prefix).await?;
+    let engine = shared_engine(args, args.db.as_deref(), broker.as_ref(), true).await?;
+    // `.engine(..)`: the engine's store, a claim as soon as it dispatches a task, and the run
+    // woken in this process when a result is recorded.
+    let steps = (args.workload == "remote_chain")
+        .then(|| remote_worker(durable::Worker::builder().engine(&engine).concurrency(256)).build());
     println!("ready");
-    engine.run_worker(durable::shutdown_signal()).await;
-    println!("rss {}", peak_rss_mb());
+    match steps {
+        Some(steps) => {
+            tokio::join!(engine.run_worker(durable::shutdown_signal()), steps.run(durable::shutdown_signal()));
+        }
+        None => {
+            engine.run_worker(durable::shutdown_signal()).await;
+        }
+    }
+    println!("{}", process_stats(&engine));
     Ok(())
 }
 
@@ -695,6 +771,7 @@ fn main() -> std::process::ExitCode {
                 "p99_ms": percentile(&m.latencies, 0.99),
                 "peak_rss_mb": rss,
                 "workers": args.workers,
+                "transport": if args.workers > 0 { args.transport.as_str() } else { "in_process" },
                 "turns": m.turns.map(|t| t.0),
                 "turns_without_progress": m.turns.map(|t| t.1),
             });

@@ -31,7 +31,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use durable::store::{
     Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, NewRun, Publish,
-    Published, RunPatch, RunQuery, SaveOutcome, SaveSchedule, Store, StoreResult, TriggerBuffer, Waiter,
+    Published, RunCount, RunPatch, RunQuery, SaveOutcome, SaveSchedule, Store, StoreResult, TriggerBuffer, Waiter,
 };
 use durable::{
     BoxFuture, Checkpoint, Clock, Engine, Millis, Payload, Run, RunFilter, RunId, RunPage, RunStatus, Schedule,
@@ -193,6 +193,9 @@ impl Store for Timed {
     }
     async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
         self.inner.list_runs(filter).await
+    }
+    async fn run_counts(&self) -> StoreResult<Vec<RunCount>> {
+        self.inner.run_counts().await
     }
     async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
         self.inner.history(id).await

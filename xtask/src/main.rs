@@ -20,8 +20,12 @@ commands:
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout, bulk, starts, start_many,
-                          schedules, remote_chain (default: all)
+                          schedules, remote_chain, keyed_chain, admission, api (default: all)
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
+      --transport T[,T..] the workers' run queue: store, nats, redis (default: store; needs --workers;
+                          nats uses DURABLE_NATS_URL, redis DURABLE_REDIS_URL)
+      --repeat N          run every combination N times, interleaved (round after round), and print
+                          the median and range of each (default 1)
   sim [options]           the engine's sample workflows under seeded simulation (release mode, every core)
       --seeds N           how many seeds (default 10000; nightly size: 100000)
       --from S            the first seed (default 0)
@@ -286,9 +290,12 @@ const WORKLOADS: &[&str] = &[
     "remote_chain",
     "keyed_chain",
     "admission",
+    "api",
 ];
+/// The run queues of `--workers` runs: the store-backed queue and the brokers.
+const TRANSPORTS: &[&str] = &["store", "nats", "redis"];
 /// Workloads that run in one process only (no `--workers`).
-const IN_PROCESS_ONLY: &[&str] = &["schedules"];
+const IN_PROCESS_ONLY: &[&str] = &["schedules", "api"];
 /// Stores run by default…
 const STORES: &[&str] = &["memory", "sqlite"];
 /// …and those that may be asked for (`postgres` needs a server: DURABLE_PG_URL).
@@ -321,6 +328,8 @@ fn bench(args: &[String]) -> Result<(), String> {
     let mut stores: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
     let mut workloads: Vec<String> = WORKLOADS.iter().map(|s| s.to_string()).collect();
     let mut workers = 0u32;
+    let mut transports = vec!["store".to_string()];
+    let mut repeat = 1u32;
     let mut it = args.iter();
     while let Some(arg) = it.next() {
         match arg.as_str() {
@@ -331,8 +340,16 @@ fn bench(args: &[String]) -> Result<(), String> {
                 workers =
                     it.next().and_then(|v| v.parse().ok()).filter(|n| *n >= 1).ok_or("--workers needs a number ≥ 1")?
             }
+            "--transport" => transports = list(it.next(), "--transport", TRANSPORTS)?,
+            "--repeat" => {
+                repeat =
+                    it.next().and_then(|v| v.parse().ok()).filter(|n| *n >= 1).ok_or("--repeat needs a number ≥ 1")?
+            }
             other => return Err(format!("unknown bench option {other:?}\n{USAGE}")),
         }
+    }
+    if workers == 0 && transports.iter().any(|t| t != "store") {
+        return Err("--transport nats|redis is the run queue of worker processes: add --workers N".into());
     }
     let exe = build_release_bin("durable-bench", "durable-bench")?;
     let out_dir = target_directory()?.join("bench");
@@ -348,46 +365,71 @@ fn bench(args: &[String]) -> Result<(), String> {
         }
         workloads.retain(|w| !IN_PROCESS_ONLY.contains(&w.as_str()));
     }
-    for workload in &workloads {
-        for store in &stores {
-            let mut cmd = Command::new(&exe);
-            cmd.args(["--workload", workload, "--store", store, "--dir"]).arg(&out_dir);
-            cmd.args(["--workers", &workers.to_string()]);
-            if quick {
-                cmd.arg("--quick");
+    for round in 1..=repeat {
+        for workload in &workloads {
+            for store in &stores {
+                for transport in &transports {
+                    let mut cmd = Command::new(&exe);
+                    cmd.args(["--workload", workload, "--store", store, "--dir"]).arg(&out_dir);
+                    cmd.args(["--workers", &workers.to_string(), "--transport", transport]);
+                    if quick {
+                        cmd.arg("--quick");
+                    }
+                    let what = if workers > 0 {
+                        format!("{workload} on {store} with {workers} worker processes over {transport}")
+                    } else {
+                        format!("{workload} on {store}")
+                    };
+                    let of = if repeat > 1 { format!(" (round {round} of {repeat})") } else { String::new() };
+                    eprintln!("==> bench {what}{}{of}", if quick { " (quick)" } else { "" });
+                    let out =
+                        cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("running {}: {e}", exe.display()))?;
+                    if !out.status.success() {
+                        return Err(format!("bench {what} failed ({})", out.status));
+                    }
+                    let line = String::from_utf8_lossy(&out.stdout);
+                    let value: serde_json::Value = serde_json::from_str(line.trim())
+                        .map_err(|e| format!("bench {what} printed no JSON result ({e}): {line}"))?;
+                    results.push(value);
+                }
             }
-            let procs = if workers > 0 { format!(" with {workers} worker processes") } else { String::new() };
-            eprintln!("==> bench {workload} on {store}{procs}{}", if quick { " (quick)" } else { "" });
-            let out = cmd.stderr(Stdio::inherit()).output().map_err(|e| format!("running {}: {e}", exe.display()))?;
-            if !out.status.success() {
-                return Err(format!("bench {workload} on {store} failed ({})", out.status));
-            }
-            let line = String::from_utf8_lossy(&out.stdout);
-            let value: serde_json::Value = serde_json::from_str(line.trim())
-                .map_err(|e| format!("bench {workload} on {store} printed no JSON result ({e}): {line}"))?;
-            results.push(value);
         }
     }
     let path = out_dir.join("results.json");
     let json = serde_json::to_string_pretty(&results).expect("JSON values serialize");
     std::fs::write(&path, json + "\n").map_err(|e| format!("writing {}: {e}", path.display()))?;
     print_table(&results);
+    if repeat > 1 {
+        print_medians(&results);
+    }
     eprintln!("\nwrote {}", path.display());
     Ok(())
 }
 
 fn print_table(results: &[serde_json::Value]) {
     println!(
-        "\n{:<11} {:<7} {:>3} {:>7} {:>6} {:>8} {:>11} {:>9} {:>8} {:>8} {:>8}",
-        "workload", "store", "wrk", "runs", "steps", "wall_s", "steps/s", "runs/s", "p50_ms", "p99_ms", "rss_mb"
+        "\n{:<12} {:<8} {:>3} {:<9} {:>7} {:>6} {:>8} {:>11} {:>9} {:>8} {:>8} {:>8}",
+        "workload",
+        "store",
+        "wrk",
+        "transport",
+        "runs",
+        "steps",
+        "wall_s",
+        "steps/s",
+        "runs/s",
+        "p50_ms",
+        "p99_ms",
+        "rss_mb"
     );
     for r in results {
         let num = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
         println!(
-            "{:<11} {:<7} {:>3} {:>7} {:>6} {:>8.3} {:>11.0} {:>9.0} {:>8.2} {:>8.2} {:>8.1}",
+            "{:<12} {:<8} {:>3} {:<9} {:>7} {:>6} {:>8.3} {:>11.0} {:>9.0} {:>8.2} {:>8.2} {:>8.1}",
             r["workload"].as_str().unwrap_or("?"),
             r["store"].as_str().unwrap_or("?"),
             num("workers"),
+            r["transport"].as_str().unwrap_or("?"),
             num("runs"),
             num("steps_per_run"),
             num("wall_s"),
@@ -397,6 +439,82 @@ fn print_table(results: &[serde_json::Value]) {
             num("p99_ms"),
             num("peak_rss_mb"),
         );
+    }
+    print_requests(results);
+}
+
+/// The per-request latencies of the workloads that time requests (`api`: its `requests` field,
+/// one object per request kind).
+fn print_requests(results: &[serde_json::Value]) {
+    let timed: Vec<&serde_json::Value> = results.iter().filter(|r| r["requests"].is_object()).collect();
+    if timed.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:<11} {:<8} {:<12} {:>6} {:>8} {:>8} {:>8}",
+        "workload", "store", "request", "n", "p50_ms", "p95_ms", "p99_ms"
+    );
+    for r in timed {
+        for (kind, t) in r["requests"].as_object().into_iter().flatten() {
+            let num = |k: &str| t[k].as_f64().unwrap_or(f64::NAN);
+            println!(
+                "{:<11} {:<8} {:<12} {:>6} {:>8.2} {:>8.2} {:>8.2}",
+                r["workload"].as_str().unwrap_or("?"),
+                r["store"].as_str().unwrap_or("?"),
+                kind,
+                num("n"),
+                num("p50_ms"),
+                num("p95_ms"),
+                num("p99_ms"),
+            );
+        }
+    }
+}
+
+/// One combination's `steps_per_s` over the rounds of `--repeat`.
+#[derive(Debug, PartialEq)]
+struct Spread {
+    /// `workload store workers transport`.
+    key: String,
+    median: f64,
+    min: f64,
+    max: f64,
+    count: usize,
+}
+
+/// The median and range of `steps_per_s` per combination (workload, store, workers,
+/// transport), in the order the combinations first appear.
+fn spreads(results: &[serde_json::Value]) -> Vec<Spread> {
+    let mut groups: Vec<(String, Vec<f64>)> = Vec::new();
+    for r in results {
+        let key = format!(
+            "{} {} {} {}",
+            r["workload"].as_str().unwrap_or("?"),
+            r["store"].as_str().unwrap_or("?"),
+            r["workers"],
+            r["transport"].as_str().unwrap_or("?")
+        );
+        let value = r["steps_per_s"].as_f64().unwrap_or(f64::NAN);
+        match groups.iter_mut().find(|(k, _)| *k == key) {
+            Some((_, values)) => values.push(value),
+            None => groups.push((key, vec![value])),
+        }
+    }
+    groups
+        .into_iter()
+        .map(|(key, mut values)| {
+            values.sort_by(f64::total_cmp);
+            let n = values.len();
+            let median = if n % 2 == 1 { values[n / 2] } else { (values[n / 2 - 1] + values[n / 2]) / 2.0 };
+            Spread { key, median, min: values[0], max: values[n - 1], count: n }
+        })
+        .collect()
+}
+
+fn print_medians(results: &[serde_json::Value]) {
+    println!("\n{:<40} {:>11} {:>21} {:>3}", "workload store workers transport", "median", "steps/s range", "n");
+    for s in spreads(results) {
+        println!("{:<40} {:>11.0} {:>10.0}–{:<10.0} {:>3}", s.key, s.median, s.min, s.max, s.count);
     }
 }
 
@@ -425,6 +543,21 @@ mod tests {
         // Lines that are not JSON (a cargo that printed something else) are skipped.
         let noisy = format!("warning: something\n{MESSAGES}");
         assert_eq!(executable_of(&noisy, "durable-bench"), Ok(PathBuf::from("/tmp/xt/release/durable-bench")));
+    }
+
+    #[test]
+    fn repeated_runs_are_summed_up_per_combination_by_median_and_range() {
+        let r = |transport: &str, steps: f64| serde_json::json!({ "workload": "chain", "store": "postgres", "workers": 3, "transport": transport, "steps_per_s": steps });
+        // Interleaved rounds: store, nats, store, nats, store.
+        let results = [r("store", 300.0), r("nats", 10.0), r("store", 100.0), r("nats", 30.0), r("store", 200.0)];
+        let spread = |key: &str, median, min, max, count| Spread { key: key.into(), median, min, max, count };
+        assert_eq!(
+            spreads(&results),
+            [
+                spread("chain postgres 3 store", 200.0, 100.0, 300.0, 3),
+                spread("chain postgres 3 nats", 20.0, 10.0, 30.0, 2)
+            ]
+        );
     }
 
     #[test]

@@ -12,8 +12,8 @@ use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, Wai
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
     Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
-    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-    SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TriggerBuffer, Waiter,
+    NewRun, Payload, Publish, Published, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
+    SaveOutcome, SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TriggerBuffer, Waiter,
 };
 use parking_lot::Mutex;
 
@@ -31,6 +31,8 @@ pub enum Method {
     GetRuns,
     /// [`Store::list_runs`].
     ListRuns,
+    /// [`Store::run_counts`].
+    RunCounts,
     /// [`Store::history`].
     History,
     /// [`Store::claim_run`].
@@ -107,12 +109,13 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 41] = [
+    pub const ALL: [Method; 42] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
         Method::GetRuns,
         Method::ListRuns,
+        Method::RunCounts,
         Method::History,
         Method::ClaimRun,
         Method::RenewLease,
@@ -159,6 +162,7 @@ impl Method {
             Method::GetRun => "get_run",
             Method::GetRuns => "get_runs",
             Method::ListRuns => "list_runs",
+            Method::RunCounts => "run_counts",
             Method::History => "history",
             Method::ClaimRun => "claim_run",
             Method::RenewLease => "renew_lease",
@@ -584,6 +588,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.call(Method::ListRuns, None, None, self.inner.list_runs(filter)).await
     }
 
+    async fn run_counts(&self) -> StoreResult<Vec<RunCount>> {
+        self.call(Method::RunCounts, None, None, self.inner.run_counts()).await
+    }
+
     async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
         self.call(Method::History, Some(id), None, self.inner.history(id)).await
     }
@@ -791,6 +799,20 @@ mod tests {
             assert_eq!(s.inner().get_run(&RunId::from("b")).await.unwrap(), None, "refused before the store");
             s.create_run(new_run("b")).await.unwrap();
             assert_eq!((s.armed(), s.injected(), s.total_calls()), (0, 1, 3));
+        });
+    }
+
+    #[test]
+    fn run_counts_is_a_call_of_its_own_forwarded_to_the_store() {
+        block_on(async {
+            let s = store();
+            s.create_run(new_run("a")).await.unwrap();
+            s.arm(Fault::on(Method::RunCounts).times(1));
+            assert_eq!(s.run_counts().await.unwrap_err().kind(), StoreErrorKind::Unavailable);
+            let counts = s.run_counts().await.unwrap();
+            assert_eq!(counts, vec![RunCount { workflow: "wf".into(), status: RunStatus::Pending, count: 1 }]);
+            // Forwarded as one call, not the default's pages of `list_runs`.
+            assert_eq!(s.call_counts(), BTreeMap::from([(Method::CreateRun, 1), (Method::RunCounts, 2)]));
         });
     }
 

@@ -341,8 +341,8 @@ mod tests {
     };
     use durable_core::{
         Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload,
-        Publish, Published, QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-        SaveSchedule, ScheduleRecord, StoreResult, TaskFilter, TriggerBuffer, Waiter,
+        Publish, Published, QueuedRun, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
+        SaveOutcome, SaveSchedule, ScheduleRecord, StoreResult, TaskFilter, TriggerBuffer, Waiter,
     };
     use durable_store_memory::MemoryStore;
 
@@ -371,6 +371,9 @@ mod tests {
         }
         async fn list_runs(&self, filter: &RunFilter) -> StoreResult<RunPage> {
             self.0.list_runs(filter).await
+        }
+        async fn run_counts(&self) -> StoreResult<Vec<RunCount>> {
+            self.0.run_counts().await
         }
         async fn history(&self, id: &RunId) -> StoreResult<Vec<Checkpoint>> {
             self.0.history(id).await

@@ -1,9 +1,9 @@
 //! The metrics the engine and workers record through the [`metrics`](https://docs.rs/metrics)
 //! facade, named in one place.
 //!
-//! Nothing is exported until the application installs a recorder (any exporter of the
-//! `metrics` ecosystem: Prometheus, StatsD, OpenTelemetry, …); without one every call is a
-//! no-op. [`describe`] gives the installed recorder each metric's unit and help text; the
+//! Nothing is exported until the application installs a recorder ([`PrometheusRecorder`], or
+//! any exporter of the `metrics` ecosystem: StatsD, OpenTelemetry, …); without one every call
+//! is a no-op. [`describe`] gives the installed recorder each metric's unit and help text; the
 //! engine and workers call it when they are built, so install the recorder first.
 //!
 //! Labels are bounded: workflow names, step kinds, queue names and fixed outcome and reason
@@ -34,27 +34,26 @@
 //!
 //! Histograms are samples in seconds (or a count, for the batch size). An exporter that
 //! renders buckets needs them set; [`SECONDS_BUCKETS`] and [`BATCH_BUCKETS`] fit these
-//! metrics:
+//! metrics, and [`PrometheusRecorder`] (this crate's own recorder, Prometheus text without an
+//! exporter crate) uses them:
 //!
 //! ```no_run
-//! use durable_runtime::metrics;
-//! use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+//! use durable_runtime::metrics::PrometheusRecorder;
 //!
-//! let handle = PrometheusBuilder::new()
-//!     .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), metrics::SECONDS_BUCKETS)
-//!     .unwrap()
-//!     .set_buckets_for_metric(Matcher::Full(metrics::STORE_COMMIT_BATCH_SIZE.into()), metrics::BATCH_BUCKETS)
-//!     .unwrap()
-//!     .install_recorder()
-//!     .unwrap();
+//! let prometheus = PrometheusRecorder::new();
+//! prometheus.install().expect("no other global recorder");
 //! // … build the engine, run workflows …
-//! println!("{}", handle.render());
+//! println!("{}", prometheus.render());
 //! ```
 
 use std::time::Duration;
 
 use ::metrics::{Unit, counter, describe_counter, describe_histogram, histogram};
 use durable_core::{Commit, RunStatus, StepAfter, StepKind};
+
+mod prometheus;
+
+pub use prometheus::PrometheusRecorder;
 
 /// Counter: runs created by this process, by `workflow`.
 pub const RUNS_STARTED: &str = "durable_runs_started_total";

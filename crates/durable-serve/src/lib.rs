@@ -77,7 +77,7 @@ use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use durable::Engine;
-use metrics_exporter_prometheus::PrometheusHandle;
+use durable::PrometheusRecorder;
 
 pub use error::ApiError;
 pub use metrics::install_recorder;
@@ -96,7 +96,7 @@ pub struct ServeConfig {
     pub poll: Duration,
     /// The Prometheus recorder rendered at `/metrics` ([`install_recorder`]); `None`: one of
     /// the server's own, not installed (only the store gauges show).
-    pub metrics: Option<PrometheusHandle>,
+    pub metrics: Option<PrometheusRecorder>,
 }
 
 impl Default for ServeConfig {
@@ -110,7 +110,7 @@ impl Default for ServeConfig {
 pub(crate) struct AppState {
     pub(crate) engine: Engine,
     pub(crate) config: ServeConfig,
-    pub(crate) metrics: PrometheusHandle,
+    pub(crate) metrics: PrometheusRecorder,
 }
 
 /// Every route as `(method, path)`, in the router's path syntax. The OpenAPI document lists
@@ -142,7 +142,7 @@ pub fn openapi_document() -> serde_json::Value {
 
 /// The API and the dashboard over `engine`'s store (see the [crate docs](crate)).
 pub fn router(engine: Engine, config: ServeConfig) -> Router {
-    let metrics = config.metrics.clone().unwrap_or_else(metrics::local_handle);
+    let metrics = config.metrics.clone().unwrap_or_default();
     let state = Arc::new(AppState { engine, config, metrics });
     Router::new()
         .route("/api/runs", get(api::list_runs))

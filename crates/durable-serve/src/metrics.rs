@@ -20,35 +20,28 @@ use std::sync::Arc;
 use axum::extract::State;
 use axum::http::header;
 use axum::response::{IntoResponse, Response};
+use durable::PrometheusRecorder;
 use durable::RunStatus;
-use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 
 use crate::extract::Params;
 use crate::{AppState, Result};
 
-/// Builds a Prometheus recorder and installs it as the `metrics` facade's global recorder,
-/// so what the engines of this process record is rendered at `/metrics`. Returns its handle
-/// for [`ServeConfig::metrics`](crate::ServeConfig::metrics). When a global recorder is
-/// installed already, the returned handle renders only what is recorded to it directly
-/// (the store gauges of `/metrics` are there either way).
-pub fn install_recorder() -> PrometheusHandle {
-    let recorder = PrometheusBuilder::new().build_recorder();
-    let handle = recorder.handle();
-    if metrics::set_global_recorder(recorder).is_err() {
+/// Builds a [`PrometheusRecorder`] and installs it as the `metrics` facade's global recorder,
+/// so what the engines of this process record is rendered at `/metrics`. Returns it for
+/// [`ServeConfig::metrics`](crate::ServeConfig::metrics). When a global recorder is
+/// installed already, the returned one renders only what is recorded to it directly (the
+/// store gauges of `/metrics` are there either way).
+pub fn install_recorder() -> PrometheusRecorder {
+    let recorder = PrometheusRecorder::new();
+    if recorder.install().is_err() {
         tracing::debug!("a global metrics recorder is installed already; /metrics renders the store gauges only");
     }
-    handle
-}
-
-/// A recorder of its own, not installed: `/metrics` without [`install_recorder`].
-pub(crate) fn local_handle() -> PrometheusHandle {
-    PrometheusBuilder::new().build_recorder().handle()
+    recorder
 }
 
 /// `GET /metrics`.
 pub(crate) async fn metrics(State(state): State<Arc<AppState>>, params: Params) -> Result<Response> {
     params.only(&[])?;
-    state.metrics.run_upkeep();
     let mut text = state.metrics.render();
     let gauges = store_gauges(&state).await?;
     for family in gauges {

@@ -1,5 +1,5 @@
-//! The engine's metrics as Prometheus text: installs the Prometheus exporter's recorder, runs a
-//! few workflows on the embedded SQLite store (completed, failed, cancelled, a retried step and
+//! The engine's metrics as Prometheus text: installs durable's `PrometheusRecorder`, runs a few
+//! workflows on the embedded SQLite store (completed, failed, cancelled, a retried step and
 //! a remote step on an in-process worker), then prints what a scrape of `/metrics` would show.
 //!
 //! ```text
@@ -8,9 +8,10 @@
 
 use std::time::Duration;
 
-use durable::metrics_names as names;
-use durable::{Backoff, Engine, RunStatus, SqliteStore, StartOptions, StepError, Worker, WorkflowCtx, WorkflowError};
-use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+use durable::{
+    Backoff, Engine, PrometheusRecorder, RunStatus, SqliteStore, StartOptions, StepError, Worker, WorkflowCtx,
+    WorkflowError,
+};
 
 async fn checkout(ctx: WorkflowCtx, cents: u64) -> Result<String, WorkflowError> {
     // The first attempt of every charge fails: one `retry` sample, then one `completed`.
@@ -36,11 +37,10 @@ async fn checkout(ctx: WorkflowCtx, cents: u64) -> Result<String, WorkflowError>
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    // Install the exporter first: the engine describes its metrics to it when it is built.
-    let prometheus = PrometheusBuilder::new()
-        .set_buckets_for_metric(Matcher::Suffix("_seconds".into()), names::SECONDS_BUCKETS)?
-        .set_buckets_for_metric(Matcher::Full(names::STORE_COMMIT_BATCH_SIZE.into()), names::BATCH_BUCKETS)?
-        .install_recorder()?;
+    // Install the recorder first: the engine describes its metrics to it when it is built. It
+    // picks the histograms' buckets by name (`durable::metrics_names::SECONDS_BUCKETS`, …).
+    let prometheus = PrometheusRecorder::new();
+    prometheus.install()?;
 
     let dir = tempfile::tempdir()?;
     let engine = Engine::builder().store(SqliteStore::open(dir.path().join("metrics.db"))?).build()?;

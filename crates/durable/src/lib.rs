@@ -154,10 +154,15 @@ pub mod otel {
 }
 
 /// The metrics the engine and workers record through the `metrics` facade: every name as a
-/// constant, the table of their types, labels and meanings, and histogram buckets that fit
-/// them. Install any `metrics` exporter (for example `metrics-exporter-prometheus`) before
+/// constant, the table of their types, labels and meanings, histogram buckets that fit them,
+/// and [`PrometheusRecorder`]. Install a recorder (that one, or any `metrics` exporter) before
 /// building the engine; without one nothing is recorded.
 pub use durable_runtime::metrics as metrics_names;
+
+/// A `metrics` recorder rendering Prometheus text (`durable serve`'s `/metrics`, or your own
+/// endpoint): [`PrometheusRecorder::install`] it before building the engine, serve
+/// [`PrometheusRecorder::render`].
+pub use durable_runtime::metrics::PrometheusRecorder;
 
 /// Every persisted string format and id scheme (child ids, successor and retry ids, tokens,
 /// checkpoint names of deadlines and undos, the continued-run marker), formatted and parsed in
