@@ -83,6 +83,7 @@ async fn seed(engine: &Engine, runs: usize) -> Result<(f64, f64), String> {
                 created_at: now.saturating_sub(((runs - i) * 10) as u64),
                 start_at: None,
                 admission: None,
+                trace_context: None,
             })
             .collect();
         store.create_runs(batch).await.map_err(|e| format!("seeding runs: {e}"))?;

@@ -135,6 +135,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
         &["schedules", "trigger", "--help"],
         &["workers", "--help"],
         &["queues", "--help"],
+        &["serve", "--help"],
         &["completions", "--help"],
         &["help", "runs", "list"],
     ] {
@@ -143,7 +144,11 @@ fn help_works_on_every_command_and_completions_are_printed() {
     }
     // No command at all: one line naming the commands (see
     // `a_command_without_its_subcommand_is_one_line_naming_them`).
-    run_bad(dir.path(), &[], "'durable' needs a command: demo, runs, schedules, signal, workers, queues, completions");
+    run_bad(
+        dir.path(),
+        &[],
+        "'durable' needs a command: demo, runs, schedules, signal, workers, queues, serve, completions",
+    );
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);
         assert!(ran.stdout.contains("durable"), "{shell}: {}", ran.stdout);

@@ -1595,6 +1595,27 @@ pub(crate) fn checkpoint_rows(rows: &[Row]) -> Result<Result<Vec<Checkpoint>, St
     Ok(Ok(out))
 }
 
+/// The statement of `run_counts`: runs by workflow and status, one aggregate.
+pub(crate) fn run_counts_sql(schema: &str) -> String {
+    format!("SELECT workflow, status, count(*) FROM {schema}.runs GROUP BY workflow, status")
+}
+
+/// The rows of [`run_counts_sql`], ordered by workflow then status.
+pub(crate) fn run_count_rows(
+    rows: &[Row],
+) -> Result<Result<Vec<durable_core::RunCount>, String>, tokio_postgres::Error> {
+    let mut out = Vec::with_capacity(rows.len());
+    for row in rows {
+        let status: &str = row.try_get(1)?;
+        let Ok(status) = status.parse::<RunStatus>() else {
+            return Ok(Err(format!("runs: unknown status {status:?}")));
+        };
+        out.push(durable_core::RunCount { workflow: row.try_get(0)?, status, count: row.try_get::<_, i64>(2)? as u64 });
+    }
+    out.sort_by(|a, b| (&a.workflow, a.status).cmp(&(&b.workflow, b.status)));
+    Ok(Ok(out))
+}
+
 #[cfg(test)]
 mod tests {
     use durable_core::{CheckpointStatus, StepKind};
@@ -1818,25 +1839,4 @@ mod tests {
         assert!(matches!(parse(r#"{"err":"not_found"}"#, &id, None), Err(Answer::Store(StoreError::NotFound { .. }))));
         assert!(matches!(parse("nope", &id, None), Err(Answer::Corrupt(_))));
     }
-}
-
-/// The statement of `run_counts`: runs by workflow and status, one aggregate.
-pub(crate) fn run_counts_sql(schema: &str) -> String {
-    format!("SELECT workflow, status, count(*) FROM {schema}.runs GROUP BY workflow, status")
-}
-
-/// The rows of [`run_counts_sql`], ordered by workflow then status.
-pub(crate) fn run_count_rows(
-    rows: &[Row],
-) -> Result<Result<Vec<durable_core::RunCount>, String>, tokio_postgres::Error> {
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let status: &str = row.try_get(1)?;
-        let Ok(status) = status.parse::<RunStatus>() else {
-            return Ok(Err(format!("runs: unknown status {status:?}")));
-        };
-        out.push(durable_core::RunCount { workflow: row.try_get(0)?, status, count: row.try_get::<_, i64>(2)? as u64 });
-    }
-    out.sort_by(|a, b| (&a.workflow, a.status).cmp(&(&b.workflow, b.status)));
-    Ok(Ok(out))
 }
