@@ -465,6 +465,13 @@ function genericValue(v) {
   return h('p', {}, valueNode('', v));
 }
 
+/** A remote step's log line (`{attempt, at, level, message, data}`) as one line of text. */
+function logLine(l) {
+  if (typeof l === 'string') return l;
+  const data = l.data === undefined || l.data === null ? '' : ' ' + JSON.stringify(l.data);
+  return `[attempt ${l.attempt}] ${new Date(l.at).toISOString()} ${l.level} ${l.message}${data}`;
+}
+
 /** One checkpoint; `child` is the child run it started, when it is a `child` checkpoint. */
 function timelineEntry(c, child) {
   const key = `cp-${c.seq}`;
@@ -474,7 +481,7 @@ function timelineEntry(c, child) {
   const logs = c.logs;
   if (logs !== null && logs !== undefined && !(Array.isArray(logs) && !logs.length)) {
     details.push(h('h4', {}, 'logs'), h('pre', { class: 'logs' },
-      Array.isArray(logs) ? logs.map((l) => (typeof l === 'string' ? l : JSON.stringify(l))).join('\n') : String(logs)));
+      Array.isArray(logs) ? logs.map(logLine).join('\n') : String(logs)));
   }
   return h('li', { 'data-seq': c.seq, class: 'step s-' + c.status },
     h('div', { class: 'step-head' },

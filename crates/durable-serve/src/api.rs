@@ -2,12 +2,14 @@
 //! queues, workers) and the actions (retry, cancel, delete, signal). The actions go through
 //! [`ops`](crate::ops), as the command line's do.
 
+use std::collections::HashMap;
 use std::sync::Arc;
 
 use axum::Json;
 use axum::extract::State;
 use durable::store::{StoreErrorKind, TaskFilter};
-use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunStatus};
+use durable::task::TaskLog;
+use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -78,15 +80,29 @@ pub(crate) async fn list_runs(State(state): State<Arc<AppState>>, params: Params
     Ok(Json(json!({ "runs": page.runs, "next_cursor": page.next_cursor })))
 }
 
-/// A checkpoint of the timeline: its fields and `duration_ms` once it settled.
-fn timeline_entry(cp: &Checkpoint) -> Value {
+/// A checkpoint of the timeline: its fields, `duration_ms` once it settled, and for a remote
+/// step the `logs` its handler wrote (every attempt's, oldest first).
+fn timeline_entry(cp: &Checkpoint, logs: &HashMap<u32, Vec<TaskLog>>) -> Value {
     let settled = matches!(cp.status, CheckpointStatus::Completed | CheckpointStatus::Failed);
     let mut v = serde_json::to_value(cp).unwrap_or(Value::Null);
     if let Value::Object(map) = &mut v {
         let duration = settled.then(|| cp.updated_at.saturating_sub(cp.started_at));
         map.insert("duration_ms".into(), json!(duration));
+        if let Some(lines) = logs.get(&cp.seq) {
+            map.insert("logs".into(), json!(lines));
+        }
     }
     v
+}
+
+/// The log lines of the run's remote steps, by seq (none on a store without remote steps).
+async fn task_logs(engine: &Engine, id: &RunId) -> Result<HashMap<u32, Vec<TaskLog>>> {
+    if !engine.store().capabilities().tasks {
+        return Ok(HashMap::new());
+    }
+    let filter = TaskFilter { run_id: Some(id.clone()), limit: 1_000, ..TaskFilter::default() };
+    let tasks = engine.store().list_tasks(&filter).await?;
+    Ok(tasks.into_iter().filter(|t| !t.logs.is_empty()).map(|t| (t.task.seq, t.logs)).collect())
 }
 
 /// `GET /api/runs/{id}`.
@@ -108,7 +124,8 @@ pub(crate) async fn get_run(
     } else {
         Value::Null
     };
-    let timeline: Vec<Value> = history.iter().map(timeline_entry).collect();
+    let logs = task_logs(engine, &id).await?;
+    let timeline: Vec<Value> = history.iter().map(|cp| timeline_entry(cp, &logs)).collect();
     Ok(Json(json!({
         "run": run, "timeline": timeline, "children": children, "waiters": waiters, "tasks": tasks,
         "admission": admission,

@@ -429,3 +429,45 @@ async fn the_event_stream_sends_a_run_that_changes() {
     server.abort();
     env.shutdown().await;
 }
+
+/// A remote step's timeline entry carries the log lines its handler wrote, with their attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_remote_steps_timeline_entry_carries_its_handlers_logs() {
+    let dir = tempfile::tempdir().unwrap();
+    let store: Arc<dyn Store> = Arc::new(durable::SqliteStore::open(dir.path().join("logs.db")).unwrap());
+    let env = Env::new(store.clone());
+    env.worker.register("resize", 1, |ctx: WorkflowCtx, width: u32| async move {
+        let done: u32 = ctx.remote_step("resize", &width).await?;
+        Ok::<_, WorkflowError>(done)
+    });
+    let worker = durable::Worker::builder()
+        .store(store)
+        .handle("resize", |ctx: durable::TaskContext, width: u32| async move {
+            ctx.log("info", "resized", Some(json!({ "width": width })));
+            Ok::<_, StepError>(width / 2)
+        })
+        .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run(async {
+                stopped.await.ok();
+            })
+            .await
+    });
+    env.worker.start("resize", &640u32, StartOptions::id("img-1")).await.unwrap();
+    assert_eq!(env.settle("img-1").await, RunStatus::Completed);
+
+    let detail = env.get("/api/runs/img-1").await;
+    let step = detail["timeline"].as_array().unwrap().iter().find(|c| c["name"] == "resize").cloned();
+    let step = step.unwrap_or_else(|| panic!("no resize checkpoint: {detail}"));
+    let logs = step["logs"].as_array().unwrap_or_else(|| panic!("no logs on the remote step: {step}"));
+    assert_eq!(logs.len(), 1, "{step}");
+    assert_eq!(logs[0]["message"], "resized");
+    assert_eq!(logs[0]["level"], "info");
+    assert_eq!(logs[0]["attempt"], 1);
+    assert_eq!(logs[0]["data"]["width"], 640);
+    stop.send(()).ok();
+    running.await.unwrap();
+    env.shutdown().await;
+}
