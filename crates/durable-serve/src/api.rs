@@ -8,8 +8,8 @@ use std::sync::Arc;
 use axum::Json;
 use axum::extract::State;
 use durable::store::{StoreErrorKind, TaskFilter};
-use durable::task::TaskLog;
-use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, Run, RunFilter, RunId, RunStatus};
+use durable::task::{Task, TaskLog, TaskState};
+use durable::{Cancel, Checkpoint, CheckpointStatus, Delivery, Engine, RunFilter, RunId, RunStatus};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
@@ -82,7 +82,7 @@ pub(crate) async fn list_runs(State(state): State<Arc<AppState>>, params: Params
 
 /// A checkpoint of the timeline: its fields, `duration_ms` once it settled, and for a remote
 /// step the `logs` its handler wrote (every attempt's, oldest first).
-fn timeline_entry(cp: &Checkpoint, logs: &HashMap<u32, Vec<TaskLog>>) -> Value {
+fn timeline_entry(cp: &Checkpoint, logs: &HashMap<u32, &[TaskLog]>) -> Value {
     let settled = matches!(cp.status, CheckpointStatus::Completed | CheckpointStatus::Failed);
     let mut v = serde_json::to_value(cp).unwrap_or(Value::Null);
     if let Value::Object(map) = &mut v {
@@ -95,14 +95,13 @@ fn timeline_entry(cp: &Checkpoint, logs: &HashMap<u32, Vec<TaskLog>>) -> Value {
     v
 }
 
-/// The log lines of the run's remote steps, by seq (none on a store without remote steps).
-async fn task_logs(engine: &Engine, id: &RunId) -> Result<HashMap<u32, Vec<TaskLog>>> {
+/// The run's remote-step tasks (every attempt's record; none on a store without remote steps).
+async fn run_tasks(engine: &Engine, id: &RunId) -> Result<Vec<Task>> {
     if !engine.store().capabilities().tasks {
-        return Ok(HashMap::new());
+        return Ok(Vec::new());
     }
     let filter = TaskFilter { run_id: Some(id.clone()), limit: 1_000, ..TaskFilter::default() };
-    let tasks = engine.store().list_tasks(&filter).await?;
-    Ok(tasks.into_iter().filter(|t| !t.logs.is_empty()).map(|t| (t.task.seq, t.logs)).collect())
+    Ok(engine.store().list_tasks(&filter).await?)
 }
 
 /// `GET /api/runs/{id}`.
@@ -117,28 +116,26 @@ pub(crate) async fn get_run(
     let history = engine.history(&id).await?;
     let children = engine.children(&id).await?;
     let waiters = engine.store().waiters(&id).await?;
-    let tasks = pending_tasks(engine, &run).await?;
+    let tasks = run_tasks(engine, &id).await?;
     let admission = if engine.store().capabilities().admission {
         let (holds, waits) = engine.run_admission(&id).await?;
         json!({ "holds": holds, "waits": waits })
     } else {
         Value::Null
     };
-    let logs = task_logs(engine, &id).await?;
+    let logs: HashMap<u32, &[TaskLog]> =
+        tasks.iter().filter(|t| !t.logs.is_empty()).map(|t| (t.task.seq, t.logs.as_slice())).collect();
     let timeline: Vec<Value> = history.iter().map(|cp| timeline_entry(cp, &logs)).collect();
+    // The tasks still to finish, while the run is active.
+    let pending: Vec<&Task> = if run.status.is_terminal() {
+        Vec::new()
+    } else {
+        tasks.iter().filter(|t| t.state != TaskState::Finished).collect()
+    };
     Ok(Json(json!({
-        "run": run, "timeline": timeline, "children": children, "waiters": waiters, "tasks": tasks,
+        "run": run, "timeline": timeline, "children": children, "waiters": waiters, "tasks": pending,
         "admission": admission,
     })))
-}
-
-/// The run's unfinished remote-step tasks, while it is active.
-async fn pending_tasks(engine: &Engine, run: &Run) -> Result<Vec<durable::task::Task>> {
-    if run.status.is_terminal() || !engine.store().capabilities().tasks {
-        return Ok(Vec::new());
-    }
-    let filter = TaskFilter { run_id: Some(run.id.clone()), unfinished: true, limit: 1_000, ..TaskFilter::default() };
-    Ok(engine.store().list_tasks(&filter).await?)
 }
 
 /// `GET /api/runs/{id}/history`.

@@ -430,7 +430,8 @@ async fn the_event_stream_sends_a_run_that_changes() {
     env.shutdown().await;
 }
 
-/// A remote step's timeline entry carries the log lines its handler wrote, with their attempt.
+/// While a remote step runs, the run's detail lists its task; once done, the step's timeline
+/// entry carries the log lines its handler wrote, with their attempt.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_remote_steps_timeline_entry_carries_its_handlers_logs() {
     let dir = tempfile::tempdir().unwrap();
@@ -440,11 +441,22 @@ async fn a_remote_steps_timeline_entry_carries_its_handlers_logs() {
         let done: u32 = ctx.remote_step("resize", &width).await?;
         Ok::<_, WorkflowError>(done)
     });
+    // The handler logs, says it started, and finishes when the test lets it.
+    let (started_tx, started) = tokio::sync::oneshot::channel::<()>();
+    let (go, go_rx) = tokio::sync::oneshot::channel::<()>();
+    let hooks = Arc::new(std::sync::Mutex::new(Some((started_tx, go_rx))));
     let worker = durable::Worker::builder()
         .store(store)
-        .handle("resize", |ctx: durable::TaskContext, width: u32| async move {
-            ctx.log("info", "resized", Some(json!({ "width": width })));
-            Ok::<_, StepError>(width / 2)
+        .handle("resize", move |ctx: durable::TaskContext, width: u32| {
+            let hooks = hooks.lock().unwrap().take();
+            async move {
+                ctx.log("info", "resized", Some(json!({ "width": width })));
+                if let Some((started_tx, go_rx)) = hooks {
+                    started_tx.send(()).ok();
+                    go_rx.await.ok();
+                }
+                Ok::<_, StepError>(width / 2)
+            }
         })
         .build();
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -456,6 +468,14 @@ async fn a_remote_steps_timeline_entry_carries_its_handlers_logs() {
             .await
     });
     env.worker.start("resize", &640u32, StartOptions::id("img-1")).await.unwrap();
+
+    // While the handler runs, the run's detail lists its task as claimed.
+    started.await.unwrap();
+    let detail = env.get("/api/runs/img-1").await;
+    let tasks = detail["tasks"].as_array().unwrap_or_else(|| panic!("no tasks: {detail}"));
+    assert_eq!(tasks.len(), 1, "{detail}");
+    assert_eq!(tasks[0]["state"], "claimed", "{detail}");
+    go.send(()).ok();
     assert_eq!(env.settle("img-1").await, RunStatus::Completed);
 
     let detail = env.get("/api/runs/img-1").await;
@@ -467,6 +487,7 @@ async fn a_remote_steps_timeline_entry_carries_its_handlers_logs() {
     assert_eq!(logs[0]["level"], "info");
     assert_eq!(logs[0]["attempt"], 1);
     assert_eq!(logs[0]["data"]["width"], 640);
+    assert_eq!(detail["tasks"], json!([]), "a settled run has no pending tasks: {detail}");
     stop.send(()).ok();
     running.await.unwrap();
     env.shutdown().await;
