@@ -119,6 +119,7 @@ macro_rules! __store_cases {
             run_queue::expired_claims_are_redelivered(Queue, [RunQueue]),
             run_queue::released_items_are_claimable_at_once(Queue, [RunQueue]),
             run_queue::release_keeps_one_unclaimed_item_per_run(Queue, [RunQueue]),
+            run_queue::merged_wakes_keep_a_claim(Queue, [RunQueue]),
             run_queue::ack_deletes_only_the_owners_claims(Queue, [RunQueue]),
             run_queue::concurrent_claims_hand_each_item_out_once(Queue, [RunQueue]),
             schedules::schedule_create_is_once_per_key(Store, []),

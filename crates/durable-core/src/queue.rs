@@ -57,6 +57,37 @@ pub struct QueuedRun {
     pub dedupe_key: String,
 }
 
+/// How the dedupe key of a wake for a *claimed* due run begins: `claim=<until>;` (see
+/// [`QueuedRun::claimed_until`]).
+const CLAIM_PREFIX: &str = "claim=";
+
+impl QueuedRun {
+    /// The dedupe key of a wake a poller sends for a due run it claimed: the claim moved the
+    /// run's `wake_at` to `until` (so that no other poller finds it meanwhile), and whichever
+    /// engine takes the wake must know that the run is due although its `wake_at` says later.
+    pub fn claim_key(until: Millis, key: &str) -> String {
+        format!("{CLAIM_PREFIX}{until};{key}")
+    }
+
+    /// The end of the claim this item's wake was sent for ([`QueuedRun::claim_key`]), if any:
+    /// the run is due as long as its `wake_at` is still exactly this (no turn parked it since).
+    pub fn claimed_until(&self) -> Option<Millis> {
+        let (until, _) = self.dedupe_key.strip_prefix(CLAIM_PREFIX)?.split_once(';')?;
+        until.parse().ok()
+    }
+
+    /// Folds a later wake of the same run into this item's dedupe key, as a queue that keeps
+    /// one item per run does: the later key wins, unless only this one names a claim — a claim
+    /// must not be lost by a merge, or the engine that takes the item would read the claimed
+    /// run as not due and drop it until the claim ends. (Stores that merge in SQL apply the
+    /// same rule: the new key is kept unless the old starts with `claim=` and the new does not.)
+    pub fn fold_wake_key(&mut self, later: String) {
+        if later.starts_with(CLAIM_PREFIX) || !self.dedupe_key.starts_with(CLAIM_PREFIX) {
+            self.dedupe_key = later;
+        }
+    }
+}
+
 /// A queue of runs to execute, kept by a store.
 ///
 /// # Contract (checked by the conformance suite for stores that provide one)
@@ -93,4 +124,41 @@ pub trait RunQueue: Send + Sync + fmt::Debug + 'static {
 
     /// Items waiting (claimed or not), for monitoring.
     async fn queued_len(&self) -> StoreResult<u64>;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn item(key: &str) -> QueuedRun {
+        QueuedRun {
+            id: 0,
+            run_id: RunId::new("r"),
+            reason: QueueReason::Wake,
+            namespace: None,
+            priority: 0,
+            dedupe_key: key.into(),
+        }
+    }
+
+    #[test]
+    fn a_claim_travels_in_the_dedupe_key_and_survives_a_merge() {
+        let claimed = item(&QueuedRun::claim_key(1_700, "wake:r:3@e1#9"));
+        assert_eq!(claimed.dedupe_key, "claim=1700;wake:r:3@e1#9");
+        assert_eq!(claimed.claimed_until(), Some(1_700));
+        assert_eq!(item("wake:r:3").claimed_until(), None);
+        assert_eq!(item("claim=x;wake:r:3").claimed_until(), None, "not a time");
+        assert_eq!(item("wake:claim=5;r").claimed_until(), None, "only as a prefix");
+
+        // A later plain wake does not erase the claim; a later claim replaces it; a plain key
+        // gives way to a later one.
+        let mut merged = claimed.clone();
+        merged.fold_wake_key("wake:r:4".into());
+        assert_eq!(merged.claimed_until(), Some(1_700));
+        merged.fold_wake_key(QueuedRun::claim_key(2_000, "wake:r:5"));
+        assert_eq!(merged.claimed_until(), Some(2_000));
+        let mut plain = item("start:r:1");
+        plain.fold_wake_key("wake:r:2".into());
+        assert_eq!(plain.dedupe_key, "wake:r:2");
+    }
 }

@@ -317,3 +317,109 @@ async fn every_item_sent_to_a_routing_transport_names_its_runs_namespace() {
     assert!(stray.is_empty(), "items sent without the run's namespace: {stray:?}");
     engine.shutdown().await;
 }
+
+/// A run queue that keeps what its engine sends (for the test to forward) and hands that
+/// engine nothing: its wakes reach only the engines the test forwards them to.
+#[derive(Debug, Clone, Default)]
+struct Kept {
+    sent: Arc<parking_lot::Mutex<Vec<(Option<String>, Vec<QueuedRun>)>>>,
+    arrived: Arc<tokio::sync::Notify>,
+}
+
+#[async_trait]
+impl Transport for Kept {
+    async fn dispatch_runs(&self, namespace: Option<&str>, batch: Vec<QueuedRun>) -> Result<(), TransportError> {
+        self.sent.lock().push((namespace.map(str::to_string), batch));
+        self.arrived.notify_one();
+        Ok(())
+    }
+
+    fn consume_runs(&self, _: Option<String>, _: usize, _: Arc<dyn RunHandler>) -> Consumer {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let task = tokio::spawn(async move {
+            let _ = stopped.wait_for(|s| *s).await;
+        });
+        Consumer::new(stop, task)
+    }
+}
+
+/// A poller's claim moves a due run's `wake_at` a lease period ahead, so no other poller hands
+/// it on again; the wake it sends names the claim. Here that wake reaches another engine, which
+/// finds the run's lease held by a third party (a re-check), and reads the run once it is handed
+/// back: it must read the claimed run as due and execute it, not drop the wake until the claim
+/// ends (an hour here, so only the wake can finish the run in time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claimed_wake_taken_by_another_engine_runs_the_run() {
+    let store = Arc::new(MemoryStore::new());
+    let queue = durable_transport::InProcessTransport::new();
+    let mut config = test_config();
+    config.poll_interval = Duration::from_secs(3600);
+    config.orphan_poll_interval = Duration::from_secs(3600);
+    config.recheck_interval = Duration::from_millis(20);
+    config.lease_ttl = Duration::from_secs(3600);
+    let register = |engine: &Engine| {
+        engine.register("approve", 1, |ctx: WorkflowCtx, _: ()| async move {
+            let ok: bool = ctx.wait_for_signal("approve").await?;
+            Ok::<_, WorkflowError>(ok)
+        });
+    };
+    let b = Engine::builder().shared_store(store.clone()).transport(queue.clone()).config(config.clone()).build().unwrap();
+    let mut b_events = b.subscribe();
+    register(&b);
+    let id = b.start("approve", &(), StartOptions::id("claimed")).await.unwrap().id;
+    loop {
+        if let EngineEvent::RunSuspended { run_id, .. } = b_events.recv().await.unwrap()
+            && run_id == id
+        {
+            break;
+        }
+    }
+
+    // The signal is written by a bare store call: the run is due, and no engine heard of it.
+    let now = || durable_runtime::Clock::now(&durable_runtime::SystemClock);
+    let payload = durable_core::Payload::encode(&true).unwrap();
+    store.send_signal("approve", payload, now()).await.unwrap();
+
+    // Engine A's poller (it polls when a workflow is registered) claims the due run and sends
+    // a wake, which the test holds.
+    let kept = Kept::default();
+    let a = Engine::builder().shared_store(store.clone()).transport(kept.clone()).config(config).build().unwrap();
+    let arrived = kept.arrived.notified();
+    register(&a);
+    tokio::time::timeout(Duration::from_secs(10), arrived).await.expect("engine A sent no wake");
+    let sent = std::mem::take(&mut *kept.sent.lock());
+    let items: Vec<&QueuedRun> = sent.iter().flat_map(|(_, batch)| batch).collect();
+    assert_eq!(items.len(), 1, "{items:?}");
+    let until = items[0].claimed_until().expect("the wake names the claim");
+    assert_eq!(store.get_run(&id).await.unwrap().unwrap().wake_at, Some(until), "the claim moved wake_at");
+    assert!(until > now() + 3_000_000, "the claim lasts a lease period");
+
+    // A third party holds the run's lease when engine B takes the wake.
+    let claim = Claim { run_id: id.clone(), owner: "intruder".into(), lease_until: now() + 60_000, now: now() };
+    assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+    for (namespace, batch) in sent {
+        queue.dispatch_runs(namespace.as_deref(), batch).await.unwrap();
+    }
+    loop {
+        match b_events.recv().await.unwrap() {
+            EngineEvent::TurnStarted { run_id, .. } if run_id == id => panic!("a turn ran under the intruder's lease"),
+            EngineEvent::WakeDeferred { run_id, .. } if run_id == id => break,
+            _ => {}
+        }
+    }
+    // The intruder hands the run back as it found it (as an engine that does not serve it does).
+    let patch = durable_core::RunPatch {
+        status: Some(RunStatus::Suspended),
+        release_lease: true,
+        now: now(),
+        ..Default::default()
+    };
+    store.update_run_if(&id, &[RunStatus::Running], patch).await.unwrap();
+    assert_eq!(store.get_run(&id).await.unwrap().unwrap().wake_at, Some(until), "still claimed");
+
+    let done = tokio::time::timeout(Duration::from_secs(10), b.wait_for_run(&id)).await;
+    let out: bool = done.expect("the claimed wake was dropped").unwrap().output().unwrap();
+    assert!(out);
+    a.shutdown().await;
+    b.shutdown().await;
+}

@@ -85,7 +85,7 @@ impl Queued {
     fn fold(&mut self, item: QueuedRun, at: Millis) {
         if item.reason == QueueReason::Wake {
             self.item.reason = QueueReason::Wake;
-            self.item.dedupe_key = item.dedupe_key;
+            self.item.fold_wake_key(item.dedupe_key);
         }
         self.item.priority = self.item.priority.max(item.priority);
         self.enqueued_at = self.enqueued_at.min(at);

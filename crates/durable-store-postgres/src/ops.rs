@@ -868,7 +868,7 @@ pub(crate) fn merge_queue_items(items: Vec<QueuedRun>) -> Vec<QueuedRun> {
                 let queued = &mut out[i];
                 if item.reason == QueueReason::Wake {
                     queued.reason = QueueReason::Wake;
-                    queued.dedupe_key = item.dedupe_key;
+                    queued.fold_wake_key(item.dedupe_key);
                 }
                 queued.priority = queued.priority.max(item.priority);
                 if queued.namespace.is_none() {

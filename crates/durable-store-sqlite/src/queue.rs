@@ -21,7 +21,8 @@ fn enqueue(conn: &Connection, items: &[QueuedRun], now: Millis) -> OpResult<()> 
             .prepare_cached(
                 "UPDATE run_queue SET \
                      reason = CASE WHEN ?2 = 'wake' THEN 'wake' ELSE reason END, \
-                     dedupe_key = CASE WHEN ?2 = 'wake' THEN ?3 ELSE dedupe_key END, \
+                     dedupe_key = CASE WHEN ?2 = 'wake' AND (?3 LIKE 'claim=%' OR dedupe_key NOT LIKE 'claim=%') \
+                         THEN ?3 ELSE dedupe_key END, \
                      priority = max(priority, ?4) \
                  WHERE run_id = ?1 AND claimed_by IS NULL",
             )?
@@ -107,7 +108,8 @@ fn release(conn: &Connection, ids: &[u64], owner: &str) -> OpResult<()> {
     let mut fold = conn.prepare_cached(
         "UPDATE run_queue SET \
              reason = CASE WHEN ?2 = 'wake' THEN 'wake' ELSE reason END, \
-             dedupe_key = CASE WHEN ?2 = 'wake' THEN ?3 ELSE dedupe_key END, \
+             dedupe_key = CASE WHEN ?2 = 'wake' AND (?3 LIKE 'claim=%' OR dedupe_key NOT LIKE 'claim=%') \
+                         THEN ?3 ELSE dedupe_key END, \
              priority = max(priority, ?4), \
              enqueued_at = min(enqueued_at, ?5) \
          WHERE run_id = ?1 AND claimed_by IS NULL",

@@ -250,6 +250,39 @@ pub async fn release_keeps_one_unclaimed_item_per_run(store: Arc<dyn Store>, que
     Ok(())
 }
 
+/// A wake sent for a claimed due run names the claim in its dedupe key
+/// ([`QueuedRun::claim_key`]); merging a run's wakes into its one unclaimed item never loses
+/// it (the later key wins unless only the earlier names a claim), on enqueue, within a batch
+/// and on release.
+pub async fn merged_wakes_keep_a_claim(store: Arc<dyn Store>, queue: Arc<dyn RunQueue>) -> CaseResult {
+    let (s, q) = (&*store, &*queue);
+    create_all(s, ["a", "b", "c"].map(new_run)).await?;
+    let claimed = |run: &str, until: Millis| QueuedRun::claim_key(until, &format!("wake:{run}:1@e#1"));
+    // a: the claim first, a plain wake later. b: in one batch. c: a plain wake, then the claim.
+    q.enqueue(vec![item("a", QueueReason::Wake, 0, &claimed("a", T0 + CLAIM))], T0).await?;
+    q.enqueue(vec![item("a", QueueReason::Wake, 0, "wake:a:2")], T0 + 1).await?;
+    q.enqueue(
+        vec![item("b", QueueReason::Wake, 0, &claimed("b", T0 + CLAIM)), item("b", QueueReason::Wake, 0, "wake:b:2")],
+        T0 + 1,
+    )
+    .await?;
+    q.enqueue(vec![item("c", QueueReason::Wake, 0, "wake:c:1")], T0).await?;
+    q.enqueue(vec![item("c", QueueReason::Wake, 0, &claimed("c", T0 + CLAIM))], T0 + 1).await?;
+    let mut first = take(q, None, OWNER, T0 + 2).await?;
+    first.sort_by(|x, y| x.run_id.cmp(&y.run_id));
+    let claims: Vec<_> = first.iter().map(|i| (i.run_id.as_str(), i.claimed_until())).collect();
+    let until = Some(T0 + CLAIM);
+    assert_eq!(claims, [("a", until), ("b", until), ("c", until)], "{first:?}");
+
+    // Released while a plain wake of the run waits: the claim survives the fold.
+    q.enqueue(vec![item("a", QueueReason::Wake, 0, "wake:a:3")], T0 + 3).await?;
+    q.release_queued(&item_ids(&first), OWNER).await?;
+    let back = take(q, Some("default"), OTHER, T0 + 4).await?;
+    let a: Vec<_> = back.iter().filter(|i| i.run_id.as_str() == "a").map(QueuedRun::claimed_until).collect();
+    assert_eq!(a, [until], "{back:?}");
+    Ok(())
+}
+
 /// `ack_queued` deletes the items still claimed by the owner, and only those: not another
 /// owner's, not unclaimed ones.
 pub async fn ack_deletes_only_the_owners_claims(store: Arc<dyn Store>, queue: Arc<dyn RunQueue>) -> CaseResult {

@@ -542,7 +542,7 @@ mod tests {
         let query = RunQuery { namespace: None, workflows: None, now, limit: 10 };
         assert_eq!(store.claim_due_runs(&query, until).await.expect("claim due"), vec![r.clone()]);
         here.record_claims(std::slice::from_ref(&r), until);
-        here.queue_claimed(r.clone(), mark);
+        here.queue_claimed(r.clone(), mark, until);
         assert!(d.runs.lock().active[&r].check, "queued to be read first");
         assert!(here.has_work(&r).await, "the claim tells the read that the run is due");
         assert!(!other.has_work(&r).await, "without the claim, its wake_at says later");

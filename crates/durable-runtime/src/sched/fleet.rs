@@ -79,7 +79,7 @@ impl Outbox {
                 let queued = &mut self.items[i];
                 if item.reason == QueueReason::Wake {
                     queued.reason = QueueReason::Wake;
-                    queued.dedupe_key = item.dedupe_key;
+                    queued.fold_wake_key(item.dedupe_key);
                 }
                 queued.priority = queued.priority.max(item.priority);
                 if queued.namespace.is_none() {
@@ -235,8 +235,13 @@ impl Shared {
         if self.is_stopping() || self.is_draining() {
             return Handled::HandBack;
         }
-        let (id, wake) = (item.run_id, item.reason == QueueReason::Wake);
         let since = self.mark_of(&item.dedupe_key);
+        if let Some(until) = item.claimed_until() {
+            // Another poller (or ours) claimed the due run: it is due while its `wake_at` is
+            // still the claim's end, whichever engine reads it.
+            self.record_claims(std::slice::from_ref(&item.run_id), until);
+        }
+        let (id, wake) = (item.run_id, item.reason == QueueReason::Wake);
         if !self.enter_queued(&id, wake, since) {
             return Handled::Done; // queued or executing here already: it looks again when done
         }

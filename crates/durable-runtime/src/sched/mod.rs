@@ -294,12 +294,12 @@ impl Shared {
     /// The run's namespace is not known here: a transport that routes by namespace gets it
     /// looked up before the send ([`Shared::wake_in`] when the caller knows it).
     pub(crate) fn wake(&self, id: RunId, mark: Mark) {
-        self.enqueue(id, Nudge::wake(mark), None, 0, None);
+        self.enqueue(id, Nudge::wake(mark), None, 0, None, None);
     }
 
     /// [`Shared::wake`] of a run of `namespace`: nothing to look up before the send.
     pub(crate) fn wake_in(&self, id: RunId, namespace: &str, mark: Mark) {
-        self.enqueue(id, Nudge::wake(mark), Some(namespace.to_string()), 0, None);
+        self.enqueue(id, Nudge::wake(mark), Some(namespace.to_string()), 0, None, None);
     }
 
     /// Asks for a new run, created `pending` by a store call begun at `mark`, to be started
@@ -309,7 +309,7 @@ impl Shared {
         if !self.fleet.has_queue() && !self.serves(namespace) {
             return; // the pollers of its own pool start it
         }
-        self.enqueue(id, Nudge::start(mark), Some(namespace.to_string()), priority, Some(token));
+        self.enqueue(id, Nudge::start(mark), Some(namespace.to_string()), priority, Some(token), None);
     }
 
     /// A run this engine created (a start, a schedule's fire, an event trigger): announced,
@@ -342,7 +342,7 @@ impl Shared {
         if self.dispatch.knows(&id, mark) {
             return;
         }
-        self.enqueue(id, nudge, self.config.namespace.clone(), 0, None);
+        self.enqueue(id, nudge, self.config.namespace.clone(), 0, None, None);
     }
 
     /// Asks for a due run this engine's poller claimed, in a claim begun at `mark`, to be
@@ -352,18 +352,30 @@ impl Shared {
     /// poller will find the run before the claim ends. Here it is a wake: a run queued or
     /// executing here looks again once its turn ends, and a run that went quiet here since
     /// is read first — a read that, the claim remembered ([`Shared::claimed_here`]), knows the
-    /// run is due while no turn parked it since the claim.
-    fn queue_claimed(&self, id: RunId, mark: Mark) {
+    /// run is due while no turn parked it since the claim. Through the queue the wake names
+    /// the claim (its end, `until`, in the dedupe key: [`QueuedRun::claim_key`]), so the
+    /// engine that takes it remembers the claim too: it may find the run's lease held (a
+    /// re-check) or have seen the run go quiet (a read), and either way must read the claimed
+    /// run as due, not drop the wake until the claim ends.
+    fn queue_claimed(&self, id: RunId, mark: Mark, until: Millis) {
         let nudge = Nudge::wake(mark);
         if !self.fleet.has_queue() || self.fleet.is_down() || self.dispatch.knows(&id, mark) {
             return self.dispatch_as(id, nudge);
         }
-        self.enqueue(id, nudge, self.config.namespace.clone(), 0, None);
+        self.enqueue(id, nudge, self.config.namespace.clone(), 0, None, Some(until));
     }
 
     /// Without a transport the run is dispatched here; with one it goes into the outbox,
-    /// which is sent in batches.
-    fn enqueue(&self, run_id: RunId, nudge: Nudge, namespace: Option<String>, priority: i32, token: Option<u64>) {
+    /// which is sent in batches (`claim`: the end of the due-timer claim the wake is for).
+    fn enqueue(
+        &self,
+        run_id: RunId,
+        nudge: Nudge,
+        namespace: Option<String>,
+        priority: i32,
+        token: Option<u64>,
+        claim: Option<Millis>,
+    ) {
         if !self.fleet.has_queue() {
             return self.dispatch_as(run_id, nudge);
         }
@@ -376,6 +388,9 @@ impl Shared {
         if let Some(mark) = nudge.since {
             // When the item comes back to this engine, the mark says how old its news is.
             dedupe_key.push_str(&format!("@{}#{}", self.owner, mark.0));
+        }
+        if let Some(until) = claim {
+            dedupe_key = QueuedRun::claim_key(until, &dedupe_key);
         }
         let item = QueuedRun { id: 0, run_id, reason, namespace, priority, dedupe_key };
         self.fleet.add(item, self.config.dispatch_batch);

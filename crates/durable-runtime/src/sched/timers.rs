@@ -23,8 +23,9 @@ pub(super) struct Timers {
     changed: Notify,
     /// Look at the store now, not at the next poll (a registration, `poll_now`).
     poke: Notify,
-    /// The due runs this engine's poller claimed lately, with the `wake_at` the claim gave
-    /// them (when the claim ends). Forgotten once that time passed.
+    /// The due runs this engine's poller claimed lately, or whose claimed wake it took from
+    /// the run queue, with the `wake_at` the claim gave them (when the claim ends). Forgotten
+    /// once that time passed.
     claims: Mutex<HashMap<RunId, Millis>>,
 }
 
@@ -74,8 +75,8 @@ impl Timers {
 }
 
 impl Shared {
-    /// Remembers the runs the poller claimed (their `wake_at` is `until` now), forgetting the
-    /// claims that ended.
+    /// Remembers runs a poller claimed (their `wake_at` is `until` now), forgetting the claims
+    /// that ended.
     pub(super) fn record_claims(&self, ids: &[RunId], until: Millis) {
         let now = self.clock.now();
         let mut claims = self.timers.claims.lock();
@@ -85,10 +86,11 @@ impl Shared {
         }
     }
 
-    /// Whether the run, as read from the store, is one this engine's poller claimed and no turn
-    /// has parked since: its `wake_at` is still the one the claim gave it. It is due then,
-    /// although its `wake_at` says later — the claim moved it so that no other poller hands it
-    /// on again; the wake that this engine queued for it must not be taken for stale news.
+    /// Whether the run, as read from the store, is one a poller claimed (this engine's, or
+    /// another's whose wake this engine took: the claim travels in the wake's dedupe key) and
+    /// no turn has parked since: its `wake_at` is still the one the claim gave it. It is due
+    /// then, although its `wake_at` says later — the claim moved it so that no other poller
+    /// hands it on again; the wake queued for it must not be taken for stale news.
     pub(super) fn claimed_here(&self, run: &Run) -> bool {
         !run.status.is_terminal()
             && run.wake_at.is_some_and(|at| self.timers.claims.lock().get(&run.id).is_some_and(|until| *until == at))
@@ -187,7 +189,7 @@ impl Shared {
             self.queue_found(id, QueueReason::Start, mark);
         }
         for id in claimed {
-            self.queue_claimed(id, mark);
+            self.queue_claimed(id, mark, until);
         }
         for id in orphaned {
             self.queue_found(id, QueueReason::Wake, mark);
