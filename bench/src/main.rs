@@ -10,6 +10,9 @@
 //! The run queue is the store-backed one (`--transport store`) or a broker's
 //! (`--transport nats|redis`, with its control plane). This process is then a client engine
 //! that starts the runs and waits for them. `peak_rss_mb` is the largest of the processes.
+//!
+//! `scale` (module [`scale`]) populates a SQLite file with `--runs` suspended runs and measures
+//! it from a fresh engine in a child process (this binary with `--role scale-probe`).
 
 use std::path::PathBuf;
 use std::sync::Arc;

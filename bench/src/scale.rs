@@ -485,7 +485,7 @@ async fn measure(args: &Args, db: &Path, n: u64) -> Result<(Measured, f64), Stri
     extra.insert("bytes_per_run".into(), json!((size - empty) as f64 / n as f64));
     extra.insert("checkpoint_rows".into(), json!(checkpoint_rows));
     extra.insert("waiter_rows".into(), json!(waiter_rows));
-    extra.insert("tables".into(), json!(breakdown.into_iter().take(12).collect::<Vec<_>>()));
+    extra.insert("tables".into(), json!(breakdown.into_iter().take(16).collect::<Vec<_>>()));
     extra.extend(checkpoints.as_object().cloned().unwrap_or_default());
     let m = Measured {
         runs: n as usize,

@@ -331,6 +331,12 @@ fn sim(args: &[String]) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("simulation failed ({status})")) }
 }
 
+/// The workloads of a `bench` without `--workload`: all but those run on request, which
+/// `--quick` includes at their quick size.
+fn default_workloads(quick: bool) -> Vec<String> {
+    WORKLOADS.iter().filter(|w| quick || !ON_REQUEST.contains(w)).map(|s| s.to_string()).collect()
+}
+
 fn bench(args: &[String]) -> Result<(), String> {
     let mut quick = false;
     let mut stores: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
@@ -365,9 +371,7 @@ fn bench(args: &[String]) -> Result<(), String> {
             other => return Err(format!("unknown bench option {other:?}\n{USAGE}")),
         }
     }
-    let workloads = workloads.unwrap_or_else(|| {
-        WORKLOADS.iter().filter(|w| quick || !ON_REQUEST.contains(w)).map(|s| s.to_string()).collect()
-    });
+    let workloads = workloads.unwrap_or_else(|| default_workloads(quick));
     if runs.is_some() && !workloads.iter().any(|w| w == "scale") {
         return Err("--runs sizes the scale workload: add --workload scale".into());
     }
@@ -516,8 +520,8 @@ fn print_scale(results: &[serde_json::Value]) {
             println!(
                 "{:<48} {:>10} {:>6} {:>9.2} {:>9.2}",
                 filter,
-                r["runs"],
-                t["rows"],
+                r["runs"].as_u64().unwrap_or(0),
+                t["rows"].as_u64().unwrap_or(0),
                 t["cold_ms"].as_f64().unwrap_or(f64::NAN),
                 t["warm_ms"].as_f64().unwrap_or(f64::NAN),
             );
@@ -640,6 +644,22 @@ mod tests {
                 spread("chain postgres 3 nats", 20.0, 10.0, 30.0, 2)
             ]
         );
+    }
+
+    #[test]
+    fn scale_runs_at_full_size_only_when_named() {
+        assert!(!default_workloads(false).iter().any(|w| w == "scale"));
+        assert!(default_workloads(false).iter().any(|w| w == "chain"));
+        // `--quick` (CI) runs it, at its quick size.
+        assert_eq!(default_workloads(true).len(), WORKLOADS.len());
+        // `--runs` sizes `scale` alone, and not below its smallest size; refused before any build.
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let err = bench(&args(&["--workload", "chain", "--runs", "20000"])).unwrap_err();
+        assert!(err.contains("--workload scale"), "{err}");
+        let err = bench(&args(&["--runs", "20000"])).unwrap_err();
+        assert!(err.contains("--workload scale"), "{err}");
+        let err = bench(&args(&["--workload", "scale", "--runs", "999"])).unwrap_err();
+        assert!(err.contains("10000"), "{err}");
     }
 
     #[test]
