@@ -10,6 +10,9 @@
 //! The run queue is the store-backed one (`--transport store`) or a broker's
 //! (`--transport nats|redis`, with its control plane). This process is then a client engine
 //! that starts the runs and waits for them. `peak_rss_mb` is the largest of the processes.
+//!
+//! `scale` (module [`scale`]) populates a SQLite file with `--runs` suspended runs and measures
+//! it from a fresh engine in a child process (this binary with `--role scale-probe`).
 
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -19,6 +22,7 @@ use durable::{Engine, MemoryStore, StartOptions, WorkflowCtx, WorkflowError, Wor
 use durable_tests::broker::Broker;
 
 mod api;
+mod scale;
 mod schedules;
 
 struct Args {
@@ -28,8 +32,10 @@ struct Args {
     quick: bool,
     /// Worker processes (0: everything in this process).
     workers: usize,
-    /// `worker`: run as one of the worker processes on `db`.
+    /// `--role worker`: run as one of the worker processes on `db`.
     role_worker: bool,
+    /// `--role scale-probe`: the `scale` workload's fresh engine process on `db`.
+    role_probe: bool,
     db: Option<PathBuf>,
     /// `--pg-schema`: the PostgreSQL schema a multi-process run shares.
     pg_schema: Option<String>,
@@ -40,6 +46,10 @@ struct Args {
     /// `--defer-runs` (`schedules`): the fired runs are created to start a year later, so none
     /// executes during the measurement.
     defer_runs: bool,
+    /// `--runs N` (`scale`): how many suspended runs to populate.
+    runs: Option<u64>,
+    /// `--created-range A,B` (`--role scale-probe`): the populate's middle created range.
+    created_range: Option<(u64, u64)>,
 }
 
 fn parse_args() -> Result<Args, String> {
@@ -50,11 +60,14 @@ fn parse_args() -> Result<Args, String> {
         quick: false,
         workers: 0,
         role_worker: false,
+        role_probe: false,
         db: None,
         pg_schema: None,
         transport: "store".into(),
         broker_prefix: None,
         defer_runs: false,
+        runs: None,
+        created_range: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(a) = it.next() {
@@ -67,13 +80,29 @@ fn parse_args() -> Result<Args, String> {
             "--workers" => {
                 args.workers = it.next().and_then(|n| n.parse().ok()).ok_or("--workers needs a number")?;
             }
-            "--role" => args.role_worker = it.next().as_deref() == Some("worker"),
+            "--role" => match it.next().as_deref() {
+                Some("worker") => args.role_worker = true,
+                Some("scale-probe") => args.role_probe = true,
+                other => return Err(format!("unknown role {other:?}: worker or scale-probe")),
+            },
+            "--runs" => {
+                let n = it.next().and_then(|n| n.replace('_', "").parse().ok()).ok_or("--runs needs a number")?;
+                args.runs = Some(n);
+            }
+            "--created-range" => {
+                let range = it.next().ok_or("--created-range needs A,B")?;
+                let parsed = range.split_once(',').and_then(|(a, b)| Some((a.parse().ok()?, b.parse().ok()?)));
+                args.created_range = Some(parsed.ok_or_else(|| format!("--created-range {range:?}: not A,B"))?);
+            }
             "--db" => args.db = Some(it.next().ok_or("--db needs a path")?.into()),
             "--pg-schema" => args.pg_schema = Some(it.next().ok_or("--pg-schema needs a name")?),
             "--transport" => args.transport = it.next().ok_or("--transport needs a value")?,
             "--broker-prefix" => args.broker_prefix = Some(it.next().ok_or("--broker-prefix needs a value")?),
             other => return Err(format!("unknown option {other:?}")),
         }
+    }
+    if args.runs.is_some() && args.workload != "scale" {
+        return Err(format!("--runs is the scale workload's size, not {:?}'s", args.workload));
     }
     if args.workload.is_empty() && !args.role_worker {
         return Err("--workload is required".into());
@@ -629,6 +658,10 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
 
 /// Runs the workload; returns what it measured and the peak RSS (MiB) of the processes.
 async fn run(args: &Args) -> Result<(Measured, f64), String> {
+    if args.workload == "scale" {
+        // Its own engines: a populating one here, a fresh one in a child process.
+        return scale::scale(args).await;
+    }
     if args.workload == "schedules" {
         // Its own engine: a clock that skips between rounds, a store that times the scheduler.
         if args.workers > 0 {
@@ -746,6 +779,15 @@ fn main() -> std::process::ExitCode {
         }
     };
     let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    if args.role_probe {
+        return match rt.block_on(scale::probe(&args)) {
+            Ok(()) => std::process::ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("durable-bench scale probe: {e}");
+                std::process::ExitCode::FAILURE
+            }
+        };
+    }
     if args.role_worker {
         return match rt.block_on(worker(&args)) {
             Ok(()) => std::process::ExitCode::SUCCESS,

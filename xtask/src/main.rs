@@ -20,7 +20,9 @@ commands:
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
       --workload W[,W..]  chain, long_chain, timers, signals, events, fanout, bulk, starts, start_many,
-                          schedules, remote_chain, keyed_chain, admission, api (default: all)
+                          schedules, remote_chain, keyed_chain, admission, api, scale (default: all but
+                          scale; with --quick all, scale at 10,000 runs)
+      --runs N            scale: the suspended runs to populate (default 1000000; 10000000 documented)
       --workers N         run in N worker processes sharing the store (sqlite, postgres; default 0: in-process)
       --transport T[,T..] the workers' run queue: store, nats, redis (default: store; needs --workers;
                           nats uses DURABLE_NATS_URL, redis DURABLE_REDIS_URL)
@@ -291,11 +293,17 @@ const WORKLOADS: &[&str] = &[
     "keyed_chain",
     "admission",
     "api",
+    "scale",
 ];
+/// Workloads run only when named (`--workload`), except at their `--quick` size: `scale`
+/// populates a million runs (minutes, ~400 MB of disk).
+const ON_REQUEST: &[&str] = &["scale"];
+/// Workloads that measure a SQLite file: the other stores are skipped.
+const SQLITE_ONLY: &[&str] = &["scale"];
 /// The run queues of `--workers` runs: the store-backed queue and the brokers.
 const TRANSPORTS: &[&str] = &["store", "nats", "redis"];
 /// Workloads that run in one process only (no `--workers`).
-const IN_PROCESS_ONLY: &[&str] = &["schedules", "api"];
+const IN_PROCESS_ONLY: &[&str] = &["schedules", "api", "scale"];
 /// Stores run by default…
 const STORES: &[&str] = &["memory", "sqlite"];
 /// …and those that may be asked for (`postgres` needs a server: DURABLE_PG_URL).
@@ -323,10 +331,17 @@ fn sim(args: &[String]) -> Result<(), String> {
     if status.success() { Ok(()) } else { Err(format!("simulation failed ({status})")) }
 }
 
+/// The workloads of a `bench` without `--workload`: all but those run on request, which
+/// `--quick` includes at their quick size.
+fn default_workloads(quick: bool) -> Vec<String> {
+    WORKLOADS.iter().filter(|w| quick || !ON_REQUEST.contains(w)).map(|s| s.to_string()).collect()
+}
+
 fn bench(args: &[String]) -> Result<(), String> {
     let mut quick = false;
     let mut stores: Vec<String> = STORES.iter().map(|s| s.to_string()).collect();
-    let mut workloads: Vec<String> = WORKLOADS.iter().map(|s| s.to_string()).collect();
+    let mut workloads: Option<Vec<String>> = None;
+    let mut runs: Option<u64> = None;
     let mut workers = 0u32;
     let mut transports = vec!["store".to_string()];
     let mut repeat = 1u32;
@@ -335,7 +350,15 @@ fn bench(args: &[String]) -> Result<(), String> {
         match arg.as_str() {
             "--quick" => quick = true,
             "--store" => stores = list(it.next(), "--store", KNOWN_STORES)?,
-            "--workload" => workloads = list(it.next(), "--workload", WORKLOADS)?,
+            "--workload" => workloads = Some(list(it.next(), "--workload", WORKLOADS)?),
+            "--runs" => {
+                runs = Some(
+                    it.next()
+                        .and_then(|v| v.replace('_', "").parse().ok())
+                        .filter(|n| *n >= 10_000)
+                        .ok_or("--runs needs a number ≥ 10000")?,
+                )
+            }
             "--workers" => {
                 workers =
                     it.next().and_then(|v| v.parse().ok()).filter(|n| *n >= 1).ok_or("--workers needs a number ≥ 1")?
@@ -348,6 +371,10 @@ fn bench(args: &[String]) -> Result<(), String> {
             other => return Err(format!("unknown bench option {other:?}\n{USAGE}")),
         }
     }
+    let workloads = workloads.unwrap_or_else(|| default_workloads(quick));
+    if runs.is_some() && !workloads.iter().any(|w| w == "scale") {
+        return Err("--runs sizes the scale workload: add --workload scale".into());
+    }
     if workers == 0 && transports.iter().any(|t| t != "store") {
         return Err("--transport nats|redis is the run queue of worker processes: add --workers N".into());
     }
@@ -359,6 +386,7 @@ fn bench(args: &[String]) -> Result<(), String> {
         eprintln!("--workers {workers}: worker processes need a shared store; skipping memory");
         stores.retain(|s| s != "memory");
     }
+    let mut workloads = workloads;
     if workers > 0 {
         for w in workloads.iter().filter(|w| IN_PROCESS_ONLY.contains(&w.as_str())) {
             eprintln!("--workers {workers}: {w} runs in one process; skipping it");
@@ -368,12 +396,21 @@ fn bench(args: &[String]) -> Result<(), String> {
     for round in 1..=repeat {
         for workload in &workloads {
             for store in &stores {
+                if SQLITE_ONLY.contains(&workload.as_str()) && store != "sqlite" {
+                    if round == 1 {
+                        eprintln!("{workload} measures a SQLite file; skipping {store}");
+                    }
+                    continue;
+                }
                 for transport in &transports {
                     let mut cmd = Command::new(&exe);
                     cmd.args(["--workload", workload, "--store", store, "--dir"]).arg(&out_dir);
                     cmd.args(["--workers", &workers.to_string(), "--transport", transport]);
                     if quick {
                         cmd.arg("--quick");
+                    }
+                    if let (Some(runs), "scale") = (runs, workload.as_str()) {
+                        cmd.args(["--runs", &runs.to_string()]);
                     }
                     let what = if workers > 0 {
                         format!("{workload} on {store} with {workers} worker processes over {transport}")
@@ -441,6 +478,55 @@ fn print_table(results: &[serde_json::Value]) {
         );
     }
     print_requests(results);
+    print_scale(results);
+}
+
+/// The `scale` workload's figures: one line per result, then the first page of each filter.
+fn print_scale(results: &[serde_json::Value]) {
+    let scaled: Vec<&serde_json::Value> = results.iter().filter(|r| r["workload"] == "scale").collect();
+    if scaled.is_empty() {
+        return;
+    }
+    println!(
+        "\n{:>10} {:>10} {:>10} {:>11} {:>12} {:>11} {:>10} {:>9} {:>10}",
+        "runs",
+        "populate/s",
+        "startup_ms",
+        "idle_rss_mb",
+        "worst_pg_ms",
+        "wake100_ms",
+        "bytes/run",
+        "bytes/cp",
+        "cp_row_b"
+    );
+    for r in &scaled {
+        let num = |k: &str| r[k].as_f64().unwrap_or(f64::NAN);
+        println!(
+            "{:>10} {:>10.0} {:>10.1} {:>11.1} {:>12.2} {:>11.1} {:>10.0} {:>9.0} {:>10.0}",
+            num("runs"),
+            num("runs_per_s"),
+            num("startup_ms"),
+            num("idle_rss_mb"),
+            num("slowest_filter_ms"),
+            num("wake_100_ms"),
+            num("bytes_per_run"),
+            num("bytes_per_checkpoint"),
+            num("checkpoint_row_bytes"),
+        );
+    }
+    println!("\n{:<48} {:>10} {:>6} {:>9} {:>9}", "scale: list_runs first page", "runs", "rows", "cold_ms", "warm_ms");
+    for r in scaled {
+        for (filter, t) in r["filters"].as_object().into_iter().flatten() {
+            println!(
+                "{:<48} {:>10} {:>6} {:>9.2} {:>9.2}",
+                filter,
+                r["runs"].as_u64().unwrap_or(0),
+                t["rows"].as_u64().unwrap_or(0),
+                t["cold_ms"].as_f64().unwrap_or(f64::NAN),
+                t["warm_ms"].as_f64().unwrap_or(f64::NAN),
+            );
+        }
+    }
 }
 
 /// The per-request latencies of the workloads that time requests (`api`: its `requests` field,
@@ -558,6 +644,22 @@ mod tests {
                 spread("chain postgres 3 nats", 20.0, 10.0, 30.0, 2)
             ]
         );
+    }
+
+    #[test]
+    fn scale_runs_at_full_size_only_when_named() {
+        assert!(!default_workloads(false).iter().any(|w| w == "scale"));
+        assert!(default_workloads(false).iter().any(|w| w == "chain"));
+        // `--quick` (CI) runs it, at its quick size.
+        assert_eq!(default_workloads(true).len(), WORKLOADS.len());
+        // `--runs` sizes `scale` alone, and not below its smallest size; refused before any build.
+        let args = |a: &[&str]| a.iter().map(|s| s.to_string()).collect::<Vec<_>>();
+        let err = bench(&args(&["--workload", "chain", "--runs", "20000"])).unwrap_err();
+        assert!(err.contains("--workload scale"), "{err}");
+        let err = bench(&args(&["--runs", "20000"])).unwrap_err();
+        assert!(err.contains("--workload scale"), "{err}");
+        let err = bench(&args(&["--workload", "scale", "--runs", "999"])).unwrap_err();
+        assert!(err.contains("10000"), "{err}");
     }
 
     #[test]
