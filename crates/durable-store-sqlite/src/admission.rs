@@ -14,8 +14,8 @@
 //! are atomic, across processes too (`BEGIN IMMEDIATE`). The slots handed on are collected as
 //! [`Handoff`]s and their runs woken by [`wake_handed`] where the memory store wakes them.
 //!
-//! Cost: a gate's slots are read by its primary-key prefix (about its concurrency at most);
-//! the queue's head, the count of waiters ranked before a request (stopped at the count that
+//! Cost: a gate's slots are counted by its primary-key prefix (about its concurrency at most;
+//! a request counts them, a release only when someone waits); the queue's head, the count of waiters ranked before a request (stopped at the count that
 //! can change the answer), a key's round and a holder's row are index reads; a hand-off of `k`
 //! slots is `k` head reads and writes. No call walks a gate's whole queue, except the stats and
 //! a refusal (`Full` reports how many wait).
