@@ -14,8 +14,8 @@
 //! are atomic, across processes too (`BEGIN IMMEDIATE`). The slots handed on are collected as
 //! [`Handoff`]s and their runs woken by [`wake_handed`] where the memory store wakes them.
 //!
-//! Cost: a gate's slots are read by its primary-key prefix (about its concurrency at most);
-//! the queue's head, the count of waiters ranked before a request (stopped at the count that
+//! Cost: a gate's slots are counted by its primary-key prefix (about its concurrency at most;
+//! a request counts them, a release only when someone waits); the queue's head, the count of waiters ranked before a request (stopped at the count that
 //! can change the answer), a key's round and a holder's row are index reads; a hand-off of `k`
 //! slots is `k` head reads and writes. No call walks a gate's whole queue, except the stats and
 //! a refusal (`Full` reports how many wait).
@@ -43,8 +43,11 @@ const GATE_SAVE: &str = "INSERT INTO admission_gates \
      round = excluded.round, window_start = excluded.window_start, window_count = excluded.window_count, \
      touched = excluded.touched";
 
-/// The live slots of a gate at `?2` (the gate's primary-key prefix).
-const LIVE: &str = "SELECT COUNT(*) FROM admission_slots WHERE gate = ?1 AND (lease_until IS NULL OR lease_until > ?2)";
+/// The live slots of a gate at `?2`: all its slots (a count of the gate's primary-key prefix,
+/// which reads no column) less those whose lease passed (`admission_slots_leased`; none right
+/// after a [`RECLAIM`] at the same time, so usually an empty range).
+const LIVE: &str = "SELECT (SELECT COUNT(*) FROM admission_slots WHERE gate = ?1) \
+     - (SELECT COUNT(*) FROM admission_slots WHERE gate = ?1 AND lease_until IS NOT NULL AND lease_until <= ?2)";
 
 /// Deletes the slots of a gate whose lease passed at `?2`.
 /// Only leased slots can expire: `admission_slots_leased` holds just those, so a gate of
@@ -127,7 +130,14 @@ pub(crate) fn plan_statements() -> Vec<(&'static str, &'static str, &'static str
         ("a run's slots", "admission_slots", RUN_SLOTS, vec![run()], "INDEX admission_slots_run (run_id=?)"),
         ("the gates of a run", "admission_slots", RUN_GATES, vec![run()], "INDEX admission_slots_run (run_id=?)"),
         ("the gates of a run", "admission_waiters", RUN_GATES, vec![run()], "INDEX admission_waiters_run (run_id=?)"),
-        ("a gate's live slots", "admission_slots", LIVE, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
+        ("a gate's slots", "admission_slots", LIVE, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
+        (
+            "a gate's slots whose lease passed",
+            "admission_slots",
+            LIVE,
+            vec![gate(), int(5)],
+            "INDEX admission_slots_leased (gate=? AND lease_until",
+        ),
         (
             "a gate's expired slots",
             "admission_slots",
@@ -281,9 +291,18 @@ fn count_waiting(conn: &Connection, gate: &str, bound: Option<u32>) -> OpResult<
 fn hand_off(conn: &Connection, record: &mut GateRecord, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
     let now = record.touch(now);
     record.roll(now);
-    let mut live = count_live(conn, &record.gate, now)?;
-    while record.capacity(live) > 0 {
+    // The slots are counted only when someone waits: a release at a gate with an empty queue
+    // (the common case) costs the head read alone.
+    let mut live = None;
+    loop {
         let Some(w) = queue_head(conn, &record.gate)? else { break };
+        let held = match live {
+            Some(n) => n,
+            None => *live.insert(count_live(conn, &record.gate, now)?),
+        };
+        if record.capacity(held) == 0 {
+            break;
+        }
         unqueue(conn, &w.gate, &w.holder)?;
         record.admitted(w.rank);
         if record.limits.concurrency.is_some() {
@@ -297,7 +316,7 @@ fn hand_off(conn: &Connection, record: &mut GateRecord, now: Millis, out: &mut V
             insert_slot(conn, &slot)?;
             // The book counts the slots again: the new one counts if it is live.
             if slot.live(now) {
-                live += 1;
+                live = Some(held + 1);
             }
         }
         out.push(Handoff { gate: w.gate, holder: w.holder, run_id: w.run_id });

@@ -15,6 +15,10 @@
 //!   Each request runs in its own `SAVEPOINT`: one that fails (`LeaseLost`, `Conflict`, …) is
 //!   rolled back alone. Answers are sent only after the `COMMIT` succeeded; if it fails, every
 //!   request of the group gets the error and nothing of the group was written.
+//! - **Statements planned once.** Every connection keeps its prepared statements in a cache
+//!   and plans with SQLite's query planner stability guarantee (`SQLITE_DBCONFIG_ENABLE_QPSG`):
+//!   a plan never depends on the values bound to it, so a cached statement is not parsed and
+//!   planned again when it is used with other values.
 //! - **Reads never wait for the writer.** Reader threads ([`SqliteOptions::readers`]) each own
 //!   a connection; WAL lets them read the last committed state while a write is in progress.
 //! - **Shared files.** Every transaction that writes starts with `BEGIN IMMEDIATE`, and every

@@ -440,6 +440,15 @@ fn open_plain(path: &Path, opts: &SqliteOptions, role: &str) -> Result<Connectio
         });
     }
     conn.set_prepared_statement_cache_capacity(128);
+    // The query planner stability guarantee: a statement's plan never depends on the values
+    // bound to it. Without it, SQLite marks a statement whose plan looked at a bound value
+    // (an equality with `?N`, a `LIMIT ?N`) to be re-prepared when that value is rebound,
+    // and rusqlite's statement cache clears the bindings of every statement it takes back,
+    // so each use of such a cached statement was parsed and planned again (about as costly
+    // as the statement itself: a run's claim re-planned its history read every time).
+    // The plans do not need the values: `tests/sqlite_plans.rs` checks them.
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true)
+        .map_err(|e| err("configuring the query planner", e))?;
     Ok(conn)
 }
 
@@ -634,5 +643,34 @@ mod tests {
                 .unwrap();
         }
         assert_eq!(version_of(&conn), Some(SCHEMA_VERSION));
+    }
+
+    /// How often `sql` was re-prepared over uses from the statement cache, each with other
+    /// values bound (a run's history read, then a count of a gate's queue up to a bound).
+    fn reprepares(conn: &Connection, sql: &str, args: &[(&str, i64)]) -> i32 {
+        for (text, n) in args {
+            let mut stmt = conn.prepare_cached(sql).unwrap();
+            let mut rows = stmt.query(rusqlite::params![text, n]).unwrap();
+            while rows.next().unwrap().is_some() {}
+        }
+        conn.prepare_cached(sql).unwrap().get_status(rusqlite::StatementStatus::RePrepare)
+    }
+
+    #[test]
+    fn cached_statements_are_not_planned_again_for_new_values() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("plans.db");
+        let store = open_writer(&path, &SqliteOptions::default()).unwrap();
+        let history = "SELECT seq FROM checkpoints WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq";
+        let ahead = "SELECT COUNT(*) FROM (SELECT 1 FROM admission_waiters WHERE gate = ?1 LIMIT ?2)";
+        let args = [("a", 0), ("b", 1), ("c", 7), ("d", 0)];
+        // A connection without the stability guarantee re-plans them (this is what it avoids).
+        let plain = Connection::open(&path).unwrap();
+        assert!(reprepares(&plain, history, &args) > 0 && reprepares(&plain, ahead, &args) > 0);
+        // The store's connections do not.
+        assert_eq!(reprepares(&store, history, &args), 0);
+        assert_eq!(reprepares(&store, ahead, &args), 0);
+        let reader = connect(&path, &SqliteOptions::default(), "reader").unwrap();
+        assert_eq!(reprepares(&reader, history, &args), 0);
     }
 }
