@@ -283,12 +283,15 @@ fn violations(conn: &Connection, cases: &[Case]) -> Vec<String> {
     out
 }
 
-/// A database file with the store's schema (created by the store, through its migrations).
+/// A database file with the store's schema (created by the store, through its migrations), and
+/// a connection that plans as the store's do: with the query planner stability guarantee, so a
+/// plan never depends on the values bound (the store's statements are prepared once and cached).
 fn database() -> (tempfile::TempDir, Connection) {
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("plans.db");
     drop(common::open(&path));
     let conn = Connection::open(&path).unwrap();
+    conn.set_db_config(rusqlite::config::DbConfig::SQLITE_DBCONFIG_ENABLE_QPSG, true).unwrap();
     (dir, conn)
 }
 
