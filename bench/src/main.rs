@@ -405,7 +405,84 @@ async fn remote_chain(engine: &Engine, runs: usize, steps: usize, in_process: us
     Ok(Measured { runs, steps_per_run: steps, wall, latencies, turns, extra: None })
 }
 
+/// When a `pickup` run's turn reached its remote step (just before the turn's commit enqueues
+/// the task), and when the worker's handler was called, by run id.
+static PICKUPS: std::sync::Mutex<Vec<(String, Instant, bool)>> = std::sync::Mutex::new(Vec::new());
+
+fn pickup_mark(run_id: &str, handler: bool) {
+    PICKUPS.lock().expect("not poisoned").push((run_id.to_string(), Instant::now(), handler));
+}
+
+/// `remote_chain`'s `pickup` figure on PostgreSQL: how long an idle worker takes to pick up a
+/// new task, woken by the store's `LISTEN/NOTIFY` (`PostgresStore::task_wakeups`). The worker
+/// has a store of its own (its own connections and listener, as in another process) and a
+/// control plane nobody publishes on, so only the NOTIFY of the dispatch commit can wake it
+/// before its poll interval (2 s). `runs` runs of one remote step, one at a time: each from
+/// the moment its turn reaches the step (the commit that enqueues the task follows at once)
+/// to the call of the worker's handler (the claim committed). Milliseconds.
+async fn pickup(engine: &Engine, args: &Args, runs: usize) -> Result<serde_json::Value, String> {
+    let store = postgres_store(args)?;
+    let wakeups = store.task_wakeups().await.map_err(|e| e.to_string())?;
+    let worker = durable::Worker::builder()
+        .control_plane(durable::InProcessControlPlane::new())
+        .engine(engine)
+        .store(Arc::new(store))
+        .wakeups(wakeups)
+        .handle("pickup", |ctx, i: u64| async move {
+            pickup_mark(ctx.run_id().as_str(), true);
+            Ok::<_, durable::StepError>(i)
+        })
+        .build();
+    let (stop, mut stopped) = tokio::sync::watch::channel(false);
+    let worker = tokio::spawn(async move {
+        worker
+            .run(async move {
+                let _ = stopped.wait_for(|s| *s).await;
+            })
+            .await
+    });
+    let mut result = Ok(());
+    // One warm-up run (connections, prepared statements), then the measured ones.
+    for i in 0..=runs {
+        let id = format!("pickup-{i}");
+        let done = async {
+            let run = engine.start("pickup", &(i as u64), StartOptions::id(id.clone())).await?;
+            engine.wait_for_run(&run.id).await?.output::<u64>()
+        };
+        if let Err(e) = done.await {
+            result = Err(format!("pickup run {id}: {e}"));
+            break;
+        }
+    }
+    let _ = stop.send(true);
+    let _ = worker.await;
+    result?;
+    let marks = std::mem::take(&mut *PICKUPS.lock().expect("not poisoned"));
+    let mut latencies = Vec::with_capacity(runs);
+    for i in 1..=runs {
+        let id = format!("pickup-{i}");
+        let at = |handler: bool| marks.iter().find(|(r, _, h)| r == &id && *h == handler).map(|m| m.1);
+        let (Some(reached), Some(called)) = (at(false), at(true)) else {
+            return Err(format!("pickup run {id}: no timestamps"));
+        };
+        latencies.push(called.saturating_duration_since(reached).as_secs_f64() * 1e3);
+    }
+    latencies.sort_by(f64::total_cmp);
+    Ok(serde_json::json!({
+        "n": runs,
+        "p50_ms": percentile(&latencies, 0.50),
+        "p99_ms": percentile(&latencies, 0.99),
+        "max_ms": latencies.last().copied().unwrap_or(f64::NAN),
+    }))
+}
+
 fn register_chain(engine: &Engine) {
+    engine.register("pickup", 1, |ctx: WorkflowCtx, i: u64| async move {
+        // Each turn marks; the first mark of a run is its first turn's, which enqueues the task.
+        pickup_mark(ctx.run_id().as_str(), false);
+        let out: u64 = ctx.remote_step("pickup", &i).await?;
+        Ok::<_, WorkflowError>(out)
+    });
     engine.register("remote_chain", 1, |ctx: WorkflowCtx, steps: usize| async move {
         let mut acc = 0u64;
         for i in 0..steps {
@@ -641,7 +718,12 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
         "admission" => admission(engine, if q { 50 } else { 500 }).await,
         "remote_chain" => {
             let in_process = if args.workers == 0 { 2 } else { 0 };
-            remote_chain(engine, if q { 100 } else { 1_000 }, 5, in_process).await
+            let mut m = remote_chain(engine, if q { 100 } else { 1_000 }, 5, in_process).await?;
+            if args.store == "postgres" && args.workers == 0 {
+                let figure = pickup(engine, args, if q { 50 } else { 200 }).await?;
+                m.extra = Some(serde_json::json!({ "pickup": figure }));
+            }
+            Ok(m)
         }
         "long_chain" => chain(engine, if q { 4 } else { 20 }, if q { 200 } else { 1_000 }).await,
         "timers" => timers(engine, if q { 200 } else { 2_000 }).await,

@@ -262,8 +262,10 @@ impl Shared {
             ControlMessage::Event { event, .. } => match serde_json::from_value::<EngineEvent>(event) {
                 Ok(event) => {
                     // `wait_for_run` callers here read the run now, not at their next poll.
-                    if let EngineEvent::RunSettled { run_id, .. } | EngineEvent::RunSuspended { run_id, .. } = &event {
-                        self.notify_run(run_id);
+                    match &event {
+                        EngineEvent::RunSettled { run_id, .. } => self.notify_run(run_id),
+                        EngineEvent::RunSuspended { run_id, .. } => self.notify_suspended(run_id),
+                        _ => {}
                     }
                     self.hooks.emit(event);
                 }

@@ -324,7 +324,7 @@ impl Shared {
                 if let Some(at) = wake_at {
                     self.timers.schedule(at, id.clone());
                 }
-                self.notify_run(id);
+                self.notify_suspended(id);
                 TurnEnded::Done
             }
             Err(e) => self.commit_failed(id, &e, tally),

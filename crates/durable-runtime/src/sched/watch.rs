@@ -1,6 +1,7 @@
 //! Waiting for runs: `wait_for_run` callers watch a run by id (never a broadcast every
-//! waiter filters), are notified when this engine settles or suspends it, and read runs
-//! executing elsewhere together, one store call per interval however many wait.
+//! waiter filters), are notified when this engine settles it (or suspends it, those waiting
+//! for a suspension), and read runs executing elsewhere together, one store call per
+//! interval however many wait.
 
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -25,8 +26,12 @@ pub(super) struct Watchers {
 /// A run that `wait_for_run` callers wait on.
 #[derive(Default)]
 struct Watch {
-    /// Notified when this engine settles or suspends the run.
+    /// Notified when this engine settles the run (or changes it otherwise, a cancel).
     notify: Notify,
+    /// Notified when this engine suspends the run: only the waiters for which a suspension is
+    /// enough read the run then (a run of remote steps suspends once per step; waiters for its
+    /// end would read it each time for nothing).
+    suspended: Notify,
     /// What the last shared read found (`Some(None)`: the run does not exist).
     seen: Mutex<Option<Option<Run>>>,
 }
@@ -41,6 +46,14 @@ impl Shared {
     pub(super) fn notify_run(&self, id: &RunId) {
         if let Some(w) = self.watchers.map.lock().get(id) {
             w.notify.notify_waiters();
+            w.suspended.notify_waiters();
+        }
+    }
+
+    /// Wakes the callers waiting for this run to suspend (or settle): this engine suspended it.
+    pub(super) fn notify_suspended(&self, id: &RunId) {
+        if let Some(w) = self.watchers.map.lock().get(id) {
+            w.suspended.notify_waiters();
         }
     }
 
@@ -87,6 +100,11 @@ impl Shared {
                 let notified = watch.notify.notified();
                 tokio::pin!(notified);
                 notified.as_mut().enable();
+                let suspended = watch.suspended.notified();
+                tokio::pin!(suspended);
+                if suspended_is_enough {
+                    suspended.as_mut().enable();
+                }
                 let run = if read_alone {
                     self.store.get_run(id).await?
                 } else {
@@ -104,6 +122,7 @@ impl Shared {
                 read_alone = tokio::select! {
                     biased;
                     () = notified => true,
+                    () = suspended, if suspended_is_enough => true,
                     () = tokio::time::sleep(self.config.wait_poll_interval) => false,
                 };
             }
