@@ -363,7 +363,8 @@ async fn a_claimed_wake_taken_by_another_engine_runs_the_run() {
             Ok::<_, WorkflowError>(ok)
         });
     };
-    let b = Engine::builder().shared_store(store.clone()).transport(queue.clone()).config(config.clone()).build().unwrap();
+    let b =
+        Engine::builder().shared_store(store.clone()).transport(queue.clone()).config(config.clone()).build().unwrap();
     let mut b_events = b.subscribe();
     register(&b);
     let id = b.start("approve", &(), StartOptions::id("claimed")).await.unwrap().id;

@@ -21,6 +21,10 @@ use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
 use crate::turn::{TurnDriver, TurnState, WorkflowCtx};
 
+/// How many times a claim that found this engine's own lease on a busy row is tried again
+/// (after 2, 4, … up to 128 ms: about 0.9 s in all) before it is left to the re-check.
+const OWN_BUSY_RETRIES: u32 = 12;
+
 /// What the executor remembers about runs between turns.
 #[derive(Default)]
 pub(super) struct Executor {
@@ -126,6 +130,7 @@ impl Shared {
     pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId) {
         // A cancel heard while the run executes here stops its turn (see `control`).
         let watch = self.watch_turns(id);
+        let mut own_busy = 0u32;
         loop {
             watch.claiming();
             let now = self.clock.now();
@@ -139,6 +144,16 @@ impl Shared {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
                 Ok(ClaimOutcome::NotFound) => return,
                 Ok(ClaimOutcome::Terminal(_)) => return self.notify_run(id),
+                Ok(ClaimOutcome::Busy(run)) if self.holds_lease(&run) && own_busy < OWN_BUSY_RETRIES => {
+                    // Our own lease (a turn here ended and left it, as a woken suspend does),
+                    // but the store found the row busy: another transaction was writing it at
+                    // that instant (PostgreSQL's claim skips a locked row rather than wait).
+                    // Claim again shortly; waiting for our own lease to expire would stall
+                    // the run for a lease period.
+                    own_busy += 1;
+                    tokio::time::sleep(Duration::from_millis(1 << own_busy.min(7))).await;
+                    continue;
+                }
                 Ok(ClaimOutcome::Busy(run)) => return self.recheck_later(&run),
                 Err(e) => return self.retry_after_store_error(id, &e),
             };
@@ -484,7 +499,7 @@ impl Shared {
                     _ => break,
                 };
                 let now = shared.clock.now();
-                if run.lease_owner.is_some() && run.lease_until.is_some_and(|u| u >= now) {
+                if !shared.holds_lease(&run) && run.lease_owner.is_some() && run.lease_until.is_some_and(|u| u >= now) {
                     lease_until = run.lease_until;
                     continue;
                 }
@@ -502,6 +517,11 @@ impl Shared {
                 shared.executor.rechecks.lock().remove(&id);
             }
         });
+    }
+
+    /// Whether the run, as read from the store, is leased to this engine.
+    fn holds_lease(&self, run: &Run) -> bool {
+        run.lease_owner.as_deref() == Some(self.owner.as_str())
     }
 
     fn recheck_wait(&self, lease_until: Option<u64>) -> Duration {
