@@ -46,10 +46,10 @@ async fn a_claim_of_our_own_lease_on_a_row_being_written_is_tried_again() {
     let id = engine.start("nap", &(), StartOptions::id("nap")).await.expect("start").id;
     tokio::time::timeout(WAIT, async {
         loop {
-            if let EngineEvent::RunSuspended { run_id, .. } = events.recv().await.expect("events") {
-                if run_id == id {
-                    break;
-                }
+            if let EngineEvent::RunSuspended { run_id, .. } = events.recv().await.expect("events")
+                && run_id == id
+            {
+                break;
             }
         }
     })

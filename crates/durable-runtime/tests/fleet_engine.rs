@@ -318,11 +318,14 @@ async fn every_item_sent_to_a_routing_transport_names_its_runs_namespace() {
     engine.shutdown().await;
 }
 
+/// A batch sent to a run queue, with its namespace.
+type Batch = (Option<String>, Vec<QueuedRun>);
+
 /// A run queue that keeps what its engine sends (for the test to forward) and hands that
 /// engine nothing: its wakes reach only the engines the test forwards them to.
 #[derive(Debug, Clone, Default)]
 struct Kept {
-    sent: Arc<parking_lot::Mutex<Vec<(Option<String>, Vec<QueuedRun>)>>>,
+    sent: Arc<parking_lot::Mutex<Vec<Batch>>>,
     arrived: Arc<tokio::sync::Notify>,
 }
 
