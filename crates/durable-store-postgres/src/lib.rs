@@ -281,6 +281,11 @@ pub mod __private {
         (crate::ops::queue_stats_sql(&store.inner.sql.schema), Vec::new())
     }
 
+    /// The statement `run_counts()` runs.
+    pub fn run_counts_sql(store: &PostgresStore) -> Statement {
+        (crate::ops::run_counts_sql(&store.inner.sql.schema), Vec::new())
+    }
+
     /// The statements of the admission helpers (`sql/v8.sql`) with these parameters: the queue
     /// head of `gate`, the waiters ranked before `rank`, the round of fairness key `key`, the
     /// slots that count at `now`, the gates a release of `run` at `now` looks at; then the stats
