@@ -29,7 +29,9 @@
 //!   (statuses, workflow, namespace, tag, parent, created range, any combination, newest first,
 //!   with the cursor) can be served by an index: settled runs by status, active runs (the
 //!   working set) in one partial index, workflow, namespace and parent each in the listing order,
-//!   tags in a GIN index. The poller scans ([`Store::pending_runs`], [`Store::due_runs`],
+//!   a workflow with statuses by both (one arm per status, merged in order), tags in a GIN
+//!   index. [`Store::run_counts`] reads the workflow-and-status index alone once vacuum has
+//!   marked the table all-visible. The poller scans ([`Store::pending_runs`], [`Store::due_runs`],
 //!   [`Store::orphaned_runs`]) walk partial indexes that no listing index can stand in for, so the
 //!   planner keeps them even when its statistics lag a burst of runs. A poller's claim of due
 //!   runs ([`Store::claim_due_runs`]) is the due scan locking what it picks `FOR UPDATE SKIP
@@ -279,6 +281,11 @@ pub mod __private {
     /// The statement of `queue_stats`.
     pub fn queue_stats_sql(store: &PostgresStore) -> Statement {
         (crate::ops::queue_stats_sql(&store.inner.sql.schema), Vec::new())
+    }
+
+    /// The statement `run_counts()` runs.
+    pub fn run_counts_sql(store: &PostgresStore) -> Statement {
+        (crate::ops::run_counts_sql(&store.inner.sql.schema), Vec::new())
     }
 
     /// The statements of the admission helpers (`sql/v8.sql`) with these parameters: the queue

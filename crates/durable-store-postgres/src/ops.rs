@@ -1185,56 +1185,87 @@ impl Query {
     }
 }
 
+/// The `list_runs` statement of `filter`, and the page size.
+///
+/// The planner picks the index from its statistics, but a status term has to be written so that
+/// an index can yield the rows in the listing order. Without a workflow, the statuses are split
+/// in two terms (settled and active statuses are in different partial indexes). With a workflow,
+/// each status is one arm walking `runs_workflow_status_created` (workflow, status, newest first)
+/// up to the page size, and the arms are merged in order (`Merge Append`, no sort): a page costs
+/// about the page, however rare the status is among the workflow's runs.
 pub(crate) fn list_runs_query(schema: &str, filter: &RunFilter) -> Result<(Query, usize), StoreError> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     let limit = if filter.limit == 0 { 100 } else { filter.limit };
     let mut q = Query::default();
-    let mut sql = format!("SELECT {RUN_COLS} FROM {schema}.runs WHERE true");
+    // The terms other than the statuses.
+    let mut terms: Vec<String> = Vec::new();
     if let Some(w) = &filter.workflow {
-        sql.push_str(&format!(" AND workflow = {}", q.bind(w.clone(), Type::TEXT)));
-    }
-    // Settled and active statuses are in different partial indexes: one term for each half, so
-    // the planner can see which index each half may use.
-    let mut halves: Vec<String> = Vec::new();
-    for settled in [true, false] {
-        let mut half: Vec<String> =
-            filter.statuses.iter().filter(|s| s.is_terminal() == settled).map(|s| s.as_str().to_string()).collect();
-        half.sort_unstable();
-        half.dedup();
-        match half.len() {
-            0 => {}
-            // An equality, so an index scan of runs_settled_created is in the listing order.
-            1 => halves.push(format!("status = {}", q.bind(half.remove(0), Type::TEXT))),
-            _ => halves.push(format!("status = ANY ({})", q.bind(half, Type::TEXT_ARRAY))),
-        }
-    }
-    match halves.as_slice() {
-        [] => {}
-        [one] => sql.push_str(&format!(" AND {one}")),
-        _ => sql.push_str(&format!(" AND ({})", halves.join(" OR "))),
+        terms.push(format!("workflow = {}", q.bind(w.clone(), Type::TEXT)));
     }
     if let Some(ns) = &filter.namespace {
-        sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
+        terms.push(format!("namespace = {}", q.bind(ns.clone(), Type::TEXT)));
     }
     if let Some(tag) = &filter.tag {
-        sql.push_str(&format!(" AND tags @> ARRAY[{}]::text[]", q.bind(tag.clone(), Type::TEXT)));
+        terms.push(format!("tags @> ARRAY[{}]::text[]", q.bind(tag.clone(), Type::TEXT)));
     }
     if let Some(parent) = &filter.parent {
-        sql.push_str(&format!(" AND parent_id = {}", q.bind(parent.as_str().to_string(), Type::TEXT)));
+        terms.push(format!("parent_id = {}", q.bind(parent.as_str().to_string(), Type::TEXT)));
     }
     if let Some(t) = filter.created_after {
-        sql.push_str(&format!(" AND created_at >= {}", q.bind(millis_to_sql(t), Type::INT8)));
+        terms.push(format!("created_at >= {}", q.bind(millis_to_sql(t), Type::INT8)));
     }
     if let Some(t) = filter.created_before {
-        sql.push_str(&format!(" AND created_at < {}", q.bind(millis_to_sql(t), Type::INT8)));
+        terms.push(format!("created_at < {}", q.bind(millis_to_sql(t), Type::INT8)));
     }
     if let Some((t, id)) = after {
         let (t, id) = (q.bind(millis_to_sql(t), Type::INT8), q.bind(id.as_str().to_string(), Type::TEXT));
-        sql.push_str(&format!(" AND (created_at, id) < ({t}, {id})"));
+        terms.push(format!("(created_at, id) < ({t}, {id})"));
     }
+    let mut statuses: Vec<&'static str> = filter.statuses.iter().map(|s| s.as_str()).collect();
+    statuses.sort_unstable();
+    statuses.dedup();
     let lim = q.bind(i64::try_from(limit.saturating_add(1)).unwrap_or(i64::MAX), Type::INT8);
-    sql.push_str(&format!(" ORDER BY created_at DESC, id DESC LIMIT {lim}"));
-    q.sql = sql;
+    let order = "ORDER BY created_at DESC, id DESC";
+    let select = |status: &str| {
+        let all: Vec<&str> = std::iter::once("true").chain(terms.iter().map(String::as_str)).collect();
+        let and_status = if status.is_empty() { String::new() } else { format!(" AND {status}") };
+        format!("SELECT {RUN_COLS} FROM {schema}.runs WHERE {}{and_status}", all.join(" AND "))
+    };
+    q.sql = if filter.workflow.is_some() && statuses.len() > 1 {
+        let arms: Vec<String> = statuses
+            .iter()
+            .map(|s| {
+                let st = q.bind((*s).to_string(), Type::TEXT);
+                format!("({} {order} LIMIT {lim})", select(&format!("status = {st}")))
+            })
+            .collect();
+        format!("SELECT * FROM ({}) AS arms {order} LIMIT {lim}", arms.join(" UNION ALL "))
+    } else if filter.workflow.is_some() && statuses.len() == 1 {
+        let st = q.bind(statuses[0].to_string(), Type::TEXT);
+        format!("{} {order} LIMIT {lim}", select(&format!("status = {st}")))
+    } else {
+        // Settled and active statuses are in different partial indexes: one term for each half,
+        // so the planner can see which index each half may use.
+        let mut halves: Vec<String> = Vec::new();
+        for settled in [true, false] {
+            let mut half: Vec<String> =
+                filter.statuses.iter().filter(|s| s.is_terminal() == settled).map(|s| s.as_str().to_string()).collect();
+            half.sort_unstable();
+            half.dedup();
+            match half.len() {
+                0 => {}
+                // An equality, so an index scan of runs_settled_created is in the listing order.
+                1 => halves.push(format!("status = {}", q.bind(half.remove(0), Type::TEXT))),
+                _ => halves.push(format!("status = ANY ({})", q.bind(half, Type::TEXT_ARRAY))),
+            }
+        }
+        let status = match halves.as_slice() {
+            [] => String::new(),
+            [one] => one.clone(),
+            _ => format!("({})", halves.join(" OR ")),
+        };
+        format!("{} {order} LIMIT {lim}", select(&status))
+    };
     Ok((q, limit))
 }
 
@@ -1281,8 +1312,12 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
         let names: Vec<String> = ws.iter().map(|(w, _)| w.clone()).collect();
         let versions: Vec<i64> = ws.iter().map(|(_, v)| i64::from(*v)).collect();
         let (names, versions) = (q.bind(names, Type::TEXT_ARRAY), q.bind(versions, Type::INT8_ARRAY));
+        // `workflow || ''`, an expression no index is on: the scan keeps to its partial index in
+        // its order. On the column, runs_workflow_status_created (workflow and status, both
+        // equalities) looks cheaper whenever the statistics say the status is rare, and after
+        // a burst of pending runs that plan would read and sort all of them on every poll.
         sql.push_str(&format!(
-            " AND (workflow, version) IN (SELECT * FROM unnest({names}::text[], {versions}::bigint[]))"
+            " AND (workflow || '', version) IN (SELECT * FROM unnest({names}::text[], {versions}::bigint[]))"
         ));
     }
     let lim = q.bind(i64::try_from(rq.limit).unwrap_or(i64::MAX), Type::INT8);

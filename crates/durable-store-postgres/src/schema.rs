@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 10;
+pub const SCHEMA_VERSION: u32 = 11;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -73,6 +73,11 @@ const MIGRATIONS: &[Migration] = &[
         version: 10,
         description: "merging a run's queued wakes keeps a due-timer claim named in a dedupe key",
         sql: include_str!("sql/v10.sql"),
+    },
+    Migration {
+        version: 11,
+        description: "runs by workflow and status in the listing order, for list_runs filters and run_counts",
+        sql: include_str!("sql/v11.sql"),
     },
 ];
 

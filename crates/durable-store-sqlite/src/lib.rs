@@ -34,7 +34,9 @@
 //!   [`SqliteOptions::create_if_missing`]`(false)`: a missing or empty file is refused too.
 //! - **Indexed reads.** Every [`RunFilter`] of [`Store::list_runs`] (statuses, workflow,
 //!   namespace, tag, parent, created range, and any combination, newest first, with the cursor)
-//!   walks an index kept in the listing order, and the poller scans ([`Store::pending_runs`],
+//!   walks an index kept in the listing order (a workflow with statuses: one range of the
+//!   workflow-and-status index per status), [`Store::run_counts`] reads that index alone (a
+//!   covering index, no sort), and the poller scans ([`Store::pending_runs`],
 //!   [`Store::due_runs`], [`Store::orphaned_runs`]) each walk a partial index of their own: a
 //!   first page costs about what it returns, not the number of runs in the file. A poller's
 //!   claim of due runs ([`Store::claim_due_runs`]) is the due scan inside one `UPDATE … RETURNING`

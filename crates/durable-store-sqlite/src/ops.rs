@@ -283,6 +283,8 @@ pub(crate) enum Walk {
     Tag,
     /// `runs_status_created`, one walk per status, merged.
     Status,
+    /// `runs_workflow_status_created`, one walk per status, merged.
+    WorkflowStatus,
     /// `runs_workflow_created`.
     Workflow,
     /// `runs_namespace_created`.
@@ -294,15 +296,17 @@ pub(crate) enum Walk {
 
 impl Walk {
     /// The filter most likely to be selective drives, without statistics to ask: a parent's
-    /// children, then a tag, then statuses, then a workflow, then a namespace. Statuses that
-    /// include `completed`, where most runs end, give way to a workflow.
+    /// children, then a tag, then a workflow with statuses (both narrow the walk), then
+    /// statuses, then a workflow, then a namespace.
     pub(crate) fn of(filter: &RunFilter) -> Walk {
         let statuses = !filter.statuses.is_empty();
         if filter.parent.is_some() {
             Walk::Parent
         } else if filter.tag.is_some() {
             Walk::Tag
-        } else if statuses && (filter.workflow.is_none() || !filter.statuses.contains(&RunStatus::Completed)) {
+        } else if statuses && filter.workflow.is_some() {
+            Walk::WorkflowStatus
+        } else if statuses {
             Walk::Status
         } else if filter.workflow.is_some() {
             Walk::Workflow
@@ -320,14 +324,16 @@ impl Walk {
 /// DESC`), so a page reads the entries of the walked index from the cursor on and stops at the
 /// page size; see [`Walk::of`] for which one. The terms of the other filters are written `+col`,
 /// which keeps SQLite from walking their index instead (SQLite has no statistics to tell which
-/// filter is rarer). Several statuses are one walk of `runs_status_created` each, merged in
-/// order by a `UNION ALL … ORDER BY` (SQLite's merge, no sort).
+/// filter is rarer). Several statuses are one walk of `runs_status_created` (or, with a
+/// workflow, of `runs_workflow_status_created`) each, merged in order by a `UNION ALL … ORDER
+/// BY` (SQLite's merge, no sort).
 pub(crate) fn list_runs_sql(filter: &RunFilter) -> OpResult<(Sql, usize)> {
     let after = filter.cursor.as_deref().map(decode_cursor).transpose()?;
     let limit = if filter.limit == 0 { 100 } else { filter.limit };
     let walk = Walk::of(filter);
     let mut q = Sql::default();
-    let plus = |w: Walk| if w == walk { "" } else { "+" };
+    let by_status = matches!(walk, Walk::Status | Walk::WorkflowStatus);
+    let plus = |w: Walk| if w == walk || (w == Walk::Workflow && walk == Walk::WorkflowStatus) { "" } else { "+" };
     // The listing order's columns: the tag walk reads them from run_tags (the same values).
     let (created, id) =
         if walk == Walk::Tag { ("run_tags.created_at", "run_tags.run_id") } else { ("runs.created_at", "runs.id") };
@@ -352,7 +358,7 @@ pub(crate) fn list_runs_sql(filter: &RunFilter) -> OpResult<(Sql, usize)> {
     let mut statuses: Vec<&'static str> = filter.statuses.iter().map(|s| s.as_str()).collect();
     statuses.sort_unstable();
     statuses.dedup();
-    if !statuses.is_empty() && walk != Walk::Status {
+    if !statuses.is_empty() && !by_status {
         let list: Vec<String> = statuses.iter().map(|s| q.bind(Value::Text((*s).to_string()))).collect();
         terms.push(format!("+runs.status IN ({})", list.join(", ")));
     }
@@ -367,13 +373,19 @@ pub(crate) fn list_runs_sql(filter: &RunFilter) -> OpResult<(Sql, usize)> {
             (q.bind(Value::Integer(millis_to_sql(*t))), q.bind(Value::Text(after_id.as_str().to_string())));
         terms.push(format!("({created}, {id}) < ({t}, {after_id})"));
     }
-    let from = if walk == Walk::Tag { "run_tags CROSS JOIN runs ON runs.id = run_tags.run_id" } else { "runs" };
+    // A workflow with statuses names its index: with a created range or a cursor, SQLite (with
+    // no statistics) takes runs_workflow_created's equality and range for as narrow.
+    let from = match walk {
+        Walk::Tag => "run_tags CROSS JOIN runs ON runs.id = run_tags.run_id",
+        Walk::WorkflowStatus => "runs INDEXED BY runs_workflow_status_created",
+        _ => "runs",
+    };
     let select = |extra: Option<String>| {
         let all: Vec<&str> = extra.iter().map(String::as_str).chain(terms.iter().map(String::as_str)).collect();
         let wher = if all.is_empty() { String::new() } else { format!(" WHERE {}", all.join(" AND ")) };
         format!("SELECT {RUN_COLS_QUALIFIED} FROM {from}{wher}")
     };
-    let arms: Vec<String> = if walk == Walk::Status {
+    let arms: Vec<String> = if by_status {
         statuses
             .iter()
             .map(|s| {
@@ -408,7 +420,9 @@ pub(crate) fn list_runs(conn: &Connection, filter: &RunFilter) -> OpResult<RunPa
     Ok(RunPage { runs, next_cursor })
 }
 
-/// The statement of `run_counts`: runs by workflow and status, one aggregate.
+/// The statement of `run_counts`: runs by workflow and status, one aggregate over
+/// `runs_workflow_status_created` alone (a covering index in group order: no sort, and the
+/// rows themselves, with their payloads, are not read).
 pub(crate) const RUN_COUNTS_SQL: &str = "SELECT workflow, status, count(*) FROM runs GROUP BY workflow, status";
 
 pub(crate) fn run_counts(conn: &Connection) -> OpResult<Vec<durable_core::RunCount>> {

@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 8;
+pub const SCHEMA_VERSION: u32 = 9;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -350,6 +350,17 @@ CREATE INDEX admission_waiters_run ON admission_waiters (run_id, gate, holder);
 -- NULL on rows written before (their spans derive a trace id from the run id).
 ALTER TABLE runs ADD COLUMN trace_context TEXT;
 ALTER TABLE tasks ADD COLUMN trace_context TEXT;
+",
+    },
+    Migration {
+        version: 9,
+        description: "runs by workflow and status in the listing order, for list_runs filters and run_counts",
+        sql: "
+-- A list_runs filter on a workflow and statuses walks this index, one range per status (merged
+-- in order), so its first page reads about a page of entries however rare the status is among
+-- the workflow's runs; run_counts reads this index alone, in group order. A status change moves
+-- the run's entry here as in runs_status_created; a step commit changes no column of it.
+CREATE INDEX runs_workflow_status_created ON runs (workflow, status, created_at DESC, id DESC);
 ",
     },
 ];

@@ -228,3 +228,90 @@ fn list_filters_and_poller_scans_at_a_million_runs() {
         assert!(ids.is_empty());
     });
 }
+
+/// Inserts `n` runs straight into the file in one statement (no store write path: the point is
+/// the reads): four workflows (`order` 40%, `invoice` 30%, `shipment` 20%, `refund` 10%) over 16
+/// namespaces, created one millisecond apart; every run suspended except one in 25,000
+/// `completed` (all of them `order` runs, spread over the whole file) and one in 100,000
+/// `failed`.
+fn bulk_insert(path: &std::path::Path, n: usize) {
+    let conn = rusqlite::Connection::open(path).expect("open the file");
+    conn.execute_batch("PRAGMA synchronous = OFF; PRAGMA cache_size = -262144;").expect("pragmas");
+    conn.execute(
+        "WITH RECURSIVE g(i) AS (SELECT 0 UNION ALL SELECT i + 1 FROM g WHERE i + 1 < ?1)
+         INSERT INTO runs (id, workflow, version, namespace, status, input, tags, priority, created_at, updated_at,
+                           wake_at)
+         SELECT printf('run-%07d', i),
+                CASE WHEN i % 10 < 4 THEN 'order' WHEN i % 10 < 7 THEN 'invoice'
+                     WHEN i % 10 < 9 THEN 'shipment' ELSE 'refund' END,
+                1, 'tenant-' || (i % 16),
+                CASE WHEN i % 25000 = 0 THEN 'completed' WHEN i % 100000 = 1 THEN 'failed' ELSE 'suspended' END,
+                '{\"order\":' || i || '}', '[]', 0, ?2 + i, ?2 + i,
+                CASE WHEN i % 25000 = 0 OR i % 100000 = 1 THEN NULL ELSE ?2 + i + 2592000000 END
+         FROM g",
+        rusqlite::params![n as i64, T0 as i64],
+    )
+    .expect("bulk insert");
+    conn.execute_batch("PRAGMA wal_checkpoint(TRUNCATE);").expect("checkpoint");
+}
+
+#[test]
+#[ignore = "bulk-inserts 1,000,000 runs (about 300 MB); run with --ignored --nocapture"]
+fn a_rare_status_of_a_workflow_and_the_run_counts_at_a_million_runs() {
+    let n: usize = std::env::var("DURABLE_SCALE_RUNS").ok().and_then(|v| v.parse().ok()).unwrap_or(1_000_000);
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("bulk.db");
+    drop(common::open(&path));
+    let began = Instant::now();
+    bulk_insert(&path, n);
+    let db = std::fs::metadata(&path).map(|m| m.len()).unwrap_or(0);
+    println!("inserted {n} runs in {:.1} s, file {:.0} MB", began.elapsed().as_secs_f64(), db as f64 / 1e6);
+    let store = common::open(&path);
+    common::rt().block_on(async {
+        let s: &dyn Store = &store;
+        let completed = (0..n).filter(|i| i % 25_000 == 0).count();
+        let failed_orders = (0..n).filter(|i| i % 100_000 == 1 && i % 10 < 4).count();
+        let reps = 9;
+        let list = |filter: RunFilter| async move { s.list_runs(&filter).await.expect("list").runs };
+        let cases = [
+            ("workflow order + status completed", vec![RunStatus::Completed], completed),
+            ("workflow order + status failed", vec![RunStatus::Failed], failed_orders),
+            (
+                "workflow order + completed|failed",
+                vec![RunStatus::Completed, RunStatus::Failed],
+                completed + failed_orders,
+            ),
+            ("workflow order + status suspended", vec![RunStatus::Suspended], 100),
+        ];
+        for (name, statuses, expected) in cases {
+            let filter = RunFilter { workflow: Some("order".into()), statuses, limit: 100, ..RunFilter::default() };
+            let t = Instant::now();
+            let page = list(filter.clone()).await;
+            let cold = t.elapsed();
+            let (d, _) = time(reps, || list(filter.clone())).await;
+            println!(
+                "{name:<48} cold {:>9.3} ms  warm {:>9.3} ms  {:>4} runs",
+                cold.as_secs_f64() * 1e3,
+                d.as_secs_f64() * 1e3,
+                page.len()
+            );
+            assert_eq!(page.len(), expected.min(100), "{name}");
+            assert!(page.iter().all(|r| r.workflow == "order" && filter.statuses.contains(&r.status)), "{name}");
+            assert!(page.windows(2).all(|w| (w[0].created_at, &w[0].id) > (w[1].created_at, &w[1].id)), "{name}");
+        }
+        let t = Instant::now();
+        let counts = s.run_counts().await.expect("run_counts");
+        let cold = t.elapsed();
+        let (d, _) = time(reps, || async { s.run_counts().await.expect("run_counts") }).await;
+        println!(
+            "{:<48} cold {:>9.3} ms  warm {:>9.3} ms  {:>4} rows",
+            "run_counts",
+            cold.as_secs_f64() * 1e3,
+            d.as_secs_f64() * 1e3,
+            counts.len()
+        );
+        assert_eq!(counts.iter().map(|c| c.count).sum::<u64>(), n as u64);
+        let order_completed = counts.iter().find(|c| c.workflow == "order" && c.status == RunStatus::Completed);
+        assert_eq!(order_completed.map(|c| c.count), Some(completed as u64));
+    });
+}

@@ -63,6 +63,19 @@ pub fn new_run(id: &str) -> NewRun {
 /// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
 /// the functions version 7 replaced, which re-running it writes anyway: for the tests of
 /// migrating older schemas forward.
+/// Takes a schema of this build back to version 10: the workflow-and-status index and the
+/// version row.
+pub async fn undo_version_11(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "DROP INDEX {s}.runs_workflow_status_created;
+             DELETE FROM {s}.schema_version WHERE version >= 11"
+        ))
+        .await
+        .expect("undo schema version 11");
+}
+
 /// Takes a schema of this build back to version 8: the trace context columns and the version
 /// row (the functions version 9 replaced keep their version 9 text: migrating forward replaces
 /// them again).
