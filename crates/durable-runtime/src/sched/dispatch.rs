@@ -196,11 +196,13 @@ impl Quiet {
 
 /// Whether a run as read from the store has something to do: it is pending, due, or running
 /// (orphaned, or another engine's — whose claim answers `Busy` and re-checks, so a wake is
-/// not lost).
+/// not lost). A blocked run is parked like a suspended one, and due the same way (as the
+/// stores' due scans take it): a worker's result for its step wakes it while it is still
+/// marked blocked.
 fn has_work(run: &Run, now: Millis) -> bool {
     match run.status {
         RunStatus::Pending | RunStatus::Running => true,
-        RunStatus::Suspended => run.wake_at.is_some_and(|w| w <= now),
+        status if status.is_parked() => run.wake_at.is_some_and(|w| w <= now),
         _ => false,
     }
 }
@@ -553,6 +555,7 @@ mod tests {
 
     #[test]
     fn only_a_due_pending_or_running_run_has_work() {
+        // A blocked run is due like a suspended one: a result for its step is work.
         let mut run = durable_core::NewRun {
             trace_context: None,
             admission: None,
@@ -574,6 +577,9 @@ mod tests {
             (RunStatus::Suspended, Some(10), true),
             (RunStatus::Suspended, Some(11), false),
             (RunStatus::Suspended, None, false),
+            (RunStatus::Blocked, Some(10), true),
+            (RunStatus::Blocked, Some(11), false),
+            (RunStatus::Blocked, None, false),
             (RunStatus::Completed, None, false),
             (RunStatus::Failed, Some(0), false),
         ] {
