@@ -170,7 +170,8 @@ impl Engine {
     }
 
     /// Calls `listener` with the run each time recovery gives up on a run on this engine (it
-    /// becomes `dead`). Listeners run inline: keep them short.
+    /// becomes `dead`). Listeners run inline, before the run's `RunSettled` event and before
+    /// `wait_for_run` on this engine returns it: keep them short.
     pub fn on_dead(&self, listener: impl Fn(&Run) + Send + Sync + 'static) {
         self.shared().hooks.add_dead_listener(Arc::new(listener));
     }

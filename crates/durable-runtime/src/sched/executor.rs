@@ -371,8 +371,8 @@ impl Shared {
             Ok(outcome) if outcome.settled => {
                 tracing::error!(run_id = %run.id, "run is dead after {} recoveries", run.recovery_attempts);
                 crate::metrics::run_settled(&run.workflow, RunStatus::Dead, false);
-                self.emit(EngineEvent::RunSettled { run_id: run.id.clone(), status: RunStatus::Dead });
-                self.notify_run(&run.id);
+                // The listeners first: whoever waits for the run sees it settled only after
+                // they ran (a process that exits once its wait returns must not cut them off).
                 let listeners = self.hooks.dead_listeners();
                 if !listeners.is_empty() {
                     let dead = self.store.get_run(&run.id).await.ok().flatten().unwrap_or_else(|| run.clone());
@@ -380,6 +380,8 @@ impl Shared {
                         listener(&dead);
                     }
                 }
+                self.emit(EngineEvent::RunSettled { run_id: run.id.clone(), status: RunStatus::Dead });
+                self.notify_run(&run.id);
             }
             Ok(_) => {}
             Err(e) => self.retry_after_store_error(&run.id, &e),
