@@ -239,7 +239,7 @@ impl Shared {
         if let Some(until) = item.claimed_until() {
             // Another poller (or ours) claimed the due run: it is due while its `wake_at` is
             // still the claim's end, whichever engine reads it.
-            self.record_claims(std::slice::from_ref(&item.run_id), until);
+            self.record_claim(&item.run_id, until);
         }
         let (id, wake) = (item.run_id, item.reason == QueueReason::Wake);
         if !self.enter_queued(&id, wake, since) {

@@ -86,6 +86,12 @@ impl Shared {
         }
     }
 
+    /// Remembers one claim named by a wake this engine took from the run queue (a single
+    /// insert: the poller's [`Shared::record_claims`] forgets the ended ones each poll).
+    pub(super) fn record_claim(&self, id: &RunId, until: Millis) {
+        self.timers.claims.lock().insert(id.clone(), until);
+    }
+
     /// Whether the run, as read from the store, is one a poller claimed (this engine's, or
     /// another's whose wake this engine took: the claim travels in the wake's dedupe key) and
     /// no turn has parked since: its `wake_at` is still the one the claim gave it. It is due
