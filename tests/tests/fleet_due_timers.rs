@@ -49,6 +49,14 @@ impl Transport for CountingTransport {
     fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer {
         self.inner.consume_runs(namespace, concurrency, handler)
     }
+
+    fn routes_without_namespace(&self) -> bool {
+        self.inner.routes_without_namespace()
+    }
+
+    fn merges_runs(&self) -> bool {
+        self.inner.merges_runs()
+    }
 }
 
 /// A store handle that also keeps the run queue (the SQLite and PostgreSQL stores do).

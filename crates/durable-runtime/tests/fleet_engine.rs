@@ -360,6 +360,9 @@ async fn a_claimed_wake_taken_by_another_engine_runs_the_run() {
     config.orphan_poll_interval = Duration::from_secs(3600);
     config.recheck_interval = Duration::from_millis(20);
     config.lease_ttl = Duration::from_secs(3600);
+    // Engine A's queue keeps duplicates: without this its poller would leave the due run to
+    // its own wake (there is none) for the grace, past the single poll this test relies on.
+    config.poll_grace = Duration::ZERO;
     let register = |engine: &Engine| {
         engine.register("approve", 1, |ctx: WorkflowCtx, _: ()| async move {
             let ok: bool = ctx.wait_for_signal("approve").await?;
@@ -426,4 +429,130 @@ async fn a_claimed_wake_taken_by_another_engine_runs_the_run() {
     assert!(out);
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// Counts the polls of the engines on a [`FaultyStore`] (their `pending_runs` calls, one per
+/// poll) so a test can wait for a number of them.
+fn count_polls(store: &FaultyStore<MemoryStore>) -> tokio::sync::watch::Receiver<u64> {
+    let (polled, polls) = tokio::sync::watch::channel(0u64);
+    store.set_latency_with(move |call| {
+        if call.method == Method::PendingRuns {
+            polled.send_modify(|n| *n += 1);
+        }
+        Duration::ZERO
+    });
+    polls
+}
+
+/// Waits until `n` more polls began (so at least `n - 1` whole polls ran since the call).
+async fn polls_pass(polls: &mut tokio::sync::watch::Receiver<u64>, n: u64) {
+    let target = *polls.borrow_and_update() + n;
+    let waited = tokio::time::timeout(Duration::from_secs(30), polls.wait_for(|seen| *seen >= target)).await;
+    waited.expect("the poller stopped polling").unwrap();
+}
+
+impl Kept {
+    /// The items sent so far.
+    fn items(&self) -> Vec<QueuedRun> {
+        self.sent.lock().iter().flat_map(|(_, batch)| batch.clone()).collect()
+    }
+
+    /// Waits until `n` items were sent in all.
+    async fn wait_for_items(&self, n: usize) {
+        let arrived = async {
+            while self.items().len() < n {
+                self.arrived.notified().await;
+            }
+        };
+        tokio::time::timeout(Duration::from_secs(30), arrived).await.expect("the items never came");
+    }
+}
+
+/// On a queue that keeps duplicates (a broker), the pending poller leaves a run to the start
+/// item its creator sent for the poll grace: polls within the grace send nothing more (each
+/// extra item would be delivered and cost a turn), and once the run was seen pending for the
+/// grace — its item lost, say — one more start is sent, and no more until the grace passes
+/// again. Time is the engine's (virtual) clock.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_leave_a_pending_run_to_its_own_item_on_a_broker_for_the_grace() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let mut polls = count_polls(&store);
+    let clock = VirtualClock::starting_2026();
+    let kept = Kept::default();
+    let config = test_config();
+    let grace = config.poll_grace;
+    assert!(!grace.is_zero(), "the default grace applies to a broker");
+    let engine =
+        Engine::builder().shared_store(store.clone()).clock(clock.clone()).transport(kept.clone()).config(config);
+    let engine = engine.build().unwrap();
+    register_nap(&engine);
+    let id = engine.start("nap", &1u64, StartOptions::id("waits-in-the-broker")).await.unwrap().id;
+    kept.wait_for_items(1).await;
+
+    polls_pass(&mut polls, 6).await;
+    clock.advance(grace / 2);
+    polls_pass(&mut polls, 6).await;
+    assert_eq!(kept.items().len(), 1, "a poll within the grace sent the run again: {:?}", kept.items());
+
+    clock.advance(grace / 2);
+    kept.wait_for_items(2).await;
+    polls_pass(&mut polls, 6).await;
+    let items = kept.items();
+    assert_eq!(items.len(), 2, "once the grace passed, one more start and no more: {items:?}");
+    assert!(items.iter().all(|item| item.run_id == id && item.reason == durable_transport::QueueReason::Start));
+    engine.shutdown().await;
+}
+
+/// On a queue that keeps duplicates, the due poller claims only runs due for the poll grace:
+/// a run whose signal arrived (due now, its wake on its way through the broker) is left alone
+/// — not claimed, no wake sent — until it has been due for the grace; then one claimed wake
+/// heals it (here nothing else would: the signal was written by a bare store call).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_leave_a_due_run_to_its_own_item_on_a_broker_for_the_grace() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let clock = VirtualClock::starting_2026();
+    let register = |engine: &Engine| {
+        engine.register("approve", 1, |ctx: WorkflowCtx, _: ()| async move {
+            let ok: bool = ctx.wait_for_signal("approve").await?;
+            Ok::<_, WorkflowError>(ok)
+        });
+    };
+    // Engine B (no run queue) runs the workflow until it waits for its signal, and goes away.
+    let b = Engine::builder().shared_store(store.clone()).clock(clock.clone()).config(test_config()).build().unwrap();
+    let mut events = b.subscribe();
+    register(&b);
+    let id = b.start("approve", &(), StartOptions::id("due-in-the-broker")).await.unwrap().id;
+    loop {
+        if let EngineEvent::RunSuspended { run_id, .. } = events.recv().await.unwrap()
+            && run_id == id
+        {
+            break;
+        }
+    }
+    b.shutdown().await;
+    let payload = durable_core::Payload::encode(&true).unwrap();
+    store.send_signal("approve", payload, durable_runtime::Clock::now(&clock)).await.unwrap();
+    let due_at = store.get_run(&id).await.unwrap().unwrap().wake_at.expect("the signal made the run due");
+
+    let mut polls = count_polls(&store);
+    let kept = Kept::default();
+    let config = test_config();
+    let grace = config.poll_grace;
+    let a = Engine::builder().shared_store(store.clone()).clock(clock.clone()).transport(kept.clone()).config(config);
+    let a = a.build().unwrap();
+    register(&a);
+    polls_pass(&mut polls, 6).await;
+    clock.advance(grace - Duration::from_millis(1));
+    polls_pass(&mut polls, 6).await;
+    assert_eq!(store.get_run(&id).await.unwrap().unwrap().wake_at, Some(due_at), "claimed within the grace");
+    assert!(kept.items().is_empty(), "a poll within the grace sent a wake: {:?}", kept.items());
+
+    clock.advance(Duration::from_millis(1));
+    kept.wait_for_items(1).await;
+    polls_pass(&mut polls, 6).await;
+    let items = kept.items();
+    assert_eq!(items.len(), 1, "one claimed wake: {items:?}");
+    assert_eq!(items[0].run_id, id);
+    assert!(items[0].claimed_until().is_some(), "the wake names its claim: {items:?}");
+    a.shutdown().await;
 }

@@ -131,6 +131,17 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     fn routes_without_namespace(&self) -> bool {
         false
     }
+
+    /// Whether the queue keeps at most one item per run: an item sent for a run that already
+    /// waits in the queue merges into the waiting one (the store-backed queue does). When
+    /// `false` (the default: a broker keeps every message), each duplicate item is delivered
+    /// and costs a turn, so the engine's pollers leave a run they find pending or due to the
+    /// item already sent for it for [`EngineConfig::poll_grace`] before they send another.
+    ///
+    /// [`EngineConfig::poll_grace`]: https://docs.rs/durable-runtime/latest/durable_runtime/struct.EngineConfig.html#structfield.poll_grace
+    fn merges_runs(&self) -> bool {
+        false
+    }
 }
 
 #[async_trait]
@@ -145,5 +156,9 @@ impl<T: Transport + ?Sized> Transport for Arc<T> {
 
     fn routes_without_namespace(&self) -> bool {
         (**self).routes_without_namespace()
+    }
+
+    fn merges_runs(&self) -> bool {
+        (**self).merges_runs()
     }
 }

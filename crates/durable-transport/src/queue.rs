@@ -126,6 +126,10 @@ impl Transport for QueueTransport {
         true
     }
 
+    fn merges_runs(&self) -> bool {
+        true
+    }
+
     fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer {
         let (stop, mut stopped) = watch::channel(false);
         let this = self.clone();

@@ -46,6 +46,16 @@ impl Fleet {
         self.transport.is_some()
     }
 
+    /// How long the pollers leave a run they find to the item already sent for it (see
+    /// [`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)): the grace with a queue
+    /// that keeps duplicates and is working, zero otherwise.
+    pub(super) fn poll_grace(&self, grace: Duration) -> Duration {
+        match &self.transport {
+            Some(transport) if !transport.merges_runs() && !self.is_down() => grace,
+            _ => Duration::ZERO,
+        }
+    }
+
     /// Whether the last send to the queue failed.
     pub(super) fn is_down(&self) -> bool {
         self.queue_failures.lock().down

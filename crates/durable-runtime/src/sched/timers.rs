@@ -27,6 +27,9 @@ pub(super) struct Timers {
     /// the run queue, with the `wake_at` the claim gave them (when the claim ends). Forgotten
     /// once that time passed.
     claims: Mutex<HashMap<RunId, Millis>>,
+    /// With a poll grace: the runs the last poll found pending, with when this poller first
+    /// saw them pending (or last handed them on).
+    pending_seen: Mutex<HashMap<RunId, Millis>>,
 }
 
 /// One timer per run: the time its last turn here parked it until.
@@ -102,6 +105,30 @@ impl Shared {
             && run.wake_at.is_some_and(|at| self.timers.claims.lock().get(&run.id).is_some_and(|until| *until == at))
     }
 
+    /// Of the runs a poll found pending at `now`, those to hand on: with a `grace`, a run is
+    /// left to the start item already sent for it until this poller has seen it pending for
+    /// the grace, and is handed on again each time the grace passes. A run no longer found is
+    /// forgotten.
+    fn pending_to_hand_on(&self, found: Vec<RunId>, now: Millis, grace: Millis) -> Vec<RunId> {
+        let mut seen = self.timers.pending_seen.lock();
+        if grace == 0 {
+            seen.clear();
+            return found;
+        }
+        let mut still = HashMap::with_capacity(found.len());
+        let mut hand_on = Vec::new();
+        for id in found {
+            let mut since = seen.remove(&id).unwrap_or(now);
+            if now.saturating_sub(since) >= grace {
+                hand_on.push(id.clone());
+                since = now;
+            }
+            still.insert(id, since);
+        }
+        *seen = still;
+        hand_on
+    }
+
     /// Drops the run's in-memory timer: a turn of it starts here, and sets a new one if it
     /// parks (so a timer never wakes a run that already moved on).
     pub(super) fn cancel_timer(&self, id: &RunId) {
@@ -158,7 +185,9 @@ impl Shared {
     /// moves one lease period ahead, so no other poller finds them meanwhile) and each gets a
     /// wake (see [`Shared::queue_claimed`]): if that wake is lost, the run is due again when
     /// the claim ends. A draining or stopping engine claims nothing: it could not hand on
-    /// what it claimed, and the other engines' pollers find it.
+    /// what it claimed, and the other engines' pollers find it. On a queue that keeps
+    /// duplicates (a broker) a run found pending or due is first left to its own item for
+    /// the poll grace ([`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)).
     async fn poll_once(&self, orphans: bool) -> bool {
         let workflows = self.registry.keys();
         if workflows.is_empty() {
@@ -173,12 +202,14 @@ impl Shared {
         };
         let until = now.saturating_add(self.lease_ms());
         let claim = !self.is_stopping() && !self.is_draining();
+        let grace = self.fleet.poll_grace(self.config.poll_grace).as_millis() as Millis;
         let mark = self.mark();
-        let (mut pending, mut claimed, mut orphaned) = (Vec::new(), Vec::new(), Vec::new());
+        let (mut pending, mut claimed, mut orphaned) = (None, Vec::new(), Vec::new());
         let result = async {
-            pending.extend(self.store.pending_runs(&query).await?);
+            pending = Some(self.store.pending_runs(&query).await?);
             if claim {
-                claimed.extend(self.store.claim_due_runs(&query, until).await?);
+                let due = RunQuery { now: now.saturating_sub(grace), ..query.clone() };
+                claimed.extend(self.store.claim_due_runs(&due, until).await?);
                 self.record_claims(&claimed, until);
             }
             if orphans {
@@ -191,6 +222,7 @@ impl Shared {
             tracing::warn!(error = %e, "poller could not read the store; trying again next interval");
         }
         // With a run queue, what a poller finds is handed to every instance, not executed here.
+        let pending = pending.map(|found| self.pending_to_hand_on(found, now, grace)).unwrap_or_default();
         for id in pending {
             self.queue_found(id, QueueReason::Start, mark);
         }
