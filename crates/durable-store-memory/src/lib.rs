@@ -143,10 +143,7 @@ impl Inner {
             return ClaimOutcome::Busy(run.clone());
         }
         let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
-        if held_by_other
-            && lease_is_live(run, claim.now)
-            && !ignore_live_leases
-        {
+        if held_by_other && lease_is_live(run, claim.now) && !ignore_live_leases {
             return ClaimOutcome::Busy(run.clone());
         }
         let previous = run.status;

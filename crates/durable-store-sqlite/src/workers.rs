@@ -445,7 +445,10 @@ mod tests {
     }
 
     /// A write without a savepoint ([`Guard::None`]), named `op`.
-    fn hot(op: &'static str, f: impl FnOnce(&Connection) -> OpResult<()> + Send + 'static) -> (Box<dyn WriteJob>, Reply) {
+    fn hot(
+        op: &'static str,
+        f: impl FnOnce(&Connection) -> OpResult<()> + Send + 'static,
+    ) -> (Box<dyn WriteJob>, Reply) {
         let (reply, rx) = oneshot::channel();
         (Box::new(Job { op, guard: Guard::None, f: Some(f), out: None, reply }), rx)
     }

@@ -9,8 +9,8 @@ use durable_core::task::{
     WorkerInfo,
 };
 use durable_core::{
-    Checkpoint, CheckpointStatus, ClaimOutcome, Delivery, Millis, Run, RunId, RunQuery, RunStatus, StepError, StepKind, Store,
-    StoreErrorKind, TaskFilter, WaitKind, Waiter, codes, protocol,
+    Checkpoint, CheckpointStatus, ClaimOutcome, Delivery, Millis, Run, RunId, RunQuery, RunStatus, StepError, StepKind,
+    Store, StoreErrorKind, TaskFilter, WaitKind, Waiter, codes, protocol,
 };
 use serde_json::json;
 
@@ -442,7 +442,10 @@ pub async fn complete_task_and_claim_claims_the_woken_run(store: Arc<dyn Store>)
     let Some(ClaimOutcome::Acquired { run, history, previous, recovered }) = claimed else {
         panic!("run r: the accepted result's claim should acquire the run, got {claimed:?}")
     };
-    assert_eq!((run.status, run.lease_owner.as_deref(), run.lease_until), (RunStatus::Running, Some(OWNER), Some(now + LEASE)));
+    assert_eq!(
+        (run.status, run.lease_owner.as_deref(), run.lease_until),
+        (RunStatus::Running, Some(OWNER), Some(now + LEASE))
+    );
     assert_eq!((previous, recovered), (RunStatus::Suspended, false));
     assert_eq!(run.wake_gen, parked.wake_gen + 1, "woken by the result before the claim");
     assert_eq!(get(s, "r").await?, run, "the claim answers the run as stored");

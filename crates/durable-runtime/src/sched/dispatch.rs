@@ -333,7 +333,12 @@ impl Shared {
     /// was committed, and `shutdown` releases the lease).
     /// With `result`: a worker's result for the run, recorded by its first claim (see
     /// [`Shared::complete_and_execute`]).
-    pub(super) async fn run_in_slot(self: &Arc<Self>, mut guard: TaskGuard, check: bool, result: Option<ResultToRecord>) {
+    pub(super) async fn run_in_slot(
+        self: &Arc<Self>,
+        mut guard: TaskGuard,
+        check: bool,
+        result: Option<ResultToRecord>,
+    ) {
         let id = guard.id.clone();
         guard.quiet = tokio::select! {
             biased;
@@ -350,7 +355,11 @@ impl Shared {
     /// result in the same store call ([`Store::complete_task_and_claim`](durable_core::Store::complete_task_and_claim)).
     /// Otherwise the result is recorded alone and the run woken as usual. Returns the
     /// completion (`Err`: nothing was recorded, or the engine stopped before it could say).
-    pub(crate) async fn complete_and_execute(self: &Arc<Self>, done: TaskDone, namespace: &str) -> StoreResult<TaskCompletion> {
+    pub(crate) async fn complete_and_execute(
+        self: &Arc<Self>,
+        done: TaskDone,
+        namespace: &str,
+    ) -> StoreResult<TaskCompletion> {
         let mark = self.mark();
         let id = done.run_id.clone();
         let Some(slot) = self.slot_now(&id, namespace) else {
