@@ -79,6 +79,8 @@ pub enum Method {
     HeartbeatTask,
     /// [`Store::complete_task`].
     CompleteTask,
+    /// [`Store::complete_task_and_claim`].
+    CompleteTaskAndClaim,
     /// [`Store::release_tasks`].
     ReleaseTasks,
     /// [`Store::list_tasks`].
@@ -109,7 +111,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 42] = [
+    pub const ALL: [Method; 43] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -139,6 +141,7 @@ impl Method {
         Method::ClaimTasks,
         Method::HeartbeatTask,
         Method::CompleteTask,
+        Method::CompleteTaskAndClaim,
         Method::ReleaseTasks,
         Method::ListTasks,
         Method::QueueStats,
@@ -186,6 +189,7 @@ impl Method {
             Method::ClaimTasks => "claim_tasks",
             Method::HeartbeatTask => "heartbeat_task",
             Method::CompleteTask => "complete_task",
+            Method::CompleteTaskAndClaim => "complete_task_and_claim",
             Method::ReleaseTasks => "release_tasks",
             Method::ListTasks => "list_tasks",
             Method::QueueStats => "queue_stats",
@@ -701,6 +705,16 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         self.call(Method::CompleteTask, Some(&id), worker.as_deref(), self.inner.complete_task(done)).await
     }
 
+    async fn complete_task_and_claim(
+        &self,
+        done: TaskDone,
+        claim: Claim,
+    ) -> StoreResult<(TaskCompletion, Option<ClaimOutcome>)> {
+        let (id, worker) = (done.run_id.clone(), done.worker.clone());
+        let inner = self.inner.complete_task_and_claim(done, claim);
+        self.call(Method::CompleteTaskAndClaim, Some(&id), worker.as_deref(), inner).await
+    }
+
     async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
         let id = tasks.first().map(|t| t.0.clone());
         self.call(Method::ReleaseTasks, id.as_ref(), Some(worker), self.inner.release_tasks(tasks, worker)).await
@@ -933,7 +947,7 @@ mod tests {
             );
             assert_eq!(
                 Method::ALL.iter().filter(|m| m.name().contains("task") || m.name().contains("worker")).count(),
-                8
+                9
             );
         });
     }

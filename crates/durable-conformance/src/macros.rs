@@ -142,6 +142,7 @@ macro_rules! __store_cases {
             tasks::heartbeat_extends_the_lease(Store, [Tasks]),
             tasks::heartbeat_without_the_task_is_lost_or_cancelled(Store, [Tasks]),
             tasks::completion_records_the_result_and_wakes_the_run(Store, [Tasks]),
+            tasks::complete_task_and_claim_claims_the_woken_run(Store, [Tasks]),
             tasks::failed_attempt_is_recorded_waiting_without_wake_at(Store, [Tasks]),
             tasks::completion_is_once_per_attempt(Store, [Tasks]),
             tasks::completion_after_the_run_settled_is_run_terminal(Store, [Tasks]),

@@ -900,6 +900,33 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         Err(no_remote_steps())
     }
 
+    /// Records a task's result and, when it is accepted, claims the run it woke: one round
+    /// trip where an engine would otherwise call [`Store::complete_task`] and then
+    /// [`Store::claim_run`] to start the woken run's turn.
+    ///
+    /// # Contract
+    /// `claim.run_id` is `done.run_id` (otherwise → `Conflict`, nothing written). The result
+    /// is recorded exactly as [`Store::complete_task`] records it. When that answers
+    /// [`TaskCompletion::Accepted`], the run is then claimed exactly as [`Store::claim_run`]
+    /// claims it (after the wake, so an `Acquired` claim's history holds the result) and its
+    /// outcome is returned with it; otherwise nothing is claimed → `(completion, None)`. A
+    /// store that can do both in one atomic write does; the default makes the two calls one
+    /// after the other, and when the claim fails after the result was accepted it answers
+    /// `(Accepted, None)`: the result stands and the caller wakes the run as after
+    /// [`Store::complete_task`].
+    async fn complete_task_and_claim(
+        &self,
+        done: TaskDone,
+        claim: Claim,
+    ) -> StoreResult<(TaskCompletion, Option<ClaimOutcome>)> {
+        done.check_claim(&claim)?;
+        let completion = self.complete_task(done).await?;
+        if completion != TaskCompletion::Accepted {
+            return Ok((completion, None));
+        }
+        Ok((completion, self.claim_run(claim).await.ok()))
+    }
+
     /// Hands claimed tasks back unfinished (a draining worker).
     ///
     /// # Contract

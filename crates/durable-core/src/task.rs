@@ -264,6 +264,23 @@ pub struct TaskDone {
     pub now: Millis,
 }
 
+impl TaskDone {
+    /// Checks that `claim` is of this result's run, as
+    /// [`Store::complete_task_and_claim`](crate::Store::complete_task_and_claim) requires: a
+    /// `Conflict` naming both runs otherwise.
+    pub fn check_claim(&self, claim: &crate::Claim) -> crate::StoreResult<()> {
+        if self.run_id == claim.run_id {
+            return Ok(());
+        }
+        Err(crate::StoreError::Conflict {
+            message: format!(
+                "complete_task_and_claim: the result is for run {} (seq {}) but the claim is for run {}",
+                self.run_id, self.seq, claim.run_id
+            ),
+        })
+    }
+}
+
 /// The answer of [`Store::complete_task`](crate::Store::complete_task).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TaskCompletion {

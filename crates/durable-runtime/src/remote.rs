@@ -798,11 +798,16 @@ impl Worker {
     async fn report(&self, done: TaskDone, namespace: String, queue: &str) -> Option<TaskCompletion> {
         let w = &self.inner;
         let shared = w.engine.as_ref().and_then(Weak::upgrade);
-        let mark = shared.as_ref().map(|s| s.mark());
         let run_id = done.run_id.clone();
         let mut delay = Duration::from_millis(50);
         for attempt in 1..=5 {
-            match w.store.complete_task(done.clone()).await {
+            // Beside an engine, the engine records it and wakes the run (starting its turn in
+            // the same store call when it can).
+            let recorded = match &shared {
+                Some(s) => s.complete_and_execute(done.clone(), &namespace).await,
+                None => w.store.complete_task(done.clone()).await,
+            };
+            match recorded {
                 Ok(c) => {
                     match c {
                         TaskCompletion::Accepted => {
@@ -810,8 +815,8 @@ impl Worker {
                                 queue,
                                 if done.result.is_ok() { "completed" } else { "failed" },
                             );
-                            if let (Some(s), Some(mark)) = (shared, mark) {
-                                s.wake_in(run_id, &namespace, mark);
+                            if shared.is_some() {
+                                // Woken by `complete_and_execute`.
                             } else if let Some(t) = &w.transport {
                                 let item = QueuedRun {
                                     id: 0,

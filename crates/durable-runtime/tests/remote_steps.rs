@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use durable_conformance::TestEngine;
+use durable_conformance::{FaultyStore, Method, TestEngine};
 use durable_core::task::{TaskCompletion, TaskDone};
 use durable_core::{Backoff, CheckpointStatus, RunId, RunPatch, RunStatus, StepError, StepKind, Store, TaskFilter};
 use durable_runtime::{
@@ -96,6 +96,53 @@ async fn remote_steps_run_on_a_worker_and_their_results_are_checkpointed() {
     let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
     assert_eq!(tasks.len(), 2);
     assert!(tasks.iter().all(|t| t.outcome.as_deref() == Some("completed")), "{tasks:?}");
+    let report = w.stop().await;
+    assert_eq!((report.claimed, report.completed, report.dropped), (2, 2, 0));
+}
+
+/// A worker beside the engine hands its result to the engine, which, with a slot free and no
+/// run waiting for one, records it and claims the woken run in one store call
+/// (`complete_task_and_claim`): the run's next turn starts without a claim of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_from_a_worker_beside_the_engine_claims_the_woken_run_in_the_same_store_call() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let t = TestEngine::with_store(store.clone());
+    register_pipeline(&t);
+    // Each handler returns once the turn that dispatched its step has ended here, so the
+    // woken run is free to take a slot at once.
+    let engine = t.engine().clone();
+    let quiet = move || {
+        let engine = engine.clone();
+        async move {
+            while engine.metrics().turns_in_flight > 0 {
+                tokio::task::yield_now().await;
+            }
+        }
+    };
+    let (q1, q2) = (quiet.clone(), quiet);
+    let worker = Worker::builder()
+        .engine(t.engine())
+        .handle("double", move |_ctx, n: u32| {
+            let quiet = q1();
+            async move {
+                quiet.await;
+                Ok::<_, StepError>(n * 2)
+            }
+        })
+        .handle("add_one", move |_ctx, n: u32| {
+            let quiet = q2();
+            async move {
+                quiet.await;
+                Ok::<_, StepError>(n + 1)
+            }
+        });
+    let w = spawn(worker);
+    let run = t.start("pipeline", &20u32, StartOptions::id("p1")).await.unwrap();
+    t.assert_output(&run.id, 41u32).await;
+    let calls = store.call_counts();
+    assert_eq!(calls.get(&Method::CompleteTaskAndClaim), Some(&2), "{calls:?}");
+    assert_eq!(calls.get(&Method::CompleteTask), None, "{calls:?}");
+    assert_eq!(calls.get(&Method::ClaimRun), Some(&1), "only the first turn claims the run alone: {calls:?}");
     let report = w.stop().await;
     assert_eq!((report.claimed, report.completed, report.dropped), (2, 2, 0));
 }

@@ -131,6 +131,102 @@ fn check_transition(run: &Run, next: RunStatus) -> StoreResult<()> {
 }
 
 impl Inner {
+    /// [`Store::claim_run`] under the lock (`ignore_live_leases`: the planted bug).
+    fn claim_run(&mut self, claim: Claim, ignore_live_leases: bool) -> ClaimOutcome {
+        let Some(run) = self.runs.get_mut(&claim.run_id) else {
+            return ClaimOutcome::NotFound;
+        };
+        if run.status.is_terminal() {
+            return ClaimOutcome::Terminal(run.clone());
+        }
+        if run.status == RunStatus::Pending && run.wake_at == Some(protocol::GATED) {
+            return ClaimOutcome::Busy(run.clone());
+        }
+        let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
+        if held_by_other && lease_is_live(run, claim.now) && !ignore_live_leases {
+            return ClaimOutcome::Busy(run.clone());
+        }
+        let previous = run.status;
+        let recovered = previous == RunStatus::Running && held_by_other;
+        if recovered {
+            run.recovery_attempts += 1;
+        }
+        run.status = RunStatus::Running;
+        run.lease_owner = Some(claim.owner);
+        run.lease_until = Some(claim.lease_until);
+        run.updated_at = claim.now;
+        let run = run.clone();
+        let history = self.checkpoints.get(&claim.run_id).map(|m| m.values().cloned().collect()).unwrap_or_default();
+        ClaimOutcome::Acquired { run, history, previous, recovered }
+    }
+
+    /// [`Store::complete_task`] under the lock.
+    fn complete_task(&mut self, done: TaskDone) -> TaskCompletion {
+        let inner = self;
+        let key = (done.run_id.clone(), done.seq);
+        match inner.tasks.get(&key) {
+            Some(t) if t.task.attempt == done.attempt && t.state != TaskState::Finished => {}
+            _ => return TaskCompletion::Duplicate,
+        }
+        let terminal = inner.runs.get(&done.run_id).is_none_or(|r| r.status.is_terminal());
+        let finish = |t: &mut Task, outcome: &str, logs: Vec<TaskLog>| {
+            t.state = TaskState::Finished;
+            t.outcome = Some(outcome.to_string());
+            t.lease_until = None;
+            t.logs.extend(logs);
+        };
+        if terminal {
+            finish(inner.tasks.get_mut(&key).expect("checked above"), "cancelled", done.logs);
+            return TaskCompletion::RunTerminal;
+        }
+        let token = protocol::remote_token(&done.run_id, done.seq);
+        let waiter = inner
+            .by_run
+            .get(&done.run_id)
+            .and_then(|m| m.get(&done.seq))
+            .copied()
+            .filter(|id| matches!(&inner.waiters[id].kind, WaitKind::Signal { token: t } if *t == token));
+        let Some(waiter) = waiter else {
+            return TaskCompletion::Duplicate;
+        };
+        let w = inner.remove_waiter(waiter).expect("indexed waiter exists");
+        let outcome = match done.result {
+            Ok(output) => {
+                inner.resolve(&done.run_id, done.seq, &w.name, StepKind::Remote, output, done.now);
+                "completed"
+            }
+            Err(error) => {
+                let timed_out = error.code() == Some(codes::REMOTE_TIMEOUT);
+                let cps = inner.checkpoints.entry(done.run_id.clone()).or_default();
+                let cp = cps.entry(done.seq).or_insert_with(|| {
+                    Checkpoint::new(
+                        done.run_id.clone(),
+                        done.seq,
+                        &w.name,
+                        StepKind::Remote,
+                        CheckpointStatus::Waiting,
+                        done.now,
+                    )
+                });
+                cp.status = CheckpointStatus::Waiting;
+                cp.error = Some(error);
+                cp.wake_at = None;
+                cp.updated_at = done.now;
+                inner.wake(&done.run_id, done.now);
+                if timed_out { "timed_out" } else { "failed" }
+            }
+        };
+        if let Some(cp) = inner.checkpoints.get_mut(&done.run_id).and_then(|m| m.get_mut(&done.seq)) {
+            cp.attempts = done.attempt;
+        }
+        finish(inner.tasks.get_mut(&key).expect("checked above"), outcome, done.logs);
+        // The step's admission slot (a gated remote step holds one while its attempt is out).
+        let holder = protocol::step_id(&done.run_id, done.seq);
+        let handed = inner.admission.release_holder(&done.run_id, &holder, done.now);
+        inner.wake_handed(&handed, done.now);
+        TaskCompletion::Accepted
+    }
+
     /// The ids `Store::due_runs` returns: parked runs and delayed starts due at `q.now`
     /// without a live lease, earliest `wake_at` first.
     fn due_runs(&self, q: &RunQuery) -> Vec<RunId> {
@@ -403,35 +499,8 @@ impl Store for MemoryStore {
     }
 
     async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
-        let mut inner = self.inner.lock();
-        let Some(run) = inner.runs.get_mut(&claim.run_id) else {
-            return Ok(ClaimOutcome::NotFound);
-        };
-        if run.status.is_terminal() {
-            return Ok(ClaimOutcome::Terminal(run.clone()));
-        }
-        if run.status == RunStatus::Pending && run.wake_at == Some(protocol::GATED) {
-            return Ok(ClaimOutcome::Busy(run.clone()));
-        }
-        let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner);
-        if held_by_other
-            && lease_is_live(run, claim.now)
-            && !self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed)
-        {
-            return Ok(ClaimOutcome::Busy(run.clone()));
-        }
-        let previous = run.status;
-        let recovered = previous == RunStatus::Running && held_by_other;
-        if recovered {
-            run.recovery_attempts += 1;
-        }
-        run.status = RunStatus::Running;
-        run.lease_owner = Some(claim.owner);
-        run.lease_until = Some(claim.lease_until);
-        run.updated_at = claim.now;
-        let run = run.clone();
-        let history = inner.checkpoints.get(&claim.run_id).map(|m| m.values().cloned().collect()).unwrap_or_default();
-        Ok(ClaimOutcome::Acquired { run, history, previous, recovered })
+        let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(self.inner.lock().claim_run(claim, ignore))
     }
 
     async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
@@ -840,70 +909,21 @@ impl Store for MemoryStore {
     }
 
     async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
+        Ok(self.inner.lock().complete_task(done))
+    }
+
+    /// Both under one lock: nothing happens to the run between the result and the claim.
+    async fn complete_task_and_claim(
+        &self,
+        done: TaskDone,
+        claim: Claim,
+    ) -> StoreResult<(TaskCompletion, Option<ClaimOutcome>)> {
+        done.check_claim(&claim)?;
+        let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
         let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let key = (done.run_id.clone(), done.seq);
-        match inner.tasks.get(&key) {
-            Some(t) if t.task.attempt == done.attempt && t.state != TaskState::Finished => {}
-            _ => return Ok(TaskCompletion::Duplicate),
-        }
-        let terminal = inner.runs.get(&done.run_id).is_none_or(|r| r.status.is_terminal());
-        let finish = |t: &mut Task, outcome: &str, logs: Vec<TaskLog>| {
-            t.state = TaskState::Finished;
-            t.outcome = Some(outcome.to_string());
-            t.lease_until = None;
-            t.logs.extend(logs);
-        };
-        if terminal {
-            finish(inner.tasks.get_mut(&key).expect("checked above"), "cancelled", done.logs);
-            return Ok(TaskCompletion::RunTerminal);
-        }
-        let token = protocol::remote_token(&done.run_id, done.seq);
-        let waiter = inner
-            .by_run
-            .get(&done.run_id)
-            .and_then(|m| m.get(&done.seq))
-            .copied()
-            .filter(|id| matches!(&inner.waiters[id].kind, WaitKind::Signal { token: t } if *t == token));
-        let Some(waiter) = waiter else {
-            return Ok(TaskCompletion::Duplicate);
-        };
-        let w = inner.remove_waiter(waiter).expect("indexed waiter exists");
-        let outcome = match done.result {
-            Ok(output) => {
-                inner.resolve(&done.run_id, done.seq, &w.name, StepKind::Remote, output, done.now);
-                "completed"
-            }
-            Err(error) => {
-                let timed_out = error.code() == Some(codes::REMOTE_TIMEOUT);
-                let cps = inner.checkpoints.entry(done.run_id.clone()).or_default();
-                let cp = cps.entry(done.seq).or_insert_with(|| {
-                    Checkpoint::new(
-                        done.run_id.clone(),
-                        done.seq,
-                        &w.name,
-                        StepKind::Remote,
-                        CheckpointStatus::Waiting,
-                        done.now,
-                    )
-                });
-                cp.status = CheckpointStatus::Waiting;
-                cp.error = Some(error);
-                cp.wake_at = None;
-                cp.updated_at = done.now;
-                inner.wake(&done.run_id, done.now);
-                if timed_out { "timed_out" } else { "failed" }
-            }
-        };
-        if let Some(cp) = inner.checkpoints.get_mut(&done.run_id).and_then(|m| m.get_mut(&done.seq)) {
-            cp.attempts = done.attempt;
-        }
-        finish(inner.tasks.get_mut(&key).expect("checked above"), outcome, done.logs);
-        // The step's admission slot (a gated remote step holds one while its attempt is out).
-        let holder = protocol::step_id(&done.run_id, done.seq);
-        let handed = inner.admission.release_holder(&done.run_id, &holder, done.now);
-        inner.wake_handed(&handed, done.now);
-        Ok(TaskCompletion::Accepted)
+        let completion = inner.complete_task(done);
+        let claimed = (completion == TaskCompletion::Accepted).then(|| inner.claim_run(claim, ignore));
+        Ok((completion, claimed))
     }
 
     async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {

@@ -172,6 +172,8 @@ impl From<Error> for StoreError {
 #[derive(Clone)]
 pub(crate) struct SharedFailure {
     busy: Option<Duration>,
+    /// The transaction was rolled back for another write's failure: trying again can succeed.
+    retryable: bool,
     path: PathBuf,
     message: String,
 }
@@ -183,12 +185,33 @@ impl SharedFailure {
                 Error::Busy { timeout, .. } => Some(*timeout),
                 _ => None,
             },
+            retryable: false,
             path: err.path().to_path_buf(),
             message: err.to_string(),
         }
     }
 
+    /// The transaction was rolled back because the `op` write grouped with the others failed
+    /// after it changed rows: a retryable `Unavailable` for the others.
+    pub(crate) fn rolled_back(path: &Path, op: &str) -> Self {
+        SharedFailure {
+            busy: None,
+            retryable: true,
+            path: path.to_path_buf(),
+            message: format!(
+                "the {op} write grouped with this one failed after it changed rows, so the transaction of both \
+                 was rolled back: nothing of this write was written; try again"
+            ),
+        }
+    }
+
     pub(crate) fn to_store_error(&self) -> StoreError {
+        if self.retryable {
+            return StoreError::Unavailable {
+                message: format!("{}: {}", self.path.display(), self.message),
+                retryable: true,
+            };
+        }
         match self.busy {
             Some(timeout) => Error::Busy { path: self.path.clone(), timeout }.into_store_error(),
             None => StoreError::Backend(Box::new(Error::Sqlite {

@@ -14,7 +14,14 @@
 //!   applies them in one `BEGIN IMMEDIATE … COMMIT` transaction, so one fsync covers them all.
 //!   Each request runs in its own `SAVEPOINT`: one that fails (`LeaseLost`, `Conflict`, …) is
 //!   rolled back alone. Answers are sent only after the `COMMIT` succeeded; if it fails, every
-//!   request of the group gets the error and nothing of the group was written.
+//!   request of the group gets the error and nothing of the group was written. The hot writes
+//!   (`commit`, `claim_run`, `claim_tasks`, `complete_task`, `complete_task_and_claim`) run
+//!   without a savepoint (which costs every page they touch a copy in a statement journal):
+//!   they decide every refusal before they change a row, so a refusal leaves nothing to undo;
+//!   one that fails after changing rows (a disk error, a row that does not decode) rolls back
+//!   the group's transaction, the writes applied before it in the group get a retryable
+//!   `Unavailable` (nothing of them was written) and the rest of the group goes on in a new
+//!   transaction.
 //! - **Statements planned once.** Every connection keeps its prepared statements in a cache
 //!   and plans with SQLite's query planner stability guarantee (`SQLITE_DBCONFIG_ENABLE_QPSG`):
 //!   a plan never depends on the values bound to it, so a cached statement is not parsed and
@@ -357,7 +364,7 @@ impl Store for SqliteStore {
     }
 
     async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
-        self.workers.write("claim_run", move |c| ops::claim_run(c, claim)).await
+        self.workers.write_hot("claim_run", move |c| ops::claim_run(c, claim)).await
     }
 
     async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
@@ -371,7 +378,7 @@ impl Store for SqliteStore {
     }
 
     async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
-        self.workers.write("commit", move |c| ops::commit(c, commit)).await
+        self.workers.write_hot("commit", move |c| ops::commit(c, commit)).await
     }
 
     async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {
@@ -477,7 +484,7 @@ impl Store for SqliteStore {
         }
         let claim = claim.clone();
         // One write: the claimable rows are read and marked claimed in the same transaction.
-        self.workers.write("claim_tasks", move |c| tasks::claim_tasks(c, &claim)).await
+        self.workers.write_hot("claim_tasks", move |c| tasks::claim_tasks(c, &claim)).await
     }
 
     async fn heartbeat_task(&self, beat: &TaskBeat) -> StoreResult<BeatOutcome> {
@@ -486,7 +493,26 @@ impl Store for SqliteStore {
     }
 
     async fn complete_task(&self, done: TaskDone) -> StoreResult<TaskCompletion> {
-        self.workers.write("complete_task", move |c| tasks::complete_task(c, done)).await
+        self.workers.write_hot("complete_task", move |c| tasks::complete_task(c, done)).await
+    }
+
+    /// One write: the result, the wake and the claim of the woken run in one transaction.
+    async fn complete_task_and_claim(
+        &self,
+        done: TaskDone,
+        claim: Claim,
+    ) -> StoreResult<(TaskCompletion, Option<ClaimOutcome>)> {
+        done.check_claim(&claim)?;
+        self.workers
+            .write_hot("complete_task_and_claim", move |c| {
+                let completion = tasks::complete_task(c, done)?;
+                let claimed = match completion {
+                    TaskCompletion::Accepted => Some(ops::claim_run(c, claim)?),
+                    _ => None,
+                };
+                Ok((completion, claimed))
+            })
+            .await
     }
 
     async fn release_tasks(&self, released: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {

@@ -758,6 +758,9 @@ pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcom
     }
     let previous = run.status;
     let recovered = previous == RunStatus::Running && held_by_other;
+    // Read before the write: a history that fails to load (a corrupt row) fails the claim
+    // before it changed anything, so the writer need not undo it.
+    let history = history(conn, &claim.run_id)?;
     let mut stmt = conn.prepare_cached(
         "UPDATE runs SET status = 'running', lease_owner = ?2, lease_until = ?3, updated_at = ?4, \
          recovery_attempts = recovery_attempts + ?5 WHERE id = ?1",
@@ -776,7 +779,6 @@ pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcom
     run.lease_owner = Some(claim.owner);
     run.lease_until = Some(claim.lease_until);
     run.updated_at = claim.now;
-    let history = history(conn, &claim.run_id)?;
     Ok(ClaimOutcome::Acquired { run, history, previous, recovered })
 }
 

@@ -54,8 +54,28 @@ impl Counters {
     }
 }
 
+/// How a write of a group is kept apart from the others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Guard {
+    /// In a `SAVEPOINT` of its own: a write that fails is rolled back alone.
+    Savepoint,
+    /// No savepoint, for the hot writes (a savepoint costs its statements a statement journal
+    /// of every page they touch). A write that fails before it changed a row (the writer
+    /// compares the connection's `total_changes` before and after) costs the group nothing;
+    /// one that fails after it changed rows rolls back the whole transaction: the writes of
+    /// the group applied before it get a retryable `Unavailable` (nothing of them was
+    /// written), the failed one its own error, and the rest of the group goes on in a new
+    /// transaction. The operations run this way check what can refuse them before they
+    /// write, so that is a rare failure (a disk error, a row that does not decode).
+    None,
+}
+
 /// One write request: applied inside the group's transaction, answered after it commits.
 pub(crate) trait WriteJob: Send {
+    /// How it is kept apart from the other writes of its group.
+    fn guard(&self) -> Guard;
+    /// The operation's name, for errors.
+    fn op(&self) -> &'static str;
     /// Runs the operation; returns whether it succeeded (if not, its savepoint is rolled back).
     fn apply(&mut self, conn: &Connection) -> bool;
     /// Sends the answer: the operation's result, or the group's failure.
@@ -64,6 +84,7 @@ pub(crate) trait WriteJob: Send {
 
 struct Job<F, T> {
     op: &'static str,
+    guard: Guard,
     f: Option<F>,
     out: Option<OpResult<T>>,
     reply: oneshot::Sender<StoreResult<T>>,
@@ -74,6 +95,14 @@ where
     F: FnOnce(&Connection) -> OpResult<T> + Send,
     T: Send,
 {
+    fn guard(&self) -> Guard {
+        self.guard
+    }
+
+    fn op(&self) -> &'static str {
+        self.op
+    }
+
     fn apply(&mut self, conn: &Connection) -> bool {
         let Some(f) = self.f.take() else { return false };
         let out = f(conn);
@@ -83,13 +112,15 @@ where
     }
 
     fn finish(self: Box<Self>, ctx: &Ctx, failure: Option<&SharedFailure>) {
-        let Job { op, out, reply, .. } = *self;
+        let Job { op, out, reply, f, .. } = *self;
+        // Taken and no answer: it panicked (`f` is still here: it never ran).
+        let panicked = f.is_none() && out.is_none();
         let answer = match (failure, out) {
             // A failed request keeps its own error even when the whole group failed.
             (_, Some(Err(e))) => Err(e.into_store_error(ctx, op)),
-            (Some(f), _) => Err(f.to_store_error()),
+            (Some(f), _) if !panicked => Err(f.to_store_error()),
             (None, Some(Ok(v))) => Ok(v),
-            (None, None) => Err(StoreError::backend(format!(
+            _ => Err(StoreError::backend(format!(
                 "{}: internal error: the {op} request panicked; nothing of it was written",
                 ctx.path.display()
             ))),
@@ -165,14 +196,33 @@ impl Workers {
         self.counters.snapshot()
     }
 
-    /// Runs `f` on the writer thread, inside a group's transaction; answers after the commit.
+    /// Runs `f` on the writer thread, inside a group's transaction, in a savepoint of its
+    /// own; answers after the commit.
     pub(crate) async fn write<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
     where
         T: Send + 'static,
         F: FnOnce(&Connection) -> OpResult<T> + Send + 'static,
     {
+        self.write_as(op, Guard::Savepoint, f).await
+    }
+
+    /// [`Workers::write`] without a savepoint ([`Guard::None`]), for a hot write whose
+    /// refusals are all decided before it changes a row.
+    pub(crate) async fn write_hot<T, F>(&self, op: &'static str, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> OpResult<T> + Send + 'static,
+    {
+        self.write_as(op, Guard::None, f).await
+    }
+
+    async fn write_as<T, F>(&self, op: &'static str, guard: Guard, f: F) -> StoreResult<T>
+    where
+        T: Send + 'static,
+        F: FnOnce(&Connection) -> OpResult<T> + Send + 'static,
+    {
         let (reply, rx) = oneshot::channel();
-        let job: Box<dyn WriteJob> = Box::new(Job { op, f: Some(f), out: None, reply });
+        let job: Box<dyn WriteJob> = Box::new(Job { op, guard, f: Some(f), out: None, reply });
         let stopped = || Error::Stopped { path: self.ctx.path.clone(), which: "writer" }.into_store_error();
         let Some(writer) = &self.writer else { return Err(stopped()) };
         self.counters.submitted.fetch_add(1, Ordering::AcqRel);
@@ -280,22 +330,38 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     Ok(())
 }
 
-/// Applies a group of requests in one `BEGIN IMMEDIATE … COMMIT`, each in its own savepoint,
-/// then answers them all. If the transaction fails as a whole, every request gets the error.
+/// Applies a group of requests in one `BEGIN IMMEDIATE … COMMIT`, each in its own savepoint
+/// (or none, see [`Guard`]), then answers them all. If the transaction fails as a whole, every
+/// request gets the error — but for an unguarded write that failed after changing rows: after
+/// it, the rest of the group goes on in a new transaction.
 fn run_group(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, counters: &Counters) {
+    while !group.is_empty() {
+        run_transaction(conn, ctx, group, counters);
+    }
+}
+
+/// Applies the writes of `group` in one transaction and answers them: all of them, or, when an
+/// unguarded one fails after changing rows, those up to it (the transaction is rolled back:
+/// the writes before it get an error saying so, it keeps its own), which leave `group`.
+fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, counters: &Counters) {
     let sql_err = |doing: &str, e| Error::sqlite(&ctx.path, ctx.busy_timeout, doing, e);
     let mut broken: Option<Error> = None;
+    // An unguarded write that failed after changing rows: the transaction is undone for it.
+    let mut rolled_back: Option<&'static str> = None;
+    let mut end = group.len();
     if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
         broken = Some(sql_err("starting a write transaction", e));
     } else {
-        for job in group.iter_mut() {
-            if let Err(e) = exec(conn, "SAVEPOINT write") {
+        for (i, job) in group.iter_mut().enumerate() {
+            let guarded = job.guard() == Guard::Savepoint;
+            if guarded && let Err(e) = exec(conn, "SAVEPOINT write") {
                 broken = Some(sql_err("starting a savepoint", e));
                 break;
             }
+            let before = conn.total_changes();
             let ok = panic::catch_unwind(AssertUnwindSafe(|| job.apply(conn))).unwrap_or(false);
             if ok {
-                if let Err(e) = exec(conn, "RELEASE write") {
+                if guarded && let Err(e) = exec(conn, "RELEASE write") {
                     broken = Some(sql_err("releasing a savepoint", e));
                     break;
                 }
@@ -308,34 +374,46 @@ fn run_group(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, c
                     source: "transaction rolled back".into(),
                 });
                 break;
+            } else if !guarded {
+                if conn.total_changes() != before {
+                    // Part of it may be written: only the whole transaction can undo it. The
+                    // writes after it have not run: they go on in a new transaction.
+                    rolled_back = Some(job.op());
+                    end = i + 1;
+                    break;
+                }
+                // It changed nothing: nothing to undo.
             } else if let Err(e) = exec(conn, "ROLLBACK TO write").and_then(|()| exec(conn, "RELEASE write")) {
                 broken = Some(sql_err("rolling back a failed write", e));
                 break;
             }
         }
         if broken.is_none()
+            && rolled_back.is_none()
             && let Err(e) = exec(conn, "COMMIT")
         {
             broken = Some(sql_err("committing a write transaction", e));
         }
     }
-    let answered = group.len() as u64;
-    match broken {
+    counters.answered.fetch_add(end as u64, Ordering::AcqRel);
+    let failure = match (broken, rolled_back) {
+        (Some(err), _) => Some(SharedFailure::new(&err)),
+        (None, Some(op)) => Some(SharedFailure::rolled_back(&ctx.path, op)),
+        (None, None) => None,
+    };
+    match failure {
         None => {
             counters.transactions.fetch_add(1, Ordering::AcqRel);
-            counters.answered.fetch_add(answered, Ordering::AcqRel);
-            for job in group.drain(..) {
+            for job in group.drain(..end) {
                 job.finish(ctx, None);
             }
         }
-        Some(err) => {
+        Some(failure) => {
             if !conn.is_autocommit() {
                 let _ = exec(conn, "ROLLBACK");
             }
-            let failure = SharedFailure::new(&err);
             counters.failed_groups.fetch_add(1, Ordering::AcqRel);
-            counters.answered.fetch_add(answered, Ordering::AcqRel);
-            for job in group.drain(..) {
+            for job in group.drain(..end) {
                 job.finish(ctx, Some(&failure));
             }
         }
@@ -363,7 +441,16 @@ mod tests {
 
     fn job(f: impl FnOnce(&Connection) -> OpResult<()> + Send + 'static) -> (Box<dyn WriteJob>, Reply) {
         let (reply, rx) = oneshot::channel();
-        (Box::new(Job { op: "test", f: Some(f), out: None, reply }), rx)
+        (Box::new(Job { op: "test", guard: Guard::Savepoint, f: Some(f), out: None, reply }), rx)
+    }
+
+    /// A write without a savepoint ([`Guard::None`]), named `op`.
+    fn hot(
+        op: &'static str,
+        f: impl FnOnce(&Connection) -> OpResult<()> + Send + 'static,
+    ) -> (Box<dyn WriteJob>, Reply) {
+        let (reply, rx) = oneshot::channel();
+        (Box::new(Job { op, guard: Guard::None, f: Some(f), out: None, reply }), rx)
     }
 
     fn insert(x: i64) -> impl FnOnce(&Connection) -> OpResult<()> + Send + 'static {
@@ -407,6 +494,65 @@ mod tests {
         assert!(answer(rd).is_ok());
         assert_eq!(rows(&conn), [1, 4]);
         assert!(conn.is_autocommit(), "no transaction is left open");
+    }
+
+    #[test]
+    fn an_unguarded_write_refused_before_it_changed_a_row_costs_its_group_nothing() {
+        let (_dir, conn, ctx) = setup();
+        let counters = Counters::default();
+        let (a, ra) = hot("a", insert(1));
+        let (b, rb) = hot("b", |_| Err(OpError::Store(StoreError::Conflict { message: "refused".into() })));
+        let (c, rc) = job(insert(3));
+        let (d, rd) = hot("d", insert(4));
+        let mut group = vec![a, b, c, d];
+        run_group(&conn, &ctx, &mut group, &counters);
+        assert!(answer(ra).is_ok());
+        assert_eq!(answer(rb).unwrap_err().kind(), StoreErrorKind::Conflict);
+        assert!(answer(rc).is_ok());
+        assert!(answer(rd).is_ok());
+        assert_eq!(rows(&conn), [1, 3, 4]);
+        let stats = counters.snapshot();
+        assert_eq!((stats.transactions, stats.failed_groups, stats.writes), (1, 0, 4));
+        assert!(conn.is_autocommit());
+    }
+
+    /// An unguarded write that fails (or panics) after it changed rows leaves nothing of itself:
+    /// the group's transaction is rolled back with it, the writes applied before it in the
+    /// transaction are told to try again (nothing of them was written), and the writes after
+    /// it are applied in a new transaction.
+    #[test]
+    fn an_unguarded_write_failing_after_it_changed_rows_rolls_back_its_group() {
+        let (_dir, conn, ctx) = setup();
+        let counters = Counters::default();
+        let (a, ra) = job(insert(1));
+        let (b, rb) = hot("b", insert(2));
+        let (bad, rbad) = hot("claim_run", |c| {
+            c.execute("INSERT INTO t VALUES (3)", [])?;
+            Err(OpError::Corrupt("a row that does not decode".into()))
+        });
+        let (d, rd) = hot("d", insert(4));
+        let (p, rp) = hot("commit", |c| {
+            c.execute("INSERT INTO t VALUES (5)", []).unwrap();
+            panic!("a bug in a write");
+        });
+        let (e, re) = job(insert(6));
+        let mut group = vec![a, b, bad, d, p, e];
+        run_group(&conn, &ctx, &mut group, &counters);
+        assert!(group.is_empty());
+        for (rx, failed) in [(ra, "claim_run"), (rb, "claim_run"), (rd, "commit")] {
+            let err = answer(rx).unwrap_err();
+            assert!(err.is_retryable(), "{err}");
+            let msg = err.to_string();
+            assert!(msg.contains(failed) && msg.contains("try again"), "{msg}");
+            assert!(msg.contains(&ctx.path.display().to_string()), "names the file: {msg}");
+        }
+        assert_eq!(answer(rbad).unwrap_err().kind(), StoreErrorKind::Backend, "keeps its own error");
+        assert_eq!(answer(rp).unwrap_err().kind(), StoreErrorKind::Backend);
+        assert!(answer(re).is_ok());
+        assert_eq!(rows(&conn), [6], "nothing of the rolled-back transactions is left");
+        let stats = counters.snapshot();
+        assert_eq!((stats.transactions, stats.failed_groups, stats.writes), (1, 2, 6));
+        assert!(conn.is_autocommit());
     }
 
     #[test]

@@ -9,8 +9,8 @@ use durable_core::task::{
     WorkerInfo,
 };
 use durable_core::{
-    Checkpoint, CheckpointStatus, Delivery, Millis, Run, RunId, RunQuery, RunStatus, StepError, StepKind, Store,
-    StoreErrorKind, TaskFilter, WaitKind, Waiter, codes, protocol,
+    Checkpoint, CheckpointStatus, ClaimOutcome, Delivery, Millis, Run, RunId, RunQuery, RunStatus, StepError, StepKind,
+    Store, StoreErrorKind, TaskFilter, WaitKind, Waiter, codes, protocol,
 };
 use serde_json::json;
 
@@ -419,6 +419,72 @@ pub async fn completion_records_the_result_and_wakes_the_run(store: Arc<dyn Stor
         Delivery::Buffered,
         "the result wait is gone"
     );
+    Ok(())
+}
+
+/// `complete_task_and_claim`: an accepted result is recorded as `complete_task` records it
+/// and the woken run is then claimed as `claim_run` claims it, in the same call (the claim's
+/// history holds the result). A duplicate result, or one for a settled run, claims nothing;
+/// a run whose lease another owner holds is `Busy`, its result recorded all the same; a claim
+/// of another run than the result's is refused with nothing written.
+pub async fn complete_task_and_claim_claims_the_woken_run(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let parked = parked_on(s, "r", task("r", 2, 1)).await?;
+    claim_all(s, W1, AT + 10).await?;
+    let now = AT + 50;
+    let result = || done("r", 2, 1, W1, Ok(json!({ "url": "s3://x" })), now);
+    assert_kind(s.complete_task_and_claim(result(), claim("other", OWNER, now)).await, StoreErrorKind::Conflict);
+    assert_eq!(task_at(s, "r", 2).await?.state, TaskState::Claimed, "a refused call writes nothing");
+    assert_eq!(get(s, "r").await?, parked);
+
+    let (completion, claimed) = s.complete_task_and_claim(result(), claim("r", OWNER, now)).await?;
+    assert_eq!(completion, TaskCompletion::Accepted);
+    let Some(ClaimOutcome::Acquired { run, history, previous, recovered }) = claimed else {
+        panic!("run r: the accepted result's claim should acquire the run, got {claimed:?}")
+    };
+    assert_eq!(
+        (run.status, run.lease_owner.as_deref(), run.lease_until),
+        (RunStatus::Running, Some(OWNER), Some(now + LEASE))
+    );
+    assert_eq!((previous, recovered), (RunStatus::Suspended, false));
+    assert_eq!(run.wake_gen, parked.wake_gen + 1, "woken by the result before the claim");
+    assert_eq!(get(s, "r").await?, run, "the claim answers the run as stored");
+    let cp = history.iter().find(|c| c.seq == 2).expect("the claim's history holds the result");
+    assert_eq!((cp.status, cp.attempts), (CheckpointStatus::Completed, 1));
+    assert_eq!(cp.output, Some(json(json!({ "url": "s3://x" }))));
+    assert_eq!(history, super::fixtures::history(s, "r").await?);
+    assert_eq!(waiter_seqs(s, "r").await?, Vec::<u32>::new(), "the wait was consumed");
+    let t = task_at(s, "r", 2).await?;
+    assert_eq!((t.state, t.outcome.as_deref()), (TaskState::Finished, Some("completed")));
+
+    // A second result of the attempt: a duplicate, and nothing is claimed.
+    let again = s.complete_task_and_claim(done("r", 2, 1, W2, Ok(json!(0)), now + 1), claim("r", OTHER, now + 1));
+    assert_eq!(again.await?, (TaskCompletion::Duplicate, None));
+    assert_eq!(get(s, "r").await?, run, "a duplicate leaves the run as it was");
+
+    // Another owner holds the run's lease (a turn in progress): the result is recorded and
+    // the run woken, the claim is `Busy`.
+    let p = parked_on(s, "b", task("b", 0, 1)).await?;
+    claim_all(s, W1, now).await?;
+    acquire(s, claim("b", OTHER, now)).await?;
+    let (completion, claimed) =
+        s.complete_task_and_claim(done("b", 0, 1, W1, Ok(json!(7)), now + 1), claim("b", OWNER, now + 1)).await?;
+    assert_eq!(completion, TaskCompletion::Accepted);
+    let Some(ClaimOutcome::Busy(busy)) = claimed else {
+        panic!("run b: its lease is another owner's, the claim should be busy, got {claimed:?}")
+    };
+    assert_eq!((busy.lease_owner.as_deref(), busy.wake_gen), (Some(OTHER), p.wake_gen + 1));
+    assert_eq!(get(s, "b").await?, busy);
+    assert_eq!(checkpoint_at(s, "b", 0).await?.status, CheckpointStatus::Completed);
+
+    // A result for a settled run: `RunTerminal`, nothing claimed, the run untouched.
+    parked_on(s, "c", task("c", 0, 1)).await?;
+    claim_all(s, W1, now).await?;
+    drive(s, "c", &[RunStatus::Cancelled]).await?;
+    let cancelled = get(s, "c").await?;
+    let late = s.complete_task_and_claim(done("c", 0, 1, W1, Ok(json!(1)), now + 2), claim("c", OWNER, now + 2));
+    assert_eq!(late.await?, (TaskCompletion::RunTerminal, None));
+    assert_eq!(get(s, "c").await?, cancelled);
     Ok(())
 }
 

@@ -6,10 +6,12 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
-use durable_core::{Millis, Run, RunId, RunStatus};
+use durable_core::task::{TaskCompletion, TaskDone};
+use durable_core::{Millis, Run, RunId, RunStatus, StoreError, StoreResult};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
+use super::executor::ResultToRecord;
 use super::{Mark, Nudge, Shared};
 
 /// Who executes what on this engine.
@@ -82,6 +84,17 @@ impl Dispatch {
         };
         runs.active.insert(id.clone(), Active { started: false, check, again: false });
         Some(check)
+    }
+
+    /// Records a run as executing here at once (it took a slot without queueing), unless it
+    /// is queued or executing here already: whether it was recorded.
+    fn enter_started(&self, id: &RunId) -> bool {
+        let mut runs = self.runs.lock();
+        if runs.active.contains_key(id) {
+            return false;
+        }
+        runs.active.insert(id.clone(), Active { started: true, check: false, again: false });
+        true
     }
 
     /// Whether a poller that read the store since `mark` should leave the run alone: it is
@@ -287,7 +300,7 @@ impl Shared {
             let guard = TaskGuard::new(&self, id);
             let shared = self.clone();
             tokio::spawn(async move {
-                shared.run_in_slot(guard, check).await;
+                shared.run_in_slot(guard, check, None).await;
                 drop(slot);
             });
         }
@@ -318,14 +331,74 @@ impl Shared {
     /// Executes a run marked as executing here (`check`: read it first), until it is quiet or
     /// the engine shuts down (a shutdown drops the turn wherever it is; the store keeps what
     /// was committed, and `shutdown` releases the lease).
-    pub(super) async fn run_in_slot(self: &Arc<Self>, mut guard: TaskGuard, check: bool) {
+    /// With `result`: a worker's result for the run, recorded by its first claim (see
+    /// [`Shared::complete_and_execute`]).
+    pub(super) async fn run_in_slot(
+        self: &Arc<Self>,
+        mut guard: TaskGuard,
+        check: bool,
+        result: Option<ResultToRecord>,
+    ) {
         let id = guard.id.clone();
         guard.quiet = tokio::select! {
             biased;
             () = self.shutdown_signal() => false,
-            () = self.run_until_quiet(&id, check) => true,
+            () = self.run_until_quiet(&id, check, result) => true,
         };
         drop(guard);
+    }
+
+    /// Records the result of a worker beside this engine and starts the woken run's turn
+    /// without another round trip: when this engine executes runs of the namespace (with no
+    /// run queue), has a free execution slot and no run waiting for one, and the run is not
+    /// queued or executing here, the run takes the slot and its first claim records the
+    /// result in the same store call ([`Store::complete_task_and_claim`](durable_core::Store::complete_task_and_claim)).
+    /// Otherwise the result is recorded alone and the run woken as usual. Returns the
+    /// completion (`Err`: nothing was recorded, or the engine stopped before it could say).
+    pub(crate) async fn complete_and_execute(
+        self: &Arc<Self>,
+        done: TaskDone,
+        namespace: &str,
+    ) -> StoreResult<TaskCompletion> {
+        let mark = self.mark();
+        let id = done.run_id.clone();
+        let Some(slot) = self.slot_now(&id, namespace) else {
+            let completion = self.store.complete_task(done).await?;
+            if completion == TaskCompletion::Accepted {
+                self.wake_in(id, namespace, mark);
+            }
+            return Ok(completion);
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let guard = TaskGuard::new(self, id);
+        let shared = self.clone();
+        tokio::spawn(async move {
+            shared.run_in_slot(guard, false, Some(ResultToRecord { done, reply })).await;
+            drop(slot);
+        });
+        answer.await.unwrap_or_else(|_| {
+            Err(StoreError::unavailable("the engine stopped before the worker's result was recorded"))
+        })
+    }
+
+    /// An execution slot for `id` at once, with the run marked as executing here (see
+    /// [`Shared::complete_and_execute`]); `None` when the run must wait its turn.
+    fn slot_now(&self, id: &RunId, namespace: &str) -> Option<OwnedSemaphorePermit> {
+        if !self.config.execute || self.is_stopping() || self.is_draining() || !self.serves(namespace) {
+            return None;
+        }
+        // A run queue spreads wakes over the engines: it decides where the run executes.
+        if self.fleet.has_queue() {
+            return None;
+        }
+        {
+            let ready = self.dispatch.ready.lock();
+            if !ready.wakes.is_empty() || !ready.others.is_empty() {
+                return None; // runs waiting for a slot go first
+            }
+        }
+        let slot = self.dispatch.slots.clone().try_acquire_owned().ok()?;
+        self.dispatch.enter_started(id).then_some(slot)
     }
 
     /// Drives the run, and looks again as long as nudges arrived while it executed: a store
@@ -334,10 +407,12 @@ impl Shared {
     /// came before it, so the read sees it). `check`: read before the first drive too.
     /// Removes the run's dispatcher entry when it returns, recording it as gone quiet: from
     /// then on, a new nudge starts a new task.
-    async fn run_until_quiet(self: &Arc<Self>, id: &RunId, mut check: bool) {
+    async fn run_until_quiet(self: &Arc<Self>, id: &RunId, mut check: bool, mut result: Option<ResultToRecord>) {
         loop {
-            if !check || self.has_work(id).await {
-                self.drive_run(id).await;
+            if let Some(result) = result.take() {
+                self.drive_run(id, Some(result)).await;
+            } else if !check || self.has_work(id).await {
+                self.drive_run(id, None).await;
             }
             if !self.dispatch.look_again(id) {
                 return;

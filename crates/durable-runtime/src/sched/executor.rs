@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
+use durable_core::task::{TaskCompletion, TaskDone};
 use durable_core::{
     Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId, RunPatch,
     RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, Turn, TurnConfig, TurnEnd, codes,
@@ -72,6 +73,13 @@ impl Tally {
     }
 }
 
+/// A worker's result for a run, recorded by the run's first claim
+/// ([`Shared::drive_run`]); the worker hears the completion on `reply`.
+pub(crate) struct ResultToRecord {
+    pub(crate) done: TaskDone,
+    pub(crate) reply: tokio::sync::oneshot::Sender<StoreResult<TaskCompletion>>,
+}
+
 /// What the run loop does after a turn.
 enum TurnEnded {
     /// Something was delivered while the turn ran: run another turn at once.
@@ -126,8 +134,11 @@ impl Shared {
         }
     }
 
-    /// Runs turns of `id` until it settles, suspends or belongs to someone else.
-    pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId) {
+    /// Runs turns of `id` until it settles, suspends or belongs to someone else. With
+    /// `result`, a worker's result for the run is recorded first, in the same store call as
+    /// the first claim ([`Store::complete_task_and_claim`](durable_core::Store::complete_task_and_claim));
+    /// the worker gets the completion, and nothing more happens unless it was accepted.
+    pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId, mut result: Option<ResultToRecord>) {
         // A cancel heard while the run executes here stops its turn (see `control`).
         let watch = self.watch_turns(id);
         let mut own_busy = 0u32;
@@ -140,7 +151,28 @@ impl Shared {
                 lease_until: now.saturating_add(self.lease_ms()),
                 now,
             };
-            let (run, history, previous, recovered) = match self.store.claim_run(claim).await {
+            let claimed = match result.take() {
+                None => self.store.claim_run(claim).await,
+                Some(r) => match self.store.complete_task_and_claim(r.done, claim).await {
+                    Ok((completion, claimed)) => {
+                        let _ = r.reply.send(Ok(completion));
+                        match claimed {
+                            Some(outcome) => Ok(outcome),
+                            // Accepted, but not claimed (a store whose two calls are apart):
+                            // the run was woken; claim it as any wake does.
+                            None if completion == TaskCompletion::Accepted => continue,
+                            // Nothing recorded: nothing new for the run.
+                            None => return,
+                        }
+                    }
+                    Err(e) => {
+                        // Nothing written: the worker tries again.
+                        let _ = r.reply.send(Err(e));
+                        return;
+                    }
+                },
+            };
+            let (run, history, previous, recovered) = match claimed {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
                 Ok(ClaimOutcome::NotFound) => return,
                 Ok(ClaimOutcome::Terminal(_)) => return self.notify_run(id),

@@ -260,7 +260,7 @@ impl Shared {
             return Handled::HandBack;
         };
         let Some(check) = self.begin_queued(&id) else { return Handled::Done };
-        self.run_in_slot(TaskGuard::new(self, id), check).await;
+        self.run_in_slot(TaskGuard::new(self, id), check, None).await;
         // A turn cut off by a shutdown goes back to the queue for another engine.
         if self.is_stopping() { Handled::HandBack } else { Handled::Done }
     }
