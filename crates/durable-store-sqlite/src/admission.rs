@@ -14,11 +14,14 @@
 //! are atomic, across processes too (`BEGIN IMMEDIATE`). The slots handed on are collected as
 //! [`Handoff`]s and their runs woken by [`wake_handed`] where the memory store wakes them.
 //!
-//! Cost: a gate's slots are counted by its primary-key prefix (about its concurrency at most;
-//! a request counts them, a release only when someone waits); the queue's head, the count of waiters ranked before a request (stopped at the count that
-//! can change the answer), a key's round and a holder's row are index reads; a hand-off of `k`
-//! slots is `k` head reads and writes. No call walks a gate's whole queue, except the stats and
-//! a refusal (`Full` reports how many wait).
+//! Cost: a gate's row counts its slot rows (`held`, kept by every write that inserts or deletes
+//! a slot and saved with the row), so its live slots are `held` less those whose lease passed
+//! (one step of `admission_slots_leased`; a request counts them, a release only when someone
+//! waits) and no slot is read to count them; the queue's head, the count of waiters ranked
+//! before a request (stopped at the count that can change the answer), a key's round and a
+//! holder's row are index reads; a hand-off of `k` slots is `k` head reads and writes (none
+//! more once the gate is full). No call walks a gate's whole queue, except the stats and a
+//! refusal (`Full` reports how many wait).
 
 use std::collections::{BTreeMap, HashMap};
 
@@ -34,20 +37,31 @@ use crate::ops::{OpError, OpResult, corrupt, millis_from_sql, millis_to_sql, opt
 
 // ---- statements ---------------------------------------------------------------------------
 
-const GATE_LOAD: &str = "SELECT gate, limits, next_ticket, round, window_start, window_count, touched \
+const GATE_LOAD: &str = "SELECT gate, limits, next_ticket, round, window_start, window_count, touched, held \
      FROM admission_gates WHERE gate = ?1";
 
-const GATE_SAVE: &str = "INSERT INTO admission_gates \
-     (gate, limits, next_ticket, round, window_start, window_count, touched) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) \
+/// Saves a gate that has no row yet.
+const GATE_INSERT: &str = "INSERT INTO admission_gates \
+     (gate, limits, next_ticket, round, window_start, window_count, touched, held) \
+     VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
      ON CONFLICT (gate) DO UPDATE SET limits = excluded.limits, next_ticket = excluded.next_ticket, \
      round = excluded.round, window_start = excluded.window_start, window_count = excluded.window_count, \
-     touched = excluded.touched";
+     touched = excluded.touched, held = excluded.held";
 
-/// The live slots of a gate at `?2`: all its slots (a count of the gate's primary-key prefix,
-/// which reads no column) less those whose lease passed (`admission_slots_leased`; none right
-/// after a [`RECLAIM`] at the same time, so usually an empty range).
-const LIVE: &str = "SELECT (SELECT COUNT(*) FROM admission_slots WHERE gate = ?1) \
-     - (SELECT COUNT(*) FROM admission_slots WHERE gate = ?1 AND lease_until IS NOT NULL AND lease_until <= ?2)";
+/// Saves a loaded gate: its limits only when they changed (`?8` not NULL), so the common save
+/// encodes no JSON and rewrites one row in place.
+const GATE_UPDATE: &str = "UPDATE admission_gates SET next_ticket = ?2, round = ?3, window_start = ?4, \
+     window_count = ?5, touched = ?6, held = ?7, limits = COALESCE(?8, limits) WHERE gate = ?1";
+
+/// All the slots of a gate (live or not), a count of its primary-key prefix: only for a gate
+/// without a row yet, whose `held` is not known (a gate's row counts its slots).
+const SLOTS: &str = "SELECT COUNT(*) FROM admission_slots WHERE gate = ?1";
+
+/// The slots of a gate whose lease passed at `?2` (`admission_slots_leased`; none right after
+/// a [`RECLAIM`] at the same time, so usually an empty range): the live slots are the gate's
+/// `held` less these.
+const EXPIRED: &str =
+    "SELECT COUNT(*) FROM admission_slots WHERE gate = ?1 AND lease_until IS NOT NULL AND lease_until <= ?2";
 
 /// Deletes the slots of a gate whose lease passed at `?2`.
 /// Only leased slots can expire: `admission_slots_leased` holds just those, so a gate of
@@ -130,11 +144,11 @@ pub(crate) fn plan_statements() -> Vec<(&'static str, &'static str, &'static str
         ("a run's slots", "admission_slots", RUN_SLOTS, vec![run()], "INDEX admission_slots_run (run_id=?)"),
         ("the gates of a run", "admission_slots", RUN_GATES, vec![run()], "INDEX admission_slots_run (run_id=?)"),
         ("the gates of a run", "admission_waiters", RUN_GATES, vec![run()], "INDEX admission_waiters_run (run_id=?)"),
-        ("a gate's slots", "admission_slots", LIVE, vec![gate(), int(5)], "PRIMARY KEY (gate=?)"),
+        ("a gate's slots", "admission_slots", SLOTS, vec![gate()], "PRIMARY KEY (gate=?)"),
         (
             "a gate's slots whose lease passed",
             "admission_slots",
-            LIVE,
+            EXPIRED,
             vec![gate(), int(5)],
             "INDEX admission_slots_leased (gate=? AND lease_until",
         ),
@@ -155,8 +169,36 @@ fn json_text(encoded: serde_json::Result<String>) -> OpResult<String> {
     encoded.map_err(|e| OpError::Store(StoreError::backend(e)))
 }
 
-/// The gate columns, `gate` first.
-const GATE_COLS: &str = "gate, limits, next_ticket, round, window_start, window_count, touched";
+/// The gate columns, `gate` first, `held` last.
+const GATE_COLS: &str = "gate, limits, next_ticket, round, window_start, window_count, touched, held";
+
+/// A gate's row: the book's record and the number of slot rows the gate has (`held`, live or
+/// not), which every write that inserts or deletes a slot keeps, saved with the record.
+struct Gate {
+    record: GateRecord,
+    held: u32,
+    /// The limits its row holds (`None`: it has no row yet).
+    stored_limits: Option<Limits>,
+}
+
+impl Gate {
+    /// `held` less `n` slots just deleted (rows the count included).
+    fn freed(&mut self, n: u32) -> OpResult<()> {
+        self.held = self.held.checked_sub(n).ok_or_else(|| {
+            corrupt(format!(
+                "admission gate {:?}: {n} slots deleted but its row counts {} (held)",
+                self.record.gate, self.held
+            ))
+        })?;
+        Ok(())
+    }
+}
+
+fn stored_gate_from_row(row: &Row<'_>) -> OpResult<Gate> {
+    let record = gate_from_row(row)?;
+    let held = u32_from_sql(row.get(7)?, || format!("admission gate {:?}: held", record.gate))?;
+    Ok(Gate { stored_limits: Some(record.limits), record, held })
+}
 
 fn gate_from_row(row: &Row<'_>) -> OpResult<GateRecord> {
     let gate = text(row, 0)?.to_string();
@@ -174,22 +216,41 @@ fn gate_from_row(row: &Row<'_>) -> OpResult<GateRecord> {
     })
 }
 
-fn load_gate(conn: &Connection, gate: &str) -> OpResult<Option<GateRecord>> {
+fn load_gate(conn: &Connection, gate: &str) -> OpResult<Option<Gate>> {
     let mut stmt = conn.prepare_cached(GATE_LOAD)?;
     let mut rows = stmt.query([gate])?;
-    rows.next()?.map(gate_from_row).transpose()
+    rows.next()?.map(stored_gate_from_row).transpose()
 }
 
-fn save_gate(conn: &Connection, r: &GateRecord) -> OpResult<()> {
-    conn.prepare_cached(GATE_SAVE)?.execute(params![
-        r.gate,
-        json_text(serde_json::to_string(&r.limits))?,
-        r.next_ticket,
-        r.round,
-        millis_to_sql(r.window_start),
-        r.window_count,
-        millis_to_sql(r.touched),
-    ])?;
+fn save_gate(conn: &Connection, g: &Gate) -> OpResult<()> {
+    let r = &g.record;
+    match g.stored_limits {
+        Some(stored) => {
+            let limits = if stored == r.limits { None } else { Some(json_text(serde_json::to_string(&r.limits))?) };
+            conn.prepare_cached(GATE_UPDATE)?.execute(params![
+                r.gate,
+                r.next_ticket,
+                r.round,
+                millis_to_sql(r.window_start),
+                r.window_count,
+                millis_to_sql(r.touched),
+                g.held,
+                limits,
+            ])?;
+        }
+        None => {
+            conn.prepare_cached(GATE_INSERT)?.execute(params![
+                r.gate,
+                json_text(serde_json::to_string(&r.limits))?,
+                r.next_ticket,
+                r.round,
+                millis_to_sql(r.window_start),
+                r.window_count,
+                millis_to_sql(r.touched),
+                g.held,
+            ])?;
+        }
+    }
     Ok(())
 }
 
@@ -229,28 +290,59 @@ fn count(v: i64) -> OpResult<u32> {
 
 // ---- the book's collections, as queries ---------------------------------------------------
 
-/// `Gate::live`: the slots of `gate` that count at `now`.
-fn count_live(conn: &Connection, gate: &str, now: Millis) -> OpResult<u32> {
-    count(conn.prepare_cached(LIVE)?.query_row(params![gate, millis_to_sql(now)], |r| r.get(0))?)
+/// `Gate::live`: the slots of `g` that count at `now` (its slot rows less those whose lease
+/// passed).
+fn count_live(conn: &Connection, g: &Gate, now: Millis) -> OpResult<u32> {
+    let expired =
+        count(conn.prepare_cached(EXPIRED)?.query_row(params![g.record.gate, millis_to_sql(now)], |r| r.get(0))?)?;
+    Ok(g.held.saturating_sub(expired))
 }
 
-/// `Gate::reclaim`: deletes the slots of `gate` whose lease passed; whether there were any.
-fn reclaim(conn: &Connection, gate: &str, now: Millis) -> OpResult<bool> {
-    Ok(conn.prepare_cached(RECLAIM)?.execute(params![gate, millis_to_sql(now)])? > 0)
+/// The slot rows of `gate`, for a gate without a row (see [`SLOTS`]).
+fn count_slots(conn: &Connection, gate: &str) -> OpResult<u32> {
+    count(conn.prepare_cached(SLOTS)?.query_row([gate], |r| r.get(0))?)
 }
 
-fn insert_slot(conn: &Connection, slot: &SlotRecord) -> OpResult<()> {
-    conn.prepare_cached(
-        "INSERT OR REPLACE INTO admission_slots (gate, holder, run_id, acquired_at, lease_until) \
-         VALUES (?1, ?2, ?3, ?4, ?5)",
-    )?
-    .execute(params![
-        slot.gate,
-        slot.holder,
-        slot.run_id.as_str(),
-        millis_to_sql(slot.acquired_at),
-        slot.lease_until.map(millis_to_sql)
-    ])?;
+/// `Gate::reclaim`: deletes the slots of `gate` whose lease passed; how many there were. They
+/// are counted first (a read of `admission_slots_leased`, usually an empty range), and
+/// deleted only if there are any.
+fn reclaim(conn: &Connection, gate: &str, now: Millis) -> OpResult<u32> {
+    let expired = count(conn.prepare_cached(EXPIRED)?.query_row(params![gate, millis_to_sql(now)], |r| r.get(0))?)?;
+    if expired == 0 {
+        return Ok(0);
+    }
+    count(conn.prepare_cached(RECLAIM)?.execute(params![gate, millis_to_sql(now)])? as i64)
+}
+
+/// Records `slot` (replacing the holder's slot at its gate, if it has one); the gate's `held`
+/// counts it if it is new.
+fn insert_slot(conn: &Connection, g: &mut Gate, slot: &SlotRecord) -> OpResult<()> {
+    let inserted =
+        conn.prepare_cached(
+            "INSERT INTO admission_slots (gate, holder, run_id, acquired_at, lease_until) \
+             VALUES (?1, ?2, ?3, ?4, ?5) ON CONFLICT (gate, holder) DO NOTHING",
+        )?
+        .execute(params![
+            slot.gate,
+            slot.holder,
+            slot.run_id.as_str(),
+            millis_to_sql(slot.acquired_at),
+            slot.lease_until.map(millis_to_sql)
+        ])? > 0;
+    if inserted {
+        g.held = g.held.saturating_add(1);
+    } else {
+        conn.prepare_cached(
+            "UPDATE admission_slots SET run_id = ?3, acquired_at = ?4, lease_until = ?5 WHERE gate = ?1 AND holder = ?2",
+        )?
+        .execute(params![
+            slot.gate,
+            slot.holder,
+            slot.run_id.as_str(),
+            millis_to_sql(slot.acquired_at),
+            slot.lease_until.map(millis_to_sql)
+        ])?;
+    }
     Ok(())
 }
 
@@ -286,26 +378,36 @@ fn count_waiting(conn: &Connection, gate: &str, bound: Option<u32>) -> OpResult<
     count(conn.prepare_cached(WAITING)?.query_row(params![gate, limit], |r| r.get(0))?)
 }
 
-/// `Gate::hand_off`, on a loaded record (the caller saves it): hands free capacity to the best
-/// waiters at `now` (or the gate's latest time, if later).
-fn hand_off(conn: &Connection, record: &mut GateRecord, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
-    let now = record.touch(now);
-    record.roll(now);
+/// `Gate::hand_off`, on a loaded gate (the caller saves it) whose slots were just reclaimed
+/// at `now`: hands free capacity to the best waiters at `now` (or the gate's latest time, if
+/// later).
+fn hand_off(conn: &Connection, g: &mut Gate, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
+    let reclaimed_at = now;
+    let now = g.record.touch(now);
+    g.record.roll(now);
     // The slots are counted only when someone waits: a release at a gate with an empty queue
-    // (the common case) costs the head read alone.
+    // (the common case) costs the head read alone. Once counted, a gate with no capacity left
+    // reads no head.
     let mut live = None;
     loop {
-        let Some(w) = queue_head(conn, &record.gate)? else { break };
+        if let Some(n) = live
+            && g.record.capacity(n) == 0
+        {
+            break;
+        }
+        let Some(w) = queue_head(conn, &g.record.gate)? else { break };
         let held = match live {
             Some(n) => n,
-            None => *live.insert(count_live(conn, &record.gate, now)?),
+            // Right after a reclaim at the same time, every slot row is live.
+            None if now == reclaimed_at => *live.insert(g.held),
+            None => *live.insert(count_live(conn, g, now)?),
         };
-        if record.capacity(held) == 0 {
+        if g.record.capacity(held) == 0 {
             break;
         }
         unqueue(conn, &w.gate, &w.holder)?;
-        record.admitted(w.rank);
-        if record.limits.concurrency.is_some() {
+        g.record.admitted(w.rank);
+        if g.record.limits.concurrency.is_some() {
             let slot = SlotRecord {
                 gate: w.gate.clone(),
                 holder: w.holder.clone(),
@@ -313,7 +415,7 @@ fn hand_off(conn: &Connection, record: &mut GateRecord, now: Millis, out: &mut V
                 acquired_at: now,
                 lease_until: handed_lease(&w, now),
             };
-            insert_slot(conn, &slot)?;
+            insert_slot(conn, g, &slot)?;
             // The book counts the slots again: the new one counts if it is live.
             if slot.live(now) {
                 live = Some(held + 1);
@@ -324,11 +426,13 @@ fn hand_off(conn: &Connection, record: &mut GateRecord, now: Millis, out: &mut V
     Ok(())
 }
 
-/// [`hand_off`] at `gate`, loading and saving its record (nothing when it has none).
-fn hand_off_gate(conn: &Connection, gate: &str, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
-    let Some(mut record) = load_gate(conn, gate)? else { return Ok(()) };
-    hand_off(conn, &mut record, now, out)?;
-    save_gate(conn, &record)
+/// [`hand_off`] at `gate` after `freed` of its slots were deleted and its slots reclaimed at
+/// `now`, loading and saving its row (nothing when it has none).
+fn hand_off_gate(conn: &Connection, gate: &str, freed: u32, now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
+    let Some(mut g) = load_gate(conn, gate)? else { return Ok(()) };
+    g.freed(freed)?;
+    hand_off(conn, &mut g, now, out)?;
+    save_gate(conn, &g)
 }
 
 // ---- the book's methods -------------------------------------------------------------------
@@ -339,11 +443,13 @@ pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Ha
     let now = request.now;
     let gate = request.gate.as_str();
     let mut stored = load_gate(conn, gate)?;
-    if reclaim(conn, gate, now)?
-        && let Some(record) = stored.as_mut()
+    let reclaimed = reclaim(conn, gate, now)?;
+    if reclaimed > 0
+        && let Some(g) = stored.as_mut()
     {
-        hand_off(conn, record, now, out)?;
-        save_gate(conn, record)?;
+        g.freed(reclaimed)?;
+        hand_off(conn, g, now, out)?;
+        save_gate(conn, g)?;
     }
     // A holder is admitted again (its lease set to the request's, if it brings one).
     let held = match request.lease_until {
@@ -359,11 +465,19 @@ pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Ha
     if held {
         return Ok(Admission::Admitted);
     }
-    let mut record = stored.unwrap_or_else(|| GateRecord::new(gate, request.limits, now));
-    record.limits = request.limits;
-    record.touch(now);
-    record.roll(now);
-    let live = count_live(conn, gate, now)?;
+    let mut g = match stored {
+        Some(g) => g,
+        None => Gate {
+            record: GateRecord::new(gate, request.limits, now),
+            held: count_slots(conn, gate)?,
+            stored_limits: None,
+        },
+    };
+    g.record.limits = request.limits;
+    g.record.touch(now);
+    g.record.roll(now);
+    // The slots were reclaimed at `now`: every slot row is live.
+    let live = g.held;
     let queued: Option<Rank> = conn
         .prepare_cached(WAITER_RANK)?
         .query_row([gate, request.holder.as_str()], |r| {
@@ -371,32 +485,33 @@ pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Ha
         })
         .optional()?;
     let key_round =
-        if queued.is_none() && record.limits.fairness { key_round(conn, gate, &request.fairness_key)? } else { None };
+        if queued.is_none() && g.record.limits.fairness { key_round(conn, gate, &request.fairness_key)? } else { None };
     // A new request's rank is probed on a copy: it takes a ticket only if it waits.
     let rank = match queued {
         Some(rank) => rank,
-        None => record.clone().rank(request.priority, &mut { key_round }),
+        None => g.record.clone().rank(request.priority, &mut { key_round }),
     };
     // `decide` compares the waiters ahead with the free capacity and the free concurrency only,
     // so counting them stops at the larger of the two (the free concurrency, when limited);
     // nothing limits when the capacity is unbounded.
-    let capacity = record.capacity(live);
-    let bound = record.limits.concurrency.map_or(capacity, |c| c.saturating_sub(live));
+    let capacity = g.record.capacity(live);
+    let bound = g.record.limits.concurrency.map_or(capacity, |c| c.saturating_sub(live));
     let ahead = if capacity == u32::MAX || bound == 0 { 0 } else { count_ahead(conn, gate, rank, bound)? };
     // The queue's length matters only to a new request with a maximum: counted up to it.
     let waiting = match request.max_waiting {
         Some(max) if queued.is_none() => count_waiting(conn, gate, Some(max))?,
         _ => 0,
     };
-    let answer = match decide(&record, request, live, ahead, waiting, queued.is_some()) {
+    let answer = match decide(&g.record, request, live, ahead, waiting, queued.is_some()) {
         Decision::Admit => {
             if queued.is_some() {
                 unqueue(conn, gate, &request.holder)?;
             }
-            record.admitted(rank);
-            if record.limits.concurrency.is_some() {
+            g.record.admitted(rank);
+            if g.record.limits.concurrency.is_some() {
                 insert_slot(
                     conn,
+                    &mut g,
                     &SlotRecord {
                         gate: request.gate.clone(),
                         holder: request.holder.clone(),
@@ -412,7 +527,7 @@ pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Ha
         Decision::Full => return Ok(Admission::Full { held: live, waiting: count_waiting(conn, gate, None)? }),
         Decision::Wait { retry_at } => {
             if queued.is_none() {
-                let rank = record.rank(request.priority, &mut { key_round });
+                let rank = g.record.rank(request.priority, &mut { key_round });
                 conn.prepare_cached(&format!(
                     "INSERT INTO admission_waiters ({WAITER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
                 ))?
@@ -432,7 +547,7 @@ pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Ha
             Admission::Waiting { retry_at }
         }
     };
-    save_gate(conn, &record)?;
+    save_gate(conn, &g)?;
     Ok(answer)
 }
 
@@ -445,13 +560,14 @@ pub(crate) fn release(
     now: Millis,
     out: &mut Vec<Handoff>,
 ) -> OpResult<()> {
-    let freed =
+    let freed = count(
         conn.prepare_cached("DELETE FROM admission_slots WHERE gate = ?1 AND holder = ?2")?.execute([gate, holder])?
-            > 0;
+            as i64,
+    )?;
     unqueue(conn, gate, holder)?;
-    let reclaimed = reclaim(conn, gate, now)?;
-    if freed || reclaimed {
-        hand_off_gate(conn, gate, now, out)?;
+    let freed = freed + reclaim(conn, gate, now)?;
+    if freed > 0 {
+        hand_off_gate(conn, gate, freed, now, out)?;
     }
     Ok(())
 }
@@ -466,15 +582,15 @@ pub(crate) fn release_run(conn: &Connection, run: &str, now: Millis, out: &mut V
 /// each gate they had something at (in name order), reclaims the slots whose lease passed at
 /// `now` and hands the freed capacity on.
 pub(crate) fn release_runs(conn: &Connection, runs: &[&str], now: Millis, out: &mut Vec<Handoff>) -> OpResult<()> {
-    // Gate → whether a slot was freed there (else the runs only waited at it).
-    let mut touched: BTreeMap<String, bool> = BTreeMap::new();
+    // Gate → how many slots were freed there (none: the runs only waited at it).
+    let mut touched: BTreeMap<String, u32> = BTreeMap::new();
     for run in runs {
         let (mut holds, mut waits) = (false, false);
         {
             let mut stmt = conn.prepare_cached(RUN_GATES)?;
             for row in stmt.query_map([run], |r| Ok((r.get::<_, String>(0)?, r.get::<_, bool>(1)?)))? {
                 let (gate, slot) = row?;
-                *touched.entry(gate).or_default() |= slot;
+                *touched.entry(gate).or_default() += u32::from(slot);
                 holds |= slot;
                 waits |= !slot;
             }
@@ -487,9 +603,9 @@ pub(crate) fn release_runs(conn: &Connection, runs: &[&str], now: Millis, out: &
         }
     }
     for (gate, freed) in &touched {
-        let reclaimed = reclaim(conn, gate, now)?;
-        if *freed || reclaimed {
-            hand_off_gate(conn, gate, now, out)?;
+        let freed = freed + reclaim(conn, gate, now)?;
+        if freed > 0 {
+            hand_off_gate(conn, gate, freed, now, out)?;
         }
     }
     Ok(())
@@ -559,7 +675,9 @@ pub(crate) fn release_slot(conn: &Connection, gate: &str, holder: &str, now: Mil
 /// without deciding anything.
 pub(crate) fn create_run(conn: &Connection, mut new: NewRun) -> OpResult<CreateRun> {
     if let Some(mut request) = new.admission.take() {
-        if let Some(existing) = crate::ops::get_run(conn, &new.id)? {
+        // The common case, a new id, is one step of the runs' primary key.
+        let exists = conn.prepare_cached("SELECT 1 FROM runs WHERE id = ?1")?.exists([new.id.as_str()])?;
+        if exists && let Some(existing) = crate::ops::get_run(conn, &new.id)? {
             return Ok(CreateRun::Existing(existing));
         }
         request.holder = new.id.to_string();

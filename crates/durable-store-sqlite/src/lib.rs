@@ -68,7 +68,8 @@
 //!   records the outcome, so two processes on one file never admit past a limit. A gate's
 //!   queue is kept in rank order by an index: its head, and how many waiters rank before a
 //!   request, are index reads, so a release at a gate with thousands waiting costs what it
-//!   hands on, not the length of the queue. Releases in a commit, and those of a run that
+//!   hands on, not the length of the queue. A gate's row counts its slot rows (`held`, kept
+//!   by every write that adds or removes a slot), so no decision counts a gate's slots. Releases in a commit, and those of a run that
 //!   settles, is cancelled or deleted, hand the slots on (and wake the runs they go to) in
 //!   the same transaction; a keyed start refused with `QueueFull` writes nothing.
 //! - **Clean close.** Dropping the store checkpoints the WAL into the file and truncates it, so

@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 9;
+pub const SCHEMA_VERSION: u32 = 10;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -361,6 +361,18 @@ ALTER TABLE tasks ADD COLUMN trace_context TEXT;
 -- the workflow's runs; run_counts reads this index alone, in group order. A status change moves
 -- the run's entry here as in runs_status_created; a step commit changes no column of it.
 CREATE INDEX runs_workflow_status_created ON runs (workflow, status, created_at DESC, id DESC);
+",
+    },
+    Migration {
+        version: 10,
+        description: "admission gates count their slot rows (held), so a decision reads no slot to count them",
+        sql: "
+-- The number of admission_slots rows of the gate (live or with a passed lease), kept by every
+-- write that inserts or deletes a slot, in the same transaction, and saved with the gate's row:
+-- a request or a hand-off counts a gate's live slots as held less the (usually no) slots whose
+-- lease passed, one step of admission_slots_leased, instead of counting the gate's slots.
+ALTER TABLE admission_gates ADD COLUMN held INTEGER NOT NULL DEFAULT 0;
+UPDATE admission_gates SET held = (SELECT COUNT(*) FROM admission_slots s WHERE s.gate = admission_gates.gate);
 ",
     },
 ];

@@ -564,8 +564,34 @@ async fn join_in_order<F: std::future::Future + Unpin>(mut futures: Vec<F>) -> V
     out.into_iter().map(|v| v.expect("every future finished")).collect()
 }
 
-async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Store) {
+/// Every gate's row counts its slot rows (`held`, which the SQLite store keeps in the writes
+/// that insert and delete slots instead of counting them), and no slot is at a gate without a
+/// row: read from the file (on a connection of its own) after `step`.
+fn assert_gates_count_their_slots(conn: &rusqlite::Connection, step: &str) {
+    let mut stmt = conn
+        .prepare(
+            "SELECT gate, held, (SELECT COUNT(*) FROM admission_slots s WHERE s.gate = g.gate) \
+             FROM admission_gates g ORDER BY gate",
+        )
+        .unwrap();
+    let rows: Vec<(String, i64, i64)> =
+        stmt.query_map([], |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?))).unwrap().map(Result::unwrap).collect();
+    for (gate, held, slots) in rows {
+        assert_eq!(held, slots, "{step}: gate {gate:?} counts {held} slots and has {slots}");
+    }
+    let orphans: i64 = conn
+        .query_row(
+            "SELECT COUNT(*) FROM admission_slots WHERE gate NOT IN (SELECT gate FROM admission_gates)",
+            [],
+            |r| r.get(0),
+        )
+        .unwrap();
+    assert_eq!(orphans, 0, "{step}: slots at a gate without a row");
+}
+
+async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Store, path: &std::path::Path) {
     let trace = std::env::var("DURABLE_DIFF_TRACE").is_ok();
+    let file = rusqlite::Connection::open(path).unwrap();
     let mut rng = Rng(seed);
     let mut now = 1_000u64;
     let mut step = 0;
@@ -599,6 +625,7 @@ async fn run_sequence(seed: u64, steps: usize, mem: &MemoryStore, sql: &dyn Stor
             let op = Op::Admission(RunId::from(*id), now);
             assert_eq!(apply(mem, op.clone()).await, apply(sql, op).await, "step {step}: admission records of {id}");
         }
+        assert_gates_count_their_slots(&file, &format!("step {step}: {ops:?}"));
         step += ops.len();
     }
     // Final state: every run, its history, waiters and state agree.
@@ -628,7 +655,7 @@ fn sqlite_answers_like_the_memory_store() {
         let path = dir.path().join(format!("seed-{seed}.db"));
         let sql = common::open(&path);
         let mem = MemoryStore::new();
-        rt.block_on(run_sequence(seed.wrapping_mul(0x9E37_79B9), 400, &mem, &sql));
+        rt.block_on(run_sequence(seed.wrapping_mul(0x9E37_79B9), 400, &mem, &sql, &path));
         let stats = sql.stats();
         assert!(stats.transactions < stats.writes, "some writes shared a transaction: {stats:?}");
         drop(sql);

@@ -486,3 +486,63 @@ fn a_file_locked_past_the_busy_timeout_is_busy_and_retryable() {
     let store = SqliteStore::open_with(&path, opts).unwrap();
     assert!(block_on(store.create_run(new_run("r", 1))).unwrap().created());
 }
+
+fn slot_request(holder: &str, now: u64) -> durable_core::admission::SlotRequest {
+    durable_core::admission::SlotRequest {
+        gate: "queue:default:api".into(),
+        holder: holder.into(),
+        run_id: RunId::from(holder),
+        priority: 0,
+        fairness_key: String::new(),
+        limits: durable_core::admission::Limits { concurrency: Some(2), ..Default::default() },
+        lease_until: None,
+        max_waiting: None,
+        now,
+    }
+}
+
+/// Version 10 counts a gate's slot rows on its row (`held`): a version-9 file's gates get the
+/// count of the slots they hold when it is migrated, so a full gate stays full (a gate counted
+/// 0 would admit past its limit) and a release still hands its slot to the first waiter.
+#[test]
+fn a_version_9_file_with_held_slots_is_migrated_with_its_gates_counts() {
+    use durable_core::admission::Admission;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v9.db");
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        block_on(async {
+            for (holder, expected) in [("a", Admission::Admitted), ("b", Admission::Admitted)] {
+                assert_eq!(store.acquire_slot(&slot_request(holder, 1_000)).await.unwrap(), expected);
+            }
+            assert_eq!(
+                store.acquire_slot(&slot_request("c", 1_000)).await.unwrap(),
+                Admission::Waiting { retry_at: None }
+            );
+        });
+    }
+    // Back to version 9 exactly: the column version 10 added is dropped.
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("ALTER TABLE admission_gates DROP COLUMN held; DELETE FROM durable_schema WHERE version = 10;")
+        .unwrap();
+    drop(conn);
+    assert_eq!(versions(&path).last(), Some(&9));
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(versions(&path), (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    let conn = Connection::open(&path).unwrap();
+    let held: i64 = conn.query_row("SELECT held FROM admission_gates", [], |r| r.get(0)).unwrap();
+    assert_eq!(held, 2, "the migrated gate counts its two slots");
+    block_on(async {
+        assert_eq!(
+            store.acquire_slot(&slot_request("d", 2_000)).await.unwrap(),
+            Admission::Waiting { retry_at: None },
+            "the gate is still full"
+        );
+        assert_eq!(store.release_slot("queue:default:api", "a", 3_000).await.unwrap(), [RunId::from("c")]);
+        let stats = store.admission_stats(4_000).await.unwrap();
+        assert_eq!((stats[0].held, stats[0].waiting), (2, 1));
+    });
+    let held: i64 = conn.query_row("SELECT held FROM admission_gates", [], |r| r.get(0)).unwrap();
+    assert_eq!(held, 2);
+}
