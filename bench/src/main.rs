@@ -826,7 +826,8 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     let mut m = m?;
     let rss = fleet["rss_mb"].as_f64().unwrap_or(f64::NAN);
     let extra = m.extra.get_or_insert_with(|| serde_json::json!({}));
-    for key in ["turns", "turns_without_progress", "runs_sent", "pg_round_trips", "pg_reads", "pg_claims", "pg_retries"] {
+    for key in ["turns", "turns_without_progress", "runs_sent", "pg_round_trips", "pg_reads", "pg_claims", "pg_retries"]
+    {
         if !fleet[key].is_null() {
             extra[format!("fleet_{key}")] = fleet[key].clone();
         }
