@@ -105,9 +105,11 @@ async fn resolved(admin: &Client, schema: &str, id: &str) -> Vec<i64> {
 }
 
 /// Two batches each waking the same two runs, in opposite orders (children of two parents
-/// finishing in two concurrent batches). Before version 12, batch 2 woke `p2` and then waited
-/// (for the gate), batch 1 woke `p1` and waited for `p2`, and once the gate opened batch 2
-/// wanted `p1`: a deadlock. Now each batch takes both token keys, then both rows in id order.
+/// finishing in two concurrent batches). Before version 12, batch 2 woke `p2`, then waited for
+/// `p3` (the gate holds its row), batch 1 woke `p1` and waited for `p2`, and once the gate let
+/// go batch 2 woke `p3` and wanted `p1`: a deadlock. Now each batch locks the rows of the runs
+/// it wakes in id order before its first operation: batch 2 holds `p1` and `p2` while it waits
+/// for `p3`, and batch 1 waits for `p1` holding nothing.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn batches_waking_the_same_runs_in_opposite_orders_do_not_deadlock() {
     let Some(url) = url_or_skip("batches_waking_the_same_runs_in_opposite_orders_do_not_deadlock") else { return };
@@ -115,23 +117,27 @@ async fn batches_waking_the_same_runs_in_opposite_orders_do_not_deadlock() {
     let store = scratch.connect().await.unwrap();
     park(&store, "p1", &["p1-a", "p1-b"]).await;
     park(&store, "p2", &["p2-a", "p2-b"]).await;
+    park(&store, "p3", &["p3-a"]).await;
     let gate = scratch.client().await.unwrap();
     let admin = scratch.client().await.unwrap();
 
-    // The gate: batch 2's second token.
-    hold_token_lock(&scratch, &gate, "p1-b").await;
-    let (pid2, second) = start(&scratch, signals(&["p2-a", "p1-b"])).await;
-    assert!(parked_or_done(&admin, pid2, || second.is_finished()).await, "batch 2 waits for the gate's token");
+    // The gate: the row of `p3`, which batch 2 wakes second.
+    gate.batch_execute("BEGIN").await.unwrap();
+    let lock_p3 = format!("SELECT 1 FROM \"{}\".runs WHERE id = 'p3' FOR UPDATE", scratch.name());
+    assert_eq!(gate.query(&lock_p3, &[]).await.unwrap().len(), 1);
+    let (pid2, second) = start(&scratch, signals(&["p2-a", "p3-a", "p1-b"])).await;
+    assert!(parked_or_done(&admin, pid2, || second.is_finished()).await, "batch 2 waits for the gate's row");
     let (pid1, first) = start(&scratch, signals(&["p1-a", "p2-b"])).await;
-    // Batch 1 waits for a row batch 2 holds (before version 12) or is done (with it).
-    parked_or_done(&admin, pid1, || first.is_finished()).await;
+    // Batch 1 waits for a row batch 2 holds (`p2` before version 12, `p1` with it).
+    assert!(parked_or_done(&admin, pid1, || first.is_finished()).await, "batch 1 waits for batch 2");
     gate.batch_execute("COMMIT").await.unwrap();
 
     let (first, second) = (first.await.unwrap(), second.await.unwrap());
     assert!(first.is_ok() && second.is_ok(), "a batch failed: {first:?} / {second:?}");
-    for run in ["p1", "p2"] {
-        assert_eq!(resolved(&admin, scratch.name(), run).await, [0, 1], "both of {run}'s waits are resolved");
-        assert_eq!(store.get_run(&RunId::from(run)).await.unwrap().unwrap().wake_gen, 2, "{run} was woken twice");
+    for (run, waits) in [("p1", vec![0, 1]), ("p2", vec![0, 1]), ("p3", vec![0])] {
+        assert_eq!(resolved(&admin, scratch.name(), run).await, waits, "{run}'s waits are resolved");
+        let run = store.get_run(&RunId::from(run)).await.unwrap().unwrap();
+        assert_eq!(run.wake_gen, waits.len() as u64, "{} is woken once per delivery", run.id);
     }
 }
 
@@ -144,6 +150,7 @@ async fn batches_waking_the_same_runs_in_opposite_orders_do_not_deadlock() {
 async fn batches_taking_the_same_keys_in_opposite_orders_do_not_deadlock() {
     let Some(url) = url_or_skip("batches_taking_the_same_keys_in_opposite_orders_do_not_deadlock") else { return };
     let scratch = ScratchSchema::new(&url, "lockkeys").await.unwrap();
+    let _store = scratch.connect().await.unwrap();
     let gate = scratch.client().await.unwrap();
     let admin = scratch.client().await.unwrap();
 
