@@ -91,8 +91,15 @@ DECLARE
     v_op jsonb;
 BEGIN
     PERFORM set_config('durable.notify_channel', COALESCE(p_channel, ''), true);
-    IF p_locks IS NOT NULL THEN
+    IF p_locks ?| ARRAY['delete', 'keys', 'buffers', 'queue', 'tokens', 'events', 'task_runs'] THEN
         PERFORM __SCHEMA__.lock_batch(p_locks);
+    ELSIF p_locks ? 'probe' THEN
+        -- Only runs to probe (step commits, patches without signals: a chain's batches): the keys
+        -- of their waiters, ascending, and nothing else of `lock_batch`.
+        PERFORM pg_advisory_xact_lock(s.k)
+           FROM (SELECT DISTINCT __SCHEMA__.lock_key(w.kind, w.key) AS k FROM __SCHEMA__.waiters AS w
+                  WHERE w.run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(p_locks -> 'probe')))
+                  ORDER BY k) AS s;
     END IF;
     FOR v_op IN SELECT x FROM jsonb_array_elements(p_ops) WITH ORDINALITY AS t (x, i) ORDER BY i LOOP
         RETURN NEXT (CASE v_op ->> 'op'
