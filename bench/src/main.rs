@@ -175,12 +175,17 @@ static PG_BENCH: std::sync::OnceLock<(durable::PostgresStore, Option<String>)> =
 
 /// `--store postgres`: the server of DURABLE_PG_URL, in a schema of this process
 /// (`durable_bench_<workload>_<pid>`, dropped by [`cleanup`]), or the shared schema that
-/// DURABLE_PG_SCHEMA names (left in place).
+/// DURABLE_PG_SCHEMA names (left in place). DURABLE_PG_WRITE_CONNECTIONS, if set, is the
+/// store's `write_connections` (worker processes inherit it); else the store's default.
 fn postgres_store(args: &Args) -> Result<durable::PostgresStore, String> {
     let url = std::env::var("DURABLE_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.into());
     let shared = args.pg_schema.clone().or_else(|| std::env::var("DURABLE_PG_SCHEMA").ok());
     let schema = shared.clone().unwrap_or_else(|| format!("durable_bench_{}_{}", args.workload, std::process::id()));
-    let options = durable::PostgresOptions::new().schema(&schema).notify_channel("durable_bench");
+    let mut options = durable::PostgresOptions::new().schema(&schema).notify_channel("durable_bench");
+    if let Ok(n) = std::env::var("DURABLE_PG_WRITE_CONNECTIONS") {
+        let n = n.parse().map_err(|_| format!("DURABLE_PG_WRITE_CONNECTIONS={n:?}: not a number"))?;
+        options = options.write_connections(n);
+    }
     // Called inside the (multi-threaded) runtime, and connecting is async.
     let handle = tokio::runtime::Handle::current();
     let connect = durable::PostgresStore::connect_with(&url, options);
@@ -206,6 +211,7 @@ fn process_stats(engine: &Engine) -> serde_json::Value {
         stats["pg_round_trips"] = s.round_trips().into();
         stats["pg_reads"] = s.reads.into();
         stats["pg_claims"] = s.claims.into();
+        stats["pg_retries"] = s.retries.into();
     }
     stats
 }
@@ -820,7 +826,8 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     let mut m = m?;
     let rss = fleet["rss_mb"].as_f64().unwrap_or(f64::NAN);
     let extra = m.extra.get_or_insert_with(|| serde_json::json!({}));
-    for key in ["turns", "turns_without_progress", "runs_sent", "pg_round_trips", "pg_reads", "pg_claims"] {
+    for key in ["turns", "turns_without_progress", "runs_sent", "pg_round_trips", "pg_reads", "pg_claims", "pg_retries"]
+    {
         if !fleet[key].is_null() {
             extra[format!("fleet_{key}")] = fleet[key].clone();
         }

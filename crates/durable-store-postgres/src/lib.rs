@@ -15,6 +15,13 @@
 //!   One batch is in flight at a time, or up to [`PostgresOptions::write_connections`]. A bulk
 //!   create ([`Store::create_runs`]) is one group of operations the writer never splits: one
 //!   transaction, one round trip. [`PostgresStore::stats`] counts them. Reads are one query each, on the pool.
+//! - **One lock order per batch.** Before its first operation runs, a batch takes every advisory
+//!   lock its operations will take (signal tokens, event names, the waits of the runs it commits),
+//!   in ascending key order, and, when it wakes two or more runs (signals, events, task results,
+//!   children finishing), their rows in id order. Batches in flight together therefore do not
+//!   deadlock on each other (a fan-out's children waking their parents in two concurrent batches
+//!   did, and each deadlock cost `deadlock_timeout`). A batch that wakes no other run (step
+//!   commits, claims) locks nothing early: it reads the waiters of its runs, as each commit does.
 //! - **Every contract rule is enforced in SQL**, inside the transaction that writes: the
 //!   compare-and-set of [`Store::update_run_if`] and the lease predicate of a claim are in the
 //!   `WHERE` of their `UPDATE` (under the row lock the same function took), the lease check is
@@ -336,7 +343,7 @@ pub use options::PostgresOptions;
 pub use schema::SCHEMA_VERSION;
 pub use writer::PostgresStats;
 
-use ops::{Answer, Op, Poll};
+use ops::{Answer, BatchLocks, Op, Poll};
 use options::quote_ident;
 use writer::{Counters, Shared, Writer};
 
@@ -494,7 +501,7 @@ impl PostgresStore {
         let shared = Arc::new(Shared {
             pool,
             target,
-            apply_sql: format!("SELECT r FROM {}.apply($1::jsonb, $2) AS r", sql.schema),
+            apply_sql: format!("SELECT r FROM {}.apply($1::jsonb, $2, $3::jsonb) AS r", sql.schema),
             channel: options.notify_channel.clone(),
             max_batch: options.max_batch,
             write_connections: options.write_connections,
@@ -593,12 +600,12 @@ impl PostgresStore {
     // ---- plumbing ---------------------------------------------------------------------------
 
     async fn write(&self, op: Op<'_>) -> StoreResult<String> {
-        self.inner.writer.write(&self.inner.shared, op.encode()).await
+        self.inner.writer.write(&self.inner.shared, op.encode(), BatchLocks::of(&op)).await
     }
 
     /// A run-queue write, through the queue's own writer.
     async fn queue_write(&self, op: Op<'_>) -> StoreResult<String> {
-        self.inner.queue_writer.write(&self.inner.shared, op.encode()).await
+        self.inner.queue_writer.write(&self.inner.shared, op.encode(), BatchLocks::of(&op)).await
     }
 
     fn answer<T>(&self, answer: std::result::Result<T, Answer>) -> StoreResult<T> {
@@ -616,7 +623,8 @@ impl PostgresStore {
     /// per operation, in order (`what` names them in the error if the count is off).
     async fn write_group(&self, group: Vec<String>, what: &str) -> StoreResult<Vec<String>> {
         let n = group.len();
-        let answers = self.inner.writer.write_group(&self.inner.shared, group).await?;
+        // Creates and schedule saves: no advisory keys, no deliveries.
+        let answers = self.inner.writer.write_group(&self.inner.shared, group, BatchLocks::default()).await?;
         if answers.len() != n {
             return Err(self.corrupt(format!("{n} {what} got {} answers", answers.len())));
         }

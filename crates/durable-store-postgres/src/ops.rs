@@ -269,6 +269,109 @@ impl Op<'_> {
     }
 }
 
+/// What the operations of one batch lock, gathered by the client for the batch's lock phase
+/// (`lock_batch`, schema version 12): `apply` takes every advisory key any operation of the batch
+/// will take, ascending, then the rows of the runs the batch delivers to (when it delivers to two
+/// or more), in id order, before the first operation runs; so batches in flight together take
+/// their locks in one global order. Each field lists what an operation's function locks as it
+/// runs (they take the keys again, held already); keep them in step with the SQL.
+#[derive(Debug, Default, Serialize)]
+pub(crate) struct BatchLocks {
+    /// Runs all of whose waiters' keys are locked: a commit's run, a patched run.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    probe: Vec<String>,
+    /// Deleted runs: their waiters' keys, and those of their descendants.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    delete: Vec<String>,
+    /// Advisory keys named outright, as `[kind, key]`: waits registered, signal tokens, task
+    /// result tokens, event names.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    keys: Vec<(&'static str, String)>,
+    /// Trigger buffers a publish appends to, as `[workflow, key]`.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    buffers: Vec<(String, String)>,
+    /// Whether the queue lock is taken (an enqueue, a release of queue items).
+    #[serde(skip_serializing_if = "std::ops::Not::not")]
+    queue: bool,
+    /// Signal tokens delivered to: their waiters' runs are woken.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    tokens: Vec<String>,
+    /// Event names published: their waiters' runs are woken.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    events: Vec<String>,
+    /// Runs of completed tasks (their rows are locked, then woken).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    task_runs: Vec<String>,
+}
+
+impl BatchLocks {
+    /// The locks of `op`.
+    pub(crate) fn of(op: &Op<'_>) -> BatchLocks {
+        fn signal(locks: &mut BatchLocks, token: &str) {
+            locks.keys.push(("signal", token.to_string()));
+            locks.tokens.push(token.to_string());
+        }
+        let mut locks = BatchLocks::default();
+        match op {
+            Op::Commit(c) => {
+                locks.probe.push(c.run.to_string());
+                locks.keys.extend(c.waits.iter().map(|w| (w.kind, w.key.to_string())));
+                for s in &c.signals {
+                    signal(&mut locks, s.token);
+                }
+            }
+            Op::UpdateRunIf(p) => {
+                locks.probe.push(p.id.to_string());
+                for s in &p.signals {
+                    signal(&mut locks, s.token);
+                }
+            }
+            Op::SendSignal { token, .. } => signal(&mut locks, token),
+            Op::CompleteTask(t) => {
+                locks.keys.push(("signal", t.token.clone()));
+                locks.task_runs.push(t.run_id.to_string());
+            }
+            Op::Publish(p) => {
+                locks.keys.push(("event", p.name.to_string()));
+                locks.buffers.extend(p.gather.iter().map(|g| (g.workflow.to_string(), g.key.to_string())));
+                locks.events.push(p.name.to_string());
+            }
+            Op::DeleteRun { id } => locks.delete.push(id.to_string()),
+            Op::Enqueue { .. } | Op::ReleaseQueued { .. } => locks.queue = true,
+            Op::CreateRun(_)
+            | Op::CreateRuns { .. }
+            | Op::ClaimRun { .. }
+            | Op::RenewLease { .. }
+            | Op::ReleaseLease { .. }
+            | Op::FlushBuffer { .. }
+            | Op::SaveSchedule(_)
+            | Op::DeleteSchedule { .. }
+            | Op::AcquireSlot(_)
+            | Op::ReleaseSlot { .. }
+            | Op::AckQueued { .. } => {}
+        }
+        locks
+    }
+
+    /// Adds the locks of another request of the batch.
+    pub(crate) fn extend(&mut self, other: &BatchLocks) {
+        self.probe.extend(other.probe.iter().cloned());
+        self.delete.extend(other.delete.iter().cloned());
+        self.keys.extend(other.keys.iter().cloned());
+        self.buffers.extend(other.buffers.iter().cloned());
+        self.queue |= other.queue;
+        self.tokens.extend(other.tokens.iter().cloned());
+        self.events.extend(other.events.iter().cloned());
+        self.task_runs.extend(other.task_runs.iter().cloned());
+    }
+
+    /// The JSON `lock_batch` reads.
+    pub(crate) fn encode(&self) -> String {
+        // Strings and bools only: serialising cannot fail.
+        serde_json::to_string(self).unwrap_or_else(|_| String::from("{}"))
+    }
+}
+
 /// An error of the caller's data, found before anything was sent.
 fn refused(message: String) -> StoreError {
     StoreError::backend(message)
@@ -1674,6 +1777,90 @@ mod tests {
         let v: Value = serde_json::from_str(&text).unwrap();
         assert_eq!(v["op"], "commit");
         assert_eq!(v["checkpoints"][0]["output"], "{ \"a\" :1.0 }");
+    }
+
+    #[test]
+    fn batch_locks_name_every_key_and_delivery_of_the_batch() {
+        let run = RunId::from("p");
+        let mut c = Commit::new(run.clone(), "o", 5);
+        c.waits.push(Waiter {
+            run_id: run.clone(),
+            seq: 0,
+            name: "w".into(),
+            kind: WaitKind::Event { name: "paid".into(), matcher: Payload::null() },
+            created_at: 5,
+        });
+        c.signals.push(durable_core::OutgoingSignal { token: "child:q:1".into(), payload: Payload::null() });
+        let patch = RunPatch {
+            signals: vec![durable_core::OutgoingSignal { token: "child:q:2".into(), payload: Payload::null() }],
+            ..RunPatch::default()
+        };
+        let done = TaskDone {
+            run_id: RunId::from("t"),
+            seq: 3,
+            attempt: 1,
+            worker: None,
+            result: Ok(Payload::null()),
+            logs: vec![],
+            now: 5,
+        };
+        let event = Publish {
+            gather: vec![BufferAppend {
+                workflow: "wf".into(),
+                key: "k".into(),
+                gather: Gather::Batch { max_items: 3, max_wait_ms: 9 },
+                batch_id: "b".into(),
+                run: NewRun {
+                    trace_context: None,
+                    admission: None,
+                    id: RunId::from("x"),
+                    workflow: "wf".into(),
+                    version: 1,
+                    namespace: "default".into(),
+                    input: Payload::null(),
+                    tags: vec![],
+                    priority: 0,
+                    parent: None,
+                    created_at: 0,
+                    start_at: None,
+                },
+            }],
+            ..Publish::event("e", Payload::null(), 5)
+        };
+        let target = RunId::from("u");
+        let ops = [
+            Op::Commit(CommitJson::new(&c)),
+            Op::UpdateRunIf(PatchJson::new(&target, &[], &patch)),
+            Op::SendSignal { token: "sig", payload: "1", now: 5 },
+            Op::CompleteTask(TaskDoneJson::new(&done)),
+            Op::Publish(PublishJson::new(&event).unwrap()),
+            Op::DeleteRun { id: "gone" },
+            Op::Enqueue { items: vec![], now: 5 },
+            Op::ClaimRun { id: "c", owner: "o", until: 9, now: 5 },
+        ];
+        let mut locks = BatchLocks::default();
+        for op in &ops {
+            locks.extend(&BatchLocks::of(op));
+        }
+        let v: Value = serde_json::from_str(&locks.encode()).unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "probe": ["p", "u"],
+                "delete": ["gone"],
+                "keys": [["event", "paid"], ["signal", "child:q:1"], ["signal", "child:q:2"], ["signal", "sig"],
+                         ["signal", protocol::remote_token(&done.run_id, 3)], ["event", "e"]],
+                "buffers": [["wf", "k"]],
+                "queue": true,
+                "tokens": ["child:q:1", "child:q:2", "sig"],
+                "events": ["e"],
+                "task_runs": ["t"],
+            })
+        );
+        // A step commit names its run only; a claim nothing.
+        let step = Commit::new(RunId::from("s"), "o", 5);
+        assert_eq!(BatchLocks::of(&Op::Commit(CommitJson::new(&step))).encode(), r#"{"probe":["s"]}"#);
+        assert_eq!(BatchLocks::of(&ops[7]).encode(), "{}");
     }
 
     #[test]

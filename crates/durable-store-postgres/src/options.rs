@@ -118,11 +118,11 @@ impl PostgresOptions {
 
     /// Sets how many write batches may be in flight at once, each on its own pooled
     /// connection (default 1, at least 1). More lets the server work on several batches in
-    /// parallel: for independent runs (a chain of steps) 2 committed about twice as much on
-    /// 2 cores. But batches in flight together are separate transactions, and when they touch
-    /// the same runs and tokens (children signalling a parent in a fan-out) they can deadlock;
-    /// PostgreSQL breaks a deadlock after `deadlock_timeout` (1 s by default) and the batch
-    /// is retried, which cost a 100×20 fan-out 5× its time. Writes of one caller are awaited
+    /// parallel. Batches in flight together are separate transactions; each takes its locks
+    /// in one global order before its first operation (every advisory key of its signal
+    /// tokens, event names and waits, ascending, then the rows of the runs it wakes, in id
+    /// order), so batches touching the same runs and tokens (children waking their parents in
+    /// a fan-out) wait for each other instead of deadlocking. Writes of one caller are awaited
     /// one by one either way, so a run's writes never overtake each other.
     pub fn write_connections(mut self, n: usize) -> Self {
         self.write_connections = n.max(1);

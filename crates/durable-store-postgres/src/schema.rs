@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 11;
+pub const SCHEMA_VERSION: u32 = 12;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -78,6 +78,12 @@ const MIGRATIONS: &[Migration] = &[
         version: 11,
         description: "runs by workflow and status in the listing order, for list_runs filters and run_counts",
         sql: include_str!("sql/v11.sql"),
+    },
+    Migration {
+        version: 12,
+        description: "one lock order per batch: apply(ops, channel, locks) takes every advisory key of the batch, \
+                      ascending, then the rows of the runs it delivers to, in id order (lock_batch)",
+        sql: include_str!("sql/v12.sql"),
     },
 ];
 

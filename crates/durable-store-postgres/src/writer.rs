@@ -10,6 +10,12 @@
 //! are independent transactions, as those of two processes are; one caller's writes are
 //! awaited one by one, so they never overtake each other.
 //!
+//! A batch of two or more operations travels with what they lock ([`BatchLocks`], gathered from
+//! each request's operations): `apply` takes every advisory key of the batch, ascending, and the
+//! rows of the runs it delivers to, in id order, before its first operation runs, so batches in
+//! flight together cannot deadlock on each other's keys or woken runs (schema version 12,
+//! `lock_batch`).
+//!
 //! Contract outcomes (lease lost, conflict, …) are answers, not errors, so one refused
 //! operation does not disturb its batch. If the batch fails for another reason: a deadlock or a
 //! serialization failure (another engine's transaction) is retried as a whole; a lost
@@ -27,6 +33,7 @@ use tokio::sync::{Semaphore, mpsc, oneshot};
 use tokio_postgres::types::Type;
 
 use crate::error::{Error, is_conflict, pool_error, query_error};
+use crate::ops::BatchLocks;
 
 /// How many times a batch that lost a deadlock or serialization conflict is run again.
 const CONFLICT_RETRIES: usize = 4;
@@ -86,7 +93,7 @@ impl Counters {
 pub(crate) struct Shared {
     pub(crate) pool: Pool,
     pub(crate) target: String,
-    /// `SELECT r FROM "schema".apply($1::jsonb, $2) AS r`.
+    /// `SELECT r FROM "schema".apply($1::jsonb, $2, $3::jsonb) AS r`.
     pub(crate) apply_sql: String,
     pub(crate) channel: Option<String>,
     pub(crate) max_batch: usize,
@@ -96,9 +103,10 @@ pub(crate) struct Shared {
 }
 
 /// One queued write: its operations (JSON; more than one for a group that must commit
-/// together), and where their answers go.
+/// together), what they lock, and where their answers go.
 struct Request {
     ops: Vec<String>,
+    locks: BatchLocks,
     reply: oneshot::Sender<Result<Vec<String>, StoreError>>,
 }
 
@@ -129,20 +137,26 @@ impl Writer {
         Writer { tx }
     }
 
-    /// Queues one operation (JSON text) and waits for its answer (JSON text).
-    pub(crate) async fn write(&self, shared: &Shared, op: String) -> Result<String, StoreError> {
-        let mut answers = self.write_group(shared, vec![op]).await?;
+    /// Queues one operation (JSON text) and what it locks, and waits for its answer (JSON text).
+    pub(crate) async fn write(&self, shared: &Shared, op: String, locks: BatchLocks) -> Result<String, StoreError> {
+        let mut answers = self.write_group(shared, vec![op], locks).await?;
         answers.pop().ok_or_else(|| {
             Error::Corrupt { target: shared.target.clone(), message: "a write got no answer".into() }.into_store_error()
         })
     }
 
     /// Queues operations that must be applied in one transaction (they travel in one batch,
-    /// and are never split from each other) and waits for their answers, in order.
-    pub(crate) async fn write_group(&self, shared: &Shared, ops: Vec<String>) -> Result<Vec<String>, StoreError> {
+    /// and are never split from each other), with what they lock, and waits for their answers,
+    /// in order.
+    pub(crate) async fn write_group(
+        &self,
+        shared: &Shared,
+        ops: Vec<String>,
+        locks: BatchLocks,
+    ) -> Result<Vec<String>, StoreError> {
         let (reply, answer) = oneshot::channel();
         let stopped = || Error::WriterStopped { target: shared.target.clone() }.into_store_error();
-        self.tx.send(Request { ops, reply }).map_err(|_| stopped())?;
+        self.tx.send(Request { ops, locks, reply }).map_err(|_| stopped())?;
         answer.await.map_err(|_| stopped())?
     }
 }
@@ -186,7 +200,8 @@ enum Failure {
 async fn execute(shared: &Shared, batch: Vec<Request>) {
     let ops = join(&batch);
     let count: usize = batch.iter().map(|r| r.ops.len()).sum();
-    match apply_retrying(shared, &ops, count).await {
+    let locks = batch_locks(&batch, count);
+    match apply_retrying(shared, &ops, locks.as_deref(), count).await {
         Ok(answers) => {
             shared.counters.writes.fetch_add(count as u64, Ordering::Relaxed);
             let mut answers = answers.into_iter();
@@ -201,7 +216,8 @@ async fn execute(shared: &Shared, batch: Vec<Request>) {
             shared.counters.retries.fetch_add(1, Ordering::Relaxed);
             for req in batch {
                 let ops = join(std::slice::from_ref(&req));
-                let answer = match apply_retrying(shared, &ops, req.ops.len()).await {
+                let locks = batch_locks(std::slice::from_ref(&req), req.ops.len());
+                let answer = match apply_retrying(shared, &ops, locks.as_deref(), req.ops.len()).await {
                     Ok(answers) => {
                         shared.counters.writes.fetch_add(req.ops.len() as u64, Ordering::Relaxed);
                         Ok(answers)
@@ -250,10 +266,27 @@ fn join(batch: &[Request]) -> String {
     s
 }
 
-async fn apply_retrying(shared: &Shared, ops: &str, expected: usize) -> Result<Vec<String>, Failure> {
+/// What the batch's operations lock (`None` for a single operation: it orders its own locks).
+fn batch_locks(batch: &[Request], count: usize) -> Option<String> {
+    if count < 2 {
+        return None;
+    }
+    let mut all = BatchLocks::default();
+    for req in batch {
+        all.extend(&req.locks);
+    }
+    Some(all.encode())
+}
+
+async fn apply_retrying(
+    shared: &Shared,
+    ops: &str,
+    locks: Option<&str>,
+    expected: usize,
+) -> Result<Vec<String>, Failure> {
     let mut attempt = 0;
     loop {
-        match apply(shared, ops, expected).await {
+        match apply(shared, ops, locks, expected).await {
             Err(Failure::Conflict(_)) if attempt < CONFLICT_RETRIES => {
                 attempt += 1;
                 shared.counters.retries.fetch_add(1, Ordering::Relaxed);
@@ -267,7 +300,7 @@ async fn apply_retrying(shared: &Shared, ops: &str, expected: usize) -> Result<V
 /// pipelined on one connection (tokio-postgres sends requests in the order they are first
 /// polled, without waiting for earlier answers). If the batch fails, the server turns the
 /// `COMMIT` into a rollback.
-async fn apply(shared: &Shared, ops: &str, expected: usize) -> Result<Vec<String>, Failure> {
+async fn apply(shared: &Shared, ops: &str, locks: Option<&str>, expected: usize) -> Result<Vec<String>, Failure> {
     let target = &shared.target;
     let client = shared.pool.get().await.map_err(|e| {
         let e = pool_error(target, e);
@@ -277,7 +310,7 @@ async fn apply(shared: &Shared, ops: &str, expected: usize) -> Result<Vec<String
     let channel: Option<&str> = shared.channel.as_deref();
     let (begin, rows, commit) = join3(
         client.batch_execute("BEGIN"),
-        client.query_typed(&shared.apply_sql, &[(&ops, Type::TEXT), (&channel, Type::TEXT)]),
+        client.query_typed(&shared.apply_sql, &[(&ops, Type::TEXT), (&channel, Type::TEXT), (&locks, Type::TEXT)]),
         client.batch_execute("COMMIT"),
     )
     .await;

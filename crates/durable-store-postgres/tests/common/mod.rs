@@ -63,6 +63,19 @@ pub fn new_run(id: &str) -> NewRun {
 /// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
 /// the functions version 7 replaced, which re-running it writes anyway: for the tests of
 /// migrating older schemas forward.
+/// Takes a schema of this build back to version 11: the three-argument `apply`, `lock_batch`
+/// and the version row.
+pub async fn undo_version_12(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "DROP FUNCTION {s}.apply(jsonb, text, jsonb), {s}.lock_batch(jsonb);
+             DELETE FROM {s}.schema_version WHERE version >= 12"
+        ))
+        .await
+        .expect("undo schema version 12");
+}
+
 /// Takes a schema of this build back to version 10: the workflow-and-status index and the
 /// version row.
 pub async fn undo_version_11(admin: &tokio_postgres::Client, schema: &str) {

@@ -1,0 +1,172 @@
+//! Concurrent write batches take their locks in one global order (schema version 12's
+//! `lock_batch`): every advisory key first, ascending, then the rows of the runs the batch
+//! delivers to, in id order. Each test drives two batches (`apply` calls, as the writer sends
+//! them with `write_connections` > 1) on two connections into the interleaving that deadlocked
+//! when each operation took its own locks as it ran, holding a third connection's lock as the
+//! gate; PostgreSQL then broke the cycle after `deadlock_timeout` and failed one batch with
+//! `deadlock detected` (40P01).
+
+mod common;
+
+use std::time::Duration;
+
+use common::{ScratchSchema, T0, hold_token_lock, new_run, url_or_skip};
+use durable_core::{Claim, ClaimOutcome, Commit, RunId, Store, TurnEnd, WaitKind, Waiter};
+use durable_store_postgres::PostgresStore;
+use durable_store_postgres::deadpool_postgres::tokio_postgres::{self, Client};
+
+/// Creates run `id` and parks it waiting for signal tokens `tokens` (seq 0, 1, …).
+async fn park(store: &PostgresStore, id: &str, tokens: &[&str]) {
+    store.create_run(new_run(id)).await.unwrap();
+    let claim = Claim { run_id: RunId::from(id), owner: "me".into(), lease_until: T0 + 60_000, now: T0 };
+    assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+    let mut c = Commit::new(RunId::from(id), "me", T0);
+    for (seq, token) in tokens.iter().enumerate() {
+        c.waits.push(Waiter {
+            run_id: RunId::from(id),
+            seq: seq as u32,
+            name: format!("wait-{seq}"),
+            kind: WaitKind::Signal { token: (*token).into() },
+            created_at: T0,
+        });
+    }
+    c.end = Some(TurnEnd::Suspend { wake_at: None, seen_wake_gen: 0 });
+    assert!(!store.commit(c).await.unwrap().woken);
+}
+
+/// A batch of `send_signal` operations, one per token, and what they lock, as the writer sends
+/// them (the store's unit tests check that `BatchLocks` names these keys and tokens).
+fn signals(tokens: &[&str]) -> (String, String) {
+    let ops: Vec<_> = tokens
+        .iter()
+        .map(|t| serde_json::json!({"op": "send_signal", "token": t, "payload": "1", "now": T0 + 1}))
+        .collect();
+    let keys: Vec<_> = tokens.iter().map(|t| serde_json::json!(["signal", t])).collect();
+    let locks = serde_json::json!({"keys": keys, "tokens": tokens});
+    (serde_json::Value::Array(ops).to_string(), locks.to_string())
+}
+
+/// Runs `ops` as one batch on `client`: `BEGIN`, `apply`, `COMMIT`.
+async fn batch(client: &Client, schema: &str, (ops, locks): (String, String)) -> Result<(), tokio_postgres::Error> {
+    client.batch_execute("BEGIN").await?;
+    let sql = format!("SELECT r FROM \"{schema}\".apply($1::text::jsonb, NULL, $2::text::jsonb) AS r");
+    let applied = client.query(&sql, &[&ops, &locks]).await;
+    match applied {
+        Ok(_) => client.batch_execute("COMMIT").await,
+        Err(e) => {
+            client.batch_execute("ROLLBACK").await?;
+            Err(e)
+        }
+    }
+}
+
+/// Waits until the backend `pid` waits on a lock (true) or `done` says its batch ended (false),
+/// for at most 60 s (a hang guard, not a timing assertion; nothing announces a lock wait, so it
+/// looks at `pg_stat_activity` every 5 ms).
+async fn parked_or_done(admin: &Client, pid: i32, done: impl Fn() -> bool) -> bool {
+    let deadline = std::time::Instant::now() + Duration::from_secs(60);
+    while std::time::Instant::now() < deadline {
+        if done() {
+            return false;
+        }
+        let row = admin
+            .query_one("SELECT count(*) FROM pg_stat_activity WHERE pid = $1 AND wait_event_type = 'Lock'", &[&pid])
+            .await
+            .unwrap();
+        if row.get::<_, i64>(0) > 0 {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    panic!("backend {pid} neither waited on a lock nor finished in 60 s");
+}
+
+async fn pid(client: &Client) -> i32 {
+    client.query_one("SELECT pg_backend_pid()", &[]).await.unwrap().get(0)
+}
+
+/// Starts `ops` as one batch on a new connection of `scratch`; answers its backend pid and the
+/// batch's task.
+async fn start(
+    scratch: &ScratchSchema,
+    ops: (String, String),
+) -> (i32, tokio::task::JoinHandle<Result<(), tokio_postgres::Error>>) {
+    let client = scratch.client().await.unwrap();
+    let pid = pid(&client).await;
+    let schema = scratch.name().to_string();
+    (pid, tokio::spawn(async move { batch(&client, &schema, ops).await }))
+}
+
+/// The completed wait checkpoints of `id`, by seq.
+async fn resolved(admin: &Client, schema: &str, id: &str) -> Vec<i64> {
+    let sql =
+        format!("SELECT seq FROM \"{schema}\".checkpoints WHERE run_id = $1 AND status = 'completed' ORDER BY seq");
+    admin.query(&sql, &[&id]).await.unwrap().iter().map(|r| r.get(0)).collect()
+}
+
+/// Two batches each waking the same two runs, in opposite orders (children of two parents
+/// finishing in two concurrent batches). Before version 12, batch 2 woke `p2`, then waited for
+/// `p3` (the gate holds its row), batch 1 woke `p1` and waited for `p2`, and once the gate let
+/// go batch 2 woke `p3` and wanted `p1`: a deadlock. Now each batch locks the rows of the runs
+/// it wakes in id order before its first operation: batch 2 holds `p1` and `p2` while it waits
+/// for `p3`, and batch 1 waits for `p1` holding nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_waking_the_same_runs_in_opposite_orders_do_not_deadlock() {
+    let Some(url) = url_or_skip("batches_waking_the_same_runs_in_opposite_orders_do_not_deadlock") else { return };
+    let scratch = ScratchSchema::new(&url, "lockrows").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    park(&store, "p1", &["p1-a", "p1-b"]).await;
+    park(&store, "p2", &["p2-a", "p2-b"]).await;
+    park(&store, "p3", &["p3-a"]).await;
+    let gate = scratch.client().await.unwrap();
+    let admin = scratch.client().await.unwrap();
+
+    // The gate: the row of `p3`, which batch 2 wakes second.
+    gate.batch_execute("BEGIN").await.unwrap();
+    let lock_p3 = format!("SELECT 1 FROM \"{}\".runs WHERE id = 'p3' FOR UPDATE", scratch.name());
+    assert_eq!(gate.query(&lock_p3, &[]).await.unwrap().len(), 1);
+    let (pid2, second) = start(&scratch, signals(&["p2-a", "p3-a", "p1-b"])).await;
+    assert!(parked_or_done(&admin, pid2, || second.is_finished()).await, "batch 2 waits for the gate's row");
+    let (pid1, first) = start(&scratch, signals(&["p1-a", "p2-b"])).await;
+    // Batch 1 waits for a row batch 2 holds (`p2` before version 12, `p1` with it).
+    assert!(parked_or_done(&admin, pid1, || first.is_finished()).await, "batch 1 waits for batch 2");
+    gate.batch_execute("COMMIT").await.unwrap();
+
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert!(first.is_ok() && second.is_ok(), "a batch failed: {first:?} / {second:?}");
+    for (run, waits) in [("p1", vec![0, 1]), ("p2", vec![0, 1]), ("p3", vec![0])] {
+        assert_eq!(resolved(&admin, scratch.name(), run).await, waits, "{run}'s waits are resolved");
+        let run = store.get_run(&RunId::from(run)).await.unwrap().unwrap();
+        assert_eq!(run.wake_gen, waits.len() as u64, "{} is woken once per delivery", run.id);
+    }
+}
+
+/// Two batches taking the same advisory keys in opposite orders (signals to tokens nobody waits
+/// for yet, so they are buffered). Before version 12 each `send_signal` took its token's key as
+/// it ran: batch 1 took `a` and waited for the gate's `m`, batch 2 took `b` and waited for `a`,
+/// and once the gate opened batch 1 wanted `b`: a deadlock. Now each batch takes its keys
+/// ascending before its first operation runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_taking_the_same_keys_in_opposite_orders_do_not_deadlock() {
+    let Some(url) = url_or_skip("batches_taking_the_same_keys_in_opposite_orders_do_not_deadlock") else { return };
+    let scratch = ScratchSchema::new(&url, "lockkeys").await.unwrap();
+    let _store = scratch.connect().await.unwrap();
+    let gate = scratch.client().await.unwrap();
+    let admin = scratch.client().await.unwrap();
+
+    hold_token_lock(&scratch, &gate, "m").await;
+    let (pid1, first) = start(&scratch, signals(&["a", "m", "b"])).await;
+    assert!(parked_or_done(&admin, pid1, || first.is_finished()).await, "batch 1 waits for the gate's token");
+    let (pid2, second) = start(&scratch, signals(&["b", "a"])).await;
+    // Batch 2 waits for a key batch 1 holds, or is done.
+    parked_or_done(&admin, pid2, || second.is_finished()).await;
+    gate.batch_execute("COMMIT").await.unwrap();
+
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert!(first.is_ok() && second.is_ok(), "a batch failed: {first:?} / {second:?}");
+    let sql =
+        format!("SELECT token, count(*) FROM \"{}\".buffered_signals GROUP BY token ORDER BY token", scratch.name());
+    let buffered: Vec<(String, i64)> =
+        admin.query(&sql, &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
+    assert_eq!(buffered, [("a".to_string(), 2), ("b".to_string(), 2), ("m".to_string(), 1)]);
+}
