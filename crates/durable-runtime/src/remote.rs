@@ -815,9 +815,10 @@ impl Worker {
                                 queue,
                                 if done.result.is_ok() { "completed" } else { "failed" },
                             );
-                            if shared.is_some() {
-                                // Woken by `complete_and_execute`.
-                            } else if let Some(t) = &w.transport {
+                            // Beside an engine, `complete_and_execute` woke the run.
+                            if shared.is_none()
+                                && let Some(t) = &w.transport
+                            {
                                 let item = QueuedRun {
                                     id: 0,
                                     reason: QueueReason::Wake,
