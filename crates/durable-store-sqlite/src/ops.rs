@@ -458,6 +458,10 @@ pub enum Poll {
 /// so (as `now >= 0`) there is no live lease exactly when this is `< now`.
 const LEASE_FREE_AT: &str = "(CASE WHEN lease_owner IS NULL OR lease_until IS NULL THEN -1 ELSE lease_until END)";
 
+/// The statuses of the runs `runs_due` holds, exactly as its `WHERE` names them (SQLite uses a
+/// partial index only for a query that repeats its terms). Equalities, not `IN`: see migration 11.
+pub(crate) const DUE_STATUSES: &str = "(status = 'suspended' OR status = 'blocked' OR status = 'pending')";
+
 /// The statement of `pending_runs`, `due_runs` or `orphaned_runs`.
 ///
 /// Each names its partial index (`INDEXED BY`): the status index covers the same rows and,
@@ -487,7 +491,7 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
         ),
         Poll::Due => (
             "runs_due",
-            format!("status IN ('suspended', 'blocked', 'pending') AND wake_at <= {now} AND {no_live_lease}"),
+            format!("{DUE_STATUSES} AND wake_at <= {now} AND {no_live_lease}"),
             "wake_at, id",
         ),
         Poll::Orphaned => {

@@ -22,8 +22,10 @@ const TASK_COLS: &str = "run_id, seq, attempt, name, queue, namespace, input, pr
      pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, worker, lease_until, claimed_at, \
      heartbeat_at, progress, claims, logs, outcome, trace_context";
 
-/// The statuses of runs that are not terminal, as an SQL list.
-const ACTIVE: &str = "('pending', 'running', 'suspended', 'blocked')";
+/// The run of `runs` is not terminal. Equalities, not `IN (list)`: SQLite fills a temporary table
+/// with a list of more than two constants on every execution of the statement.
+const RUN_ACTIVE: &str =
+    "(runs.status = 'pending' OR runs.status = 'running' OR runs.status = 'suspended' OR runs.status = 'blocked')";
 
 /// JSON text of a value (`serde_json::to_string`'s result), or a backend error.
 fn json_text(encoded: serde_json::Result<String>) -> OpResult<String> {
@@ -180,8 +182,8 @@ pub(crate) fn claim_sql(claim: &TaskClaim) -> Option<Sql> {
         "SELECT {TASK_COLS} FROM tasks INDEXED BY tasks_claim WHERE state <> 'finished' AND queue IN ({}) \
          AND (state = 'queued' OR lease_until <= {now}) AND (deadline IS NULL OR deadline > {now}) \
          AND NOT EXISTS (SELECT 1 FROM json_each(tasks.requires) AS r \
-             WHERE r.value NOT IN (SELECT c.value FROM json_each({caps}) AS c)) \
-         AND EXISTS (SELECT 1 FROM runs WHERE runs.id = tasks.run_id AND runs.status IN {ACTIVE})",
+             WHERE NOT EXISTS (SELECT 1 FROM json_each({caps}) AS c WHERE c.value = r.value)) \
+         AND EXISTS (SELECT 1 FROM runs WHERE runs.id = tasks.run_id AND {RUN_ACTIVE})",
         queues.join(", ")
     );
     if let Some(ns) = &claim.namespace {
@@ -354,7 +356,7 @@ pub(crate) fn queue_stats(conn: &Connection) -> OpResult<Vec<QueueStats>> {
     let mut stmt = conn.prepare_cached(&format!(
         "SELECT namespace, queue, SUM(state = 'queued'), SUM(state = 'claimed'), MIN(created_at) \
          FROM tasks INDEXED BY tasks_claim WHERE state <> 'finished' \
-         AND EXISTS (SELECT 1 FROM runs WHERE runs.id = tasks.run_id AND runs.status IN {ACTIVE}) \
+         AND EXISTS (SELECT 1 FROM runs WHERE runs.id = tasks.run_id AND {RUN_ACTIVE}) \
          GROUP BY namespace, queue ORDER BY namespace, queue"
     ))?;
     let mut rows = stmt.query([])?;

@@ -367,6 +367,47 @@ fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
     assert!(violations(&conn, &cases).is_empty(), "the indexes are back");
 }
 
+/// How many temporary tables the statement's program opens (`OpenEphemeral` in its `EXPLAIN`).
+fn temporary_tables(conn: &Connection, sql: &str) -> usize {
+    let mut stmt = conn.prepare(&format!("EXPLAIN {sql}")).unwrap();
+    // Its program does not depend on the values: NULLs stand in for them.
+    let nulls = vec![Value::Null; stmt.parameter_count()];
+    let ops = stmt.query_map(rusqlite::params_from_iter(nulls), |r| r.get::<_, String>(1)).unwrap();
+    ops.map(Result::unwrap).filter(|op| op == "OpenEphemeral").count()
+}
+
+/// The writes every step makes (a run's status and `wake_at` change, which SQLite checks against
+/// every partial index of `runs`; a task's state), a worker's claim of one queue and the due scan
+/// fill no temporary table: a list of more than two constants (`IN ('a', 'b', 'c')`) in a
+/// partial index or a statement makes SQLite build one on every execution.
+#[test]
+fn hot_writes_claims_and_the_due_scan_fill_no_temporary_table() {
+    let (_dir, conn) = database();
+    // The count sees what it looks for.
+    assert_eq!(temporary_tables(&conn, "SELECT 1 FROM runs WHERE status IN ('a', 'b', 'c')"), 1);
+    let mut statements = vec![
+        "UPDATE runs SET status = ?1, wake_at = ?2, updated_at = ?3 WHERE id = ?4".to_string(),
+        "UPDATE tasks SET state = ?1, lease_until = ?2, deadline = ?3, seen_at = ?4 WHERE run_id = ?5 AND seq = ?6"
+            .to_string(),
+    ];
+    for namespace in [None, Some("tenant".to_string())] {
+        let claim = TaskClaim {
+            worker: "w".into(),
+            queues: vec!["resize".into()],
+            namespace,
+            capabilities: vec!["gpu".into()],
+            limit: 10,
+            now: T0,
+        };
+        statements.push(claim_tasks_sql(&claim).expect("a claim with a queue").0);
+    }
+    let due = RunQuery { now: T0, limit: 10, namespace: None, workflows: None };
+    statements.push(poll_sql(Poll::Due, &due).expect("a due scan").0);
+    for sql in statements {
+        assert_eq!(temporary_tables(&conn, &sql), 0, "{sql}");
+    }
+}
+
 /// The admission indexes: each must serve one of the admission statements.
 const ADMISSION_INDEXES: &[&str] =
     &["admission_slots_run", "admission_waiters_rank", "admission_waiters_key", "admission_waiters_run"];
