@@ -298,3 +298,39 @@ async fn an_enqueue_the_waiting_item_already_covers_writes_nothing() {
     assert_eq!(store.queued_len().await.unwrap(), 3);
     assert_eq!(waiting_item(&admin, &scratch, "a").await.1, "start");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_finds_its_runs_by_key_not_by_a_scan_of_the_runs() {
+    let Some(url) = url_or_skip("an_enqueue_finds_its_runs_by_key_not_by_a_scan_of_the_runs") else { return };
+    let scratch = ScratchSchema::new(&url, "queue_probe").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    for id in ["a", "b", "c"] {
+        store.create_run(new_run(id)).await.unwrap();
+    }
+    // A new schema has no statistics (as with autovacuum off): a join may be planned as a scan
+    // of every run row, dead versions included, on each enqueue.
+    let admin = scratch.client().await.unwrap();
+    let s = format!("\"{}\"", scratch.name());
+    let scans = || {
+        let (admin, s) = (&admin, &s);
+        async move {
+            let row = admin
+                .query_one(&format!("SELECT seq_scan FROM pg_stat_user_tables WHERE relid = '{s}.runs'::regclass"), &[])
+                .await
+                .unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
+    let before = scans().await;
+    let items = r#"{"items": [{"run_id": "b", "reason": "start", "namespace": null, "priority": 0,
+                                "dedupe_key": "start:b:0"},
+                               {"run_id": "zz", "reason": "start", "namespace": null, "priority": 0,
+                                "dedupe_key": "start:zz:0"}], "now": 1}"#;
+    admin.query_one(&format!("SELECT {s}.enqueue($1::text::jsonb)"), &[&items]).await.unwrap();
+    // This session's counters reach the shared statistics once it is idle after this request.
+    admin.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+    assert_eq!(scans().await, before, "the enqueue scanned the runs table");
+    // And it queued what it should: b (a known run), not zz.
+    let queued = store.claim_queued(None, "w", 10, T0 + 60_000, T0).await.unwrap();
+    assert_eq!(ids(&queued), ["b"]);
+}
