@@ -774,7 +774,10 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     let prefix = format!("durable_bench_{}_{}", args.workload, std::process::id());
     let broker = connect_broker(args, &prefix).await?;
     let client = shared_engine(args, db.as_deref(), broker.as_ref(), false).await?;
-    let schema = PG_BENCH.get().and_then(|(_, s)| s.clone());
+    // The workers share the client's schema: its own (dropped afterwards) or the one named.
+    let schema = PG_BENCH.get().and_then(|(_, s)| {
+        s.clone().or_else(|| args.pg_schema.clone()).or_else(|| std::env::var("DURABLE_PG_SCHEMA").ok())
+    });
     let exe = std::env::current_exe().map_err(|e| e.to_string())?;
     let mut workers = Vec::new();
     for _ in 0..args.workers {

@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 12;
+pub const SCHEMA_VERSION: u32 = 13;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -84,6 +84,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "one lock order per batch: apply(ops, channel, locks) takes every advisory key of the batch, \
                       ascending, then the rows of the runs it delivers to, in id order (lock_batch)",
         sql: include_str!("sql/v12.sql"),
+    },
+    Migration {
+        version: 13,
+        description: "an enqueue drops the items the run's waiting item already covers (no lock, no write), \
+                      and a merge that changes nothing writes nothing",
+        sql: include_str!("sql/v13.sql"),
     },
 ];
 

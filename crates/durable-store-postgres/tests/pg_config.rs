@@ -195,6 +195,7 @@ async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
     let bury = RunPatch { status: Some(RunStatus::Dead), now: common::T0, ..RunPatch::default() };
     assert!(store.update_run_if(&RunId::from("old-dead"), &[RunStatus::Pending], bury).await.unwrap());
     drop(store);
+    common::undo_version_13(&admin, old.name()).await;
     common::undo_version_12(&admin, old.name()).await;
     common::undo_version_11(&admin, old.name()).await;
     common::undo_version_9(&admin, old.name()).await;

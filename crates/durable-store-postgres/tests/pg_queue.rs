@@ -210,6 +210,7 @@ async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_noth
     let store = scratch.connect().await.unwrap();
     store.create_run(new_run("old")).await.unwrap();
     drop(store);
+    common::undo_version_13(&admin, scratch.name()).await;
     common::undo_version_12(&admin, scratch.name()).await;
     common::undo_version_11(&admin, scratch.name()).await;
     common::undo_version_9(&admin, scratch.name()).await;
@@ -231,4 +232,105 @@ async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_noth
     assert!(store.get_run(&RunId::from("old")).await.unwrap().is_some(), "the run survived the migration");
     store.enqueue(vec![item("old", QueueReason::Start, 0)], T0).await.unwrap();
     assert_eq!(store.queued_len().await.unwrap(), 1);
+}
+
+/// The waiting item of `run` as the server holds it: `(row version, reason, priority, dedupe key)`.
+async fn waiting_item(
+    admin: &durable_store_postgres::deadpool_postgres::tokio_postgres::Client,
+    scratch: &ScratchSchema,
+    run: &str,
+) -> (String, String, i32, String) {
+    let row = admin
+        .query_one(
+            &format!(
+                "SELECT xmin::text || ctid::text, reason, priority, dedupe_key FROM \"{}\".run_queue
+                  WHERE run_id = $1 AND claimed_by IS NULL",
+                scratch.name()
+            ),
+            &[&run],
+        )
+        .await
+        .unwrap();
+    (row.get(0), row.get(1), row.get(2), row.get(3))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_the_waiting_item_already_covers_writes_nothing() {
+    let Some(url) = url_or_skip("an_enqueue_the_waiting_item_already_covers_writes_nothing") else { return };
+    let scratch = ScratchSchema::new(&url, "queue_noop").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    let admin = scratch.client().await.unwrap();
+    store.create_run(new_run("a")).await.unwrap();
+    store.create_run(new_run("b")).await.unwrap();
+    store.enqueue(vec![item("a", QueueReason::Start, 0)], T0).await.unwrap();
+    let first = waiting_item(&admin, &scratch, "a").await;
+
+    // A start again (a poller that found the run pending), at no higher priority: the waiting
+    // item is left as it was, not even rewritten (same row version).
+    store.enqueue(vec![item("a", QueueReason::Start, 0), item("b", QueueReason::Start, 0)], T0 + 1).await.unwrap();
+    assert_eq!(waiting_item(&admin, &scratch, "a").await, first, "a start merged into a start rewrote the item");
+    assert_eq!(store.queued_len().await.unwrap(), 2, "b was queued beside it");
+
+    // What does change the item still does: a higher priority, then a wake replacing the start.
+    store.enqueue(vec![item("a", QueueReason::Start, 3)], T0 + 2).await.unwrap();
+    let raised = waiting_item(&admin, &scratch, "a").await;
+    assert_ne!(raised.0, first.0);
+    assert_eq!((raised.1.as_str(), raised.2), ("start", 3));
+    store.enqueue(vec![item("a", QueueReason::Wake, 0)], T0 + 3).await.unwrap();
+    let woken = waiting_item(&admin, &scratch, "a").await;
+    assert_ne!(woken.0, raised.0);
+    assert_eq!((woken.1.as_str(), woken.2, woken.3.as_str()), ("wake", 3, "wake:a:0"));
+
+    // The same wake again, and a start after it: covered, nothing written.
+    store.enqueue(vec![item("a", QueueReason::Wake, 1)], T0 + 4).await.unwrap();
+    store.enqueue(vec![item("a", QueueReason::Start, 0)], T0 + 5).await.unwrap();
+    assert_eq!(waiting_item(&admin, &scratch, "a").await, woken);
+    // A wake whose dedupe key names a claim replaces the key (as before).
+    let claim =
+        QueuedRun { dedupe_key: QueuedRun::claim_key(T0 + 60_000, "wake:a:1"), ..item("a", QueueReason::Wake, 0) };
+    store.enqueue(vec![claim.clone()], T0 + 6).await.unwrap();
+    assert_eq!(waiting_item(&admin, &scratch, "a").await.3, claim.dedupe_key);
+
+    // A run whose only item is claimed gets a waiting item beside it (its claimer may be gone).
+    let claimed = store.claim_queued(None, "w1", 10, T0 + 60_000, T0 + 7).await.unwrap();
+    assert_eq!(claimed.len(), 2);
+    store.enqueue(vec![item("a", QueueReason::Start, 0)], T0 + 8).await.unwrap();
+    assert_eq!(store.queued_len().await.unwrap(), 3);
+    assert_eq!(waiting_item(&admin, &scratch, "a").await.1, "start");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_finds_its_runs_by_key_not_by_a_scan_of_the_runs() {
+    let Some(url) = url_or_skip("an_enqueue_finds_its_runs_by_key_not_by_a_scan_of_the_runs") else { return };
+    let scratch = ScratchSchema::new(&url, "queue_probe").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    for id in ["a", "b", "c"] {
+        store.create_run(new_run(id)).await.unwrap();
+    }
+    // A new schema has no statistics (as with autovacuum off): a join may be planned as a scan
+    // of every run row, dead versions included, on each enqueue.
+    let admin = scratch.client().await.unwrap();
+    let s = format!("\"{}\"", scratch.name());
+    let scans = || {
+        let (admin, s) = (&admin, &s);
+        async move {
+            let row = admin
+                .query_one(&format!("SELECT seq_scan FROM pg_stat_user_tables WHERE relid = '{s}.runs'::regclass"), &[])
+                .await
+                .unwrap();
+            row.get::<_, i64>(0)
+        }
+    };
+    let before = scans().await;
+    let items = r#"{"items": [{"run_id": "b", "reason": "start", "namespace": null, "priority": 0,
+                                "dedupe_key": "start:b:0"},
+                               {"run_id": "zz", "reason": "start", "namespace": null, "priority": 0,
+                                "dedupe_key": "start:zz:0"}], "now": 1}"#;
+    admin.query_one(&format!("SELECT {s}.enqueue($1::text::jsonb)"), &[&items]).await.unwrap();
+    // This session's counters reach the shared statistics once it is idle after this request.
+    admin.batch_execute("SELECT pg_stat_force_next_flush()").await.unwrap();
+    assert_eq!(scans().await, before, "the enqueue scanned the runs table");
+    // And it queued what it should: b (a known run), not zz.
+    let queued = store.claim_queued(None, "w", 10, T0 + 60_000, T0).await.unwrap();
+    assert_eq!(ids(&queued), ["b"]);
 }

@@ -135,25 +135,39 @@ impl Transport for QueueTransport {
         let this = self.clone();
         let concurrency = concurrency.max(1);
         let slots = Arc::new(Semaphore::new(concurrency));
+        // Slots handed back by finished items. While the queue has a backlog (the last claim
+        // came back full, or items were announced while every slot was busy), a consumer
+        // claims again as soon as a quarter of a batch of slots is free, instead of leaving
+        // them idle until its next poll or nudge.
+        let freed = Arc::new(Notify::new());
+        let refill_at = (this.claim_batch.min(concurrency) / 4).max(1);
         let task = tokio::spawn(async move {
             // A full look (at start, on a poll or a nudge) claims while batches come back
             // full; a local notify claims only as many items as this process sent.
             let mut full_look = true;
+            let mut backlog = false;
             loop {
                 let wake = this.local.notified();
                 tokio::pin!(wake);
                 wake.as_mut().enable();
                 let budget = if full_look { usize::MAX } else { this.local_sent.swap(0, Ordering::AcqRel) };
                 let want = slots.available_permits().min(this.claim_batch).min(budget);
+                if want == 0 && full_look && slots.available_permits() == 0 {
+                    backlog = true; // items may be waiting for a slot
+                }
                 if want > 0 {
                     let now = now_ms();
                     let until = durable_core::millis_after(now, this.claim_ttl);
                     match this.queue.claim_queued(namespace.as_deref(), &this.owner, want, until, now).await {
                         Ok(items) => {
                             let took = items.len();
+                            if full_look || took < want {
+                                backlog = took == want;
+                            }
                             for item in items {
                                 let permit = slots.clone().acquire_owned().await.expect("never closed");
                                 let (handler, queue, owner) = (handler.clone(), this.queue.clone(), this.owner.clone());
+                                let freed = freed.clone();
                                 tokio::spawn(async move {
                                     let id = item.id;
                                     let result = match handler.handle(item).await {
@@ -164,6 +178,7 @@ impl Transport for QueueTransport {
                                         tracing::warn!(error = %e, "could not settle a queued item; its claim will expire");
                                     }
                                     drop(permit);
+                                    freed.notify_one();
                                 });
                             }
                             if took == want {
@@ -186,9 +201,18 @@ impl Transport for QueueTransport {
                         None => std::future::pending().await,
                     }
                 };
+                let refill = async {
+                    loop {
+                        freed.notified().await;
+                        if slots.available_permits() >= refill_at {
+                            break;
+                        }
+                    }
+                };
                 full_look = tokio::select! {
                     biased;
                     _ = stopped.wait_for(|s| *s) => break,
+                    () = refill, if backlog => true,
                     () = &mut wake => false,
                     () = nudged => true,
                     () = tokio::time::sleep(this.poll_interval) => true,
@@ -363,6 +387,57 @@ mod tests {
         consumer.stop().await;
         // Full batches are followed by another claim at once; the short one ends the burst.
         assert_eq!(queue.1.lock().clone(), [(10, 10), (10, 10), (10, 5)]);
+    }
+
+    /// Holds every item until told to finish one.
+    struct Gate(Mutex<Vec<RunId>>, Notify, Semaphore);
+
+    #[async_trait]
+    impl RunHandler for Gate {
+        async fn handle(&self, item: QueuedRun) -> Handled {
+            self.0.lock().push(item.run_id);
+            self.1.notify_one();
+            self.2.acquire().await.expect("never closed").forget();
+            Handled::Done
+        }
+    }
+
+    #[tokio::test]
+    async fn slots_freed_under_a_backlog_are_refilled_before_the_next_poll() {
+        let ids = names(12);
+        let store = store_with_runs(&ids.iter().map(String::as_str).collect::<Vec<_>>()).await;
+        store.enqueue(ids.iter().map(|id| item(id, QueueReason::Start)).collect(), 0).await.unwrap();
+        let queue = Claims::new(store);
+        // Polling alone would take an hour, and nothing nudges: only a freed slot can explain a
+        // second claim.
+        let transport = QueueTransport::new(queue.clone()).claim_batch(4).poll_interval(Duration::from_secs(3600));
+        let handler = Arc::new(Gate(Mutex::new(Vec::new()), Notify::new(), Semaphore::new(0)));
+        let consumer = transport.consume_runs(None, 4, handler.clone());
+        while handler.0.lock().len() < 4 {
+            handler.1.notified().await; // the first claim fills the four slots
+        }
+        // One item finishing frees one slot: a quarter of the batch, so the consumer claims one.
+        handler.2.add_permits(1);
+        let refilled = tokio::time::timeout(Duration::from_secs(60), async {
+            while handler.0.lock().len() < 5 {
+                handler.1.notified().await;
+            }
+        })
+        .await;
+        assert!(refilled.is_ok(), "the freed slot stayed idle until the next poll");
+        // Every item in the end, each slot refilled as it frees, with no poll at all.
+        handler.2.add_permits(ids.len());
+        tokio::time::timeout(Duration::from_secs(60), async {
+            while handler.0.lock().len() < ids.len() {
+                handler.1.notified().await;
+            }
+        })
+        .await
+        .expect("the backlog drained through freed slots");
+        consumer.stop().await;
+        let claims = queue.1.lock().clone();
+        assert_eq!(claims.first(), Some(&(4, 4)), "{claims:?}");
+        assert_eq!(claims.iter().map(|c| c.1).sum::<usize>(), ids.len(), "{claims:?}");
     }
 
     #[tokio::test]

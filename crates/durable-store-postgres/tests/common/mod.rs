@@ -63,6 +63,16 @@ pub fn new_run(id: &str) -> NewRun {
 /// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
 /// the functions version 7 replaced, which re-running it writes anyway: for the tests of
 /// migrating older schemas forward.
+/// Takes a schema of this build back to version 12: the version row (the functions version 13
+/// replaced keep their version 13 text: migrating forward replaces them again).
+pub async fn undo_version_13(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!("DELETE FROM {s}.schema_version WHERE version >= 13"))
+        .await
+        .expect("undo schema version 13");
+}
+
 /// Takes a schema of this build back to version 11: the three-argument `apply`, `lock_batch`
 /// and the version row.
 pub async fn undo_version_12(admin: &tokio_postgres::Client, schema: &str) {
