@@ -198,14 +198,19 @@ async fn a_settle_here_claims_the_run_it_hands_its_key_to_in_the_same_store_call
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
     let t = TestEngine::with_store(store.clone());
     let ledger = Arc::new(Ledger::default());
-    let l = ledger.clone();
+    // The first run's step holds the key until the others wait for it.
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let (l, h) = (ledger.clone(), hold.clone());
     t.register_with("one", 1, WorkflowOptions::default().singleton(|_: &u32| "k".to_string()), move |ctx, n: u32| {
-        let l = l.clone();
+        let (l, h) = (l.clone(), h.clone());
         async move {
             ctx.step("work", move |_| {
-                let l = l.clone();
+                let (l, h) = (l.clone(), h.clone());
                 async move {
                     l.begin("k", format!("k{n}"));
+                    if n == 1 {
+                        h.acquire().await.expect("open").forget();
+                    }
                     l.end("k");
                     Ok(n)
                 }
@@ -214,14 +219,16 @@ async fn a_settle_here_claims_the_run_it_hands_its_key_to_in_the_same_store_call
             Ok::<_, WorkflowError>(n)
         }
     });
-    // The first is admitted; the others queue behind it.
     for n in 1..=3u32 {
         t.start("one", &n, StartOptions::id(format!("r{n}"))).await.unwrap();
     }
+    until_waiting(&t, &protocol::key_gate("default", "one", "k"), 2).await;
+    hold.add_permits(1);
     for n in 1..=3u32 {
         t.assert_output(&RunId::from(format!("r{n}").as_str()), n).await;
     }
     assert_eq!(ledger.order(), ["k1", "k2", "k3"], "in order, one at a time");
+    assert_eq!(ledger.max("k"), 1);
     let calls = store.call_counts();
     assert_eq!(calls.get(&Method::CommitAndClaimHanded), Some(&3), "every settle: {calls:?}");
     assert_eq!(calls.get(&Method::ClaimRun), Some(&1), "only the first run claims alone: {calls:?}");
