@@ -43,6 +43,9 @@ pub enum Method {
     ReleaseLease,
     /// [`Store::commit`].
     Commit,
+    /// [`Store::commit_and_claim_handed`] (an engine's settle of a run under a concurrency
+    /// key; a fault on [`Method::Commit`] does not select it).
+    CommitAndClaimHanded,
     /// [`Store::update_run_if`].
     UpdateRunIf,
     /// [`Store::pending_runs`].
@@ -111,7 +114,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 43] = [
+    pub const ALL: [Method; 44] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -123,6 +126,7 @@ impl Method {
         Method::RenewLease,
         Method::ReleaseLease,
         Method::Commit,
+        Method::CommitAndClaimHanded,
         Method::UpdateRunIf,
         Method::PendingRuns,
         Method::DueRuns,
@@ -171,6 +175,7 @@ impl Method {
             Method::RenewLease => "renew_lease",
             Method::ReleaseLease => "release_lease",
             Method::Commit => "commit",
+            Method::CommitAndClaimHanded => "commit_and_claim_handed",
             Method::UpdateRunIf => "update_run_if",
             Method::PendingRuns => "pending_runs",
             Method::DueRuns => "due_runs",
@@ -616,6 +621,21 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
     async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         let id = commit.run_id.clone();
         self.call(Method::Commit, Some(&id), None, self.inner.commit(commit)).await
+    }
+
+    async fn commit_and_claim_handed(
+        &self,
+        commit: Commit,
+        lease_until: Millis,
+    ) -> StoreResult<(CommitOutcome, Option<ClaimOutcome>)> {
+        let id = commit.run_id.clone();
+        self.call(
+            Method::CommitAndClaimHanded,
+            Some(&id),
+            None,
+            self.inner.commit_and_claim_handed(commit, lease_until),
+        )
+        .await
     }
 
     async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {

@@ -697,6 +697,33 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   is.
     async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome>;
 
+    /// Applies a commit and claims, for the committing engine, the first run its releases
+    /// handed a slot to: one round trip where an engine would otherwise call
+    /// [`Store::commit`] and then [`Store::claim_run`] to start that run's next turn (a run
+    /// that waited for its concurrency key: the settle of the key's holder hands it on).
+    ///
+    /// # Contract
+    /// The commit is applied exactly as [`Store::commit`] applies it (a refused commit writes
+    /// nothing and claims nothing). Then the first run of `handed_off`, if there is one, is
+    /// claimed exactly as [`Store::claim_run`] claims it (after the wake), with `owner =
+    /// commit.owner`, `now = commit.now` and `lease_until`, and the claim's outcome is
+    /// returned with the commit's (the run stays in `handed_off`). Nothing handed on →
+    /// `(outcome, None)`. A store that can do both in one atomic write does; the default
+    /// makes the two calls one after the other, and when the claim fails after the commit
+    /// was applied it answers `(outcome, None)`: the commit stands and the caller wakes the
+    /// run as after [`Store::commit`].
+    async fn commit_and_claim_handed(
+        &self,
+        commit: Commit,
+        lease_until: Millis,
+    ) -> StoreResult<(CommitOutcome, Option<ClaimOutcome>)> {
+        let (owner, now) = (commit.owner.clone(), commit.now);
+        let outcome = self.commit(commit).await?;
+        let Some(run_id) = outcome.handed_off.first().cloned() else { return Ok((outcome, None)) };
+        let claimed = self.claim_run(Claim { run_id, owner, lease_until, now }).await.ok();
+        Ok((outcome, claimed))
+    }
+
     /// Compare-and-set on the run row.
     ///
     /// # Contract

@@ -132,6 +132,11 @@ impl FlowControl {
         self.queues.read().get(name).copied()
     }
 
+    /// Whether any workflow registered here has a concurrency key.
+    pub(crate) fn has_keys(&self) -> bool {
+        !self.keys.read().is_empty()
+    }
+
     pub(crate) fn set_key(&self, workflow: &str, key: Option<ConcurrencyKey>) {
         let mut keys = self.keys.write();
         match key {

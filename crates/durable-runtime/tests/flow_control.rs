@@ -6,9 +6,10 @@ use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable_conformance::TestEngine;
+use durable_conformance::{FaultyStore, Method, TestEngine};
 use durable_core::{RunId, RunStatus, protocol};
 use durable_runtime::{Clock, Error, QueueOptions, StartOptions, WorkflowCtx, WorkflowError, WorkflowOptions};
+use durable_store_memory::MemoryStore;
 use parking_lot::Mutex;
 use serde::{Deserialize, Serialize};
 
@@ -187,6 +188,50 @@ async fn a_concurrency_key_runs_at_most_its_limit_and_hands_each_slot_to_the_nex
     // The first two start together, in either order; the waiters are admitted in turn.
     acme[..2].sort();
     assert_eq!(acme, ["acme1", "acme2", "acme3", "acme4", "acme5", "acme6"], "first come, first served");
+}
+
+/// The settle that releases a key claims the run it hands the key to in the same store call
+/// (`commit_and_claim_handed`), so that run's first turn starts without a claim of its own:
+/// of three runs through a singleton, only the first claims alone.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_here_claims_the_run_it_hands_its_key_to_in_the_same_store_call() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let t = TestEngine::with_store(store.clone());
+    let ledger = Arc::new(Ledger::default());
+    // The first run's step holds the key until the others wait for it.
+    let hold = Arc::new(tokio::sync::Semaphore::new(0));
+    let (l, h) = (ledger.clone(), hold.clone());
+    t.register_with("one", 1, WorkflowOptions::default().singleton(|_: &u32| "k".to_string()), move |ctx, n: u32| {
+        let (l, h) = (l.clone(), h.clone());
+        async move {
+            ctx.step("work", move |_| {
+                let (l, h) = (l.clone(), h.clone());
+                async move {
+                    l.begin("k", format!("k{n}"));
+                    if n == 1 {
+                        h.acquire().await.expect("open").forget();
+                    }
+                    l.end("k");
+                    Ok(n)
+                }
+            })
+            .await?;
+            Ok::<_, WorkflowError>(n)
+        }
+    });
+    for n in 1..=3u32 {
+        t.start("one", &n, StartOptions::id(format!("r{n}"))).await.unwrap();
+    }
+    until_waiting(&t, &protocol::key_gate("default", "one", "k"), 2).await;
+    hold.add_permits(1);
+    for n in 1..=3u32 {
+        t.assert_output(&RunId::from(format!("r{n}").as_str()), n).await;
+    }
+    assert_eq!(ledger.order(), ["k1", "k2", "k3"], "in order, one at a time");
+    assert_eq!(ledger.max("k"), 1);
+    let calls = store.call_counts();
+    assert_eq!(calls.get(&Method::CommitAndClaimHanded), Some(&3), "every settle: {calls:?}");
+    assert_eq!(calls.get(&Method::ClaimRun), Some(&1), "only the first run claims alone: {calls:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

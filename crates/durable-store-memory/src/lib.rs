@@ -131,6 +131,104 @@ fn check_transition(run: &Run, next: RunStatus) -> StoreResult<()> {
 }
 
 impl Inner {
+    /// `Store::commit`, under the store's lock.
+    fn commit(&mut self, commit: Commit) -> StoreResult<CommitOutcome> {
+        let inner = self;
+        let Some(run) = inner.runs.get(&commit.run_id) else {
+            return Err(StoreError::NotFound { what: format!("run {}", commit.run_id) });
+        };
+        if run.lease_owner.as_deref() != Some(commit.owner.as_str()) {
+            return Err(StoreError::LeaseLost { run_id: commit.run_id, owner: commit.owner });
+        }
+        if let Some(TurnEnd::Settle { status, .. }) = &commit.end
+            && run.status == RunStatus::Running
+        {
+            check_transition(run, *status)?;
+        }
+        let now = commit.now;
+        let progress = commit.makes_progress();
+        let mut out = CommitOutcome::default();
+        // Expired waits first: a wait whose waiter a delivery already took keeps the delivery.
+        for seq in &commit.expire_waits {
+            let wid = inner.by_run.get(&commit.run_id).and_then(|m| m.get(seq)).copied();
+            match wid {
+                Some(wid) => {
+                    inner.remove_waiter(wid);
+                }
+                None => out.raced.push(*seq),
+            }
+        }
+        let cps = inner.checkpoints.entry(commit.run_id.clone()).or_default();
+        for cp in commit.checkpoints {
+            if out.raced.contains(&cp.seq) {
+                continue;
+            }
+            cps.insert(cp.seq, cp);
+        }
+        for w in commit.waits {
+            inner.register_wait(w, now);
+        }
+        if !commit.state.is_empty() {
+            let st = inner.state.entry(commit.run_id.clone()).or_default();
+            for (k, v) in commit.state {
+                st.insert(k, v);
+            }
+        }
+        for child in commit.children {
+            inner.create(child);
+        }
+        for sig in commit.signals {
+            out.deliveries.push(inner.send_signal(&sig.token, sig.payload, now));
+        }
+        for task in commit.tasks {
+            let key = (task.run_id.clone(), task.seq);
+            let logs = inner.tasks.remove(&key).map(|t| t.logs).unwrap_or_default();
+            inner.tasks.insert(key, Task { logs, ..Task::queued(task) });
+        }
+        let mut handed = Vec::new();
+        for (gate, holder) in &commit.release_slots {
+            handed.extend(inner.admission.release(gate, holder, now));
+        }
+        let run = inner.runs.get_mut(&commit.run_id).expect("checked above");
+        if progress && run.status == RunStatus::Running {
+            // The turn got somewhere: recoveries count again from here.
+            run.recovery_attempts = 0;
+        }
+        match commit.end {
+            None => run.updated_at = now,
+            Some(TurnEnd::Suspend { wake_at, seen_wake_gen }) if run.status == RunStatus::Running => {
+                run.updated_at = now;
+                if run.wake_gen != seen_wake_gen || !out.raced.is_empty() {
+                    out.woken = true;
+                } else {
+                    run.status = RunStatus::Suspended;
+                    run.wake_at = wake_at;
+                    run.lease_owner = None;
+                    run.lease_until = None;
+                }
+            }
+            Some(TurnEnd::Settle { status, output, error }) if run.status == RunStatus::Running => {
+                run.status = status;
+                run.output = output;
+                run.error = error;
+                run.wake_at = None;
+                run.lease_owner = None;
+                run.lease_until = None;
+                run.updated_at = now;
+                out.settled = true;
+                inner.remove_waiters_of(&commit.run_id);
+                inner.finish_tasks_of(&commit.run_id);
+                handed.extend(inner.admission.release_run(&commit.run_id, now));
+            }
+            // A turn end that finds the run no longer running (an operator cancelled it
+            // mid-turn) changes nothing of the run row: terminal runs accept no transition.
+            Some(_) => {}
+        }
+        inner.wake_handed(&handed, now);
+        out.handed_off = handed.into_iter().map(|h| h.run_id).collect();
+        Ok(out)
+    }
+
     /// [`Store::claim_run`] under the lock (`ignore_live_leases`: the planted bug).
     fn claim_run(&mut self, claim: Claim, ignore_live_leases: bool) -> ClaimOutcome {
         let Some(run) = self.runs.get_mut(&claim.run_id) else {
@@ -528,101 +626,24 @@ impl Store for MemoryStore {
     }
 
     async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+        self.inner.lock().commit(commit)
+    }
+
+    /// One lock: the commit, then the claim of the first run it handed a slot to.
+    async fn commit_and_claim_handed(
+        &self,
+        commit: Commit,
+        lease_until: Millis,
+    ) -> StoreResult<(CommitOutcome, Option<ClaimOutcome>)> {
+        let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
+        let (owner, now) = (commit.owner.clone(), commit.now);
         let mut inner = self.inner.lock();
-        let inner = &mut *inner;
-        let Some(run) = inner.runs.get(&commit.run_id) else {
-            return Err(StoreError::NotFound { what: format!("run {}", commit.run_id) });
-        };
-        if run.lease_owner.as_deref() != Some(commit.owner.as_str()) {
-            return Err(StoreError::LeaseLost { run_id: commit.run_id, owner: commit.owner });
-        }
-        if let Some(TurnEnd::Settle { status, .. }) = &commit.end
-            && run.status == RunStatus::Running
-        {
-            check_transition(run, *status)?;
-        }
-        let now = commit.now;
-        let progress = commit.makes_progress();
-        let mut out = CommitOutcome::default();
-        // Expired waits first: a wait whose waiter a delivery already took keeps the delivery.
-        for seq in &commit.expire_waits {
-            let wid = inner.by_run.get(&commit.run_id).and_then(|m| m.get(seq)).copied();
-            match wid {
-                Some(wid) => {
-                    inner.remove_waiter(wid);
-                }
-                None => out.raced.push(*seq),
-            }
-        }
-        let cps = inner.checkpoints.entry(commit.run_id.clone()).or_default();
-        for cp in commit.checkpoints {
-            if out.raced.contains(&cp.seq) {
-                continue;
-            }
-            cps.insert(cp.seq, cp);
-        }
-        for w in commit.waits {
-            inner.register_wait(w, now);
-        }
-        if !commit.state.is_empty() {
-            let st = inner.state.entry(commit.run_id.clone()).or_default();
-            for (k, v) in commit.state {
-                st.insert(k, v);
-            }
-        }
-        for child in commit.children {
-            inner.create(child);
-        }
-        for sig in commit.signals {
-            out.deliveries.push(inner.send_signal(&sig.token, sig.payload, now));
-        }
-        for task in commit.tasks {
-            let key = (task.run_id.clone(), task.seq);
-            let logs = inner.tasks.remove(&key).map(|t| t.logs).unwrap_or_default();
-            inner.tasks.insert(key, Task { logs, ..Task::queued(task) });
-        }
-        let mut handed = Vec::new();
-        for (gate, holder) in &commit.release_slots {
-            handed.extend(inner.admission.release(gate, holder, now));
-        }
-        let run = inner.runs.get_mut(&commit.run_id).expect("checked above");
-        if progress && run.status == RunStatus::Running {
-            // The turn got somewhere: recoveries count again from here.
-            run.recovery_attempts = 0;
-        }
-        match commit.end {
-            None => run.updated_at = now,
-            Some(TurnEnd::Suspend { wake_at, seen_wake_gen }) if run.status == RunStatus::Running => {
-                run.updated_at = now;
-                if run.wake_gen != seen_wake_gen || !out.raced.is_empty() {
-                    out.woken = true;
-                } else {
-                    run.status = RunStatus::Suspended;
-                    run.wake_at = wake_at;
-                    run.lease_owner = None;
-                    run.lease_until = None;
-                }
-            }
-            Some(TurnEnd::Settle { status, output, error }) if run.status == RunStatus::Running => {
-                run.status = status;
-                run.output = output;
-                run.error = error;
-                run.wake_at = None;
-                run.lease_owner = None;
-                run.lease_until = None;
-                run.updated_at = now;
-                out.settled = true;
-                inner.remove_waiters_of(&commit.run_id);
-                inner.finish_tasks_of(&commit.run_id);
-                handed.extend(inner.admission.release_run(&commit.run_id, now));
-            }
-            // A turn end that finds the run no longer running (an operator cancelled it
-            // mid-turn) changes nothing of the run row: terminal runs accept no transition.
-            Some(_) => {}
-        }
-        inner.wake_handed(&handed, now);
-        out.handed_off = handed.into_iter().map(|h| h.run_id).collect();
-        Ok(out)
+        let outcome = inner.commit(commit)?;
+        let claimed = outcome
+            .handed_off
+            .first()
+            .map(|run_id| inner.claim_run(Claim { run_id: run_id.clone(), owner, lease_until, now }, ignore));
+        Ok((outcome, claimed))
     }
 
     async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {

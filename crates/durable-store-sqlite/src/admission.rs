@@ -439,7 +439,15 @@ fn hand_off_gate(conn: &Connection, gate: &str, freed: u32, now: Millis, out: &m
 
 /// `AdmissionBook::acquire`: decides `request` and records the outcome; slots a reclaim handed
 /// on are added to `out`.
-pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Handoff>) -> OpResult<Admission> {
+///
+/// `fresh`: the holder is a run id with no run row (a start's key request): it holds nothing
+/// and waits nowhere (a run's slots and requests go with its row), so that is not read.
+pub(crate) fn acquire(
+    conn: &Connection,
+    request: &SlotRequest,
+    fresh: bool,
+    out: &mut Vec<Handoff>,
+) -> OpResult<Admission> {
     let now = request.now;
     let gate = request.gate.as_str();
     let mut stored = load_gate(conn, gate)?;
@@ -453,6 +461,7 @@ pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Ha
     }
     // A holder is admitted again (its lease set to the request's, if it brings one).
     let held = match request.lease_until {
+        _ if fresh => false,
         Some(until) => {
             conn.prepare_cached("UPDATE admission_slots SET lease_until = ?3 WHERE gate = ?1 AND holder = ?2")?
                 .execute(params![gate, request.holder, millis_to_sql(until)])?
@@ -478,12 +487,15 @@ pub(crate) fn acquire(conn: &Connection, request: &SlotRequest, out: &mut Vec<Ha
     g.record.roll(now);
     // The slots were reclaimed at `now`: every slot row is live.
     let live = g.held;
-    let queued: Option<Rank> = conn
-        .prepare_cached(WAITER_RANK)?
-        .query_row([gate, request.holder.as_str()], |r| {
-            Ok(Rank { priority: r.get(0)?, round: r.get(1)?, ticket: r.get(2)? })
-        })
-        .optional()?;
+    let queued: Option<Rank> = if fresh {
+        None
+    } else {
+        conn.prepare_cached(WAITER_RANK)?
+            .query_row([gate, request.holder.as_str()], |r| {
+                Ok(Rank { priority: r.get(0)?, round: r.get(1)?, ticket: r.get(2)? })
+            })
+            .optional()?
+    };
     let key_round =
         if queued.is_none() && g.record.limits.fairness { key_round(conn, gate, &request.fairness_key)? } else { None };
     // A new request's rank is probed on a copy: it takes a ticket only if it waits.
@@ -643,7 +655,7 @@ pub(crate) fn wake_handed(conn: &Connection, handed: &[Handoff], now: Millis) ->
 /// `acquire_slot`.
 pub(crate) fn acquire_slot(conn: &Connection, request: &SlotRequest) -> OpResult<Admission> {
     let mut handed = Vec::new();
-    let answer = acquire(conn, request, &mut handed)?;
+    let answer = acquire(conn, request, false, &mut handed)?;
     wake_handed(conn, &handed, request.now)?;
     Ok(answer)
 }
@@ -670,7 +682,9 @@ pub(crate) fn release_slot(conn: &Connection, gate: &str, holder: &str, now: Mil
 }
 
 /// `create_run` with the run's concurrency key decided first (holder = the run): refused
-/// (`QueueFull`; the caller's savepoint undoes what the call wrote), created due-never
+/// (`QueueFull`, decided before any row is written — a key's slots have no lease, so there
+/// is nothing to reclaim first; in a batch, the caller's savepoint undoes the runs created
+/// before it), created due-never
 /// (`wake_at = GATED`) to wait for its slot, or created as usual. An existing id is answered
 /// without deciding anything.
 pub(crate) fn create_run(conn: &Connection, mut new: NewRun) -> OpResult<CreateRun> {
@@ -684,7 +698,7 @@ pub(crate) fn create_run(conn: &Connection, mut new: NewRun) -> OpResult<CreateR
         request.run_id = new.id.clone();
         request.lease_until = None;
         let mut handed = Vec::new();
-        let answer = acquire(conn, &request, &mut handed)?;
+        let answer = acquire(conn, &request, !exists, &mut handed)?;
         wake_handed(conn, &handed, request.now)?;
         match answer {
             Admission::Admitted => {}

@@ -15,9 +15,10 @@
 //!   Each request runs in its own `SAVEPOINT`: one that fails (`LeaseLost`, `Conflict`, …) is
 //!   rolled back alone. Answers are sent only after the `COMMIT` succeeded; if it fails, every
 //!   request of the group gets the error and nothing of the group was written. The hot writes
-//!   (`commit`, `claim_run`, `claim_tasks`, `complete_task`, `complete_task_and_claim`) run
-//!   without a savepoint (which costs every page they touch a copy in a statement journal):
-//!   they decide every refusal before they change a row, so a refusal leaves nothing to undo;
+//!   (`create_run`, `commit`, `commit_and_claim_handed`, `claim_run`, `claim_tasks`,
+//!   `complete_task`, `complete_task_and_claim`) run without a savepoint (which costs every
+//!   page they touch a copy in a statement journal): they decide every refusal before they
+//!   change a row (a keyed start's `QueueFull` too), so a refusal leaves nothing to undo;
 //!   one that fails after changing rows (a disk error, a row that does not decode) rolls back
 //!   the group's transaction, the writes applied before it in the group get a retryable
 //!   `Unavailable` (nothing of them was written) and the rest of the group goes on in a new
@@ -318,7 +319,9 @@ impl Store for SqliteStore {
     }
 
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
-        self.workers.write("create_run", move |c| admission::create_run(c, run)).await
+        // Without a savepoint: a start decides its refusals (an existing id, a full queue)
+        // before it writes a row.
+        self.workers.write_hot("create_run", move |c| admission::create_run(c, run)).await
     }
 
     async fn create_runs(&self, runs: Vec<NewRun>) -> StoreResult<Vec<CreateRun>> {
@@ -380,6 +383,26 @@ impl Store for SqliteStore {
 
     async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
         self.workers.write_hot("commit", move |c| ops::commit(c, commit)).await
+    }
+
+    /// One write: the commit, the hand-offs and the claim of the first run handed a slot, in
+    /// one transaction.
+    async fn commit_and_claim_handed(
+        &self,
+        commit: Commit,
+        lease_until: Millis,
+    ) -> StoreResult<(CommitOutcome, Option<ClaimOutcome>)> {
+        self.workers
+            .write_hot("commit_and_claim_handed", move |c| {
+                let (owner, now) = (commit.owner.clone(), commit.now);
+                let outcome = ops::commit(c, commit)?;
+                let claimed = match outcome.handed_off.first() {
+                    Some(run_id) => Some(ops::claim_run(c, Claim { run_id: run_id.clone(), owner, lease_until, now })?),
+                    None => None,
+                };
+                Ok((outcome, claimed))
+            })
+            .await
     }
 
     async fn update_run_if(&self, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> StoreResult<bool> {

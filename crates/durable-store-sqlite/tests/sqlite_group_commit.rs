@@ -189,3 +189,84 @@ fn groups_are_bounded_by_max_group() {
     let transactions = store.stats().transactions - before.transactions;
     assert!((5..=6).contains(&transactions), "50 writes in groups of at most 10 took {transactions} transactions");
 }
+
+/// A keyed start runs without a savepoint of its own: its refusals are decided before it
+/// writes a row. So in one group, a start refused with `QueueFull` costs the other writes
+/// nothing (no failed group, no retry) and persists nothing, while a start that waits for
+/// the key and the commits around it are kept.
+#[test]
+fn a_keyed_start_refused_inside_a_group_costs_the_group_nothing() {
+    use durable_core::admission::{Limits, SlotRequest};
+    use durable_core::{StoreError, protocol};
+
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("keyed.db");
+    let store = patient(&path);
+    let rt = rt();
+    let gate = protocol::key_gate("default", "wf", "acme");
+    let keyed = move |id: &str| {
+        let mut run = common::new_run(id, 1_000);
+        run.admission = Some(SlotRequest {
+            gate: gate.clone(),
+            holder: id.into(),
+            run_id: RunId::from(id),
+            priority: 0,
+            fairness_key: String::new(),
+            limits: Limits { concurrency: Some(1), ..Limits::default() },
+            lease_until: None,
+            max_waiting: Some(1),
+            now: 1_000,
+        });
+        run
+    };
+    rt.block_on(async {
+        for i in 0..10 {
+            create_and_claim(&*store, &format!("run-{i}"), "engine", 1_000).await;
+        }
+        store.create_run(keyed("k1")).await.unwrap();
+        store.create_run(keyed("k2")).await.unwrap();
+    });
+    let before = store.stats();
+
+    let lock = WriteLock::take(&path);
+    let mut tasks = Vec::new();
+    for i in 0..10 {
+        let s = store.clone();
+        tasks.push(rt.spawn(async move {
+            let store = s;
+            let id = format!("run-{i}");
+            let mut c = Commit::new(RunId::from(id.as_str()), "engine", 2_000);
+            c.checkpoints.push(step(&id, 0, 2_000, json!(i)));
+            store.commit(c).await.map(|_| ())
+        }));
+        if i == 4 {
+            // The key's queue is full (one holds it, one waits): refused.
+            let (store, run) = (store.clone(), keyed("k3"));
+            tasks.push(rt.spawn(async move {
+                match store.create_run(run).await {
+                    Err(StoreError::QueueFull { held: 1, waiting: 1, .. }) => Ok(()),
+                    other => panic!("expected QueueFull for k3, got {other:?}"),
+                }
+            }));
+        }
+    }
+    wait_until_queued(&store, 11);
+    drop(lock);
+    for t in tasks {
+        rt.block_on(t).unwrap().unwrap();
+    }
+    let after = store.stats();
+    assert_eq!(after.failed_groups, before.failed_groups, "the refusal rolled no group back");
+    assert!(after.transactions - before.transactions <= 2);
+    rt.block_on(async {
+        assert!(store.get_run(&RunId::from("k3")).await.unwrap().is_none(), "a refused start persists nothing");
+        let (slots, waits) = store.run_admission(&RunId::from("k3")).await.unwrap();
+        assert!(slots.is_empty() && waits.is_empty(), "nor a slot or a queued request");
+        for i in 0..10 {
+            let history = store.history(&RunId::from(format!("run-{i}").as_str())).await.unwrap();
+            assert_eq!(history.len(), 1, "run-{i}: its commit is kept");
+        }
+        let stats = store.admission_stats(3_000).await.unwrap();
+        assert_eq!((stats[0].held, stats[0].waiting), (1, 1), "k1 holds the key, k2 waits: {stats:?}");
+    });
+}

@@ -311,6 +311,73 @@ pub async fn a_keyed_start_waits_for_its_slot_or_is_refused(store: Arc<dyn Store
     Ok(())
 }
 
+/// `commit_and_claim_handed`: the commit is applied as `commit` applies it, and the first run
+/// its releases handed a slot to is claimed for the committing owner as `claim_run` claims
+/// it (a run that waited for its key: pending, never run); nothing handed → no claim; a
+/// refused commit claims nothing.
+pub async fn a_settle_claims_the_run_it_hands_its_key_to(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let gate = protocol::key_gate("default", "wf", "acme");
+    let keyed = |id: &str| {
+        let mut run = new_run(id);
+        run.admission = Some(SlotRequest {
+            gate: gate.clone(),
+            holder: id.into(),
+            run_id: RunId::from(id),
+            priority: 0,
+            fairness_key: String::new(),
+            limits: concurrency(1),
+            lease_until: None,
+            max_waiting: None,
+            now: T0,
+        });
+        run
+    };
+    for id in ["k1", "k2", "k3"] {
+        s.create_run(keyed(id)).await?;
+    }
+    acquire(s, claim("k1", OWNER, T0 + 1)).await?;
+    // A commit that hands nothing on claims nothing.
+    let mut step = commit("k1", OWNER);
+    step.now = T0 + 2;
+    let (out, claimed) = s.commit_and_claim_handed(step, T0 + 2 + LEASE).await?;
+    assert!(out.handed_off.is_empty() && claimed.is_none(), "nothing handed, nothing claimed: {out:?} {claimed:?}");
+    // A refused commit (another owner's) writes nothing and claims nothing.
+    let mut zombie = commit("k1", OTHER);
+    zombie.end = complete(serde_json::json!("zombie"));
+    assert_kind(s.commit_and_claim_handed(zombie, T0 + LEASE).await, StoreErrorKind::LeaseLost);
+    assert_eq!(get(s, "k2").await?.wake_at, Some(protocol::GATED), "k2 still waits");
+    // k1 settles: the key goes to k2, claimed for the owner in the same call.
+    let mut settle = commit("k1", OWNER);
+    settle.now = T0 + 20;
+    settle.end = complete(serde_json::json!("done"));
+    let (out, claimed) = s.commit_and_claim_handed(settle, T0 + 20 + LEASE).await?;
+    assert!(out.settled);
+    assert_eq!(out.handed_off, [RunId::from("k2")], "the key goes to k2, which stays in handed_off");
+    match claimed {
+        Some(ClaimOutcome::Acquired { run, history, previous, recovered }) => {
+            assert_eq!(run.id, RunId::from("k2"));
+            assert_eq!((run.status, previous, recovered), (RunStatus::Running, RunStatus::Pending, false));
+            assert_eq!((run.lease_owner.as_deref(), run.lease_until), (Some(OWNER), Some(T0 + 20 + LEASE)));
+            assert!(history.is_empty());
+        }
+        other => panic!("expected k2 claimed with the settle, got {other:?}"),
+    }
+    let k2 = get(s, "k2").await?;
+    assert_eq!((k2.status, k2.lease_owner.as_deref()), (RunStatus::Running, Some(OWNER)), "the claim is stored");
+    assert_eq!(get(s, "k1").await?.status, RunStatus::Completed);
+    assert_eq!(get(s, "k3").await?.wake_at, Some(protocol::GATED), "k3 still waits behind k2");
+    assert!(matches!(s.claim_run(claim("k2", OTHER, T0 + 21)).await?, ClaimOutcome::Busy(_)), "k2's lease is live");
+    // The claim holds the key as an ordinary claim does: k2's settle hands it to k3.
+    let mut settle = commit("k2", OWNER);
+    settle.now = T0 + 30;
+    settle.end = complete(serde_json::json!("done"));
+    let (out, claimed) = s.commit_and_claim_handed(settle, T0 + 30 + LEASE).await?;
+    assert_eq!(out.handed_off, [RunId::from("k3")]);
+    assert!(matches!(claimed, Some(ClaimOutcome::Acquired { ref run, .. }) if run.id == RunId::from("k3")));
+    Ok(())
+}
+
 fn ids_of(ids: &[RunId]) -> Vec<String> {
     ids.iter().map(|r| r.to_string()).collect()
 }

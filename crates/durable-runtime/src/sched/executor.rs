@@ -35,6 +35,10 @@ pub(super) struct Executor {
     rechecks: Mutex<HashSet<RunId>>,
     /// Runs already warned about: their workflow version is not registered here.
     warned_versions: Mutex<HashSet<RunId>>,
+    /// Runs a settle here handed a concurrency key to and claimed in its commit
+    /// ([`Store::commit_and_claim_handed`](durable_core::Store::commit_and_claim_handed)),
+    /// with what the claim read, until their first drive takes it instead of claiming.
+    handed: Mutex<HashMap<RunId, ClaimOutcome>>,
 }
 
 /// Whether a turn made progress, for `Metrics::turns_without_progress` (and, of a recovered
@@ -101,10 +105,28 @@ impl Shared {
             commit.tasks.iter().map(|t| (t.namespace.clone(), t.queue.clone())).collect();
         let mark = self.mark();
         let size = crate::metrics::commit_size(&commit);
+        // A settle releases the run's concurrency key: where the run it is handed to would
+        // execute here, the commit claims it too, saving that run a claim of its own.
+        let claim_handed =
+            matches!(commit.end, Some(TurnEnd::Settle { .. })) && self.flow.has_keys() && self.executes_wakes_here();
         let began = std::time::Instant::now();
-        let outcome = self.store.commit(commit).await;
+        let outcome = if claim_handed {
+            let lease_until = self.clock.now().saturating_add(self.lease_ms());
+            self.store.commit_and_claim_handed(commit, lease_until).await
+        } else {
+            self.store.commit(commit).await.map(|outcome| (outcome, None))
+        };
         crate::metrics::store_commit(began.elapsed(), outcome.as_ref().ok().map(|_| size));
-        let outcome = outcome?;
+        let (outcome, claimed) = outcome?;
+        // Only a run that waited for its key (pending: no turn of it ever ran, so none can be
+        // in progress anywhere) is handed to its first drive; any other claim is ours to
+        // claim again, as the wake below does.
+        if let Some(claimed) = claimed
+            && let ClaimOutcome::Acquired { run, previous: RunStatus::Pending, recovered: false, .. } = &claimed
+        {
+            let id = run.id.clone();
+            self.executor.handed.lock().insert(id, claimed);
+        }
         for child in &started {
             crate::metrics::run_started(child);
         }
@@ -152,25 +174,32 @@ impl Shared {
                 now,
             };
             let claimed = match result.take() {
-                None => self.store.claim_run(claim).await,
-                Some(r) => match self.store.complete_task_and_claim(r.done, claim).await {
-                    Ok((completion, claimed)) => {
-                        let _ = r.reply.send(Ok(completion));
-                        match claimed {
-                            Some(outcome) => Ok(outcome),
-                            // Accepted, but not claimed (a store whose two calls are apart):
-                            // the run was woken; claim it as any wake does.
-                            None if completion == TaskCompletion::Accepted => continue,
-                            // Nothing recorded: nothing new for the run.
-                            None => return,
+                None => match self.take_handed(id, now).await {
+                    Some(claimed) => Ok(claimed),
+                    None => self.store.claim_run(claim).await,
+                },
+                Some(r) => {
+                    // A result recorded with the claim: a claim a settle made is stale now.
+                    self.executor.handed.lock().remove(id);
+                    match self.store.complete_task_and_claim(r.done, claim).await {
+                        Ok((completion, claimed)) => {
+                            let _ = r.reply.send(Ok(completion));
+                            match claimed {
+                                Some(outcome) => Ok(outcome),
+                                // Accepted, but not claimed (a store whose two calls are apart):
+                                // the run was woken; claim it as any wake does.
+                                None if completion == TaskCompletion::Accepted => continue,
+                                // Nothing recorded: nothing new for the run.
+                                None => return,
+                            }
+                        }
+                        Err(e) => {
+                            // Nothing written: the worker tries again.
+                            let _ = r.reply.send(Err(e));
+                            return;
                         }
                     }
-                    Err(e) => {
-                        // Nothing written: the worker tries again.
-                        let _ = r.reply.send(Err(e));
-                        return;
-                    }
-                },
+                }
             };
             let (run, history, previous, recovered) = match claimed {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
@@ -474,6 +503,25 @@ impl Shared {
                 }
             }
         }
+    }
+
+    /// The claim a settle here made of `id` when it handed it its concurrency key (see
+    /// [`Shared::apply_commit`]), taken once, if the run is still as that claim left it: a
+    /// read (a reader's, not a write) finds it running under this engine's lease, which has
+    /// not passed, and nothing changed the row since (an operator's cancel, a delivery).
+    /// Called once the turn's watch is set (so a cancel heard from here on stops the turn, as
+    /// after a claim). `None`: there is none, or it is stale — the run is claimed again.
+    async fn take_handed(&self, id: &RunId, now: Millis) -> Option<ClaimOutcome> {
+        let claimed = self.executor.handed.lock().remove(id)?;
+        let ClaimOutcome::Acquired { run: claimed_run, .. } = &claimed else { return None };
+        let current = self.store.get_run(id).await.ok().flatten()?;
+        let unchanged = current.status == RunStatus::Running
+            && current.lease_owner == claimed_run.lease_owner
+            && current.lease_until == claimed_run.lease_until
+            && current.lease_until.is_some_and(|until| until > now)
+            && current.wake_gen == claimed_run.wake_gen
+            && current.updated_at == claimed_run.updated_at;
+        unchanged.then_some(claimed)
     }
 
     pub(super) fn lease_ms(&self) -> Millis {

@@ -264,6 +264,12 @@ impl Shared {
         self.draining.store(true, Ordering::Relaxed);
     }
 
+    /// Whether a run this engine wakes executes here: it executes runs, is not stopping or
+    /// draining, and has no run queue (which would spread the wake over the engines).
+    fn executes_wakes_here(&self) -> bool {
+        self.config.execute && !self.is_stopping() && !self.is_draining() && !self.fleet.has_queue()
+    }
+
     /// Whether this engine executes runs of `namespace`.
     fn serves(&self, namespace: &str) -> bool {
         self.config.namespace.as_deref().is_none_or(|ns| ns == namespace)
