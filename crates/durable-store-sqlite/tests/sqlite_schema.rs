@@ -501,6 +501,17 @@ fn slot_request(holder: &str, now: u64) -> durable_core::admission::SlotRequest 
     }
 }
 
+/// Takes a file back from version 11 to version 10: `runs_due` with its old `IN` list.
+fn undo_version_11(conn: &Connection) {
+    conn.execute_batch(
+        "DROP INDEX runs_due;
+         CREATE INDEX runs_due ON runs (wake_at, id)
+             WHERE status IN ('suspended', 'blocked', 'pending') AND wake_at IS NOT NULL;
+         DELETE FROM durable_schema WHERE version = 11;",
+    )
+    .unwrap();
+}
+
 /// Version 10 counts a gate's slot rows on its row (`held`): a version-9 file's gates get the
 /// count of the slots they hold when it is migrated, so a full gate stays full (a gate counted
 /// 0 would admit past its limit) and a release still hands its slot to the first waiter.
@@ -521,8 +532,10 @@ fn a_version_9_file_with_held_slots_is_migrated_with_its_gates_counts() {
             );
         });
     }
-    // Back to version 9 exactly: the column version 10 added is dropped.
+    // Back to version 9 exactly: version 11's index goes back to its old terms, the column
+    // version 10 added is dropped.
     let conn = Connection::open(&path).unwrap();
+    undo_version_11(&conn);
     conn.execute_batch("ALTER TABLE admission_gates DROP COLUMN held; DELETE FROM durable_schema WHERE version = 10;")
         .unwrap();
     drop(conn);
