@@ -489,11 +489,7 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
             format!("status = 'pending' AND wake_at IS NULL AND {no_live_lease}"),
             "priority DESC, created_at, id",
         ),
-        Poll::Due => (
-            "runs_due",
-            format!("{DUE_STATUSES} AND wake_at <= {now} AND {no_live_lease}"),
-            "wake_at, id",
-        ),
+        Poll::Due => ("runs_due", format!("{DUE_STATUSES} AND wake_at <= {now} AND {no_live_lease}"), "wake_at, id"),
         Poll::Orphaned => {
             ("runs_orphaned", format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id")
         }
