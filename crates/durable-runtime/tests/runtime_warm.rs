@@ -10,7 +10,9 @@ use std::time::Duration;
 
 use durable_conformance::{Counter, TestEngine, next_event, test_config};
 use durable_core::{Checkpoint, Claim, Run, RunId, RunStatus, Store};
-use durable_runtime::{Cancel, EngineConfig, EngineEvent, Metrics, StartOptions, StepError, VirtualClock, WorkflowCtx, WorkflowError};
+use durable_runtime::{
+    Cancel, EngineConfig, EngineEvent, Metrics, StartOptions, StepError, VirtualClock, WorkflowCtx, WorkflowError,
+};
 use support::StoreFixture;
 
 const WAIT: Duration = Duration::from_secs(20);
@@ -90,9 +92,7 @@ fn parked_at(n: usize) -> impl Fn(&Run, &[Checkpoint], &Metrics) -> bool {
 
 /// Suspended with a waiting wait at `seq` (registered, nothing delivered yet).
 fn waiting_at(seq: u32) -> impl Fn(&Run, &[Checkpoint], &Metrics) -> bool {
-    move |run, history, _| {
-        run.status == RunStatus::Suspended && history.iter().any(|c| c.seq == seq && !c.is_final())
-    }
+    move |run, history, _| run.status == RunStatus::Suspended && history.iter().any(|c| c.seq == seq && !c.is_final())
 }
 
 /// [`waiting_at`] with `n` turns kept in memory.

@@ -721,10 +721,10 @@ fn resume_takes_the_new_claim_and_hands_back_the_parked_seqs() {
     let Some(Ended::Suspend { commit, .. }) = t.t_pending(1_001) else { panic!("no suspend") };
     // The suspend carries the new claim's wake_gen.
     assert_eq!(commit.end, Some(TurnEnd::Suspend { wake_at: Some(2_000), seen_wake_gen: WAKE_GEN + 1 }));
-    assert_eq!(commit.checkpoints.iter().map(|c| (c.seq, c.status)).collect::<Vec<_>>(), [
-        (1, CheckpointStatus::Completed),
-        (2, CheckpointStatus::Waiting)
-    ]);
+    assert_eq!(
+        commit.checkpoints.iter().map(|c| (c.seq, c.status)).collect::<Vec<_>>(),
+        [(1, CheckpointStatus::Completed), (2, CheckpointStatus::Waiting)]
+    );
 }
 
 #[test]

@@ -334,7 +334,8 @@ impl Shared {
                 };
                 let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
                 let t = Arc::new(TurnState::new(turn, self.clone()));
-                let driver = handler.call(WorkflowCtx { t: t.clone() }, &input).map(|body| TurnDriver::new(t.clone(), body));
+                let driver =
+                    handler.call(WorkflowCtx { t: t.clone() }, &input).map(|body| TurnDriver::new(t.clone(), body));
                 (t, driver)
             }
         };

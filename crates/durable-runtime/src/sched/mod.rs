@@ -23,9 +23,10 @@
 //! file only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
 //! `rechecks`, `warned_versions`), `timers.rs` (`due`, `claims`), `fleet.rs` (`outbox`,
 //! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`),
-//! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`) and `control.rs` (`turns`,
+//! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`), `control.rs` (`turns`,
 //! `nudges`, `dropped_report`, `publish_report`, and `pending_events`, a tokio mutex the event
-//! publisher holds across its receive and nothing else).
+//! publisher holds across its receive and nothing else) and `warm.rs` (`inner`: it drops the
+//! turns it evicts only after releasing it, since dropping a body takes its turn's lock).
 //!
 //! # Lock order
 //!
