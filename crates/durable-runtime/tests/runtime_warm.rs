@@ -227,6 +227,51 @@ async fn touched_by_another_engine_replays(store: StoreFixture) {
     assert_eq!(entries.get(), 3, "A replayed");
 }
 
+/// Between A's suspend and its next claim, another owner claims the run and rewrites a
+/// checkpoint the parked call does not look at (as a run retried and run again elsewhere may
+/// come back with another value). A's claim reads only from the parked seq on, so only the
+/// claim count tells: A replays and sees the store's value, not the one in its memory.
+async fn another_claim_in_between_is_caught_by_the_count(store: StoreFixture) {
+    let clock = VirtualClock::starting_2026();
+    let a = engine(&store.store, &clock, quiet_config(16));
+    let entries = Counter::new();
+    let e = entries.clone();
+    a.register("step_then_nap", 1, move |ctx: WorkflowCtx, _: ()| {
+        e.bump();
+        async move {
+            let x: u64 = ctx.step("x", |_| async { Ok(1u64) }).await?;
+            ctx.sleep(Duration::from_secs(1)).await;
+            Ok::<_, WorkflowError>(x)
+        }
+    });
+    let mut events = a.subscribe();
+    let run = a.start("step_then_nap", &(), StartOptions::id("rewritten")).await.unwrap();
+    until(&a, &mut events, &run.id, |r, h, m| parked_at(2)(r, h, m) && m.warm_runs == 1).await;
+
+    let other = store.second_handle();
+    let now = durable_runtime::Clock::now(&clock);
+    let claim = Claim { run_id: run.id.clone(), owner: "intruder".into(), lease_until: now + 60_000, now };
+    let claimed = match other.claim_run(claim).await.unwrap() {
+        durable_core::ClaimOutcome::Acquired { run, history, .. } => (run, history),
+        other => panic!("expected the intruder to claim the run, got {other:?}"),
+    };
+    let mut rewritten = claimed.1[0].clone();
+    rewritten.output = Some(durable_core::Payload::encode(&42u64).unwrap());
+    let mut commit = durable_core::Commit::new(run.id.clone(), "intruder", now);
+    commit.checkpoints.push(rewritten);
+    commit.end = Some(durable_core::TurnEnd::Suspend {
+        wake_at: claimed.0.wake_at.or(claimed.1[1].wake_at),
+        seen_wake_gen: claimed.0.wake_gen,
+    });
+    other.commit(commit).await.unwrap();
+
+    clock.advance(Duration::from_secs(1));
+    a.assert_output(&run.id, 42u64).await;
+    let m = a.metrics();
+    assert_eq!((m.warm_resumes, m.warm_dropped), (0, 1), "the count showed the other claim: A replayed");
+    assert_eq!(entries.get(), 2);
+}
+
 /// While A keeps the run warm, another owner takes its lease: A's wake finds the run busy and
 /// drops its turn; once the lease is free, A runs the run again by replaying it.
 async fn a_lease_held_elsewhere_drops_the_entry(store: StoreFixture) {
@@ -346,6 +391,7 @@ on_every_store!(
     woken_here_resumes_without_replay,
     without_the_cache_every_wake_replays,
     touched_by_another_engine_replays,
+    another_claim_in_between_is_caught_by_the_count,
     a_lease_held_elsewhere_drops_the_entry,
     eviction_beyond_capacity,
     cancel_of_a_parked_warm_run,
