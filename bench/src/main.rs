@@ -157,7 +157,15 @@ fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
         "memory" => (builder.store(MemoryStore::new()), None),
         "sqlite" => {
             let path = fresh_db(args)?;
-            (builder.store(durable::SqliteStore::open(&path).map_err(|e| e.to_string())?), Some(path))
+            // DURABLE_BENCH_SQLITE_DURABILITY=normal: `Durability::Normal` (no fsync per group
+            // commit), to see the engine's share of a workload apart from the disk's.
+            let options = match std::env::var("DURABLE_BENCH_SQLITE_DURABILITY").as_deref() {
+                Ok("normal") => durable::SqliteOptions::new().durability(durable::Durability::Normal),
+                Ok("full") | Err(_) => durable::SqliteOptions::new(),
+                Ok(other) => return Err(format!("DURABLE_BENCH_SQLITE_DURABILITY={other:?}: full or normal")),
+            };
+            let store = durable::SqliteStore::open_with(&path, options).map_err(|e| e.to_string())?;
+            (builder.store(store), Some(path))
         }
         "postgres" => (builder.store(postgres_store(args)?), None),
         other => return Err(format!("unknown store {other:?}")),
