@@ -521,10 +521,13 @@ fn a_version_9_file_with_held_slots_is_migrated_with_its_gates_counts() {
             );
         });
     }
-    // Back to version 9 exactly: the column version 10 added is dropped.
+    // Back to version 9 exactly: the columns versions 10 and 11 added are dropped.
     let conn = Connection::open(&path).unwrap();
-    conn.execute_batch("ALTER TABLE admission_gates DROP COLUMN held; DELETE FROM durable_schema WHERE version = 10;")
-        .unwrap();
+    conn.execute_batch(
+        "ALTER TABLE admission_gates DROP COLUMN held; ALTER TABLE runs DROP COLUMN claims; \
+         DELETE FROM durable_schema WHERE version >= 10;",
+    )
+    .unwrap();
     drop(conn);
     assert_eq!(versions(&path).last(), Some(&9));
 
@@ -545,4 +548,31 @@ fn a_version_9_file_with_held_slots_is_migrated_with_its_gates_counts() {
     });
     let held: i64 = conn.query_row("SELECT held FROM admission_gates", [], |r| r.get(0)).unwrap();
     assert_eq!(held, 2);
+}
+
+/// Version 11 counts each run's claims (`Run::claims`): a version-10 file's runs start at 0 and
+/// count from their next claim on.
+#[test]
+fn a_version_10_file_is_migrated_with_claims_counted_from_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v10.db");
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        assert!(block_on(store.create_run(new_run("r", 1))).unwrap().created());
+    }
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch("ALTER TABLE runs DROP COLUMN claims; DELETE FROM durable_schema WHERE version = 11;").unwrap();
+    drop(conn);
+    assert_eq!(versions(&path).last(), Some(&10));
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(versions(&path), (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    let id = RunId::from("r");
+    assert_eq!(block_on(store.get_run(&id)).unwrap().unwrap().claims, 0);
+    let claim = durable_core::Claim { run_id: id.clone(), owner: "o".into(), lease_until: 10_000, now: 1_000 };
+    match block_on(store.claim_run(claim)).unwrap() {
+        durable_core::ClaimOutcome::Acquired { run, .. } => assert_eq!(run.claims, 1),
+        other => panic!("expected the claim to acquire the run, got {other:?}"),
+    }
+    assert_eq!(block_on(store.get_run(&id)).unwrap().unwrap().claims, 1);
 }
