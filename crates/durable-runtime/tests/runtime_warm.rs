@@ -218,6 +218,8 @@ async fn touched_by_another_engine_replays(store: StoreFixture) {
     until(&b, &mut b_events, &run.id, waiting_at(1)).await;
     assert_eq!(entries.get(), 2, "B replayed the run (its first turn there)");
     assert_eq!(b.metrics().turns, 1, "B ran the run's second turn");
+    // B leaves (its pollers would otherwise race A for the next wake).
+    b.shutdown().await;
 
     a.signal("b-1", &3u64).await.unwrap();
     a.assert_output(&run.id, 5u64).await;
