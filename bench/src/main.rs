@@ -157,14 +157,39 @@ fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
         "memory" => (builder.store(MemoryStore::new()), None),
         "sqlite" => {
             let path = fresh_db(args)?;
-            (builder.store(durable::SqliteStore::open(&path).map_err(|e| e.to_string())?), Some(path))
+            // DURABLE_BENCH_SQLITE_DURABILITY=normal: `Durability::Normal` (no fsync per group
+            // commit), to see the engine's share of a workload apart from the disk's.
+            let options = match std::env::var("DURABLE_BENCH_SQLITE_DURABILITY").as_deref() {
+                Ok("normal") => durable::SqliteOptions::new().durability(durable::Durability::Normal),
+                Ok("full") | Err(_) => durable::SqliteOptions::new(),
+                Ok(other) => return Err(format!("DURABLE_BENCH_SQLITE_DURABILITY={other:?}: full or normal")),
+            };
+            let store = durable::SqliteStore::open_with(&path, options).map_err(|e| e.to_string())?;
+            (builder.store(store), Some(path))
         }
         "postgres" => (builder.store(postgres_store(args)?), None),
         other => return Err(format!("unknown store {other:?}")),
     };
+    let builder = match warm_runs()? {
+        Some(n) => {
+            let mut config = durable::EngineConfig::default();
+            config.warm_runs = n;
+            builder.config(config)
+        }
+        None => builder,
+    };
     let engine = builder.build().map_err(|e| e.to_string())?;
     register_all(&engine);
     Ok((engine, db))
+}
+
+/// DURABLE_BENCH_WARM_RUNS, if set: the engines' `warm_runs` (0: every wake replays), so the
+/// same binary measures a workload with and without warm runs (worker processes inherit it).
+fn warm_runs() -> Result<Option<usize>, String> {
+    match std::env::var("DURABLE_BENCH_WARM_RUNS") {
+        Ok(n) => n.parse().map(Some).map_err(|_| format!("DURABLE_BENCH_WARM_RUNS={n:?}: not a number")),
+        Err(_) => Ok(None),
+    }
 }
 
 /// The PostgreSQL bench server when DURABLE_PG_URL is not set.
@@ -277,6 +302,9 @@ async fn shared_engine(
     // local file, a round trip per interval (for every waiter at once) on a server.
     config.wait_poll_interval = Duration::from_millis(if db.is_some() { 5 } else { 50 });
     config.execute = execute;
+    if let Some(n) = warm_runs()? {
+        config.warm_runs = n;
+    }
     let builder = Engine::builder().config(config);
     let builder = match (db, broker) {
         (_, Some(broker)) => {
@@ -324,6 +352,12 @@ fn register_all(engine: &Engine) {
     engine.register("leaf", 1, |ctx: WorkflowCtx, i: u64| async move {
         let out: u64 = ctx.step("work", move |_| async move { Ok(i + 1) }).await?;
         Ok::<_, WorkflowError>(out)
+    });
+    engine.register("sleeper", 1, |ctx: WorkflowCtx, (naps, nap_ms): (u64, u64)| async move {
+        for _ in 0..naps {
+            ctx.sleep(Duration::from_millis(nap_ms)).await;
+        }
+        Ok::<_, WorkflowError>(naps)
     });
     engine.register("napper", 1, |ctx: WorkflowCtx, nap_ms: u64| async move {
         ctx.step("before", |_| async { Ok(()) }).await?;
@@ -558,6 +592,18 @@ async fn timers(engine: &Engine, runs: usize) -> Result<Measured, String> {
     Ok(Measured { runs, steps_per_run: 1, wall, latencies, turns: None, extra: None })
 }
 
+/// `sleeps`: `runs` runs of `naps` durable 1 ms sleeps each, started at once; latency per
+/// run. Each wake is a turn; with warm runs (the default) the engine that parked a run
+/// continues its body, without them (`DURABLE_BENCH_WARM_RUNS=0`) each turn replays the
+/// run's history so far. Reports the turns and the warm resumes.
+async fn sleeps(engine: &Engine, runs: usize, naps: usize) -> Result<Measured, String> {
+    let (wall, latencies, _) = start_all(engine, "sleeper", runs, (naps as u64, 1u64)).await?;
+    let m = engine.metrics();
+    let turns = engine.config().execute.then_some((m.turns, m.turns_without_progress));
+    let extra = serde_json::json!({ "warm_runs": engine.config().warm_runs, "warm_resumes": m.warm_resumes });
+    Ok(Measured { runs, steps_per_run: naps, wall, latencies, turns, extra: Some(extra) })
+}
+
 /// Parks `runs` runs, each waiting for its own delivery, then sends every delivery at once
 /// with `send(i)`; latencies run from a run's delivery to its completion.
 async fn deliveries<F, Fut>(engine: &Engine, workflow: &'static str, runs: usize, send: F) -> Result<Measured, String>
@@ -733,6 +779,7 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
         }
         "long_chain" => chain(engine, if q { 4 } else { 20 }, if q { 200 } else { 1_000 }).await,
         "timers" => timers(engine, if q { 200 } else { 2_000 }).await,
+        "sleeps" => sleeps(engine, if q { 50 } else { 200 }, if q { 20 } else { 50 }).await,
         "signals" => signals(engine, if q { 200 } else { 2_000 }).await,
         "events" => events(engine, if q { 200 } else { 2_000 }).await,
         "fanout" => fanout(engine, if q { 10 } else { 100 }, 20).await,

@@ -19,7 +19,7 @@ commands:
   bench [options]         run benchmark workloads (release mode), write <target dir>/bench/results.json
       --quick             shrink every workload (a smoke run)
       --store S[,S..]     memory, sqlite, postgres (default: memory,sqlite; postgres uses DURABLE_PG_URL)
-      --workload W[,W..]  chain, long_chain, timers, signals, events, fanout, bulk, starts, start_many,
+      --workload W[,W..]  chain, long_chain, timers, sleeps, signals, events, fanout, bulk, starts, start_many,
                           schedules, remote_chain, keyed_chain, admission, api, scale (default: all but
                           scale; with --quick all, scale at 10,000 runs)
       --runs N            scale: the suspended runs to populate (default 1000000; 10000000 documented)
@@ -282,6 +282,7 @@ const WORKLOADS: &[&str] = &[
     "chain",
     "long_chain",
     "timers",
+    "sleeps",
     "signals",
     "events",
     "fanout",

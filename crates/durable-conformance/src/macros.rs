@@ -69,6 +69,8 @@ macro_rules! __store_cases {
             update::terminal_update_removes_waiters(Store, []),
             update::update_signals_are_sent_only_when_applied(Store, []),
             leases::claim_acquires_pending_run(Store, []),
+            leases::claims_count_acquiring_claims(Store, []),
+            leases::claim_run_from_reads_from_the_seq(Store, []),
             leases::claim_is_busy_under_live_lease(Store, []),
             leases::claim_again_by_owner_is_not_recovery(Store, []),
             leases::claim_terminal_run_reports_terminal(Store, []),

@@ -264,11 +264,22 @@ pub struct Run {
     /// Incremented by every delivery to the run (signal, event, child result), so a turn that
     /// suspends can tell that something arrived while it ran.
     pub wake_gen: u64,
+    /// How many claims have acquired the run ([`Store::claim_run`](crate::Store::claim_run)
+    /// increments it with each): an engine that kept a suspended run's turn in memory resumes
+    /// it only if its next claim is the very next one, so nobody else ran the run meanwhile.
+    /// Always 0 from a store that does not count claims (such a run is never resumed from
+    /// memory: its turn replays).
+    #[serde(default, skip_serializing_if = "is_zero")]
+    pub claims: u64,
     /// The W3C `traceparent` the run's spans join (see [`trace`](crate::trace)), set at
     /// creation: every turn, remote step and child of the run shares its trace id. `None` on
     /// runs created before trace contexts were stored.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_context: Option<String>,
+}
+
+fn is_zero(n: &u64) -> bool {
+    *n == 0
 }
 
 /// A run to create.
@@ -350,6 +361,7 @@ impl NewRun {
             lease_until: None,
             recovery_attempts: 0,
             wake_gen: 0,
+            claims: 0,
             trace_context: self.trace_context,
         }
     }

@@ -648,7 +648,26 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   A commit that makes progress sets the count back to 0 (see [`Store::commit`]), so it
     ///   counts the recoveries since the run last got anywhere, not those of its whole life.
     /// - Concurrent claimers: exactly one acquires.
+    /// - A store that counts claims increments the run's [`Run::claims`] with each claim that
+    ///   acquires it (`Busy`, `Terminal` and every other write leave it alone); one that does
+    ///   not keeps it 0, and its runs are never resumed from an engine's memory.
     async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome>;
+
+    /// [`Store::claim_run`] for an engine that still holds the run's history up to `from_seq`
+    /// in memory (it kept the suspended turn): the same claim, in one atomic call, except that
+    /// an `Acquired` answer's `history` holds only the checkpoints with `seq >= from_seq`.
+    ///
+    /// # Contract
+    /// Exactly [`Store::claim_run`] (outcomes, writes, the count of claims), with the history
+    /// filtered to `seq >= from_seq`. The default calls `claim_run` and filters its answer, so
+    /// it reads the whole history; a store that can, reads only the checkpoints asked for.
+    async fn claim_run_from(&self, claim: Claim, from_seq: u32) -> StoreResult<ClaimOutcome> {
+        let mut outcome = self.claim_run(claim).await?;
+        if let ClaimOutcome::Acquired { history, .. } = &mut outcome {
+            history.retain(|cp| cp.seq >= from_seq);
+        }
+        Ok(outcome)
+    }
 
     /// Extends a lease.
     ///

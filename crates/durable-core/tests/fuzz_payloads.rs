@@ -249,6 +249,7 @@ fn run() -> impl Strategy<Value = Run> {
             lease_until: e.0,
             recovery_attempts: e.1,
             wake_gen: e.2,
+            claims: 0,
         })
 }
 

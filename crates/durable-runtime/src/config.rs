@@ -108,6 +108,18 @@ pub struct EngineConfig {
     /// sharing it ([`EngineBuilder::control_plane`](crate::EngineBuilder::control_plane)).
     /// Default [`EventForwarding::Runs`]: the run-level events.
     pub event_forwarding: EventForwarding,
+    /// Warm runs: how many suspended runs this engine keeps in memory — the parked workflow
+    /// body and its turn — so that a wake of the run here continues the body where it parked
+    /// instead of replaying its history (`0` turns it off). A run is resumed from memory only
+    /// if its next claim is the very next one of the run (no other engine claimed it
+    /// meanwhile, which needs a store that counts claims: [`Run::claims`](durable_core::Run::claims))
+    /// and the store's checkpoints are the turn's own plus deliveries to its parked calls (a
+    /// sleep or a wait); otherwise — and after a cancel, a lost lease, a store error, a run
+    /// parked on something else (a step's durable backoff, a child, a remote step, a slot) —
+    /// it replays as without the cache. Past the capacity, the least recently parked run is
+    /// dropped. Each entry holds the run's history and its body's state in memory: about the
+    /// size of its checkpoints plus the body's future. Default 1,024.
+    pub warm_runs: usize,
 }
 
 impl Default for EngineConfig {
@@ -142,6 +154,7 @@ impl Default for EngineConfig {
             worker_ttl: Duration::from_secs(30),
             admission_recheck: Duration::from_secs(15),
             event_forwarding: EventForwarding::Runs,
+            warm_runs: 1024,
         }
     }
 }

@@ -18,6 +18,8 @@
 //! | `durable_step_duration_seconds` | histogram | `workflow`, `kind`, `outcome` | One sample per attempt of a step executed in this process (`kind`: `step` or `compensation`): the closure's run time, commit excluded. `outcome`: `completed`, `retry` (the attempt failed and the step is retried, in memory or after a durable backoff) or `failed` (the step's last attempt failed). Replayed steps take no sample. |
 //! | `durable_turn_duration_seconds` | histogram | `workflow` | One sample per turn executed in this process: from its claim's answer to the end of the turn (its last commit applied, or the turn stopped). |
 //! | `durable_turns_without_progress_total` | counter | — | Turns that got nowhere (see [`Metrics::turns_without_progress`](crate::Metrics::turns_without_progress)). |
+//! | `durable_warm_resumes_total` | counter | — | Turns this engine continued from a suspended turn it kept in memory instead of replaying the run's history (see [`EngineConfig::warm_runs`](crate::EngineConfig::warm_runs)). |
+//! | `durable_warm_dropped_total` | counter | — | Suspended turns kept in memory that were dropped without a resume: the run's next claim found a doubt (another engine claimed it, a cancel, a history that is not the turn's), a cancel, eviction past the capacity, the engine stopping. Their runs replay. |
 //! | `durable_lease_takeovers_total` | counter | `workflow` | Claims of this engine that took a run over from another owner whose lease had expired (the store increments the run's `recovery_attempts`). |
 //! | `durable_recoveries_total` | counter | `workflow` | Turns of a taken-over run (see above) that made progress: the store acknowledged a checkpoint of the turn, or its end moved the run on (the rule that resets `recovery_attempts`). Takeovers minus recoveries are recoveries that got nowhere. |
 //! | `durable_leases_lost_total` | counter | `workflow` | Turns of this engine stopped because their lease was lost: renewals refused or failing for a whole lease period, or an end the store refused (another owner holds the lease). |
@@ -65,6 +67,10 @@ pub const STEP_DURATION: &str = "durable_step_duration_seconds";
 pub const TURN_DURATION: &str = "durable_turn_duration_seconds";
 /// Counter: turns that got nowhere.
 pub const TURNS_WITHOUT_PROGRESS: &str = "durable_turns_without_progress_total";
+/// Counter: turns continued from memory (warm runs).
+pub const WARM_RESUMES: &str = "durable_warm_resumes_total";
+/// Counter: turns kept in memory that were dropped without a resume.
+pub const WARM_DROPPED: &str = "durable_warm_dropped_total";
 /// Counter: runs taken over from an owner whose lease expired, by `workflow`.
 pub const LEASE_TAKEOVERS: &str = "durable_lease_takeovers_total";
 /// Counter: turns of taken-over runs that made progress, by `workflow`.
@@ -91,6 +97,8 @@ pub const ALL: &[&str] = &[
     STEP_DURATION,
     TURN_DURATION,
     TURNS_WITHOUT_PROGRESS,
+    WARM_RESUMES,
+    WARM_DROPPED,
     LEASE_TAKEOVERS,
     RECOVERIES,
     LEASES_LOST,
@@ -128,6 +136,12 @@ pub fn describe() {
     );
     describe_histogram!(TURN_DURATION, Unit::Seconds, "Duration of one turn executed in this process, by workflow.");
     describe_counter!(TURNS_WITHOUT_PROGRESS, Unit::Count, "Turns that got nowhere (no checkpoint, no status change).");
+    describe_counter!(WARM_RESUMES, Unit::Count, "Turns continued from a suspended turn kept in memory (no replay).");
+    describe_counter!(
+        WARM_DROPPED,
+        Unit::Count,
+        "Suspended turns kept in memory that were dropped without a resume (their runs replay)."
+    );
     describe_counter!(
         LEASE_TAKEOVERS,
         Unit::Count,
@@ -203,6 +217,16 @@ pub(crate) fn turn(workflow: &str, took: Duration) {
 
 pub(crate) fn turn_without_progress() {
     counter!(TURNS_WITHOUT_PROGRESS).increment(1);
+}
+
+pub(crate) fn warm_resume() {
+    counter!(WARM_RESUMES).increment(1);
+}
+
+pub(crate) fn warm_dropped(n: u64) {
+    if n > 0 {
+        counter!(WARM_DROPPED).increment(n);
+    }
 }
 
 pub(crate) fn lease_takeover(workflow: &str) {

@@ -230,7 +230,8 @@ impl Inner {
     }
 
     /// [`Store::claim_run`] under the lock (`ignore_live_leases`: the planted bug).
-    fn claim_run(&mut self, claim: Claim, ignore_live_leases: bool) -> ClaimOutcome {
+    /// [`Store::claim_run_from`] under the lock (`from_seq` 0: [`Store::claim_run`]).
+    fn claim_run(&mut self, claim: Claim, ignore_live_leases: bool, from_seq: u32) -> ClaimOutcome {
         let Some(run) = self.runs.get_mut(&claim.run_id) else {
             return ClaimOutcome::NotFound;
         };
@@ -253,8 +254,13 @@ impl Inner {
         run.lease_owner = Some(claim.owner);
         run.lease_until = Some(claim.lease_until);
         run.updated_at = claim.now;
+        run.claims += 1;
         let run = run.clone();
-        let history = self.checkpoints.get(&claim.run_id).map(|m| m.values().cloned().collect()).unwrap_or_default();
+        let history = self
+            .checkpoints
+            .get(&claim.run_id)
+            .map(|m| m.range(from_seq..).map(|(_, cp)| cp.clone()).collect())
+            .unwrap_or_default();
         ClaimOutcome::Acquired { run, history, previous, recovered }
     }
 
@@ -598,7 +604,12 @@ impl Store for MemoryStore {
 
     async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
         let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
-        Ok(self.inner.lock().claim_run(claim, ignore))
+        Ok(self.inner.lock().claim_run(claim, ignore, 0))
+    }
+
+    async fn claim_run_from(&self, claim: Claim, from_seq: u32) -> StoreResult<ClaimOutcome> {
+        let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
+        Ok(self.inner.lock().claim_run(claim, ignore, from_seq))
     }
 
     async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
@@ -943,7 +954,7 @@ impl Store for MemoryStore {
         let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
         let mut inner = self.inner.lock();
         let completion = inner.complete_task(done);
-        let claimed = (completion == TaskCompletion::Accepted).then(|| inner.claim_run(claim, ignore));
+        let claimed = (completion == TaskCompletion::Accepted).then(|| inner.claim_run(claim, ignore, 0));
         Ok((completion, claimed))
     }
 

@@ -138,6 +138,8 @@ impl RunRow {
             lease_until: self.lease_until.map(|v| millis_from_sql(v, || what("lease_until"))).transpose()?,
             recovery_attempts: u32_from_sql(self.recovery_attempts, || what("recovery_attempts"))?,
             wake_gen: millis_from_sql(self.wake_gen, || what("wake_gen"))?,
+            // This store does not count claims: its runs' turns always replay.
+            claims: 0,
             trace_context: self.trace_context,
             id: RunId::new(id),
         })

@@ -371,6 +371,11 @@ impl Store for SqliteStore {
         self.workers.write_hot("claim_run", move |c| ops::claim_run(c, claim)).await
     }
 
+    /// One write, like `claim_run`, that reads the checkpoints from `from_seq` on only.
+    async fn claim_run_from(&self, claim: Claim, from_seq: u32) -> StoreResult<ClaimOutcome> {
+        self.workers.write_hot("claim_run", move |c| ops::claim_run_from(c, claim, from_seq)).await
+    }
+
     async fn renew_lease(&self, id: &RunId, owner: &str, lease_until: Millis) -> StoreResult<bool> {
         let (id, owner) = (id.clone(), owner.to_string());
         self.workers.write("renew_lease", move |c| ops::renew_lease(c, &id, &owner, lease_until)).await

@@ -146,13 +146,13 @@ pub(crate) fn run_status(s: &str, id: &RunId) -> OpResult<RunStatus> {
 
 const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
      parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen, \
-     trace_context";
+     trace_context, claims";
 
 /// [`RUN_COLS`] for a query that joins another table.
 const RUN_COLS_QUALIFIED: &str = "runs.id, runs.workflow, runs.version, runs.namespace, runs.status, runs.input, \
      runs.output, runs.error, runs.tags, runs.priority, runs.parent_id, runs.parent_seq, runs.created_at, \
      runs.updated_at, runs.wake_at, runs.lease_owner, runs.lease_until, runs.recovery_attempts, runs.wake_gen, \
-     runs.trace_context";
+     runs.trace_context, runs.claims";
 
 fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
     let id = RunId::new(text(row, 0)?);
@@ -184,6 +184,7 @@ fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
         recovery_attempts: u32_from_sql(row.get(17)?, || what("recovery_attempts"))?,
         wake_gen: millis_from_sql(row.get(18)?, || what("wake_gen"))?,
         trace_context: opt_text(row, 19)?.map(str::to_string),
+        claims: millis_from_sql(row.get(20)?, || what("claims"))?,
         id,
     })
 }
@@ -249,9 +250,16 @@ pub(crate) fn get_run(conn: &Connection, id: &RunId) -> OpResult<Option<Run>> {
 
 /// The run's whole history, in one query on the `(run_id, seq)` primary key.
 pub(crate) fn history(conn: &Connection, id: &RunId) -> OpResult<Vec<Checkpoint>> {
-    let mut stmt =
-        conn.prepare_cached(&format!("SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE run_id = ?1 ORDER BY seq"))?;
-    let mut rows = stmt.query([id.as_str()])?;
+    history_from(conn, id, 0)
+}
+
+/// The run's checkpoints from `from_seq` on, in one range query on the `(run_id, seq)`
+/// primary key.
+pub(crate) fn history_from(conn: &Connection, id: &RunId, from_seq: u32) -> OpResult<Vec<Checkpoint>> {
+    let mut stmt = conn.prepare_cached(&format!(
+        "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq"
+    ))?;
+    let mut rows = stmt.query(params![id.as_str(), i64::from(from_seq)])?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
         out.push(checkpoint_from_row(row)?);
@@ -742,6 +750,12 @@ fn lease_is_live(run: &Run, now: Millis) -> bool {
 }
 
 pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcome> {
+    claim_run_from(conn, claim, 0)
+}
+
+/// [`claim_run`] whose answer holds the checkpoints from `from_seq` on only
+/// ([`Store::claim_run_from`](durable_core::Store::claim_run_from)).
+pub(crate) fn claim_run_from(conn: &Connection, claim: Claim, from_seq: u32) -> OpResult<ClaimOutcome> {
     let Some(mut run) = get_run(conn, &claim.run_id)? else {
         return Ok(ClaimOutcome::NotFound);
     };
@@ -760,10 +774,10 @@ pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcom
     let recovered = previous == RunStatus::Running && held_by_other;
     // Read before the write: a history that fails to load (a corrupt row) fails the claim
     // before it changed anything, so the writer need not undo it.
-    let history = history(conn, &claim.run_id)?;
+    let history = history_from(conn, &claim.run_id, from_seq)?;
     let mut stmt = conn.prepare_cached(
         "UPDATE runs SET status = 'running', lease_owner = ?2, lease_until = ?3, updated_at = ?4, \
-         recovery_attempts = recovery_attempts + ?5 WHERE id = ?1",
+         recovery_attempts = recovery_attempts + ?5, claims = claims + 1 WHERE id = ?1",
     )?;
     stmt.execute(params![
         claim.run_id.as_str(),
@@ -779,6 +793,7 @@ pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcom
     run.lease_owner = Some(claim.owner);
     run.lease_until = Some(claim.lease_until);
     run.updated_at = claim.now;
+    run.claims += 1;
     Ok(ClaimOutcome::Acquired { run, history, previous, recovered })
 }
 

@@ -12,7 +12,7 @@ use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 11;
+pub const SCHEMA_VERSION: u32 = 12;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -386,6 +386,15 @@ UPDATE admission_gates SET held = (SELECT COUNT(*) FROM admission_slots s WHERE 
 DROP INDEX runs_due;
 CREATE INDEX runs_due ON runs (wake_at, id)
     WHERE (status = 'suspended' OR status = 'blocked' OR status = 'pending') AND wake_at IS NOT NULL;
+",
+    },
+    Migration {
+        version: 12,
+        description: "runs count the claims that acquired them (claims), so an engine can tell nobody else ran a run",
+        sql: "
+-- Incremented by every claim_run that acquires the run. An engine that kept a suspended run's
+-- turn in memory resumes it only when its next claim finds the count one past its own last claim.
+ALTER TABLE runs ADD COLUMN claims INTEGER NOT NULL DEFAULT 0;
 ",
     },
 ];

@@ -501,6 +501,11 @@ fn slot_request(holder: &str, now: u64) -> durable_core::admission::SlotRequest 
     }
 }
 
+/// Takes a file back from version 12 to version 11: no claim count on the runs.
+fn undo_version_12(conn: &Connection) {
+    conn.execute_batch("ALTER TABLE runs DROP COLUMN claims; DELETE FROM durable_schema WHERE version = 12;").unwrap();
+}
+
 /// Takes a file back from version 11 to version 10: `runs_due` with its old `IN` list.
 fn undo_version_11(conn: &Connection) {
     conn.execute_batch(
@@ -532,9 +537,10 @@ fn a_version_9_file_with_held_slots_is_migrated_with_its_gates_counts() {
             );
         });
     }
-    // Back to version 9 exactly: version 11's index goes back to its old terms, the column
-    // version 10 added is dropped.
+    // Back to version 9 exactly: the column version 12 added is dropped, version 11's index goes
+    // back to its old terms, the column version 10 added is dropped.
     let conn = Connection::open(&path).unwrap();
+    undo_version_12(&conn);
     undo_version_11(&conn);
     conn.execute_batch("ALTER TABLE admission_gates DROP COLUMN held; DELETE FROM durable_schema WHERE version = 10;")
         .unwrap();
@@ -558,4 +564,31 @@ fn a_version_9_file_with_held_slots_is_migrated_with_its_gates_counts() {
     });
     let held: i64 = conn.query_row("SELECT held FROM admission_gates", [], |r| r.get(0)).unwrap();
     assert_eq!(held, 2);
+}
+
+/// Version 12 counts each run's claims (`Run::claims`): a version-11 file's runs start at 0 and
+/// count from their next claim on.
+#[test]
+fn a_version_11_file_is_migrated_with_claims_counted_from_zero() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v11.db");
+    {
+        let store = SqliteStore::open(&path).unwrap();
+        assert!(block_on(store.create_run(new_run("r", 1))).unwrap().created());
+    }
+    let conn = Connection::open(&path).unwrap();
+    undo_version_12(&conn);
+    drop(conn);
+    assert_eq!(versions(&path).last(), Some(&11));
+
+    let store = SqliteStore::open(&path).unwrap();
+    assert_eq!(versions(&path), (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+    let id = RunId::from("r");
+    assert_eq!(block_on(store.get_run(&id)).unwrap().unwrap().claims, 0);
+    let claim = durable_core::Claim { run_id: id.clone(), owner: "o".into(), lease_until: 10_000, now: 1_000 };
+    match block_on(store.claim_run(claim)).unwrap() {
+        durable_core::ClaimOutcome::Acquired { run, .. } => assert_eq!(run.claims, 1),
+        other => panic!("expected the claim to acquire the run, got {other:?}"),
+    }
+    assert_eq!(block_on(store.get_run(&id)).unwrap().unwrap().claims, 1);
 }

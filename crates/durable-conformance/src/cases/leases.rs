@@ -2,7 +2,7 @@
 
 use std::sync::Arc;
 
-use durable_core::{ClaimOutcome, Run, RunId, RunStatus, Store, StoreResult};
+use durable_core::{Checkpoint, ClaimOutcome, Run, RunId, RunStatus, Store, StoreResult};
 use serde_json::json;
 
 use super::fixtures::*;
@@ -13,7 +13,7 @@ use crate::CaseResult;
 pub async fn claim_acquires_pending_run(store: Arc<dyn Store>) -> CaseResult {
     let s = &*store;
     let created = create(s, new_run("r")).await?;
-    let expected = Run {
+    let mut expected = Run {
         status: RunStatus::Running,
         lease_owner: Some(OWNER.into()),
         lease_until: Some(T0 + 7 + LEASE),
@@ -22,6 +22,9 @@ pub async fn claim_acquires_pending_run(store: Arc<dyn Store>) -> CaseResult {
     };
     match s.claim_run(claim("r", OWNER, T0 + 7)).await? {
         ClaimOutcome::Acquired { run, history, previous, recovered } => {
+            // A store that counts claims counts this one (see `claims_count_acquiring_claims`).
+            assert!(run.claims <= 1, "the first claim of a run: claims {} (0 or 1)", run.claims);
+            expected.claims = run.claims;
             assert_eq!(run, expected);
             assert_eq!(history, vec![]);
             assert_eq!(previous, RunStatus::Pending);
@@ -199,5 +202,85 @@ pub async fn release_only_by_owner(store: Arc<dyn Store>) -> CaseResult {
     assert!(!s.release_lease(&id, OWNER).await?, "nothing left to release");
     assert!(!s.renew_lease(&id, OWNER, T0 + LEASE).await?, "a released lease cannot be renewed");
     assert!(!s.release_lease(&RunId::from("missing"), OWNER).await?);
+    Ok(())
+}
+
+/// A store that counts claims (`Run::claims`) counts each claim that acquires the run, and
+/// nothing else: not a busy or terminal claim, a commit, a release or a suspend. A store that
+/// does not count them keeps 0 throughout (its runs always replay).
+pub async fn claims_count_acquiring_claims(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let first = start(s, "r").await?;
+    let counts = first.claims > 0;
+    let expect = |n: u64| if counts { n } else { 0 };
+    assert_eq!(first.claims, expect(1), "the first claim");
+    // A busy claim counts nothing.
+    assert!(matches!(s.claim_run(claim("r", OTHER, T0 + 1)).await?, ClaimOutcome::Busy(_)));
+    assert_eq!(get(s, "r").await?.claims, expect(1), "a busy claim");
+    // A commit, a suspend: nothing.
+    let mut c = commit("r", OWNER);
+    c.checkpoints.push(completed("r", 0, json!(0)));
+    s.commit(c).await?;
+    let mut c = commit("r", OWNER);
+    c.end = suspend(&first, Some(T0 + 5));
+    s.commit(c).await?;
+    assert_eq!(get(s, "r").await?.claims, expect(1), "commits");
+    // Each acquiring claim, the owner's or another's (after the release), counts one.
+    for (n, owner) in [(2, OTHER), (3, OTHER), (4, OWNER)] {
+        if owner == OWNER {
+            assert!(s.release_lease(&RunId::new("r"), OTHER).await?);
+        }
+        match s.claim_run(claim("r", owner, T0 + 10)).await? {
+            ClaimOutcome::Acquired { run, .. } => {
+                assert_eq!(run.claims, expect(n), "claim {n} by {owner}");
+                assert_eq!(get(s, "r").await?, run, "the claim's answer is the stored run");
+            }
+            other => panic!("expected claim {n} by {owner} to acquire the run, got {other:?}"),
+        }
+    }
+    // A claim of a terminal run counts nothing.
+    let mut c = commit("r", OWNER);
+    c.end = Some(durable_core::TurnEnd::Settle { status: RunStatus::Completed, output: None, error: None });
+    s.commit(c).await?;
+    assert!(matches!(s.claim_run(claim("r", OWNER, T0 + 11)).await?, ClaimOutcome::Terminal(_)));
+    assert_eq!(get(s, "r").await?.claims, expect(4), "a terminal claim");
+    Ok(())
+}
+
+/// `claim_run_from` is `claim_run` whose history holds the checkpoints from the seq asked for
+/// on: the same run, the same writes, the same count of claims.
+pub async fn claim_run_from_reads_from_the_seq(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    for id in ["a", "b"] {
+        let run = start(s, id).await?;
+        let mut c = commit(id, OWNER);
+        c.checkpoints = (0..5).map(|seq| completed(id, seq, json!(seq))).collect();
+        c.end = suspend(&run, Some(T0 + 5));
+        s.commit(c).await?;
+    }
+    let full = match s.claim_run(claim("a", OTHER, T0 + 10)).await? {
+        ClaimOutcome::Acquired { run, history, previous, recovered } => (run, history, previous, recovered),
+        other => panic!("expected the claim to acquire run a, got {other:?}"),
+    };
+    match s.claim_run_from(claim("b", OTHER, T0 + 10), 3).await? {
+        ClaimOutcome::Acquired { run, history, previous, recovered } => {
+            assert_eq!(history.iter().map(|cp| cp.seq).collect::<Vec<_>>(), [3, 4], "seqs from 3 on");
+            let expected: Vec<Checkpoint> =
+                full.1[3..].iter().map(|cp| Checkpoint { run_id: RunId::new("b"), ..cp.clone() }).collect();
+            assert_eq!(history, expected);
+            assert_eq!((previous, recovered), (full.2, full.3));
+            let same = |r: &Run| (r.status, r.lease_owner.clone(), r.lease_until, r.updated_at, r.claims, r.wake_gen);
+            assert_eq!(same(&run), same(&full.0), "the same claim as claim_run's");
+            assert_eq!(get(s, "b").await?, run);
+        }
+        other => panic!("expected claim_run_from to acquire run b, got {other:?}"),
+    }
+    // Past the end: an empty history; the other outcomes as claim_run's.
+    match s.claim_run_from(claim("b", OTHER, T0 + 11), 9).await? {
+        ClaimOutcome::Acquired { history, .. } => assert_eq!(history, vec![]),
+        other => panic!("expected the owner to claim run b again, got {other:?}"),
+    }
+    assert!(matches!(s.claim_run_from(claim("b", OWNER, T0 + 12), 0).await?, ClaimOutcome::Busy(_)));
+    assert_eq!(s.claim_run_from(claim("missing", OWNER, T0), 0).await?, ClaimOutcome::NotFound);
     Ok(())
 }

@@ -186,6 +186,19 @@ struct Buffer {
     release_slots: Vec<(String, String)>,
 }
 
+impl Buffer {
+    fn is_empty(&self) -> bool {
+        self.checkpoints.is_empty()
+            && self.waits.is_empty()
+            && self.expire.is_empty()
+            && self.state.is_empty()
+            && self.children.is_empty()
+            && self.signals.is_empty()
+            && self.tasks.is_empty()
+            && self.release_slots.is_empty()
+    }
+}
+
 /// The state of one turn. See the module docs for the call order.
 #[derive(Debug)]
 pub struct Turn {
@@ -381,6 +394,48 @@ impl Turn {
             self.run.id
         );
         self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::BAD_PAYLOAD)));
+    }
+
+    /// Whether this turn, as it suspends, may be kept in memory and continued by
+    /// [`Turn::resume`] at the run's next claim: nothing is executing, buffered or asking for
+    /// a slot, the turn did not stop, no cancel is pending and no undo runs, and it is not a
+    /// replay-only turn.
+    pub fn can_resume(&self) -> bool {
+        self.stop.is_none()
+            && self.flights.is_empty()
+            && self.attempts.is_empty()
+            && self.remote_admitting.is_empty()
+            && self.buffer.is_empty()
+            && self.mode == Mode::Normal
+            && !self.config.replay_only
+    }
+
+    /// Continues a suspended turn kept in memory ([`Turn::can_resume`]) for a new claim of its
+    /// run: `run` as that claim returned it, `checkpoints` what the store holds from the lowest
+    /// seq a parked call looks at on (what deliveries recorded since the suspension).
+    ///
+    /// Returns the seqs that were parked: their calls must begin again, and each then decides
+    /// exactly as a replay of that seq over the store's history would. Returns `None`, and
+    /// changes nothing, when the store's answer is not this turn's history plus deliveries to
+    /// its parked calls — a checkpoint at or past the next seq, or one that differs from what
+    /// the turn knows at a seq that is not parked — or the run carries an error (a cancel
+    /// request): the caller then builds a fresh turn over the whole history (a replay).
+    pub fn resume(&mut self, run: Run, checkpoints: Vec<Checkpoint>) -> Option<Vec<u32>> {
+        if !self.can_resume() || run.error.is_some() || run.id != self.run.id {
+            return None;
+        }
+        let foreign = checkpoints.iter().any(|cp| {
+            cp.seq >= self.next_seq || (!self.parked.contains_key(&cp.seq) && self.history.get(cp.seq) != Some(cp))
+        });
+        if foreign {
+            return None;
+        }
+        self.run = run;
+        for cp in checkpoints {
+            self.history.record(cp);
+        }
+        self.idle_since = None;
+        Some(std::mem::take(&mut self.parked).into_keys().collect())
     }
 
     /// Stops the turn; the first reason given wins.

@@ -686,6 +686,80 @@ fn sleep_replay_due_is_done_and_its_completion_rides_along() {
     assert_eq!(flush(&mut t, 2_000), commit(2_000));
 }
 
+// ---- warm resume ----
+
+/// A turn suspended on a sleep at seq 1 after a step at seq 0, as the runtime keeps it.
+fn suspended_on_a_sleep() -> Turn {
+    let step_cp = Checkpoint { output: Some(p(&1)), ..cp(0, "s", StepKind::Step, CheckpointStatus::Completed, 5) };
+    let mut t = turn(vec![step_cp]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("s", &policy), 10), StepBegin::Return(p(&1)));
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 1_000, 10), SleepBegin::Park(Some(1_000)));
+    assert!(matches!(t.t_pending(11), Some(Ended::Suspend { .. })));
+    assert!(t.can_resume());
+    t
+}
+
+fn reclaimed() -> Run {
+    Run { wake_gen: WAKE_GEN + 1, claims: 2, ..run() }
+}
+
+#[test]
+fn resume_takes_the_new_claim_and_hands_back_the_parked_seqs() {
+    let mut t = suspended_on_a_sleep();
+    let sleep = t.history().get(1).cloned().unwrap();
+    assert_eq!(t.resume(reclaimed(), vec![sleep]), Some(vec![1]));
+    assert_eq!(t.parked().count(), 0, "the parked calls begin again");
+    assert_eq!(t.run(), &reclaimed());
+    // Begun again at the due time: as a replay of seq 1 would decide.
+    assert_eq!(t.sleep(1, 9_999, 1_000), SleepBegin::Done);
+    let seq = t.take_seq();
+    assert_eq!(seq, 2, "the next call continues where the body stood");
+    assert_eq!(t.sleep(seq, 2_000, 1_000), SleepBegin::Park(Some(2_000)));
+    let Some(Ended::Suspend { commit, .. }) = t.t_pending(1_001) else { panic!("no suspend") };
+    // The suspend carries the new claim's wake_gen.
+    assert_eq!(commit.end, Some(TurnEnd::Suspend { wake_at: Some(2_000), seen_wake_gen: WAKE_GEN + 1 }));
+    assert_eq!(
+        commit.checkpoints.iter().map(|c| (c.seq, c.status)).collect::<Vec<_>>(),
+        [(1, CheckpointStatus::Completed), (2, CheckpointStatus::Waiting)]
+    );
+}
+
+#[test]
+fn resume_refuses_a_history_that_is_not_the_turns_own_plus_deliveries() {
+    // A checkpoint past the turn's next seq: someone else ran the body further.
+    let mut t = suspended_on_a_sleep();
+    let beyond = cp(2, "sleep", StepKind::Sleep, CheckpointStatus::Waiting, 20);
+    assert_eq!(t.resume(reclaimed(), vec![beyond]), None);
+    // A changed checkpoint at a seq that is not parked: someone rewrote the history.
+    let changed = Checkpoint { output: Some(p(&2)), ..t.history().get(0).cloned().unwrap() };
+    assert_eq!(t.resume(reclaimed(), vec![changed]), None);
+    // A cancel request on the run.
+    let cancelling = Run { error: Some(StepError::fatal("cancel").with_code(codes::CANCEL_REQUESTED)), ..reclaimed() };
+    assert_eq!(t.resume(cancelling, vec![]), None);
+    // Refused: nothing changed.
+    assert_eq!(t.parked().collect::<Vec<_>>(), vec![(1, Some(1_000))]);
+    assert_eq!(t.run(), &run());
+    // The same checkpoint at a seq that is not parked is fine.
+    let same = t.history().get(0).cloned().unwrap();
+    assert_eq!(t.resume(reclaimed(), vec![same]), Some(vec![1]));
+}
+
+#[test]
+fn a_stopped_or_busy_turn_cannot_be_resumed() {
+    let mut t = turn(vec![]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, step("s", &policy), 10), StepBegin::Run { .. }));
+    assert!(!t.can_resume(), "a step attempt is executing");
+    let mut t = suspended_on_a_sleep();
+    t.stop(TurnStop::Rerun("newer facts".into()));
+    assert!(!t.can_resume(), "the turn stopped");
+    assert_eq!(t.resume(reclaimed(), vec![]), None);
+}
+
 // ---- waits ----
 
 fn signal(name: &str) -> WaitCall<'_> {

@@ -112,6 +112,15 @@ pub struct Metrics {
     /// Runs that `wait_for_run` / `wait_until_suspended_or_terminal` callers are waiting on right
     /// now.
     pub runs_watched: usize,
+    /// Turns, among `turns`, that continued a suspended turn kept in memory instead of
+    /// replaying the run's history ([`EngineConfig::warm_runs`](crate::EngineConfig::warm_runs)).
+    /// The other turns replayed (or began a fresh run).
+    pub warm_resumes: u64,
+    /// Suspended turns kept in memory that were dropped without a resume: a doubt at the run's
+    /// next claim, a cancel, eviction past the capacity, the engine stopping.
+    pub warm_dropped: u64,
+    /// Suspended turns held in memory right now.
+    pub warm_runs: usize,
 }
 
 /// Builds an [`Engine`]: a store is required; clock and config have defaults.
@@ -419,6 +428,9 @@ impl Engine {
             batches_sent: shared.metrics.batches(),
             runs_sent: shared.metrics.queued_runs(),
             runs_watched: shared.watched(),
+            warm_resumes: shared.warm_resumes(),
+            warm_dropped: shared.warm_dropped(),
+            warm_runs: shared.warm_held(),
         }
     }
 

@@ -173,6 +173,8 @@ impl Shared {
     /// any, stops at once and the run is claimed again, so what follows is decided on what the
     /// store holds (nothing, for an abandoned run; the undos, for a cancel with compensation).
     pub(super) fn interrupt_turn(&self, id: &RunId, why: String) {
+        // A turn of the run kept in memory is stale now: the next claim replays.
+        self.drop_warm_run(id);
         let turn = {
             let mut turns = self.control.turns.lock();
             let Some(w) = turns.get_mut(id) else { return };

@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use super::control::TurnWatch;
+use super::warm::Parked;
 use super::{Mark, Nudge, Shared};
 use crate::events::EngineEvent;
 use crate::registry::ErasedWorkflow;
@@ -82,6 +83,19 @@ impl Tally {
 pub(crate) struct ResultToRecord {
     pub(crate) done: TaskDone,
     pub(crate) reply: tokio::sync::oneshot::Sender<StoreResult<TaskCompletion>>,
+}
+
+/// A claimed run, ready for its turn.
+struct Claimed {
+    run: Run,
+    /// Its whole history (empty when `resumed`).
+    history: Vec<Checkpoint>,
+    /// Its status before the claim.
+    previous: RunStatus,
+    /// The claim took it over from an expired lease.
+    recovered: bool,
+    /// Its suspended turn, kept in memory and resumed for this claim (no replay).
+    resumed: Option<Parked>,
 }
 
 /// What the run loop does after a turn.
@@ -164,6 +178,15 @@ impl Shared {
         // A cancel heard while the run executes here stops its turn (see `control`).
         let watch = self.watch_turns(id);
         let mut own_busy = 0u32;
+        // The run's suspended turn kept in memory, if any: resumed if the claim shows that
+        // nothing but deliveries happened to the run since; dropped otherwise.
+        let mut warm = self.warm.take(id);
+        let drop_warm = |w: Option<Parked>| {
+            if let Some(w) = w {
+                self.warm.count_dropped(1);
+                drop(w);
+            }
+        };
         loop {
             watch.claiming();
             let now = self.clock.now();
@@ -176,7 +199,11 @@ impl Shared {
             let claimed = match result.take() {
                 None => match self.take_handed(id, now).await {
                     Some(claimed) => Ok(claimed),
-                    None => self.store.claim_run(claim).await,
+                    None => match &warm {
+                        // Only the checkpoints the parked calls look at: the rest is in memory.
+                        Some(w) => self.store.claim_run_from(claim, w.from_seq).await,
+                        None => self.store.claim_run(claim).await,
+                    },
                 },
                 Some(r) => {
                     // A result recorded with the claim: a claim a settle made is stale now.
@@ -203,8 +230,11 @@ impl Shared {
             };
             let (run, history, previous, recovered) = match claimed {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
-                Ok(ClaimOutcome::NotFound) => return,
-                Ok(ClaimOutcome::Terminal(_)) => return self.notify_run(id),
+                Ok(ClaimOutcome::NotFound) => return drop_warm(warm),
+                Ok(ClaimOutcome::Terminal(_)) => {
+                    drop_warm(warm);
+                    return self.notify_run(id);
+                }
                 Ok(ClaimOutcome::Busy(run)) if self.holds_lease(&run) && own_busy < OWN_BUSY_RETRIES => {
                     // Our own lease (a turn here ended and left it, as a woken suspend does),
                     // but the store found the row busy: another transaction was writing it at
@@ -215,29 +245,65 @@ impl Shared {
                     tokio::time::sleep(Duration::from_millis(1 << own_busy.min(7))).await;
                     continue;
                 }
-                Ok(ClaimOutcome::Busy(run)) => return self.recheck_later(&run),
-                Err(e) => return self.retry_after_store_error(id, &e),
+                Ok(ClaimOutcome::Busy(run)) => {
+                    drop_warm(warm);
+                    return self.recheck_later(&run);
+                }
+                Err(e) => {
+                    drop_warm(warm);
+                    return self.retry_after_store_error(id, &e);
+                }
             };
             if recovered {
                 crate::metrics::lease_takeover(&run.workflow);
             }
             if recovered && run.recovery_attempts > self.config.max_recovery_attempts {
+                drop_warm(warm);
                 return self.bury(&run).await;
             }
             if !self.serves(&run.namespace) {
                 // A wake reached an engine of another pool: leave the run to its own.
+                drop_warm(warm);
                 return self.hand_back(&run, previous).await;
             }
             let Some(handler) = self.registry.get(&run.workflow, run.version) else {
+                drop_warm(warm);
                 self.warn_unregistered(&run);
                 return self.hand_back(&run, previous).await;
+            };
+            // Resume the turn kept in memory only if this claim is the run's very next one
+            // since that turn's (nobody else ran it), and the store holds that turn's history
+            // plus deliveries to its parked calls; on any doubt, replay over the whole history.
+            let (history, resumed) = match warm.take() {
+                None => (history, None),
+                Some(w) => {
+                    let next_claim = w.claims > 0 && run.claims == w.claims + 1 && !recovered;
+                    let resumable = next_claim && matches!(previous, RunStatus::Suspended | RunStatus::Running);
+                    if resumable && w.t.resume(run.clone(), history) {
+                        self.warm.count_resumed();
+                        (Vec::new(), Some(w))
+                    } else {
+                        tracing::debug!(run_id = %id, "the run's turn kept in memory is stale; replaying");
+                        drop_warm(Some(w));
+                        match self.store.history(id).await {
+                            Ok(history) => (history, None),
+                            Err(e) => return self.retry_after_store_error(id, &e),
+                        }
+                    }
+                }
             };
             // Its in-memory timer, if any, is stale now: the turn sets a new one if it parks.
             self.cancel_timer(id);
             self.emit(EngineEvent::TurnStarted { run_id: id.clone(), recovered });
             let span = crate::trace::turn_span(&run, &self.owner);
-            match self.execute_turn(run, history, previous, recovered, handler, &watch).instrument(span).await {
-                TurnEnded::Again => continue,
+            let turn = Claimed { run, history, previous, recovered, resumed };
+            match self.execute_turn(turn, handler, &watch).instrument(span).await {
+                TurnEnded::Again => {
+                    // A suspend that a delivery woke may have kept its turn: the next claim
+                    // resumes it.
+                    warm = self.warm.take(id);
+                    continue;
+                }
                 TurnEnded::Done => {
                     self.executor.store_failures.lock().remove(id);
                     return;
@@ -252,58 +318,65 @@ impl Shared {
     /// and, if it got nowhere, in `turns_without_progress`.
     async fn execute_turn(
         self: &Arc<Self>,
-        run: Run,
-        history: Vec<Checkpoint>,
-        previous: RunStatus,
-        recovered: bool,
+        claimed: Claimed,
         handler: Arc<dyn ErasedWorkflow>,
         watch: &TurnWatch<'_>,
     ) -> TurnEnded {
         self.metrics.turns.fetch_add(1, Ordering::Relaxed);
         let began = std::time::Instant::now();
-        let workflow = run.workflow.clone();
+        let workflow = claimed.run.workflow.clone();
+        let (previous, recovered) = (claimed.previous, claimed.recovered);
         let mut tally = Tally { workflow, previous, recovered, checkpointed: false, counted: false };
-        let ended = self.run_turn(run, history, handler, &mut tally, watch).await;
+        let ended = self.run_turn(claimed.run, claimed.history, claimed.resumed, handler, &mut tally, watch).await;
         // An end that did not apply (a halt, a failed commit) changed nothing.
         tally.count(&self.metrics, false, None);
         crate::metrics::turn(&tally.workflow, began.elapsed());
         ended
     }
 
-    /// Builds the turn, polls the body and applies its end.
+    /// Builds the turn (or takes the resumed one), polls the body and applies its end; keeps
+    /// the turn in memory if it suspended and can be resumed warm.
     async fn run_turn(
         self: &Arc<Self>,
         run: Run,
         history: Vec<Checkpoint>,
+        resumed: Option<Parked>,
         handler: Arc<dyn ErasedWorkflow>,
         tally: &mut Tally,
         watch: &TurnWatch<'_>,
     ) -> TurnEnded {
         let id = run.id.clone();
-        let input = run.input.clone();
-        let config = TurnConfig {
-            max_payload_bytes: self.config.max_payload_bytes,
-            durable_retry_threshold: self.config.durable_retry_threshold,
-            latest_version: self.registry.latest(&run.workflow).map_or(run.version, |(v, _)| v),
-            non_ctx_await_grace: self.config.non_ctx_await_grace,
-            replay_only: false,
-            reconcile_interval: self.config.reconcile_interval,
-            slot_lease: self.config.lease_ttl,
-            admission_recheck: self.config.admission_recheck,
+        let leased_until = run.lease_until.unwrap_or_else(|| self.clock.now().saturating_add(self.lease_ms()));
+        let (t, driver) = match resumed {
+            Some(parked) => (parked.t, Ok(parked.driver)),
+            None => {
+                let input = run.input.clone();
+                let config = TurnConfig {
+                    max_payload_bytes: self.config.max_payload_bytes,
+                    durable_retry_threshold: self.config.durable_retry_threshold,
+                    latest_version: self.registry.latest(&run.workflow).map_or(run.version, |(v, _)| v),
+                    non_ctx_await_grace: self.config.non_ctx_await_grace,
+                    replay_only: false,
+                    reconcile_interval: self.config.reconcile_interval,
+                    slot_lease: self.config.lease_ttl,
+                    admission_recheck: self.config.admission_recheck,
+                };
+                let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
+                let t = Arc::new(TurnState::new(turn, self.clone()));
+                let driver =
+                    handler.call(WorkflowCtx { t: t.clone() }, &input).map(|body| TurnDriver::new(t.clone(), body));
+                (t, driver)
+            }
         };
-        let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
-        let t = Arc::new(TurnState::new(turn, self.clone()));
         watch.turn(&t);
-        let end = match handler.call(WorkflowCtx { t: t.clone() }, &input) {
-            Ok(body) => {
-                let driver = TurnDriver::new(t.clone(), body);
-                let leased_until =
-                    t.run.lease_until.unwrap_or_else(|| self.clock.now().saturating_add(self.lease_ms()));
-                tokio::select! {
+        let (end, driver) = match driver {
+            Ok(mut driver) => {
+                let end = tokio::select! {
                     biased;
-                    end = driver => end,
+                    end = &mut driver => end,
                     () = self.keep_lease(&id, leased_until) => End::Halt(Halt::LeaseLost("the lease could not be renewed".into())),
-                }
+                };
+                (end, Some(driver))
             }
             Err(e) => {
                 let error = StepError::fatal(format!(
@@ -311,15 +384,45 @@ impl Shared {
                     t.run.workflow, t.run.version
                 ))
                 .with_code(codes::BAD_PAYLOAD);
-                t.turn.lock().fail(error, self.clock.now())
+                let end = t.turn.lock().fail(error, self.clock.now());
+                (end, None)
             }
         };
         tally.checkpointed = t.checkpointed();
-        self.end_turn(&id, &t, end, tally).await
+        self.end_turn(&id, &t, end, driver, tally).await
+    }
+
+    /// Keeps a turn whose suspend the store applied in memory, if it can be resumed warm
+    /// (before the suspension is announced, so whoever hears of it finds the turn kept).
+    fn keep_warm(&self, id: &RunId, t: &Arc<TurnState>, driver: Option<TurnDriver>) {
+        if !self.warm.enabled() {
+            return;
+        }
+        let (Some(driver), Some(from_seq)) = (driver, t.warm_from()) else { return };
+        // Zero: the store does not count claims, so a later claim could not prove that
+        // nobody else ran the run; such a turn always replays.
+        let claims = t.turn.lock().run().claims;
+        if claims == 0 {
+            return;
+        }
+        self.warm.put(id.clone(), Parked { t: t.clone(), driver, claims, from_seq });
+        if self.is_stopping() {
+            // The engine stopped meanwhile: what it keeps would keep it alive.
+            self.warm.remove(id);
+        }
     }
 
     /// Applies the end of a turn.
-    async fn end_turn(&self, id: &RunId, t: &TurnState, end: End, tally: &mut Tally) -> TurnEnded {
+    /// Applies the end of a turn. `driver` (the body): kept in memory with the turn if the
+    /// run suspends and the turn can be resumed warm.
+    async fn end_turn(
+        &self,
+        id: &RunId,
+        t: &Arc<TurnState>,
+        end: End,
+        driver: Option<TurnDriver>,
+        tally: &mut Tally,
+    ) -> TurnEnded {
         let outcome = match &end {
             End::Suspend { .. } => "suspended",
             End::Settle { status, .. } => status.as_str(),
@@ -332,7 +435,7 @@ impl Shared {
         match end {
             End::Suspend { commit, wake_at } => match t.vet(commit).await {
                 Ok(commit) => {
-                    let ended = self.suspend(id, commit, wake_at, tally).await;
+                    let ended = self.suspend(id, t, driver, commit, wake_at, tally).await;
                     // Vetting failed a child a join waits on: run again so the join sees it.
                     let rerun = matches!(t.turn.lock().stopped(), Some(durable_core::TurnStop::Rerun(_)));
                     if rerun && matches!(ended, TurnEnded::Done) { TurnEnded::Again } else { ended }
@@ -387,11 +490,22 @@ impl Shared {
         }
     }
 
-    async fn suspend(&self, id: &RunId, commit: Commit, wake_at: Option<Millis>, tally: &mut Tally) -> TurnEnded {
+    async fn suspend(
+        &self,
+        id: &RunId,
+        t: &Arc<TurnState>,
+        driver: Option<TurnDriver>,
+        commit: Commit,
+        wake_at: Option<Millis>,
+        tally: &mut Tally,
+    ) -> TurnEnded {
         let checkpoints = !commit.checkpoints.is_empty();
         let outcome = self.apply_commit(commit).await;
         if let Ok(outcome) = &outcome {
             tally.count(&self.metrics, checkpoints, (!outcome.woken).then_some(RunStatus::Suspended));
+            // Suspended, or woken with the lease still held: either way the next claim of the
+            // run may continue this turn.
+            self.keep_warm(id, t, driver);
         }
         match outcome {
             Ok(outcome) if outcome.woken => TurnEnded::Again,

@@ -10,7 +10,7 @@
 //! a turn that could not run) → `timers` (in-memory timers, the pollers) → `operate` (cancel,
 //! children) → `control` (the control plane: forwarded events, cancels, nudges, and the turns
 //! executing here that a cancel stops) → `watch` (waiters) → `starter` (the scheduler:
-//! schedules, trigger buffers). Asking for a run to execute (`wake`, `queue_start`,
+//! schedules, trigger buffers) → `warm` (suspended turns kept in memory). Asking for a run to execute (`wake`, `queue_start`,
 //! `dispatch_as`, with a [`Nudge`] that says how old the news is, from a [`Mark`]) is what all
 //! of them need, so it lives here, as does `impl TurnEnv`.
 //!
@@ -23,9 +23,10 @@
 //! file only: `dispatch.rs` (`ready`, `runs`, `interrupted`), `executor.rs` (`store_failures`,
 //! `rechecks`, `warned_versions`), `timers.rs` (`due`, `claims`), `fleet.rs` (`outbox`,
 //! `queue_failures`, `consumer`), `watch.rs` (`map`, `refreshed`, each watch's `seen`),
-//! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`) and `control.rs` (`turns`,
+//! `hooks.rs` (`dead_listeners`, `update_validators`, `timeouts`), `control.rs` (`turns`,
 //! `nudges`, `dropped_report`, `publish_report`, and `pending_events`, a tokio mutex the event
-//! publisher holds across its receive and nothing else).
+//! publisher holds across its receive and nothing else) and `warm.rs` (`inner`: it drops the
+//! turns it evicts only after releasing it, since dropping a body takes its turn's lock).
 //!
 //! # Lock order
 //!
@@ -61,6 +62,7 @@ mod operate;
 mod remote;
 mod starter;
 mod timers;
+mod warm;
 mod watch;
 
 use std::future::Future;
@@ -118,6 +120,8 @@ pub(crate) struct Shared {
     watchers: Watchers,
     starter: Starter,
     control: Control,
+    /// Suspended turns kept in memory (warm runs).
+    warm: warm::Warm,
     /// Notified after a commit that dispatched remote-step tasks (in-process workers look at
     /// once).
     pub(crate) task_dispatched: Arc<tokio::sync::Notify>,
@@ -166,6 +170,7 @@ impl Shared {
         owner: String,
     ) -> Arc<Self> {
         let control = Control::new(plane, config.event_forwarding);
+        let config_warm_runs = if config.execute { config.warm_runs } else { 0 };
         Arc::new(Shared {
             store,
             clock,
@@ -185,6 +190,7 @@ impl Shared {
             watchers: Watchers::default(),
             starter: Starter::default(),
             control,
+            warm: warm::Warm::new(config_warm_runs),
             task_dispatched: Arc::new(tokio::sync::Notify::new()),
         })
     }
@@ -243,6 +249,33 @@ impl Shared {
         // The transport's consumer too: a stopped engine takes no more runs from the queue
         // (dropping it tells its loop to stop; items in hand are handed back).
         drop(self.fleet_consumer());
+        // The suspended turns kept in memory hold the engine's state: dropping them frees it.
+        self.drop_warm_runs();
+    }
+
+    /// Turns continued from memory (`Metrics::warm_resumes`).
+    pub(crate) fn warm_resumes(&self) -> u64 {
+        self.warm.resumed.load(Ordering::Relaxed)
+    }
+
+    /// Turns kept in memory that were dropped without a resume (`Metrics::warm_dropped`).
+    pub(crate) fn warm_dropped(&self) -> u64 {
+        self.warm.dropped.load(Ordering::Relaxed)
+    }
+
+    /// Suspended turns held in memory now (`Metrics::warm_runs`).
+    pub(crate) fn warm_held(&self) -> usize {
+        self.warm.len()
+    }
+
+    /// Drops every suspended turn kept in memory.
+    pub(crate) fn drop_warm_runs(&self) {
+        self.warm.clear();
+    }
+
+    /// Drops the run's suspended turn kept in memory, if any (its run was cancelled, …).
+    pub(crate) fn drop_warm_run(&self, id: &RunId) {
+        self.warm.remove(id);
     }
 
     async fn shutdown_signal(&self) {

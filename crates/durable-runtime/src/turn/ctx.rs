@@ -612,10 +612,14 @@ impl WorkflowCtx {
 
 async fn durable_sleep(t: &Arc<TurnState>, seq: u32, until: Millis) {
     let _call = CallGuard::new(t, seq);
-    let begin = t.turn.lock().sleep(seq, until, t.now());
-    match begin {
-        SleepBegin::Done => {}
-        SleepBegin::Park(_) | SleepBegin::Stopped => halt().await,
+    loop {
+        let begin = t.turn.lock().sleep(seq, until, t.now());
+        match begin {
+            SleepBegin::Done => return,
+            SleepBegin::Stopped => halt().await,
+            // A warm resume wakes it to begin again (as a replay of this seq would).
+            SleepBegin::Park(_) => t.park_warm(seq, seq).await,
+        }
     }
 }
 

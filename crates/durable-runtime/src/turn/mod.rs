@@ -18,7 +18,7 @@ use std::future::Future;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 pub use child::{ChildFailed, ChildHandle, ChildOptions};
@@ -53,6 +53,12 @@ pub(crate) struct TurnState {
     ///
     /// [`interrupt`]: TurnState::interrupt
     driver: Mutex<Option<Waker>>,
+    /// Calls parked so that a warm resume ([`TurnState::resume`]) can wake them: by seq, the
+    /// lowest seq the call looks at (its deadline's, or its own) and the waker of its last
+    /// poll. Calls parked otherwise never resolve, so a turn with one is not kept warm.
+    warm_parked: Mutex<HashMap<u32, (u32, Option<Waker>)>>,
+    /// How many times the turn was resumed warm: a parked call whose count moved begins again.
+    resumes: AtomicU64,
 }
 
 impl TurnState {
@@ -64,7 +70,49 @@ impl TurnState {
             undos: Mutex::new(HashMap::new()),
             checkpointed: AtomicBool::new(false),
             driver: Mutex::new(None),
+            warm_parked: Mutex::new(HashMap::new()),
+            resumes: AtomicU64::new(0),
         }
+    }
+
+    /// If this turn, which just suspended, can be kept in memory and resumed warm: the core
+    /// says so ([`Turn::can_resume`]) and every parked call is parked so that a resume wakes
+    /// it. Returns the lowest seq the parked calls look at (what the next claim must read).
+    pub(crate) fn warm_from(&self) -> Option<u32> {
+        let turn = self.turn.lock();
+        if !turn.can_resume() {
+            return None;
+        }
+        let warm = self.warm_parked.lock();
+        let mut from: Option<u32> = None;
+        for (seq, _) in turn.parked() {
+            let (lowest, _) = warm.get(&seq)?;
+            from = Some(from.map_or(*lowest, |f| f.min(*lowest)));
+        }
+        from
+    }
+
+    /// Resumes the suspended turn for a new claim of its run (see [`Turn::resume`]): the core
+    /// takes the run and the checkpoints read from the lowest parked seq on, and every parked
+    /// call is woken to begin again. `false` (nothing changed): the store's answer is not this
+    /// turn's history plus deliveries; replay instead.
+    pub(crate) fn resume(&self, run: Run, checkpoints: Vec<durable_core::Checkpoint>) -> bool {
+        if self.turn.lock().resume(run, checkpoints).is_none() {
+            return false;
+        }
+        self.checkpointed.store(false, Ordering::Relaxed);
+        self.resumes.fetch_add(1, Ordering::AcqRel);
+        let parked: Vec<_> = self.warm_parked.lock().drain().filter_map(|(_, (_, w))| w).collect();
+        for waker in parked {
+            waker.wake();
+        }
+        true
+    }
+
+    /// Parks the call at `seq` (which looks at seqs from `lowest` on) until the turn is
+    /// resumed warm; the end of a turn that is not kept drops it.
+    fn park_warm(self: &Arc<Self>, seq: u32, lowest: u32) -> WarmPark {
+        WarmPark { t: self.clone(), seq, lowest, resumes: self.resumes.load(Ordering::Acquire) }
     }
 
     /// Stops the turn from outside it, because the store holds newer facts about the run than
@@ -189,6 +237,37 @@ impl CallGuard {
 impl Drop for CallGuard {
     fn drop(&mut self) {
         self.t.turn.lock().abandon(self.seq);
+    }
+}
+
+/// A parked call waiting for a warm resume ([`TurnState::park_warm`]).
+struct WarmPark {
+    t: Arc<TurnState>,
+    seq: u32,
+    lowest: u32,
+    /// The turn's resume count when the call parked.
+    resumes: u64,
+}
+
+impl Future for WarmPark {
+    type Output = ();
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<()> {
+        let mut warm = self.t.warm_parked.lock();
+        if self.t.resumes.load(Ordering::Acquire) != self.resumes {
+            warm.remove(&self.seq);
+            return Poll::Ready(());
+        }
+        warm.insert(self.seq, (self.lowest, Some(cx.waker().clone())));
+        Poll::Pending
+    }
+}
+
+impl Drop for WarmPark {
+    fn drop(&mut self) {
+        let mut warm = self.t.warm_parked.lock();
+        if self.t.resumes.load(Ordering::Acquire) == self.resumes {
+            warm.remove(&self.seq);
+        }
     }
 }
 

@@ -111,17 +111,22 @@ async fn await_delivery(
 ) -> Option<Payload> {
     let _call = CallGuard::new(t, seq);
     let deadline = deadline.map(|(seq, after)| Deadline { seq, after });
-    let begin = t.turn.lock().wait(seq, WaitCall { named, name, kind, wait, deadline }, t.now());
-    match begin {
-        WaitBegin::Delivered(p) => Some(p),
-        WaitBegin::TimedOut => None,
-        WaitBegin::Expire(commit) => {
-            if !t.apply(seq, commit).await {
-                return halt().await;
+    let lowest = deadline.map_or(seq, |d| d.seq.min(seq));
+    loop {
+        let begin = t.turn.lock().wait(seq, WaitCall { named, name, kind, wait: wait.clone(), deadline }, t.now());
+        match begin {
+            WaitBegin::Delivered(p) => return Some(p),
+            WaitBegin::TimedOut => return None,
+            WaitBegin::Expire(commit) => {
+                if !t.apply(seq, commit).await {
+                    return halt().await;
+                }
+                return None;
             }
-            None
+            WaitBegin::Stopped => return halt().await,
+            // A warm resume wakes it to begin again (as a replay of this seq would).
+            WaitBegin::Park(_) => t.park_warm(seq, lowest).await,
         }
-        WaitBegin::Park(_) | WaitBegin::Stopped => halt().await,
     }
 }
 
