@@ -653,7 +653,7 @@ impl Store for MemoryStore {
         let claimed = outcome
             .handed_off
             .first()
-            .map(|run_id| inner.claim_run(Claim { run_id: run_id.clone(), owner, lease_until, now }, ignore));
+            .map(|run_id| inner.claim_run(Claim { run_id: run_id.clone(), owner, lease_until, now }, ignore, 0));
         Ok((outcome, claimed))
     }
 
