@@ -149,10 +149,12 @@ fn remove_db(path: &std::path::Path) {
 /// The single in-process engine of a `--workers 0` run (a client engine, executing nothing,
 /// for the workloads that measure starts alone).
 fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
-    let builder = Engine::builder();
     // `api`: an operator engine, as `durable serve`'s.
     let client_only = args.workload.starts_with("start") || args.workload == "api";
-    let builder = if client_only { builder.client_only() } else { builder };
+    let mut config = durable::EngineConfig::default();
+    config.execute = !client_only;
+    tune(&mut config)?;
+    let builder = Engine::builder().config(config);
     let (builder, db) = match args.store.as_str() {
         "memory" => (builder.store(MemoryStore::new()), None),
         "sqlite" => {
@@ -170,26 +172,29 @@ fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
         "postgres" => (builder.store(postgres_store(args)?), None),
         other => return Err(format!("unknown store {other:?}")),
     };
-    let builder = match warm_runs()? {
-        Some(n) => {
-            let mut config = durable::EngineConfig::default();
-            config.warm_runs = n;
-            builder.config(config)
-        }
-        None => builder,
-    };
     let engine = builder.build().map_err(|e| e.to_string())?;
     register_all(&engine);
     Ok((engine, db))
 }
 
-/// DURABLE_BENCH_WARM_RUNS, if set: the engines' `warm_runs` (0: every wake replays), so the
-/// same binary measures a workload with and without warm runs (worker processes inherit it).
-fn warm_runs() -> Result<Option<usize>, String> {
-    match std::env::var("DURABLE_BENCH_WARM_RUNS") {
-        Ok(n) => n.parse().map(Some).map_err(|_| format!("DURABLE_BENCH_WARM_RUNS={n:?}: not a number")),
-        Err(_) => Ok(None),
+/// The engine settings the environment tunes, for every engine of the run (worker processes
+/// inherit the variables): `DURABLE_BENCH_WARM_RUNS` sets `warm_runs` (0: every wake replays)
+/// and `DURABLE_BENCH_MAX_CONCURRENT_RUNS` sets `max_concurrent_runs`, so the same binary
+/// measures a workload with and without them.
+fn tune(config: &mut durable::EngineConfig) -> Result<(), String> {
+    fn var(name: &str) -> Result<Option<usize>, String> {
+        match std::env::var(name) {
+            Ok(n) => n.parse().map(Some).map_err(|_| format!("{name}={n:?}: not a number")),
+            Err(_) => Ok(None),
+        }
     }
+    if let Some(n) = var("DURABLE_BENCH_WARM_RUNS")? {
+        config.warm_runs = n;
+    }
+    if let Some(n) = var("DURABLE_BENCH_MAX_CONCURRENT_RUNS")? {
+        config.max_concurrent_runs = n;
+    }
+    Ok(())
 }
 
 /// The PostgreSQL bench server when DURABLE_PG_URL is not set.
@@ -302,9 +307,7 @@ async fn shared_engine(
     // local file, a round trip per interval (for every waiter at once) on a server.
     config.wait_poll_interval = Duration::from_millis(if db.is_some() { 5 } else { 50 });
     config.execute = execute;
-    if let Some(n) = warm_runs()? {
-        config.warm_runs = n;
-    }
+    tune(&mut config)?;
     let builder = Engine::builder().config(config);
     let builder = match (db, broker) {
         (_, Some(broker)) => {
@@ -752,6 +755,31 @@ fn percentile(sorted: &[f64], p: f64) -> f64 {
     sorted[idx.min(sorted.len() - 1)]
 }
 
+/// CPU seconds (user and system) this process has used so far, from `/proc/self/stat` (NaN
+/// where there is none). With `DURABLE_BENCH_THREADS` set, each thread's is printed on stderr.
+fn cpu_seconds() -> f64 {
+    fn ticks(stat: &str) -> Option<(String, f64)> {
+        // The command name is in parentheses and may hold spaces: fields count from after it.
+        let (head, rest) = stat.rsplit_once(')')?;
+        let name = head.split_once('(')?.1.to_string();
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        // utime and stime are fields 14 and 15 of the whole line, 12 and 13 after the name.
+        Some((name, f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?))
+    }
+    // Linux counts in clock ticks of 100 per second (USER_HZ).
+    const HZ: f64 = 100.0;
+    if std::env::var_os("DURABLE_BENCH_THREADS").is_some()
+        && let Ok(dir) = std::fs::read_dir("/proc/self/task")
+    {
+        for t in dir.flatten() {
+            if let Some((name, n)) = std::fs::read_to_string(t.path().join("stat")).ok().as_deref().and_then(ticks) {
+                eprintln!("thread {name}: {:.2} s", n / HZ);
+            }
+        }
+    }
+    std::fs::read_to_string("/proc/self/stat").ok().as_deref().and_then(ticks).map_or(f64::NAN, |(_, n)| n / HZ)
+}
+
 fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -808,6 +836,8 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     if args.workers == 0 {
         let (engine, db) = engine(args)?;
         let m = workload(&engine, args).await?;
+        // Per-thread CPU (with DURABLE_BENCH_THREADS) while the store's threads still run.
+        cpu_seconds();
         engine.shutdown().await;
         if let Some(db) = db {
             remove_db(&db);
@@ -951,6 +981,7 @@ fn main() -> std::process::ExitCode {
                 "p50_ms": percentile(&m.latencies, 0.50),
                 "p99_ms": percentile(&m.latencies, 0.99),
                 "peak_rss_mb": rss,
+                "cpu_s": cpu_seconds(),
                 "workers": args.workers,
                 "transport": if args.workers > 0 { args.transport.as_str() } else { "in_process" },
                 "turns": m.turns.map(|t| t.0),

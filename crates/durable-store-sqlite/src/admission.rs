@@ -68,8 +68,9 @@ const EXPIRED: &str =
 /// unleased slots (a concurrency key's) is answered without reading them.
 const RECLAIM: &str = "DELETE FROM admission_slots WHERE gate = ?1 AND lease_until IS NOT NULL AND lease_until <= ?2";
 
-const WAITER_COLS: &str =
-    "gate, holder, run_id, rank_priority, rank_round, rank_ticket, priority, fairness_key, lease_ms, since";
+/// Queues a request.
+const WAITER_INSERT: &str = "INSERT INTO admission_waiters (gate, holder, run_id, rank_priority, rank_round, \
+     rank_ticket, priority, fairness_key, lease_ms, since) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)";
 
 /// The head of a gate's queue (`admission_waiters_rank`).
 const QUEUE_HEAD: &str = "SELECT gate, holder, run_id, rank_priority, rank_round, rank_ticket, priority, \
@@ -540,10 +541,7 @@ pub(crate) fn acquire(
         Decision::Wait { retry_at } => {
             if queued.is_none() {
                 let rank = g.record.rank(request.priority, &mut { key_round });
-                conn.prepare_cached(&format!(
-                    "INSERT INTO admission_waiters ({WAITER_COLS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10)"
-                ))?
-                .execute(params![
+                conn.prepare_cached(WAITER_INSERT)?.execute(params![
                     gate,
                     request.holder,
                     request.run_id.as_str(),

@@ -144,11 +144,12 @@ pub(crate) fn run_status(s: &str, id: &RunId) -> OpResult<RunStatus> {
 
 // ---- rows ---------------------------------------------------------------------------------
 
-const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
+/// A run by id (the SQL is a constant: a read formats nothing to find its cached statement).
+const GET_RUN: &str = "SELECT id, workflow, version, namespace, status, input, output, error, tags, priority, \
      parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen, \
-     trace_context, claims";
+     trace_context, claims FROM runs WHERE id = ?1";
 
-/// [`RUN_COLS`] for a query that joins another table.
+/// The columns of [`GET_RUN`], for a query that joins another table.
 const RUN_COLS_QUALIFIED: &str = "runs.id, runs.workflow, runs.version, runs.namespace, runs.status, runs.input, \
      runs.output, runs.error, runs.tags, runs.priority, runs.parent_id, runs.parent_seq, runs.created_at, \
      runs.updated_at, runs.wake_at, runs.lease_owner, runs.lease_until, runs.recovery_attempts, runs.wake_gen, \
@@ -189,8 +190,9 @@ fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
     })
 }
 
-const CHECKPOINT_COLS: &str =
-    "run_id, seq, name, kind, status, input, output, error, attempts, wake_at, started_at, updated_at";
+/// A run's checkpoints from a seq on, in one range of the `(run_id, seq)` primary key.
+const HISTORY_FROM: &str = "SELECT run_id, seq, name, kind, status, input, output, error, attempts, wake_at, \
+     started_at, updated_at FROM checkpoints WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq";
 
 fn checkpoint_from_row(row: &Row<'_>) -> OpResult<Checkpoint> {
     let run_id = RunId::new(text(row, 0)?);
@@ -213,7 +215,9 @@ fn checkpoint_from_row(row: &Row<'_>) -> OpResult<Checkpoint> {
     })
 }
 
-const WAITER_COLS: &str = "run_id, seq, name, kind, key, matcher, created_at";
+/// A run's waiters, by seq.
+const RUN_WAITERS: &str =
+    "SELECT run_id, seq, name, kind, key, matcher, created_at FROM waiters WHERE run_id = ?1 ORDER BY seq";
 
 fn waiter_from_row(row: &Row<'_>) -> OpResult<Waiter> {
     let run_id = RunId::new(text(row, 0)?);
@@ -240,7 +244,7 @@ fn waiter_from_row(row: &Row<'_>) -> OpResult<Waiter> {
 // ---- reads --------------------------------------------------------------------------------
 
 pub(crate) fn get_run(conn: &Connection, id: &RunId) -> OpResult<Option<Run>> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {RUN_COLS} FROM runs WHERE id = ?1"))?;
+    let mut stmt = conn.prepare_cached(GET_RUN)?;
     let mut rows = stmt.query([id.as_str()])?;
     match rows.next()? {
         Some(row) => run_from_row(row).map(Some),
@@ -256,9 +260,7 @@ pub(crate) fn history(conn: &Connection, id: &RunId) -> OpResult<Vec<Checkpoint>
 /// The run's checkpoints from `from_seq` on, in one range query on the `(run_id, seq)`
 /// primary key.
 pub(crate) fn history_from(conn: &Connection, id: &RunId, from_seq: u32) -> OpResult<Vec<Checkpoint>> {
-    let mut stmt = conn.prepare_cached(&format!(
-        "SELECT {CHECKPOINT_COLS} FROM checkpoints WHERE run_id = ?1 AND seq >= ?2 ORDER BY seq"
-    ))?;
+    let mut stmt = conn.prepare_cached(HISTORY_FROM)?;
     let mut rows = stmt.query(params![id.as_str(), i64::from(from_seq)])?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
@@ -680,7 +682,7 @@ pub(crate) fn list_schedules(
 }
 
 pub(crate) fn waiters(conn: &Connection, id: &RunId) -> OpResult<Vec<Waiter>> {
-    let mut stmt = conn.prepare_cached(&format!("SELECT {WAITER_COLS} FROM waiters WHERE run_id = ?1 ORDER BY seq"))?;
+    let mut stmt = conn.prepare_cached(RUN_WAITERS)?;
     let mut rows = stmt.query([id.as_str()])?;
     let mut out = Vec::new();
     while let Some(row) = rows.next()? {
