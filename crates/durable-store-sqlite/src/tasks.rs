@@ -117,6 +117,45 @@ fn save_state(conn: &Connection, t: &Task) -> OpResult<()> {
     Ok(())
 }
 
+/// Writes a claim of a task: the claim's own columns and the derived `deadline` and `seen_at`
+/// (the rest of the row, its logs among them, is left as it is: nothing is re-encoded).
+fn save_claim(conn: &Connection, t: &Task) -> OpResult<()> {
+    conn.prepare_cached(
+        "UPDATE tasks SET state = ?3, worker = ?4, lease_until = ?5, claimed_at = ?6, heartbeat_at = ?7, \
+         claims = ?8, deadline = ?9, seen_at = ?10 WHERE run_id = ?1 AND seq = ?2",
+    )?
+    .execute(params![
+        t.task.run_id.as_str(),
+        t.task.seq,
+        t.state.as_str(),
+        t.worker,
+        t.lease_until.map(millis_to_sql),
+        t.claimed_at.map(millis_to_sql),
+        t.heartbeat_at.map(millis_to_sql),
+        t.claims,
+        t.deadline().map(millis_to_sql),
+        millis_to_sql(t.heartbeat_at.unwrap_or(t.task.created_at)),
+    ])?;
+    Ok(())
+}
+
+/// Finishes the task a result came for with `outcome`, appending the result's logs (its
+/// `deadline` and `seen_at` do not change: they follow the claim and the heartbeats).
+fn finish(conn: &Connection, done: &TaskDone, outcome: &str) -> OpResult<()> {
+    if done.logs.is_empty() {
+        conn.prepare_cached("UPDATE tasks SET state = 'finished', outcome = ?3 WHERE run_id = ?1 AND seq = ?2")?
+            .execute(params![done.run_id.as_str(), done.seq, outcome])?;
+        return Ok(());
+    }
+    let mut t = get_task(conn, done.run_id.as_str(), done.seq)?.ok_or_else(|| {
+        corrupt(format!("task of run {} seq {}: gone while its result was recorded", done.run_id, done.seq))
+    })?;
+    t.logs.extend(done.logs.iter().cloned());
+    t.state = TaskState::Finished;
+    t.outcome = Some(outcome.into());
+    save_state(conn, &t)
+}
+
 /// Stores a dispatched attempt `queued`, replacing the task at its `(run_id, seq)` (a
 /// re-dispatch) but keeping that task's logs.
 pub(crate) fn dispatch(conn: &Connection, t: &NewTask) -> OpResult<()> {
@@ -207,7 +246,7 @@ pub(crate) fn claim_tasks(conn: &Connection, claim: &TaskClaim) -> OpResult<Vec<
         t.heartbeat_at = Some(at);
         t.claimed_at = Some(t.claimed_at.unwrap_or(at));
         t.claims += 1;
-        save_state(conn, t)?;
+        save_claim(conn, t)?;
     }
     Ok(tasks)
 }
@@ -243,17 +282,21 @@ pub(crate) fn heartbeat_task(conn: &Connection, beat: &TaskBeat) -> OpResult<Bea
 /// `complete_task`: the checkpoint, the wake and the task's end, in the caller's write.
 pub(crate) fn complete_task(conn: &Connection, done: TaskDone) -> OpResult<TaskCompletion> {
     let run_id = done.run_id.as_str();
-    let Some(mut t) = get_task(conn, run_id, done.seq)? else {
+    // The answer depends on the attempt and the state alone: the row is not decoded.
+    let found = conn
+        .prepare_cached("SELECT attempt, state FROM tasks WHERE run_id = ?1 AND seq = ?2")?
+        .query_row(params![run_id, done.seq], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))
+        .optional()?;
+    let Some((attempt, state)) = found else {
         return Ok(TaskCompletion::Duplicate);
     };
-    if t.task.attempt != done.attempt || t.state == TaskState::Finished {
+    let state: TaskState =
+        state.parse().map_err(|e| corrupt(format!("task of run {run_id} seq {}: state: {e}", done.seq)))?;
+    if attempt != i64::from(done.attempt) || state == TaskState::Finished {
         return Ok(TaskCompletion::Duplicate);
     }
-    t.logs.extend(done.logs.iter().cloned());
-    t.state = TaskState::Finished;
     if run_status_of(conn, &done.run_id)?.is_none_or(|s| s.is_terminal()) {
-        t.outcome = Some("cancelled".into());
-        save_state(conn, &t)?;
+        finish(conn, &done, "cancelled")?;
         return Ok(TaskCompletion::RunTerminal);
     }
     let waiter = conn
@@ -279,15 +322,12 @@ pub(crate) fn complete_task(conn: &Connection, done: TaskDone) -> OpResult<TaskC
     )?
     .execute(params![run_id, done.seq, name, status, output, error, done.attempt, now, done.result.is_ok()])?;
     wake(conn, run_id, now)?;
-    t.outcome = Some(
-        match &done.result {
-            Ok(_) => "completed",
-            Err(e) if e.code() == Some(codes::REMOTE_TIMEOUT) => "timed_out",
-            Err(_) => "failed",
-        }
-        .into(),
-    );
-    save_state(conn, &t)?;
+    let outcome = match &done.result {
+        Ok(_) => "completed",
+        Err(e) if e.code() == Some(codes::REMOTE_TIMEOUT) => "timed_out",
+        Err(_) => "failed",
+    };
+    finish(conn, &done, outcome)?;
     // A gated remote step held an admission slot while its attempt was out.
     crate::admission::release_holder(conn, run_id, &protocol::step_id(&done.run_id, done.seq), done.now)?;
     Ok(TaskCompletion::Accepted)
