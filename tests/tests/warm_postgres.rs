@@ -188,8 +188,9 @@ async fn a_claim_busy_on_a_row_lock_keeps_the_turn_on_postgres() {
         .expect("lock the run's row");
     a.advance(Duration::from_secs(1));
     next_event(&mut events, WAIT, |e| matches!(e, EngineEvent::WakeDeferred { run_id, .. } if *run_id == run.id)).await;
-    let m = a.metrics();
-    assert_eq!((m.warm_runs, m.warm_dropped), (1, 0), "the busy claim put the kept turn back");
+    // Put back, not dropped (while the row stays locked, the re-checks take it out for their
+    // claims and put it back again, so whether it is in the cache at this instant is not said).
+    assert_eq!(a.metrics().warm_dropped, 0, "the busy claim put the kept turn back");
     locker.batch_execute("COMMIT").await.expect("release the row");
 
     until(&a, &mut events, &run.id, parked_at(2)).await;
