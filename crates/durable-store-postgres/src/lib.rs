@@ -114,6 +114,12 @@
 //!   committing, a delivery waking it): [`Store::claim_run`] answers `Busy` with the run as last
 //!   committed and the engine looks again. Engines sharing a run queue often claim runs that
 //!   another engine's batch is writing; waiting there made whole batches deadlock.
+//! - **Claims are counted** (`runs.claims`, schema version 14): each claim that acquires a run
+//!   increments [`Run::claims`](durable_core::Run::claims) in the claim's own write, and nothing
+//!   else does, so an engine that kept a suspended run's turn in memory can tell that nobody else
+//!   ran the run since and continue the parked body instead of replaying (warm runs).
+//!   [`Store::claim_run_from`] is that claim reading the checkpoints from a seq on only (one range
+//!   of the `(run_id, seq)` primary key).
 //!
 //! ## What it does not do
 //!
@@ -783,7 +789,14 @@ impl Store for PostgresStore {
     }
 
     async fn claim_run(&self, claim: Claim) -> StoreResult<ClaimOutcome> {
-        let answer = self.write(ops::claim_op(&claim)).await?;
+        let answer = self.write(ops::claim_op(&claim, 0)).await?;
+        self.answer(ops::claim_answer(&answer, &claim))
+    }
+
+    /// One write, like `claim_run`, whose history is one range read of the checkpoints from
+    /// `from_seq` on.
+    async fn claim_run_from(&self, claim: Claim, from_seq: u32) -> StoreResult<ClaimOutcome> {
+        let answer = self.write(ops::claim_op(&claim, from_seq)).await?;
         self.answer(ops::claim_answer(&answer, &claim))
     }
 

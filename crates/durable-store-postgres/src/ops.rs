@@ -56,7 +56,8 @@ fn run_status(s: &str, id: &str) -> Result<RunStatus, String> {
 
 /// The columns of `runs`, in [`RunRow::from_row`]'s order.
 pub(crate) const RUN_COLS: &str = "id, workflow, version, namespace, status, input, output, error, tags, priority, \
-     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen, trace_context";
+     parent_id, parent_seq, created_at, updated_at, wake_at, lease_owner, lease_until, recovery_attempts, wake_gen, \
+     trace_context, claims";
 
 /// A `runs` row, as the server's `to_jsonb(runs)` or a query's columns.
 #[derive(Debug, Deserialize)]
@@ -82,6 +83,9 @@ pub(crate) struct RunRow {
     wake_gen: i64,
     #[serde(default)]
     trace_context: Option<String>,
+    /// The claims that acquired the run (schema version 14).
+    #[serde(default)]
+    claims: i64,
 }
 
 impl RunRow {
@@ -107,6 +111,7 @@ impl RunRow {
             recovery_attempts: row.try_get(17)?,
             wake_gen: row.try_get(18)?,
             trace_context: row.try_get(19)?,
+            claims: row.try_get(20)?,
         })
     }
 
@@ -138,8 +143,7 @@ impl RunRow {
             lease_until: self.lease_until.map(|v| millis_from_sql(v, || what("lease_until"))).transpose()?,
             recovery_attempts: u32_from_sql(self.recovery_attempts, || what("recovery_attempts"))?,
             wake_gen: millis_from_sql(self.wake_gen, || what("wake_gen"))?,
-            // This store does not count claims: its runs' turns always replay.
-            claims: 0,
+            claims: millis_from_sql(self.claims, || what("claims"))?,
             trace_context: self.trace_context,
             id: RunId::new(id),
         })
@@ -244,7 +248,7 @@ pub(crate) fn waiter_from_row(row: &Row) -> Result<Result<Waiter, String>, tokio
 pub(crate) enum Op<'a> {
     CreateRun(CreateRunJson<'a>),
     CreateRuns { runs: Vec<KeyedRunJson<'a>> },
-    ClaimRun { id: &'a str, owner: &'a str, until: i64, now: i64 },
+    ClaimRun { id: &'a str, owner: &'a str, until: i64, now: i64, from: i64 },
     RenewLease { id: &'a str, owner: &'a str, until: i64 },
     ReleaseLease { id: &'a str, owner: &'a str },
     Commit(CommitJson<'a>),
@@ -994,12 +998,15 @@ pub(crate) fn queue_ids(ids: &[u64]) -> Vec<i64> {
     ids.iter().filter_map(|id| i64::try_from(*id).ok()).collect()
 }
 
-pub(crate) fn claim_op(c: &Claim) -> Op<'_> {
+/// The claim of `c`, whose answer's history holds the checkpoints from `from_seq` on (the
+/// operation's `from`).
+pub(crate) fn claim_op(c: &Claim, from_seq: u32) -> Op<'_> {
     Op::ClaimRun {
         id: c.run_id.as_str(),
         owner: &c.owner,
         until: millis_to_sql(c.lease_until),
         now: millis_to_sql(c.now),
+        from: i64::from(from_seq),
     }
 }
 
@@ -1838,7 +1845,7 @@ mod tests {
             Op::Publish(PublishJson::new(&event).unwrap()),
             Op::DeleteRun { id: "gone" },
             Op::Enqueue { items: vec![], now: 5 },
-            Op::ClaimRun { id: "c", owner: "o", until: 9, now: 5 },
+            Op::ClaimRun { id: "c", owner: "o", until: 9, now: 5, from: 0 },
         ];
         let mut locks = BatchLocks::default();
         for op in &ops {

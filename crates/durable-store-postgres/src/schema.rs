@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 13;
+pub const SCHEMA_VERSION: u32 = 14;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -90,6 +90,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "an enqueue drops the items the run's waiting item already covers (no lock, no write), \
                       and a merge that changes nothing writes nothing",
         sql: include_str!("sql/v13.sql"),
+    },
+    Migration {
+        version: 14,
+        description: "runs count the claims that acquired them (claims), so an engine can tell nobody else ran a run; \
+                      claim_run reads the history from a seq on",
+        sql: include_str!("sql/v14.sql"),
     },
 ];
 

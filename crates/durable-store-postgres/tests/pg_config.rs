@@ -8,7 +8,10 @@ mod common;
 use std::sync::Arc;
 
 use common::{ScratchSchema, new_run, url_or_skip, with_database};
-use durable_core::{ParentLink, RunFilter, RunId, RunPatch, RunQuery, RunStatus, Store};
+use durable_core::{
+    Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, ParentLink, Payload, RunFilter, RunId, RunPatch,
+    RunQuery, RunStatus, StepKind, Store, TurnEnd,
+};
 use durable_store_postgres::deadpool_postgres::tokio_postgres::Client;
 use durable_store_postgres::{Error, PostgresOptions, PostgresStore, SCHEMA_VERSION};
 
@@ -155,8 +158,10 @@ async fn concurrent_engines_migrate_a_fresh_schema_once() {
 }
 
 /// The schema's versions, its indexes (name and definition, the schema's name taken out) and the
-/// runs table's storage options.
-async fn shape(admin: &Client, schema: &str) -> (Vec<i32>, Vec<(String, String)>, Option<Vec<String>>) {
+/// runs table's storage options and columns.
+type Shape = (Vec<i32>, Vec<(String, String)>, Option<Vec<String>>, Vec<String>);
+
+async fn shape(admin: &Client, schema: &str) -> Shape {
     let rows =
         admin.query(&format!("SELECT version FROM \"{schema}\".schema_version ORDER BY version"), &[]).await.unwrap();
     let versions = rows.iter().map(|r| r.get(0)).collect();
@@ -173,7 +178,17 @@ async fn shape(admin: &Client, schema: &str) -> (Vec<i32>, Vec<(String, String)>
         .await
         .unwrap()
         .get(0);
-    (versions, indexes, options)
+    let rows = admin
+        .query(
+            "SELECT format('%s %s %s %s', column_name, data_type, is_nullable, column_default)
+               FROM information_schema.columns WHERE table_schema = $1 AND table_name = 'runs'
+              ORDER BY ordinal_position",
+            &[&schema],
+        )
+        .await
+        .unwrap();
+    let columns = rows.iter().map(|r| r.get(0)).collect();
+    (versions, indexes, options, columns)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,6 +210,7 @@ async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
     let bury = RunPatch { status: Some(RunStatus::Dead), now: common::T0, ..RunPatch::default() };
     assert!(store.update_run_if(&RunId::from("old-dead"), &[RunStatus::Pending], bury).await.unwrap());
     drop(store);
+    common::undo_version_14(&admin, old.name()).await;
     common::undo_version_13(&admin, old.name()).await;
     common::undo_version_12(&admin, old.name()).await;
     common::undo_version_11(&admin, old.name()).await;
@@ -233,4 +249,73 @@ async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
     assert_eq!(migrated.0, (1..=SCHEMA_VERSION as i32).collect::<Vec<_>>());
     assert_eq!(migrated, new);
     assert_eq!(new.2, Some(vec!["fillfactor=90".to_string()]));
+}
+
+/// A claim of `id` by `owner` at `now`, which must acquire the run: its run and history.
+async fn acquire(
+    store: &PostgresStore,
+    id: &str,
+    owner: &str,
+    now: u64,
+    from_seq: u32,
+) -> (durable_core::Run, Vec<u32>) {
+    let claim = Claim { run_id: RunId::from(id), owner: owner.into(), lease_until: now + 60_000, now };
+    match store.claim_run_from(claim, from_seq).await.unwrap() {
+        ClaimOutcome::Acquired { run, history, .. } => (run, history.iter().map(|cp| cp.seq).collect()),
+        other => panic!("expected {owner}'s claim of run {id} to acquire it, got {other:?}"),
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_version_13_schema_gets_the_claim_count_with_its_runs() {
+    let Some(url) = url_or_skip("a_version_13_schema_gets_the_claim_count_with_its_runs") else { return };
+    let old = ScratchSchema::new(&url, "v13").await.unwrap();
+    let fresh = ScratchSchema::new(&url, "v14").await.unwrap();
+    let admin = old.client().await.unwrap();
+    // Runs as a version 13 schema holds them: one suspended with a history (claimed twice), one
+    // pending.
+    let store = old.connect().await.unwrap();
+    store.create_run(new_run("parked")).await.unwrap();
+    store.create_run(new_run("new")).await.unwrap();
+    let (run, _) = acquire(&store, "parked", "a", common::T0, 0).await;
+    let mut c = Commit::new(RunId::from("parked"), "a", common::T0 + 1);
+    for seq in 0..3 {
+        let mut cp = Checkpoint::new(
+            RunId::from("parked"),
+            seq,
+            "step",
+            StepKind::Step,
+            CheckpointStatus::Completed,
+            common::T0,
+        );
+        cp.output = Some(Payload::from_trusted(seq.to_string()));
+        c.checkpoints.push(cp);
+    }
+    c.end = Some(TurnEnd::Suspend { wake_at: Some(common::T0 + 5), seen_wake_gen: run.wake_gen });
+    store.commit(c).await.unwrap();
+    drop(store);
+    common::undo_version_14(&admin, old.name()).await;
+    let before = shape(&admin, old.name()).await;
+    assert_eq!(before.0, (1..=13).collect::<Vec<_>>());
+    assert!(!before.3.iter().any(|c| c.starts_with("claims ")), "version 13 has no claim count: {:?}", before.3);
+
+    // Connecting migrates it: the runs count from 0, and each claim that acquires one counts.
+    let store = old.connect().await.unwrap();
+    let parked = store.get_run(&RunId::from("parked")).await.unwrap().expect("the suspended run survived");
+    assert_eq!((parked.status, parked.claims), (RunStatus::Suspended, 0));
+    assert_eq!(store.get_run(&RunId::from("new")).await.unwrap().map(|r| r.claims), Some(0));
+    let (run, history) = acquire(&store, "parked", "b", common::T0 + 10, 0).await;
+    assert_eq!((run.claims, history), (1, vec![0, 1, 2]), "the first claim after the migration");
+    assert!(store.release_lease(&RunId::from("parked"), "b").await.unwrap());
+    let (run, history) = acquire(&store, "parked", "c", common::T0 + 11, 2).await;
+    assert_eq!((run.claims, history), (2, vec![2]), "claim_run_from reads from the seq asked for");
+    assert_eq!(store.get_run(&RunId::from("parked")).await.unwrap(), Some(run));
+    assert_eq!(acquire(&store, "new", "b", common::T0 + 12, 0).await.0.claims, 1);
+
+    // And the schema is the one a new store gets.
+    drop(fresh.connect().await.unwrap());
+    let (migrated, new) = (shape(&admin, old.name()).await, shape(&admin, fresh.name()).await);
+    assert_eq!(migrated.0, (1..=SCHEMA_VERSION as i32).collect::<Vec<_>>());
+    assert_eq!(migrated, new);
+    assert!(new.3.contains(&"claims bigint NO 0".to_string()), "{:?}", new.3);
 }

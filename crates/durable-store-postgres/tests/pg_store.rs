@@ -210,3 +210,93 @@ async fn a_batch_parked_on_a_lock_does_not_hold_up_the_next_one() {
     admin.batch_execute("COMMIT").await.unwrap();
     assert_eq!(parked.await.unwrap().unwrap(), Delivery::Buffered);
 }
+
+/// `claim_run_from` leaves the checkpoints before the seq on the server: a row there that does
+/// not decode (a status no build writes) fails `claim_run`, naming its seq, but not a claim that
+/// reads from past it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn claim_run_from_reads_only_the_checkpoints_from_the_seq() {
+    let Some(url) = url_or_skip("claim_run_from_reads_only_the_checkpoints_from_the_seq") else { return };
+    let scratch = ScratchSchema::new(&url, "claim_from").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    store.create_run(new_run("r")).await.unwrap();
+    claim(&store, "r", T0 + 60_000).await;
+    for seq in 0..3 {
+        store.commit(step_commit("r", seq)).await.unwrap();
+    }
+    let admin = scratch.client().await.unwrap();
+    admin
+        .batch_execute(&format!(
+            "UPDATE \"{}\".checkpoints SET status = 'garbled' WHERE run_id = 'r' AND seq = 0",
+            scratch.name()
+        ))
+        .await
+        .unwrap();
+    let claim_of =
+        |owner: &str| Claim { run_id: RunId::from("r"), owner: owner.into(), lease_until: T0 + 60_000, now: T0 };
+    match store.claim_run_from(claim_of("me"), 1).await.unwrap() {
+        ClaimOutcome::Acquired { history, .. } => {
+            assert_eq!(history.iter().map(|cp| cp.seq).collect::<Vec<_>>(), [1, 2]);
+        }
+        other => panic!("expected the claim from seq 1 to acquire run r, got {other:?}"),
+    }
+    let e = store.claim_run(claim_of("me")).await.expect_err("the whole history holds the garbled row");
+    assert!(e.to_string().contains("run r seq 0: status"), "{e}");
+}
+
+/// Claims of one run racing from two handles, round after round (each round's winner commits a
+/// step and releases the lease; a claim of the winner's own lease while its commit writes the row
+/// is among them): the run's claim count is exactly the number of claims that acquired it, and
+/// each winner's answer carries the count so far.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn racing_claims_count_each_acquiring_claim_once() {
+    let Some(url) = url_or_skip("racing_claims_count_each_acquiring_claim_once") else { return };
+    let scratch = ScratchSchema::new(&url, "claim_count").await.unwrap();
+    let stores =
+        [std::sync::Arc::new(scratch.connect().await.unwrap()), std::sync::Arc::new(scratch.connect().await.unwrap())];
+    stores[0].create_run(new_run("r")).await.unwrap();
+    let mut acquired = 0u64;
+    for round in 0..10u32 {
+        let now = T0 + u64::from(round);
+        let racers: Vec<_> = (0..8)
+            .map(|i| {
+                let store = stores[i % 2].clone();
+                tokio::spawn(async move {
+                    let claim =
+                        Claim { run_id: RunId::from("r"), owner: format!("o{i}"), lease_until: now + 60_000, now };
+                    (format!("o{i}"), store.claim_run(claim).await.unwrap())
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for racer in racers {
+            match racer.await.unwrap() {
+                (owner, ClaimOutcome::Acquired { run, .. }) => winners.push((owner, run.claims)),
+                (_, ClaimOutcome::Busy(_)) => {}
+                (_, other) => panic!("round {round}: a racing claim got {other:?}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}: one claim acquires: {winners:?}");
+        acquired += 1;
+        let (owner, claims) = winners.pop().unwrap();
+        assert_eq!(claims, acquired, "round {round}: the winner's answer counts its claim");
+        // The winner commits while it claims again (its own lease: acquires, or is busy while the
+        // commit holds the row), then releases.
+        let mut c = step_commit("r", round);
+        c.owner = owner.clone();
+        let again = Claim { run_id: RunId::from("r"), owner: owner.clone(), lease_until: now + 60_000, now };
+        let (committed, claimed) = tokio::join!(stores[0].commit(c), stores[1].claim_run(again));
+        committed.unwrap();
+        match claimed.unwrap() {
+            ClaimOutcome::Acquired { run, .. } => {
+                acquired += 1;
+                assert_eq!(run.claims, acquired, "round {round}: the owner's claim again counts");
+            }
+            ClaimOutcome::Busy(_) => {}
+            other => panic!("round {round}: the owner's claim again got {other:?}"),
+        }
+        assert!(stores[0].release_lease(&RunId::from("r"), &owner).await.unwrap());
+        let run = stores[1].get_run(&RunId::from("r")).await.unwrap().unwrap();
+        assert_eq!(run.claims, acquired, "round {round}: the stored count");
+    }
+}

@@ -163,7 +163,11 @@ pub(crate) async fn claim_race(handles: &[Arc<dyn Store>]) -> CaseResult {
         })
         .collect();
     assert_eq!(winners.len(), 1, "exactly one claimer acquires: {results:?}");
-    assert_eq!(get(&*handles[0], "r").await?.lease_owner, winners[0].lease_owner, "the winner holds the lease");
+    let stored = get(&*handles[0], "r").await?;
+    assert_eq!(stored.lease_owner, winners[0].lease_owner, "the winner holds the lease");
+    // A store that counts claims counts the winner's only (the busy ones count nothing).
+    assert!(winners[0].claims <= 1, "the first claim of a run: claims {} (0 or 1)", winners[0].claims);
+    assert_eq!(stored.claims, winners[0].claims, "only the winning claim counts");
     Ok(())
 }
 

@@ -246,7 +246,18 @@ impl Shared {
                     continue;
                 }
                 Ok(ClaimOutcome::Busy(run)) => {
-                    drop_warm(warm);
+                    if run.lease_owner.is_none() || run.lease_until.is_none_or(|u| u < now) {
+                        // Nobody holds the lease: the row was busy only because another
+                        // transaction was writing it at that instant (PostgreSQL's claim skips
+                        // a locked row: a poller claiming the run as due, a delivery). The
+                        // turn kept in memory may still be the run's latest: it waits for the
+                        // claim the re-check makes, whose count decides.
+                        if let Some(w) = warm.take() {
+                            self.put_back_warm(id, w);
+                        }
+                    } else {
+                        drop_warm(warm);
+                    }
                     return self.recheck_later(&run);
                 }
                 Err(e) => {
@@ -408,6 +419,15 @@ impl Shared {
         self.warm.put(id.clone(), Parked { t: t.clone(), driver, claims, from_seq });
         if self.is_stopping() {
             // The engine stopped meanwhile: what it keeps would keep it alive.
+            self.warm.remove(id);
+        }
+    }
+
+    /// Puts a kept turn taken out for a claim that did not get the run back in memory (see
+    /// [`Warm::put_back`](super::warm::Warm::put_back)), unless the engine is stopping.
+    fn put_back_warm(&self, id: &RunId, w: Parked) {
+        self.warm.put_back(id, w);
+        if self.is_stopping() {
             self.warm.remove(id);
         }
     }

@@ -93,6 +93,19 @@ impl Warm {
         drop(evicted);
     }
 
+    /// Puts back an entry taken out for a claim that did not get the run, unless the run has
+    /// an entry again (a turn that ran meanwhile kept a newer one): then the one given is
+    /// dropped. Whether it is still the run's latest turn is decided at the claim that
+    /// acquires the run, by the count of claims, as for any entry.
+    pub(super) fn put_back(&self, id: &RunId, parked: Parked) {
+        if self.inner.lock().runs.contains_key(id) {
+            self.count_dropped(1);
+            drop(parked);
+            return;
+        }
+        self.put(id.clone(), parked);
+    }
+
     /// Takes the run's entry out, if there is one.
     pub(super) fn take(&self, id: &RunId) -> Option<Parked> {
         let mut inner = self.inner.lock();

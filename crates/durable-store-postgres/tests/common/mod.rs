@@ -63,6 +63,19 @@ pub fn new_run(id: &str) -> NewRun {
 /// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
 /// the functions version 7 replaced, which re-running it writes anyway: for the tests of
 /// migrating older schemas forward.
+/// Takes a schema of this build back to version 13: the claim count column and the version row
+/// (`claim_run` keeps its version 14 text: migrating forward replaces it again).
+pub async fn undo_version_14(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!(
+            "ALTER TABLE {s}.runs DROP COLUMN claims;
+             DELETE FROM {s}.schema_version WHERE version >= 14"
+        ))
+        .await
+        .expect("undo schema version 14");
+}
+
 /// Takes a schema of this build back to version 12: the version row (the functions version 13
 /// replaced keep their version 13 text: migrating forward replaces them again).
 pub async fn undo_version_13(admin: &tokio_postgres::Client, schema: &str) {
