@@ -115,7 +115,8 @@ pub struct EngineConfig {
     /// meanwhile, which needs a store that counts claims: [`Run::claims`](durable_core::Run::claims))
     /// and the store's checkpoints are the turn's own plus deliveries to its parked calls (a
     /// sleep or a wait); otherwise — and after a cancel, a lost lease, a store error, a run
-    /// parked on something else (a step's durable backoff, a child, a remote step, a slot) —
+    /// parked on something else (a step's durable backoff, a child, a remote step, a slot) or
+    /// holding a child spawned and not joined yet —
     /// it replays as without the cache. Past the capacity, the least recently parked run is
     /// dropped. Each entry holds the run's history and its body's state in memory: about the
     /// size of its checkpoints plus the body's future. Default 1,024.

@@ -389,7 +389,44 @@ async fn shutdown_drops_the_entries(store: StoreFixture) {
     assert_eq!((m.warm_runs, m.warm_dropped), (0, 1));
 }
 
+/// A child spawned and not joined yet keeps its spawn's checkpoint open: the child's settle
+/// rewrites it, below the seq a kept turn would claim from. Such a turn is not kept: the
+/// child's wake replays, and the join sees the child's output (a kept turn would have parked
+/// the join on its stale copy, with nothing left to wake it).
+async fn an_unjoined_child_keeps_the_parent_cold(store: StoreFixture) {
+    let a = engine(&store.store, &VirtualClock::starting_2026(), quiet_config(16));
+    let entries = Counter::new();
+    a.register("kid", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u64 = ctx.wait_for_signal("kid-go").await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let e = entries.clone();
+    a.register("parent", 1, move |ctx: WorkflowCtx, _: ()| {
+        e.bump();
+        async move {
+            let kid = ctx.spawn_child::<_, u64>("kid", &());
+            let go: u64 = ctx.wait_for_signal("parent-go").await?;
+            let out = kid.join().await?;
+            Ok::<_, WorkflowError>(out + go)
+        }
+    });
+    let mut events = a.subscribe();
+    let run = a.start("parent", &(), StartOptions::id("parent")).await.unwrap();
+    until(&a, &mut events, &run.id, waiting_at(1)).await;
+    a.signal("kid-go", &7u64).await.unwrap();
+    // The child's settle wakes the parent, which replays and waits again at seq 1.
+    until(&a, &mut events, &run.id, |r, h, _| {
+        r.status == RunStatus::Suspended && h.iter().any(|c| c.seq == 0 && c.is_final()) && entries.get() == 2
+    })
+    .await;
+    a.signal("parent-go", &1u64).await.unwrap();
+    a.assert_output(&run.id, 8u64).await;
+    // Once the child settled, nothing is open below the wait: that replay was kept and resumed.
+    assert_eq!(entries.get(), 2, "kept only after the child settled");
+}
+
 on_every_store!(
+    an_unjoined_child_keeps_the_parent_cold,
     woken_here_resumes_without_replay,
     without_the_cache_every_wake_replays,
     touched_by_another_engine_replays,

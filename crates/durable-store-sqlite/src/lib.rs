@@ -15,7 +15,7 @@
 //!   Each request runs in its own `SAVEPOINT`: one that fails (`LeaseLost`, `Conflict`, …) is
 //!   rolled back alone. Answers are sent only after the `COMMIT` succeeded; if it fails, every
 //!   request of the group gets the error and nothing of the group was written. The hot writes
-//!   (`create_run`, `commit`, `commit_and_claim_handed`, `claim_run`, `claim_tasks`,
+//!   (`create_run`, `commit`, `commit_and_claim_handed`, `claim_run`, `claim_run_from`, `claim_tasks`,
 //!   `complete_task`, `complete_task_and_claim`) run without a savepoint (which costs every
 //!   page they touch a copy in a statement journal): they decide every refusal before they
 //!   change a row (a keyed start's `QueueFull` too), so a refusal leaves nothing to undo;
@@ -401,10 +401,12 @@ impl Store for SqliteStore {
             .write_hot("commit_and_claim_handed", move |c| {
                 let (owner, now) = (commit.owner.clone(), commit.now);
                 let outcome = ops::commit(c, commit)?;
-                let claimed = match outcome.handed_off.first() {
-                    Some(run_id) => Some(ops::claim_run(c, Claim { run_id: run_id.clone(), owner, lease_until, now })?),
-                    None => None,
-                };
+                // A claim that fails (a handed run whose row or history does not decode) leaves
+                // the commit standing, as the trait's default does: the claim reads before it
+                // writes, so it changed nothing, and the run is woken as any hand-off wakes it.
+                let claimed = outcome.handed_off.first().and_then(|run_id| {
+                    ops::claim_run(c, Claim { run_id: run_id.clone(), owner, lease_until, now }).ok()
+                });
                 Ok((outcome, claimed))
             })
             .await

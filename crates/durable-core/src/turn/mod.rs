@@ -398,8 +398,11 @@ impl Turn {
 
     /// Whether this turn, as it suspends, may be kept in memory and continued by
     /// [`Turn::resume`] at the run's next claim: nothing is executing, buffered or asking for
-    /// a slot, the turn did not stop, no cancel is pending and no undo runs, and it is not a
-    /// replay-only turn.
+    /// a slot, the turn did not stop, no cancel is pending and no undo runs, it is not a
+    /// replay-only turn, and no child it spawned is still unsettled. A child's settle rewrites
+    /// its spawn's seq, which no parked call looks at while the child is not joined (a join
+    /// parks for good): a resumed turn, whose claim reads from the lowest parked seq on, would
+    /// never see it, so such a turn replays.
     pub fn can_resume(&self) -> bool {
         self.stop.is_none()
             && self.flights.is_empty()
@@ -408,6 +411,7 @@ impl Turn {
             && self.buffer.is_empty()
             && self.mode == Mode::Normal
             && !self.config.replay_only
+            && !self.history.iter().any(|cp| cp.kind == StepKind::Child && !cp.is_final())
     }
 
     /// Continues a suspended turn kept in memory ([`Turn::can_resume`]) for a new claim of its

@@ -133,13 +133,19 @@ impl Shared {
         crate::metrics::store_commit(began.elapsed(), outcome.as_ref().ok().map(|_| size));
         let (outcome, claimed) = outcome?;
         // Only a run that waited for its key (pending: no turn of it ever ran, so none can be
-        // in progress anywhere) is handed to its first drive; any other claim is ours to
-        // claim again, as the wake below does.
-        if let Some(claimed) = claimed
-            && let ClaimOutcome::Acquired { run, previous: RunStatus::Pending, recovered: false, .. } = &claimed
-        {
-            let id = run.id.clone();
-            self.executor.handed.lock().insert(id, claimed);
+        // in progress anywhere) is handed to its first drive. Any other run the commit claimed
+        // (a step slot handed to a suspended run) is handed back at once, to the status the
+        // claim found, and the wake below claims it again: left running under this lease, its
+        // next claim would take `running` for where it stood.
+        match claimed {
+            Some(claimed @ ClaimOutcome::Acquired { previous: RunStatus::Pending, recovered: false, .. }) => {
+                if let ClaimOutcome::Acquired { run, .. } = &claimed {
+                    let id = run.id.clone();
+                    self.executor.handed.lock().insert(id, claimed);
+                }
+            }
+            Some(ClaimOutcome::Acquired { run, previous, .. }) => self.hand_back(&run, previous).await,
+            _ => {}
         }
         for child in &started {
             crate::metrics::run_started(child);
@@ -206,8 +212,11 @@ impl Shared {
                     },
                 },
                 Some(r) => {
-                    // A result recorded with the claim: a claim a settle made is stale now.
+                    // A result recorded with the claim: a claim a settle made is stale now, and
+                    // a turn kept warm replays (no warm turn waits on a remote step: that park
+                    // halts for good).
                     self.executor.handed.lock().remove(id);
+                    drop_warm(warm.take());
                     match self.store.complete_task_and_claim(r.done, claim).await {
                         Ok((completion, claimed)) => {
                             let _ = r.reply.send(Ok(completion));
