@@ -223,10 +223,12 @@ async fn touched_by_another_engine_replays(store: StoreFixture) {
 
     a.signal("b-1", &3u64).await.unwrap();
     a.assert_output(&run.id, 5u64).await;
-    let m = a.metrics();
-    assert_eq!(m.warm_resumes, 0, "A did not resume its stale turn");
-    assert_eq!(m.warm_dropped, 1, "A dropped its stale turn at the claim");
-    assert_eq!(entries.get(), 3, "A replayed");
+    // A resumed its stale turn if and only if the body was not entered again here. (A's
+    // start-up polls may run late, after B's delivery, and claim the run before B does: A then
+    // resumes its turn, still the latest, and B's claim comes after; so A's resumes are not
+    // counted, only what happened at the last wake.)
+    assert_eq!(entries.get(), 3, "A replayed at the wake after B's turn: its turn in memory was stale");
+    assert_eq!(a.metrics().warm_dropped, 1, "A dropped its stale turn at the claim");
 }
 
 /// Between A's suspend and its next claim, another owner claims the run and rewrites a

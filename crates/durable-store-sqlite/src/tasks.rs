@@ -139,17 +139,15 @@ fn save_claim(conn: &Connection, t: &Task) -> OpResult<()> {
     Ok(())
 }
 
-/// Finishes the task a result came for with `outcome`, appending the result's logs (its
-/// `deadline` and `seen_at` do not change: they follow the claim and the heartbeats).
-fn finish(conn: &Connection, done: &TaskDone, outcome: &str) -> OpResult<()> {
-    if done.logs.is_empty() {
+/// Finishes the task a result came for with `outcome` (its `deadline` and `seen_at` do not
+/// change: they follow the claim and the heartbeats). `with_logs`: the task as read before the
+/// result's first write, when the result brings logs to append.
+fn finish(conn: &Connection, done: &TaskDone, outcome: &str, with_logs: Option<Task>) -> OpResult<()> {
+    let Some(mut t) = with_logs else {
         conn.prepare_cached("UPDATE tasks SET state = 'finished', outcome = ?3 WHERE run_id = ?1 AND seq = ?2")?
             .execute(params![done.run_id.as_str(), done.seq, outcome])?;
         return Ok(());
-    }
-    let mut t = get_task(conn, done.run_id.as_str(), done.seq)?.ok_or_else(|| {
-        corrupt(format!("task of run {} seq {}: gone while its result was recorded", done.run_id, done.seq))
-    })?;
+    };
     t.logs.extend(done.logs.iter().cloned());
     t.state = TaskState::Finished;
     t.outcome = Some(outcome.into());
@@ -295,8 +293,11 @@ pub(crate) fn complete_task(conn: &Connection, done: TaskDone) -> OpResult<TaskC
     if attempt != i64::from(done.attempt) || state == TaskState::Finished {
         return Ok(TaskCompletion::Duplicate);
     }
+    // Logs to append: the row is decoded now, before anything is written (a row that does not
+    // decode fails this result alone, not its write group).
+    let with_logs = if done.logs.is_empty() { None } else { get_task(conn, run_id, done.seq)? };
     if run_status_of(conn, &done.run_id)?.is_none_or(|s| s.is_terminal()) {
-        finish(conn, &done, "cancelled")?;
+        finish(conn, &done, "cancelled", with_logs)?;
         return Ok(TaskCompletion::RunTerminal);
     }
     let waiter = conn
@@ -327,7 +328,7 @@ pub(crate) fn complete_task(conn: &Connection, done: TaskDone) -> OpResult<TaskC
         Err(e) if e.code() == Some(codes::REMOTE_TIMEOUT) => "timed_out",
         Err(_) => "failed",
     };
-    finish(conn, &done, outcome)?;
+    finish(conn, &done, outcome, with_logs)?;
     // A gated remote step held an admission slot while its attempt was out.
     crate::admission::release_holder(conn, run_id, &protocol::step_id(&done.run_id, done.seq), done.now)?;
     Ok(TaskCompletion::Accepted)
