@@ -360,6 +360,9 @@ pub async fn a_settle_claims_the_run_it_hands_its_key_to(store: Arc<dyn Store>) 
             assert_eq!((run.status, previous, recovered), (RunStatus::Running, RunStatus::Pending, false));
             assert_eq!((run.lease_owner.as_deref(), run.lease_until), (Some(OWNER), Some(T0 + 20 + LEASE)));
             assert!(history.is_empty());
+            // It counts as any acquiring claim does (k1's own claim tells whether the store counts).
+            let counts = get(s, "k1").await?.claims > 0;
+            assert_eq!(run.claims, u64::from(counts), "k2's first claim, made by the settle");
         }
         other => panic!("expected k2 claimed with the settle, got {other:?}"),
     }

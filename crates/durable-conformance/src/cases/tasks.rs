@@ -448,6 +448,9 @@ pub async fn complete_task_and_claim_claims_the_woken_run(store: Arc<dyn Store>)
     );
     assert_eq!((previous, recovered), (RunStatus::Suspended, false));
     assert_eq!(run.wake_gen, parked.wake_gen + 1, "woken by the result before the claim");
+    // It counts as any acquiring claim does (the run's earlier claim tells whether the store counts).
+    let counts = parked.claims > 0;
+    assert_eq!(run.claims, parked.claims + u64::from(counts), "the result's claim is counted");
     assert_eq!(get(s, "r").await?, run, "the claim answers the run as stored");
     let cp = history.iter().find(|c| c.seq == 2).expect("the claim's history holds the result");
     assert_eq!((cp.status, cp.attempts), (CheckpointStatus::Completed, 1));
