@@ -441,7 +441,6 @@ impl Shared {
         }
     }
 
-    /// Applies the end of a turn.
     /// Applies the end of a turn. `driver` (the body): kept in memory with the turn if the
     /// run suspends and the turn can be resumed warm.
     async fn end_turn(
