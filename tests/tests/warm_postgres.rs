@@ -12,8 +12,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable::{
-    Checkpoint, Clock, EngineConfig, EngineEvent, Metrics, Run, RunId, RunStatus, StartOptions, VirtualClock,
-    WorkflowCtx, WorkflowError,
+    Checkpoint, Clock, EngineConfig, EngineEvent, Metrics, Run, RunStatus, StartOptions, VirtualClock, WorkflowCtx,
+    WorkflowError,
 };
 use durable_conformance::{Counter, TestEngine, next_event, test_config};
 use durable_core::{Claim, ClaimOutcome, Commit, Payload, Store, TurnEnd};
@@ -36,24 +36,6 @@ fn quiet_config() -> EngineConfig {
     c.orphan_poll_interval = Duration::from_secs(3600);
     c.recheck_interval = Duration::from_millis(5);
     c
-}
-
-/// Waits (on the engine's events, never sleeping) until `ok` holds of the run, its history and
-/// the engine's metrics. A turn kept in memory is kept before its suspension is announced, so a
-/// condition on the metrics holds by the event that follows the suspension.
-async fn until(
-    t: &TestEngine,
-    events: &mut tokio::sync::broadcast::Receiver<EngineEvent>,
-    id: &RunId,
-    ok: impl Fn(&Run, &[Checkpoint], &Metrics) -> bool,
-) {
-    loop {
-        let run = t.get_run(id).await.unwrap().expect("the run exists");
-        if ok(&run, &t.checkpoints(id).await, &t.metrics()) {
-            return;
-        }
-        next_event(events, WAIT, |e| e.run_id() == Some(id)).await;
-    }
 }
 
 /// Suspended with `n` checkpoints.
@@ -81,7 +63,7 @@ async fn five_naps(url: &str, warm_runs: usize) -> (u32, u64, Vec<Checkpoint>) {
     let mut events = t.subscribe();
     let run = t.start("naps", &5u64, StartOptions::id("naps")).await.unwrap();
     for k in 1..=5usize {
-        until(&t, &mut events, &run.id, parked_at(k)).await;
+        t.until_run(&mut events, &run.id, parked_at(k)).await;
         t.advance(Duration::from_secs(1));
     }
     t.assert_output(&run.id, 5u64).await;
@@ -128,10 +110,10 @@ async fn another_claim_in_between_is_caught_by_the_count_on_postgres() {
     });
     let mut events = a.subscribe();
     let run = a.start("step_then_nap", &(), StartOptions::id("rewritten")).await.unwrap();
-    until(&a, &mut events, &run.id, parked_at(2)).await;
+    a.until_run(&mut events, &run.id, parked_at(2)).await;
     let kept = a.get_run(&run.id).await.unwrap().expect("the run").claims;
     assert!(kept > 0, "PostgreSQL counts the claims that acquire a run");
-    until(&a, &mut events, &run.id, |_, _, m| m.warm_runs == 1).await;
+    a.until_run(&mut events, &run.id, |_, _, m| m.warm_runs == 1).await;
 
     let other = scratch.connect().await.expect("a second handle");
     let now = clock.now();
@@ -179,7 +161,7 @@ async fn a_claim_busy_on_a_row_lock_keeps_the_turn_on_postgres() {
     });
     let mut events = a.subscribe();
     let run = a.start("two_naps", &(), StartOptions::id("locked")).await.unwrap();
-    until(&a, &mut events, &run.id, |r, h, m| parked_at(1)(r, h, m) && m.warm_runs == 1).await;
+    a.until_run(&mut events, &run.id, |r, h, m| parked_at(1)(r, h, m) && m.warm_runs == 1).await;
 
     let locker = scratch.client().await.expect("client");
     locker
@@ -193,7 +175,7 @@ async fn a_claim_busy_on_a_row_lock_keeps_the_turn_on_postgres() {
     assert_eq!(a.metrics().warm_dropped, 0, "the busy claim put the kept turn back");
     locker.batch_execute("COMMIT").await.expect("release the row");
 
-    until(&a, &mut events, &run.id, parked_at(2)).await;
+    a.until_run(&mut events, &run.id, parked_at(2)).await;
     a.advance(Duration::from_secs(1));
     a.assert_output(&run.id, 2u32).await;
     let m = a.metrics();

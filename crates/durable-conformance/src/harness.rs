@@ -135,6 +135,26 @@ impl TestEngine {
         self.engine.history(id).await.expect("history")
     }
 
+    /// Waits, on the engine's events and never sleeping, until `ok` holds of run `id`, its
+    /// history and the engine's metrics: checked now and after each event of the run (panics
+    /// when no event of the run comes within 20 s). A condition on state the engine changes
+    /// before announcing it (a turn kept in memory before its suspension is announced) holds
+    /// by the event that follows.
+    pub async fn until_run(
+        &self,
+        events: &mut tokio::sync::broadcast::Receiver<durable_runtime::EngineEvent>,
+        id: &RunId,
+        ok: impl Fn(&durable_core::Run, &[Checkpoint], &durable_runtime::Metrics) -> bool,
+    ) {
+        loop {
+            let run = self.engine.get_run(id).await.expect("get_run").expect("the run exists");
+            if ok(&run, &self.checkpoints(id).await, &self.engine.metrics()) {
+                return;
+            }
+            next_event(events, Duration::from_secs(20), |e| e.run_id() == Some(id)).await;
+        }
+    }
+
     /// Names of the run's recorded `step` checkpoints, by seq.
     pub async fn step_names(&self, id: &RunId) -> Vec<String> {
         self.checkpoints(id).await.into_iter().filter(|c| c.kind == StepKind::Step).map(|c| c.name).collect()

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use durable_conformance::{Counter, TestEngine, next_event, test_config};
-use durable_core::{Checkpoint, Claim, Run, RunId, RunStatus, Store};
+use durable_core::{Checkpoint, Claim, Run, RunStatus, Store};
 use durable_runtime::{
     Cancel, EngineConfig, EngineEvent, Metrics, StartOptions, StepError, VirtualClock, WorkflowCtx, WorkflowError,
 };
@@ -67,24 +67,6 @@ fn register_signals(t: &TestEngine, entries: &Counter) {
     });
 }
 
-/// Waits (on the engine's events, never sleeping) until `ok` holds of the run, its history and
-/// the engine's metrics. A turn kept in memory is kept before its suspension is announced, so
-/// a condition on the metrics holds by the event that follows the suspension.
-async fn until(
-    t: &TestEngine,
-    events: &mut tokio::sync::broadcast::Receiver<EngineEvent>,
-    id: &RunId,
-    ok: impl Fn(&Run, &[Checkpoint], &Metrics) -> bool,
-) {
-    loop {
-        let run = t.get_run(id).await.unwrap().expect("the run exists");
-        if ok(&run, &t.checkpoints(id).await, &t.metrics()) {
-            return;
-        }
-        next_event(events, WAIT, |e| e.run_id() == Some(id)).await;
-    }
-}
-
 /// Suspended with `n` checkpoints.
 fn parked_at(n: usize) -> impl Fn(&Run, &[Checkpoint], &Metrics) -> bool {
     move |run, history, _| run.status == RunStatus::Suspended && history.len() == n
@@ -109,7 +91,7 @@ async fn five_naps(store: StoreFixture, warm_runs: usize) -> (u32, u64, Vec<Chec
     let mut events = t.subscribe();
     let run = t.start("naps", &5u64, StartOptions::id("naps")).await.unwrap();
     for k in 1..=5usize {
-        until(&t, &mut events, &run.id, parked_at(k)).await;
+        t.until_run(&mut events, &run.id, parked_at(k)).await;
         t.advance(Duration::from_secs(1));
     }
     t.assert_output(&run.id, 5u64).await;
@@ -140,13 +122,13 @@ async fn results_are_identical_with_the_cache_on_or_off(fixture: fn() -> StoreFi
         register_mixed(&t, &entries);
         let mut events = t.subscribe();
         let run = t.start("mixed", &3u64, StartOptions::id("mixed")).await.unwrap();
-        until(&t, &mut events, &run.id, parked_at(2)).await;
+        t.until_run(&mut events, &run.id, parked_at(2)).await;
         t.advance(Duration::from_secs(1));
-        until(&t, &mut events, &run.id, waiting_at(3)).await;
+        t.until_run(&mut events, &run.id, waiting_at(3)).await;
         t.signal("go-3", &10u64).await.unwrap();
-        until(&t, &mut events, &run.id, waiting_at(6)).await;
+        t.until_run(&mut events, &run.id, waiting_at(6)).await;
         t.advance(Duration::from_secs(1));
-        until(&t, &mut events, &run.id, |r, h, _| {
+        t.until_run(&mut events, &run.id, |r, h, _| {
             r.status == RunStatus::Suspended && h.iter().any(|c| c.seq == 6 && c.is_final())
         })
         .await;
@@ -208,14 +190,14 @@ async fn touched_by_another_engine_replays(store: StoreFixture) {
     register_signals(&a, &entries);
     let mut events = a.subscribe();
     let run = a.start("signals", &1u64, StartOptions::id("touched")).await.unwrap();
-    until(&a, &mut events, &run.id, kept_waiting_at(0, 1)).await;
+    a.until_run(&mut events, &run.id, kept_waiting_at(0, 1)).await;
     // B starts now (its first poll finds nothing to do).
     let b = engine(&store.second_handle(), &clock, quiet_config(16));
     register_signals(&b, &entries);
 
     let mut b_events = b.subscribe();
     b.signal("a-1", &2u64).await.unwrap();
-    until(&b, &mut b_events, &run.id, waiting_at(1)).await;
+    b.until_run(&mut b_events, &run.id, waiting_at(1)).await;
     assert_eq!(entries.get(), 2, "B replayed the run (its first turn there)");
     assert_eq!(b.metrics().turns, 1, "B ran the run's second turn");
     // B leaves (its pollers would otherwise race A for the next wake).
@@ -250,7 +232,7 @@ async fn another_claim_in_between_is_caught_by_the_count(store: StoreFixture) {
     });
     let mut events = a.subscribe();
     let run = a.start("step_then_nap", &(), StartOptions::id("rewritten")).await.unwrap();
-    until(&a, &mut events, &run.id, |r, h, m| parked_at(2)(r, h, m) && m.warm_runs == 1).await;
+    a.until_run(&mut events, &run.id, |r, h, m| parked_at(2)(r, h, m) && m.warm_runs == 1).await;
 
     let other = store.second_handle();
     let now = durable_runtime::Clock::now(&clock);
@@ -285,7 +267,7 @@ async fn a_lease_held_elsewhere_drops_the_entry(store: StoreFixture) {
     register_signals(&a, &entries);
     let mut events = a.subscribe();
     let run = a.start("signals", &2u64, StartOptions::id("stolen")).await.unwrap();
-    until(&a, &mut events, &run.id, kept_waiting_at(0, 1)).await;
+    a.until_run(&mut events, &run.id, kept_waiting_at(0, 1)).await;
 
     let other = store.second_handle();
     let now = durable_runtime::Clock::now(&clock);
@@ -299,7 +281,7 @@ async fn a_lease_held_elsewhere_drops_the_entry(store: StoreFixture) {
 
     // The intruder goes away without a trace but its claim; A's re-check finds the run free.
     assert!(other.release_lease(&run.id, "intruder").await.unwrap());
-    until(&a, &mut events, &run.id, waiting_at(1)).await;
+    a.until_run(&mut events, &run.id, waiting_at(1)).await;
     assert_eq!(entries.get(), 2, "A replayed the run");
     a.signal("b-2", &5u64).await.unwrap();
     a.assert_output(&run.id, 9u64).await;
@@ -318,7 +300,8 @@ async fn eviction_beyond_capacity(store: StoreFixture) {
         let run = a.start("signals", &i, StartOptions::id(format!("lru-{i}"))).await.unwrap();
         let kept = (i + 1).min(2) as usize;
         let dropped = i.saturating_sub(1);
-        until(&a, &mut events, &run.id, |r, h, m| kept_waiting_at(0, kept)(r, h, m) && m.warm_dropped == dropped).await;
+        a.until_run(&mut events, &run.id, |r, h, m| kept_waiting_at(0, kept)(r, h, m) && m.warm_dropped == dropped)
+            .await;
         ids.push(run.id);
     }
     let m = a.metrics();
@@ -328,7 +311,7 @@ async fn eviction_beyond_capacity(store: StoreFixture) {
     // one first would evict the next oldest).
     for (i, id) in ids.iter().enumerate().rev() {
         a.signal(&format!("a-{i}"), &1u64).await.unwrap();
-        until(&a, &mut events, id, waiting_at(1)).await;
+        a.until_run(&mut events, id, waiting_at(1)).await;
     }
     assert_eq!(entries.get(), 4, "only the evicted run (lru-0) replayed");
     assert_eq!(a.metrics().warm_resumes, 2);
@@ -362,14 +345,14 @@ async fn cancel_of_a_parked_warm_run(store: StoreFixture) {
     let mut events = a.subscribe();
 
     let plain = a.start("signals", &7u64, StartOptions::id("cancel-plain")).await.unwrap();
-    until(&a, &mut events, &plain.id, kept_waiting_at(0, 1)).await;
+    a.until_run(&mut events, &plain.id, kept_waiting_at(0, 1)).await;
     a.cancel(&plain.id).await.unwrap();
     a.assert_settled_status(&plain.id, RunStatus::Cancelled).await;
     let m = a.metrics();
     assert_eq!((m.warm_runs, m.warm_dropped), (0, 1), "the cancel dropped the parked turn");
 
     let saga = a.start("saga", &(), StartOptions::id("cancel-saga")).await.unwrap();
-    until(&a, &mut events, &saga.id, kept_waiting_at(1, 1)).await;
+    a.until_run(&mut events, &saga.id, kept_waiting_at(1, 1)).await;
     a.cancel_with(&saga.id, Cancel::Compensate).await.unwrap();
     assert_eq!(a.wait_for_run(&saga.id).await.unwrap().status(), RunStatus::Cancelled);
     assert_eq!(undos.get(), 1, "the undo ran once");
@@ -385,7 +368,7 @@ async fn shutdown_drops_the_entries(store: StoreFixture) {
     register_signals(&a, &entries);
     let mut events = a.subscribe();
     let run = a.start("signals", &9u64, StartOptions::id("shut")).await.unwrap();
-    until(&a, &mut events, &run.id, kept_waiting_at(0, 1)).await;
+    a.until_run(&mut events, &run.id, kept_waiting_at(0, 1)).await;
     a.shutdown().await;
     let m = a.metrics();
     assert_eq!((m.warm_runs, m.warm_dropped), (0, 1));
@@ -414,10 +397,10 @@ async fn an_unjoined_child_keeps_the_parent_cold(store: StoreFixture) {
     });
     let mut events = a.subscribe();
     let run = a.start("parent", &(), StartOptions::id("parent")).await.unwrap();
-    until(&a, &mut events, &run.id, waiting_at(1)).await;
+    a.until_run(&mut events, &run.id, waiting_at(1)).await;
     a.signal("kid-go", &7u64).await.unwrap();
     // The child's settle wakes the parent, which replays and waits again at seq 1.
-    until(&a, &mut events, &run.id, |r, h, _| {
+    a.until_run(&mut events, &run.id, |r, h, _| {
         r.status == RunStatus::Suspended && h.iter().any(|c| c.seq == 0 && c.is_final()) && entries.get() == 2
     })
     .await;

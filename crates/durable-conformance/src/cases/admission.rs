@@ -30,6 +30,24 @@ fn step_request(run: &str, seq: u32, limits: Limits, now: Millis) -> SlotRequest
     }
 }
 
+/// A new run `id` started under the concurrency key `gate` of limit 1, with at most
+/// `max_waiting` waiting for it.
+fn keyed_run(gate: &str, id: &str, max_waiting: Option<u32>) -> durable_core::NewRun {
+    let mut run = new_run(id);
+    run.admission = Some(SlotRequest {
+        gate: gate.into(),
+        holder: id.into(),
+        run_id: RunId::from(id),
+        priority: 0,
+        fairness_key: String::new(),
+        limits: concurrency(1),
+        lease_until: None,
+        max_waiting,
+        now: T0,
+    });
+    run
+}
+
 fn concurrency(n: u32) -> Limits {
     Limits { concurrency: Some(n), ..Limits::default() }
 }
@@ -269,21 +287,7 @@ pub async fn settling_cancelling_or_deleting_a_run_releases_its_slots(store: Arc
 pub async fn a_keyed_start_waits_for_its_slot_or_is_refused(store: Arc<dyn Store>) -> CaseResult {
     let s = &*store;
     let gate = protocol::key_gate("default", "wf", "acme");
-    let keyed = |id: &str| {
-        let mut run = new_run(id);
-        run.admission = Some(SlotRequest {
-            gate: gate.clone(),
-            holder: id.into(),
-            run_id: RunId::from(id),
-            priority: 0,
-            fairness_key: String::new(),
-            limits: concurrency(1),
-            lease_until: None,
-            max_waiting: Some(1),
-            now: T0,
-        });
-        run
-    };
+    let keyed = |id: &str| keyed_run(&gate, id, Some(1));
     assert!(matches!(s.create_run(keyed("k1")).await?, CreateRun::Created(ref r) if r.wake_at.is_none()));
     let k2 = s.create_run(keyed("k2")).await?;
     assert_eq!(k2.run().wake_at, Some(protocol::GATED), "k2 waits for the key");
@@ -318,21 +322,7 @@ pub async fn a_keyed_start_waits_for_its_slot_or_is_refused(store: Arc<dyn Store
 pub async fn a_settle_claims_the_run_it_hands_its_key_to(store: Arc<dyn Store>) -> CaseResult {
     let s = &*store;
     let gate = protocol::key_gate("default", "wf", "acme");
-    let keyed = |id: &str| {
-        let mut run = new_run(id);
-        run.admission = Some(SlotRequest {
-            gate: gate.clone(),
-            holder: id.into(),
-            run_id: RunId::from(id),
-            priority: 0,
-            fairness_key: String::new(),
-            limits: concurrency(1),
-            lease_until: None,
-            max_waiting: None,
-            now: T0,
-        });
-        run
-    };
+    let keyed = |id: &str| keyed_run(&gate, id, None);
     for id in ["k1", "k2", "k3"] {
         s.create_run(keyed(id)).await?;
     }
