@@ -398,17 +398,7 @@ impl Store for SqliteStore {
         lease_until: Millis,
     ) -> StoreResult<(CommitOutcome, Option<ClaimOutcome>)> {
         self.workers
-            .write_hot("commit_and_claim_handed", move |c| {
-                let (owner, now) = (commit.owner.clone(), commit.now);
-                let outcome = ops::commit(c, commit)?;
-                // A claim that fails (a handed run whose row or history does not decode) leaves
-                // the commit standing, as the trait's default does: the claim reads before it
-                // writes, so it changed nothing, and the run is woken as any hand-off wakes it.
-                let claimed = outcome.handed_off.first().and_then(|run_id| {
-                    ops::claim_run(c, Claim { run_id: run_id.clone(), owner, lease_until, now }).ok()
-                });
-                Ok((outcome, claimed))
-            })
+            .write_hot("commit_and_claim_handed", move |c| ops::commit_and_claim_handed(c, commit, lease_until))
             .await
     }
 

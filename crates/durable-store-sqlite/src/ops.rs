@@ -1141,6 +1141,60 @@ fn register_wait(conn: &Connection, w: &Waiter, now: i64) -> OpResult<()> {
 }
 
 pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
+    Ok(commit_claiming(conn, c, None)?.0)
+}
+
+/// [`commit`], then the claim of the first run it handed a slot to, for the committing owner
+/// and until `lease_until` ([`Store::commit_and_claim_handed`](durable_core::Store::commit_and_claim_handed)).
+/// A claim that fails (a handed run whose row or history does not decode) leaves the commit
+/// standing: every claim reads before it writes, so it changed nothing, and the run is woken
+/// as any hand-off wakes it.
+pub(crate) fn commit_and_claim_handed(
+    conn: &Connection,
+    c: Commit,
+    lease_until: Millis,
+) -> OpResult<(CommitOutcome, Option<ClaimOutcome>)> {
+    commit_claiming(conn, c, Some(lease_until))
+}
+
+/// The claim of a run a release has just handed its concurrency key to (`pending`, waiting
+/// for its key: `wake_at = GATED`): its wake (as [`admission::wake_handed`] wakes it) and its
+/// claim (as [`claim_run`] claims it) in one `UPDATE` of its row. `None`: the run is not such a
+/// run (a step's slot handed to a suspended run), and is woken and claimed as usual.
+fn claim_gated(
+    conn: &Connection,
+    id: &RunId,
+    owner: &str,
+    lease_until: Millis,
+    now: Millis,
+) -> OpResult<Option<ClaimOutcome>> {
+    let Some(mut run) = get_run(conn, id)? else { return Ok(None) };
+    if run.status != RunStatus::Pending || run.wake_at != Some(protocol::GATED) {
+        return Ok(None);
+    }
+    // Read before the write, as a claim does.
+    let history = history_from(conn, id, 0)?;
+    conn.prepare_cached(
+        "UPDATE runs SET status = 'running', wake_at = ?5, wake_gen = wake_gen + 1, lease_owner = ?2, \
+         lease_until = ?3, updated_at = ?5, claims = claims + 1 WHERE id = ?1",
+    )?
+    .execute(params![id.as_str(), owner, millis_to_sql(lease_until), millis_to_sql(now), millis_to_sql(now)])?;
+    run.status = RunStatus::Running;
+    run.wake_at = Some(now);
+    run.wake_gen += 1;
+    run.lease_owner = Some(owner.to_string());
+    run.lease_until = Some(lease_until);
+    run.updated_at = now;
+    run.claims += 1;
+    Ok(Some(ClaimOutcome::Acquired { run, history, previous: RunStatus::Pending, recovered: false }))
+}
+
+/// [`commit`], and with `claim_lease` the claim of [`commit_and_claim_handed`].
+fn commit_claiming(
+    conn: &Connection,
+    c: Commit,
+    claim_lease: Option<Millis>,
+) -> OpResult<(CommitOutcome, Option<ClaimOutcome>)> {
     let row = conn
         .prepare_cached("SELECT status, lease_owner FROM runs WHERE id = ?1")?
         .query_row([c.run_id.as_str()], |r| Ok((r.get::<_, String>(0)?, r.get::<_, Option<String>>(1)?)))
@@ -1258,9 +1312,20 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
         // changes nothing of the run row: terminal runs accept no transition.
         Some(_) => {}
     }
-    admission::wake_handed(conn, &handed, c.now)?;
+    // The first run handed a slot, when the caller claims it: a run that waited for its key
+    // is woken and claimed in one write; any other is woken with the rest, then claimed.
+    let first = handed.first().map(|h| h.run_id.clone());
+    let mut claimed = None;
+    if let (Some(lease_until), Some(run_id)) = (claim_lease, &first) {
+        claimed = claim_gated(conn, run_id, &c.owner, lease_until, c.now).ok().flatten();
+    }
+    admission::wake_handed(conn, &handed[usize::from(claimed.is_some())..], c.now)?;
+    if let (Some(lease_until), Some(run_id), None) = (claim_lease, first, &claimed) {
+        let claim = Claim { run_id, owner: c.owner, lease_until, now: c.now };
+        claimed = claim_run(conn, claim).ok();
+    }
     out.handed_off = handed.into_iter().map(|h| h.run_id).collect();
-    Ok(out)
+    Ok((out, claimed))
 }
 
 pub(crate) fn update_run_if(conn: &Connection, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> OpResult<bool> {

@@ -344,7 +344,7 @@ pub async fn a_settle_claims_the_run_it_hands_its_key_to(store: Arc<dyn Store>) 
     let (out, claimed) = s.commit_and_claim_handed(settle, T0 + 20 + LEASE).await?;
     assert!(out.settled);
     assert_eq!(out.handed_off, [RunId::from("k2")], "the key goes to k2, which stays in handed_off");
-    match claimed {
+    let claimed_run = match claimed {
         Some(ClaimOutcome::Acquired { run, history, previous, recovered }) => {
             assert_eq!(run.id, RunId::from("k2"));
             assert_eq!((run.status, previous, recovered), (RunStatus::Running, RunStatus::Pending, false));
@@ -353,11 +353,15 @@ pub async fn a_settle_claims_the_run_it_hands_its_key_to(store: Arc<dyn Store>) 
             // It counts as any acquiring claim does (k1's own claim tells whether the store counts).
             let counts = get(s, "k1").await?.claims > 0;
             assert_eq!(run.claims, u64::from(counts), "k2's first claim, made by the settle");
+            // Woken, then claimed: as a wake and a claim would leave it.
+            assert_eq!(run.wake_at, Some(T0 + 20), "the hand-off's wake is the settle's time");
+            run
         }
         other => panic!("expected k2 claimed with the settle, got {other:?}"),
-    }
+    };
     let k2 = get(s, "k2").await?;
     assert_eq!((k2.status, k2.lease_owner.as_deref()), (RunStatus::Running, Some(OWNER)), "the claim is stored");
+    assert_eq!(k2, claimed_run, "the claim's answer is the stored row");
     assert_eq!(get(s, "k1").await?.status, RunStatus::Completed);
     assert_eq!(get(s, "k3").await?.wake_at, Some(protocol::GATED), "k3 still waits behind k2");
     assert!(matches!(s.claim_run(claim("k2", OTHER, T0 + 21)).await?, ClaimOutcome::Busy(_)), "k2's lease is live");
