@@ -175,6 +175,7 @@ const GATE_COLS: &str = "gate, limits, next_ticket, round, window_start, window_
 
 /// A gate's row: the book's record and the number of slot rows the gate has (`held`, live or
 /// not), which every write that inserts or deletes a slot keeps, saved with the record.
+#[derive(Clone)]
 struct Gate {
     record: GateRecord,
     held: u32,
@@ -217,13 +218,114 @@ fn gate_from_row(row: &Row<'_>) -> OpResult<GateRecord> {
     })
 }
 
-fn load_gate(conn: &Connection, gate: &str) -> OpResult<Option<Gate>> {
-    let mut stmt = conn.prepare_cached(GATE_LOAD)?;
-    let mut rows = stmt.query([gate])?;
-    rows.next()?.map(stored_gate_from_row).transpose()
+// ---- the gates of the writer's transaction ------------------------------------------------
+
+/// The gate rows of the writer thread's open write transaction.
+#[derive(Default)]
+struct Kept {
+    /// Each gate read or written in the transaction, as it stands in it, and whether it was
+    /// changed since it was last written to its row.
+    gates: HashMap<String, (Gate, bool)>,
+    /// How many times a gate was changed (saved) in the transaction.
+    saves: u64,
 }
 
+std::thread_local! {
+    /// The gates the writer thread's open write transaction has read or written (`None`: no
+    /// transaction is open on this thread, nothing is kept). A keyed start and a keyed settle
+    /// each read their gate and change it: kept here, a gate's row is read once and written
+    /// once per group of writes instead of once per request. Inside `BEGIN IMMEDIATE` no other
+    /// connection writes, and every read and write of a gate's row goes through [`load_gate`]
+    /// and [`save_gate`]. The writer writes the changed gates to their rows ([`write_kept`])
+    /// before a savepoint and before the commit, and drops them all when a rollback undoes
+    /// writes ([`transaction_rolled_back`]) and when the transaction ends.
+    static KEPT: std::cell::RefCell<Option<Kept>> = const { std::cell::RefCell::new(None) };
+}
+
+/// The writer thread opened a write transaction: gates are kept for it from now on.
+pub(crate) fn transaction_began() {
+    KEPT.with(|k| *k.borrow_mut() = Some(Kept::default()));
+}
+
+/// Writes the gates changed in the writer's transaction to their rows (before a savepoint,
+/// so that rolling it back undoes only what came after; and before the commit).
+pub(crate) fn write_kept(conn: &Connection) -> OpResult<()> {
+    // Taken as they are to be written; kept as they will then stand (a failed write fails
+    // the transaction, which drops them all).
+    let mut changed: Vec<Gate> = KEPT.with(|k| {
+        let mut k = k.borrow_mut();
+        let Some(kept) = k.as_mut() else { return Vec::new() };
+        let dirty = kept.gates.values_mut().filter(|(_, dirty)| *dirty);
+        dirty
+            .map(|(g, dirty)| {
+                *dirty = false;
+                let to_write = g.clone();
+                g.stored_limits = Some(g.record.limits);
+                to_write
+            })
+            .collect()
+    });
+    changed.sort_by(|a, b| a.record.gate.cmp(&b.record.gate));
+    changed.iter().try_for_each(|g| write_gate(conn, g))
+}
+
+/// How many times gates were changed in the writer's transaction: a write that changed one
+/// changed the database, though its row is written later.
+pub(crate) fn gate_saves() -> u64 {
+    KEPT.with(|k| k.borrow().as_ref().map_or(0, |kept| kept.saves))
+}
+
+/// A rollback (of a savepoint or of the transaction) undid writes: the kept gates may no
+/// longer be the stored ones (and those changed since the last [`write_kept`] are undone too).
+pub(crate) fn transaction_rolled_back() {
+    KEPT.with(|k| {
+        if let Some(kept) = k.borrow_mut().as_mut() {
+            kept.gates.clear();
+        }
+    });
+}
+
+/// The write transaction ended (committed or rolled back): nothing is kept.
+pub(crate) fn transaction_ended() {
+    KEPT.with(|k| *k.borrow_mut() = None);
+}
+
+fn load_gate(conn: &Connection, gate: &str) -> OpResult<Option<Gate>> {
+    let kept = KEPT.with(|k| k.borrow().as_ref().map(|kept| kept.gates.get(gate).map(|(g, _)| g.clone())));
+    if let Some(Some(g)) = kept {
+        return Ok(Some(g));
+    }
+    let mut stmt = conn.prepare_cached(GATE_LOAD)?;
+    let mut rows = stmt.query([gate])?;
+    let loaded = rows.next()?.map(stored_gate_from_row).transpose()?;
+    if kept.is_some()
+        && let Some(g) = &loaded
+    {
+        KEPT.with(|k| {
+            if let Some(kept) = k.borrow_mut().as_mut() {
+                kept.gates.insert(gate.to_string(), (g.clone(), false));
+            }
+        });
+    }
+    Ok(loaded)
+}
+
+/// Saves `g`: kept, changed, for the writer's open transaction (written to its row by
+/// [`write_kept`]), or written at once when none is open.
 fn save_gate(conn: &Connection, g: &Gate) -> OpResult<()> {
+    let kept = KEPT.with(|k| match k.borrow_mut().as_mut() {
+        Some(kept) => {
+            kept.gates.insert(g.record.gate.clone(), (g.clone(), true));
+            kept.saves += 1;
+            true
+        }
+        None => false,
+    });
+    if kept { Ok(()) } else { write_gate(conn, g) }
+}
+
+/// Writes `g` to its row (inserted if it has none).
+fn write_gate(conn: &Connection, g: &Gate) -> OpResult<()> {
     let r = &g.record;
     match g.stored_limits {
         Some(stored) => {

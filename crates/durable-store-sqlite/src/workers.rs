@@ -16,7 +16,7 @@ use rusqlite::Connection;
 use tokio::sync::oneshot;
 
 use crate::error::{Error, SharedFailure};
-use crate::ops::{Ctx, OpResult};
+use crate::ops::{Ctx, OpError, OpResult};
 
 /// Counters of a store's writer, for observability and tests.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -325,6 +325,20 @@ fn checkpoint_on_close(conn: &Connection, ctx: &Ctx) {
     let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0));
 }
 
+/// Writes the gates the transaction changed to their rows (`admission::write_kept`), as part
+/// of `doing`.
+fn write_kept(conn: &Connection, ctx: &Ctx, doing: &str) -> Result<(), Error> {
+    crate::admission::write_kept(conn).map_err(|e| match e {
+        OpError::Sql(e) => Error::sqlite(&ctx.path, ctx.busy_timeout, doing, e),
+        OpError::Corrupt(message) => Error::Corrupt { path: ctx.path.clone(), message },
+        OpError::Store(e) => Error::Sqlite {
+            path: ctx.path.clone(),
+            message: format!("{doing}: writing an admission gate: {e}"),
+            source: Box::new(e),
+        },
+    })
+}
+
 fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
     conn.prepare_cached(sql)?.execute([])?;
     Ok(())
@@ -352,13 +366,19 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
     if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
         broken = Some(sql_err("starting a write transaction", e));
     } else {
+        crate::admission::transaction_began();
         for (i, job) in group.iter_mut().enumerate() {
             let guarded = job.guard() == Guard::Savepoint;
-            if guarded && let Err(e) = exec(conn, "SAVEPOINT write") {
-                broken = Some(sql_err("starting a savepoint", e));
+            if guarded
+                && let Err(e) = write_kept(conn, ctx, "starting a savepoint")
+                    .and_then(|()| exec(conn, "SAVEPOINT write").map_err(|e| sql_err("starting a savepoint", e)))
+            {
+                broken = Some(e);
                 break;
             }
-            let before = conn.total_changes();
+            // Rows it changed, and gates it changed (written to their rows later).
+            let changes = || conn.total_changes().wrapping_add(crate::admission::gate_saves());
+            let before = changes();
             let ok = panic::catch_unwind(AssertUnwindSafe(|| job.apply(conn))).unwrap_or(false);
             if ok {
                 if guarded && let Err(e) = exec(conn, "RELEASE write") {
@@ -375,7 +395,7 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
                 });
                 break;
             } else if !guarded {
-                if conn.total_changes() != before {
+                if changes() != before {
                     // Part of it may be written: only the whole transaction can undo it. The
                     // writes after it have not run: they go on in a new transaction.
                     rolled_back = Some(job.op());
@@ -383,18 +403,23 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
                     break;
                 }
                 // It changed nothing: nothing to undo.
-            } else if let Err(e) = exec(conn, "ROLLBACK TO write").and_then(|()| exec(conn, "RELEASE write")) {
-                broken = Some(sql_err("rolling back a failed write", e));
-                break;
+            } else {
+                crate::admission::transaction_rolled_back();
+                if let Err(e) = exec(conn, "ROLLBACK TO write").and_then(|()| exec(conn, "RELEASE write")) {
+                    broken = Some(sql_err("rolling back a failed write", e));
+                    break;
+                }
             }
         }
         if broken.is_none()
             && rolled_back.is_none()
-            && let Err(e) = exec(conn, "COMMIT")
+            && let Err(e) = write_kept(conn, ctx, "committing a write transaction")
+                .and_then(|()| exec(conn, "COMMIT").map_err(|e| sql_err("committing a write transaction", e)))
         {
-            broken = Some(sql_err("committing a write transaction", e));
+            broken = Some(e);
         }
     }
+    crate::admission::transaction_ended();
     counters.answered.fetch_add(end as u64, Ordering::AcqRel);
     let failure = match (broken, rolled_back) {
         (Some(err), _) => Some(SharedFailure::new(&err)),
@@ -425,7 +450,6 @@ mod tests {
     use durable_core::StoreErrorKind;
 
     use super::*;
-    use crate::ops::OpError;
 
     /// A WAL database with one table, in a temp dir of its own (removed with the dir).
     fn setup() -> (tempfile::TempDir, Connection, Ctx) {
@@ -627,5 +651,98 @@ mod tests {
         run_group(&conn, &ctx, &mut vec![b], &counters);
         answer(rb).unwrap();
         assert_eq!(rows(&conn), [2]);
+    }
+
+    /// A gate with `limits`, on a store with the whole schema.
+    fn gate_setup() -> (tempfile::TempDir, Connection, Ctx) {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("gates.db");
+        let conn = crate::schema::open_writer(&path, &crate::SqliteOptions::default()).unwrap();
+        let ctx = Ctx { path, busy_timeout: Duration::from_secs(5) };
+        (dir, conn, ctx)
+    }
+
+    /// A write that asks `limits`' gate for a slot for `holder`, then fails (a conflict) if
+    /// `fail`.
+    fn take_slot(
+        guard: Guard,
+        holder: &'static str,
+        limits: durable_core::admission::Limits,
+        fail: bool,
+    ) -> (Box<dyn WriteJob>, oneshot::Receiver<StoreResult<durable_core::admission::Admission>>) {
+        let request = durable_core::admission::SlotRequest {
+            gate: "queue:default:api".into(),
+            holder: holder.into(),
+            run_id: durable_core::RunId::new(holder),
+            priority: 0,
+            fairness_key: String::new(),
+            limits,
+            lease_until: None,
+            max_waiting: None,
+            now: 1_000,
+        };
+        let f = move |conn: &Connection| {
+            let admission = crate::admission::acquire_slot(conn, &request)?;
+            if fail {
+                return Err(OpError::Store(StoreError::Conflict { message: format!("{holder} fails") }));
+            }
+            Ok(admission)
+        };
+        let (reply, rx) = oneshot::channel();
+        (Box::new(Job { op: "acquire_slot", guard, f: Some(f), out: None, reply }), rx)
+    }
+
+    /// (the gate row's `window_count`, its `held`, its slot rows).
+    fn gate_row(conn: &Connection) -> (i64, i64, i64) {
+        conn.query_row(
+            "SELECT window_count, held, (SELECT COUNT(*) FROM admission_slots) FROM admission_gates",
+            [],
+            |r| Ok((r.get(0)?, r.get(1)?, r.get(2)?)),
+        )
+        .unwrap()
+    }
+
+    /// The gate rows a transaction keeps (read once, written at its end) follow its
+    /// rollbacks: a write that took a slot and then failed leaves the slot free for the writes
+    /// after it in the group, whether its savepoint is rolled back or (unguarded) the whole
+    /// transaction; a failed unguarded write that changed only a gate (a rate window) counts
+    /// as a write that changed rows.
+    #[test]
+    fn a_failed_write_leaves_the_gates_it_changed_as_they_were() {
+        use durable_core::admission::{Admission, Limits, Rate};
+        // Room for three: the first, taken before the group, then `a` and `b`, or `a` and `c`.
+        let three = Limits { concurrency: Some(3), ..Limits::default() };
+        let three_per_minute = Limits { rate: Some(Rate { limit: 3, period_ms: 60_000 }), ..Limits::default() };
+        for (guard, limits) in [(Guard::Savepoint, three), (Guard::None, three), (Guard::None, three_per_minute)] {
+            let what = format!("{guard:?}, {limits:?}");
+            let (_dir, conn, ctx) = gate_setup();
+            let counters = Counters::default();
+            let (first, first_rx) = take_slot(Guard::Savepoint, "first", limits, false);
+            run_group(&conn, &ctx, &mut vec![first], &counters);
+            first_rx.blocking_recv().unwrap().unwrap();
+            let (a, ra) = take_slot(guard, "a", limits, false);
+            let (b, rb) = take_slot(guard, "b", limits, true);
+            let (c, rc) = take_slot(guard, "c", limits, false);
+            run_group(&conn, &ctx, &mut vec![a, b, c], &counters);
+            let (a, b, c) = (ra.blocking_recv().unwrap(), rb.blocking_recv().unwrap(), rc.blocking_recv().unwrap());
+            assert_eq!(b.unwrap_err().kind(), StoreErrorKind::Conflict, "{what}");
+            // `c` is admitted where `b` was, whatever happened to `a`.
+            let a_stands = match guard {
+                Guard::Savepoint => a.unwrap() == Admission::Admitted,
+                // The unguarded failure rolled back the transaction `a` was in.
+                Guard::None => {
+                    assert!(a.unwrap_err().is_retryable(), "{what}");
+                    false
+                }
+            };
+            assert_eq!(c.unwrap(), Admission::Admitted, "{what}: b's slot or window is free again");
+            let (window, held, slots) = gate_row(&conn);
+            let admitted = 2 + i64::from(a_stands);
+            if limits.concurrency.is_some() {
+                assert_eq!((held, slots), (admitted, admitted), "{what}: the row counts the slots that stand");
+            } else {
+                assert_eq!(window, admitted, "{what}: the window counts the admissions that stand");
+            }
+        }
     }
 }
