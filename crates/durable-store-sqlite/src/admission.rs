@@ -11,7 +11,9 @@
 //! last round.
 //!
 //! Writes run in the caller's write transaction (see `ops`), so a decision and what it records
-//! are atomic, across processes too (`BEGIN IMMEDIATE`). The slots handed on are collected as
+//! are atomic, across processes too (`BEGIN IMMEDIATE`). On the writer thread a gate's row is
+//! kept for the transaction: read once, its changes written before the commit (see `KEPT`).
+//! The slots handed on are collected as
 //! [`Handoff`]s and their runs woken by [`wake_handed`] where the memory store wakes them.
 //!
 //! Cost: a gate's row counts its slot rows (`held`, kept by every write that inserts or deletes
@@ -233,12 +235,15 @@ struct Kept {
 std::thread_local! {
     /// The gates the writer thread's open write transaction has read or written (`None`: no
     /// transaction is open on this thread, nothing is kept). A keyed start and a keyed settle
-    /// each read their gate and change it: kept here, a gate's row is read once and written
-    /// once per group of writes instead of once per request. Inside `BEGIN IMMEDIATE` no other
-    /// connection writes, and every read and write of a gate's row goes through [`load_gate`]
-    /// and [`save_gate`]. The writer writes the changed gates to their rows ([`write_kept`])
-    /// before a savepoint and before the commit, and drops them all when a rollback undoes
-    /// writes ([`transaction_rolled_back`]) and when the transaction ends.
+    /// each read their gate and change it: kept here, a gate's row is read once per group of
+    /// writes and written once before its commit, instead of both once per request (it is
+    /// read again after a rollback, and written before each savepoint that follows a change).
+    /// Inside `BEGIN IMMEDIATE` no other connection writes, and every read and write of a
+    /// gate's row on the writer connection goes through [`load_gate`] and [`save_gate`]
+    /// (`stats` reads committed rows on a reader connection). The writer writes the changed
+    /// gates to their rows ([`write_changed_gates`]) before a savepoint and before the
+    /// commit, and drops them all when a rollback undoes writes ([`forget_kept_gates`]) and
+    /// when the transaction ends.
     static KEPT: std::cell::RefCell<Option<Kept>> = const { std::cell::RefCell::new(None) };
 }
 
@@ -249,7 +254,14 @@ pub(crate) fn transaction_began() {
 
 /// Writes the gates changed in the writer's transaction to their rows (before a savepoint,
 /// so that rolling it back undoes only what came after; and before the commit).
-pub(crate) fn write_kept(conn: &Connection) -> OpResult<()> {
+pub(crate) fn write_changed_gates(conn: &Connection) -> OpResult<()> {
+    // Outside a transaction (SQLite rolled it back) nothing kept may be written: it would
+    // commit on its own.
+    if conn.is_autocommit() {
+        return Err(OpError::Store(StoreError::backend(
+            "SQLite rolled back the write transaction: the admission gates it changed are not written",
+        )));
+    }
     // Taken as they are to be written; kept as they will then stand (a failed write fails
     // the transaction, which drops them all).
     let mut changed: Vec<Gate> = KEPT.with(|k| {
@@ -275,9 +287,10 @@ pub(crate) fn gate_saves() -> u64 {
     KEPT.with(|k| k.borrow().as_ref().map_or(0, |kept| kept.saves))
 }
 
-/// A rollback (of a savepoint or of the transaction) undid writes: the kept gates may no
-/// longer be the stored ones (and those changed since the last [`write_kept`] are undone too).
-pub(crate) fn transaction_rolled_back() {
+/// A rollback (of a savepoint or of the transaction) is about to undo writes: the kept gates
+/// may no longer be the stored ones (and those changed since the last
+/// [`write_changed_gates`] are undone too).
+pub(crate) fn forget_kept_gates() {
     KEPT.with(|k| {
         if let Some(kept) = k.borrow_mut().as_mut() {
             kept.gates.clear();
@@ -311,7 +324,7 @@ fn load_gate(conn: &Connection, gate: &str) -> OpResult<Option<Gate>> {
 }
 
 /// Saves `g`: kept, changed, for the writer's open transaction (written to its row by
-/// [`write_kept`]), or written at once when none is open.
+/// [`write_changed_gates`]), or written at once when none is open.
 fn save_gate(conn: &Connection, g: &Gate) -> OpResult<()> {
     let kept = KEPT.with(|k| match k.borrow_mut().as_mut() {
         Some(kept) => {

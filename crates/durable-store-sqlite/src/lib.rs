@@ -71,9 +71,9 @@
 //!   request, are index reads, so a release at a gate with thousands waiting costs what it
 //!   hands on, not the length of the queue. A gate's row counts its slot rows (`held`, kept
 //!   by every write that adds or removes a slot), so no decision counts a gate's slots. Within
-//!   one group's transaction a gate's row is read once and written once, before the commit
-//!   (and before any savepoint, so a rollback undoes only what came after): a keyed start
-//!   and a keyed settle each change it, and a group holds dozens of them. A settle that hands
+//!   one group's transaction the writer keeps a gate's row: read once, its changes written
+//!   before the commit (and before a savepoint, so a rollback undoes only what came after):
+//!   a keyed start and a keyed settle each change it, and a group holds dozens of them. A settle that hands
 //!   a run its concurrency key and claims it (`commit_and_claim_handed`) wakes and claims it in
 //!   one `UPDATE`. Releases in a commit, and those of a run that
 //!   settles, is cancelled or deleted, hand the slots on (and wake the runs they go to) in

@@ -1146,9 +1146,9 @@ pub(crate) fn commit(conn: &Connection, c: Commit) -> OpResult<CommitOutcome> {
 
 /// [`commit`], then the claim of the first run it handed a slot to, for the committing owner
 /// and until `lease_until` ([`Store::commit_and_claim_handed`](durable_core::Store::commit_and_claim_handed)).
-/// A claim that fails (a handed run whose row or history does not decode) leaves the commit
-/// standing: every claim reads before it writes, so it changed nothing, and the run is woken
-/// as any hand-off wakes it.
+/// A claim that fails on a row that does not decode leaves the commit standing: every claim
+/// reads before it writes, so it changed nothing, and the run is woken as any hand-off wakes
+/// it. An SQL error fails the whole write.
 pub(crate) fn commit_and_claim_handed(
     conn: &Connection,
     c: Commit,
@@ -1169,16 +1169,17 @@ fn claim_gated(
     now: Millis,
 ) -> OpResult<Option<ClaimOutcome>> {
     let Some(mut run) = get_run(conn, id)? else { return Ok(None) };
-    if run.status != RunStatus::Pending || run.wake_at != Some(protocol::GATED) {
+    let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != owner) && lease_is_live(&run, now);
+    if run.status != RunStatus::Pending || run.wake_at != Some(protocol::GATED) || held_by_other {
         return Ok(None);
     }
     // Read before the write, as a claim does.
     let history = history_from(conn, id, 0)?;
     conn.prepare_cached(
-        "UPDATE runs SET status = 'running', wake_at = ?5, wake_gen = wake_gen + 1, lease_owner = ?2, \
-         lease_until = ?3, updated_at = ?5, claims = claims + 1 WHERE id = ?1",
+        "UPDATE runs SET status = 'running', wake_at = ?4, wake_gen = wake_gen + 1, lease_owner = ?2, \
+         lease_until = ?3, updated_at = ?4, claims = claims + 1 WHERE id = ?1",
     )?
-    .execute(params![id.as_str(), owner, millis_to_sql(lease_until), millis_to_sql(now), millis_to_sql(now)])?;
+    .execute(params![id.as_str(), owner, millis_to_sql(lease_until), millis_to_sql(now)])?;
     run.status = RunStatus::Running;
     run.wake_at = Some(now);
     run.wake_gen += 1;
@@ -1313,19 +1314,36 @@ fn commit_claiming(
         Some(_) => {}
     }
     // The first run handed a slot, when the caller claims it: a run that waited for its key
-    // is woken and claimed in one write; any other is woken with the rest, then claimed.
-    let first = handed.first().map(|h| h.run_id.clone());
+    // (and is handed nothing else) is woken and claimed in one write; any other is woken
+    // with the rest, then claimed. A claim's SQL error fails the write (SQLite may have
+    // rolled back the transaction); a row that does not decode fails only the claim, which
+    // read before it wrote: the run is woken as any hand-off wakes it.
     let mut claimed = None;
-    if let (Some(lease_until), Some(run_id)) = (claim_lease, &first) {
-        claimed = claim_gated(conn, run_id, &c.owner, lease_until, c.now).ok().flatten();
+    let first = match claim_lease {
+        Some(lease_until) => handed.first().map(|h| (h.run_id.clone(), lease_until)),
+        None => None,
+    };
+    if let Some((run_id, lease_until)) = &first
+        && !handed[1..].iter().any(|h| &h.run_id == run_id)
+    {
+        claimed = unless_undecodable(claim_gated(conn, run_id, &c.owner, *lease_until, c.now))?.flatten();
     }
     admission::wake_handed(conn, &handed[usize::from(claimed.is_some())..], c.now)?;
-    if let (Some(lease_until), Some(run_id), None) = (claim_lease, first, &claimed) {
-        let claim = Claim { run_id, owner: c.owner, lease_until, now: c.now };
-        claimed = claim_run(conn, claim).ok();
+    if let (Some((run_id, lease_until)), None) = (first, &claimed) {
+        claimed = unless_undecodable(claim_run(conn, Claim { run_id, owner: c.owner, lease_until, now: c.now }))?;
     }
     out.handed_off = handed.into_iter().map(|h| h.run_id).collect();
     Ok((out, claimed))
+}
+
+/// `result`, or `None` if it failed on a row that does not decode (or a contract outcome);
+/// an SQL error stays an error.
+fn unless_undecodable<T>(result: OpResult<T>) -> OpResult<Option<T>> {
+    match result {
+        Ok(v) => Ok(Some(v)),
+        Err(OpError::Sql(e)) => Err(OpError::Sql(e)),
+        Err(_) => Ok(None),
+    }
 }
 
 pub(crate) fn update_run_if(conn: &Connection, id: &RunId, expected: &[RunStatus], patch: RunPatch) -> OpResult<bool> {

@@ -61,7 +61,8 @@ pub(crate) enum Guard {
     Savepoint,
     /// No savepoint, for the hot writes (a savepoint costs its statements a statement journal
     /// of every page they touch). A write that fails before it changed a row (the writer
-    /// compares the connection's `total_changes` before and after) costs the group nothing;
+    /// compares the connection's `total_changes`, and the count of admission gates changed in
+    /// the transaction, before and after) costs the group nothing;
     /// one that fails after it changed rows rolls back the whole transaction: the writes of
     /// the group applied before it get a retryable `Unavailable` (nothing of them was
     /// written), the failed one its own error, and the rest of the group goes on in a new
@@ -325,10 +326,10 @@ fn checkpoint_on_close(conn: &Connection, ctx: &Ctx) {
     let _ = conn.query_row("PRAGMA wal_checkpoint(TRUNCATE)", [], |row| row.get::<_, i64>(0));
 }
 
-/// Writes the gates the transaction changed to their rows (`admission::write_kept`), as part
-/// of `doing`.
-fn write_kept(conn: &Connection, ctx: &Ctx, doing: &str) -> Result<(), Error> {
-    crate::admission::write_kept(conn).map_err(|e| match e {
+/// Writes the gates the transaction changed to their rows
+/// (`admission::write_changed_gates`), as part of `doing`.
+fn flush_gates(conn: &Connection, ctx: &Ctx, doing: &str) -> Result<(), Error> {
+    crate::admission::write_changed_gates(conn).map_err(|e| match e {
         OpError::Sql(e) => Error::sqlite(&ctx.path, ctx.busy_timeout, doing, e),
         OpError::Corrupt(message) => Error::Corrupt { path: ctx.path.clone(), message },
         OpError::Store(e) => Error::Sqlite {
@@ -370,7 +371,7 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
         for (i, job) in group.iter_mut().enumerate() {
             let guarded = job.guard() == Guard::Savepoint;
             if guarded
-                && let Err(e) = write_kept(conn, ctx, "starting a savepoint")
+                && let Err(e) = flush_gates(conn, ctx, "starting a savepoint")
                     .and_then(|()| exec(conn, "SAVEPOINT write").map_err(|e| sql_err("starting a savepoint", e)))
             {
                 broken = Some(e);
@@ -380,20 +381,22 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
             let changes = || conn.total_changes().wrapping_add(crate::admission::gate_saves());
             let before = changes();
             let ok = panic::catch_unwind(AssertUnwindSafe(|| job.apply(conn))).unwrap_or(false);
+            if conn.is_autocommit() {
+                // SQLite rolled the whole transaction back (disk full, I/O error, …), under a
+                // write that failed or one that went on: the writes applied before it are gone
+                // too, and nothing more may run outside the transaction.
+                broken = Some(Error::Sqlite {
+                    path: ctx.path.clone(),
+                    message: "SQLite rolled back the whole transaction during a write".into(),
+                    source: "transaction rolled back".into(),
+                });
+                break;
+            }
             if ok {
                 if guarded && let Err(e) = exec(conn, "RELEASE write") {
                     broken = Some(sql_err("releasing a savepoint", e));
                     break;
                 }
-            } else if conn.is_autocommit() {
-                // SQLite rolled the whole transaction back (disk full, I/O error, …): the writes
-                // applied before this one are gone too.
-                broken = Some(Error::Sqlite {
-                    path: ctx.path.clone(),
-                    message: "a write failed and SQLite rolled back its whole transaction".into(),
-                    source: "transaction rolled back".into(),
-                });
-                break;
             } else if !guarded {
                 if changes() != before {
                     // Part of it may be written: only the whole transaction can undo it. The
@@ -404,7 +407,7 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
                 }
                 // It changed nothing: nothing to undo.
             } else {
-                crate::admission::transaction_rolled_back();
+                crate::admission::forget_kept_gates();
                 if let Err(e) = exec(conn, "ROLLBACK TO write").and_then(|()| exec(conn, "RELEASE write")) {
                     broken = Some(sql_err("rolling back a failed write", e));
                     break;
@@ -413,7 +416,7 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
         }
         if broken.is_none()
             && rolled_back.is_none()
-            && let Err(e) = write_kept(conn, ctx, "committing a write transaction")
+            && let Err(e) = flush_gates(conn, ctx, "committing a write transaction")
                 .and_then(|()| exec(conn, "COMMIT").map_err(|e| sql_err("committing a write transaction", e)))
         {
             broken = Some(e);
@@ -600,6 +603,30 @@ mod tests {
         assert_eq!(answer(rd).unwrap_err().kind(), StoreErrorKind::Backend);
         assert!(rows(&conn).is_empty());
         assert!(conn.is_autocommit());
+    }
+
+    /// A write that goes on after SQLite rolled back the transaction under it (it swallowed
+    /// the error): the group fails, and no write after it runs outside the transaction.
+    #[test]
+    fn a_transaction_lost_under_a_write_that_succeeds_fails_the_group() {
+        for guard in [Guard::Savepoint, Guard::None] {
+            let (_dir, conn, ctx) = setup();
+            let counters = Counters::default();
+            let (a, ra) = hot("a", insert(1));
+            let (reply, rb) = oneshot::channel();
+            let swallowing = |c: &Connection| {
+                c.execute_batch("ROLLBACK")?;
+                Ok(())
+            };
+            let b: Box<dyn WriteJob> = Box::new(Job { op: "b", guard, f: Some(swallowing), out: None, reply });
+            let (d, rd) = hot("d", insert(3));
+            run_group(&conn, &ctx, &mut vec![a, b, d], &counters);
+            for rx in [ra, rb, rd] {
+                assert_eq!(answer(rx).unwrap_err().kind(), StoreErrorKind::Backend, "{guard:?}");
+            }
+            assert!(rows(&conn).is_empty(), "{guard:?}: nothing committed on its own");
+            assert!(conn.is_autocommit());
+        }
     }
 
     #[test]

@@ -375,6 +375,46 @@ pub async fn a_settle_claims_the_run_it_hands_its_key_to(store: Arc<dyn Store>) 
     Ok(())
 }
 
+/// `commit_and_claim_handed` when the first run a commit hands a slot to did not wait for its
+/// key (a step's slot, handed to a suspended run) and more than one slot is handed on: that
+/// run is woken, then claimed as `claim_run` claims it; the others are woken, not claimed.
+pub async fn a_settle_claims_a_suspended_run_handed_a_step_slot(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let key = protocol::key_gate("default", "wf", "acme");
+    for id in ["k1", "k2"] {
+        s.create_run(keyed_run(&key, id, None)).await?;
+    }
+    acquire(s, claim("k1", OWNER, T0 + 1)).await?;
+    parked(s, "b").await?;
+    // k1's step holds the queue's one slot; b's step waits for it.
+    assert_eq!(ask(s, &step_request("k1", 1, concurrency(1), T0 + 2)).await?, Admission::Admitted);
+    assert_eq!(ask(s, &step_request("b", 1, concurrency(1), T0 + 2)).await?, Admission::Waiting { retry_at: None });
+    // k1 releases its step's slot and settles: the slot goes to b, then the key to k2.
+    let mut settle = commit("k1", OWNER);
+    settle.now = T0 + 20;
+    settle.release_slots.push((GATE.into(), protocol::step_id(&RunId::from("k1"), 1)));
+    settle.end = complete(serde_json::json!("done"));
+    let (out, claimed) = s.commit_and_claim_handed(settle, T0 + 20 + LEASE).await?;
+    assert!(out.settled);
+    assert_eq!(out.handed_off, [RunId::from("b"), RunId::from("k2")]);
+    let Some(ClaimOutcome::Acquired { run, previous, recovered, .. }) = claimed else {
+        panic!("expected b claimed with the settle, got {claimed:?}");
+    };
+    assert_eq!(
+        (run.id.as_str(), run.status, previous, recovered),
+        ("b", RunStatus::Running, RunStatus::Suspended, false)
+    );
+    assert_eq!((run.lease_owner.as_deref(), run.lease_until), (Some(OWNER), Some(T0 + 20 + LEASE)));
+    assert_eq!(get(s, "b").await?, run, "the claim's answer is the stored row");
+    let k2 = get(s, "k2").await?;
+    assert_eq!(
+        (k2.status, k2.wake_at, k2.lease_owner),
+        (RunStatus::Pending, Some(T0 + 20), None),
+        "k2 is woken, not claimed"
+    );
+    Ok(())
+}
+
 fn ids_of(ids: &[RunId]) -> Vec<String> {
     ids.iter().map(|r| r.to_string()).collect()
 }

@@ -423,9 +423,14 @@ impl Turn {
     /// changes nothing, when the store's answer is not this turn's history plus deliveries to
     /// its parked calls — a checkpoint at or past the next seq, or one that differs from what
     /// the turn knows at a seq that is not parked — or the run carries an error (a cancel
-    /// request): the caller then builds a fresh turn over the whole history (a replay).
+    /// request), or is not this turn's run (another id, or the same id on a run created
+    /// since: deleted, then started again): the caller then builds a fresh turn over the
+    /// whole history (a replay).
     pub fn resume(&mut self, run: Run, checkpoints: Vec<Checkpoint>) -> Option<Vec<u32>> {
-        if !self.can_resume() || run.error.is_some() || run.id != self.run.id {
+        let same_run = run.id == self.run.id
+            && run.created_at == self.run.created_at
+            && (run.workflow.as_str(), run.version) == (self.run.workflow.as_str(), self.run.version);
+        if !self.can_resume() || run.error.is_some() || !same_run {
             return None;
         }
         let foreign = checkpoints.iter().any(|cp| {

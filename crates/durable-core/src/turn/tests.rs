@@ -739,6 +739,12 @@ fn resume_refuses_a_history_that_is_not_the_turns_own_plus_deliveries() {
     // A cancel request on the run.
     let cancelling = Run { error: Some(StepError::fatal("cancel").with_code(codes::CANCEL_REQUESTED)), ..reclaimed() };
     assert_eq!(t.resume(cancelling, vec![]), None);
+    // Another run under the same id (the run was deleted and started again), whose count of
+    // claims happens to be the one expected.
+    let started_again = Run { created_at: run().created_at + 1, ..reclaimed() };
+    assert_eq!(t.resume(started_again, vec![]), None);
+    let other_workflow = Run { workflow: format!("{}-v2", run().workflow), ..reclaimed() };
+    assert_eq!(t.resume(other_workflow, vec![]), None);
     // Refused: nothing changed.
     assert_eq!(t.parked().collect::<Vec<_>>(), vec![(1, Some(1_000))]);
     assert_eq!(t.run(), &run());
