@@ -55,11 +55,12 @@ pub fn register(engine: &Engine, ledger: Option<Arc<File>>) {
             async move {
                 let key = job["key"].as_str().unwrap_or("").to_string();
                 let run = ctx.run_id().clone();
-                ctx.step("work", move |_| {
+                ctx.step("work", move |sc| {
                     let (l, key, run) = (l.clone(), key.clone(), run.clone());
+                    let attempt = sc.attempt();
                     async move {
                         if let Some(l) = &l {
-                            append(l, format!("start {key} {run} {}\n", unix_us()));
+                            append(l, format!("start {key} {run} {} {} {attempt}\n", unix_us(), std::process::id()));
                         }
                         tokio::time::sleep(work).await;
                         if let Some(l) = &l {

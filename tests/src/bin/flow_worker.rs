@@ -10,8 +10,8 @@
 //!
 //! Workflows (see `durable_tests::flow::register`):
 //! - `keyed` (input `{key, n}`, at most 2 runs per key at once): one step that appends
-//!   `start <key> <run> <unix_us>` to the ledger, works WORK_MS (default 5) milliseconds, and
-//!   appends `end <key> <run> <unix_us>`.
+//!   `start <key> <run> <unix_us> <pid> <attempt>` to the ledger, works WORK_MS (default 5)
+//!   milliseconds, and appends `end <key> <run> <unix_us>`.
 //! - `rated` (input `n`): 4 steps through the queue `api` (10 per second), each appending
 //!   `call <run> <seq> <admitted_at_ms>`.
 //! - `hog` (input `n`): one step through the queue `solo` (1 at once) that appends

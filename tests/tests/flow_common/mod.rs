@@ -85,6 +85,28 @@ fn ledger_lines(ledger: &Path) -> Vec<Vec<String>> {
         .collect()
 }
 
+/// Prints, for each run whose step started more than once, its ledger lines (with the process
+/// and the attempt), its checkpoints and its claim count: what a failure needs to be explained.
+async fn explain_repeated_steps(client: &Engine, ledger: &Path) {
+    let mut starts: BTreeMap<String, Vec<String>> = BTreeMap::new();
+    for l in ledger_lines(ledger).into_iter().filter(|l| l[0] == "start") {
+        starts.entry(l[2].clone()).or_default().push(l.join(" "));
+    }
+    for (run, lines) in starts.iter().filter(|(_, lines)| lines.len() > 1) {
+        let id = RunId::from(run.as_str());
+        eprintln!("run {run}: its step started {} times: {lines:?}", lines.len());
+        for cp in client.history(&id).await.unwrap_or_default() {
+            eprintln!(
+                "  seq {} {} {:?}, attempts {}, started {}",
+                cp.seq, cp.name, cp.status, cp.attempts, cp.started_at
+            );
+        }
+        if let Ok(Some(r)) = client.get_run(&id).await {
+            eprintln!("  claims {}, recoveries {}, updated {}", r.claims, r.recovery_attempts, r.updated_at);
+        }
+    }
+}
+
 /// Acceptance 1: three worker processes run 300 runs over 10 keys with a limit of 2 per key;
 /// the ledger of (key, start, end) never shows more than 2 runs of one key at once.
 pub(crate) async fn three_processes_keyed_runs(client: &Engine, args: &[&str], env: &[(&str, &str)], ledger: &Path) {
@@ -112,6 +134,9 @@ pub(crate) async fn three_processes_keyed_runs(client: &Engine, args: &[&str], e
             "end" => events.entry(l[1].clone()).or_default().push((at, -1)),
             other => panic!("unexpected ledger line {other}"),
         }
+    }
+    if starts != 300 {
+        explain_repeated_steps(client, ledger).await;
     }
     assert_eq!(starts, 300, "each run's step ran once");
     let mut peaks = BTreeMap::new();

@@ -133,10 +133,15 @@ impl Shared {
         crate::metrics::store_commit(began.elapsed(), outcome.as_ref().ok().map(|_| size));
         let (outcome, claimed) = outcome?;
         // Only a run that waited for its key (pending: no turn of it ever ran, so none can be
-        // in progress anywhere) is handed to its first drive. Any other run the commit claimed
-        // (a step slot handed to a suspended run) is handed back at once, to the status the
-        // claim found, and the wake below claims it again: left running under this lease, its
-        // next claim would take `running` for where it stood.
+        // in progress anywhere) is handed to its first drive. A run the claim found running
+        // under this engine's own lease is executing here already: where the store's commit
+        // and claim are two calls (PostgreSQL), a drive here can claim the run the commit
+        // woke before the settle's claim does. It is left to that turn (handing it back would
+        // release the lease under it, and its step would run again in the next turn); the
+        // wake below makes it look again once that turn ends. Any other run the commit
+        // claimed (a step slot handed to a suspended run) is handed back at once, to the
+        // status the claim found, and the wake below claims it again: left running under
+        // this lease, its next claim would take `running` for where it stood.
         match claimed {
             Some(claimed @ ClaimOutcome::Acquired { previous: RunStatus::Pending, recovered: false, .. }) => {
                 if let ClaimOutcome::Acquired { run, .. } = &claimed {
@@ -144,6 +149,7 @@ impl Shared {
                     self.executor.handed.lock().insert(id, claimed);
                 }
             }
+            Some(ClaimOutcome::Acquired { previous: RunStatus::Running, recovered: false, .. }) => {}
             Some(ClaimOutcome::Acquired { run, previous, .. }) => self.hand_back(&run, previous).await,
             _ => {}
         }
