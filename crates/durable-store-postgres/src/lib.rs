@@ -643,13 +643,20 @@ impl PostgresStore {
 
     /// One read query, one round trip (unprepared: parse, bind and execute are sent together).
     async fn query(&self, doing: &str, sql: &str, params: &[(&(dyn ToSql + Sync), Type)]) -> StoreResult<Vec<Row>> {
+        let client = self.reader().await?;
+        client.query_typed(sql, params).await.map_err(|e| self.read_failed(doing, e))
+    }
+
+    /// A pooled connection for one read, counted as a round trip.
+    async fn reader(&self) -> StoreResult<deadpool_postgres::Object> {
         let shared = &self.inner.shared;
         let client = shared.pool.get().await.map_err(|e| error::pool_error(&shared.target, e).into_store_error())?;
         shared.counters.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        client
-            .query_typed(sql, params)
-            .await
-            .map_err(|e| error::query_error(&shared.target, doing, e).into_store_error())
+        Ok(client)
+    }
+
+    fn read_failed(&self, doing: &str, e: tokio_postgres::Error) -> durable_core::StoreError {
+        error::query_error(&self.inner.shared.target, doing, e).into_store_error()
     }
 
     /// One read of a statement whose text is fixed for the store (a lookup by key: a run, its
@@ -662,10 +669,8 @@ impl PostgresStore {
         sql: &str,
         params: &[(&(dyn ToSql + Sync), Type)],
     ) -> StoreResult<Vec<Row>> {
-        let shared = &self.inner.shared;
-        let client = shared.pool.get().await.map_err(|e| error::pool_error(&shared.target, e).into_store_error())?;
-        shared.counters.reads.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        let failed = |e| error::query_error(&shared.target, doing, e).into_store_error();
+        let client = self.reader().await?;
+        let failed = |e| self.read_failed(doing, e);
         let types: Vec<Type> = params.iter().map(|(_, t)| t.clone()).collect();
         let statement = client.prepare_typed_cached(sql, &types).await.map_err(failed)?;
         let values: Vec<&(dyn ToSql + Sync)> = params.iter().map(|(v, _)| *v).collect();

@@ -758,7 +758,7 @@ pub(crate) fn claim_run(conn: &Connection, claim: Claim) -> OpResult<ClaimOutcom
 /// [`claim_run`] whose answer holds the checkpoints from `from_seq` on only
 /// ([`Store::claim_run_from`](durable_core::Store::claim_run_from)).
 pub(crate) fn claim_run_from(conn: &Connection, claim: Claim, from_seq: u32) -> OpResult<ClaimOutcome> {
-    let Some(mut run) = get_run(conn, &claim.run_id)? else {
+    let Some(run) = get_run(conn, &claim.run_id)? else {
         return Ok(ClaimOutcome::NotFound);
     };
     if run.status.is_terminal() {
@@ -772,24 +772,46 @@ pub(crate) fn claim_run_from(conn: &Connection, claim: Claim, from_seq: u32) -> 
     if held_by_other && lease_is_live(&run, claim.now) {
         return Ok(ClaimOutcome::Busy(run));
     }
-    let previous = run.status;
-    let recovered = previous == RunStatus::Running && held_by_other;
+    let recovered = run.status == RunStatus::Running && held_by_other;
+    acquire(conn, run, claim, from_seq, recovered, false)
+}
+
+/// Takes `run` (found claimable by the caller) for `claim`: reads its checkpoints from
+/// `from_seq` on, then one `UPDATE` makes it `running` under the claim's lease and counts the
+/// claim (and the recovery, if it takes the run over from an expired lease). `woken`: the same
+/// `UPDATE` wakes it, as a hand-off wakes a run waiting for its key (`wake_at` now, one more
+/// `wake_gen`).
+fn acquire(
+    conn: &Connection,
+    mut run: Run,
+    claim: Claim,
+    from_seq: u32,
+    recovered: bool,
+    woken: bool,
+) -> OpResult<ClaimOutcome> {
     // Read before the write: a history that fails to load (a corrupt row) fails the claim
     // before it changed anything, so the writer need not undo it.
     let history = history_from(conn, &claim.run_id, from_seq)?;
-    let mut stmt = conn.prepare_cached(
+    conn.prepare_cached(
         "UPDATE runs SET status = 'running', lease_owner = ?2, lease_until = ?3, updated_at = ?4, \
-         recovery_attempts = recovery_attempts + ?5, claims = claims + 1 WHERE id = ?1",
-    )?;
-    stmt.execute(params![
+         recovery_attempts = recovery_attempts + ?5, claims = claims + 1, \
+         wake_at = CASE WHEN ?6 THEN ?4 ELSE wake_at END, wake_gen = wake_gen + ?6 WHERE id = ?1",
+    )?
+    .execute(params![
         claim.run_id.as_str(),
         claim.owner,
         millis_to_sql(claim.lease_until),
         millis_to_sql(claim.now),
         i64::from(recovered),
+        i64::from(woken),
     ])?;
+    let previous = run.status;
     if recovered {
         run.recovery_attempts += 1;
+    }
+    if woken {
+        run.wake_at = Some(claim.now);
+        run.wake_gen += 1;
     }
     run.status = RunStatus::Running;
     run.lease_owner = Some(claim.owner);
@@ -1161,33 +1183,13 @@ pub(crate) fn commit_and_claim_handed(
 /// for its key: `wake_at = GATED`): its wake (as [`admission::wake_handed`] wakes it) and its
 /// claim (as [`claim_run`] claims it) in one `UPDATE` of its row. `None`: the run is not such a
 /// run (a step's slot handed to a suspended run), and is woken and claimed as usual.
-fn claim_gated(
-    conn: &Connection,
-    id: &RunId,
-    owner: &str,
-    lease_until: Millis,
-    now: Millis,
-) -> OpResult<Option<ClaimOutcome>> {
-    let Some(mut run) = get_run(conn, id)? else { return Ok(None) };
-    let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != owner) && lease_is_live(&run, now);
+fn claim_gated(conn: &Connection, claim: Claim) -> OpResult<Option<ClaimOutcome>> {
+    let Some(run) = get_run(conn, &claim.run_id)? else { return Ok(None) };
+    let held_by_other = run.lease_owner.as_deref().is_some_and(|o| o != claim.owner) && lease_is_live(&run, claim.now);
     if run.status != RunStatus::Pending || run.wake_at != Some(protocol::GATED) || held_by_other {
         return Ok(None);
     }
-    // Read before the write, as a claim does.
-    let history = history_from(conn, id, 0)?;
-    conn.prepare_cached(
-        "UPDATE runs SET status = 'running', wake_at = ?4, wake_gen = wake_gen + 1, lease_owner = ?2, \
-         lease_until = ?3, updated_at = ?4, claims = claims + 1 WHERE id = ?1",
-    )?
-    .execute(params![id.as_str(), owner, millis_to_sql(lease_until), millis_to_sql(now)])?;
-    run.status = RunStatus::Running;
-    run.wake_at = Some(now);
-    run.wake_gen += 1;
-    run.lease_owner = Some(owner.to_string());
-    run.lease_until = Some(lease_until);
-    run.updated_at = now;
-    run.claims += 1;
-    Ok(Some(ClaimOutcome::Acquired { run, history, previous: RunStatus::Pending, recovered: false }))
+    acquire(conn, run, claim, 0, false, true).map(Some)
 }
 
 /// [`commit`], and with `claim_lease` the claim of [`commit_and_claim_handed`].
@@ -1320,17 +1322,19 @@ fn commit_claiming(
     // read before it wrote: the run is woken as any hand-off wakes it.
     let mut claimed = None;
     let first = match claim_lease {
-        Some(lease_until) => handed.first().map(|h| (h.run_id.clone(), lease_until)),
+        Some(lease_until) => {
+            handed.first().map(|h| Claim { run_id: h.run_id.clone(), owner: c.owner, lease_until, now: c.now })
+        }
         None => None,
     };
-    if let Some((run_id, lease_until)) = &first
-        && !handed[1..].iter().any(|h| &h.run_id == run_id)
+    if let Some(claim) = &first
+        && !handed[1..].iter().any(|h| h.run_id == claim.run_id)
     {
-        claimed = unless_undecodable(claim_gated(conn, run_id, &c.owner, *lease_until, c.now))?.flatten();
+        claimed = unless_undecodable(claim_gated(conn, claim.clone()))?.flatten();
     }
     admission::wake_handed(conn, &handed[usize::from(claimed.is_some())..], c.now)?;
-    if let (Some((run_id, lease_until)), None) = (first, &claimed) {
-        claimed = unless_undecodable(claim_run(conn, Claim { run_id, owner: c.owner, lease_until, now: c.now }))?;
+    if let (Some(claim), None) = (first, &claimed) {
+        claimed = unless_undecodable(claim_run(conn, claim))?;
     }
     out.handed_off = handed.into_iter().map(|h| h.run_id).collect();
     Ok((out, claimed))

@@ -90,10 +90,15 @@ fn run_status_of(conn: &Connection, run_id: &RunId) -> OpResult<Option<durable_c
     status.map(|s| run_status(&s, run_id)).transpose()
 }
 
+/// When a worker last showed life for the task (its last heartbeat, else its creation): the
+/// `seen_at` column `tasks_seen` orders silent tasks by.
+fn seen_at(t: &Task) -> Millis {
+    t.heartbeat_at.unwrap_or(t.task.created_at)
+}
+
 /// Writes where a task stands (everything but its dispatch fields), with the derived
 /// `deadline` and `seen_at`.
 fn save_state(conn: &Connection, t: &Task) -> OpResult<()> {
-    let seen_at = t.heartbeat_at.unwrap_or(t.task.created_at);
     conn.prepare_cached(
         "UPDATE tasks SET state = ?3, worker = ?4, lease_until = ?5, claimed_at = ?6, heartbeat_at = ?7, \
          progress = ?8, claims = ?9, logs = ?10, outcome = ?11, deadline = ?12, seen_at = ?13 \
@@ -112,7 +117,7 @@ fn save_state(conn: &Connection, t: &Task) -> OpResult<()> {
         json_text(serde_json::to_string(&t.logs))?,
         t.outcome,
         t.deadline().map(millis_to_sql),
-        millis_to_sql(seen_at),
+        millis_to_sql(seen_at(t)),
     ])?;
     Ok(())
 }
@@ -134,7 +139,7 @@ fn save_claim(conn: &Connection, t: &Task) -> OpResult<()> {
         t.heartbeat_at.map(millis_to_sql),
         t.claims,
         t.deadline().map(millis_to_sql),
-        millis_to_sql(t.heartbeat_at.unwrap_or(t.task.created_at)),
+        millis_to_sql(seen_at(t)),
     ])?;
     Ok(())
 }
