@@ -879,6 +879,8 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     client.shutdown().await;
     // The processes' counters, summed (the largest RSS).
     let mut fleet = process_stats(&client);
+    // Each worker process's turns, in start order: how evenly the processes shared the work.
+    let mut turns_per_worker = Vec::with_capacity(workers.len());
     for (child, mut lines) in workers {
         let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
         let stats: serde_json::Value = match lines.next() {
@@ -887,6 +889,7 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
             }
             other => return Err(format!("a worker ended without its stats: {other:?}")),
         };
+        turns_per_worker.push(stats["turns"].clone());
         for (key, value) in stats.as_object().into_iter().flatten() {
             let (sum, add) = (fleet[key].as_f64().unwrap_or(0.0), value.as_f64().unwrap_or(f64::NAN));
             fleet[key] = serde_json::json!(if key == "rss_mb" { sum.max(add) } else { sum + add });
@@ -912,6 +915,7 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
             extra[format!("fleet_{key}")] = fleet[key].clone();
         }
     }
+    extra["turns_per_worker"] = turns_per_worker.into();
     Ok((m, rss))
 }
 

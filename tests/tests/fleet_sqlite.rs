@@ -141,6 +141,54 @@ fn three_workers_share_500_runs_and_survive_a_sigkill() {
     );
 }
 
+/// Three workers and a burst of instant runs, all started at once: each worker executes at
+/// least a sixth (1/(2N)) of the steps. The file's write lock decides who gets to claim and
+/// commit; with SQLite's own busy handler (sleeps of up to 100 ms between tries) a worker that
+/// lost the lock a few times slept while the other two took all the work (0 / 274 / 726).
+#[test]
+fn three_workers_share_a_burst_of_instant_runs_fairly() {
+    const RUNS: usize = 600;
+    let (_dir, db) = temp_db();
+    let (tx, rx) = mpsc::channel();
+    drop(runs(&db));
+    let mut workers: Vec<Child> = (0..3).map(|i| spawn(i, &db, &["work", "0"], &tx)).collect();
+    let mut ready = 0;
+    while ready < 3 {
+        ready += usize::from(rx.recv().expect("workers talking").1.starts_with("ready"));
+    }
+    let mut starter = spawn(3, &db, &["burst", &RUNS.to_string()], &tx);
+    let mut per_worker = [0usize; 3];
+    loop {
+        let (worker, line) = rx.recv().expect("a worker or the starter is still talking");
+        if worker == 3 {
+            assert!(!line.starts_with("not completed"), "{line}");
+            if line == "all done" {
+                break;
+            }
+        } else if line.starts_with("committed ") {
+            per_worker[worker] += 1;
+        }
+    }
+    assert!(starter.wait().unwrap().success());
+    for w in &mut workers {
+        terminate(w);
+        assert!(w.wait().unwrap().success());
+    }
+    // Lines still in flight from the workers' last moments.
+    for (worker, line) in rx.try_iter() {
+        if worker < 3 && line.starts_with("committed ") {
+            per_worker[worker] += 1;
+        }
+    }
+    let total: usize = per_worker.iter().sum();
+    assert_eq!(total, RUNS * 10, "every step committed once: {per_worker:?}");
+    eprintln!("steps committed per worker {per_worker:?}");
+    assert!(
+        per_worker.iter().all(|n| n * 6 >= total),
+        "a worker executed less than a sixth of the steps: {per_worker:?}"
+    );
+}
+
 #[test]
 fn a_poison_run_ends_dead_and_on_dead_fires_once() {
     let (_dir, db) = temp_db();

@@ -141,6 +141,7 @@
 #![deny(missing_docs)]
 
 mod admission;
+mod busy;
 mod error;
 mod ops;
 mod options;

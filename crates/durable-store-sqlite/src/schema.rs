@@ -3,7 +3,7 @@
 use std::fs::File;
 use std::io::Read;
 use std::path::Path;
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use rusqlite::{Connection, OpenFlags};
 
@@ -471,10 +471,12 @@ fn open_plain(path: &Path, opts: &SqliteOptions, role: &str) -> Result<Connectio
     if opts.create_if_missing {
         flags |= OpenFlags::SQLITE_OPEN_CREATE;
     }
-    let conn =
+    let mut conn =
         Connection::open_with_flags(path, flags).map_err(|e| err(&format!("opening the {role} connection"), e))?;
-    let ms = opts.busy_timeout.as_millis().min(i32::MAX as u128) as u64;
-    conn.busy_timeout(Duration::from_millis(ms)).map_err(|e| err("setting the busy timeout", e))?;
+    // Short, jittered pauses between tries for the write lock, up to the busy timeout (see
+    // `busy`); this thread runs the opening statements.
+    crate::busy::set_timeout(opts.busy_timeout);
+    conn.busy_handler(Some(crate::busy::wait)).map_err(|e| err("setting the busy handler", e))?;
     if conn.is_readonly(rusqlite::MAIN_DB).map_err(|e| err("opening the database", e))? {
         return Err(Error::Sqlite {
             path: path.to_path_buf(),

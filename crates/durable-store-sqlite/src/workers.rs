@@ -172,7 +172,10 @@ impl Workers {
             workers.writer_thread = Some(
                 std::thread::Builder::new()
                     .name("durable-sqlite-writer".into())
-                    .spawn(move || writer_loop(&writer_conn, &ctx, &wrx, &counters, max_group))
+                    .spawn(move || {
+                        crate::busy::set_timeout(ctx.busy_timeout);
+                        writer_loop(&writer_conn, &ctx, &wrx, &counters, max_group)
+                    })
                     .map_err(spawn_err)?,
             );
         }
@@ -181,10 +184,11 @@ impl Workers {
         let rrx = Arc::new(Mutex::new(rrx));
         for (i, conn) in reader_conns.into_iter().enumerate() {
             let rrx = rrx.clone();
-            match std::thread::Builder::new()
-                .name(format!("durable-sqlite-reader-{i}"))
-                .spawn(move || reader_loop(&conn, &rrx))
-            {
+            let busy_timeout = ctx.busy_timeout;
+            match std::thread::Builder::new().name(format!("durable-sqlite-reader-{i}")).spawn(move || {
+                crate::busy::set_timeout(busy_timeout);
+                reader_loop(&conn, &rrx)
+            }) {
                 Ok(t) => workers.reader_threads.push(t),
                 Err(e) => return Err(spawn_err(e)),
             }

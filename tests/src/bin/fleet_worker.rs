@@ -7,6 +7,7 @@
 //!                                      and `recovered <run>` per turn that took over an expired
 //!                                      lease (DRAIN_MS: the drain timeout on SIGTERM, default 5000)
 //!   fleet_worker <db> start <n>        (a client) start n `fleet` runs and wait for all of them
+//!   fleet_worker <db> burst <n>        (a client) as `start`, all n in one `start_many` (a burst)
 //!   fleet_worker <db> poison <marker>  start `poison` (it kills its process at step 2) and work;
 //!                                      on_dead appends the run id to <marker>
 //! ```
@@ -69,7 +70,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let (db, mode) = match (args.first(), args.get(1)) {
         (Some(db), Some(mode)) => (db.clone(), mode.clone()),
         _ => {
-            eprintln!("usage: fleet_worker <db> work [step_ms] | start <n> | poison <marker>");
+            eprintln!("usage: fleet_worker <db> work [step_ms] | start <n> | burst <n> | poison <marker>");
             std::process::exit(2);
         }
     };
@@ -77,14 +78,20 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let transport = QueueTransport::new(store.clone()).poll_interval(Duration::from_millis(20));
     let builder = Engine::builder().shared_store(store).transport(transport).config(config());
     match mode.as_str() {
-        "start" => {
+        "start" | "burst" => {
             let n: usize = args.get(2).and_then(|s| s.parse().ok()).unwrap_or(100);
             let engine = builder.client_only().build()?;
             engine.register("fleet", 1, fleet);
-            let mut ids = Vec::with_capacity(n);
-            for i in 0..n {
-                ids.push(engine.start("fleet", &0u64, StartOptions::id(format!("fleet-{i}"))).await?.id);
-            }
+            let ids: Vec<_> = if mode == "burst" {
+                let runs = (0..n).map(|i| ("fleet", 0u64, StartOptions::id(format!("fleet-{i}"))));
+                engine.start_many(runs).await?.into_iter().map(|s| s.id).collect()
+            } else {
+                let mut ids = Vec::with_capacity(n);
+                for i in 0..n {
+                    ids.push(engine.start("fleet", &0u64, StartOptions::id(format!("fleet-{i}"))).await?.id);
+                }
+                ids
+            };
             out(format_args!("started {n}"));
             for id in ids {
                 let outcome = engine.wait_for_run(&id).await?;
