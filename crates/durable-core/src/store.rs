@@ -582,7 +582,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     async fn get_run(&self, id: &RunId) -> StoreResult<Option<Run>>;
 
     /// Reads several runs at once (an engine watching runs that execute elsewhere reads all
-    /// of them in one call per interval, not one call per waiter).
+    /// of them in one call per interval, not one call per waiter; the engine also folds its
+    /// reads of single runs made at the same time into one call of this).
     ///
     /// # Contract
     /// Returns the runs among `ids` that exist, each once, in any order; ids that do not

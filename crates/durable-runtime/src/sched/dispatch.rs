@@ -425,7 +425,7 @@ impl Shared {
     /// and no turn parked it since ([`Shared::claimed_here`]: the claim moved its `wake_at`).
     /// A read error says yes: a spare turn is harmless, a missed wake is not.
     async fn has_work(&self, id: &RunId) -> bool {
-        match self.store.get_run(id).await {
+        match self.read_run(id).await {
             Ok(run) => run.is_some_and(|r| has_work(&r, self.clock.now()) || self.claimed_here(&r)),
             Err(_) => true,
         }

@@ -662,7 +662,7 @@ impl Shared {
     async fn take_handed(&self, id: &RunId, now: Millis) -> Option<ClaimOutcome> {
         let claimed = self.executor.handed.lock().remove(id)?;
         let ClaimOutcome::Acquired { run: claimed_run, .. } = &claimed else { return None };
-        let current = self.store.get_run(id).await.ok().flatten()?;
+        let current = self.read_run(id).await.ok().flatten()?;
         let unchanged = current.status == RunStatus::Running
             && current.lease_owner == claimed_run.lease_owner
             && current.lease_until == claimed_run.lease_until

@@ -4,12 +4,12 @@
 //! interval however many wait.
 
 use std::collections::HashMap;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use durable_core::{Run, RunId, RunStatus};
+use durable_core::{Run, RunId, RunStatus, Store, StoreResult};
 use parking_lot::Mutex;
-use tokio::sync::Notify;
+use tokio::sync::{Notify, Semaphore, mpsc, oneshot};
 
 use super::Shared;
 use crate::error::{Error, Result};
@@ -21,6 +21,68 @@ pub(super) struct Watchers {
     map: Mutex<HashMap<RunId, Arc<Watch>>>,
     /// When the watched runs were last read together (one store call for every waiter).
     refreshed: tokio::sync::Mutex<Option<tokio::time::Instant>>,
+    /// Reads of one run, folded into batches ([`Shared::read_run`]).
+    reads: RunReads,
+}
+
+/// A read of one run asked of [`RunReads`]: the run's id and where its answer goes (`None`:
+/// the batch failed, read it alone).
+type ReadRequest = (RunId, oneshot::Sender<Option<Option<Run>>>);
+
+/// Reads of single runs by id, folded together: the requests that arrive while a batch is
+/// read wait for the next one, read with one `Store::get_runs`. Under load (many waiters
+/// woken at once, many turns starting) that is one store call for many reads — one round
+/// trip to PostgreSQL, one reader job on SQLite — instead of one each; a lone read costs a
+/// channel hop. Each batch is read after its requests arrived, so a read sees at least what
+/// was committed before it was asked for.
+#[derive(Default)]
+struct RunReads {
+    /// The batching task's inbox, started with the first read (inside the runtime).
+    inbox: OnceLock<mpsc::UnboundedSender<ReadRequest>>,
+}
+
+/// Batches read at once, at most (each is one store call).
+const READS_IN_FLIGHT: usize = 2;
+/// Runs in one batch, at most.
+const READ_BATCH: usize = 512;
+
+impl RunReads {
+    fn inbox(&self, store: &Arc<dyn Store>) -> &mpsc::UnboundedSender<ReadRequest> {
+        self.inbox.get_or_init(|| {
+            let (tx, rx) = mpsc::unbounded_channel();
+            // The task holds the store, not the engine: it ends when the engine (the sender)
+            // is dropped.
+            tokio::spawn(read_batches(store.clone(), rx));
+            tx
+        })
+    }
+}
+
+/// The batching task: takes every request waiting (up to [`READ_BATCH`]) whenever fewer than
+/// [`READS_IN_FLIGHT`] batches are being read, and reads them together.
+async fn read_batches(store: Arc<dyn Store>, mut inbox: mpsc::UnboundedReceiver<ReadRequest>) {
+    let slots = Arc::new(Semaphore::new(READS_IN_FLIGHT));
+    let mut batch = Vec::new();
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else { return };
+        if inbox.recv_many(&mut batch, READ_BATCH).await == 0 {
+            return;
+        }
+        let requests = std::mem::take(&mut batch);
+        let store = store.clone();
+        tokio::spawn(async move {
+            let mut ids: Vec<RunId> = requests.iter().map(|(id, _)| id.clone()).collect();
+            ids.sort_unstable();
+            ids.dedup();
+            let found: StoreResult<HashMap<RunId, Run>> =
+                store.get_runs(&ids).await.map(|runs| runs.into_iter().map(|r| (r.id.clone(), r)).collect());
+            for (id, answer) in requests {
+                // A failed batch: each reads alone, to get its own error.
+                let _ = answer.send(found.as_ref().ok().map(|runs| runs.get(&id).cloned()));
+            }
+            drop(slot);
+        });
+    }
 }
 
 /// A run that `wait_for_run` callers wait on.
@@ -37,6 +99,18 @@ struct Watch {
 }
 
 impl Shared {
+    /// The run, as `Store::get_run` reads it, read in a batch with the other runs asked for
+    /// at the same time (see [`RunReads`]).
+    pub(crate) async fn read_run(&self, id: &RunId) -> StoreResult<Option<Run>> {
+        let (answer, answered) = oneshot::channel();
+        if self.watchers.reads.inbox(&self.store).send((id.clone(), answer)).is_ok()
+            && let Ok(Some(run)) = answered.await
+        {
+            return Ok(run);
+        }
+        self.store.get_run(id).await
+    }
+
     /// How many runs callers wait on right now.
     pub(crate) fn watched(&self) -> usize {
         self.watchers.map.lock().len()
@@ -106,13 +180,13 @@ impl Shared {
                     suspended.as_mut().enable();
                 }
                 let run = if read_alone {
-                    self.store.get_run(id).await?
+                    self.read_run(id).await?
                 } else {
                     self.refresh_watched().await?;
                     let seen = watch.seen.lock().clone();
                     match seen {
                         Some(run) => run,
-                        None => self.store.get_run(id).await?,
+                        None => self.read_run(id).await?,
                     }
                 };
                 let run = run.ok_or_else(|| Error::RunNotFound(id.clone()))?;

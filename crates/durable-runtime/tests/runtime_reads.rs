@@ -1,0 +1,69 @@
+//! The engine's reads of single runs (`wait_for_run`'s looks, a dispatch's check, a handed
+//! run's re-read) are folded into batches: runs read at the same time cost one
+//! `Store::get_runs`, and a batch that fails costs its readers a read each, not an error.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use durable_conformance::{Fault, FaultyStore, Method};
+use durable_runtime::{Engine, EngineConfig, StartOptions, WorkflowCtx, WorkflowError};
+use durable_store_memory::MemoryStore;
+
+/// An engine on `store` whose waiters never poll (each reads on its first look and when
+/// this engine settles its run), running `one`: one step adding 1 to the input.
+fn engine(store: &Arc<FaultyStore<MemoryStore>>) -> Engine {
+    let mut config = EngineConfig::default();
+    config.wait_poll_interval = Duration::from_secs(3_600);
+    let engine = Engine::builder().shared_store(store.clone()).config(config).build().unwrap();
+    engine.register("one", 1, |ctx: WorkflowCtx, n: u64| async move {
+        let out: u64 = ctx.step("add", move |_| async move { Ok(n + 1) }).await?;
+        Ok::<_, WorkflowError>(out)
+    });
+    engine
+}
+
+/// Starts `runs` runs of `one` (input = index) and waits for each from a task of its own;
+/// checks every output.
+async fn start_and_wait(engine: &Engine, runs: u64) {
+    let started = engine.start_many((0..runs).map(|i| ("one", i, StartOptions::id(format!("one-{i}"))))).await.unwrap();
+    let waits: Vec<_> = started
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| {
+            let engine = engine.clone();
+            tokio::spawn(async move { (i as u64, engine.wait_for_run(&s.id).await) })
+        })
+        .collect();
+    for wait in waits {
+        let (i, outcome) = wait.await.unwrap();
+        assert_eq!(outcome.unwrap().output::<u64>().unwrap(), i + 1);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn runs_read_at_the_same_time_are_read_in_one_batch() {
+    const RUNS: u64 = 100;
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    // Each batch takes a while, so the reads asked meanwhile gather for the next one.
+    store.set_method_latency(Method::GetRuns, Duration::from_millis(20));
+    let engine = engine(&store);
+    start_and_wait(&engine, RUNS).await;
+    // Every waiter read its run at least once (its first look), all through batches.
+    assert_eq!(store.calls(Method::GetRun), 0, "a single-run read bypassed the batches");
+    let batches = store.calls(Method::GetRuns);
+    assert!(batches > 0);
+    assert!(batches * 2 <= RUNS, "{batches} batches for at least {RUNS} reads: the reads were not folded");
+    engine.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_batch_leaves_each_reader_to_read_its_run_alone() {
+    const RUNS: u64 = 10;
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    store.arm(Fault::on(Method::GetRuns));
+    let engine = engine(&store);
+    start_and_wait(&engine, RUNS).await;
+    assert!(store.calls(Method::GetRuns) > 0, "no batch was tried");
+    assert!(store.calls(Method::GetRun) >= RUNS, "each waiter read its run alone after its batch failed");
+    engine.shutdown().await;
+}
