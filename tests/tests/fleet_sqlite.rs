@@ -48,6 +48,22 @@ fn spawn_with(
     child
 }
 
+/// Three workers (indexes 0–2) executing `fleet` runs with steps of `step_ms`, once all of
+/// them said they are ready.
+fn ready_workers(
+    db: &PathBuf,
+    step_ms: &str,
+    tx: &mpsc::Sender<(usize, String)>,
+    rx: &mpsc::Receiver<(usize, String)>,
+) -> Vec<Child> {
+    let workers: Vec<Child> = (0..3).map(|i| spawn(i, db, &["work", step_ms], tx)).collect();
+    let mut ready = 0;
+    while ready < 3 {
+        ready += usize::from(rx.recv().expect("workers talking").1.starts_with("ready"));
+    }
+    workers
+}
+
 fn terminate(child: &Child) {
     Command::new("kill").args(["-TERM", &child.id().to_string()]).status().expect("kill -TERM");
 }
@@ -69,14 +85,9 @@ fn three_workers_share_500_runs_and_survive_a_sigkill() {
     let (tx, rx) = mpsc::channel();
     // Create the file (and its schema) before four processes race to.
     drop(runs(&db));
-    // Steps of 2 ms: the runs outlast the two first workers' slots (64 each), so the queue is
-    // never drained before the third has claimed; with instant steps, two workers that win
-    // the file's write lock again and again could finish all 500 before the third claims.
-    let mut workers: Vec<Child> = (0..3).map(|i| spawn(i, &db, &["work", "2"], &tx)).collect();
-    let mut ready = 0;
-    while ready < 3 {
-        ready += usize::from(rx.recv().expect("workers talking").1.starts_with("ready"));
-    }
+    // Steps of 2 ms: the runs outlast the two first workers' slots (64 each), so every worker
+    // holds runs in flight when one is killed (instant steps: the next test).
+    let mut workers = ready_workers(&db, "2", &tx, &rx);
     let mut starter = spawn(3, &db, &["start", &RUNS.to_string()], &tx);
 
     let mut committed: BTreeMap<(String, u32), usize> = BTreeMap::new();
@@ -151,11 +162,7 @@ fn three_workers_share_a_burst_of_instant_runs_fairly() {
     let (_dir, db) = temp_db();
     let (tx, rx) = mpsc::channel();
     drop(runs(&db));
-    let mut workers: Vec<Child> = (0..3).map(|i| spawn(i, &db, &["work", "0"], &tx)).collect();
-    let mut ready = 0;
-    while ready < 3 {
-        ready += usize::from(rx.recv().expect("workers talking").1.starts_with("ready"));
-    }
+    let mut workers = ready_workers(&db, "0", &tx, &rx);
     let mut starter = spawn(3, &db, &["burst", &RUNS.to_string()], &tx);
     let mut per_worker = [0usize; 3];
     loop {
