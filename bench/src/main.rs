@@ -166,8 +166,9 @@ fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
                 Ok("full") | Err(_) => durable::SqliteOptions::new(),
                 Ok(other) => return Err(format!("DURABLE_BENCH_SQLITE_DURABILITY={other:?}: full or normal")),
             };
-            let store = durable::SqliteStore::open_with(&path, options).map_err(|e| e.to_string())?;
-            (builder.store(store), Some(path))
+            let store = Arc::new(durable::SqliteStore::open_with(&path, options).map_err(|e| e.to_string())?);
+            let _ = SQLITE_BENCH.set(Arc::downgrade(&store));
+            (builder.shared_store(store), Some(path))
         }
         "postgres" => (builder.store(postgres_store(args)?), None),
         other => return Err(format!("unknown store {other:?}")),
@@ -199,6 +200,9 @@ fn tune(config: &mut durable::EngineConfig) -> Result<(), String> {
 
 /// The PostgreSQL bench server when DURABLE_PG_URL is not set.
 const DEFAULT_PG_URL: &str = "postgres://postgres@127.0.0.1:5432/test";
+
+/// The SQLite store of this process (`--store sqlite`), for its writer's counters.
+static SQLITE_BENCH: std::sync::OnceLock<std::sync::Weak<durable::SqliteStore>> = std::sync::OnceLock::new();
 
 /// The PostgreSQL store of this process, and the schema to drop afterwards (if it made it).
 static PG_BENCH: std::sync::OnceLock<(durable::PostgresStore, Option<String>)> = std::sync::OnceLock::new();
@@ -244,6 +248,15 @@ fn process_stats(engine: &Engine) -> serde_json::Value {
         stats["pg_retries"] = s.retries.into();
     }
     stats
+}
+
+/// While the engine of a single-process SQLite run still lives: prints its store's write
+/// transactions (one fsync each with `Full` durability) on stderr.
+fn print_sqlite_stats() {
+    if let Some(store) = SQLITE_BENCH.get().and_then(std::sync::Weak::upgrade) {
+        let s = store.stats();
+        eprintln!("durable-bench: sqlite: {} write transactions carrying {} writes", s.transactions, s.writes);
+    }
 }
 
 /// After a PostgreSQL run: prints the store's round trips on stderr and drops the schema this
@@ -838,6 +851,7 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         let m = workload(&engine, args).await?;
         // Per-thread CPU (with DURABLE_BENCH_THREADS) while the store's threads still run.
         cpu_seconds();
+        print_sqlite_stats();
         engine.shutdown().await;
         if let Some(db) = db {
             remove_db(&db);

@@ -22,6 +22,12 @@
 //!   deadlock on each other (a fan-out's children waking their parents in two concurrent batches
 //!   did, and each deadlock cost `deadlock_timeout`). A batch that wakes no other run (step
 //!   commits, claims) locks nothing early: it reads the waiters of its runs, as each commit does.
+//! - **A step's commit is two statements.** A commit that makes one checkpoint and nothing else
+//!   (no turn end, waits, state, children, signals, tasks or released slots) is sent as its own
+//!   operation (`step_commit`, schema version 15): the lease-check `UPDATE`, then the
+//!   checkpoint's upsert, with no advisory key (it touches no waiter or token), so its batch
+//!   names no run to probe. It costs the server about half of a general commit (`chain` on three
+//!   worker processes: about 5,800 steps/s before, 7,200 after).
 //! - **Every contract rule is enforced in SQL**, inside the transaction that writes: the
 //!   compare-and-set of [`Store::update_run_if`] and the lease predicate of a claim are in the
 //!   `WHERE` of their `UPDATE` (under the row lock the same function took), the lease check is
@@ -841,7 +847,7 @@ impl Store for PostgresStore {
     }
 
     async fn commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
-        let answer = self.write(Op::Commit(ops::CommitJson::new(&commit))).await?;
+        let answer = self.write(Op::commit(&commit)).await?;
         self.answer(ops::commit_answer(&answer, &commit))
     }
 

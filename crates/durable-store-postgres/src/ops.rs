@@ -247,27 +247,116 @@ pub(crate) fn waiter_from_row(row: &Row) -> Result<Result<Waiter, String>, tokio
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Op<'a> {
     CreateRun(CreateRunJson<'a>),
-    CreateRuns { runs: Vec<KeyedRunJson<'a>> },
-    ClaimRun { id: &'a str, owner: &'a str, until: i64, now: i64, from: i64 },
-    RenewLease { id: &'a str, owner: &'a str, until: i64 },
-    ReleaseLease { id: &'a str, owner: &'a str },
+    CreateRuns {
+        runs: Vec<KeyedRunJson<'a>>,
+    },
+    ClaimRun {
+        id: &'a str,
+        owner: &'a str,
+        until: i64,
+        now: i64,
+        from: i64,
+    },
+    /// A [`commit`](Op::Commit) that makes one checkpoint and nothing else (`step_commit`, schema
+    /// version 15): see [`Op::commit`].
+    StepCommit {
+        run: &'a str,
+        owner: &'a str,
+        now: i64,
+        checkpoint: CheckpointJson<'a>,
+    },
+    RenewLease {
+        id: &'a str,
+        owner: &'a str,
+        until: i64,
+    },
+    ReleaseLease {
+        id: &'a str,
+        owner: &'a str,
+    },
     Commit(CommitJson<'a>),
     UpdateRunIf(PatchJson<'a>),
-    SendSignal { token: &'a str, payload: &'a str, now: i64 },
+    SendSignal {
+        token: &'a str,
+        payload: &'a str,
+        now: i64,
+    },
     Publish(PublishJson<'a>),
-    FlushBuffer { workflow: &'a str, key: &'a str, batch_id: &'a str, now: i64 },
+    FlushBuffer {
+        workflow: &'a str,
+        key: &'a str,
+        batch_id: &'a str,
+        now: i64,
+    },
     SaveSchedule(SaveScheduleJson<'a>),
-    DeleteSchedule { key: &'a str },
-    DeleteRun { id: &'a str },
+    DeleteSchedule {
+        key: &'a str,
+    },
+    DeleteRun {
+        id: &'a str,
+    },
     CompleteTask(TaskDoneJson<'a>),
     AcquireSlot(SlotRequestJson<'a>),
-    ReleaseSlot { gate: &'a str, holder: &'a str, now: i64 },
-    Enqueue { items: Vec<QueueItemJson<'a>>, now: i64 },
-    AckQueued { ids: Vec<i64>, owner: &'a str },
-    ReleaseQueued { ids: Vec<i64>, owner: &'a str },
+    ReleaseSlot {
+        gate: &'a str,
+        holder: &'a str,
+        now: i64,
+    },
+    Enqueue {
+        items: Vec<QueueItemJson<'a>>,
+        now: i64,
+    },
+    AckQueued {
+        ids: Vec<i64>,
+        owner: &'a str,
+    },
+    ReleaseQueued {
+        ids: Vec<i64>,
+        owner: &'a str,
+    },
 }
 
-impl Op<'_> {
+impl<'a> Op<'a> {
+    /// The operation that writes `c`: a [`StepCommit`](Op::StepCommit) if it makes one checkpoint
+    /// and nothing else (no turn end, waits, expired waits, state, children, signals, tasks or
+    /// released slots: a step's commit), else a [`Commit`](Op::Commit). The server runs a step's
+    /// commit in two statements, taking no advisory key, so [`BatchLocks`] names nothing for it.
+    pub(crate) fn commit(c: &'a Commit) -> Self {
+        let Commit {
+            run_id,
+            owner,
+            now,
+            checkpoints,
+            waits,
+            expire_waits,
+            state,
+            children,
+            signals,
+            tasks,
+            release_slots,
+            end,
+        } = c;
+        match checkpoints.as_slice() {
+            [cp] if end.is_none()
+                && waits.is_empty()
+                && expire_waits.is_empty()
+                && state.is_empty()
+                && children.is_empty()
+                && signals.is_empty()
+                && tasks.is_empty()
+                && release_slots.is_empty() =>
+            {
+                Op::StepCommit {
+                    run: run_id.as_str(),
+                    owner,
+                    now: millis_to_sql(*now),
+                    checkpoint: CheckpointJson::new(cp),
+                }
+            }
+            _ => Op::Commit(CommitJson::new(c)),
+        }
+    }
+
     /// The JSON text of the operation.
     pub(crate) fn encode(&self) -> String {
         // Strings, numbers and bools only: serialising cannot fail.
@@ -347,6 +436,7 @@ impl BatchLocks {
             Op::CreateRun(_)
             | Op::CreateRuns { .. }
             | Op::ClaimRun { .. }
+            | Op::StepCommit { .. }
             | Op::RenewLease { .. }
             | Op::ReleaseLease { .. }
             | Op::FlushBuffer { .. }
@@ -589,6 +679,24 @@ pub(crate) struct CheckpointJson<'a> {
     updated_at: i64,
 }
 
+impl<'a> CheckpointJson<'a> {
+    fn new(cp: &'a Checkpoint) -> Self {
+        CheckpointJson {
+            seq: cp.seq,
+            name: &cp.name,
+            kind: cp.kind.as_str(),
+            status: cp.status.as_str(),
+            input: cp.input.as_ref().map(Payload::as_str),
+            output: cp.output.as_ref().map(Payload::as_str),
+            error: cp.error.as_ref().map(error_json),
+            attempts: cp.attempts,
+            wake_at: cp.wake_at.map(millis_to_sql),
+            started_at: millis_to_sql(cp.started_at),
+            updated_at: millis_to_sql(cp.updated_at),
+        }
+    }
+}
+
 #[derive(Debug, Serialize)]
 pub(crate) struct WaitJson<'a> {
     run_id: &'a str,
@@ -669,23 +777,7 @@ impl<'a> CommitJson<'a> {
             run: c.run_id.as_str(),
             owner: &c.owner,
             now: millis_to_sql(c.now),
-            checkpoints: c
-                .checkpoints
-                .iter()
-                .map(|cp| CheckpointJson {
-                    seq: cp.seq,
-                    name: &cp.name,
-                    kind: cp.kind.as_str(),
-                    status: cp.status.as_str(),
-                    input: cp.input.as_ref().map(Payload::as_str),
-                    output: cp.output.as_ref().map(Payload::as_str),
-                    error: cp.error.as_ref().map(error_json),
-                    attempts: cp.attempts,
-                    wake_at: cp.wake_at.map(millis_to_sql),
-                    started_at: millis_to_sql(cp.started_at),
-                    updated_at: millis_to_sql(cp.updated_at),
-                })
-                .collect(),
+            checkpoints: c.checkpoints.iter().map(CheckpointJson::new).collect(),
             waits: c.waits.iter().map(WaitJson::new).collect(),
             expire: &c.expire_waits,
             state: c.state.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
@@ -1866,9 +1958,20 @@ mod tests {
                 "task_runs": ["t"],
             })
         );
-        // A step commit names its run only; a claim nothing.
-        let step = Commit::new(RunId::from("s"), "o", 5);
-        assert_eq!(BatchLocks::of(&Op::Commit(CommitJson::new(&step))).encode(), r#"{"probe":["s"]}"#);
+        // A commit without checkpoints (a lease touch) names its run only; a step's commit, and a
+        // claim, nothing.
+        let mut step = Commit::new(RunId::from("s"), "o", 5);
+        assert_eq!(BatchLocks::of(&Op::commit(&step)).encode(), r#"{"probe":["s"]}"#);
+        step.checkpoints.push(Checkpoint::new(
+            RunId::from("s"),
+            0,
+            "a",
+            StepKind::Step,
+            CheckpointStatus::Completed,
+            5,
+        ));
+        assert!(matches!(Op::commit(&step), Op::StepCommit { .. }));
+        assert_eq!(BatchLocks::of(&Op::commit(&step)).encode(), "{}");
         assert_eq!(BatchLocks::of(&ops[7]).encode(), "{}");
     }
 

@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 14;
+pub const SCHEMA_VERSION: u32 = 15;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -96,6 +96,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "runs count the claims that acquired them (claims), so an engine can tell nobody else ran a run; \
                       claim_run reads the history from a seq on",
         sql: include_str!("sql/v14.sql"),
+    },
+    Migration {
+        version: 15,
+        description: "a step's commit in two statements (step_commit, no advisory key), and the SQL-language \
+                      functions PL/pgSQL called, which were planned again at every call, in PL/pgSQL",
+        sql: include_str!("sql/v15.sql"),
     },
 ];
 

@@ -210,6 +210,7 @@ async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
     let bury = RunPatch { status: Some(RunStatus::Dead), now: common::T0, ..RunPatch::default() };
     assert!(store.update_run_if(&RunId::from("old-dead"), &[RunStatus::Pending], bury).await.unwrap());
     drop(store);
+    common::undo_version_15(&admin, old.name()).await;
     common::undo_version_14(&admin, old.name()).await;
     common::undo_version_13(&admin, old.name()).await;
     common::undo_version_12(&admin, old.name()).await;
@@ -294,6 +295,7 @@ async fn a_version_13_schema_gets_the_claim_count_with_its_runs() {
     c.end = Some(TurnEnd::Suspend { wake_at: Some(common::T0 + 5), seen_wake_gen: run.wake_gen });
     store.commit(c).await.unwrap();
     drop(store);
+    common::undo_version_15(&admin, old.name()).await;
     common::undo_version_14(&admin, old.name()).await;
     let before = shape(&admin, old.name()).await;
     assert_eq!(before.0, (1..=13).collect::<Vec<_>>());

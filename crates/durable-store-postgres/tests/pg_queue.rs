@@ -210,6 +210,7 @@ async fn a_version_1_schema_is_migrated_and_create_if_missing_false_creates_noth
     let store = scratch.connect().await.unwrap();
     store.create_run(new_run("old")).await.unwrap();
     drop(store);
+    common::undo_version_15(&admin, scratch.name()).await;
     common::undo_version_14(&admin, scratch.name()).await;
     common::undo_version_13(&admin, scratch.name()).await;
     common::undo_version_12(&admin, scratch.name()).await;

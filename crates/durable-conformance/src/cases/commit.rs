@@ -62,6 +62,31 @@ pub async fn commit_without_lease_is_lease_lost(store: Arc<dyn Store>) -> CaseRe
     Ok(())
 }
 
+/// A step's commit (one checkpoint and nothing else, which a store may write by a shorter path)
+/// is refused like any other: `LeaseLost` without the lease, before the first claim and after
+/// another owner took the run over, `NotFound` for a run that does not exist; and it writes
+/// nothing.
+pub async fn step_commit_without_lease_is_refused(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let step = |owner: &str| {
+        let mut c = commit("r", owner);
+        c.checkpoints.push(completed("r", 0, json!("charged")));
+        c
+    };
+    create(s, new_run("r")).await?;
+    assert_lease_lost(s, step(OWNER)).await?;
+    acquire(s, claim("r", OWNER, T0)).await?;
+    assert_lease_lost(s, step(OTHER)).await?;
+    acquire(s, claim("r", OTHER, T0 + LEASE + 1)).await?;
+    assert_lease_lost(s, step(OWNER)).await?;
+    let mut unknown = step(OWNER);
+    unknown.run_id = RunId::from("missing");
+    unknown.checkpoints[0].run_id = RunId::from("missing");
+    assert_kind(s.commit(unknown).await, StoreErrorKind::NotFound);
+    assert_eq!(s.history(&RunId::from("missing")).await?, vec![], "nothing written for a missing run");
+    Ok(())
+}
+
 /// A zombie: the owner whose expired lease another owner took over commits, and is refused
 /// with `LeaseLost` without writing anything.
 pub async fn commit_after_takeover_is_lease_lost(store: Arc<dyn Store>) -> CaseResult {

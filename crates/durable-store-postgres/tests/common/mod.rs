@@ -59,6 +59,16 @@ pub fn new_run(id: &str) -> NewRun {
     }
 }
 
+/// Takes a schema of this build back to version 14: the version row (the functions version 15
+/// created or replaced keep their version 15 text: migrating forward replaces them again).
+pub async fn undo_version_15(admin: &tokio_postgres::Client, schema: &str) {
+    let s = format!("\"{schema}\"");
+    admin
+        .batch_execute(&format!("DELETE FROM {s}.schema_version WHERE version >= 15"))
+        .await
+        .expect("undo schema version 15");
+}
+
 /// Takes schema version 7 back out of `schema` (its tables and new functions, the indexes as
 /// versions 5 and 6 made them, its version row), leaving the schema as version 6 left it but for
 /// the functions version 7 replaced, which re-running it writes anyway: for the tests of
