@@ -113,6 +113,11 @@ impl History {
         self.by_seq[i] = Some(cp);
     }
 
+    /// The first recorded checkpoint at `seq` or later.
+    pub fn first_from(&self, seq: u32) -> Option<&Checkpoint> {
+        self.by_seq.get(seq as usize..).into_iter().flatten().flatten().next()
+    }
+
     /// Every recorded checkpoint, by seq.
     pub fn iter(&self) -> impl Iterator<Item = &Checkpoint> {
         self.by_seq.iter().flatten()

@@ -40,6 +40,37 @@ async fn swapping_two_steps_under_a_running_run_fails_it_loudly() {
     t.assert_step_names(&run.id, &["charge", "reserve"]).await;
 }
 
+/// Code that makes fewer calls than history recorded, then returns: the run fails with
+/// `non_determinism` naming the first recorded call it never asked for, and does not complete
+/// (nor consume the signal its old code waited for).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn returning_without_the_calls_history_recorded_fails_the_run_loudly() {
+    let t = TestEngine::new();
+    t.register("shrinks", 1, |ctx: WorkflowCtx, _: ()| async move {
+        ctx.step("a", |_| async { Ok(1) }).await?;
+        ctx.step("b", |_| async { Ok(2) }).await?;
+        let go: u32 = ctx.wait_for_signal("go").await?;
+        Ok::<_, WorkflowError>(go)
+    });
+    let run = t.start("shrinks", &(), StartOptions::id("shrunk")).await.unwrap();
+    t.assert_settled_status(&run.id, RunStatus::Suspended).await;
+
+    let t = t.restart().await;
+    t.register("shrinks", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let a: u32 = ctx.step("a", |_| async { Ok(1) }).await?;
+        Ok::<_, WorkflowError>(a)
+    });
+    t.engine().signal("go", &7u32).await.unwrap();
+    let outcome = t.wait_for_run(&run.id).await.unwrap();
+    assert_eq!(outcome.status(), RunStatus::Failed);
+    let error = outcome.error().unwrap();
+    assert_eq!(error.code(), Some(codes::NON_DETERMINISM));
+    for needle in ["shrunk", "seq 1", "step \"b\"", "ctx.patched"] {
+        assert!(error.message.contains(needle), "{needle:?} missing in: {}", error.message);
+    }
+    t.assert_step_names(&run.id, &["a", "b"]).await;
+}
+
 fn register_patchable(t: &TestEngine, with_patch: bool) {
     t.register("patchable", 1, move |ctx: WorkflowCtx, _: ()| async move {
         let mut path = vec!["a"];

@@ -264,6 +264,14 @@ impl Turn {
         if self.config.replay_only {
             return self.replay_end(status, output, error, by);
         }
+        // A body that returned without asking for calls history recorded is not the code that
+        // made them: the run fails as a call that differs from history fails it.
+        if by == EndedBy::Body
+            && let Some(mismatch) = self.not_asked()
+        {
+            let error = StepError::fatal(mismatch.to_string()).with_code(codes::NON_DETERMINISM);
+            return self.settle(RunStatus::Failed, None, Some(error), now);
+        }
         self.settle(status, output, error, now)
     }
 

@@ -134,7 +134,8 @@ impl fmt::Display for ReplayMismatch {
             ReplayMismatch::NotAsked { run_id, seq, recorded } => write!(
                 f,
                 "run {run_id}: the workflow code finished without asking for {} {:?}, which history recorded at seq {seq}; \
-                 the body changed under a running run",
+                 the body changed under a running run — register the change as a new version, or guard it with \
+                 ctx.patched(..)",
                 recorded.1, recorded.0
             ),
             ReplayMismatch::End { run_id, recorded, replayed } => write!(
@@ -222,6 +223,17 @@ impl Turn {
         }
     }
 
+    /// The first call history recorded that the body, which has returned, never asked for: the
+    /// code changed under the run (it makes fewer calls than it did).
+    pub(super) fn not_asked(&self) -> Option<ReplayMismatch> {
+        let cp = self.history.first_from(self.next_seq)?;
+        Some(ReplayMismatch::NotAsked {
+            run_id: self.run.id.clone(),
+            seq: cp.seq,
+            recorded: (cp.name.clone(), cp.kind),
+        })
+    }
+
     /// Replay-only: the body ended the run as `status`; compares it with how the recorded run
     /// ended.
     ///
@@ -252,12 +264,8 @@ impl Turn {
             let error = error.unwrap_or_else(|| StepError::fatal("replay failed"));
             return End::Replayed(Err(ReplayMismatch::Failed { run_id, error }));
         }
-        if let Some(cp) = self.history.iter().find(|c| c.seq >= self.next_seq) {
-            return End::Replayed(Err(ReplayMismatch::NotAsked {
-                run_id,
-                seq: cp.seq,
-                recorded: (cp.name.clone(), cp.kind),
-            }));
+        if let Some(mismatch) = self.not_asked() {
+            return End::Replayed(Err(mismatch));
         }
         let json = |p: &Option<Payload>| p.as_ref().map(Payload::to_value).unwrap_or(serde_json::Value::Null);
         let matches = match recorded.status {

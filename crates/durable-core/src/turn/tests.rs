@@ -2254,6 +2254,39 @@ fn nd_error(seq: u32, expected: (&str, StepKind), recorded: (&str, StepKind)) ->
 }
 
 #[test]
+fn a_body_that_returns_without_asking_for_recorded_calls_fails_with_non_determinism() {
+    let a = Checkpoint { output: Some(p(&1)), ..cp(0, "a", StepKind::Step, CheckpointStatus::Completed, 5) };
+    let b = Checkpoint { output: Some(p(&2)), ..cp(1, "b", StepKind::Step, CheckpointStatus::Completed, 6) };
+    let policy = RetryPolicy::none();
+    // The new code asks for "a" only, then returns (Ok, or an error of its own): history holds
+    // "b" at seq 1, which this code never asks for.
+    for result in [Ok(p(&"v2")), Err(StepError::fatal("gave up"))] {
+        let mut t = turn(vec![a.clone(), b.clone()]);
+        let seq = t.take_seq();
+        assert_eq!(t.begin_step(seq, step("a", &policy), 10), StepBegin::Return(p(&1)));
+        let Ended::Settle { commit, status } = t.t_body_done(result, 11) else { panic!("the run settles") };
+        assert_eq!(status, RunStatus::Failed);
+        let Some(TurnEnd::Settle { output: None, error: Some(error), .. }) = commit.end else {
+            panic!("a failure without output: {:?}", commit.end)
+        };
+        assert_eq!(error.code(), Some(codes::NON_DETERMINISM));
+        assert!(
+            error.message.starts_with("run r:")
+                && error.message.contains(r#"step "b", which history recorded at seq 1"#),
+            "{}",
+            error.message
+        );
+    }
+    // The same code over the whole history completes.
+    let mut t = turn(vec![a, b]);
+    for (name, out) in [("a", 1), ("b", 2)] {
+        let seq = t.take_seq();
+        assert_eq!(t.begin_step(seq, step(name, &policy), 10), StepBegin::Return(p(&out)));
+    }
+    assert!(matches!(t.t_body_done(Ok(p(&"v1")), 11), Ended::Settle { status: RunStatus::Completed, .. }));
+}
+
+#[test]
 fn a_changed_name_stops_the_turn_and_fails_the_run_with_non_determinism() {
     let done = Checkpoint { output: Some(p(&1)), ..cp(0, "charge", StepKind::Step, CheckpointStatus::Completed, 5) };
     let mut t = turn_of(child_run(), vec![done]);
