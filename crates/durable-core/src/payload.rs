@@ -19,6 +19,26 @@ impl Payload {
         Ok(Payload(serde_json::to_string(value)?.into()))
     }
 
+    /// Serializes a value that will be decoded back into `T` (a step's output, a recorded
+    /// value): [`encode`](Self::encode), then, when the text holds a `null`, a decode into `T`,
+    /// so a value that does not survive its JSON form is refused now rather than when a replay
+    /// decodes it. serde_json writes NaN and infinite floats as `null`: an `f64` holding one
+    /// does not decode back (an `Option<f64>` decodes as `None`, which this cannot tell).
+    /// Text without a `null` is not decoded. The error says why, to follow "does not serialize:".
+    pub fn encode_replayable<T: Serialize + DeserializeOwned>(value: &T) -> Result<Self, String> {
+        let payload = Payload::encode(value).map_err(|e| e.to_string())?;
+        if payload.0.contains("null")
+            && let Err(e) = payload.decode::<T>()
+        {
+            return Err(format!(
+                "its JSON form {:.80} does not decode back into its type ({e}); serde_json writes NaN and infinite \
+                 floats as null",
+                payload.0
+            ));
+        }
+        Ok(payload)
+    }
+
     /// Parses JSON text, refusing text that is not a single valid JSON document.
     ///
     /// It accepts exactly what `serde_json` decodes into a [`serde_json::Value`], so an accepted
@@ -194,6 +214,20 @@ mod tests {
         assert_eq!(Payload::encode(&x).unwrap().decode::<f64>().unwrap().to_bits(), x.to_bits());
         let nested = serde_json::to_string(&json!({"p": p})).unwrap();
         assert_eq!(nested, r#"{"p":{"a":[1,2]}}"#);
+    }
+
+    #[test]
+    fn a_value_that_does_not_decode_back_is_refused_before_it_is_recorded() {
+        assert_eq!(Payload::encode_replayable(&1.5f64).unwrap().as_str(), "1.5");
+        assert_eq!(Payload::encode_replayable(&None::<u32>).unwrap().as_str(), "null");
+        for bad in [f64::NAN, f64::INFINITY] {
+            let e = Payload::encode_replayable(&bad).unwrap_err();
+            assert!(e.contains("null") && e.contains("NaN"), "{e}");
+            let e = Payload::encode_replayable(&vec![1.0, bad]).unwrap_err();
+            assert!(e.contains("[1.0,null]"), "{e}");
+        }
+        // What serde_json cannot tell apart is let through.
+        assert_eq!(Payload::encode_replayable(&Some(f64::NAN)).unwrap().as_str(), "null");
     }
 
     #[test]

@@ -93,3 +93,36 @@ async fn panics_in_steps_and_bodies_fail_only_their_run() {
     let after = t.start("echo", &5u32, StartOptions::id("after")).await.unwrap();
     t.assert_output(&after.id, 5u32).await;
 }
+
+/// A value that would not decode back on replay (serde_json writes NaN as `null`) is refused
+/// when it is produced, not when a later turn replays it: the step fails fatally with
+/// `bad_payload` (the workflow can handle it), a recorded value fails the run.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn values_that_would_not_decode_on_replay_are_refused_when_made() {
+    let t = TestEngine::new();
+    t.register("nan_step", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let failed = ctx.step("nan", |_| async { Ok(f64::NAN) }).await.expect_err("a NaN output is refused");
+        assert_eq!(failed.error.code(), Some(codes::BAD_PAYLOAD));
+        assert!(!failed.error.retryable, "the same value would come back");
+        // Finite values and nulls of an Option are fine.
+        let x: f64 = ctx.step("finite", |_| async { Ok(2.5) }).await?;
+        let none: Option<u32> = ctx.step("none", |_| async { Ok(None) }).await?;
+        Ok::<_, WorkflowError>((failed.error.message, x, none))
+    });
+    t.register("nan_record", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: f64 = ctx.side_effect("nan", || f64::INFINITY).await;
+        Ok::<_, WorkflowError>(v)
+    });
+    let step = t.start("nan_step", &(), StartOptions::id("nan-step")).await.unwrap();
+    let (message, x, none): (String, f64, Option<u32>) = t.wait_for_run(&step.id).await.unwrap().output().unwrap();
+    assert!(message.contains(r#"step "nan""#) && message.contains("NaN"), "{message}");
+    assert_eq!((x, none), (2.5, None));
+    t.assert_step_names(&step.id, &["nan", "finite", "none"]).await;
+
+    let record = t.start("nan_record", &(), StartOptions::id("nan-record")).await.unwrap();
+    let outcome = t.wait_for_run(&record.id).await.unwrap();
+    assert_eq!(outcome.status(), RunStatus::Failed);
+    let error = outcome.error().unwrap();
+    assert_eq!(error.code(), Some(codes::BAD_PAYLOAD));
+    assert!(error.message.contains("nan-record") && error.message.contains(r#""nan" (seq 0)"#), "{}", error.message);
+}

@@ -374,9 +374,10 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
     }
 }
 
-/// Encodes a step's output; a type that does not serialize fails the step fatally.
-fn encode_output<T: Serialize>(name: &str, value: T) -> Result<(T, Payload), StepError> {
-    match Payload::encode(&value) {
+/// Encodes a step's output; one that does not serialize, or would not decode back on replay
+/// ([`Payload::encode_replayable`]), fails the step fatally.
+fn encode_output<T: Serialize + DeserializeOwned>(name: &str, value: T) -> Result<(T, Payload), StepError> {
+    match Payload::encode_replayable(&value) {
         Ok(p) => Ok((value, p)),
         Err(e) => Err(StepError::fatal(format!("the output of step {name:?} does not serialize: {e}"))
             .with_code(codes::BAD_PAYLOAD)),
@@ -638,7 +639,7 @@ where
         },
         RecordBegin::Produce => {
             let value = produce();
-            let payload = Payload::encode(&value).map_err(|e| e.to_string());
+            let payload = Payload::encode_replayable(&value);
             let outcome = t.turn.lock().finish_record(seq, name, kind, payload, t.now());
             match outcome {
                 RecordOutcome::Return => value,
