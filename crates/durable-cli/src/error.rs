@@ -113,6 +113,7 @@ impl From<EngineError> for Error {
             | EngineError::PayloadTooLarge { .. }
             | EngineError::InvalidName { .. }
             | EngineError::InvalidId(_)
+            | EngineError::IdTaken { .. }
             | EngineError::RunNotFound(_)
             | EngineError::NotRetryable { .. }
             | EngineError::Compensated { .. }

@@ -536,7 +536,7 @@ fn write_run(
                 cp.status.to_string(),
                 cp.attempts.to_string(),
                 duration_ms(cp.updated_at.saturating_sub(cp.started_at)),
-                cp.error.as_ref().map_or_else(String::new, |e| truncate(&e.to_string(), 100)),
+                checkpoint_error(cp),
             ]);
         }
         table.write(out, "  ")?;
@@ -681,4 +681,16 @@ pub(crate) async fn signal(store: &StoreArgs, args: &SignalArgs, out: &mut dyn W
         Ok(())
     })
     .await
+}
+
+/// A checkpoint's error for the timeline: a completed step keeps the error of its last failed
+/// attempt, which is said as such (it did not fail).
+fn checkpoint_error(cp: &Checkpoint) -> String {
+    match &cp.error {
+        None => String::new(),
+        Some(e) if cp.status == CheckpointStatus::Completed => {
+            truncate(&format!("(an earlier attempt failed: {e})"), 100)
+        }
+        Some(e) => truncate(&e.to_string(), 100),
+    }
 }

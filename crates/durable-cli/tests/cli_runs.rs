@@ -34,6 +34,9 @@ fn show_prints_the_timeline_with_attempts_errors_and_children() {
     let text = run_ok(dir.path(), &["runs", "show", "demo-order-0", "--db", dbs]).stdout;
     let line = text.lines().find(|l| l.contains("charge_card")).unwrap_or_else(|| panic!("{text}"));
     assert_eq!(line.split_whitespace().collect::<Vec<_>>()[..5], ["1", "charge_card", "step", "completed", "3"]);
+    // It completed: the error its last failed attempt left is said to be an earlier attempt's.
+    assert!(!checkpoint(&order["history"], "charge_card")["error"].is_null(), "{order}");
+    assert!(line.contains("(an earlier attempt failed: payment gateway timed out (attempt 2))"), "{line}");
 
     // The saga's last step failed on every attempt: its attempts and its error are shown, then
     // the undos that ran.

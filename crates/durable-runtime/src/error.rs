@@ -71,6 +71,20 @@ pub enum Error {
     /// No run with that id.
     #[error("run {0} not found")]
     RunNotFound(RunId),
+    /// [`Engine::start`](crate::Engine::start) with an id that a run of another workflow holds:
+    /// a start is idempotent on the id only for the same workflow. Nothing was written.
+    #[error(
+        "run {id} already exists as a run of workflow {existing:?}, so it cannot be started as a run of {requested:?}; \
+         give the new run another id"
+    )]
+    IdTaken {
+        /// The run id.
+        id: RunId,
+        /// The workflow of the run that holds it.
+        existing: String,
+        /// The workflow the start asked for.
+        requested: String,
+    },
     /// A message addressed to a run that has finished (an update, a task result): refused,
     /// nothing written.
     #[error("run {id} is {status}; updates and task results go to active runs only")]

@@ -34,6 +34,18 @@ async fn starting_the_same_id_twice_runs_once() {
     assert_eq!(second.run.input.decode::<u32>().unwrap(), 7, "the existing run is returned unchanged");
     t.assert_output(&first.id, 7u32).await;
     assert_eq!(executions.get(), 1);
+
+    // The id is the echo run's: a start of another workflow with it is refused, and changes
+    // nothing.
+    t.register("other", 1, |_: WorkflowCtx, n: u32| async move { Ok::<_, WorkflowError>(n) });
+    let err = t.start("other", &9u32, StartOptions::id("once")).await.unwrap_err();
+    assert!(
+        matches!(&err, Error::IdTaken { id, existing, requested } if id.as_str() == "once" && existing == "echo" && requested == "other"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("another id"), "{err}");
+    let run = t.get_run(&first.id).await.unwrap().unwrap();
+    assert_eq!((run.workflow.as_str(), run.input.decode::<u32>().unwrap()), ("echo", 7));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

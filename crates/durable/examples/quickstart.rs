@@ -7,12 +7,12 @@
 //!
 //! README.md's quickstart is this file from `// quickstart:begin` to `// quickstart:end`, line
 //! for line: `crates/durable/tests/docs_quickstart.rs` fails when the two differ, so change
-//! both together. Below the end marker is the printing of events, which the README leaves out.
+//! both together.
 
 // quickstart:begin
 use std::time::Duration;
 
-use durable::{Backoff, Engine, SqliteStore, StartOptions, StepError, WorkflowCtx, WorkflowError};
+use durable::{Backoff, Engine, EngineEvent, SqliteStore, StartOptions, StepError, WorkflowCtx, WorkflowError};
 use serde::{Deserialize, Serialize};
 
 #[derive(Debug, Serialize, Deserialize)]
@@ -68,7 +68,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let path = std::env::temp_dir().join("durable-quickstart.db");
     let engine = Engine::builder().store(SqliteStore::open(&path)?).build()?;
     engine.register("order", 1, order_workflow);
-    let printer = print_events(&engine); // prints the events as they happen (see examples/quickstart.rs)
+    let printer = print_events(&engine); // prints the events as they happen (below)
 
     // A fresh run id each time: starting an id that exists returns that run and does nothing.
     let run_id = format!("order-42-{}", durable::uuid::Uuid::now_v7().simple());
@@ -84,9 +84,6 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     engine.shutdown().await;
     Ok(())
 }
-// quickstart:end
-
-use durable::EngineEvent;
 
 /// Prints the engine's events, with the time since the start, until the run settles.
 fn print_events(engine: &Engine) -> tokio::task::JoinHandle<()> {
@@ -123,3 +120,4 @@ fn describe(event: &EngineEvent) -> Option<String> {
         _ => return None,
     })
 }
+// quickstart:end

@@ -23,7 +23,9 @@ impl Engine {
     }
 
     /// Starts a run of the newest version of `workflow`: validates and persists it `pending`,
-    /// dispatches it, and returns at once. Idempotent on the id.
+    /// dispatches it, and returns at once. Idempotent on the id: a run of `workflow` that holds
+    /// it is returned as it is (`created: false`, whatever its input); a run of another workflow
+    /// holding it is [`Error::IdTaken`].
     pub async fn start<I: Serialize + ?Sized>(
         &self,
         workflow: &str,
@@ -34,6 +36,15 @@ impl Engine {
         let new = self.new_run(workflow, input, options, shared.clock.now())?;
         let mark = shared.mark();
         let created = shared.store.create_run(new).await.map_err(|e| queue_full(workflow, e))?;
+        if let CreateRun::Existing(run) = &created
+            && run.workflow != workflow
+        {
+            return Err(Error::IdTaken {
+                id: run.id.clone(),
+                existing: run.workflow.clone(),
+                requested: workflow.into(),
+            });
+        }
         Ok(self.started(created, mark))
     }
 
@@ -43,7 +54,8 @@ impl Engine {
     /// started runs dispatched together (with a transport, into the outbox, which sends full
     /// batches at once). Returns what `start` returns for each item, in order: idempotent per
     /// id, so an id that exists — or that an earlier item of the call created — comes back
-    /// with `created: false` and the run as it is.
+    /// with `created: false` and the run as it is (unlike `start`, also when that run is of
+    /// another workflow: the rest of its batch is started by then; compare `run.workflow`).
     ///
     /// Every item is validated before anything is written: an unknown workflow, an input that
     /// does not fit the workflow or a bad id fails the call with [`Error::BadStart`] naming the
