@@ -58,7 +58,7 @@ impl Error {
 /// Whether an error of the SQLite store is about the file given (bad input) rather than a
 /// failure while using it.
 fn sqlite_is_bad_input(e: &SqliteError) -> bool {
-    matches!(e, SqliteError::NotADatabase { .. } | SqliteError::SchemaTooNew { .. })
+    matches!(e, SqliteError::NotADatabase { .. } | SqliteError::InvalidPath { .. } | SqliteError::SchemaTooNew { .. })
 }
 
 impl From<SqliteError> for Error {

@@ -84,6 +84,15 @@ impl From<&str> for RunId {
     }
 }
 
+/// `"id".parse::<RunId>()`: [`RunId::parse`], which validates (`From<&str>` does not).
+impl std::str::FromStr for RunId {
+    type Err = InvalidId;
+
+    fn from_str(s: &str) -> Result<Self, InvalidId> {
+        RunId::parse(s)
+    }
+}
+
 impl From<String> for RunId {
     fn from(s: String) -> Self {
         RunId::new(s)
@@ -133,5 +142,7 @@ mod tests {
         assert!(RunId::parse(&"x".repeat(513)).is_err());
         assert!(RunId::parse("a\nb").is_err());
         assert_eq!(RunId::parse("заказ-🚀").unwrap().as_str(), "заказ-🚀");
+        assert_eq!("order:1".parse::<RunId>().unwrap().as_str(), "order:1");
+        assert!("".parse::<RunId>().is_err());
     }
 }

@@ -29,6 +29,15 @@ pub enum Error {
         /// Why it is not one.
         reason: String,
     },
+    /// The path names no database file: it is empty, or `:memory:` (SQLite's temporary
+    /// databases, which a durable store cannot be). Nothing was opened.
+    #[error("{path:?} is not a database file path: {reason}")]
+    InvalidPath {
+        /// The path given.
+        path: PathBuf,
+        /// Why it is refused.
+        reason: &'static str,
+    },
     /// The file was written by a newer version of this crate, with a schema this build does
     /// not know. Nothing was written to it.
     #[error(
@@ -106,6 +115,7 @@ impl Error {
     pub fn path(&self) -> &Path {
         match self {
             Error::NotADatabase { path, .. }
+            | Error::InvalidPath { path, .. }
             | Error::SchemaTooNew { path, .. }
             | Error::Busy { path, .. }
             | Error::Sqlite { path, .. }

@@ -522,6 +522,12 @@ fn configure(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()>
 /// Opens the writer connection of a store: checks the file, then brings its schema to
 /// [`SCHEMA_VERSION`] (creating it in an empty database) in one transaction.
 pub(crate) fn open_writer(path: &Path, opts: &SqliteOptions) -> Result<Connection> {
+    // SQLite opens a private temporary database for these, which is gone once closed.
+    if path.as_os_str().is_empty() || path.as_os_str() == ":memory:" {
+        let reason = "SQLite would open a temporary database, lost when the store closes; give the path of a file \
+                      (it is created if missing)";
+        return Err(Error::InvalidPath { path: path.to_path_buf(), reason });
+    }
     check_header(path, opts)?;
     let conn = open_plain(path, opts, "writer")?;
     // Refuse another program's database, or one from a newer build, before switching it to

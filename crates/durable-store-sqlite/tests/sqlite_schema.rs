@@ -592,3 +592,12 @@ fn a_version_11_file_is_migrated_with_claims_counted_from_zero() {
     }
     assert_eq!(block_on(store.get_run(&id)).unwrap().unwrap().claims, 1);
 }
+
+#[test]
+fn an_empty_or_in_memory_path_is_refused() {
+    for path in ["", ":memory:"] {
+        let e = open_err(Path::new(path));
+        assert!(matches!(&e, Error::InvalidPath { path: p, .. } if p == Path::new(path)), "{e}");
+        assert!(e.to_string().contains("give the path of a file"), "{e}");
+    }
+}
