@@ -247,73 +247,25 @@ pub(crate) fn waiter_from_row(row: &Row) -> Result<Result<Waiter, String>, tokio
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Op<'a> {
     CreateRun(CreateRunJson<'a>),
-    CreateRuns {
-        runs: Vec<KeyedRunJson<'a>>,
-    },
-    ClaimRun {
-        id: &'a str,
-        owner: &'a str,
-        until: i64,
-        now: i64,
-        from: i64,
-    },
-    /// A [`commit`](Op::Commit) that makes one checkpoint and nothing else (`step_commit`, schema
-    /// version 15): see [`Op::commit`].
-    StepCommit {
-        run: &'a str,
-        owner: &'a str,
-        now: i64,
-        checkpoint: CheckpointJson<'a>,
-    },
-    RenewLease {
-        id: &'a str,
-        owner: &'a str,
-        until: i64,
-    },
-    ReleaseLease {
-        id: &'a str,
-        owner: &'a str,
-    },
+    CreateRuns { runs: Vec<KeyedRunJson<'a>> },
+    ClaimRun { id: &'a str, owner: &'a str, until: i64, now: i64, from: i64 },
+    RenewLease { id: &'a str, owner: &'a str, until: i64 },
+    ReleaseLease { id: &'a str, owner: &'a str },
     Commit(CommitJson<'a>),
+    StepCommit(StepCommitJson<'a>),
     UpdateRunIf(PatchJson<'a>),
-    SendSignal {
-        token: &'a str,
-        payload: &'a str,
-        now: i64,
-    },
+    SendSignal { token: &'a str, payload: &'a str, now: i64 },
     Publish(PublishJson<'a>),
-    FlushBuffer {
-        workflow: &'a str,
-        key: &'a str,
-        batch_id: &'a str,
-        now: i64,
-    },
+    FlushBuffer { workflow: &'a str, key: &'a str, batch_id: &'a str, now: i64 },
     SaveSchedule(SaveScheduleJson<'a>),
-    DeleteSchedule {
-        key: &'a str,
-    },
-    DeleteRun {
-        id: &'a str,
-    },
+    DeleteSchedule { key: &'a str },
+    DeleteRun { id: &'a str },
     CompleteTask(TaskDoneJson<'a>),
     AcquireSlot(SlotRequestJson<'a>),
-    ReleaseSlot {
-        gate: &'a str,
-        holder: &'a str,
-        now: i64,
-    },
-    Enqueue {
-        items: Vec<QueueItemJson<'a>>,
-        now: i64,
-    },
-    AckQueued {
-        ids: Vec<i64>,
-        owner: &'a str,
-    },
-    ReleaseQueued {
-        ids: Vec<i64>,
-        owner: &'a str,
-    },
+    ReleaseSlot { gate: &'a str, holder: &'a str, now: i64 },
+    Enqueue { items: Vec<QueueItemJson<'a>>, now: i64 },
+    AckQueued { ids: Vec<i64>, owner: &'a str },
+    ReleaseQueued { ids: Vec<i64>, owner: &'a str },
 }
 
 impl<'a> Op<'a> {
@@ -346,12 +298,12 @@ impl<'a> Op<'a> {
                 && tasks.is_empty()
                 && release_slots.is_empty() =>
             {
-                Op::StepCommit {
+                Op::StepCommit(StepCommitJson {
                     run: run_id.as_str(),
                     owner,
                     now: millis_to_sql(*now),
                     checkpoint: CheckpointJson::new(cp),
-                }
+                })
             }
             _ => Op::Commit(CommitJson::new(c)),
         }
@@ -436,7 +388,7 @@ impl BatchLocks {
             Op::CreateRun(_)
             | Op::CreateRuns { .. }
             | Op::ClaimRun { .. }
-            | Op::StepCommit { .. }
+            | Op::StepCommit(_)
             | Op::RenewLease { .. }
             | Op::ReleaseLease { .. }
             | Op::FlushBuffer { .. }
@@ -677,6 +629,16 @@ pub(crate) struct CheckpointJson<'a> {
     wake_at: Option<i64>,
     started_at: i64,
     updated_at: i64,
+}
+
+/// `step_commit()`'s operation (schema version 15): a commit that makes one checkpoint and
+/// nothing else; see [`Op::commit`].
+#[derive(Debug, Serialize)]
+pub(crate) struct StepCommitJson<'a> {
+    run: &'a str,
+    owner: &'a str,
+    now: i64,
+    checkpoint: CheckpointJson<'a>,
 }
 
 impl<'a> CheckpointJson<'a> {
@@ -1970,7 +1932,12 @@ mod tests {
             CheckpointStatus::Completed,
             5,
         ));
-        assert!(matches!(Op::commit(&step), Op::StepCommit { .. }));
+        assert!(matches!(Op::commit(&step), Op::StepCommit(_)));
+        let v: Value = serde_json::from_str(&Op::commit(&step).encode()).unwrap();
+        assert_eq!(
+            (v["op"].as_str(), v["run"].as_str(), v["checkpoint"]["name"].as_str()),
+            (Some("step_commit"), Some("s"), Some("a"))
+        );
         assert_eq!(BatchLocks::of(&Op::commit(&step)).encode(), "{}");
         assert_eq!(BatchLocks::of(&ops[7]).encode(), "{}");
     }
