@@ -6,14 +6,15 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use durable_conformance::{FaultyStore, Method, TestEngine};
+use durable_conformance::{FaultyStore, Method, TestEngine, test_config};
 use durable_core::task::{TaskCompletion, TaskDone};
 use durable_core::{Backoff, CheckpointStatus, RunId, RunPatch, RunStatus, StepError, StepKind, Store, TaskFilter};
 use durable_runtime::{
-    Clock, EngineEvent, RunOutcome, StartOptions, TaskContext, Worker, WorkerBuilder, WorkerReport, WorkflowCtx,
-    WorkflowError,
+    Clock, Engine, EngineEvent, RunOutcome, StartOptions, TaskContext, Worker, WorkerBuilder, WorkerReport,
+    WorkflowCtx, WorkflowError,
 };
 use durable_store_memory::MemoryStore;
+use durable_transport::QueueTransport;
 use tokio::sync::{broadcast, oneshot};
 use tokio::task::JoinHandle;
 
@@ -44,11 +45,13 @@ fn spawn(builder: WorkerBuilder) -> Running {
 }
 
 fn register_pipeline(t: &TestEngine) {
-    t.register("pipeline", 1, |ctx: WorkflowCtx, n: u32| async move {
-        let doubled: u32 = ctx.remote_step("double", &n).await?;
-        let plus: u32 = ctx.remote_step("add_one", &doubled).await?;
-        Ok::<_, WorkflowError>(plus)
-    });
+    t.register("pipeline", 1, pipeline);
+}
+
+async fn pipeline(ctx: WorkflowCtx, n: u32) -> Result<u32, WorkflowError> {
+    let doubled: u32 = ctx.remote_step("double", &n).await?;
+    let plus: u32 = ctx.remote_step("add_one", &doubled).await?;
+    Ok(plus)
 }
 
 fn math_worker(t: &TestEngine) -> WorkerBuilder {
@@ -108,20 +111,47 @@ async fn a_result_from_a_worker_beside_the_engine_claims_the_woken_run_in_the_sa
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
     let t = TestEngine::with_store(store.clone());
     register_pipeline(&t);
+    result_claims_the_run(t.engine(), &store).await;
+}
+
+/// The same with a run queue shared with other engines: the woken run executes beside the
+/// worker that took its task (the task queue spread the work already) instead of going
+/// through the run queue — no enqueue, queue claim and ack before the same claim.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_a_run_queue_a_result_beside_the_engine_still_claims_the_woken_run_in_the_same_store_call() {
+    let memory = Arc::new(MemoryStore::new());
+    let store = Arc::new(FaultyStore::over(memory.clone()));
+    let engine = Engine::builder()
+        .shared_store(store.clone())
+        // The run queue in the same data, past the counting wrapper (which has no queue).
+        .transport(QueueTransport::new(memory))
+        .config(test_config())
+        .build()
+        .unwrap();
+    engine.register("pipeline", 1, pipeline);
+    result_claims_the_run(&engine, &store).await;
+    assert_eq!(engine.metrics().runs_sent, 1, "only the start went through the run queue: {:?}", engine.metrics());
+}
+
+/// Runs `pipeline` (two remote steps) with a worker beside `engine` and checks that both
+/// results claimed the run they woke.
+async fn result_claims_the_run(engine: &Engine, store: &FaultyStore<MemoryStore>) {
     // Each handler returns once the turn that dispatched its step has ended here, so the
     // woken run is free to take a slot at once.
-    let engine = t.engine().clone();
-    let quiet = move || {
+    let quiet = {
         let engine = engine.clone();
-        async move {
-            while engine.metrics().turns_in_flight > 0 {
-                tokio::task::yield_now().await;
+        move || {
+            let engine = engine.clone();
+            async move {
+                while engine.metrics().turns_in_flight > 0 {
+                    tokio::task::yield_now().await;
+                }
             }
         }
     };
     let (q1, q2) = (quiet.clone(), quiet);
     let worker = Worker::builder()
-        .engine(t.engine())
+        .engine(engine)
         .handle("double", move |_ctx, n: u32| {
             let quiet = q1();
             async move {
@@ -137,8 +167,8 @@ async fn a_result_from_a_worker_beside_the_engine_claims_the_woken_run_in_the_sa
             }
         });
     let w = spawn(worker);
-    let run = t.start("pipeline", &20u32, StartOptions::id("p1")).await.unwrap();
-    t.assert_output(&run.id, 41u32).await;
+    let run = engine.start("pipeline", &20u32, StartOptions::id("p1")).await.unwrap();
+    assert_eq!(engine.wait_for_run(&run.id).await.unwrap().output::<u32>().unwrap(), 41);
     let calls = store.call_counts();
     assert_eq!(calls.get(&Method::CompleteTaskAndClaim), Some(&2), "{calls:?}");
     assert_eq!(calls.get(&Method::CompleteTask), None, "{calls:?}");

@@ -349,8 +349,8 @@ impl Shared {
     }
 
     /// Records the result of a worker beside this engine and starts the woken run's turn
-    /// without another round trip: when this engine executes runs of the namespace (with no
-    /// run queue), has a free execution slot and no run waiting for one, and the run is not
+    /// without another round trip: when this engine executes runs of the namespace, has a
+    /// free execution slot and no run waiting for one, and the run is not
     /// queued or executing here, the run takes the slot and its first claim records the
     /// result in the same store call ([`Store::complete_task_and_claim`](durable_core::Store::complete_task_and_claim)).
     /// Otherwise the result is recorded alone and the run woken as usual. Returns the
@@ -387,10 +387,9 @@ impl Shared {
         if !self.config.execute || self.is_stopping() || self.is_draining() || !self.serves(namespace) {
             return None;
         }
-        // A run queue spreads wakes over the engines: it decides where the run executes.
-        if self.fleet.has_queue() {
-            return None;
-        }
+        // With a run queue too: the task queue already spread the work over the workers, and
+        // the worker that took the task is beside this engine. Sent through the queue, the
+        // wake would cost an enqueue, a queue claim and an ack before the same claim.
         {
             let ready = self.dispatch.ready.lock();
             if !ready.wakes.is_empty() || !ready.others.is_empty() {
