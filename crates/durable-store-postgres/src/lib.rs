@@ -990,6 +990,18 @@ impl Store for PostgresStore {
         self.answer(ops::completion_answer(&answer, &done.run_id))
     }
 
+    /// One operation of the writer: the result, and for an accepted one the claim of the run it
+    /// wakes, in the same write of the run row (schema version 16).
+    async fn complete_task_and_claim(
+        &self,
+        done: TaskDone,
+        claim: Claim,
+    ) -> StoreResult<(TaskCompletion, Option<ClaimOutcome>)> {
+        done.check_claim(&claim)?;
+        let answer = self.write(Op::CompleteTask(ops::TaskDoneJson::with_claim(&done, &claim))).await?;
+        self.answer(ops::completion_and_claim_answer(&answer, &claim))
+    }
+
     async fn release_tasks(&self, tasks: &[(RunId, u32, u32)], worker: &str) -> StoreResult<()> {
         self.release_now(tasks, worker).await
     }

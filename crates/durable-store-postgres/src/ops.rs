@@ -975,9 +975,37 @@ pub(crate) struct TaskDoneJson<'a> {
     timed_out: bool,
     logs: &'a [TaskLog],
     now: i64,
+    /// With a claim, an accepted result claims the run it wakes in the same write of the run
+    /// row (`Store::complete_task_and_claim`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claim: Option<TaskClaimJson<'a>>,
+}
+
+/// The claim `complete_task()` makes of the run an accepted result wakes: `claim_run()`'s
+/// fields but the run id (the result's).
+#[derive(Debug, Serialize)]
+struct TaskClaimJson<'a> {
+    owner: &'a str,
+    until: i64,
+    now: i64,
+    from: i64,
 }
 
 impl<'a> TaskDoneJson<'a> {
+    /// `d`, claiming the run it wakes when it is accepted (the claim's run is `d`'s: see
+    /// [`TaskDone::check_claim`]).
+    pub(crate) fn with_claim(d: &'a TaskDone, c: &'a Claim) -> Self {
+        TaskDoneJson {
+            claim: Some(TaskClaimJson {
+                owner: &c.owner,
+                until: millis_to_sql(c.lease_until),
+                now: millis_to_sql(c.now),
+                from: 0,
+            }),
+            ..Self::new(d)
+        }
+    }
+
     pub(crate) fn new(d: &'a TaskDone) -> Self {
         let (output, error, timed_out) = match &d.result {
             Ok(p) => (Some(p.as_str()), None, false),
@@ -993,6 +1021,7 @@ impl<'a> TaskDoneJson<'a> {
             timed_out,
             logs: &d.logs,
             now: millis_to_sql(d.now),
+            claim: None,
         }
     }
 }
@@ -1146,7 +1175,11 @@ pub(crate) fn creates_answer(text: &str, runs: Vec<NewRun>) -> Result<Vec<Create
 }
 
 pub(crate) fn claim_answer(text: &str, claim: &Claim) -> Result<ClaimOutcome, Answer> {
-    let mut v = parse(text, &claim.run_id, Some(&claim.owner))?;
+    claim_value(parse(text, &claim.run_id, Some(&claim.owner))?)
+}
+
+/// A claim's answer, parsed.
+fn claim_value(mut v: Value) -> Result<ClaimOutcome, Answer> {
     let outcome: String = field(&mut v, "outcome")?;
     Ok(match outcome.as_str() {
         "not_found" => ClaimOutcome::NotFound,
@@ -1245,6 +1278,26 @@ pub(crate) fn completion_answer(text: &str, run_id: &RunId) -> Result<TaskComple
         "duplicate" => Ok(TaskCompletion::Duplicate),
         "run_terminal" => Ok(TaskCompletion::RunTerminal),
         other => Err(Answer::Corrupt(format!("unknown task completion {other:?}"))),
+    }
+}
+
+/// `complete_task()`'s answer to a result sent with a claim ([`TaskDoneJson::with_claim`]):
+/// the completion and, when it is accepted, the claim's outcome.
+pub(crate) fn completion_and_claim_answer(
+    text: &str,
+    claim: &Claim,
+) -> Result<(TaskCompletion, Option<ClaimOutcome>), Answer> {
+    let completion = completion_answer(text, &claim.run_id)?;
+    if completion != TaskCompletion::Accepted {
+        return Ok((completion, None));
+    }
+    let mut v: Value =
+        serde_json::from_str(text).map_err(|e| Answer::Corrupt(format!("the server's answer is not JSON: {e}")))?;
+    match v.get_mut("claim").map(Value::take) {
+        Some(answer) => Ok((completion, Some(claim_value(checked(answer, &claim.run_id, Some(&claim.owner))?)?))),
+        None => {
+            Err(Answer::Corrupt("an accepted result sent with a claim was answered without the claim's outcome".into()))
+        }
     }
 }
 

@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 15;
+pub const SCHEMA_VERSION: u32 = 16;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -102,6 +102,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "a step's commit in two statements (step_commit, no advisory key), and the SQL-language \
                       functions PL/pgSQL called, which were planned again at every call, in PL/pgSQL",
         sql: include_str!("sql/v15.sql"),
+    },
+    Migration {
+        version: 16,
+        description: "a worker's result claims the run it wakes in the same write of the run row \
+                      (complete_task with a claim), and writes its checkpoint once",
+        sql: include_str!("sql/v16.sql"),
     },
 ];
 

@@ -425,8 +425,9 @@ pub async fn completion_records_the_result_and_wakes_the_run(store: Arc<dyn Stor
 /// `complete_task_and_claim`: an accepted result is recorded as `complete_task` records it
 /// and the woken run is then claimed as `claim_run` claims it, in the same call (the claim's
 /// history holds the result). A duplicate result, or one for a settled run, claims nothing;
-/// a run whose lease another owner holds is `Busy`, its result recorded all the same; a claim
-/// of another run than the result's is refused with nothing written.
+/// a run whose lease another owner holds is `Busy`, its result recorded all the same; a failed
+/// attempt claims the run as a completed one does; a claim of another run than the result's is
+/// refused with nothing written.
 pub async fn complete_task_and_claim_claims_the_woken_run(store: Arc<dyn Store>) -> CaseResult {
     let s = &*store;
     let parked = parked_on(s, "r", task("r", 2, 1)).await?;
@@ -479,6 +480,25 @@ pub async fn complete_task_and_claim_claims_the_woken_run(store: Arc<dyn Store>)
     assert_eq!((busy.lease_owner.as_deref(), busy.wake_gen), (Some(OTHER), p.wake_gen + 1));
     assert_eq!(get(s, "b").await?, busy);
     assert_eq!(checkpoint_at(s, "b", 0).await?.status, CheckpointStatus::Completed);
+
+    // A failed attempt (the third) claims the run too: its checkpoint is `waiting` with the
+    // error and the attempt, as `complete_task` writes it.
+    let f = parked_on(s, "f", task("f", 1, 3)).await?;
+    claim_all(s, W1, now).await?;
+    let error = StepError::retryable("out of memory");
+    let (completion, claimed) =
+        s.complete_task_and_claim(done("f", 1, 3, W1, Err(error.clone()), now + 1), claim("f", OWNER, now + 1)).await?;
+    assert_eq!(completion, TaskCompletion::Accepted);
+    let Some(ClaimOutcome::Acquired { run, history, .. }) = claimed else {
+        panic!("run f: the failed result's claim should acquire the run, got {claimed:?}")
+    };
+    assert_eq!((run.status, run.wake_gen), (RunStatus::Running, f.wake_gen + 1));
+    let cp = history.iter().find(|c| c.seq == 1).expect("the claim's history holds the failed attempt");
+    assert_eq!(
+        (cp.status, cp.attempts, cp.wake_at, cp.error.as_ref()),
+        (CheckpointStatus::Waiting, 3, None, Some(&error))
+    );
+    assert_eq!(task_at(s, "f", 1).await?.outcome.as_deref(), Some("failed"));
 
     // A result for a settled run: `RunTerminal`, nothing claimed, the run untouched.
     parked_on(s, "c", task("c", 0, 1)).await?;

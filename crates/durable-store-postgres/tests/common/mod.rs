@@ -59,8 +59,8 @@ pub fn new_run(id: &str) -> NewRun {
     }
 }
 
-/// Takes a schema of this build back to version 14: the version row (the functions version 15
-/// created or replaced keep their version 15 text: migrating forward replaces them again).
+/// Takes a schema of this build back to version 14: the version rows of 15 and 16 (the
+/// functions they created or replaced keep their text: migrating forward replaces them again).
 pub async fn undo_version_15(admin: &tokio_postgres::Client, schema: &str) {
     let s = format!("\"{schema}\"");
     admin
