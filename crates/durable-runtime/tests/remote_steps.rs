@@ -129,8 +129,9 @@ async fn with_a_run_queue_a_result_beside_the_engine_still_claims_the_woken_run_
         .build()
         .unwrap();
     engine.register("pipeline", 1, pipeline);
+    // Through the run queue, each wake would be a `complete_task`, then a queue item and a
+    // `claim_run` of its own.
     result_claims_the_run(&engine, &store).await;
-    assert_eq!(engine.metrics().runs_sent, 1, "only the start went through the run queue: {:?}", engine.metrics());
 }
 
 /// Runs `pipeline` (two remote steps) with a worker beside `engine` and checks that both
