@@ -95,7 +95,9 @@
 //!   ([`Store::complete_task`]) is a write of the writer like a signal: under the wait token's
 //!   advisory lock and the run row's lock it consumes the wait, writes the checkpoint and wakes
 //!   the run as a delivery does; a run's settle finishes its tasks, and a result for a settled
-//!   run is `RunTerminal` and never revives it. A
+//!   run is `RunTerminal` and never revives it. Sent with a claim
+//!   ([`Store::complete_task_and_claim`], schema version 16), an accepted result also claims
+//!   the run in the `UPDATE` that wakes it: one write of the run row. A
 //!   `blocked` run is parked like a `suspended` one in every wake path. With a notify channel,
 //!   dispatches and releases `NOTIFY`, and [`PostgresStore::task_wakeups`] wakes an idle worker
 //!   at once. The claim, the expiry and silence scans and the listings walk indexes of open
