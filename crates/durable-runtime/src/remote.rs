@@ -537,8 +537,16 @@ impl Worker {
                             // One span per attempt, in the run's trace.
                             let span = crate::trace::task_span(&task, &w.id);
                             let ctx = self.context(task);
-                            inflight.insert(key, ctx.clone());
-                            running.spawn(self.clone().execute(ctx).instrument(span));
+                            inflight.insert(key.clone(), ctx.clone());
+                            // Whatever happens in it, the task ends with its key: a task lost
+                            // from `inflight` only by a panic would stay claimed here forever.
+                            let execute = Box::pin(self.clone().execute(ctx).instrument(span));
+                            running.spawn(async move {
+                                crate::turn::CatchUnwind(execute).await.unwrap_or_else(|panic| {
+                                    tracing::error!(run_id = %key.0, seq = key.1, "a remote step's task panicked in the worker: {panic}");
+                                    Outcome { key, completion: None, dropped: true }
+                                })
+                            });
                         }
                     }
                     Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not claim tasks; trying again"),
@@ -745,7 +753,17 @@ impl Worker {
             ))),
             Some(handler) => {
                 let began = std::time::Instant::now();
-                let run = handler(ctx.clone(), task.task.input.clone());
+                // A panic fails the attempt like an error (the retry policy decides what
+                // follows), as in a local step; uncaught, it left the task in flight here,
+                // claimed again at each lease expiry and never run.
+                let name = &task.task.name;
+                let handled = crate::turn::CatchUnwind(handler(ctx.clone(), task.task.input.clone()));
+                let run = async move {
+                    handled.await.unwrap_or_else(|panic| {
+                        Err(StepError::retryable(format!("the handler of remote step {name:?} panicked: {panic}"))
+                            .with_code(codes::PANIC))
+                    })
+                };
                 let deadline = task.deadline();
                 // At the attempt's deadline, or when the store says stop, the handler is told
                 // (`cancelled()`) and given a grace to return before it is dropped.

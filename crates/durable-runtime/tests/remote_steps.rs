@@ -243,6 +243,44 @@ async fn a_fatal_error_fails_the_step_at_once() {
     w.stop().await;
 }
 
+/// A handler that panics fails its attempt like an error (code `panic`, retryable): the retry
+/// policy runs the next attempt, and once the attempts are spent the step fails. (The panic
+/// used to leave the task in flight on the worker, claimed again at each lease expiry and never
+/// run: the run waited forever.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_fails_its_attempt_and_the_retry_policy_decides() {
+    let t = TestEngine::new();
+    t.register("shaky", 1, |ctx: WorkflowCtx, retries: u32| async move {
+        let r: Result<u32, _> = ctx.remote_step("shaky", &()).retry(retries, Backoff::None).await;
+        Ok::<_, WorkflowError>(r.map_err(|e| (e.attempts, e.error.code().map(str::to_string), e.error.message)))
+    });
+    let calls = Arc::new(AtomicU32::new(0));
+    let c = calls.clone();
+    let w = spawn(Worker::builder().engine(t.engine()).handle("shaky", move |ctx: TaskContext, _: ()| {
+        c.fetch_add(1, Ordering::SeqCst);
+        // Run "once" panics on its first attempt only; run "always" on every one.
+        let panics = ctx.run_id().as_str() == "always" || ctx.attempt() == 1;
+        async move {
+            assert!(!panics, "handler boom on attempt {}", ctx.attempt());
+            Ok::<_, StepError>(ctx.attempt())
+        }
+    }));
+    let once = t.start("shaky", &1u32, StartOptions::id("once")).await.unwrap();
+    // A hang guard, not a timing assertion: without the fix the run never settles.
+    let settled = tokio::time::timeout(Duration::from_secs(60), t.wait_for_run(&once.id)).await;
+    let out = settled.expect("run once settles").unwrap().output::<Result<u32, (u32, Option<String>, String)>>();
+    assert_eq!(out.unwrap(), Ok(2));
+    t.assert_attempts(&once.id, "shaky", 2).await;
+    let always = t.start("shaky", &1u32, StartOptions::id("always")).await.unwrap();
+    let out = t.wait_for_run(&always.id).await.unwrap().output::<Result<u32, (u32, Option<String>, String)>>().unwrap();
+    let (attempts, code, message) = out.expect_err("every attempt panicked");
+    assert_eq!((attempts, code.as_deref()), (2, Some("panic")));
+    assert!(message.contains("handler boom on attempt 2") && message.contains("shaky"), "{message}");
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    let report = w.stop().await;
+    assert_eq!((report.claimed, report.completed, report.dropped), (4, 4, 0));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_past_its_timeout_is_cancelled_and_retried_after_its_backoff() {
     let t = TestEngine::new();
