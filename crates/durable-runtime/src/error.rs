@@ -300,7 +300,8 @@ impl fmt::Display for StepFailed {
 impl std::error::Error for StepFailed {}
 
 /// The error a workflow body returns. `?` converts any `std::error::Error` into it; a
-/// [`StepFailed`] keeps its step's error code. Like `anyhow::Error`, it deliberately does not
+/// [`StepFailed`] keeps its step's error code, a [`ChildFailed`](crate::ChildFailed) gets
+/// `child_failed`, a [`SignalError`](crate::SignalError) `bad_payload`. Like `anyhow::Error`, it deliberately does not
 /// implement `std::error::Error` itself.
 pub struct WorkflowError {
     message: String,
@@ -342,9 +343,29 @@ impl WorkflowError {
 
 impl<E: std::error::Error + Send + Sync + 'static> From<E> for WorkflowError {
     fn from(e: E) -> Self {
-        let any: &dyn std::any::Any = &e;
-        let code = any.downcast_ref::<StepFailed>().and_then(|s| s.error.code.clone());
+        let code = code_of(&e).map(str::to_string);
         WorkflowError { message: e.to_string(), code }
+    }
+}
+
+/// The code an error of the engine's carries onto the run when `?` returns it: a step's own
+/// code, `child_failed` for a child that did not complete, `bad_payload` for a delivery that
+/// does not decode.
+fn code_of(e: &dyn std::any::Any) -> Option<&str> {
+    use crate::turn::{ChildFailed, SignalError, TaskError};
+    if let Some(s) = e.downcast_ref::<StepFailed>() {
+        return s.error.code.as_deref();
+    }
+    if e.is::<ChildFailed>() {
+        return Some(durable_core::codes::CHILD_FAILED);
+    }
+    if e.is::<SignalError>() {
+        return Some(durable_core::codes::BAD_PAYLOAD);
+    }
+    match e.downcast_ref::<TaskError>()? {
+        TaskError::Dispatch(s) => s.error.code.as_deref(),
+        TaskError::BadPayload(_) => Some(durable_core::codes::BAD_PAYLOAD),
+        TaskError::Failed { .. } => None,
     }
 }
 

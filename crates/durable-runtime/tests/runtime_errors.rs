@@ -138,3 +138,33 @@ async fn values_that_would_not_decode_on_replay_are_refused_when_made() {
     assert_eq!(error.code(), Some(codes::BAD_PAYLOAD));
     assert!(error.message.contains("nan-record") && error.message.contains(r#""nan" (seq 0)"#), "{}", error.message);
 }
+
+/// `?` on the engine's own errors keeps a code on the failed run: `child_failed` for a child
+/// that did not complete, `bad_payload` for a signal that does not decode.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn errors_returned_with_question_mark_keep_their_codes() {
+    let t = TestEngine::new();
+    t.register("doomed", 1, |_ctx: WorkflowCtx, _: ()| async move {
+        Err::<(), _>(WorkflowError::new("the child gives up").with_code("gave_up"))
+    });
+    t.register("parent", 1, |ctx: WorkflowCtx, _: ()| async move {
+        ctx.child::<_, ()>("doomed", &()).await?;
+        Ok::<_, WorkflowError>(())
+    });
+    t.register("listener", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let n: u32 = ctx.wait_for_signal("tok-listener").await?;
+        Ok::<_, WorkflowError>(n)
+    });
+    let parent = t.start("parent", &(), StartOptions::id("parent")).await.unwrap();
+    let listener = t.start("listener", &(), StartOptions::id("listener")).await.unwrap();
+    t.signal("tok-listener", &"not a number").await.unwrap();
+    for (id, code, names) in
+        [(&parent.id, codes::CHILD_FAILED, "the child gives up"), (&listener.id, codes::BAD_PAYLOAD, "tok-listener")]
+    {
+        let outcome = t.wait_for_run(id).await.unwrap();
+        assert_eq!(outcome.status(), RunStatus::Failed, "run {id}");
+        let error = outcome.error().unwrap();
+        assert_eq!(error.code(), Some(code), "run {id}: {}", error.message);
+        assert!(error.message.contains(names), "run {id}: {}", error.message);
+    }
+}
