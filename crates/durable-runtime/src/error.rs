@@ -122,6 +122,17 @@ pub enum Error {
         /// The decoding error.
         source: serde_json::Error,
     },
+    /// A run's query state does not decode into the type asked for
+    /// ([`Engine::get_state`](crate::Engine::get_state)).
+    #[error("query state {key:?} of run {id} does not decode into the requested type: {source}")]
+    State {
+        /// The run.
+        id: RunId,
+        /// The state's key.
+        key: String,
+        /// The decoding error.
+        source: serde_json::Error,
+    },
     /// Only failed and dead runs can be retried.
     #[error("run {id} is {status}; only failed or dead runs can be retried")]
     NotRetryable {

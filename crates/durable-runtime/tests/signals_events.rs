@@ -96,6 +96,10 @@ async fn get_state_sees_the_latest_value_during_and_after_the_run(s: StoreFixtur
     t.signal("go", &()).await.unwrap();
     t.assert_status(&run.id, RunStatus::Completed).await;
     assert_eq!(t.get_state::<u32>(&run.id, "progress").await.unwrap(), Some(100));
+    // Asked as the wrong type: the error names the state, not the run's output.
+    let wrong = t.get_state::<String>(&run.id, "progress").await.unwrap_err();
+    assert!(matches!(&wrong, durable_runtime::Error::State { key, .. } if key == "progress"), "{wrong:?}");
+    assert!(wrong.to_string().contains(r#"query state "progress" of run progress"#), "{wrong}");
 }
 
 async fn updates_are_validated_before_they_touch_a_run(s: StoreFixture) {

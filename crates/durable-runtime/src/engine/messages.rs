@@ -194,7 +194,7 @@ impl Engine {
     /// `None` if it never set one.
     pub async fn get_state<T: DeserializeOwned>(&self, run_id: &RunId, key: &str) -> Result<Option<T>> {
         let Some(p) = self.shared().store.get_state(run_id, key).await? else { return Ok(None) };
-        p.decode().map(Some).map_err(|source| Error::Output { id: run_id.clone(), source })
+        p.decode().map(Some).map_err(|source| Error::State { id: run_id.clone(), key: key.to_string(), source })
     }
 
     /// Registers a validator for updates named `update` sent to runs of `workflow`: it sees
