@@ -154,6 +154,9 @@ pub mod codes {
     pub const REMOTE_TIMEOUT: &str = "remote_timeout";
     /// Set on a `blocked` run's error: no live worker can take its remote step.
     pub const BLOCKED: &str = "blocked";
+    /// A worker took a remote step's task from a queue it serves but has no handler for the
+    /// step (a rolling deploy, say): the attempt fails, retryable.
+    pub const NO_HANDLER: &str = "no_handler";
     /// An operator re-dispatched a remote step's attempt (`redispatch_pending`): the next
     /// attempt goes out at once, outside the retry policy.
     pub const REDISPATCH: &str = "redispatch";

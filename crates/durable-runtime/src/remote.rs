@@ -747,10 +747,12 @@ impl Worker {
         let task = &ctx.inner.task;
         let key = (task.task.run_id.clone(), task.task.seq);
         let result = match w.handlers.get(&task.task.name) {
-            None => Err(StepError::fatal(format!(
+            // Another worker of the queue may have it (a rolling deploy): retryable.
+            None => Err(StepError::retryable(format!(
                 "worker {} serves queue {:?} but has no handler for remote step {:?}",
                 w.id, task.task.queue, task.task.name
-            ))),
+            ))
+            .with_code(codes::NO_HANDLER)),
             Some(handler) => {
                 let began = std::time::Instant::now();
                 // A panic fails the attempt like an error (the retry policy decides what

@@ -281,6 +281,30 @@ async fn a_panicking_handler_fails_its_attempt_and_the_retry_policy_decides() {
     assert_eq!((report.claimed, report.completed, report.dropped), (4, 4, 0));
 }
 
+/// A worker that takes a task from a queue it serves but has no handler for the step (a
+/// rolling deploy) fails the attempt retryable, code `no_handler`: the step's policy retries it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_without_a_handler_on_its_worker_fails_its_attempt_retryable() {
+    let t = TestEngine::new();
+    t.register("deploy", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let r: Result<u32, _> = ctx.remote_step("resize", &()).queue("shared").retry(1, Backoff::None).await;
+        let e = r.expect_err("no worker has the handler");
+        Ok::<_, WorkflowError>((e.attempts, e.error.code().map(str::to_string), e.error.retryable, e.error.message))
+    });
+    let w = spawn(
+        Worker::builder()
+            .engine(t.engine())
+            .queue("shared")
+            .handle("thumbnail", |_ctx, _: ()| async { Ok::<_, StepError>(0u32) }),
+    );
+    let run = t.start("deploy", &(), StartOptions::id("deploy")).await.unwrap();
+    let (attempts, code, retryable, message): (u32, Option<String>, bool, String) =
+        t.wait_for_run(&run.id).await.unwrap().output().unwrap();
+    assert_eq!((attempts, code.as_deref(), retryable), (2, Some("no_handler"), true));
+    assert!(message.contains(r#"has no handler for remote step "resize""#), "{message}");
+    w.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_past_its_timeout_is_cancelled_and_retried_after_its_backoff() {
     let t = TestEngine::new();
