@@ -93,6 +93,12 @@ impl Engine {
 
     /// Deletes a run and its whole subtree (children, grandchildren, …) with their histories,
     /// waiters and state. Returns how many runs were deleted (0: no such run).
+    ///
+    /// It deletes a run in any status, active ones too — there is no `--force` here: a turn
+    /// executing the run stops when its next write finds the run gone, and its remote steps'
+    /// late results are dropped.
+    /// Cancel a run first ([`Engine::cancel`]) to let it compensate; `durable runs delete`
+    /// and the HTTP API refuse an active run unless told to force.
     pub async fn delete_run(&self, id: &RunId) -> Result<u64> {
         Ok(self.shared().store.delete_run(id).await?)
     }
