@@ -245,6 +245,9 @@ impl WorkerBuilder {
     /// error fails the attempt; the workflow's retry policy decides what follows
     /// ([`StepError::fatal`] is never retried). An input that does not decode into `I` fails
     /// the step at once.
+    ///
+    /// # Panics
+    /// On an empty name: no step can be dispatched to it.
     pub fn handle<I, O, F, Fut>(mut self, name: &str, handler: F) -> Self
     where
         I: DeserializeOwned + Send + 'static,
@@ -252,6 +255,7 @@ impl WorkerBuilder {
         F: Fn(TaskContext, I) -> Fut + Send + Sync + 'static,
         Fut: Future<Output = Result<O, StepError>> + Send + 'static,
     {
+        assert!(!name.is_empty(), "Worker::handle: a remote step's name must be non-empty");
         let handler = Arc::new(handler);
         let step = name.to_string();
         let erased: Handler = Arc::new(move |ctx: TaskContext, input: Payload| {

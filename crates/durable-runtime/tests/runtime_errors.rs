@@ -62,7 +62,23 @@ async fn unknown_workflows_and_bad_input_are_refused_before_anything_is_persiste
 
     let err = t.start("echo", &1u32, StartOptions::id("")).await.unwrap_err();
     assert!(matches!(err, Error::InvalidId(_)), "{err}");
+    let err = t.start("echo", &1u32, StartOptions::id("no-ns").namespace("")).await.unwrap_err();
+    assert!(matches!(&err, Error::InvalidName { what } if what.contains("namespace")), "{err}");
+    let err = t.start("echo", &1u32, StartOptions::id("no-tag").tag("vip").tag("")).await.unwrap_err();
+    assert!(matches!(&err, Error::InvalidName { what } if what.contains("tag")), "{err}");
     assert!(t.list_runs(&Default::default()).await.unwrap().runs.is_empty());
+}
+
+/// Registration happens once at boot: a workflow without a name is a bug, refused loudly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registering_a_workflow_without_a_name_panics() {
+    let t = TestEngine::new();
+    let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        t.register("", 1, |_ctx: WorkflowCtx, _: ()| async { Ok::<_, WorkflowError>(()) })
+    }));
+    let panic = registered.expect_err("an empty name is refused");
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains("a workflow's name must be non-empty"), "{message}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -129,6 +129,12 @@ impl Engine {
         };
         let namespace =
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
+        if namespace.is_empty() {
+            return Err(Error::InvalidName { what: format!("namespace of the start of workflow {workflow:?}") });
+        }
+        if options.tags.iter().any(String::is_empty) {
+            return Err(Error::InvalidName { what: format!("tag of the start of workflow {workflow:?}") });
+        }
         let start_at = options.start_at.or_else(|| options.delay.map(|d| durable_core::millis_after(now, d)));
         let trace_context = match options.trace_context {
             Some(given) => durable_core::trace::TraceParent::parse(&given)?.to_string(),

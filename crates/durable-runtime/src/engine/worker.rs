@@ -126,6 +126,10 @@ impl WorkflowOptions {
 impl Engine {
     /// Registers (or replaces) version `version` of workflow `name`. New runs start on the
     /// newest registered version; a run always resumes on the version it started on.
+    ///
+    /// # Panics
+    /// On an empty name (no run could name the workflow in the store's listings): a bug to
+    /// fix at boot, like [`Engine::register_with`]'s triggers.
     pub fn register<F, Fut, I, O>(&self, name: &str, version: u32, f: F)
     where
         F: Fn(WorkflowCtx, I) -> Fut + Send + Sync + 'static,
@@ -133,6 +137,7 @@ impl Engine {
         I: DeserializeOwned + Send + 'static,
         O: Serialize + Send + 'static,
     {
+        assert!(!name.is_empty(), "register: a workflow's name must be non-empty (version {version})");
         self.inner.shared.registry.register(name, version, f);
         // Runs of this workflow may be waiting in the store: look now, not at the next tick.
         self.inner.shared.poll_now();
