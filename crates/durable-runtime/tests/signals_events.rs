@@ -130,6 +130,19 @@ async fn updates_are_validated_before_they_touch_a_run(s: StoreFixture) {
     assert_eq!(t.update(&run.id, "set_quantity", &3u32).await.unwrap(), UpdateOutcome::Accepted { delivered: true });
     t.assert_output(&run.id, 3u32).await;
 
+    // Without a validator a value of the wrong type reaches the run: the workflow's error
+    // names the update as the workflow named it.
+    t.register("free_cart", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let qty: Result<u32, _> = ctx.on_update("qty").await;
+        Ok::<_, WorkflowError>(qty.map_err(|e| e.to_string()))
+    });
+    let free = t.start("free_cart", &(), StartOptions::id("free-cart")).await.unwrap();
+    t.assert_settled_status(&free.id, RunStatus::Suspended).await;
+    t.update(&free.id, "qty", &"many").await.unwrap();
+    let out = t.wait_for_run(&free.id).await.unwrap().output::<Result<u32, String>>().unwrap();
+    let message = out.expect_err("a string is not a u32");
+    assert!(message.contains(r#"delivered to "qty" (seq 0)"#) && !message.contains("update:"), "{message}");
+
     // One rule for every message addressed to a run by id: unknown is RunNotFound, finished is
     // RunFinished, and nothing is written.
     use durable_runtime::Error;

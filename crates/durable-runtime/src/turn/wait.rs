@@ -155,7 +155,8 @@ impl WorkflowCtx {
             let Some(p) = await_delivery(&t, None, seq, named, &token, StepKind::Signal, wait).await else {
                 return halt().await;
             };
-            decode_delivery(&t, seq, &token, &p)
+            // Named as the workflow named it (an update's name, not its internal token).
+            decode_delivery(&t, seq, named.1, &p)
         }
     }
 
