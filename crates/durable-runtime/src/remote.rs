@@ -173,6 +173,7 @@ pub struct WorkerBuilder {
     poll_interval: Duration,
     drain_timeout: Duration,
     register_interval: Duration,
+    max_payload_bytes: Option<usize>,
 }
 
 impl fmt::Debug for WorkerBuilder {
@@ -201,6 +202,16 @@ impl WorkerBuilder {
         self.wakeups = Some(engine.shared().task_dispatched.clone());
         self.engine = Some(Arc::downgrade(engine.shared()));
         self.control.get_or_insert_with(|| engine.control_plane().clone());
+        self.max_payload_bytes.get_or_insert(engine.config().max_payload_bytes);
+        self
+    }
+
+    /// The largest output a handler may return, in bytes of JSON (default: the engine's
+    /// [`EngineConfig::max_payload_bytes`](crate::EngineConfig::max_payload_bytes) beside an
+    /// engine, else 4 MiB, that setting's default). A larger output fails the attempt at once,
+    /// fatal, with code `payload_too_large`, and is never written to the store.
+    pub fn max_payload_bytes(mut self, bytes: usize) -> Self {
+        self.max_payload_bytes = Some(bytes);
         self
     }
 
@@ -368,6 +379,7 @@ impl WorkerBuilder {
                 poll_interval: poll,
                 drain_timeout: self.drain_timeout,
                 register_interval: self.register_interval,
+                max_payload_bytes: self.max_payload_bytes.unwrap_or(crate::EngineConfig::default().max_payload_bytes),
             }),
         }
     }
@@ -422,6 +434,7 @@ struct WorkerInner {
     poll_interval: Duration,
     drain_timeout: Duration,
     register_interval: Duration,
+    max_payload_bytes: usize,
 }
 
 impl fmt::Debug for Worker {
@@ -462,6 +475,7 @@ impl Worker {
             poll_interval: DEFAULT_POLL,
             drain_timeout: Duration::from_secs(30),
             register_interval: Duration::from_secs(5),
+            max_payload_bytes: None,
         }
     }
 
@@ -797,6 +811,20 @@ impl Worker {
                 result
             }
         };
+        // An output over the limit is refused here, before it is written (as a local step's).
+        let result = result.and_then(|out| {
+            if out.len() <= w.max_payload_bytes {
+                return Ok(out);
+            }
+            Err(StepError::fatal(format!(
+                "the output of remote step {:?} ({}) is {} bytes, over the {}-byte payload limit (max_payload_bytes)",
+                task.task.name,
+                ctx.step_id(),
+                out.len(),
+                w.max_payload_bytes
+            ))
+            .with_code(codes::PAYLOAD_TOO_LARGE))
+        });
         // A result past the attempt's deadline is not reported: the attempt has expired.
         if task.deadline().is_some_and(|d| w.clock.now() >= d) {
             crate::metrics::task_result_dropped("expired");

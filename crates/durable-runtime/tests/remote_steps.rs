@@ -305,6 +305,33 @@ async fn a_task_without_a_handler_on_its_worker_fails_its_attempt_retryable() {
     w.stop().await;
 }
 
+/// A handler's output over the worker's payload limit fails the attempt at once, fatal, with
+/// code `payload_too_large`, as a local step's does; the output is never written.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_output_over_the_payload_limit_fails_the_step_and_is_not_stored() {
+    let t = TestEngine::new();
+    t.register("big", 1, |ctx: WorkflowCtx, len: usize| async move {
+        let r: Result<String, _> = ctx.remote_step("big", &len).retry(3, Backoff::None).await;
+        Ok::<_, WorkflowError>(r.map_err(|e| (e.attempts, e.error.code().map(str::to_string), e.error.message)))
+    });
+    let w = spawn(
+        Worker::builder()
+            .engine(t.engine())
+            .max_payload_bytes(64)
+            .handle("big", |_ctx, len: usize| async move { Ok::<_, StepError>("x".repeat(len)) }),
+    );
+    let small = t.start("big", &10usize, StartOptions::id("small")).await.unwrap();
+    t.assert_output(&small.id, Ok::<String, (u32, Option<String>, String)>("x".repeat(10))).await;
+    let big = t.start("big", &100usize, StartOptions::id("big")).await.unwrap();
+    let out = t.wait_for_run(&big.id).await.unwrap().output::<Result<String, (u32, Option<String>, String)>>().unwrap();
+    let (attempts, code, message) = out.expect_err("102 bytes of JSON are over 64");
+    assert_eq!((attempts, code.as_deref()), (1, Some("payload_too_large")));
+    assert!(message.contains("is 102 bytes, over the 64-byte payload limit") && message.contains("big:0"), "{message}");
+    let cp = &t.checkpoints(&big.id).await[0];
+    assert_eq!((cp.status, cp.output.is_none()), (CheckpointStatus::Failed, true), "{cp:?}");
+    w.stop().await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_attempt_past_its_timeout_is_cancelled_and_retried_after_its_backoff() {
     let t = TestEngine::new();
