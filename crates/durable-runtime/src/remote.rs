@@ -94,9 +94,14 @@ impl TaskContext {
     /// and extends the task's lease. Throttled: the first beat goes out at once, later ones at
     /// most once per a third of the step's `heartbeat_timeout` (the latest progress and logs
     /// ride with the next beat that goes out, or with the result). Returns `false` when the
-    /// handler should stop ([`TaskContext::cancelled`] has resolved).
+    /// handler should stop ([`TaskContext::cancelled`] has resolved). Progress that does not
+    /// serialize is logged (a warning) and left out; the beat still extends the lease.
     pub async fn heartbeat<P: Serialize + ?Sized>(&self, progress: &P) -> bool {
-        let progress = Payload::encode(progress).ok();
+        let progress = Payload::encode(progress)
+            .inspect_err(|e| {
+                tracing::warn!(step_id = %self.step_id(), error = %e, "the heartbeat's progress does not serialize; the beat goes without it")
+            })
+            .ok();
         let now = self.inner.clock.now();
         let beat = {
             let mut b = self.inner.beat.lock();
