@@ -273,7 +273,8 @@ fn waiting_on(run: &Run, history: &[Checkpoint], admission: Option<&RunAdmission
     }
 }
 
-/// The waiting checkpoints of a run, in words; a signal's timeout is folded into its wait.
+/// The waiting checkpoints of a run (and its remote steps out), in words; a signal's timeout is
+/// folded into its wait.
 fn waits(history: &[Checkpoint], now: u64) -> Vec<String> {
     let waiting: Vec<&Checkpoint> = history.iter().filter(|c| c.status == CheckpointStatus::Waiting).collect();
     let timeout_of = |name: &str| {
@@ -314,6 +315,10 @@ fn waits(history: &[Checkpoint], now: u64) -> Vec<String> {
             other => format!("{other} {}", cp.name),
         };
         out.push(text.trim_end().to_string());
+    }
+    // A remote step's attempt that is out: its checkpoint is running, not waiting.
+    for cp in history.iter().filter(|c| c.kind == StepKind::Remote && c.status == CheckpointStatus::Running) {
+        out.push(format!("remote step {} (attempt {})", cp.name, cp.attempts));
     }
     out
 }

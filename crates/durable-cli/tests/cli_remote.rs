@@ -200,6 +200,7 @@ fn show_lists_pending_remote_steps_with_heartbeats_progress_claims_and_logs() {
 
     // Redelivered once, silent for 19 minutes, with the handler's log line.
     let text = run_ok(dir.path(), &["runs", "show", "img-1", "--db", dbs]).stdout;
+    assert!(line_with(&text, &["waiting on"]).ends_with("remote step resize (attempt 1)"), "{text}");
     assert!(text.contains("\npending remote steps (1)\n"), "{text}");
     line_with(&text, &["SEQ", "NAME", "ATTEMPT", "STATE", "WORKER", "LAST HEARTBEAT", "CLAIMS", "PROGRESS"]);
     let row = line_with(&text, &["resize", "claimed"]);
