@@ -325,6 +325,11 @@ impl WorkflowError {
         WorkflowError { message: message.into(), code: None }
     }
 
+    /// An error with this message and code, if any.
+    pub(crate) fn coded(message: String, code: Option<String>) -> Self {
+        WorkflowError { message, code }
+    }
+
     /// Sets the machine-readable code recorded on the run.
     pub fn with_code(mut self, code: impl Into<String>) -> Self {
         self.code = Some(code.into());
@@ -349,34 +354,6 @@ impl WorkflowError {
     /// The error recorded on the failed run.
     pub fn to_step_error(&self) -> StepError {
         StepError { message: self.message.clone(), code: self.code.clone(), retryable: false }
-    }
-}
-
-impl<E: std::error::Error + Send + Sync + 'static> From<E> for WorkflowError {
-    fn from(e: E) -> Self {
-        let code = code_of(&e).map(str::to_string);
-        WorkflowError { message: e.to_string(), code }
-    }
-}
-
-/// The code an error of the engine's carries onto the run when `?` returns it: a step's own
-/// code, `child_failed` for a child that did not complete, `bad_payload` for a delivery that
-/// does not decode.
-fn code_of(e: &dyn std::any::Any) -> Option<&str> {
-    use crate::turn::{ChildFailed, SignalError, TaskError};
-    if let Some(s) = e.downcast_ref::<StepFailed>() {
-        return s.error.code.as_deref();
-    }
-    if e.is::<ChildFailed>() {
-        return Some(durable_core::codes::CHILD_FAILED);
-    }
-    if e.is::<SignalError>() {
-        return Some(durable_core::codes::BAD_PAYLOAD);
-    }
-    match e.downcast_ref::<TaskError>()? {
-        TaskError::Dispatch(s) => s.error.code.as_deref(),
-        TaskError::BadPayload(_) => Some(durable_core::codes::BAD_PAYLOAD),
-        TaskError::Failed { .. } => None,
     }
 }
 

@@ -300,3 +300,32 @@ pub(crate) fn panic_message(panic: &(dyn std::any::Any + Send)) -> String {
         "panic with a non-string payload".to_string()
     }
 }
+
+// Here rather than beside `WorkflowError`: it knows the turn's error types (error.rs does not
+// import the turn).
+impl<E: std::error::Error + Send + Sync + 'static> From<E> for crate::error::WorkflowError {
+    fn from(e: E) -> Self {
+        let code = code_of(&e).map(str::to_string);
+        crate::error::WorkflowError::coded(e.to_string(), code)
+    }
+}
+
+/// The code an error of the engine's carries onto the run when `?` returns it: a step's own
+/// code, `child_failed` for a child that did not complete, `bad_payload` for a delivery that
+/// does not decode.
+fn code_of(e: &dyn std::any::Any) -> Option<&str> {
+    if let Some(s) = e.downcast_ref::<crate::error::StepFailed>() {
+        return s.error.code.as_deref();
+    }
+    if e.is::<ChildFailed>() {
+        return Some(durable_core::codes::CHILD_FAILED);
+    }
+    if e.is::<SignalError>() {
+        return Some(durable_core::codes::BAD_PAYLOAD);
+    }
+    match e.downcast_ref::<TaskError>()? {
+        TaskError::Dispatch(s) => s.error.code.as_deref(),
+        TaskError::BadPayload(_) => Some(durable_core::codes::BAD_PAYLOAD),
+        TaskError::Failed { .. } => None,
+    }
+}
