@@ -179,7 +179,7 @@ pub enum Error {
     /// first `started` items were persisted and dispatched (whole batches: the failed batch
     /// persisted nothing). Starting the rest again is safe for items with ids (an existing id
     /// is returned as it is); items without an id would get new ones.
-    #[error("start_many: the store failed after the first {started} items were started (the rest were not): {source}")]
+    #[error("start_many: the first {started} items were started, the rest were not: {source}")]
     PartlyStarted {
         /// How many items, from the first, were started.
         started: usize,

@@ -139,6 +139,13 @@ async fn a_full_singleton_refuses_the_start_with_queue_full_and_persists_nothing
     let msg = err.to_string();
     assert!(msg.contains("queue_full") && msg.contains("\"sync\"") && msg.contains("\"acme\""), "{msg}");
     assert!(t.get_run(&RunId::from("s3")).await.unwrap().is_none(), "a refused start persists nothing");
+    // The same through start_many: the batch is refused whole, as `start` refuses.
+    let many = t.start_many((3..6).map(|n| ("sync", job("acme", n), StartOptions::id(format!("m{n}"))))).await;
+    match many.unwrap_err() {
+        Error::QueueFull { workflow, key, .. } => assert_eq!((workflow.as_str(), key.as_str()), ("sync", "acme")),
+        other => panic!("expected QueueFull from start_many, got {other:?}"),
+    }
+    assert!(t.get_run(&RunId::from("m3")).await.unwrap().is_none(), "a refused batch persists nothing");
     // Another key is not held back, and the engine keeps running.
     t.start("sync", &job("other", 4), StartOptions::id("o4")).await.unwrap();
     parked(&t, "o4").await;

@@ -59,8 +59,11 @@ impl Engine {
     ///
     /// Every item is validated before anything is written: an unknown workflow, an input that
     /// does not fit the workflow or a bad id fails the call with [`Error::BadStart`] naming the
-    /// item, and nothing is started. A store failure after some batches were written is
-    /// [`Error::PartlyStarted`], saying how many items were started.
+    /// item, and nothing is started. Items are written in batches, each whole or not at all: a
+    /// batch that would overfill a concurrency key (`max_queue_depth`) is refused whole —
+    /// [`Error::QueueFull`] if it is the first, so nothing is started — and a store failure
+    /// after some batches were written is [`Error::PartlyStarted`], saying how many items were
+    /// started.
     ///
     /// ```no_run
     /// # use durable_runtime::{Engine, StartOptions};
@@ -97,12 +100,23 @@ impl Engine {
         let mut news = news.into_iter().peekable();
         while news.peek().is_some() {
             let chunk: Vec<NewRun> = news.by_ref().take(batch).collect();
+            let workflows: Vec<String> = chunk.iter().map(|r| r.workflow.clone()).collect();
             let mark = shared.mark();
-            let created = shared
-                .store
-                .create_runs(chunk)
-                .await
-                .map_err(|source| Error::PartlyStarted { started: started.len(), source })?;
+            let created = shared.store.create_runs(chunk).await.map_err(|source| match source {
+                // A full concurrency key refuses its batch whole: with nothing started yet,
+                // the call is refused as `start` refuses (the workflow whose key it is).
+                durable_core::StoreError::QueueFull { ref gate, .. } if started.is_empty() => {
+                    let workflow = workflows
+                        .iter()
+                        .find(|w| {
+                            protocol::parse_gate(gate).is_some_and(|(_, _, rest)| rest.starts_with(&format!("{w}:")))
+                        })
+                        .cloned()
+                        .unwrap_or_default();
+                    queue_full(&workflow, source)
+                }
+                source => Error::PartlyStarted { started: started.len(), source },
+            })?;
             started.extend(created.into_iter().map(|c| self.started(c, mark)));
         }
         Ok(started)
