@@ -38,7 +38,9 @@ impl QueueOptions {
 
     /// At most `n` steps of the queue start per `period` (a fixed window).
     pub fn rate(mut self, n: u32, period: Duration) -> Self {
-        self.limits.rate = Some(Rate::per(n, period));
+        // Not `Rate::per`, which rounds a window under 1 ms up to 1 ms: registering it is
+        // refused instead ([`Error::BadQueue`]).
+        self.limits.rate = Some(Rate { limit: n, period_ms: durable_core::millis(period) });
         self
     }
 

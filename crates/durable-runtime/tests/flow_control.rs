@@ -479,3 +479,25 @@ async fn a_remote_step_through_a_registered_queue_holds_its_slot_until_its_resul
     let _ = stop.send(());
     w.await.unwrap();
 }
+
+/// Limits that would admit nothing, or a rate window under a millisecond, are refused when the
+/// queue is registered, naming it; nothing is registered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn queues_that_could_not_work_are_refused_at_registration() {
+    let t = TestEngine::new();
+    for (options, says) in [
+        (QueueOptions::default().concurrency(0), "concurrency of 0"),
+        (QueueOptions::default().rate(0, Duration::from_secs(1)), "rate of 0"),
+        (QueueOptions::default().rate(1, Duration::ZERO), "at least 1 ms"),
+        (QueueOptions::default().rate(5, Duration::from_micros(500)), "at least 1 ms"),
+    ] {
+        match t.register_queue("api", options) {
+            Err(Error::BadQueue { name, reason }) => {
+                assert_eq!(name, "api");
+                assert!(reason.contains(says), "{reason}");
+            }
+            other => panic!("{options:?}: expected BadQueue, got {other:?}"),
+        }
+    }
+    t.register_queue("api", QueueOptions::default().rate(1, Duration::from_millis(1))).unwrap();
+}

@@ -17,7 +17,8 @@ impl Engine {
     /// runs the steps (the options travel with each request; the latest request's win).
     ///
     /// # Errors
-    /// [`Error::BadQueue`] for limits that would admit nothing (a concurrency or rate of 0).
+    /// [`Error::BadQueue`] for limits that would admit nothing (a concurrency or rate of 0) or
+    /// a rate window under 1 ms.
     pub fn register_queue(&self, name: &str, options: QueueOptions) -> Result<()> {
         let limits = options.limits();
         limits.validate(&format!("queue {name:?}")).map_err(|reason| Error::BadQueue { name: name.into(), reason })?;
