@@ -100,6 +100,9 @@ async fn get_state_sees_the_latest_value_during_and_after_the_run(s: StoreFixtur
     let wrong = t.get_state::<String>(&run.id, "progress").await.unwrap_err();
     assert!(matches!(&wrong, durable_runtime::Error::State { key, .. } if key == "progress"), "{wrong:?}");
     assert!(wrong.to_string().contains(r#"query state "progress" of run progress"#), "{wrong}");
+    // No such run: not the same answer as a key never set.
+    let unknown = t.get_state::<u32>(&"nope".into(), "progress").await.unwrap_err();
+    assert!(matches!(&unknown, durable_runtime::Error::RunNotFound(id) if id.as_str() == "nope"), "{unknown:?}");
 }
 
 async fn updates_are_validated_before_they_touch_a_run(s: StoreFixture) {

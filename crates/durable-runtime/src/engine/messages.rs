@@ -191,9 +191,16 @@ impl Engine {
     }
 
     /// The latest value a run set with `ctx.set_state(key, ..)`, also after it finished;
-    /// `None` if it never set one.
+    /// `None` if it never set one; [`Error::RunNotFound`] if there is no such run.
     pub async fn get_state<T: DeserializeOwned>(&self, run_id: &RunId, key: &str) -> Result<Option<T>> {
-        let Some(p) = self.shared().store.get_state(run_id, key).await? else { return Ok(None) };
+        let store = &self.shared().store;
+        let Some(p) = store.get_state(run_id, key).await? else {
+            // Never set, or no run at all: one more read tells them apart.
+            return match store.get_run(run_id).await? {
+                Some(_) => Ok(None),
+                None => Err(Error::RunNotFound(run_id.clone())),
+            };
+        };
         p.decode().map(Some).map_err(|source| Error::State { id: run_id.clone(), key: key.to_string(), source })
     }
 
