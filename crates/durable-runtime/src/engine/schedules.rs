@@ -128,8 +128,10 @@ impl Engine {
 
     /// Fires schedule `key` now, whatever its cadence, overlap policy or pause: returns the
     /// id of the run it starts (`sched:<key>:<now-ms>`). The fire is stored; the scheduler of
-    /// this engine creates the run at once if it executes runs, any other executing engine
-    /// within its `schedule_poll_interval` (1 s).
+    /// this engine creates the run right after the call if it executes runs, any other
+    /// executing engine within its `schedule_poll_interval` (1 s). Until then the run does
+    /// not exist: `get_run` answers `None` and `wait_for_run` `RunNotFound` for a moment;
+    /// wait for the engine's `RunCreated` event (or poll `get_run`) before waiting for it.
     pub async fn trigger_schedule(&self, key: &str) -> Result<RunId> {
         let mut at = 0;
         self.modify_schedule(key, |current, now| {
