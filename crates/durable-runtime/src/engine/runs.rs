@@ -35,7 +35,7 @@ impl Engine {
         let shared = &self.inner.shared;
         let new = self.new_run(workflow, input, options, shared.clock.now())?;
         let mark = shared.mark();
-        let created = shared.store.create_run(new).await.map_err(|e| queue_full(workflow, e))?;
+        let created = shared.store.create_run(new).await.map_err(|e| queue_full([workflow], e))?;
         if let CreateRun::Existing(run) = &created
             && run.workflow != workflow
         {
@@ -100,20 +100,14 @@ impl Engine {
         let mut news = news.into_iter().peekable();
         while news.peek().is_some() {
             let chunk: Vec<NewRun> = news.by_ref().take(batch).collect();
-            let workflows: Vec<String> = chunk.iter().map(|r| r.workflow.clone()).collect();
             let mark = shared.mark();
             let created = shared.store.create_runs(chunk).await.map_err(|source| match source {
                 // A full concurrency key refuses its batch whole: with nothing started yet,
-                // the call is refused as `start` refuses (the workflow whose key it is).
-                durable_core::StoreError::QueueFull { ref gate, .. } if started.is_empty() => {
-                    let workflow = workflows
-                        .iter()
-                        .find(|w| {
-                            protocol::parse_gate(gate).is_some_and(|(_, _, rest)| rest.starts_with(&format!("{w}:")))
-                        })
-                        .cloned()
-                        .unwrap_or_default();
-                    queue_full(&workflow, source)
+                // the call is refused as `start` refuses (the key names one of the registered
+                // workflows: every item was validated against them).
+                durable_core::StoreError::QueueFull { .. } if started.is_empty() => {
+                    let names = shared.registry.names();
+                    queue_full(names.iter().map(String::as_str), source)
                 }
                 source => Error::PartlyStarted { started: started.len(), source },
             })?;
@@ -317,15 +311,19 @@ impl Engine {
 }
 
 /// A store's refusal of a keyed start, as the engine's [`Error::QueueFull`] naming the
-/// workflow and key.
-fn queue_full(workflow: &str, e: durable_core::StoreError) -> Error {
+/// workflow and key: the workflow is the one of `workflows` whose name begins the gate's name
+/// (`<workflow>:<key>`; the longest, should one name begin another).
+fn queue_full<'a>(workflows: impl IntoIterator<Item = &'a str>, e: durable_core::StoreError) -> Error {
     match e {
         durable_core::StoreError::QueueFull { gate, held, waiting } => {
-            let key = protocol::parse_gate(&gate)
-                .and_then(|(_, _, rest)| rest.strip_prefix(workflow)?.strip_prefix(':'))
-                .unwrap_or(&gate)
-                .to_string();
-            Error::QueueFull { workflow: workflow.to_string(), key, held, waiting }
+            let named = protocol::parse_gate(&gate).and_then(|(_, _, name)| {
+                workflows
+                    .into_iter()
+                    .filter_map(|w| Some((w, name.strip_prefix(w)?.strip_prefix(':')?)))
+                    .max_by_key(|(w, _)| w.len())
+            });
+            let (workflow, key) = named.unwrap_or(("", &gate));
+            Error::QueueFull { workflow: workflow.to_string(), key: key.to_string(), held, waiting }
         }
         other => Error::Store(other),
     }
