@@ -1271,8 +1271,12 @@ pub(crate) fn handed_answer(text: &str) -> Result<Vec<RunId>, Answer> {
 
 /// `complete_task()`'s answer.
 pub(crate) fn completion_answer(text: &str, run_id: &RunId) -> Result<TaskCompletion, Answer> {
-    let mut v = parse(text, run_id, None)?;
-    let outcome: String = field(&mut v, "outcome")?;
+    completion_value(&mut parse(text, run_id, None)?)
+}
+
+/// A completion's answer, parsed.
+fn completion_value(v: &mut Value) -> Result<TaskCompletion, Answer> {
+    let outcome: String = field(v, "outcome")?;
     match outcome.as_str() {
         "accepted" => Ok(TaskCompletion::Accepted),
         "duplicate" => Ok(TaskCompletion::Duplicate),
@@ -1287,12 +1291,11 @@ pub(crate) fn completion_and_claim_answer(
     text: &str,
     claim: &Claim,
 ) -> Result<(TaskCompletion, Option<ClaimOutcome>), Answer> {
-    let completion = completion_answer(text, &claim.run_id)?;
+    let mut v = parse(text, &claim.run_id, None)?;
+    let completion = completion_value(&mut v)?;
     if completion != TaskCompletion::Accepted {
         return Ok((completion, None));
     }
-    let mut v: Value =
-        serde_json::from_str(text).map_err(|e| Answer::Corrupt(format!("the server's answer is not JSON: {e}")))?;
     match v.get_mut("claim").map(Value::take) {
         Some(answer) => Ok((completion, Some(claim_value(checked(answer, &claim.run_id, Some(&claim.owner))?)?))),
         None => {
