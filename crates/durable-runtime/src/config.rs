@@ -4,6 +4,10 @@ use std::time::Duration;
 
 use crate::events::EventForwarding;
 
+/// The default of [`EngineConfig::max_payload_bytes`] (and of a remote-step worker's limit
+/// away from an engine): 4 MiB.
+pub(crate) const DEFAULT_MAX_PAYLOAD_BYTES: usize = 4 * 1024 * 1024;
+
 /// Tuning knobs of an [`Engine`](crate::Engine). `Default` gives the documented defaults.
 #[derive(Debug, Clone)]
 #[non_exhaustive]
@@ -135,7 +139,7 @@ impl Default for EngineConfig {
             poll_grace: Duration::from_secs(5),
             durable_retry_threshold: Duration::from_secs(1),
             non_ctx_await_grace: Duration::from_secs(1),
-            max_payload_bytes: 4 * 1024 * 1024,
+            max_payload_bytes: DEFAULT_MAX_PAYLOAD_BYTES,
             max_recovery_attempts: 10,
             wait_poll_interval: Duration::from_millis(250),
             store_retry_backoff: Duration::from_millis(100),

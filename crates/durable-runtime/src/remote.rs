@@ -384,7 +384,7 @@ impl WorkerBuilder {
                 poll_interval: poll,
                 drain_timeout: self.drain_timeout,
                 register_interval: self.register_interval,
-                max_payload_bytes: self.max_payload_bytes.unwrap_or(crate::EngineConfig::default().max_payload_bytes),
+                max_payload_bytes: self.max_payload_bytes.unwrap_or(crate::config::DEFAULT_MAX_PAYLOAD_BYTES),
             }),
         }
     }
