@@ -183,6 +183,14 @@ impl StepError {
     pub fn code(&self) -> Option<&str> {
         self.code.as_deref()
     }
+
+    /// The fatal `payload_too_large` error of a value (`what`: "the output of step …") of
+    /// `len` bytes over the `limit` (`max_payload_bytes`): the same value would be refused
+    /// again, so it is never retried.
+    pub fn payload_too_large(what: impl fmt::Display, len: usize, limit: usize) -> Self {
+        StepError::fatal(format!("{what} is {len} bytes, over the {limit}-byte payload limit (max_payload_bytes)"))
+            .with_code(crate::codes::PAYLOAD_TOO_LARGE)
+    }
 }
 
 impl fmt::Debug for StepError {

@@ -821,14 +821,8 @@ impl Worker {
             if out.len() <= w.max_payload_bytes {
                 return Ok(out);
             }
-            Err(StepError::fatal(format!(
-                "the output of remote step {:?} ({}) is {} bytes, over the {}-byte payload limit (max_payload_bytes)",
-                task.task.name,
-                ctx.step_id(),
-                out.len(),
-                w.max_payload_bytes
-            ))
-            .with_code(codes::PAYLOAD_TOO_LARGE))
+            let what = format_args!("the output of remote step {:?} ({})", task.task.name, ctx.step_id());
+            Err(StepError::payload_too_large(what, out.len(), w.max_payload_bytes))
         });
         // A result past the attempt's deadline is not reported: the attempt has expired.
         if task.deadline().is_some_and(|d| w.clock.now() >= d) {

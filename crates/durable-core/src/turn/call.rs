@@ -337,11 +337,7 @@ impl Turn {
     }
 
     pub(super) fn payload_too_large(&self, what: &str, len: usize) -> StepError {
-        StepError::fatal(format!(
-            "{what} of run {} is {len} bytes, over the {}-byte payload limit (max_payload_bytes)",
-            self.run.id, self.config.max_payload_bytes
-        ))
-        .with_code(codes::PAYLOAD_TOO_LARGE)
+        StepError::payload_too_large(format_args!("{what} of run {}", self.run.id), len, self.config.max_payload_bytes)
     }
 
     /// Marks a due timer still recorded as waiting as done (rides along with the next commit).
@@ -745,11 +741,10 @@ impl Turn {
                 Err(format!("workflow {:?} is not registered on the engine that started the child", call.workflow))
             }
             (_, Err(e)) => Err(format!("the child's input does not serialize: {e}")),
-            (Some(_), Ok(input)) if self.too_large(&input) => Err(format!(
-                "the child's input is {} bytes, over the {}-byte payload limit (max_payload_bytes)",
-                input.len(),
-                self.config.max_payload_bytes
-            )),
+            (Some(_), Ok(input)) if self.too_large(&input) => {
+                Err(StepError::payload_too_large("the child's input", input.len(), self.config.max_payload_bytes)
+                    .message)
+            }
             (Some(version), Ok(input)) => Ok((version, input)),
         };
         let (version, input) = match not_started {
