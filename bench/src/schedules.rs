@@ -248,8 +248,9 @@ impl Store for Timed {
         key: &str,
         batch_id: &str,
         now: Millis,
+        admission: Option<durable::admission::SlotRequest>,
     ) -> StoreResult<Option<CreateRun>> {
-        self.inner.flush_buffer(workflow, key, batch_id, now).await
+        self.inner.flush_buffer(workflow, key, batch_id, now, admission).await
     }
     async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
         self.inner.get_schedule(key).await

@@ -130,9 +130,10 @@ impl Store for AuditedStore {
         key: &str,
         batch_id: &str,
         now: Millis,
+        admission: Option<durable::admission::SlotRequest>,
     ) -> StoreResult<Option<CreateRun>> {
         self.write();
-        self.inner.flush_buffer(workflow, key, batch_id, now).await
+        self.inner.flush_buffer(workflow, key, batch_id, now, admission).await
     }
 
     async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {

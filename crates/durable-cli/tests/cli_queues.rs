@@ -75,6 +75,7 @@ async fn acquire(store: &dyn Store, queue: &str, limits: Limits, run: &str, seq:
         limits,
         lease_until: Some(now() + 10 * MINUTE),
         max_waiting: None,
+        succeeds: None,
         now: at,
     };
     store.acquire_slot(&request).await.expect("acquire_slot")

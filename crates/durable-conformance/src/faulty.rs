@@ -677,9 +677,10 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
         key: &str,
         batch_id: &str,
         now: Millis,
+        admission: Option<SlotRequest>,
     ) -> StoreResult<Option<CreateRun>> {
-        self.call(Method::FlushBuffer, None, Some(workflow), self.inner.flush_buffer(workflow, key, batch_id, now))
-            .await
+        let flush = self.inner.flush_buffer(workflow, key, batch_id, now, admission);
+        self.call(Method::FlushBuffer, None, Some(workflow), flush).await
     }
 
     async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {

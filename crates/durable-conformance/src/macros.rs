@@ -170,6 +170,8 @@ macro_rules! __store_cases {
             admission::settling_cancelling_or_deleting_a_run_releases_its_slots(Store, [Admission]),
             admission::a_keyed_start_waits_for_its_slot_or_is_refused(Store, [Admission]),
             admission::a_settle_claims_the_run_it_hands_its_key_to(Store, [Admission]),
+            admission::runs_a_store_creates_take_their_key_and_are_never_refused(Store, [Admission]),
+            admission::a_successor_takes_over_its_predecessors_key(Store, [Admission]),
             admission::a_settle_claims_a_suspended_run_handed_a_step_slot(Store, [Admission]),
             admission::concurrent_requests_never_exceed_the_limit(Store, [Admission]),
             admission::a_remote_steps_result_releases_its_slot(Store, [Admission, Tasks]),

@@ -420,8 +420,9 @@ mod tests {
             key: &str,
             batch_id: &str,
             now: Millis,
+            admission: Option<SlotRequest>,
         ) -> StoreResult<Option<CreateRun>> {
-            self.0.flush_buffer(workflow, key, batch_id, now).await
+            self.0.flush_buffer(workflow, key, batch_id, now, admission).await
         }
         async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {
             self.0.get_schedule(key).await

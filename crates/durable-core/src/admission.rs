@@ -141,8 +141,22 @@ pub struct SlotRequest {
     /// Refuse (with [`Admission::Full`]) when this many requests already wait.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub max_waiting: Option<u32>,
+    /// The holder whose slot at this gate passes to this request's holder, if it holds one:
+    /// admitted at once, ahead of any waiter, and the slot stays counted once. A run continued
+    /// as new hands its concurrency key's slot to its successor this way, so a chain of runs
+    /// keeps its key without queueing behind others.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub succeeds: Option<String>,
     /// The caller's clock.
     pub now: Millis,
+}
+
+impl SlotRequest {
+    /// This request for a run's own slot (holder: the run's id): how a run created with a
+    /// concurrency key asks ([`NewRun::admission`](crate::NewRun::admission)).
+    pub fn for_run(self, run: &RunId) -> SlotRequest {
+        SlotRequest { holder: run.to_string(), run_id: run.clone(), lease_until: None, ..self }
+    }
 }
 
 /// The answer to a [`SlotRequest`].
@@ -483,6 +497,8 @@ impl AdmissionBook {
     ///
     /// # Contract
     /// - A holder that holds a slot of the gate is admitted again (its lease renewed).
+    /// - A request whose [`succeeds`](SlotRequest::succeeds) holds a slot of the gate takes
+    ///   that slot over: admitted, nothing else decided or counted.
     /// - A waiting holder keeps its rank; a new one is ranked by the gate's rules.
     /// - `Full` records nothing (the gate's record is left as it was); `Waiting` records the
     ///   waiter; `Admitted` records the slot (when the gate limits concurrency) and counts the
@@ -498,6 +514,13 @@ impl AdmissionBook {
             if request.lease_until.is_some() {
                 slot.lease_until = request.lease_until;
             }
+            return (Admission::Admitted, handoffs);
+        }
+        if let Some(from) = &request.succeeds
+            && gate.slots.remove(from).is_some()
+        {
+            gate.unqueue(&request.holder);
+            gate.hold(&request.gate, &request.holder, &request.run_id, now, request.lease_until);
             return (Admission::Admitted, handoffs);
         }
         // `Full` writes nothing: the stored record stays as it was (a refused keyed start must

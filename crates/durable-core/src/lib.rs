@@ -157,6 +157,9 @@ pub mod codes {
     /// A worker took a remote step's task from a queue it serves but has no handler for the
     /// step (a rolling deploy, say): the attempt fails, retryable.
     pub const NO_HANDLER: &str = "no_handler";
+    /// A run the workflow meant to create (a child, a successor) has a concurrency key that
+    /// could not be computed from its input.
+    pub const BAD_KEY: &str = "bad_key";
     /// An operator re-dispatched a remote step's attempt (`redispatch_pending`): the next
     /// attempt goes out at once, outside the retry policy.
     pub const REDISPATCH: &str = "redispatch";

@@ -348,6 +348,18 @@ impl From<&Run> for NewRun {
 }
 
 impl NewRun {
+    /// This create as a store makes it for a commit's children, a publish, a schedule's fires
+    /// and a buffer's flush: a run with a concurrency key waits for its slot however many runs
+    /// wait already ([`SlotRequest::max_waiting`](crate::admission::SlotRequest::max_waiting)
+    /// is dropped). No caller is there to be refused, and refusing one run would leave the
+    /// rest of its write half done.
+    pub fn never_refused(mut self) -> Self {
+        if let Some(request) = &mut self.admission {
+            request.max_waiting = None;
+        }
+        self
+    }
+
     /// The stored form of a freshly created run: `pending`, no lease, due at `start_at`.
     pub fn into_run(self) -> Run {
         Run {

@@ -696,7 +696,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   and `wake_gen` is incremented; otherwise the waiter is registered.
     /// - Each seq in `expire_waits`: its waiter is removed; if there was none (a delivery took
     ///   it), the commit's checkpoint at that seq is not written and the seq is in `raced`.
-    /// - `state` upserted per `(run, key)`; `children` created as by `create_run`; `signals`
+    /// - `state` upserted per `(run, key)`; `children` created as by `create_run` but [never refused](NewRun::never_refused); `signals`
     ///   sent as by `send_signal` (results in `deliveries`).
     /// - Each of `tasks` is stored `queued` ([`Task::queued`]), replacing the task at its
     ///   `(run_id, seq)` if there is one (a re-dispatch; the old attempt's logs are kept).
@@ -821,9 +821,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// until `keep_until` (expired ids may be forgotten), and: the event is delivered to every
     /// waiter on `name` whose matcher accepts the payload (as `send_signal` delivers to one),
     /// or, if none accepts, buffered for the first later wait that matches; every run of
-    /// `start` is created as [`Store::create_run`] would; each of `gather` is applied to the
-    /// open buffer of its `(workflow, key)` with [`TriggerBuffer::gather`] — the buffer is
-    /// stored, or deleted and its run created. `Done` lists the deliveries, then the outcome
+    /// `start` is created as [`Store::create_run`] would, but [never
+    /// refused](NewRun::never_refused); each of `gather` is applied to the open buffer of its
+    /// `(workflow, key)` with [`TriggerBuffer::gather`] — the buffer is stored, or deleted and
+    /// its run created. `Done` lists the deliveries, then the outcome
     /// of every `start` run in order followed by those of full buffers.
     async fn publish(&self, event: Publish) -> StoreResult<Published>;
 
@@ -839,14 +840,17 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Contract
     /// Atomically: if the open buffer of `(workflow, key)` has `batch_id`, it is deleted and
-    /// its run ([`TriggerBuffer::into_run`] at `now`) created as [`Store::create_run`] would
-    /// → `Some`. Otherwise (flushed already, by this or another engine) nothing → `None`.
+    /// its run ([`TriggerBuffer::into_run`] at `now`, with `admission`: the run's concurrency
+    /// key, which only the engine can compute from the gathered input) created as
+    /// [`Store::create_run`] would but [never refused](NewRun::never_refused) → `Some`.
+    /// Otherwise (flushed already, by this or another engine) nothing → `None`.
     async fn flush_buffer(
         &self,
         workflow: &str,
         key: &str,
         batch_id: &str,
         now: Millis,
+        admission: Option<crate::admission::SlotRequest>,
     ) -> StoreResult<Option<CreateRun>>;
 
     /// Reads a schedule.
@@ -871,8 +875,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// `Some(r)` replaces it if its stored revision is `r`. Otherwise nothing is written →
     /// `Stale` with the stored record (`None` if there is none). On success the record is
     /// stored with revision `expected + 1` (1 when created), every run of `start` is created
-    /// as [`Store::create_run`] would (existing ids are left alone), and → `Saved` with the
-    /// new revision.
+    /// as [`Store::create_run`] would but [never refused](NewRun::never_refused) (existing
+    /// ids are left alone), and → `Saved` with the new revision.
     async fn save_schedule(&self, save: SaveSchedule) -> StoreResult<SaveOutcome>;
 
     /// [`Store::save_schedule`] for several schedules, each atomic on its own (a stale one
@@ -1183,7 +1187,14 @@ mod tests {
         async fn due_buffers(&self, _: &DueQuery) -> StoreResult<Vec<TriggerBuffer>> {
             unimplemented!()
         }
-        async fn flush_buffer(&self, _: &str, _: &str, _: &str, _: Millis) -> StoreResult<Option<CreateRun>> {
+        async fn flush_buffer(
+            &self,
+            _: &str,
+            _: &str,
+            _: &str,
+            _: Millis,
+            _: Option<SlotRequest>,
+        ) -> StoreResult<Option<CreateRun>> {
             unimplemented!()
         }
         async fn get_schedule(&self, _: &str) -> StoreResult<Option<ScheduleRecord>> {

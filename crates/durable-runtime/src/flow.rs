@@ -13,8 +13,6 @@ use durable_core::{Payload, RunId, protocol};
 use parking_lot::RwLock;
 use serde::de::DeserializeOwned;
 
-use crate::error::{Error, Result};
-
 /// How a step queue admits steps ([`Engine::register_queue`](crate::Engine::register_queue)).
 ///
 /// ```
@@ -139,6 +137,11 @@ impl FlowControl {
         !self.keys.read().is_empty()
     }
 
+    /// Whether `workflow` has a concurrency key.
+    pub(crate) fn keyed(&self, workflow: &str) -> bool {
+        self.keys.read().contains_key(workflow)
+    }
+
     pub(crate) fn set_key(&self, workflow: &str, key: Option<ConcurrencyKey>) {
         let mut keys = self.keys.write();
         match key {
@@ -147,7 +150,9 @@ impl FlowControl {
         };
     }
 
-    /// The request a start of `workflow` with `input` makes, if the workflow has a key.
+    /// The request a run of `workflow` with `input` makes, if the workflow has a key: a start,
+    /// or a run the engine creates (a child, a successor, an event's or a schedule's run).
+    /// `Err`: why the key function could not read the input.
     pub(crate) fn start_request(
         &self,
         workflow: &str,
@@ -156,11 +161,11 @@ impl FlowControl {
         input: &Payload,
         priority: i32,
         now: durable_core::Millis,
-    ) -> Result<Option<SlotRequest>> {
+    ) -> std::result::Result<Option<SlotRequest>, String> {
         let Some(k) = self.keys.read().get(workflow).cloned() else {
             return Ok(None);
         };
-        let key = k.key_of(input).map_err(|reason| Error::BadKey { workflow: workflow.to_string(), reason })?;
+        let key = k.key_of(input)?;
         Ok(Some(SlotRequest {
             gate: protocol::key_gate(namespace, workflow, &key),
             holder: run_id.to_string(),
@@ -170,6 +175,7 @@ impl FlowControl {
             limits: Limits { concurrency: Some(k.limit), ..Limits::default() },
             lease_until: None,
             max_waiting: k.max_queue_depth,
+            succeeds: None,
             now,
         }))
     }

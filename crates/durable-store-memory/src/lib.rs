@@ -175,7 +175,7 @@ impl Inner {
             }
         }
         for child in commit.children {
-            inner.create(child);
+            inner.create_never_refused(child);
         }
         for sig in commit.signals {
             out.deliveries.push(inner.send_signal(&sig.token, sig.payload, now));
@@ -390,6 +390,13 @@ impl Inner {
         }
     }
 
+    /// [`Inner::create_admitted`] for a run no caller is there to refuse (a commit's child, a
+    /// publish's or a schedule's start, a flushed buffer's run): it waits for its key however
+    /// many wait.
+    fn create_never_refused(&mut self, new: NewRun) -> CreateRun {
+        self.create_admitted(new.never_refused()).expect("a request without a queue bound is never refused")
+    }
+
     fn create(&mut self, new: NewRun) -> CreateRun {
         if let Some(existing) = self.runs.get(&new.id) {
             return CreateRun::Existing(existing.clone());
@@ -409,7 +416,7 @@ impl Inner {
         let revision = record.revision;
         self.schedules.insert(record.key.clone(), record);
         for run in save.start {
-            self.create(run);
+            self.create_never_refused(run);
         }
         SaveOutcome::Saved(revision)
     }
@@ -787,7 +794,7 @@ impl Store for MemoryStore {
         if deliveries.is_empty() {
             inner.event_buffer.entry(event.name.clone()).or_default().push_back(event.payload.clone());
         }
-        let mut started: Vec<CreateRun> = event.start.into_iter().map(|run| inner.create(run)).collect();
+        let mut started: Vec<CreateRun> = event.start.into_iter().map(|run| inner.create_never_refused(run)).collect();
         for append in &event.gather {
             let key = (append.workflow.clone(), append.key.clone());
             let open = inner.buffers.remove(&key);
@@ -795,7 +802,7 @@ impl Store for MemoryStore {
                 Gathered::Keep(buffer) => {
                     inner.buffers.insert(key, buffer);
                 }
-                Gathered::Start(run) => started.push(inner.create(run)),
+                Gathered::Start(run) => started.push(inner.create_never_refused(run)),
             }
         }
         Ok(Published::Done { deliveries, started })
@@ -818,6 +825,7 @@ impl Store for MemoryStore {
         key: &str,
         batch_id: &str,
         now: Millis,
+        admission: Option<SlotRequest>,
     ) -> StoreResult<Option<CreateRun>> {
         let mut inner = self.inner.lock();
         let k = (workflow.to_string(), key.to_string());
@@ -825,7 +833,7 @@ impl Store for MemoryStore {
             return Ok(None);
         }
         let buffer = inner.buffers.remove(&k).expect("checked");
-        Ok(Some(inner.create(buffer.into_run(now))))
+        Ok(Some(inner.create_never_refused(NewRun { admission, ..buffer.into_run(now) })))
     }
 
     async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {

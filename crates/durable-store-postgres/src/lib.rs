@@ -940,8 +940,10 @@ impl Store for PostgresStore {
         key: &str,
         batch_id: &str,
         now: Millis,
+        admission: Option<SlotRequest>,
     ) -> StoreResult<Option<CreateRun>> {
-        let op = Op::FlushBuffer { workflow, key, batch_id, now: ops::millis_to_sql(now) };
+        let admission = admission.as_ref().map(ops::SlotRequestJson::new).transpose()?;
+        let op = Op::FlushBuffer { workflow, key, batch_id, now: ops::millis_to_sql(now), admission };
         let answer = self.write(op).await?;
         self.answer(ops::flush_answer(&answer))
     }

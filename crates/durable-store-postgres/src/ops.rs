@@ -247,25 +247,68 @@ pub(crate) fn waiter_from_row(row: &Row) -> Result<Result<Waiter, String>, tokio
 #[serde(tag = "op", rename_all = "snake_case")]
 pub(crate) enum Op<'a> {
     CreateRun(CreateRunJson<'a>),
-    CreateRuns { runs: Vec<KeyedRunJson<'a>> },
-    ClaimRun { id: &'a str, owner: &'a str, until: i64, now: i64, from: i64 },
-    RenewLease { id: &'a str, owner: &'a str, until: i64 },
-    ReleaseLease { id: &'a str, owner: &'a str },
+    CreateRuns {
+        runs: Vec<KeyedRunJson<'a>>,
+    },
+    ClaimRun {
+        id: &'a str,
+        owner: &'a str,
+        until: i64,
+        now: i64,
+        from: i64,
+    },
+    RenewLease {
+        id: &'a str,
+        owner: &'a str,
+        until: i64,
+    },
+    ReleaseLease {
+        id: &'a str,
+        owner: &'a str,
+    },
     Commit(CommitJson<'a>),
     StepCommit(StepCommitJson<'a>),
     UpdateRunIf(PatchJson<'a>),
-    SendSignal { token: &'a str, payload: &'a str, now: i64 },
+    SendSignal {
+        token: &'a str,
+        payload: &'a str,
+        now: i64,
+    },
     Publish(PublishJson<'a>),
-    FlushBuffer { workflow: &'a str, key: &'a str, batch_id: &'a str, now: i64 },
+    FlushBuffer {
+        workflow: &'a str,
+        key: &'a str,
+        batch_id: &'a str,
+        now: i64,
+        #[serde(skip_serializing_if = "Option::is_none")]
+        admission: Option<SlotRequestJson<'a>>,
+    },
     SaveSchedule(SaveScheduleJson<'a>),
-    DeleteSchedule { key: &'a str },
-    DeleteRun { id: &'a str },
+    DeleteSchedule {
+        key: &'a str,
+    },
+    DeleteRun {
+        id: &'a str,
+    },
     CompleteTask(TaskDoneJson<'a>),
     AcquireSlot(SlotRequestJson<'a>),
-    ReleaseSlot { gate: &'a str, holder: &'a str, now: i64 },
-    Enqueue { items: Vec<QueueItemJson<'a>>, now: i64 },
-    AckQueued { ids: Vec<i64>, owner: &'a str },
-    ReleaseQueued { ids: Vec<i64>, owner: &'a str },
+    ReleaseSlot {
+        gate: &'a str,
+        holder: &'a str,
+        now: i64,
+    },
+    Enqueue {
+        items: Vec<QueueItemJson<'a>>,
+        now: i64,
+    },
+    AckQueued {
+        ids: Vec<i64>,
+        owner: &'a str,
+    },
+    ReleaseQueued {
+        ids: Vec<i64>,
+        owner: &'a str,
+    },
 }
 
 impl<'a> Op<'a> {
@@ -440,11 +483,17 @@ pub(crate) struct NewRunJson<'a> {
     /// A delayed start: the run's `wake_at`.
     start_at: Option<i64>,
     trace_context: Option<&'a str>,
+    /// The run's concurrency key, for `create_run()` to decide (never refused): only on the
+    /// runs of a commit, a publish or a schedule save ([`NewRunJson::keyed`]).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    admission: Option<SlotRequestJson<'a>>,
 }
 
 impl<'a> NewRunJson<'a> {
+    /// The run alone, without its concurrency key (a create operation sends the key beside it).
     pub(crate) fn new(run: &'a NewRun) -> Self {
         NewRunJson {
+            admission: None,
             id: run.id.as_str(),
             workflow: &run.workflow,
             version: run.version,
@@ -458,6 +507,11 @@ impl<'a> NewRunJson<'a> {
             start_at: run.start_at.map(millis_to_sql),
             trace_context: run.trace_context.as_deref(),
         }
+    }
+
+    /// The run with its concurrency key, which `create_run()` decides (schema version 17).
+    pub(crate) fn keyed(run: &'a NewRun) -> Self {
+        NewRunJson { admission: run.admission.as_ref().map(SlotRequestJson::unchecked), ..NewRunJson::new(run) }
     }
 }
 
@@ -578,7 +632,7 @@ impl<'a> PublishJson<'a> {
             payload: p.payload.as_str(),
             now: millis_to_sql(p.now),
             dedupe: p.dedupe.as_ref().map(|d| DedupeJson { id: &d.id, keep_until: millis_to_sql(d.keep_until) }),
-            start: p.start.iter().map(NewRunJson::new).collect(),
+            start: p.start.iter().map(NewRunJson::keyed).collect(),
             gather,
         })
     }
@@ -611,7 +665,7 @@ impl<'a> SaveScheduleJson<'a> {
             due_at: r.due_at.map(millis_to_sql),
             expected: save.expected.map(|e| i64::try_from(e).unwrap_or(i64::MAX)),
             body,
-            start: save.start.iter().map(NewRunJson::new).collect(),
+            start: save.start.iter().map(NewRunJson::keyed).collect(),
         })
     }
 }
@@ -743,7 +797,7 @@ impl<'a> CommitJson<'a> {
             waits: c.waits.iter().map(WaitJson::new).collect(),
             expire: &c.expire_waits,
             state: c.state.iter().map(|(k, v)| (k.as_str(), v.as_str())).collect(),
-            children: c.children.iter().map(NewRunJson::new).collect(),
+            children: c.children.iter().map(NewRunJson::keyed).collect(),
             signals: c.signals.iter().map(|s| SignalJson { token: &s.token, payload: s.payload.as_str() }).collect(),
             tasks: c.tasks.iter().map(TaskJson::new).collect(),
             release_slots: c.release_slots.iter().map(|(g, h)| (g.as_str(), h.as_str())).collect(),
@@ -858,20 +912,26 @@ pub(crate) struct LimitsJson {
     lifo: bool,
 }
 
-impl LimitsJson {
-    /// Refuses a rate window of 0 ms (the window's start is `now - now % period`).
-    pub(crate) fn new(gate: &str, l: &Limits) -> Result<Self, StoreError> {
-        if l.rate.is_some_and(|r| r.period_ms == 0) {
-            return Err(refused(format!("{gate}: a rate window must be at least 1 ms")));
-        }
-        Ok(LimitsJson {
+impl From<&Limits> for LimitsJson {
+    fn from(l: &Limits) -> Self {
+        LimitsJson {
             concurrency: l.concurrency,
             rate_limit: l.rate.map(|r| r.limit),
             rate_period_ms: l.rate.map(|r| millis_to_sql(r.period_ms)),
             lowest_first: l.priority == PriorityOrder::LowestFirst,
             fairness: l.fairness,
             lifo: l.order == Order::Lifo,
-        })
+        }
+    }
+}
+
+impl LimitsJson {
+    /// Refuses a rate window of 0 ms (the window's start is `now - now % period`).
+    pub(crate) fn new(gate: &str, l: &Limits) -> Result<Self, StoreError> {
+        if l.rate.is_some_and(|r| r.period_ms == 0) {
+            return Err(refused(format!("{gate}: a rate window must be at least 1 ms")));
+        }
+        Ok(LimitsJson::from(l))
     }
 
     pub(crate) fn into_limits(self, gate: &str) -> Result<Limits, String> {
@@ -903,22 +963,32 @@ pub(crate) struct SlotRequestJson<'a> {
     limits: LimitsJson,
     lease_until: Option<i64>,
     max_waiting: Option<u32>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    succeeds: Option<&'a str>,
     now: i64,
 }
 
 impl<'a> SlotRequestJson<'a> {
     pub(crate) fn new(r: &'a SlotRequest) -> Result<Self, StoreError> {
-        Ok(SlotRequestJson {
+        LimitsJson::new(&r.gate, &r.limits)?;
+        Ok(SlotRequestJson::unchecked(r))
+    }
+
+    /// [`SlotRequestJson::new`] without refusing a 0 ms rate window: a concurrency key, which
+    /// has no rate (the server would refuse such a window too, dividing by it).
+    fn unchecked(r: &'a SlotRequest) -> Self {
+        SlotRequestJson {
             gate: &r.gate,
             holder: &r.holder,
             run_id: r.run_id.as_str(),
             priority: r.priority,
             fairness_key: &r.fairness_key,
-            limits: LimitsJson::new(&r.gate, &r.limits)?,
+            limits: LimitsJson::from(&r.limits),
             lease_until: r.lease_until.map(millis_to_sql),
             max_waiting: r.max_waiting,
+            succeeds: r.succeeds.as_deref(),
             now: millis_to_sql(r.now),
-        })
+        }
     }
 }
 
@@ -2169,6 +2239,7 @@ mod tests {
             limits,
             lease_until: None,
             max_waiting: Some(3),
+            succeeds: None,
             now: 7,
         });
         let keyed: Value = serde_json::from_str(&Op::CreateRun(CreateRunJson::new(&run).unwrap()).encode()).unwrap();

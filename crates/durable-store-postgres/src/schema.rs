@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 16;
+pub const SCHEMA_VERSION: u32 = 17;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -108,6 +108,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "a worker's result claims the run it wakes in the same write of the run row \
                       (complete_task with a claim), and writes its checkpoint once",
         sql: include_str!("sql/v16.sql"),
+    },
+    Migration {
+        version: 17,
+        description: "every run the engine creates (children, successors, event and schedule starts, flushed \
+                      buffers) takes its concurrency key; a successor takes over its predecessor's slot",
+        sql: include_str!("sql/v17.sql"),
     },
 ];
 

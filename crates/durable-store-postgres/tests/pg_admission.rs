@@ -147,6 +147,7 @@ async fn script(store: &PostgresStore, seed: u64, steps: usize) -> BTreeMap<&'st
                 limits: if rng.chance(10) { flip } else { limits },
                 lease_until: rng.chance(50).then(|| now + 100 + rng.below(900)),
                 max_waiting: rng.chance(20).then(|| rng.below(4) as u32),
+                succeeds: None,
                 now,
             };
             step = format!("step {i}: acquire {request:?}");
@@ -201,6 +202,7 @@ async fn script(store: &PostgresStore, seed: u64, steps: usize) -> BTreeMap<&'st
                 limits: Limits { concurrency: Some(1), ..Limits::default() },
                 lease_until: None,
                 max_waiting: Some(2),
+                succeeds: None,
                 now,
             };
             run.admission = Some(request.clone());
@@ -270,6 +272,7 @@ fn keyed(id: &str, max_waiting: u32) -> durable_core::NewRun {
         limits: Limits { concurrency: Some(1), ..Limits::default() },
         lease_until: None,
         max_waiting: Some(max_waiting),
+        succeeds: None,
         now: T0,
     });
     run

@@ -102,7 +102,7 @@ async fn gathering_on_the_server_follows_trigger_buffer_gather() {
             } else {
                 None
             };
-            let got = store.flush_buffer(&workflow, &key, &batch_id, now).await.unwrap();
+            let got = store.flush_buffer(&workflow, &key, &batch_id, now, None).await.unwrap();
             assert_eq!(got, expected, "step {step}: flush of ({workflow}, {key}) with {batch_id}");
         } else {
             let payload = Payload::from_trusted(rng.pick(PAYLOADS));
@@ -176,7 +176,7 @@ async fn concurrent_publishes_and_flushes_of_one_buffer_lose_nothing() {
         tokio::spawn(async move {
             while !stop.load(Ordering::Relaxed) {
                 for buffer in c.due_buffers(&all_due()).await.unwrap() {
-                    c.flush_buffer(&buffer.workflow, &buffer.key, &buffer.batch_id, T0).await.unwrap();
+                    c.flush_buffer(&buffer.workflow, &buffer.key, &buffer.batch_id, T0, None).await.unwrap();
                 }
             }
         })

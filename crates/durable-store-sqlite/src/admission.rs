@@ -590,6 +590,30 @@ pub(crate) fn acquire(
     if held {
         return Ok(Admission::Admitted);
     }
+    // A successor takes its predecessor's slot over (`SlotRequest::succeeds`): the gate's
+    // count of slots is unchanged.
+    if let Some(from) = &request.succeeds {
+        let moved = conn
+            .prepare_cached(
+                "UPDATE admission_slots SET holder = ?3, run_id = ?4, acquired_at = ?5, lease_until = ?6 \
+                 WHERE gate = ?1 AND holder = ?2",
+            )?
+            .execute(params![
+                gate,
+                from,
+                request.holder,
+                request.run_id.as_str(),
+                millis_to_sql(now),
+                request.lease_until.map(millis_to_sql)
+            ])?;
+        if moved > 0 {
+            if !fresh {
+                conn.prepare_cached("DELETE FROM admission_waiters WHERE gate = ?1 AND holder = ?2")?
+                    .execute([gate, request.holder.as_str()])?;
+            }
+            return Ok(Admission::Admitted);
+        }
+    }
     let mut g = match stored {
         Some(g) => g,
         None => Gate {

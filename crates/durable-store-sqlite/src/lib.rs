@@ -458,9 +458,12 @@ impl Store for SqliteStore {
         key: &str,
         batch_id: &str,
         now: Millis,
+        admission: Option<SlotRequest>,
     ) -> StoreResult<Option<CreateRun>> {
         let (workflow, key, batch_id) = (workflow.to_string(), key.to_string(), batch_id.to_string());
-        self.workers.write("flush_buffer", move |c| ops::flush_buffer(c, &workflow, &key, &batch_id, now)).await
+        self.workers
+            .write("flush_buffer", move |c| ops::flush_buffer(c, &workflow, &key, &batch_id, now, admission))
+            .await
     }
 
     async fn get_schedule(&self, key: &str) -> StoreResult<Option<ScheduleRecord>> {

@@ -740,6 +740,15 @@ fn create(conn: &Connection, new: &NewRun) -> OpResult<Option<Run>> {
     Ok(None)
 }
 
+/// Creates a run no caller is there to refuse (a commit's child, a schedule's start): with a
+/// concurrency key it waits for its slot however many wait ([`NewRun::never_refused`]).
+fn create_never_refused(conn: &Connection, new: &NewRun) -> OpResult<()> {
+    match new.admission {
+        None => create(conn, new).map(drop),
+        Some(_) => admission::create_run(conn, new.clone().never_refused()).map(drop),
+    }
+}
+
 pub(crate) fn create_run(conn: &Connection, new: NewRun) -> OpResult<CreateRun> {
     Ok(match create(conn, &new)? {
         Some(existing) => CreateRun::Existing(existing),
@@ -993,7 +1002,7 @@ pub(crate) fn publish(conn: &Connection, event: Publish) -> OpResult<Published> 
     let deliveries = deliver_event(conn, &event.name, event.payload.as_str(), now)?;
     let mut started = Vec::with_capacity(event.start.len());
     for run in event.start {
-        started.push(create_run(conn, run)?);
+        started.push(admission::create_run(conn, run.never_refused())?);
     }
     for append in &event.gather {
         let open = conn
@@ -1013,7 +1022,7 @@ pub(crate) fn publish(conn: &Connection, event: Publish) -> OpResult<Published> 
                     conn.prepare_cached("DELETE FROM trigger_buffers WHERE workflow = ?1 AND key = ?2")?
                         .execute([append.workflow.as_str(), append.key.as_str()])?;
                 }
-                started.push(create_run(conn, run)?);
+                started.push(admission::create_run(conn, run.never_refused())?);
             }
         }
     }
@@ -1048,6 +1057,7 @@ pub(crate) fn flush_buffer(
     key: &str,
     batch_id: &str,
     now: Millis,
+    admission: Option<durable_core::admission::SlotRequest>,
 ) -> OpResult<Option<CreateRun>> {
     let body = conn
         .prepare_cached(
@@ -1058,7 +1068,8 @@ pub(crate) fn flush_buffer(
     let Some(body) = body else { return Ok(None) };
     let buffer: TriggerBuffer =
         serde_json::from_str(&body).map_err(|e| corrupt(format!("trigger buffer of {workflow:?} key {key:?}: {e}")))?;
-    create_run(conn, buffer.into_run(now)).map(Some)
+    let run = NewRun { admission, ..buffer.into_run(now) };
+    admission::create_run(conn, run.never_refused()).map(Some)
 }
 
 /// `save_schedule`: compare-and-set on the stored revision, then the record and the runs of
@@ -1103,7 +1114,7 @@ pub(crate) fn save_schedule(conn: &Connection, save: SaveSchedule) -> OpResult<S
         }
     }
     for run in &save.start {
-        create(conn, run)?;
+        create_never_refused(conn, run)?;
     }
     Ok(SaveOutcome::Saved(record.revision))
 }
@@ -1244,7 +1255,7 @@ fn commit_claiming(
         }
     }
     for child in &c.children {
-        create(conn, child)?;
+        create_never_refused(conn, child)?;
     }
     for sig in &c.signals {
         out.deliveries.push(send_signal(conn, &sig.token, sig.payload.as_str(), c.now)?);

@@ -710,6 +710,7 @@ mod tests {
             limits,
             lease_until: None,
             max_waiting: None,
+            succeeds: None,
             now: 1_000,
         };
         let f = move |conn: &Connection| {

@@ -24,6 +24,7 @@ fn request(i: usize, now: u64) -> SlotRequest {
         limits: Limits { concurrency: Some(LIMIT), ..Limits::default() },
         lease_until: None,
         max_waiting: None,
+        succeeds: None,
         now,
     }
 }

@@ -145,6 +145,7 @@ fn slot_request(rng: &mut Rng, now: u64) -> SlotRequest {
         limits: limits(rng, &gate),
         lease_until: rng.chance(50).then(|| now + rng.below(60)),
         max_waiting: rng.chance(30).then(|| rng.below(4) as u32),
+        succeeds: None,
         gate,
         now,
     }
@@ -161,6 +162,8 @@ fn keyed(rng: &mut Rng, mut new: NewRun, now: u64) -> NewRun {
         limits: Limits { concurrency: Some(1), ..Limits::default() },
         lease_until: None,
         max_waiting: rng.chance(60).then(|| rng.below(3) as u32),
+        // A successor of a run that may hold the key (continue-as-new).
+        succeeds: rng.chance(25).then(|| run_id(rng).to_string()),
         now,
     });
     new
@@ -352,7 +355,7 @@ async fn apply(store: &dyn Store, op: Op) -> Vec<Answer> {
         Op::SaveSchedules(saves) => vec![answer(store.save_schedules(saves).await)],
         Op::DeleteSchedule(key) => vec![answer(store.delete_schedule(&key).await)],
         Op::Flush(workflow, key, batch_id, now) => {
-            vec![answer(store.flush_buffer(&workflow, &key, &batch_id, now).await)]
+            vec![answer(store.flush_buffer(&workflow, &key, &batch_id, now, None).await)]
         }
         Op::Due(q) => vec![
             answer(store.due_schedules(&q).await),
@@ -434,7 +437,7 @@ async fn gen_op(rng: &mut Rng, now: u64, mem: &MemoryStore) -> Op {
                 if pos(&id) < pos(&child.id) {
                     child.parent = Some(ParentLink { run_id: id.clone(), seq: 1 });
                 }
-                c.children.push(child);
+                c.children.push(if rng.chance(40) { keyed(rng, child, now) } else { child });
             }
             for _ in 0..rng.below(2) {
                 c.signals.push(OutgoingSignal { token: rng.pick(TOKENS).to_string(), payload: payload(rng) });

@@ -215,6 +215,7 @@ fn a_keyed_start_refused_inside_a_group_costs_the_group_nothing() {
             limits: Limits { concurrency: Some(1), ..Limits::default() },
             lease_until: None,
             max_waiting: Some(1),
+            succeeds: None,
             now: 1_000,
         });
         run

@@ -497,6 +497,7 @@ fn slot_request(holder: &str, now: u64) -> durable_core::admission::SlotRequest 
         limits: durable_core::admission::Limits { concurrency: Some(2), ..Default::default() },
         lease_until: None,
         max_waiting: None,
+        succeeds: None,
         now,
     }
 }

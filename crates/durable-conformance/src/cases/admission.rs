@@ -26,6 +26,7 @@ fn step_request(run: &str, seq: u32, limits: Limits, now: Millis) -> SlotRequest
         limits,
         lease_until: None,
         max_waiting: None,
+        succeeds: None,
         now,
     }
 }
@@ -43,6 +44,7 @@ fn keyed_run(gate: &str, id: &str, max_waiting: Option<u32>) -> durable_core::Ne
         limits: concurrency(1),
         lease_until: None,
         max_waiting,
+        succeeds: None,
         now: T0,
     });
     run
@@ -312,6 +314,109 @@ pub async fn a_keyed_start_waits_for_its_slot_or_is_refused(store: Arc<dyn Store
     acquire(s, claim("k2", OWNER, T0 + 21)).await?;
     assert_eq!(s.create_run(keyed("k4")).await?.run().wake_at, Some(protocol::GATED), "k4 waits behind k2");
     assert_kind(s.create_run(keyed("k5")).await, StoreErrorKind::QueueFull);
+    Ok(())
+}
+
+/// The runs a store creates with no caller to refuse — a commit's children, a publish's and a
+/// schedule's starts, a flushed buffer's run — take their concurrency key as a start does, but
+/// are never refused however many wait (`max_waiting` is dropped): over the limit, they wait
+/// `pending` for the key and are handed it in turn.
+pub async fn runs_a_store_creates_take_their_key_and_are_never_refused(store: Arc<dyn Store>) -> CaseResult {
+    use durable_core::{Gather, Payload, Publish, SaveSchedule, Schedule, ScheduleRecord};
+
+    let s = &*store;
+    let gate = protocol::key_gate("default", "wf", "acme");
+    // `max_waiting: 0`: a start over the limit would be refused.
+    let keyed = |id: &str| keyed_run(&gate, id, Some(0));
+    s.create_run(keyed("holder")).await?;
+    assert_kind(s.create_run(keyed("refused")).await, StoreErrorKind::QueueFull);
+    // A parent's commit creates a keyed child: it waits for the key.
+    let parent = start(s, "parent").await?;
+    let mut c = commit("parent", OWNER);
+    c.children.push(keyed("child"));
+    c.end = suspend(&parent, None);
+    s.commit(c).await?;
+    assert_eq!(get(s, "child").await?.wake_at, Some(protocol::GATED), "the child waits for the key");
+    // A publish's start.
+    let event = Publish { start: vec![keyed("evt:wf:1")], ..Publish::event("e", Payload::null(), T0 + 2) };
+    s.publish(event).await?;
+    assert_eq!(get(s, "evt:wf:1").await?.wake_at, Some(protocol::GATED), "the event's run waits for the key");
+    // A schedule's fire.
+    let schedule = Schedule::every(Duration::from_secs(60));
+    let record = ScheduleRecord::new("every", "default", "wf", Payload::null(), schedule, T0).expect("valid");
+    s.save_schedule(SaveSchedule { record, expected: None, start: vec![keyed("sched:every:1")] }).await?;
+    assert_eq!(get(s, "sched:every:1").await?.wake_at, Some(protocol::GATED), "the fire waits for the key");
+    // A flushed buffer's run, with the key the engine computed for it.
+    let debounce = Gather::Debounce { quiet_ms: 10 };
+    let gathered = Publish {
+        gather: vec![durable_core::BufferAppend {
+            workflow: "wf".into(),
+            key: "".into(),
+            gather: debounce,
+            batch_id: "b1".into(),
+            run: new_run("unused"),
+        }],
+        ..Publish::event("e", Payload::null(), T0 + 3)
+    };
+    s.publish(gathered).await?;
+    let request = keyed("trig:wf:b1").admission;
+    let flushed = s.flush_buffer("wf", "", "b1", T0 + 20, request).await?.expect("flushed");
+    assert_eq!(flushed.run().wake_at, Some(protocol::GATED), "the buffer's run waits for the key");
+    assert_eq!(get(s, "trig:wf:b1").await?.wake_at, Some(protocol::GATED));
+    let stats = s.admission_stats(T0 + 20).await?;
+    let g = stats.iter().find(|g| g.gate == gate).expect("the key's gate");
+    assert_eq!((g.held, g.waiting), (1, 4), "one holder, four waiting: none was refused");
+    // The holder settles: the key goes to the first waiter, the child.
+    acquire(s, claim("holder", OWNER, T0 + 30)).await?;
+    let mut settle = commit("holder", OWNER);
+    settle.now = T0 + 31;
+    settle.end = complete(serde_json::json!("done"));
+    assert_eq!(s.commit(settle).await?.handed_off, [RunId::from("child")]);
+    Ok(())
+}
+
+/// A commit that settles its run and creates a run whose request `succeeds` it (a run
+/// continued as new) passes the run's slot at that gate to the new run: admitted at once,
+/// ahead of the runs waiting for the key, which keep waiting. A `succeeds` naming a run that
+/// holds no slot there is decided as any request.
+pub async fn a_successor_takes_over_its_predecessors_key(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let gate = protocol::key_gate("default", "wf", "acme");
+    let keyed = |id: &str| keyed_run(&gate, id, None);
+    s.create_run(keyed("r")).await?;
+    s.create_run(keyed("w")).await?;
+    acquire(s, claim("r", OWNER, T0 + 1)).await?;
+    let mut successor = keyed("r~1");
+    if let Some(a) = successor.admission.as_mut() {
+        a.succeeds = Some("r".into());
+    }
+    let mut c = commit("r", OWNER);
+    c.now = T0 + 2;
+    c.children.push(successor);
+    c.end = complete(serde_json::json!({"continued_as": "r~1"}));
+    let out = s.commit(c).await?;
+    assert!(out.settled);
+    assert!(out.handed_off.is_empty(), "nothing freed: the slot passed on ({:?})", out.handed_off);
+    assert_eq!(get(s, "r~1").await?.wake_at, None, "the successor holds the key, due at once");
+    assert_eq!(get(s, "w").await?.wake_at, Some(protocol::GATED), "the waiter keeps waiting");
+    let (slots, _) = s.run_admission(&RunId::from("r~1")).await?;
+    assert_eq!(slots.iter().map(|s| s.gate.as_str()).collect::<Vec<_>>(), [gate.as_str()]);
+    assert!(s.run_admission(&RunId::from("r")).await?.0.is_empty(), "the predecessor holds nothing");
+    let stats = s.admission_stats(T0 + 2).await?;
+    let g = stats.iter().find(|g| g.gate == gate).expect("the key's gate");
+    assert_eq!((g.held, g.waiting), (1, 1));
+    // The successor settles: the key goes to the waiter.
+    acquire(s, claim("r~1", OWNER, T0 + 3)).await?;
+    let mut settle = commit("r~1", OWNER);
+    settle.now = T0 + 4;
+    settle.end = complete(serde_json::json!("done"));
+    assert_eq!(s.commit(settle).await?.handed_off, [RunId::from("w")]);
+    // A stray `succeeds`: decided as any request (the key is w's now, so it waits).
+    let mut stray = keyed("x");
+    if let Some(a) = stray.admission.as_mut() {
+        a.succeeds = Some("r".into());
+    }
+    assert_eq!(s.create_run(stray).await?.run().wake_at, Some(protocol::GATED));
     Ok(())
 }
 

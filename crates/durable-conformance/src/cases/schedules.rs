@@ -280,11 +280,11 @@ pub async fn due_buffers_flush_once(store: Arc<dyn Store>) -> CaseResult {
     assert_eq!(all, vec![("wf".into(), "b".into()), ("other".into(), "a".into()), ("wf".into(), "a".into())]);
     let only_wf = DueQuery { workflows: Some(vec!["wf".into()]), ..query(T0 + 1_030, 10) };
     assert_eq!(due(s.due_buffers(&only_wf).await?).len(), 2);
-    assert_eq!(s.flush_buffer("wf", "a", "wrong-batch", T0 + 1_030).await?, None);
-    let flushed = s.flush_buffer("wf", "a", "wf-a", T0 + 1_031).await?.expect("flushed");
+    assert_eq!(s.flush_buffer("wf", "a", "wrong-batch", T0 + 1_030, None).await?, None);
+    let flushed = s.flush_buffer("wf", "a", "wf-a", T0 + 1_031, None).await?.expect("flushed");
     let run = flushed.into_run();
     assert_eq!((run.id.as_str(), run.input.to_value()), ("trig:wf:wf-a", json!({"i": 9})), "the last payload");
-    assert_eq!(s.flush_buffer("wf", "a", "wf-a", T0 + 1_032).await?, None, "once");
+    assert_eq!(s.flush_buffer("wf", "a", "wf-a", T0 + 1_032, None).await?, None, "once");
     assert_eq!(due(s.due_buffers(&query(Millis::MAX, 10)).await?).len(), 2);
     Ok(())
 }

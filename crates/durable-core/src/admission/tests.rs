@@ -16,6 +16,7 @@ fn req(holder: &str, limits: Limits, now: Millis) -> SlotRequest {
         limits,
         lease_until: None,
         max_waiting: None,
+        succeeds: None,
         now,
     }
 }
@@ -26,6 +27,23 @@ fn acquire(book: &mut AdmissionBook, r: &SlotRequest) -> Admission {
 
 fn holders(h: &[Handoff]) -> Vec<&str> {
     h.iter().map(|h| h.holder.as_str()).collect()
+}
+
+#[test]
+fn a_successor_takes_over_its_predecessors_slot_ahead_of_the_waiters() {
+    let mut book = AdmissionBook::default();
+    let l = limits(Some(1));
+    assert_eq!(acquire(&mut book, &req("a", l, 0)), Admission::Admitted);
+    assert_eq!(acquire(&mut book, &req("w", l, 1)), Admission::Waiting { retry_at: None });
+    let next = SlotRequest { succeeds: Some("a".into()), ..req("a~1", l, 2) };
+    assert_eq!(book.acquire(&next), (Admission::Admitted, vec![]));
+    assert_eq!(book.stats(2)[0].held, 1, "one slot, now the successor's");
+    // The predecessor settling releases nothing of the successor's: the waiter still waits.
+    assert!(book.release_run(&RunId::from("a"), 3).is_empty());
+    assert_eq!(holders(&book.release_run(&RunId::from("a~1"), 4)), ["w"]);
+    // A `succeeds` naming no holder of the gate is decided as any request.
+    let stray = SlotRequest { succeeds: Some("gone".into()), ..req("x", l, 5) };
+    assert_eq!(acquire(&mut book, &stray), Admission::Waiting { retry_at: None });
 }
 
 #[test]
@@ -276,6 +294,7 @@ proptest! {
             limits: l,
             lease_until: None,
             max_waiting: None,
+            succeeds: None,
             now,
         };
         let parse = |s: &str| s[1..].parse::<u8>().unwrap();

@@ -213,6 +213,10 @@ pub struct ChildCall<'a> {
     pub version: Option<u32>,
     /// The child's input, or why it does not serialize.
     pub input: Result<Payload, String>,
+    /// The child's concurrency key as a request ([`NewRun::admission`]; holder and run are
+    /// set to the child here), `None` if its workflow has no key, or why the key could not be
+    /// computed from the input.
+    pub admission: Result<Option<SlotRequest>, String>,
 }
 
 /// The answer of [`Turn::join_child`].
@@ -408,6 +412,7 @@ impl Turn {
                 limits: g.limits,
                 lease_until: Some(millis_after(now, self.config.slot_lease)),
                 max_waiting: None,
+                succeeds: None,
                 now,
             }),
         }
@@ -736,18 +741,19 @@ impl Turn {
         }
         let mut cp = self.checkpoint(seq, call.workflow, StepKind::Child, CheckpointStatus::Waiting, now, now);
         cp.input = Some(Payload::encode(&call.id).unwrap_or_else(|_| Payload::null()));
-        let not_started = match (call.version, call.input) {
-            (None, _) => {
+        let not_started = match (call.version, call.input, call.admission) {
+            (None, ..) => {
                 Err(format!("workflow {:?} is not registered on the engine that started the child", call.workflow))
             }
-            (_, Err(e)) => Err(format!("the child's input does not serialize: {e}")),
-            (Some(_), Ok(input)) if self.too_large(&input) => {
+            (_, Err(e), _) => Err(format!("the child's input does not serialize: {e}")),
+            (Some(_), Ok(input), _) if self.too_large(&input) => {
                 Err(StepError::payload_too_large("the child's input", input.len(), self.config.max_payload_bytes)
                     .message)
             }
-            (Some(version), Ok(input)) => Ok((version, input)),
+            (_, _, Err(e)) => Err(format!("its concurrency key could not be computed from its input: {e}")),
+            (Some(version), Ok(input), Ok(admission)) => Ok((version, input, admission)),
         };
-        let (version, input) = match not_started {
+        let (version, input, admission) = match not_started {
             Ok(v) => v,
             Err(reason) => {
                 cp.status = CheckpointStatus::Failed;
@@ -768,7 +774,7 @@ impl Turn {
             created_at: now,
         });
         self.buffer.children.push(NewRun {
-            admission: None,
+            admission: admission.map(|request| request.for_run(&call.id)),
             id: call.id,
             workflow: call.workflow.to_string(),
             version,
@@ -897,14 +903,34 @@ impl Turn {
 
     /// Ends this run and continues as a fresh run with `input` (or fails it when the input
     /// does not serialize). The body halts; the end of the turn settles.
-    pub fn continue_as_new(&mut self, input: Result<Payload, String>) {
-        match input {
-            Ok(p) if self.too_large(&p) => {
+    ///
+    /// `admission` is the successor's concurrency key as a request (`None` if the workflow has
+    /// none; holder and run are set to the successor here), or why it could not be computed
+    /// from the input (the run fails with [`codes::BAD_KEY`]). The successor takes over the
+    /// slot this run holds at that key, so the chain never queues behind other runs.
+    pub fn continue_as_new(&mut self, input: Result<Payload, String>, admission: Result<Option<SlotRequest>, String>) {
+        match (input, admission) {
+            (Err(e), _) => self.fail_serialize("the continue-as-new input".to_string(), &e),
+            (Ok(p), _) if self.too_large(&p) => {
                 let error = self.payload_too_large("the continue-as-new input", p.len());
                 self.stop(TurnStop::Fail(error));
             }
-            Ok(p) => self.stop(TurnStop::ContinueAsNew(p)),
-            Err(e) => self.fail_serialize("the continue-as-new input".to_string(), &e),
+            (Ok(_), Err(e)) => {
+                let message = format!(
+                    "run {} could not continue as new: the successor's concurrency key could not be computed \
+                     from its input: {e}",
+                    self.run.id
+                );
+                self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::BAD_KEY)));
+            }
+            (Ok(p), Ok(admission)) => {
+                let successor = protocol::successor_id(&self.run.id);
+                let admission = admission.map(|request| SlotRequest {
+                    succeeds: Some(self.run.id.to_string()),
+                    ..request.for_run(&successor)
+                });
+                self.stop(TurnStop::ContinueAsNew(p, admission));
+            }
         }
     }
 }
@@ -1014,6 +1040,7 @@ impl Turn {
             // Held while the run is suspended: released when the result is recorded.
             lease_until: None,
             max_waiting: None,
+            succeeds: None,
             now,
         })
     }

@@ -6,6 +6,7 @@
 
 use super::replay::{EndedBy, ReplayMismatch, Replayed};
 use super::{Mode, Turn, TurnStop};
+use crate::admission::SlotRequest;
 use crate::protocol;
 use crate::{
     Commit, Millis, NewRun, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd, codes, millis_after,
@@ -243,7 +244,7 @@ impl Turn {
         }
         match self.stop.clone() {
             Some(TurnStop::Fail(error)) => self.settle(RunStatus::Failed, None, Some(error), now),
-            Some(TurnStop::ContinueAsNew(input)) => self.continue_as_new_commit(input, now),
+            Some(TurnStop::ContinueAsNew(input, admission)) => self.continue_as_new_commit(input, admission, now),
             Some(TurnStop::Abort(why)) => End::Halt(Halt::Abort(why)),
             Some(TurnStop::LeaseLost(why)) => End::Halt(Halt::LeaseLost(why)),
             Some(TurnStop::Rerun(why)) => End::Halt(Halt::Rerun(why)),
@@ -356,11 +357,11 @@ impl Turn {
 
     /// Completes the run with a marker naming its successor and creates the successor — same
     /// workflow (newest version), namespace, tags, priority and parent — in the same commit.
-    fn continue_as_new_commit(&mut self, input: Payload, now: Millis) -> End {
+    fn continue_as_new_commit(&mut self, input: Payload, admission: Option<SlotRequest>, now: Millis) -> End {
         let successor = protocol::successor_id(&self.run.id);
         let mut commit = self.drain(now);
         commit.children.push(NewRun {
-            admission: None,
+            admission,
             id: successor.clone(),
             workflow: self.run.workflow.clone(),
             version: self.config.latest_version,

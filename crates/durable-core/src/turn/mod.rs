@@ -73,7 +73,7 @@ pub enum TurnStop {
     /// Fail the run with this error (non-determinism, a bad payload, a corrupt history).
     Fail(StepError),
     /// Complete the run and start its successor with this input and a fresh history.
-    ContinueAsNew(Payload),
+    ContinueAsNew(Payload, Option<crate::admission::SlotRequest>),
     /// Stop quietly without writing anything more: a store call failed. Retry the run later.
     Abort(String),
     /// Stop quietly: another owner holds the run's lease now.

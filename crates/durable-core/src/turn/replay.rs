@@ -208,7 +208,7 @@ impl Turn {
         }
         match self.stop.clone() {
             Some(TurnStop::Fail(error)) => self.replay_end(RunStatus::Failed, None, Some(error), EndedBy::Engine),
-            Some(TurnStop::ContinueAsNew(_)) => {
+            Some(TurnStop::ContinueAsNew(..)) => {
                 let successor = protocol::successor_id(&self.run.id);
                 let marker = protocol::continued_marker(&successor);
                 self.replay_end(RunStatus::Completed, Some(marker), None, EndedBy::Body)

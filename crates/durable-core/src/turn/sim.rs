@@ -1072,6 +1072,7 @@ impl<'a> Sim<'a> {
                     id: protocol::child_id(&self.world.run.id, seq),
                     version: if end == ChildEnd::Unregistered { None } else { Some(1) },
                     input: Ok(p(&i)),
+                    admission: Ok(None),
                 };
                 self.turn.spawn_child(seq, call, now);
                 let answer = self.turn.join_child(seq, "kid", now);

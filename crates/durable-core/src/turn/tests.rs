@@ -13,6 +13,7 @@ use std::time::Duration;
 use serde::Serialize;
 
 use super::*;
+use crate::admission::{Limits, SlotRequest};
 use crate::protocol::{self, ChildResult};
 use crate::{Backoff, NewRun, OutgoingSignal, ParentLink, RunId, RunStatus, TurnEnd, WaitKind, Waiter};
 
@@ -1074,7 +1075,7 @@ fn an_abandoned_wait_registers_no_waiter() {
 // ---- children ----
 
 fn child_call(input: Result<Payload, String>, version: Option<u32>) -> ChildCall<'static> {
-    ChildCall { workflow: "child-wf", id: protocol::child_id(&rid(), 0), version, input }
+    ChildCall { workflow: "child-wf", id: protocol::child_id(&rid(), 0), version, input, admission: Ok(None) }
 }
 
 fn child_cp(status: CheckpointStatus) -> Checkpoint {
@@ -1123,9 +1124,13 @@ fn spawn_child_records_a_wait_and_creates_the_child_with_the_next_commit() {
 }
 
 fn assert_not_started(input: Result<Payload, String>, version: Option<u32>, reason: &str) {
+    assert_call_not_started(child_call(input, version), reason);
+}
+
+fn assert_call_not_started(call: ChildCall<'static>, reason: &str) {
     let mut t = turn(vec![]);
     let seq = t.take_seq();
-    t.spawn_child(seq, child_call(input, version), 10);
+    t.spawn_child(seq, call, 10);
     let error =
         StepError::fatal(format!("child run r.child.0 was not started: {reason}")).with_code(codes::CHILD_FAILED);
     assert_eq!(
@@ -1163,6 +1168,40 @@ fn spawn_child_with_an_input_over_the_limit_fails_the_call_and_creates_nothing()
         Some(1),
         "the child's input is 82 bytes, over the 64-byte payload limit (max_payload_bytes)",
     );
+}
+
+#[test]
+fn spawn_child_whose_key_cannot_be_computed_fails_the_call_and_creates_nothing() {
+    let call = ChildCall { admission: Err("missing field `customer`".into()), ..child_call(Ok(p(&1)), Some(1)) };
+    assert_call_not_started(call, "its concurrency key could not be computed from its input: missing field `customer`");
+}
+
+/// A concurrency key's request as the engine computes it (holder and run not yet the run's).
+fn key_request(gate: &str) -> SlotRequest {
+    SlotRequest {
+        gate: gate.into(),
+        holder: String::new(),
+        run_id: RunId::from(""),
+        priority: 0,
+        fairness_key: String::new(),
+        limits: Limits { concurrency: Some(1), ..Limits::default() },
+        lease_until: None,
+        max_waiting: Some(3),
+        succeeds: None,
+        now: 10,
+    }
+}
+
+#[test]
+fn spawn_child_with_a_key_creates_the_child_with_its_request_held_by_the_child() {
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    let call = ChildCall { admission: Ok(Some(key_request("k:ns:child-wf:c1"))), ..child_call(Ok(p(&1)), Some(1)) };
+    t.spawn_child(seq, call, 10);
+    let c = flush(&mut t, 20);
+    let admission = c.children[0].admission.clone().expect("the child's key goes with it");
+    assert_eq!((admission.holder.as_str(), admission.run_id.as_str()), ("r.child.0", "r.child.0"));
+    assert_eq!((admission.gate.as_str(), admission.succeeds), ("k:ns:child-wf:c1", None), "a child queues for its key");
 }
 
 #[test]
@@ -1435,7 +1474,13 @@ fn replay_only_parks_every_kind_of_call_without_a_record_and_names_the_first() {
         deadline: None,
     };
     assert_eq!(t.wait(s2, wait, 20), WaitBegin::Park(None));
-    let child = ChildCall { workflow: "kid", id: RunId::from("r.child.1"), version: Some(1), input: Ok(p(&1)) };
+    let child = ChildCall {
+        workflow: "kid",
+        id: RunId::from("r.child.1"),
+        version: Some(1),
+        input: Ok(p(&1)),
+        admission: Ok(None),
+    };
     t.spawn_child(s1, child, 20);
     assert_eq!(t.join_child(s1, "kid", 20), ChildJoin::Park);
     assert_eq!(t.begin_step(s0, step("a", &policy), 20), StepBegin::Park(None));
@@ -1649,8 +1694,8 @@ fn continue_as_new_settles_completed_with_a_marker_and_creates_the_successor() {
     let seq = t.take_seq();
     assert_eq!(t.begin_record(seq, "now", StepKind::Now, 10), RecordBegin::Produce);
     assert_eq!(t.finish_record(seq, "now", StepKind::Now, Ok(p(&10)), 10), RecordOutcome::Return);
-    t.continue_as_new(Ok(p(&"next")));
-    assert_eq!(t.stopped(), Some(&TurnStop::ContinueAsNew(p(&"next"))));
+    t.continue_as_new(Ok(p(&"next")), Ok(None));
+    assert_eq!(t.stopped(), Some(&TurnStop::ContinueAsNew(p(&"next"), None)));
     let seq = t.take_seq();
     assert_eq!(t.sleep(seq, 100, 11), SleepBegin::Stopped, "the body halts");
     assert_eq!(
@@ -1690,9 +1735,28 @@ fn continue_as_new_settles_completed_with_a_marker_and_creates_the_successor() {
 }
 
 #[test]
+fn continue_as_new_hands_this_runs_key_slot_to_the_successor() {
+    let mut t = turn(vec![]);
+    t.continue_as_new(Ok(p(&1)), Ok(Some(key_request("k:ns:wf:a"))));
+    let Ended::Settle { commit: c, .. } = t.t_body_done(Ok(p(&"ignored")), 5) else { panic!() };
+    let admission = c.children[0].admission.clone().expect("the successor's key goes with it");
+    assert_eq!((admission.holder.as_str(), admission.run_id.as_str()), ("r~1", "r~1"));
+    assert_eq!(admission.succeeds.as_deref(), Some("r"), "the slot this run holds passes on");
+}
+
+#[test]
+fn continue_as_new_whose_key_cannot_be_computed_fails_the_run() {
+    let mut t = turn(vec![]);
+    t.continue_as_new(Ok(p(&1)), Err("no customer".into()));
+    let message = "run r could not continue as new: the successor's concurrency key could not be computed from its \
+                   input: no customer";
+    assert_eq!(t.stopped(), Some(&TurnStop::Fail(StepError::fatal(message).with_code(codes::BAD_KEY))));
+}
+
+#[test]
 fn continue_as_new_also_ends_the_turn_when_the_body_returns() {
     let mut t = turn(vec![]);
-    t.continue_as_new(Ok(p(&1)));
+    t.continue_as_new(Ok(p(&1)), Ok(None));
     let Ended::Settle { commit: c, status } = t.t_body_done(Ok(p(&"ignored")), 5) else { panic!() };
     assert_eq!(status, RunStatus::Completed);
     assert_eq!(c.children[0].id, RunId::from("r~1"));
@@ -1709,7 +1773,7 @@ fn continue_as_new_also_ends_the_turn_when_the_body_returns() {
 #[test]
 fn continue_as_new_with_a_bad_input_fails_the_run() {
     let mut t = turn(vec![]);
-    t.continue_as_new(Err("bad".into()));
+    t.continue_as_new(Err("bad".into()), Ok(None));
     assert_eq!(
         t.stopped(),
         Some(&TurnStop::Fail(
@@ -1717,7 +1781,7 @@ fn continue_as_new_with_a_bad_input_fails_the_run() {
         ))
     );
     let mut t = turn(vec![]);
-    t.continue_as_new(Ok(p(&"q".repeat(70))));
+    t.continue_as_new(Ok(p(&"q".repeat(70))), Ok(None));
     assert_eq!(
         t.stopped(),
         Some(&TurnStop::Fail(
@@ -2348,7 +2412,7 @@ fn the_first_stop_reason_wins() {
     let policy = RetryPolicy::none();
     assert_eq!(t.begin_step(0, step("refund", &policy), 10), StepBegin::Stopped);
     let first = t.stopped().cloned();
-    t.continue_as_new(Ok(p(&1)));
+    t.continue_as_new(Ok(p(&1)), Ok(None));
     t.fail_decode(0, "charge", "invalid type");
     t.stop(TurnStop::Abort("later".into()));
     assert!(!t.committed(9, Err((StoreErrorKind::LeaseLost, "x".into()))));
@@ -2488,7 +2552,7 @@ fn vet_fails_a_child_call_whose_id_an_unrelated_run_holds() {
 fn vet_fails_a_continue_as_new_whose_successor_id_is_taken() {
     let parent = ParentLink { run_id: RunId::from("p"), seq: 3 };
     let mut t = turn_of(Run { parent: Some(parent.clone()), ..run() }, vec![]);
-    t.continue_as_new(Ok(p(&2)));
+    t.continue_as_new(Ok(p(&2)), Ok(None));
     let Some(Ended::Settle { commit, status: RunStatus::Completed }) = t.t_pending(10) else { panic!() };
     let successor = protocol::successor_id(&rid());
     // The successor exactly as this continuation creates it is the chain's own: kept.
@@ -2721,6 +2785,7 @@ fn a_gated_step_asks_for_a_slot_then_runs_and_releases_it_in_its_commit() {
             limits: crate::admission::Limits { concurrency: Some(2), ..Default::default() },
             lease_until: Some(10 + 30_000),
             max_waiting: None,
+            succeeds: None,
             now: 10,
         }
     );

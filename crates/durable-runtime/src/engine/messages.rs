@@ -152,7 +152,12 @@ impl Engine {
             match trigger.gather {
                 None => {
                     let suffix = options.dedupe_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                    start.push(NewRun { id: RunId::parse(&format!("evt:{workflow}:{suffix}"))?, ..run });
+                    let id = RunId::parse(&format!("evt:{workflow}:{suffix}"))?;
+                    let admission = shared
+                        .flow
+                        .start_request(&workflow, &run.namespace, &id, &run.input, run.priority, now)
+                        .map_err(|reason| Error::BadKey { workflow: workflow.clone(), reason })?;
+                    start.push(NewRun { id, admission, ..run });
                 }
                 Some(g) => {
                     let wait = match g {

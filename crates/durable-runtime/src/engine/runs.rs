@@ -148,7 +148,10 @@ impl Engine {
             Some(given) => durable_core::trace::TraceParent::parse(&given)?.to_string(),
             None => crate::trace::new_trace_context(Some(&id), workflow, version),
         };
-        let admission = shared.flow.start_request(workflow, &namespace, &id, &input, options.priority, now)?;
+        let admission = shared
+            .flow
+            .start_request(workflow, &namespace, &id, &input, options.priority, now)
+            .map_err(|reason| Error::BadKey { workflow: workflow.to_string(), reason })?;
         Ok(NewRun {
             admission,
             trace_context: Some(trace_context),

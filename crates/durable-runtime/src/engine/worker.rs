@@ -108,6 +108,13 @@ impl WorkflowOptions {
     /// running or suspended is refused with [`Error::QueueFull`](crate::Error::QueueFull)
     /// (code `queue_full`) and persists nothing. `max_queue_depth(0)` refuses every start
     /// over the limit. Default: no bound.
+    ///
+    /// The bound refuses the caller of [`Engine::start`](crate::Engine::start),
+    /// [`Engine::start_many`](crate::Engine::start_many) and
+    /// [`Engine::signal_with_start`](crate::Engine::signal_with_start). Runs the engine
+    /// creates itself — children, a run continued as new, runs started by an event or a
+    /// schedule — have no caller to refuse: they take the key too, and wait for it however
+    /// many wait.
     pub fn max_queue_depth(mut self, depth: u32) -> Self {
         self.max_queue_depth = Some(depth);
         self
@@ -148,8 +155,9 @@ impl Engine {
     ///
     /// # Panics
     /// On a trigger that can never work — an empty event name, a batch of 0 items, a
-    /// debounce of 0 ms — naming the workflow and the event: registration happens once at
-    /// boot, and such a trigger is a bug to fix, not a condition to handle.
+    /// debounce of 0 ms, a batch feeding a workflow with a concurrency key — naming the
+    /// workflow and the event: registration happens once at boot, and such a trigger is a bug
+    /// to fix, not a condition to handle.
     pub fn register_with<F, Fut, I, O>(&self, name: &str, version: u32, options: WorkflowOptions, f: F)
     where
         F: Fn(WorkflowCtx, I) -> Fut + Send + Sync + 'static,
@@ -160,6 +168,16 @@ impl Engine {
         for trigger in &options.triggers {
             if let Err(reason) = trigger.check(name) {
                 panic!("register_with: {reason}");
+            }
+            // A full batch starts its run inside the publish, in the store, where a key (a
+            // function of the whole batch) cannot be computed: the run would pass its key.
+            if options.concurrency.is_some() && matches!(trigger.gather, Some(Gather::Batch { .. })) {
+                panic!(
+                    "register_with: workflow {name:?} has a concurrency key and a batch trigger on event {:?}; \
+                     a full batch's run is started inside the publish, where its key cannot be computed. \
+                     Use a debounce, or limit the work with a step queue (Engine::register_queue)",
+                    trigger.event
+                );
             }
         }
         let hooks = &self.shared().hooks;

@@ -532,6 +532,10 @@ impl TurnEnv for Shared {
     fn queue_limits(&self, name: &str) -> Option<Limits> {
         self.flow.queue(name)
     }
+
+    fn key_request(&self, run: &crate::turn::NewRunKey<'_>) -> Result<Option<SlotRequest>, String> {
+        self.flow.start_request(run.workflow, run.namespace, run.id, run.input, run.priority, run.now)
+    }
 }
 
 #[cfg(test)]

@@ -12,7 +12,10 @@ use std::collections::HashSet;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use durable_core::{DueQuery, Millis, NewRun, Overlap, RunId, SaveOutcome, SaveSchedule, ScheduleRecord, StoreResult};
+use durable_core::admission::SlotRequest;
+use durable_core::{
+    DueQuery, Millis, NewRun, Overlap, RunId, SaveOutcome, SaveSchedule, ScheduleRecord, StoreResult, TriggerBuffer,
+};
 use tokio::sync::Notify;
 
 use super::Shared;
@@ -33,6 +36,27 @@ impl Default for Starter {
 }
 
 impl Shared {
+    /// The concurrency key of a run the scheduler starts, if its workflow has one. The input
+    /// was checked against the workflow when the schedule was saved or the event published,
+    /// so only a key function changed since can fail to read it: that is logged, and the run
+    /// starts without its key rather than not at all.
+    fn started_key(&self, run: &NewRun) -> Option<SlotRequest> {
+        self.flow.start_request(&run.workflow, &run.namespace, &run.id, &run.input, run.priority, run.created_at).unwrap_or_else(
+            |reason| {
+                tracing::error!(run = %run.id, workflow = %run.workflow, %reason, "the run starts without its concurrency key: the key could not be computed from its input");
+                None
+            },
+        )
+    }
+
+    /// [`Shared::started_key`] of the run a due buffer starts at `now`.
+    fn buffer_key(&self, buffer: &TriggerBuffer, now: Millis) -> Option<SlotRequest> {
+        if !self.flow.keyed(&buffer.workflow) {
+            return None;
+        }
+        self.started_key(&buffer.clone().into_run(now))
+    }
+
     /// Has the scheduler look at the store now.
     pub(crate) fn poke_scheduler(&self) {
         self.starter.poke.notify_one();
@@ -97,8 +121,9 @@ impl Shared {
             let mark = self.mark();
             let mut flushed = 0;
             for buffer in due {
+                let admission = self.buffer_key(&buffer, now);
                 if let Some(created) =
-                    self.store.flush_buffer(&buffer.workflow, &buffer.key, &buffer.batch_id, now).await?
+                    self.store.flush_buffer(&buffer.workflow, &buffer.key, &buffer.batch_id, now, admission).await?
                 {
                     flushed += 1;
                     if created.created() {
@@ -163,6 +188,7 @@ impl Shared {
                     created_at: now,
                     start_at: fire.start_at,
                 })
+                .map(|run| NewRun { admission: self.started_key(&run), ..run })
                 .collect();
             saves.push(SaveSchedule { record: next, expected: Some(record.revision), start });
         }

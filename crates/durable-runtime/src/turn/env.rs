@@ -26,4 +26,17 @@ pub(crate) trait TurnEnv: Send + Sync + 'static {
     fn acquire_slot(&self, request: SlotRequest) -> BoxFuture<'_, StoreResult<Admission>>;
     /// The limits of the step queue `name`, if it is registered.
     fn queue_limits(&self, name: &str) -> Option<Limits>;
+    /// The concurrency key's request of a run the turn creates (a child, a successor), if its
+    /// workflow has a key; `Err`: why the key could not be computed from `input`.
+    fn key_request(&self, run: &NewRunKey<'_>) -> Result<Option<SlotRequest>, String>;
+}
+
+/// What a run's concurrency key is computed from ([`TurnEnv::key_request`]).
+pub(crate) struct NewRunKey<'a> {
+    pub(crate) workflow: &'a str,
+    pub(crate) namespace: &'a str,
+    pub(crate) id: &'a RunId,
+    pub(crate) input: &'a durable_core::Payload,
+    pub(crate) priority: i32,
+    pub(crate) now: Millis,
 }

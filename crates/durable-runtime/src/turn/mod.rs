@@ -25,7 +25,7 @@ pub use child::{ChildFailed, ChildHandle, ChildOptions};
 pub(crate) use ctx::Compensation;
 pub use ctx::{All, Step, StepContext, StepOptions, WorkflowCtx};
 pub(crate) use driver::TurnDriver;
-pub(crate) use env::TurnEnv;
+pub(crate) use env::{NewRunKey, TurnEnv};
 pub use remote::RemoteStep;
 pub(crate) use replay::replay_turn;
 pub use wait::{SignalError, TaskError, UpdateOutcome};

@@ -65,6 +65,11 @@ impl TurnEnv for ReplayEnv {
     fn queue_limits(&self, _name: &str) -> Option<Limits> {
         None
     }
+
+    fn key_request(&self, _run: &super::env::NewRunKey<'_>) -> Result<Option<SlotRequest>, String> {
+        // A replay-only turn creates no run.
+        Ok(None)
+    }
 }
 
 /// Replays `checkpoints` of `run` (as recorded) against the code registered for the run's

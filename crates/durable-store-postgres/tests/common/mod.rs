@@ -59,7 +59,7 @@ pub fn new_run(id: &str) -> NewRun {
     }
 }
 
-/// Takes a schema of this build back to version 14: the version rows of 15 and 16 (the
+/// Takes a schema of this build back to version 14: the version rows of 15 and on (the
 /// functions they created or replaced keep their text: migrating forward replaces them again).
 pub async fn undo_version_15(admin: &tokio_postgres::Client, schema: &str) {
     let s = format!("\"{schema}\"");
