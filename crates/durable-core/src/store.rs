@@ -839,11 +839,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Starts the run of a due buffer.
     ///
     /// # Contract
-    /// Atomically: if the open buffer of `(workflow, key)` has `batch_id`, it is deleted and
+    /// Atomically: if the open buffer of `(workflow, key)` has `batch_id` and is due
+    /// (`due_at <= now`: an event since the caller read it may have moved a debounce's due
+    /// time, and changed the payload its `admission` was computed from), it is deleted and
     /// its run ([`TriggerBuffer::into_run`] at `now`, with `admission`: the run's concurrency
     /// key, which only the engine can compute from the gathered input) created as
     /// [`Store::create_run`] would but [never refused](NewRun::never_refused) → `Some`.
-    /// Otherwise (flushed already, by this or another engine) nothing → `None`.
+    /// Otherwise (flushed already, by this or another engine, or not due) nothing → `None`.
     async fn flush_buffer(
         &self,
         workflow: &str,

@@ -85,6 +85,21 @@ async fn wait_for_the_key(t: &TestEngine, n: u32, ids: &[&RunId]) {
     }
 }
 
+/// Asserts that no run waited for its key by re-checking the store: a run waiting for its key
+/// is woken by the release that hands it over, not polled (a claim it lost is not retried).
+fn no_rechecks(rx: &mut broadcast::Receiver<EngineEvent>) {
+    loop {
+        match rx.try_recv() {
+            Ok(EngineEvent::WakeDeferred { run_id, holder }) => {
+                panic!("run {run_id} was re-checked while waiting for its key (holder {holder:?})")
+            }
+            Ok(_) => {}
+            Err(broadcast::error::TryRecvError::Lagged(n)) => panic!("{n} events lost: the test cannot tell"),
+            Err(_) => return,
+        }
+    }
+}
+
 async fn created(rx: &mut broadcast::Receiver<EngineEvent>) -> RunId {
     loop {
         if let EngineEvent::RunCreated { run_id, .. } = rx.recv().await.expect("event stream open") {
@@ -112,6 +127,7 @@ async fn children_take_their_key(store: StoreFixture) {
         assert!(reason.contains("concurrency key could not be computed"), "{reason}");
         Ok::<_, WorkflowError>(sum)
     });
+    let mut events = t.subscribe();
     let parent = t.start("parent", &(), StartOptions::id("p")).await.unwrap().id;
     let c = |n: u32| RunId::new(format!("c{n}"));
     // The parent's first turn creates the children and parks on the first.
@@ -127,6 +143,7 @@ async fn children_take_their_key(store: StoreFixture) {
     }
     t.assert_output(&parent, 6u32).await;
     assert!(t.get_run(&RunId::from("bad")).await.unwrap().is_none(), "nothing created");
+    no_rechecks(&mut events);
 }
 
 /// A run continued as new hands its key to its successor: a run started meanwhile with the
@@ -135,6 +152,7 @@ async fn a_chain_continued_as_new_keeps_its_key(store: StoreFixture) {
     let t = store.engine();
     register_sync(&t, singleton());
     let first = RunId::from("r");
+    let mut events = t.subscribe();
     t.start("sync", &Job { chain: 2, ..job("acme", 1) }, StartOptions::id("r")).await.unwrap();
     holds_the_key(&t, &first).await;
     let other = t.start("sync", &job("acme", 10), StartOptions::id("other")).await.unwrap().id;
@@ -152,12 +170,14 @@ async fn a_chain_continued_as_new_keeps_its_key(store: StoreFixture) {
     holds_the_key(&t, &other).await;
     t.signal("go:10", &()).await.unwrap();
     t.assert_output(&other, 10u32).await;
+    no_rechecks(&mut events);
 }
 
 /// A run an event starts takes the key.
 async fn an_events_run_takes_its_key(store: StoreFixture) {
     let t = store.engine();
     register_sync(&t, singleton().on_event("job.created", serde_json::json!({})));
+    let mut events = t.subscribe();
     let holder = t.start("sync", &job("acme", 1), StartOptions::id("h")).await.unwrap().id;
     holds_the_key(&t, &holder).await;
     let started = t.publish("job.created", &job("acme", 2), PublishOptions::default()).await.unwrap().started;
@@ -167,12 +187,14 @@ async fn an_events_run_takes_its_key(store: StoreFixture) {
     holds_the_key(&t, run).await;
     t.signal("go:2", &()).await.unwrap();
     t.assert_output(run, 2u32).await;
+    no_rechecks(&mut events);
 }
 
 /// A run a schedule fires takes the key.
 async fn a_schedules_run_takes_its_key(store: StoreFixture) {
     let t = store.engine();
     register_sync(&t, singleton());
+    let mut events = t.subscribe();
     let holder = t.start("sync", &job("acme", 1), StartOptions::id("h")).await.unwrap().id;
     holds_the_key(&t, &holder).await;
     t.schedule("hourly", Schedule::every(Duration::from_secs(3600)), "sync", &job("acme", 2)).await.unwrap();
@@ -183,6 +205,7 @@ async fn a_schedules_run_takes_its_key(store: StoreFixture) {
     holds_the_key(&t, &fired).await;
     t.signal("go:2", &()).await.unwrap();
     t.assert_output(&fired, 2u32).await;
+    no_rechecks(&mut events);
 }
 
 /// The run a debounce starts once its events go quiet takes the key.
@@ -200,6 +223,7 @@ async fn a_debounced_run_takes_its_key(store: StoreFixture) {
     holds_the_key(&t, &run).await;
     t.signal("go:2", &()).await.unwrap();
     t.assert_output(&run, 2u32).await;
+    no_rechecks(&mut rx);
 }
 
 on_every_store!(

@@ -829,7 +829,7 @@ impl Store for MemoryStore {
     ) -> StoreResult<Option<CreateRun>> {
         let mut inner = self.inner.lock();
         let k = (workflow.to_string(), key.to_string());
-        if inner.buffers.get(&k).is_none_or(|b| b.batch_id != batch_id) {
+        if inner.buffers.get(&k).is_none_or(|b| b.batch_id != batch_id || b.due_at > now) {
             return Ok(None);
         }
         let buffer = inner.buffers.remove(&k).expect("checked");

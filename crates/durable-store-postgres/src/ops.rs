@@ -1397,16 +1397,15 @@ pub(crate) fn signal_answer(text: &str) -> Result<Delivery, Answer> {
 }
 
 /// A run a write created or found: `create_run`'s answer, read with the row it carries (always
-/// for an existing run; for a created one when the write had to build the run itself).
+/// for an existing run; for a created one when the write had to build the run itself), else
+/// as [`created`] reads it (a run waiting for its key is `"gated"`).
 fn started(mut v: Value, new: Option<NewRun>) -> Result<CreateRun, Answer> {
-    if field::<bool>(&mut v, "created")? {
-        match (new, v.get("run").is_some_and(|r| !r.is_null())) {
-            (_, true) => Ok(CreateRun::Created(run_field(&mut v)?)),
-            (Some(new), false) => Ok(CreateRun::Created(new.into_run())),
-            (None, false) => Err(Answer::Corrupt("a created run came without its row".into())),
-        }
-    } else {
-        Ok(CreateRun::Existing(run_field(&mut v)?))
+    let has_row = v.get("run").is_some_and(|r| !r.is_null());
+    match new {
+        Some(new) if !has_row => created(v, new),
+        _ if !field::<bool>(&mut v, "created")? => Ok(CreateRun::Existing(run_field(&mut v)?)),
+        _ if has_row => Ok(CreateRun::Created(run_field(&mut v)?)),
+        _ => Err(Answer::Corrupt("a created run came without its row".into())),
     }
 }
 

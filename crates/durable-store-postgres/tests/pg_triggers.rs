@@ -86,16 +86,22 @@ async fn gathering_on_the_server_follows_trigger_buffer_gather() {
     // How often each path was taken: flushes that started a run, full batches, appends to an
     // open buffer.
     let (mut flushes, mut full, mut appended) = (0, 0, 0);
-    for step in 0..400 {
+    for step in 0..600 {
         now += rng.pick(&[0, 1, 300, 700]);
         if rng.one_in(4) && !model.is_empty() {
-            // Flush an open buffer, with its batch id or a stale one.
+            // Flush an open buffer, with its batch id or a stale one, now or (mostly) once it
+            // is due, if it ever is: only a due buffer is flushed.
             let keys: Vec<(String, String)> = model.keys().cloned().collect();
             let (workflow, key) = rng.pick(&keys);
+            let due_at = model[&(workflow.clone(), key.clone())].due_at;
+            if due_at < T0 * 2 && !rng.one_in(3) {
+                now = now.max(due_at);
+            }
             let right = !rng.one_in(3);
             let batch_id =
                 if right { model[&(workflow.clone(), key.clone())].batch_id.clone() } else { "stale".into() };
-            let expected = if right {
+            let due = due_at <= now;
+            let expected = if right && due {
                 flushes += 1;
                 let buffer = model.remove(&(workflow.clone(), key.clone())).unwrap();
                 Some(CreateRun::Created(buffer.into_run(now).into_run()))
@@ -110,7 +116,7 @@ async fn gathering_on_the_server_follows_trigger_buffer_gather() {
                 .map(|i| {
                     let workflow = rng.pick(&["w1".to_string(), "w2".to_string()]);
                     BufferAppend {
-                        key: rng.pick(&[String::new(), "k".to_string()]),
+                        key: rng.pick(&[String::new(), "k".to_string(), "k2".to_string(), "k3".to_string()]),
                         gather: gather(&mut rng),
                         batch_id: format!("b{step}.{i}"),
                         run: template(&mut rng, &workflow),

@@ -1050,7 +1050,7 @@ fn store_buffer(conn: &Connection, buffer: &TriggerBuffer) -> OpResult<()> {
 }
 
 /// `flush_buffer`: deletes the open buffer of `(workflow, key)` if it is still `batch_id`'s and
-/// creates its run, in the caller's write.
+/// due at `now`, and creates its run, in the caller's write.
 pub(crate) fn flush_buffer(
     conn: &Connection,
     workflow: &str,
@@ -1061,9 +1061,10 @@ pub(crate) fn flush_buffer(
 ) -> OpResult<Option<CreateRun>> {
     let body = conn
         .prepare_cached(
-            "DELETE FROM trigger_buffers WHERE workflow = ?1 AND key = ?2 AND batch_id = ?3 RETURNING body",
+            "DELETE FROM trigger_buffers WHERE workflow = ?1 AND key = ?2 AND batch_id = ?3 AND due_at <= ?4 \
+             RETURNING body",
         )?
-        .query_row([workflow, key, batch_id], |r| r.get::<_, String>(0))
+        .query_row(params![workflow, key, batch_id, millis_to_sql(now)], |r| r.get::<_, String>(0))
         .optional()?;
     let Some(body) = body else { return Ok(None) };
     let buffer: TriggerBuffer =

@@ -112,7 +112,8 @@ fn everything_survives_close_and_reopen() {
             assert_eq!(s.publish(order(1_600)).await.unwrap(), Published::Duplicate);
             let stale = SaveSchedule { record: schedules[0].clone(), expected: Some(1), start: vec![] };
             assert_eq!(s.save_schedule(stale).await.unwrap(), SaveOutcome::Stale(Some(Box::new(schedules[0].clone()))));
-            let flushed = s.flush_buffer("batch", "", &buffers[0].batch_id, 2_000, None).await.unwrap().unwrap();
+            let flushed =
+                s.flush_buffer("batch", "", &buffers[0].batch_id, buffers[0].due_at, None).await.unwrap().unwrap();
             assert_eq!(flushed.run().input, Payload::encode(&json!([{"order": 7}])).unwrap());
             // The waiter, the buffered signal and the buffered event still work.
             assert_eq!(

@@ -255,7 +255,8 @@ pub async fn a_full_batch_starts_in_the_publish_that_fills_it(store: Arc<dyn Sto
 }
 
 /// Due buffers come earliest first, filtered by namespace and workflow; a flush with the
-/// buffer's batch id deletes it and creates its run, once; any other flush does nothing.
+/// buffer's batch id deletes it and creates its run, once, if it is due; any other flush does
+/// nothing.
 pub async fn due_buffers_flush_once(store: Arc<dyn Store>) -> CaseResult {
     let s = &*store;
     let debounce = Gather::Debounce { quiet_ms: 1_000 };
@@ -281,6 +282,8 @@ pub async fn due_buffers_flush_once(store: Arc<dyn Store>) -> CaseResult {
     let only_wf = DueQuery { workflows: Some(vec!["wf".into()]), ..query(T0 + 1_030, 10) };
     assert_eq!(due(s.due_buffers(&only_wf).await?).len(), 2);
     assert_eq!(s.flush_buffer("wf", "a", "wrong-batch", T0 + 1_030, None).await?, None);
+    // Read as due before the later event moved it: not flushed before its new due time.
+    assert_eq!(s.flush_buffer("wf", "a", "wf-a", T0 + 1_029, None).await?, None, "not due yet");
     let flushed = s.flush_buffer("wf", "a", "wf-a", T0 + 1_031, None).await?.expect("flushed");
     let run = flushed.into_run();
     assert_eq!((run.id.as_str(), run.input.to_value()), ("trig:wf:wf-a", json!({"i": 9})), "the last payload");

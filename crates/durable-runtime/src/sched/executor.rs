@@ -260,6 +260,15 @@ impl Shared {
                     tokio::time::sleep(Duration::from_millis(1 << own_busy.min(7))).await;
                     continue;
                 }
+                Ok(ClaimOutcome::Busy(run))
+                    if run.status == RunStatus::Pending && run.wake_at == Some(durable_core::protocol::GATED) =>
+                {
+                    // Waiting for its concurrency key (a child, a successor or a schedule's
+                    // run queued at its creation): the release that hands it the key wakes
+                    // it, so nothing is re-checked meanwhile.
+                    drop_warm(warm);
+                    return;
+                }
                 Ok(ClaimOutcome::Busy(run)) => {
                     if run.lease_owner.is_none() || run.lease_until.is_none_or(|u| u < now) {
                         // Nobody holds the lease: the row was busy only because another

@@ -13,7 +13,7 @@
 -- request's `succeeds` (the run that continued as new) at the same gate to the new run, if that
 -- run holds one: admitted at once, ahead of the waiters, the gate's slots unchanged.
 -- `flush_buffer` reads the run's `admission` from its operation (only the engine can compute a
--- key from the gathered input).
+-- key from the gathered input), and flushes a buffer only while it is due.
 --
 -- Every function here is created or replaced: running this file again is harmless.
 --
@@ -89,7 +89,10 @@ BEGIN
 END
 $$;
 
--- `flush_buffer` of version 6, creating the run with the operation's `admission`, if any.
+-- `flush_buffer` of version 6, creating the run with the operation's `admission`, if any, and
+-- only if the buffer is still due: an event that moved a debounce's due time after the engine
+-- read it is not cut short, and the key the engine computed from the payload it read is the
+-- key of the run's input.
 CREATE OR REPLACE FUNCTION __SCHEMA__.flush_buffer(p jsonb) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
@@ -98,7 +101,8 @@ BEGIN
     -- The row lock waits for a publish adding to the buffer; the batch id is checked against the
     -- row as that publish left it (deleted, when it filled the buffer).
     SELECT * INTO v_buf FROM __SCHEMA__.trigger_buffers AS b
-     WHERE b.workflow = p ->> 'workflow' AND b.key = p ->> 'key' AND b.batch_id = p ->> 'batch_id' FOR UPDATE;
+     WHERE b.workflow = p ->> 'workflow' AND b.key = p ->> 'key' AND b.batch_id = p ->> 'batch_id'
+       AND b.due_at <= (p ->> 'now')::bigint FOR UPDATE;
     IF NOT FOUND THEN
         RETURN jsonb_build_object('flushed', false);
     END IF;
