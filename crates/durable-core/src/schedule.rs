@@ -201,9 +201,19 @@ impl Schedule {
         self
     }
 
-    /// Checks the expression, the zone and the interval.
+    /// Checks the expression, the zone and the interval, and that a cron expression matches
+    /// some time at all (`0 0 30 2 *`, the 30th of February, parses but never fires).
     pub fn validate(&self) -> Result<(), ScheduleError> {
-        self.compiled().map(|_| ())
+        let compiled = self.compiled()?;
+        match &self.cadence {
+            Cadence::Cron { expr } if compiled.next_after(0).is_none() => Err(ScheduleError::BadCron {
+                expr: expr.clone(),
+                reason: "it matches no time from 1970 on: a day its months never have (such as the 30th of \
+                         February), or only years that have passed"
+                    .into(),
+            }),
+            _ => Ok(()),
+        }
     }
 
     fn compiled(&self) -> Result<Compiled, ScheduleError> {
@@ -575,6 +585,13 @@ mod tests {
         assert!(e.to_string().contains("Mars/Olympus"), "{e}");
         let e = Schedule::every(Duration::ZERO).validate().unwrap_err();
         assert_eq!(e, ScheduleError::ZeroInterval);
+        // Parses, but no month has the day: it would never fire.
+        for never in ["0 0 30 2 *", "0 0 31 4,6,9,11 *"] {
+            let e = Schedule::cron(never).validate().unwrap_err();
+            assert!(matches!(&e, ScheduleError::BadCron { expr, .. } if expr == never), "{e}");
+            assert!(e.to_string().contains("matches no time"), "{e}");
+        }
+        Schedule::cron("0 0 29 2 *").validate().expect("the 29th of February comes every four years");
         assert!(check_schedule_key("").is_err());
         assert!(check_schedule_key("a\nb").is_err());
         assert!(check_schedule_key("report").is_ok());

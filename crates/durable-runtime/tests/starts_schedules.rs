@@ -169,6 +169,7 @@ async fn bad_schedules_are_refused_by_name_and_nothing_is_saved(store: StoreFixt
         ("bad-cron", Schedule::cron("0 25 * * *"), "\"0 25 * * *\""),
         ("bad-zone", Schedule::cron("0 9 * * *").timezone("Europe/Atlantis"), "Europe/Atlantis"),
         ("zero", Schedule::every(Duration::ZERO), "interval of zero"),
+        ("never", Schedule::cron("0 0 30 2 *"), "matches no time"),
     ];
     for (key, schedule, named) in cases {
         let err = t.schedule(key, schedule, "echo", &1).await.unwrap_err();
