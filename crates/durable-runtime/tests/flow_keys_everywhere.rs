@@ -173,6 +173,17 @@ async fn a_chain_continued_as_new_keeps_its_key(store: StoreFixture) {
     no_rechecks(&mut events);
 }
 
+/// The holder `h` (job 1) finishes: the key goes to `run` (job 2), which runs to its end; no
+/// run was re-checked while it waited.
+async fn the_holder_hands_over(t: &TestEngine, run: &RunId, events: &mut broadcast::Receiver<EngineEvent>) {
+    t.signal("go:1", &()).await.unwrap();
+    t.assert_output(&RunId::from("h"), 1u32).await;
+    holds_the_key(t, run).await;
+    t.signal("go:2", &()).await.unwrap();
+    t.assert_output(run, 2u32).await;
+    no_rechecks(events);
+}
+
 /// A run an event starts takes the key.
 async fn an_events_run_takes_its_key(store: StoreFixture) {
     let t = store.engine();
@@ -183,11 +194,7 @@ async fn an_events_run_takes_its_key(store: StoreFixture) {
     let started = t.publish("job.created", &job("acme", 2), PublishOptions::default()).await.unwrap().started;
     let [run] = &started[..] else { panic!("one run started: {started:?}") };
     wait_for_the_key(&t, 1, &[run]).await;
-    t.signal("go:1", &()).await.unwrap();
-    holds_the_key(&t, run).await;
-    t.signal("go:2", &()).await.unwrap();
-    t.assert_output(run, 2u32).await;
-    no_rechecks(&mut events);
+    the_holder_hands_over(&t, run, &mut events).await;
 }
 
 /// A run a schedule fires takes the key.
@@ -199,13 +206,8 @@ async fn a_schedules_run_takes_its_key(store: StoreFixture) {
     holds_the_key(&t, &holder).await;
     t.schedule("hourly", Schedule::every(Duration::from_secs(3600)), "sync", &job("acme", 2)).await.unwrap();
     let fired = t.trigger_schedule("hourly").await.unwrap();
-    wait_for_the_key(&t, 1, &[]).await;
-    assert_eq!(status(&t, &fired).await, RunStatus::Pending, "the fire waits for the key");
-    t.signal("go:1", &()).await.unwrap();
-    holds_the_key(&t, &fired).await;
-    t.signal("go:2", &()).await.unwrap();
-    t.assert_output(&fired, 2u32).await;
-    no_rechecks(&mut events);
+    wait_for_the_key(&t, 1, &[&fired]).await;
+    the_holder_hands_over(&t, &fired, &mut events).await;
 }
 
 /// The run a debounce starts once its events go quiet takes the key.
@@ -219,11 +221,7 @@ async fn a_debounced_run_takes_its_key(store: StoreFixture) {
     t.advance(Duration::from_secs(1));
     let run = created(&mut rx).await;
     wait_for_the_key(&t, 1, &[&run]).await;
-    t.signal("go:1", &()).await.unwrap();
-    holds_the_key(&t, &run).await;
-    t.signal("go:2", &()).await.unwrap();
-    t.assert_output(&run, 2u32).await;
-    no_rechecks(&mut rx);
+    the_holder_hands_over(&t, &run, &mut rx).await;
 }
 
 on_every_store!(
