@@ -386,14 +386,22 @@ impl GateRecord {
     /// The retry time of a request held back while `capacity` is free and `ahead` waiters
     /// rank before it: the window's end when the rate (not concurrency) is what is used up.
     fn retry_at(&self, live: u32, ahead: u32) -> Option<Millis> {
-        let conc_free = self.limits.concurrency.map_or(u32::MAX, |c| c.saturating_sub(live));
-        (conc_free > ahead).then(|| self.window_end()).flatten()
+        let conc_free = self.limits.concurrency.is_none_or(|c| c.saturating_sub(live) > ahead);
+        conc_free.then(|| self.window_end()).flatten()
+    }
+
+    /// How far [`decide`] needs `ahead` counted, with `live` slots held: a count capped at this
+    /// decides the same as the full count, so a store stops counting there instead of reading a
+    /// long queue through.
+    pub fn ahead_cap(&self, live: u32) -> u32 {
+        let conc_free = self.limits.concurrency.map_or(0, |c| c.saturating_sub(live));
+        self.capacity(live).max(conc_free).saturating_add(1)
     }
 }
 
 /// Decides a request that holds no slot, after [`GateRecord::roll`]: `live` slots are held,
-/// `ahead` waiters rank before the request, `waiting` requests wait in all, and the request is
-/// (`queued`) or is not one of them yet.
+/// `ahead` waiters rank before the request (counted up to [`GateRecord::ahead_cap`] at least),
+/// `waiting` requests wait in all, and the request is (`queued`) or is not one of them yet.
 pub fn decide(gate: &GateRecord, request: &SlotRequest, live: u32, ahead: u32, waiting: u32, queued: bool) -> Decision {
     if ahead < gate.capacity(live) {
         return Decision::Admit;
@@ -417,7 +425,12 @@ struct Gate {
     record: Option<GateRecord>,
     slots: BTreeMap<String, SlotRecord>,
     queue: BTreeMap<Rank, WaiterRecord>,
+    /// The queue's index by holder.
     ranks: HashMap<String, Rank>,
+    /// The queue's index by fairness key: the rounds its waiters hold, with how many hold each.
+    rounds: HashMap<String, BTreeMap<i64, u32>>,
+    /// The queue's index by run: the holders each run has queued.
+    queued: HashMap<RunId, BTreeSet<String>>,
 }
 
 impl Gate {
@@ -431,14 +444,40 @@ impl Gate {
         self.slots.len() != before
     }
 
+    /// Queues `w` (its holder queues nothing at the gate yet).
+    fn enqueue(&mut self, w: WaiterRecord) {
+        self.ranks.insert(w.holder.clone(), w.rank);
+        *self.rounds.entry(w.fairness_key.clone()).or_default().entry(w.rank.round).or_default() += 1;
+        self.queued.entry(w.run_id.clone()).or_default().insert(w.holder.clone());
+        self.queue.insert(w.rank, w);
+    }
+
     fn unqueue(&mut self, holder: &str) -> Option<WaiterRecord> {
         let rank = self.ranks.remove(holder)?;
-        self.queue.remove(&rank)
+        let w = self.queue.remove(&rank)?;
+        if let Some(rounds) = self.rounds.get_mut(&w.fairness_key) {
+            if let Some(n) = rounds.get_mut(&w.rank.round) {
+                *n -= 1;
+                if *n == 0 {
+                    rounds.remove(&w.rank.round);
+                }
+            }
+            if rounds.is_empty() {
+                self.rounds.remove(&w.fairness_key);
+            }
+        }
+        if let Some(holders) = self.queued.get_mut(&w.run_id) {
+            holders.remove(&w.holder);
+            if holders.is_empty() {
+                self.queued.remove(&w.run_id);
+            }
+        }
+        Some(w)
     }
 
     /// The round after the last one `key`'s waiters hold (`None`: the key has no waiters).
     fn key_round(&self, key: &str) -> Option<i64> {
-        self.queue.values().filter(|w| w.fairness_key == key).map(|w| w.rank.round + 1).max()
+        self.rounds.get(key).and_then(|r| r.keys().next_back()).map(|round| round + 1)
     }
 
     /// Records a slot held by `holder` (of `run`) from `now`.
@@ -489,6 +528,9 @@ impl Gate {
 #[derive(Debug, Clone, Default)]
 pub struct AdmissionBook {
     gates: BTreeMap<String, Gate>,
+    /// The gates each run has held a slot or queued a request at (some perhaps no more): what
+    /// a run's release, renewal and listings look at, instead of every gate.
+    runs: HashMap<RunId, BTreeSet<String>>,
 }
 
 impl AdmissionBook {
@@ -521,6 +563,7 @@ impl AdmissionBook {
         {
             gate.unqueue(&request.holder);
             gate.hold(&request.gate, &request.holder, &request.run_id, now, request.lease_until);
+            self.runs.entry(request.run_id.clone()).or_default().insert(request.gate.clone());
             return (Admission::Admitted, handoffs);
         }
         // `Full` writes nothing: the stored record stays as it was (a refused keyed start must
@@ -541,7 +584,8 @@ impl AdmissionBook {
                 (probe, true)
             }
         };
-        let ahead = u32::try_from(gate.queue.range(..rank).count()).unwrap_or(u32::MAX);
+        let cap = record.ahead_cap(live) as usize;
+        let ahead = u32::try_from(gate.queue.range(..rank).take(cap).count()).unwrap_or(u32::MAX);
         let answer = match decide(&record, request, live, ahead, waiting, queued.is_some()) {
             Decision::Admit => {
                 gate.unqueue(&request.holder);
@@ -559,25 +603,22 @@ impl AdmissionBook {
                 if fresh_rank {
                     let mut key_round = gate.key_round(&request.fairness_key);
                     let rank = record.rank(request.priority, &mut key_round);
-                    gate.ranks.insert(request.holder.clone(), rank);
-                    gate.queue.insert(
+                    gate.enqueue(WaiterRecord {
+                        gate: request.gate.clone(),
+                        holder: request.holder.clone(),
+                        run_id: request.run_id.clone(),
                         rank,
-                        WaiterRecord {
-                            gate: request.gate.clone(),
-                            holder: request.holder.clone(),
-                            run_id: request.run_id.clone(),
-                            rank,
-                            priority: request.priority,
-                            fairness_key: request.fairness_key.clone(),
-                            lease_ms: request.lease_until.map(|t| t.saturating_sub(now)),
-                            since: now,
-                        },
-                    );
+                        priority: request.priority,
+                        fairness_key: request.fairness_key.clone(),
+                        lease_ms: request.lease_until.map(|t| t.saturating_sub(now)),
+                        since: now,
+                    });
                 }
                 Admission::Waiting { retry_at }
             }
         };
         gate.record = Some(record);
+        self.runs.entry(request.run_id.clone()).or_default().insert(request.gate.clone());
         (answer, handoffs)
     }
 
@@ -596,12 +637,15 @@ impl AdmissionBook {
     /// Releases the slot `holder` (of `run`) holds at whatever gate, and hands it on (a remote
     /// step's result is recorded).
     pub fn release_holder(&mut self, run: &RunId, holder: &str, now: Millis) -> Vec<Handoff> {
-        let gate = self
-            .gates
-            .iter()
-            .find(|(_, g)| g.slots.get(holder).is_some_and(|s| &s.run_id == run))
-            .map(|(name, _)| name.clone());
+        let gate = self.gates_of(run).find(|(_, g)| g.slots.get(holder).is_some_and(|s| &s.run_id == run));
+        let gate = gate.map(|(name, _)| name.to_string());
         gate.map_or_else(Vec::new, |gate| self.release(&gate, holder, now))
+    }
+
+    /// The gates `run` may hold slots or queue requests at, by name.
+    fn gates_of<'a>(&'a self, run: &RunId) -> impl Iterator<Item = (&'a str, &'a Gate)> + 'a {
+        let names = self.runs.get(run).into_iter().flatten();
+        names.filter_map(|name| self.gates.get(name).map(|g| (name.as_str(), g)))
     }
 
     /// Releases every slot and queued request of `run` (it settled, was cancelled or deleted)
@@ -615,13 +659,16 @@ impl AdmissionBook {
     /// deleted together): everything of all of them is released before any capacity is handed
     /// on, so none of it goes to one of them, and the outcome does not depend on their order.
     pub fn release_runs(&mut self, runs: &[RunId], now: Millis) -> Vec<Handoff> {
+        let gates: BTreeSet<String> = runs.iter().filter_map(|r| self.runs.remove(r)).flatten().collect();
         let runs: BTreeSet<&RunId> = runs.iter().collect();
         let mut out = Vec::new();
-        for g in self.gates.values_mut() {
+        for name in &gates {
+            let Some(g) = self.gates.get_mut(name) else {
+                continue;
+            };
             let before = g.slots.len();
             g.slots.retain(|_, s| !runs.contains(&s.run_id));
-            let held: Vec<String> =
-                g.queue.values().filter(|w| runs.contains(&w.run_id)).map(|w| w.holder.clone()).collect();
+            let held: Vec<String> = runs.iter().filter_map(|r| g.queued.get(*r)).flatten().cloned().collect();
             let freed = g.slots.len() != before;
             if !freed && held.is_empty() {
                 // A gate the runs had nothing at is left alone (its expired slots are reclaimed
@@ -642,7 +689,13 @@ impl AdmissionBook {
     /// Extends the leases of `run`'s leased slots to `lease_until` (the engine renews them
     /// with the run's own lease).
     pub fn renew(&mut self, run: &RunId, lease_until: Millis) {
-        for g in self.gates.values_mut() {
+        let Some(gates) = self.runs.get(run) else {
+            return;
+        };
+        for name in gates {
+            let Some(g) = self.gates.get_mut(name) else {
+                continue;
+            };
             for s in g.slots.values_mut() {
                 if &s.run_id == run && s.lease_until.is_some() {
                     s.lease_until = Some(lease_until);
@@ -653,15 +706,17 @@ impl AdmissionBook {
 
     /// The requests `run` has queued, by gate then holder (as `Store::run_admission` lists them).
     pub fn waits_of(&self, run: &RunId) -> Vec<WaiterRecord> {
-        let mut waits: Vec<WaiterRecord> =
-            self.gates.values().flat_map(|g| g.queue.values()).filter(|w| &w.run_id == run).cloned().collect();
+        let mut waits: Vec<WaiterRecord> = (self.gates_of(run))
+            .flat_map(|(_, g)| g.queued.get(run).into_iter().flatten().map(|h| &g.queue[&g.ranks[h]]))
+            .cloned()
+            .collect();
         waits.sort_by(|a, b| (&a.gate, &a.holder).cmp(&(&b.gate, &b.holder)));
         waits
     }
 
     /// The slots `run` holds (live or not).
     pub fn slots_of(&self, run: &RunId) -> Vec<SlotRecord> {
-        self.gates.values().flat_map(|g| g.slots.values()).filter(|s| &s.run_id == run).cloned().collect()
+        self.gates_of(run).flat_map(|(_, g)| g.slots.values()).filter(|s| &s.run_id == run).cloned().collect()
     }
 
     /// Per-gate figures at `now`, by gate name.

@@ -379,3 +379,138 @@ proptest! {
         prop_assert!(waiting.is_empty(), "starved: {:?}", waiting);
     }
 }
+
+#[derive(Debug, Clone)]
+enum BookOp {
+    Acquire { gate: u8, run: u8, seq: Option<u8>, key: u8, leased: bool },
+    Release { gate: u8, run: u8, seq: Option<u8> },
+    ReleaseHolder { run: u8, seq: Option<u8> },
+    ReleaseRuns(Vec<u8>),
+    Renew { run: u8 },
+    Advance(u16),
+}
+
+fn book_op() -> impl Strategy<Value = BookOp> {
+    let seq = proptest::option::of(0u8..2);
+    prop_oneof![
+        5 => (0u8..3, 0u8..6, seq.clone(), 0u8..3, any::<bool>())
+            .prop_map(|(gate, run, seq, key, leased)| BookOp::Acquire { gate, run, seq, key, leased }),
+        2 => (0u8..3, 0u8..6, seq.clone()).prop_map(|(gate, run, seq)| BookOp::Release { gate, run, seq }),
+        1 => (0u8..6, seq).prop_map(|(run, seq)| BookOp::ReleaseHolder { run, seq }),
+        1 => proptest::collection::vec(0u8..6, 0..3).prop_map(BookOp::ReleaseRuns),
+        1 => (0u8..6).prop_map(|run| BookOp::Renew { run }),
+        1 => (0u16..300).prop_map(BookOp::Advance),
+    ]
+}
+
+/// The book's indexes say what a scan of its queues and slots says.
+fn check_indexes(book: &AdmissionBook) -> Result<(), TestCaseError> {
+    let mut runs: BTreeSet<RunId> = BTreeSet::new();
+    for (name, g) in &book.gates {
+        let ranks: HashMap<String, Rank> = g.queue.values().map(|w| (w.holder.clone(), w.rank)).collect();
+        prop_assert_eq!(&g.ranks, &ranks, "ranks of {}", name);
+        let mut rounds: HashMap<String, BTreeMap<i64, u32>> = HashMap::new();
+        let mut queued: HashMap<RunId, BTreeSet<String>> = HashMap::new();
+        for w in g.queue.values() {
+            *rounds.entry(w.fairness_key.clone()).or_default().entry(w.rank.round).or_default() += 1;
+            queued.entry(w.run_id.clone()).or_default().insert(w.holder.clone());
+            runs.insert(w.run_id.clone());
+        }
+        prop_assert_eq!(&g.rounds, &rounds, "rounds of {}", name);
+        prop_assert_eq!(&g.queued, &queued, "queued of {}", name);
+        for s in g.slots.values() {
+            runs.insert(s.run_id.clone());
+        }
+    }
+    for run in runs {
+        let waits: Vec<WaiterRecord> = {
+            let mut w: Vec<WaiterRecord> =
+                book.gates.values().flat_map(|g| g.queue.values()).filter(|w| w.run_id == run).cloned().collect();
+            w.sort_by(|a, b| (&a.gate, &a.holder).cmp(&(&b.gate, &b.holder)));
+            w
+        };
+        prop_assert_eq!(book.waits_of(&run), waits, "waits of {}", run);
+        let slots: Vec<SlotRecord> =
+            book.gates.values().flat_map(|g| g.slots.values()).filter(|s| s.run_id == run).cloned().collect();
+        prop_assert_eq!(book.slots_of(&run), slots, "slots of {}", run);
+    }
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 300, ..ProptestConfig::default() })]
+
+    /// Over several gates, runs and holders per run, the indexes the book keeps (by holder,
+    /// fairness key and run) always agree with its queues and slots, so a release, a renewal
+    /// or a listing that reads only a run's gates sees all of it.
+    #[test]
+    fn the_indexes_agree_with_the_queues_and_slots(ops in proptest::collection::vec(book_op(), 1..150)) {
+        let mut book = AdmissionBook::default();
+        let mut now: Millis = 1_000;
+        let holder = |run: u8, seq: Option<u8>| seq.map_or(format!("r{run}"), |s| format!("r{run}:{s}"));
+        let gate_limits = |gate: u8| Limits {
+            concurrency: Some(1 + u32::from(gate)),
+            rate: (gate == 2).then_some(Rate { limit: 3, period_ms: 200 }),
+            fairness: gate != 0,
+            ..Limits::default()
+        };
+        for op in ops {
+            match op {
+                BookOp::Acquire { gate, run, seq, key, leased } => {
+                    book.acquire(&SlotRequest {
+                        gate: format!("g{gate}"),
+                        holder: holder(run, seq),
+                        run_id: RunId::from(format!("r{run}").as_str()),
+                        priority: 0,
+                        fairness_key: format!("k{key}"),
+                        limits: gate_limits(gate),
+                        lease_until: leased.then_some(now + 100),
+                        max_waiting: None,
+                        succeeds: None,
+                        now,
+                    });
+                }
+                BookOp::Release { gate, run, seq } => {
+                    book.release(&format!("g{gate}"), &holder(run, seq), now);
+                }
+                BookOp::ReleaseHolder { run, seq } => {
+                    book.release_holder(&RunId::from(format!("r{run}").as_str()), &holder(run, seq), now);
+                }
+                BookOp::ReleaseRuns(runs) => {
+                    let runs: Vec<RunId> = runs.iter().map(|r| RunId::from(format!("r{r}").as_str())).collect();
+                    book.release_runs(&runs, now);
+                    for r in &runs {
+                        prop_assert!(book.waits_of(r).is_empty() && book.slots_of(r).is_empty(), "{} released", r);
+                    }
+                }
+                BookOp::Renew { run } => book.renew(&RunId::from(format!("r{run}").as_str()), now + 150),
+                BookOp::Advance(ms) => now += Millis::from(ms),
+            }
+            check_indexes(&book)?;
+        }
+    }
+
+    /// `ahead` counted only up to `GateRecord::ahead_cap` decides like the full count.
+    #[test]
+    fn a_capped_ahead_decides_like_the_full_count(
+        concurrency in proptest::option::of(1u32..6),
+        rate in proptest::option::of(1u32..6),
+        window_count in 0u32..8,
+        live in 0u32..8,
+        ahead in 0u32..40,
+        waiting in 0u32..40,
+        queued in any::<bool>(),
+        max_waiting in proptest::option::of(0u32..40),
+    ) {
+        let limits = Limits { concurrency, rate: rate.map(|limit| Rate { limit, period_ms: 1_000 }), ..Limits::default() };
+        let mut record = GateRecord::new("g", limits, 0);
+        record.window_count = window_count;
+        let mut request = req("a", limits, 10);
+        request.max_waiting = max_waiting;
+        let capped = ahead.min(record.ahead_cap(live));
+        prop_assert_eq!(
+            decide(&record, &request, live, capped, waiting, queued),
+            decide(&record, &request, live, ahead, waiting, queued)
+        );
+    }
+}
