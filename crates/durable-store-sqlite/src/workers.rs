@@ -6,7 +6,7 @@
 
 use std::panic::{self, AssertUnwindSafe};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::mpsc::{self, Receiver, Sender, TryRecvError};
+use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -294,16 +294,15 @@ fn reader_loop(conn: &Connection, rx: &Mutex<Receiver<ReadJob>>) {
 
 fn writer_loop(conn: &Connection, ctx: &Ctx, rx: &Receiver<Box<dyn WriteJob>>, counters: &Counters, max_group: usize) {
     let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(max_group.min(1024));
-    // Wait for one request, then take every request already waiting: that is the group.
+    // Wait for one request, then take every request already waiting: that is the group; the
+    // requests that arrive while it is applied join it.
+    let late = Late { rx, max_group };
     while let Ok(first) = rx.recv() {
         group.push(first);
-        while group.len() < max_group {
-            match rx.try_recv() {
-                Ok(job) => group.push(job),
-                Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
-            }
+        while let Some(job) = late.next(group.len()) {
+            group.push(job);
         }
-        run_group(conn, ctx, &mut group, counters);
+        run_group(conn, ctx, &mut group, counters, Some(&late));
     }
     // The store is closing and every queued write is done.
     checkpoint_on_close(conn, ctx);
@@ -353,26 +352,67 @@ fn exec(conn: &Connection, sql: &str) -> rusqlite::Result<()> {
 /// (or none, see [`Guard`]), then answers them all. If the transaction fails as a whole, every
 /// request gets the error — but for an unguarded write that failed after changing rows: after
 /// it, the rest of the group goes on in a new transaction.
-fn run_group(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, counters: &Counters) {
+fn run_group(
+    conn: &Connection,
+    ctx: &Ctx,
+    group: &mut Vec<Box<dyn WriteJob>>,
+    counters: &Counters,
+    late: Option<&Late<'_>>,
+) {
     while !group.is_empty() {
-        run_transaction(conn, ctx, group, counters);
+        run_transaction(conn, ctx, group, counters, late);
     }
 }
 
-/// Applies the writes of `group` in one transaction and answers them: all of them, or, when an
-/// unguarded one fails after changing rows, those up to it (the transaction is rolled back:
-/// the writes before it get an error saying so, it keeps its own), which leave `group`.
-fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJob>>, counters: &Counters) {
+/// Where requests that arrive while a transaction is applied come from: they join it, up to
+/// `max_group` requests in all, and share its commit (its fsync). A caller waits for its
+/// answer until the commit anyway, so joining costs it nothing, and with a few dozen writers
+/// (runs under a concurrency key, say) it halves the transactions.
+struct Late<'a> {
+    rx: &'a Receiver<Box<dyn WriteJob>>,
+    max_group: usize,
+}
+
+impl Late<'_> {
+    /// A request waiting to join a group of `len`, if there is one and room for it.
+    fn next(&self, len: usize) -> Option<Box<dyn WriteJob>> {
+        if len >= self.max_group {
+            return None;
+        }
+        self.rx.try_recv().ok()
+    }
+}
+
+/// Applies the writes of `group` (and those that join it from `late` as it goes) in one
+/// transaction and answers them: all of them, or, when an unguarded one fails after changing
+/// rows, those up to it (the transaction is rolled back: the writes before it get an error
+/// saying so, it keeps its own), which leave `group`.
+fn run_transaction(
+    conn: &Connection,
+    ctx: &Ctx,
+    group: &mut Vec<Box<dyn WriteJob>>,
+    counters: &Counters,
+    late: Option<&Late<'_>>,
+) {
     let sql_err = |doing: &str, e| Error::sqlite(&ctx.path, ctx.busy_timeout, doing, e);
     let mut broken: Option<Error> = None;
     // An unguarded write that failed after changing rows: the transaction is undone for it.
     let mut rolled_back: Option<&'static str> = None;
-    let mut end = group.len();
+    let mut end = None;
     if let Err(e) = exec(conn, "BEGIN IMMEDIATE") {
         broken = Some(sql_err("starting a write transaction", e));
     } else {
         crate::admission::transaction_began();
-        for (i, job) in group.iter_mut().enumerate() {
+        let mut i = 0;
+        loop {
+            if i == group.len() {
+                match late.and_then(|late| late.next(group.len())) {
+                    Some(job) => group.push(job),
+                    None => break,
+                }
+            }
+            let job = &mut group[i];
+            i += 1;
             let guarded = job.guard() == Guard::Savepoint;
             if guarded
                 && let Err(e) = flush_gates(conn, ctx, "starting a savepoint")
@@ -406,7 +446,7 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
                     // Part of it may be written: only the whole transaction can undo it. The
                     // writes after it have not run: they go on in a new transaction.
                     rolled_back = Some(job.op());
-                    end = i + 1;
+                    end = Some(i);
                     break;
                 }
                 // It changed nothing: nothing to undo.
@@ -427,6 +467,7 @@ fn run_transaction(conn: &Connection, ctx: &Ctx, group: &mut Vec<Box<dyn WriteJo
         }
     }
     crate::admission::transaction_ended();
+    let end = end.unwrap_or(group.len());
     counters.answered.fetch_add(end as u64, Ordering::AcqRel);
     let failure = match (broken, rolled_back) {
         (Some(err), _) => Some(SharedFailure::new(&err)),
@@ -501,6 +542,36 @@ mod tests {
     }
 
     #[test]
+    fn writes_that_arrive_while_a_transaction_is_applied_join_it_up_to_the_group_limit() {
+        let (_dir, conn, ctx) = setup();
+        let counters = Counters::default();
+        let (tx, rx) = mpsc::channel::<Box<dyn WriteJob>>();
+        // The first write sends three more while it is applied (as callers would while the
+        // writer is busy): with room for three writes in all, two of them join its
+        // transaction, the third waits for the next one.
+        let (later, replies): (Vec<_>, Vec<_>) = (2..=4).map(|x| job(insert(x))).unzip();
+        let (first, r1) = job(move |c| {
+            for j in later {
+                tx.send(j).unwrap();
+            }
+            insert(1)(c)
+        });
+        let late = Late { rx: &rx, max_group: 3 };
+        let mut group = vec![first];
+        run_transaction(&conn, &ctx, &mut group, &counters, Some(&late));
+        assert!(group.is_empty());
+        assert_eq!(counters.snapshot().transactions, 1);
+        assert_eq!(rows(&conn), [1, 2, 3], "the two that fit joined the transaction");
+        let mut replies = replies.into_iter();
+        assert!(answer(r1).is_ok());
+        assert!(answer(replies.next().unwrap()).is_ok());
+        assert!(answer(replies.next().unwrap()).is_ok());
+        let last = replies.next().unwrap();
+        assert_eq!(rx.try_recv().map(|j| j.op()).ok(), Some("test"), "the third is still queued");
+        drop(last);
+    }
+
+    #[test]
     fn each_write_of_a_group_rolls_back_alone() {
         let (_dir, conn, ctx) = setup();
         let counters = Counters::default();
@@ -516,7 +587,7 @@ mod tests {
         });
         let (d, rd) = job(insert(4));
         let mut group = vec![a, b, p, d];
-        run_group(&conn, &ctx, &mut group, &counters);
+        run_group(&conn, &ctx, &mut group, &counters, None);
         assert!(group.is_empty());
         assert_eq!(counters.snapshot().transactions, 1);
         assert!(answer(ra).is_ok());
@@ -536,7 +607,7 @@ mod tests {
         let (c, rc) = job(insert(3));
         let (d, rd) = hot("d", insert(4));
         let mut group = vec![a, b, c, d];
-        run_group(&conn, &ctx, &mut group, &counters);
+        run_group(&conn, &ctx, &mut group, &counters, None);
         assert!(answer(ra).is_ok());
         assert_eq!(answer(rb).unwrap_err().kind(), StoreErrorKind::Conflict);
         assert!(answer(rc).is_ok());
@@ -568,7 +639,7 @@ mod tests {
         });
         let (e, re) = job(insert(6));
         let mut group = vec![a, b, bad, d, p, e];
-        run_group(&conn, &ctx, &mut group, &counters);
+        run_group(&conn, &ctx, &mut group, &counters, None);
         assert!(group.is_empty());
         for (rx, failed) in [(ra, "claim_run"), (rb, "claim_run"), (rd, "commit")] {
             let err = answer(rx).unwrap_err();
@@ -598,7 +669,7 @@ mod tests {
         });
         let (d, rd) = job(insert(3));
         let mut group = vec![a, b, d];
-        run_group(&conn, &ctx, &mut group, &counters);
+        run_group(&conn, &ctx, &mut group, &counters, None);
         let stats = counters.snapshot();
         assert_eq!((stats.transactions, stats.failed_groups, stats.writes), (0, 1, 3));
         // The write that broke it gets its own error; the others the group's.
@@ -624,7 +695,7 @@ mod tests {
             };
             let b: Box<dyn WriteJob> = Box::new(Job { op: "b", guard, f: Some(swallowing), out: None, reply });
             let (d, rd) = hot("d", insert(3));
-            run_group(&conn, &ctx, &mut vec![a, b, d], &counters);
+            run_group(&conn, &ctx, &mut vec![a, b, d], &counters, None);
             for rx in [ra, rb, rd] {
                 assert_eq!(answer(rx).unwrap_err().kind(), StoreErrorKind::Backend, "{guard:?}");
             }
@@ -648,7 +719,7 @@ mod tests {
             Ok(())
         });
         let mut group = vec![a, big];
-        run_group(&conn, &ctx, &mut group, &counters);
+        run_group(&conn, &ctx, &mut group, &counters, None);
         let err = answer(rbig).unwrap_err();
         assert_eq!(err.kind(), StoreErrorKind::Backend);
         let msg = err.to_string();
@@ -660,7 +731,7 @@ mod tests {
         assert_eq!(rows(&conn), if kept_a { vec![1] } else { vec![] });
         assert!(conn.is_autocommit());
         let (c, rc) = job(insert(3));
-        run_group(&conn, &ctx, &mut vec![c], &counters);
+        run_group(&conn, &ctx, &mut vec![c], &counters, None);
         answer(rc).unwrap();
     }
 
@@ -673,13 +744,13 @@ mod tests {
         other.execute_batch("BEGIN IMMEDIATE").unwrap();
         let counters = Counters::default();
         let (a, ra) = job(insert(1));
-        run_group(&conn, &ctx, &mut vec![a], &counters);
+        run_group(&conn, &ctx, &mut vec![a], &counters, None);
         let err = answer(ra).unwrap_err();
         assert!(err.is_retryable(), "{err}");
         assert!(err.to_string().contains(&ctx.path.display().to_string()), "names the file: {err}");
         other.execute_batch("ROLLBACK").unwrap();
         let (b, rb) = job(insert(2));
-        run_group(&conn, &ctx, &mut vec![b], &counters);
+        run_group(&conn, &ctx, &mut vec![b], &counters, None);
         answer(rb).unwrap();
         assert_eq!(rows(&conn), [2]);
     }
@@ -750,12 +821,12 @@ mod tests {
             let (_dir, conn, ctx) = gate_setup();
             let counters = Counters::default();
             let (first, first_rx) = take_slot(Guard::Savepoint, "first", limits, false);
-            run_group(&conn, &ctx, &mut vec![first], &counters);
+            run_group(&conn, &ctx, &mut vec![first], &counters, None);
             first_rx.blocking_recv().unwrap().unwrap();
             let (a, ra) = take_slot(guard, "a", limits, false);
             let (b, rb) = take_slot(guard, "b", limits, true);
             let (c, rc) = take_slot(guard, "c", limits, false);
-            run_group(&conn, &ctx, &mut vec![a, b, c], &counters);
+            run_group(&conn, &ctx, &mut vec![a, b, c], &counters, None);
             let (a, b, c) = (ra.blocking_recv().unwrap(), rb.blocking_recv().unwrap(), rc.blocking_recv().unwrap());
             assert_eq!(b.unwrap_err().kind(), StoreErrorKind::Conflict, "{what}");
             // `c` is admitted where `b` was, whatever happened to `a`.
