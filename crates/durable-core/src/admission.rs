@@ -390,12 +390,17 @@ impl GateRecord {
         conc_free.then(|| self.window_end()).flatten()
     }
 
-    /// How far [`decide`] needs `ahead` counted, with `live` slots held: a count capped at this
-    /// decides the same as the full count, so a store stops counting there instead of reading a
+    /// How far [`decide`] needs `ahead` counted, with `live` slots held: it compares the
+    /// waiters ahead with the free capacity and the free concurrency only, so a count that
+    /// stops here (the free concurrency when limited, else the capacity; nothing when the
+    /// capacity is unbounded) decides the same as the full count, and a store need not read a
     /// long queue through.
     pub fn ahead_cap(&self, live: u32) -> u32 {
-        let conc_free = self.limits.concurrency.map_or(0, |c| c.saturating_sub(live));
-        self.capacity(live).max(conc_free).saturating_add(1)
+        let capacity = self.capacity(live);
+        if capacity == u32::MAX {
+            return 0;
+        }
+        self.limits.concurrency.map_or(capacity, |c| c.saturating_sub(live))
     }
 }
 

@@ -643,12 +643,8 @@ pub(crate) fn acquire(
         Some(rank) => rank,
         None => g.record.clone().rank(request.priority, &mut { key_round }),
     };
-    // `decide` compares the waiters ahead with the free capacity and the free concurrency only,
-    // so counting them stops at the larger of the two (the free concurrency, when limited);
-    // nothing limits when the capacity is unbounded.
-    let capacity = g.record.capacity(live);
-    let bound = g.record.limits.concurrency.map_or(capacity, |c| c.saturating_sub(live));
-    let ahead = if capacity == u32::MAX || bound == 0 { 0 } else { count_ahead(conn, gate, rank, bound)? };
+    let bound = g.record.ahead_cap(live);
+    let ahead = if bound == 0 { 0 } else { count_ahead(conn, gate, rank, bound)? };
     // The queue's length matters only to a new request with a maximum: counted up to it.
     let waiting = match request.max_waiting {
         Some(max) if queued.is_none() => count_waiting(conn, gate, Some(max))?,
