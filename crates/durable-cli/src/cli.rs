@@ -1,10 +1,12 @@
 //! The command line's grammar: every command, flag and argument, as clap derive structs. The
 //! doc comments are the `--help` texts.
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::parser::ValueSource;
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand, ValueEnum};
 use durable::RunStatus;
 
 /// The end of `durable --help`: examples, and what the exit codes mean. Every `durable …`
@@ -57,6 +59,38 @@ pub struct Cli {
     /// What to do.
     #[command(subcommand)]
     pub command: Command,
+}
+
+impl Cli {
+    /// Parses the arguments like [`Parser::try_parse_from`], and refuses `--db` together with
+    /// `--url` wherever each is given: clap checks a conflict between global flags only among
+    /// those given on the same side of the command, so `durable --url … runs list --db x.db`
+    /// would otherwise pick one store silently.
+    pub fn try_parse_args<I, T>(args: I) -> Result<Cli, clap::Error>
+    where
+        I: IntoIterator<Item = T>,
+        T: Into<OsString> + Clone,
+    {
+        let mut cmd = Cli::command();
+        let matches = cmd.try_get_matches_from_mut(args)?;
+        let given = |id: &str| {
+            let mut level = Some(&matches);
+            while let Some(m) = level {
+                if m.value_source(id) == Some(ValueSource::CommandLine) {
+                    return true;
+                }
+                level = m.subcommand().map(|(_, sub)| sub);
+            }
+            false
+        };
+        if given("url") && given("db") {
+            return Err(cmd.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "the argument '--url <URL>' cannot be used with '--db <PATH>': give one store",
+            ));
+        }
+        Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+    }
 }
 
 /// The store flags, shared by every command (they may be given before or after the command):
@@ -550,7 +584,6 @@ fn parse_status(s: &str) -> Result<RunStatus, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::CommandFactory;
 
     #[test]
     fn the_grammar_is_consistent() {
@@ -571,14 +604,23 @@ mod tests {
     #[test]
     fn url_and_schema_are_global_and_url_conflicts_with_db() {
         let cli =
-            Cli::try_parse_from(["durable", "--url", "postgres://u@h/d", "runs", "list", "--schema", "s"]).unwrap();
+            Cli::try_parse_args(["durable", "--url", "postgres://u@h/d", "runs", "list", "--schema", "s"]).unwrap();
         assert_eq!(cli.store.url.as_deref(), Some("postgres://u@h/d"));
         assert_eq!(cli.store.schema, "s");
         let cli = Cli::try_parse_from(["durable", "runs", "list"]).unwrap();
         assert_eq!(cli.store.schema, "durable");
         let e =
-            Cli::try_parse_from(["durable", "runs", "list", "--url", "postgres://u@h/d", "--db", "x.db"]).unwrap_err();
+            Cli::try_parse_args(["durable", "runs", "list", "--url", "postgres://u@h/d", "--db", "x.db"]).unwrap_err();
         assert_eq!(e.exit_code(), 2);
+        // Either order, before or after the command.
+        for args in [
+            &["durable", "--db", "x.db", "--url", "postgres://u@h/d", "runs", "list"][..],
+            &["durable", "runs", "list", "--db", "x.db", "--url", "postgres://u@h/d"][..],
+            &["durable", "--url", "postgres://u@h/d", "runs", "list", "--db", "x.db"][..],
+        ] {
+            let e = Cli::try_parse_args(args).expect_err(&format!("{args:?} must be refused"));
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+        }
     }
 
     #[test]

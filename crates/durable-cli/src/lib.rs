@@ -87,7 +87,7 @@ use std::io::{BufWriter, Write};
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::{CommandFactory, Parser};
+use clap::CommandFactory;
 
 pub use cli::{
     CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, GateKind, ListArgs, QueuesArgs,
@@ -134,7 +134,7 @@ pub async fn run(cli: Cli) -> Result<()> {
 /// exit code with a one-line message on stderr (see the [crate docs](crate) for the codes).
 pub fn main() -> ExitCode {
     quiet_panics();
-    let cli = match Cli::try_parse() {
+    let cli = match Cli::try_parse_args(std::env::args_os()) {
         Ok(cli) => cli,
         Err(e) => return usage_error(&e),
     };
