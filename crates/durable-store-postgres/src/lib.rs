@@ -17,11 +17,15 @@
 //!   transaction, one round trip. [`PostgresStore::stats`] counts them. Reads are one query each, on the pool.
 //! - **One lock order per batch.** Before its first operation runs, a batch takes every advisory
 //!   lock its operations will take (signal tokens, event names, the waits of the runs it commits),
-//!   in ascending key order, and, when it wakes two or more runs (signals, events, task results,
-//!   children finishing), their rows in id order. Batches in flight together therefore do not
-//!   deadlock on each other (a fan-out's children waking their parents in two concurrent batches
-//!   did, and each deadlock cost `deadlock_timeout`). A batch that wakes no other run (step
-//!   commits, claims) locks nothing early: it reads the waiters of its runs, as each commit does.
+//!   in ascending key order, then the rows of the admission gates it touches (keyed children
+//!   and starts, step-queue slots, the gates of runs that settle) in gate order, and, when it
+//!   wakes two or more runs (signals, events, task results, children finishing), their rows in
+//!   id order; a commit with keyed children does the same on its own (schema version 18).
+//!   Batches in flight together therefore do not deadlock on each other (a fan-out's children
+//!   waking their parents in two concurrent batches did, and so did two parents starting keyed
+//!   children at the same keys in opposite orders; each deadlock cost `deadlock_timeout`). A
+//!   batch that wakes no other run (step commits, claims) locks nothing early: it reads the
+//!   waiters of its runs, as each commit does.
 //! - **A step's commit is two statements.** A commit that makes one checkpoint and nothing else
 //!   (no turn end, waits, state, children, signals, tasks or released slots) is sent as its own
 //!   operation (`step_commit`, schema version 15): the lease-check `UPDATE`, then the

@@ -360,11 +360,12 @@ impl<'a> Op<'a> {
 }
 
 /// What the operations of one batch lock, gathered by the client for the batch's lock phase
-/// (`lock_batch`, schema version 12): `apply` takes every advisory key any operation of the batch
-/// will take, ascending, then the rows of the runs the batch delivers to (when it delivers to two
-/// or more), in id order, before the first operation runs; so batches in flight together take
-/// their locks in one global order. Each field lists what an operation's function locks as it
-/// runs (they take the keys again, held already); keep them in step with the SQL.
+/// (`lock_batch`, schema versions 12 and 18): `apply` takes every advisory key any operation of
+/// the batch will take, ascending, then the rows of the admission gates it names, in gate order,
+/// then the rows of the runs the batch delivers to (when it delivers to two or more), in id
+/// order, before the first operation runs; so batches in flight together take their locks in
+/// one global order. Each field lists what an operation's function locks as it runs (they take
+/// the keys and rows again, held already); keep them in step with the SQL.
 #[derive(Debug, Default, Serialize)]
 pub(crate) struct BatchLocks {
     /// Runs all of whose waiters' keys are locked: a commit's run, a patched run.
@@ -392,6 +393,14 @@ pub(crate) struct BatchLocks {
     /// Runs of completed tasks (their rows are locked, then woken).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     task_runs: Vec<String>,
+    /// Admission gates whose rows are locked: keyed children and starts, slots acquired or
+    /// released.
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    gates: Vec<String>,
+    /// Runs that settle: the rows of every gate they hold or wait at are locked (they release
+    /// them all).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    settles: Vec<String>,
 }
 
 impl BatchLocks {
@@ -409,6 +418,11 @@ impl BatchLocks {
                 for s in &c.signals {
                     signal(&mut locks, s.token);
                 }
+                locks.keyed(&c.children);
+                locks.gates.extend(c.release_slots.iter().map(|(gate, _)| gate.to_string()));
+                if matches!(c.end, Some(EndJson::Settle { .. })) {
+                    locks.settles.push(c.run.to_string());
+                }
             }
             Op::UpdateRunIf(p) => {
                 locks.probe.push(p.id.to_string());
@@ -425,23 +439,31 @@ impl BatchLocks {
                 locks.keys.push(("event", p.name.to_string()));
                 locks.buffers.extend(p.gather.iter().map(|g| (g.workflow.to_string(), g.key.to_string())));
                 locks.events.push(p.name.to_string());
+                locks.keyed(&p.start);
             }
             Op::DeleteRun { id } => locks.delete.push(id.to_string()),
             Op::Enqueue { .. } | Op::ReleaseQueued { .. } => locks.queue = true,
-            Op::CreateRun(_)
-            | Op::CreateRuns { .. }
-            | Op::ClaimRun { .. }
+            Op::CreateRun(c) => locks.gates.extend(c.admission.as_ref().map(|a| a.gate.to_string())),
+            Op::CreateRuns { runs } => {
+                locks.gates.extend(runs.iter().filter_map(|r| r.admission.as_ref()).map(|a| a.gate.to_string()));
+            }
+            Op::AcquireSlot(a) => locks.gates.push(a.gate.to_string()),
+            Op::ReleaseSlot { gate, .. } => locks.gates.push(gate.to_string()),
+            Op::FlushBuffer { admission, .. } => locks.gates.extend(admission.as_ref().map(|a| a.gate.to_string())),
+            Op::SaveSchedule(save) => locks.keyed(&save.start),
+            Op::ClaimRun { .. }
             | Op::StepCommit(_)
             | Op::RenewLease { .. }
             | Op::ReleaseLease { .. }
-            | Op::FlushBuffer { .. }
-            | Op::SaveSchedule(_)
             | Op::DeleteSchedule { .. }
-            | Op::AcquireSlot(_)
-            | Op::ReleaseSlot { .. }
             | Op::AckQueued { .. } => {}
         }
         locks
+    }
+
+    /// The gates of the runs of `runs` created with a concurrency key.
+    fn keyed(&mut self, runs: &[NewRunJson<'_>]) {
+        self.gates.extend(runs.iter().filter_map(|r| r.admission.as_ref()).map(|a| a.gate.to_string()));
     }
 
     /// Adds the locks of another request of the batch.
@@ -454,6 +476,8 @@ impl BatchLocks {
         self.tokens.extend(other.tokens.iter().cloned());
         self.events.extend(other.events.iter().cloned());
         self.task_runs.extend(other.task_runs.iter().cloned());
+        self.gates.extend(other.gates.iter().cloned());
+        self.settles.extend(other.settles.iter().cloned());
     }
 
     /// The JSON `lock_batch` reads.
@@ -2065,6 +2089,75 @@ mod tests {
         );
         assert_eq!(BatchLocks::of(&Op::commit(&step)).encode(), "{}");
         assert_eq!(BatchLocks::of(&ops[7]).encode(), "{}");
+    }
+
+    /// The gate rows a batch locks: its keyed children and starts, the slots it acquires and
+    /// releases, and every gate of a run that settles.
+    #[test]
+    fn batch_locks_name_the_gates_of_keyed_runs_slots_and_settles() {
+        let keyed = |id: &str, gate: &str| NewRun {
+            trace_context: None,
+            admission: Some(SlotRequest {
+                gate: gate.into(),
+                holder: id.into(),
+                run_id: RunId::from(id),
+                priority: 0,
+                fairness_key: String::new(),
+                limits: Limits { concurrency: Some(1), ..Limits::default() },
+                lease_until: None,
+                max_waiting: None,
+                succeeds: None,
+                now: 5,
+            }),
+            id: RunId::from(id),
+            workflow: "wf".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: Payload::null(),
+            tags: vec![],
+            priority: 0,
+            parent: None,
+            created_at: 5,
+            start_at: None,
+        };
+        let mut c = Commit::new(RunId::from("p"), "o", 5);
+        c.children.push(keyed("c1", "key:default:wf:b"));
+        c.children.push(NewRun { admission: None, ..keyed("c2", "-") });
+        c.children.push(keyed("c3", "key:default:wf:a"));
+        c.release_slots.push(("q:default:api".into(), "p:4".into()));
+        let mut settling = c.clone();
+        settling.end = Some(TurnEnd::Settle { status: RunStatus::Completed, output: None, error: None });
+        let start = keyed("s", "key:default:wf:c");
+        let request = keyed("x", "q:default:db").admission.unwrap();
+        let ops = [
+            Op::Commit(CommitJson::new(&c)),
+            Op::Commit(CommitJson::new(&settling)),
+            Op::CreateRun(CreateRunJson::new(&start).unwrap()),
+            Op::AcquireSlot(SlotRequestJson::new(&request).unwrap()),
+            Op::ReleaseSlot { gate: "q:default:db", holder: "x", now: 5 },
+        ];
+        let mut locks = BatchLocks::default();
+        for op in &ops {
+            locks.extend(&BatchLocks::of(op));
+        }
+        let v: Value = serde_json::from_str(&locks.encode()).unwrap();
+        assert_eq!(
+            (&v["gates"], &v["settles"]),
+            (
+                &serde_json::json!([
+                    "key:default:wf:b",
+                    "key:default:wf:a",
+                    "q:default:api",
+                    "key:default:wf:b",
+                    "key:default:wf:a",
+                    "q:default:api",
+                    "key:default:wf:c",
+                    "q:default:db",
+                    "q:default:db"
+                ]),
+                &serde_json::json!(["p"])
+            )
+        );
     }
 
     #[test]

@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 17;
+pub const SCHEMA_VERSION: u32 = 18;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -114,6 +114,13 @@ const MIGRATIONS: &[Migration] = &[
         description: "every run the engine creates (children, successors, event and schedule starts, flushed \
                       buffers) takes its concurrency key; a successor takes over its predecessor's slot",
         sql: include_str!("sql/v17.sql"),
+    },
+    Migration {
+        version: 18,
+        description: "the admission gate rows a commit or a batch locks are locked in gate order up front: a commit's \
+                      keyed children with the gates it releases (commit_ordered), a batch's gates with its keys \
+                      (lock_batch)",
+        sql: include_str!("sql/v18.sql"),
     },
 ];
 

@@ -11,10 +11,10 @@
 //! awaited one by one, so they never overtake each other.
 //!
 //! A batch of two or more operations travels with what they lock ([`BatchLocks`], gathered from
-//! each request's operations): `apply` takes every advisory key of the batch, ascending, and the
-//! rows of the runs it delivers to, in id order, before its first operation runs, so batches in
-//! flight together cannot deadlock on each other's keys or woken runs (schema version 12,
-//! `lock_batch`).
+//! each request's operations): `apply` takes every advisory key of the batch, ascending, the rows
+//! of the admission gates it names, in gate order, and the rows of the runs it delivers to, in
+//! id order, before its first operation runs, so batches in flight together cannot deadlock on
+//! each other's keys, gates or woken runs (schema versions 12 and 18, `lock_batch`).
 //!
 //! Contract outcomes (lease lost, conflict, …) are answers, not errors, so one refused
 //! operation does not disturb its batch. If the batch fails for another reason: a deadlock or a

@@ -10,8 +10,9 @@ mod common;
 
 use std::time::Duration;
 
-use common::{ScratchSchema, T0, hold_token_lock, new_run, url_or_skip};
-use durable_core::{Claim, ClaimOutcome, Commit, RunId, Store, TurnEnd, WaitKind, Waiter};
+use common::{ScratchSchema, T0, hold_token_lock, new_run, parked_on_a_lock, parked_on_locks, url_or_skip};
+use durable_core::admission::{Limits, SlotRequest};
+use durable_core::{Claim, ClaimOutcome, Commit, NewRun, RunId, RunStatus, Store, TurnEnd, WaitKind, Waiter};
 use durable_store_postgres::PostgresStore;
 use durable_store_postgres::deadpool_postgres::tokio_postgres::{self, Client};
 
@@ -169,4 +170,129 @@ async fn batches_taking_the_same_keys_in_opposite_orders_do_not_deadlock() {
     let buffered: Vec<(String, i64)> =
         admin.query(&sql, &[]).await.unwrap().iter().map(|r| (r.get(0), r.get(1))).collect();
     assert_eq!(buffered, [("a".to_string(), 2), ("b".to_string(), 2), ("m".to_string(), 1)]);
+}
+
+/// Run `id` created with a concurrency key at `gate` (limit 10: it is admitted).
+fn keyed(id: &str, gate: &str) -> NewRun {
+    NewRun {
+        admission: Some(SlotRequest {
+            gate: gate.into(),
+            holder: id.into(),
+            run_id: RunId::from(id),
+            priority: 0,
+            fairness_key: String::new(),
+            limits: Limits { concurrency: Some(10), ..Limits::default() },
+            lease_until: None,
+            max_waiting: None,
+            succeeds: None,
+            now: T0,
+        }),
+        ..new_run(id)
+    }
+}
+
+/// Two commits starting keyed children at the same gates in opposite orders (two parents
+/// fanning out over the same keys), from two stores (two processes). Before version 18 a commit
+/// locked each child's gate row as it created the child: with gate `m` held by a third
+/// connection, commit 1 held `a` and waited for `m`, commit 2 held `b` and waited for `a`, and
+/// once `m` was let go commit 1 wanted `b`: a deadlock, which PostgreSQL broke after
+/// `deadlock_timeout` by failing one commit, and its store ran it again (a retry). Now a commit
+/// locks its gate rows in gate order before its first child: commit 2 waits for `a` holding
+/// nothing, and neither commit is run twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn commits_starting_keyed_children_in_opposite_gate_orders_do_not_deadlock() {
+    let Some(url) = url_or_skip("commits_starting_keyed_children_in_opposite_gate_orders_do_not_deadlock") else {
+        return;
+    };
+    let scratch = ScratchSchema::new(&url, "lockgates").await.unwrap();
+    let one = scratch.connect().await.unwrap();
+    let two = scratch.connect().await.unwrap();
+    let admin = scratch.client().await.unwrap();
+    let gate = scratch.client().await.unwrap();
+    // The gates' rows exist (a run holds a slot at each), and two parents run.
+    for g in ["a", "b", "m"] {
+        one.create_run(keyed(&format!("holder-{g}"), g)).await.unwrap();
+    }
+    let mut commits = Vec::new();
+    for (parent, gates) in [("p1", ["a", "m", "b"].as_slice()), ("p2", ["b", "a"].as_slice())] {
+        one.create_run(new_run(parent)).await.unwrap();
+        let claim = Claim { run_id: RunId::from(parent), owner: "me".into(), lease_until: T0 + 60_000, now: T0 };
+        assert!(matches!(one.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+        let mut c = Commit::new(RunId::from(parent), "me", T0 + 1);
+        c.children = gates.iter().map(|g| keyed(&format!("{parent}-{g}"), g)).collect();
+        commits.push(c);
+    }
+    let (c2, c1) = (commits.pop().unwrap(), commits.pop().unwrap());
+
+    gate.batch_execute("BEGIN").await.unwrap();
+    let lock_m = format!("SELECT 1 FROM \"{}\".admission_gates WHERE gate = 'm' FOR UPDATE", scratch.name());
+    assert_eq!(gate.query(&lock_m, &[]).await.unwrap().len(), 1);
+    let first = tokio::spawn(async move { one.commit(c1).await.map(|_| one) });
+    assert!(parked_on_a_lock(&scratch, &admin).await, "commit 1 waits for the gate row of m");
+    let second = tokio::spawn(async move { two.commit(c2).await.map(|_| two) });
+    assert!(parked_on_locks(&scratch, &admin, 2).await, "commit 2 waits for a row commit 1 holds");
+    gate.batch_execute("COMMIT").await.unwrap();
+
+    let one = first.await.unwrap().expect("commit 1");
+    let two = second.await.unwrap().expect("commit 2");
+    assert_eq!((one.stats().retries, two.stats().retries), (0, 0), "no commit was run again after a deadlock");
+    for id in ["p1-a", "p1-m", "p1-b", "p2-b", "p2-a"] {
+        let run = one.get_run(&RunId::from(id)).await.unwrap().expect("child created");
+        assert_eq!(run.status, RunStatus::Pending, "{id} is admitted and ready to start");
+        assert!(run.wake_at != Some(durable_core::protocol::GATED), "{id} holds its key");
+    }
+}
+
+/// A batch creating keyed runs at `gates`, in that order, and what it locks (the store's unit
+/// tests check that `BatchLocks` names these gates).
+fn keyed_creates(gates: &[&str]) -> (String, String) {
+    let ops: Vec<_> = gates
+        .iter()
+        .map(|g| {
+            let id = format!("{}-{g}", gates.join(""));
+            serde_json::json!({
+                "op": "create_run",
+                "run": {"id": id, "workflow": "wf", "version": 1, "namespace": "default", "input": "{}",
+                        "tags": [], "priority": 0, "parent_id": null, "parent_seq": null, "created_at": T0,
+                        "start_at": null, "trace_context": null},
+                "admission": {"gate": g, "holder": id, "run_id": id, "priority": 0, "fairness_key": "",
+                              "limits": {"concurrency": 10, "rate_limit": null, "rate_period_ms": null,
+                                         "lowest_first": false, "fairness": false, "lifo": false},
+                              "lease_until": null, "max_waiting": null, "now": T0},
+            })
+        })
+        .collect();
+    (serde_json::Value::Array(ops).to_string(), serde_json::json!({ "gates": gates }).to_string())
+}
+
+/// Two batches of keyed starts at the same gates in opposite orders. Before version 18 each
+/// start locked its gate's row as it ran: batch 1 held `a` and waited for the gate's `m`, batch
+/// 2 held `b` and waited for `a`, and once `m` was let go batch 1 wanted `b`: a deadlock. Now
+/// `lock_batch` locks a batch's gate rows in gate order before its first operation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_locking_the_same_gates_in_opposite_orders_do_not_deadlock() {
+    let Some(url) = url_or_skip("batches_locking_the_same_gates_in_opposite_orders_do_not_deadlock") else { return };
+    let scratch = ScratchSchema::new(&url, "lockbgates").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    let admin = scratch.client().await.unwrap();
+    let gate = scratch.client().await.unwrap();
+    for g in ["a", "b", "m"] {
+        store.create_run(keyed(&format!("holder-{g}"), g)).await.unwrap();
+    }
+
+    gate.batch_execute("BEGIN").await.unwrap();
+    let lock_m = format!("SELECT 1 FROM \"{}\".admission_gates WHERE gate = 'm' FOR UPDATE", scratch.name());
+    assert_eq!(gate.query(&lock_m, &[]).await.unwrap().len(), 1);
+    let (pid1, first) = start(&scratch, keyed_creates(&["a", "m", "b"])).await;
+    assert!(parked_or_done(&admin, pid1, || first.is_finished()).await, "batch 1 waits for the gate row of m");
+    let (pid2, second) = start(&scratch, keyed_creates(&["b", "a"])).await;
+    assert!(parked_or_done(&admin, pid2, || second.is_finished()).await, "batch 2 waits for batch 1");
+    gate.batch_execute("COMMIT").await.unwrap();
+
+    let (first, second) = (first.await.unwrap(), second.await.unwrap());
+    assert!(first.is_ok() && second.is_ok(), "a batch failed: {first:?} / {second:?}");
+    for id in ["amb-a", "amb-m", "amb-b", "ba-b", "ba-a"] {
+        let run = store.get_run(&RunId::from(id)).await.unwrap().expect("run created");
+        assert!(run.wake_at != Some(durable_core::protocol::GATED), "{id} holds its key");
+    }
 }

@@ -10,6 +10,11 @@ pub use durable_store_postgres::test_support::{ScratchSchema, url_or_skip, with_
 /// (false: a hang guard, not a timing assertion). Nothing announces a lock wait, so it looks at
 /// `pg_stat_activity` every 5 ms.
 pub async fn parked_on_a_lock(scratch: &ScratchSchema, admin: &tokio_postgres::Client) -> bool {
+    parked_on_locks(scratch, admin, 1).await
+}
+
+/// [`parked_on_a_lock`] for `n` connections at once.
+pub async fn parked_on_locks(scratch: &ScratchSchema, admin: &tokio_postgres::Client, n: i64) -> bool {
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
     while std::time::Instant::now() < deadline {
         let row = admin
@@ -19,7 +24,7 @@ pub async fn parked_on_a_lock(scratch: &ScratchSchema, admin: &tokio_postgres::C
             )
             .await
             .expect("read pg_stat_activity");
-        if row.get::<_, i64>(0) > 0 {
+        if row.get::<_, i64>(0) >= n {
             return true;
         }
         tokio::time::sleep(std::time::Duration::from_millis(5)).await;

@@ -1,0 +1,171 @@
+-- durable-store-postgres, schema version 18: the admission gate rows a commit or a batch locks
+-- are locked in gate order, up front.
+--
+-- A commit locked the gates it releases in gate order (its step 1b), but then created its
+-- children one by one, and `create_admitted` locked each keyed child's gate as it came: a
+-- commit starting children at gates `a` then `b` and another starting children at `b` then `a`
+-- each held one row and waited for the other's, until PostgreSQL's deadlock detector failed one
+-- of them after `deadlock_timeout` (the writer ran it again). Batches did the same across their
+-- operations: `lock_batch` ordered advisory keys and woken runs, not gate rows.
+--
+-- Now `commit_ordered` (what `apply` runs for a commit) takes, before `commit` runs, the commit's
+-- advisory keys and then every gate row the commit will lock, in gate order: the gates of its
+-- keyed children (their missing rows inserted first, in gate order: a child is never refused,
+-- so the commit creates its gate's row anyway), the gates it releases and, when it settles,
+-- every gate its run holds or waits at. `commit` then takes each again, held already. And
+-- `lock_batch` locks the gate rows a batch names (`gates`, and those of the runs that settle in
+-- it, `settles`) in gate order, after the advisory keys and before the rows of the runs the
+-- batch delivers to: the same order as a commit (keys, gates, runs).
+--
+-- Every function here is created or replaced: running this file again is harmless.
+--
+-- A template, like v1.sql: `__SCHEMA__` is replaced by the quoted schema name.
+
+-- A commit (`commit` of version 8), with its gate rows locked in gate order first when it has
+-- keyed children (without any, `commit` orders its own: it locks the gates it releases together
+-- in its step 1b).
+CREATE OR REPLACE FUNCTION __SCHEMA__.commit_ordered(p jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_run text := p ->> 'run';
+BEGIN
+    IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p -> 'children') AS c
+                    WHERE jsonb_typeof(c -> 'admission') = 'object') THEN
+        RETURN __SCHEMA__.commit(p);
+    END IF;
+    -- 1. The advisory keys `commit` takes first (its step 1), before any row lock.
+    PERFORM __SCHEMA__.lock_keys(ARRAY(
+        SELECT __SCHEMA__.lock_key(w.kind, w.key) FROM __SCHEMA__.waiters AS w WHERE w.run_id = v_run
+        UNION ALL
+        SELECT __SCHEMA__.lock_key(x ->> 'kind', x ->> 'key') FROM jsonb_array_elements(p -> 'waits') AS x
+        UNION ALL
+        SELECT __SCHEMA__.lock_key('signal', x ->> 'token') FROM jsonb_array_elements(p -> 'signals') AS x));
+    -- 2. The missing rows of the children's gates (`GateRecord::new`, as `admission_acquire`
+    --    creates them), in gate order.
+    INSERT INTO __SCHEMA__.admission_gates (gate, limits, next_ticket, round, window_start, window_count, touched)
+    SELECT a.gate, a.limits, 0, 0,
+           CASE WHEN a.period IS NULL THEN a.now ELSE a.now - a.now % a.period END, 0, a.now
+      FROM (SELECT DISTINCT ON (c -> 'admission' ->> 'gate')
+                   c -> 'admission' ->> 'gate' AS gate, c -> 'admission' -> 'limits' AS limits,
+                   (c -> 'admission' ->> 'now')::bigint AS now,
+                   (c -> 'admission' -> 'limits' ->> 'rate_period_ms')::bigint AS period
+              FROM jsonb_array_elements(p -> 'children') AS c
+             WHERE jsonb_typeof(c -> 'admission') = 'object'
+             ORDER BY c -> 'admission' ->> 'gate') AS a
+     ORDER BY a.gate
+    ON CONFLICT (gate) DO NOTHING;
+    -- 3. Every gate row the commit locks, in gate order.
+    PERFORM __SCHEMA__.admission_lock(ARRAY(
+        SELECT c -> 'admission' ->> 'gate' FROM jsonb_array_elements(p -> 'children') AS c
+         WHERE jsonb_typeof(c -> 'admission') = 'object'
+        UNION
+        SELECT x ->> 0 FROM jsonb_array_elements(COALESCE(p -> 'release_slots', '[]'::jsonb)) AS x
+        UNION
+        SELECT unnest(CASE WHEN jsonb_typeof(p -> 'end') = 'object' AND p -> 'end' ->> 'type' = 'settle'
+                           THEN __SCHEMA__.admission_gates_of(v_run) ELSE '{}'::text[] END)));
+    RETURN __SCHEMA__.commit(p);
+END
+$$;
+
+-- `lock_batch` of version 12, locking the batch's gate rows in gate order between its advisory
+-- keys and the rows of the runs it delivers to.
+CREATE OR REPLACE FUNCTION __SCHEMA__.lock_batch(p jsonb) RETURNS void
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_tokens text[] := ARRAY(SELECT jsonb_array_elements_text(p -> 'tokens'));
+    v_events text[] := ARRAY(SELECT jsonb_array_elements_text(p -> 'events'));
+    v_task_runs text[] := ARRAY(SELECT jsonb_array_elements_text(p -> 'task_runs'));
+    v_targets text[];
+BEGIN
+    -- 1. Every advisory key, ascending (one statement: the locks are taken in the order the
+    --    sorted keys are read).
+    PERFORM pg_advisory_xact_lock(s.k) FROM (SELECT DISTINCT k FROM (
+        WITH RECURSIVE doomed (id, path) AS (
+            SELECT r.id, ARRAY[r.id] FROM __SCHEMA__.runs AS r
+             WHERE r.id = ANY (ARRAY(SELECT jsonb_array_elements_text(p -> 'delete')))
+            UNION ALL
+            SELECT r.id, d.path || r.id FROM __SCHEMA__.runs AS r JOIN doomed AS d ON r.parent_id = d.id
+             WHERE NOT (r.id = ANY (d.path)))
+        SELECT __SCHEMA__.lock_key(w.kind, w.key) AS k FROM __SCHEMA__.waiters AS w
+         WHERE w.run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(p -> 'probe') UNION ALL SELECT d.id FROM doomed AS d))
+        UNION ALL
+        SELECT __SCHEMA__.lock_key(k ->> 0, k ->> 1) FROM jsonb_array_elements(p -> 'keys') AS k
+        UNION ALL
+        SELECT __SCHEMA__.lock_key('buffer', jsonb_build_array(b ->> 0, b ->> 1)::text)
+          FROM jsonb_array_elements(p -> 'buffers') AS b
+        UNION ALL
+        SELECT __SCHEMA__.lock_key('queue', '') WHERE COALESCE((p ->> 'queue')::boolean, false)) AS all_keys
+     ORDER BY k) AS s;
+
+    -- 2. The gate rows the batch names and those of the runs settling in it, in gate order.
+    IF p ? 'gates' OR p ? 'settles' THEN
+        PERFORM __SCHEMA__.admission_lock(ARRAY(
+            SELECT jsonb_array_elements_text(COALESCE(p -> 'gates', '[]'::jsonb))
+            UNION
+            SELECT unnest(__SCHEMA__.admission_gates_of(s))
+              FROM jsonb_array_elements_text(COALESCE(p -> 'settles', '[]'::jsonb)) AS s));
+    END IF;
+
+    -- 3. The runs the batch delivers to, when there are two or more: their rows, in id order.
+    IF cardinality(v_tokens) + cardinality(v_task_runs) < 2 AND cardinality(v_events) = 0 THEN
+        RETURN;
+    END IF;
+    v_targets := ARRAY(
+        SELECT w.run_id FROM __SCHEMA__.waiters AS w WHERE w.kind = 'signal' AND w.key = ANY (v_tokens)
+        UNION
+        SELECT w.run_id FROM __SCHEMA__.waiters AS w WHERE w.kind = 'event' AND w.key = ANY (v_events)
+        UNION
+        SELECT unnest(v_task_runs));
+    IF cardinality(v_targets) >= 2 THEN
+        PERFORM count(*) FROM (SELECT r.id FROM __SCHEMA__.runs AS r WHERE r.id = ANY (v_targets)
+                                ORDER BY r.id FOR UPDATE) AS l;
+    END IF;
+END
+$$;
+
+-- `apply` of version 15, running a commit as `commit_ordered`, and `lock_batch` for a batch
+-- that names gates or settling runs too.
+CREATE OR REPLACE FUNCTION __SCHEMA__.apply(p_ops jsonb, p_channel text, p_locks jsonb) RETURNS SETOF text
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_op jsonb;
+BEGIN
+    PERFORM set_config('durable.notify_channel', COALESCE(p_channel, ''), true);
+    IF p_locks ?| ARRAY['delete', 'keys', 'buffers', 'queue', 'tokens', 'events', 'task_runs', 'gates', 'settles'] THEN
+        PERFORM __SCHEMA__.lock_batch(p_locks);
+    ELSIF p_locks ? 'probe' THEN
+        -- Only runs to probe (step commits, patches without signals: a chain's batches): the keys
+        -- of their waiters, ascending, and nothing else of `lock_batch`.
+        PERFORM pg_advisory_xact_lock(s.k)
+           FROM (SELECT DISTINCT __SCHEMA__.lock_key(w.kind, w.key) AS k FROM __SCHEMA__.waiters AS w
+                  WHERE w.run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(p_locks -> 'probe')))
+                  ORDER BY k) AS s;
+    END IF;
+    FOR v_op IN SELECT x FROM jsonb_array_elements(p_ops) WITH ORDINALITY AS t (x, i) ORDER BY i LOOP
+        RETURN NEXT (CASE v_op ->> 'op'
+            WHEN 'commit' THEN __SCHEMA__.commit_ordered(v_op)
+            WHEN 'step_commit' THEN __SCHEMA__.step_commit(v_op)
+            WHEN 'create_run' THEN __SCHEMA__.create_admitted(v_op -> 'run', v_op -> 'admission')
+            WHEN 'create_runs' THEN __SCHEMA__.create_runs(v_op)
+            WHEN 'claim_run' THEN __SCHEMA__.claim_run(v_op)
+            WHEN 'renew_lease' THEN __SCHEMA__.renew_lease(v_op)
+            WHEN 'release_lease' THEN __SCHEMA__.release_lease(v_op)
+            WHEN 'update_run_if' THEN __SCHEMA__.update_run_if(v_op)
+            WHEN 'send_signal' THEN jsonb_build_object('delivery',
+                __SCHEMA__.send_signal(v_op ->> 'token', v_op ->> 'payload', (v_op ->> 'now')::bigint))
+            WHEN 'complete_task' THEN __SCHEMA__.complete_task_admitted(v_op)
+            WHEN 'publish' THEN __SCHEMA__.publish(v_op)
+            WHEN 'flush_buffer' THEN __SCHEMA__.flush_buffer(v_op)
+            WHEN 'save_schedule' THEN __SCHEMA__.save_schedule(v_op)
+            WHEN 'delete_schedule' THEN __SCHEMA__.delete_schedule(v_op)
+            WHEN 'delete_run' THEN __SCHEMA__.delete_run(v_op)
+            WHEN 'acquire_slot' THEN __SCHEMA__.acquire_slot(v_op)
+            WHEN 'release_slot' THEN __SCHEMA__.release_slot(v_op)
+            WHEN 'enqueue' THEN __SCHEMA__.enqueue(v_op)
+            WHEN 'ack_queued' THEN __SCHEMA__.ack_queued(v_op)
+            WHEN 'release_queued' THEN __SCHEMA__.release_queued(v_op)
+            ELSE jsonb_build_object('err', 'unknown_op', 'message', format('unknown operation %s', v_op ->> 'op'))
+        END)::text;
+    END LOOP;
+END
+$$;
