@@ -397,8 +397,8 @@ pub(crate) struct BatchLocks {
     /// released.
     #[serde(skip_serializing_if = "Vec::is_empty")]
     gates: Vec<String>,
-    /// Runs that settle: the rows of every gate they hold or wait at are locked (they release
-    /// them all).
+    /// Runs that settle or are cancelled: the rows of every gate they hold or wait at are
+    /// locked (they release them all; so are those of `task_runs` and deleted runs).
     #[serde(skip_serializing_if = "Vec::is_empty")]
     settles: Vec<String>,
 }
@@ -426,6 +426,10 @@ impl BatchLocks {
             }
             Op::UpdateRunIf(p) => {
                 locks.probe.push(p.id.to_string());
+                if RunStatus::ALL.iter().any(|s| s.is_terminal() && p.status == Some(s.as_str())) {
+                    // A cancel: it releases every gate of the run.
+                    locks.settles.push(p.id.to_string());
+                }
                 for s in &p.signals {
                     signal(&mut locks, s.token);
                 }
@@ -2129,9 +2133,14 @@ mod tests {
         settling.end = Some(TurnEnd::Settle { status: RunStatus::Completed, output: None, error: None });
         let start = keyed("s", "key:default:wf:c");
         let request = keyed("x", "q:default:db").admission.unwrap();
+        let (cancelled, paused) = (RunId::from("k"), RunId::from("q"));
+        let cancel = RunPatch { status: Some(RunStatus::Cancelled), ..RunPatch::default() };
+        let pause = RunPatch { status: Some(RunStatus::Suspended), ..RunPatch::default() };
         let ops = [
             Op::Commit(CommitJson::new(&c)),
             Op::Commit(CommitJson::new(&settling)),
+            Op::UpdateRunIf(PatchJson::new(&cancelled, &[], &cancel)),
+            Op::UpdateRunIf(PatchJson::new(&paused, &[], &pause)),
             Op::CreateRun(CreateRunJson::new(&start).unwrap()),
             Op::AcquireSlot(SlotRequestJson::new(&request).unwrap()),
             Op::ReleaseSlot { gate: "q:default:db", holder: "x", now: 5 },
@@ -2155,7 +2164,7 @@ mod tests {
                     "q:default:db",
                     "q:default:db"
                 ]),
-                &serde_json::json!(["p"])
+                &serde_json::json!(["p", "k"])
             )
         );
     }

@@ -296,3 +296,63 @@ async fn batches_locking_the_same_gates_in_opposite_orders_do_not_deadlock() {
         assert!(run.wake_at != Some(durable_core::protocol::GATED), "{id} holds its key");
     }
 }
+
+/// A commit whose keyed children use a gate that has no row yet takes it in its place in gate
+/// order too. A batch of keyed starts at `a`, `m` and a new `b` locks `a` (its `lock_batch`
+/// skips the missing `b`) and waits for the gate's `m`; a commit then starting children at `a`
+/// and the new `b` must wait for `a` before it creates `b`'s row: had it inserted `b` first (an
+/// inserted row holds off other inserts as a lock does), the batch would wait for it at `b`
+/// while it waited for the batch at `a`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_takes_a_new_gate_in_its_place_in_gate_order() {
+    let Some(url) = url_or_skip("a_commit_takes_a_new_gate_in_its_place_in_gate_order") else { return };
+    let scratch = ScratchSchema::new(&url, "locknewgate").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    let admin = scratch.client().await.unwrap();
+    let gate = scratch.client().await.unwrap();
+    for g in ["a", "m"] {
+        store.create_run(keyed(&format!("holder-{g}"), g)).await.unwrap();
+    }
+    store.create_run(new_run("p")).await.unwrap();
+    let claim = Claim { run_id: RunId::from("p"), owner: "me".into(), lease_until: T0 + 60_000, now: T0 };
+    assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+    let mut c = Commit::new(RunId::from("p"), "me", T0 + 1);
+    c.children = ["b", "a"].iter().map(|g| keyed(&format!("p-{g}"), g)).collect();
+
+    gate.batch_execute("BEGIN").await.unwrap();
+    let lock_m = format!("SELECT 1 FROM \"{}\".admission_gates WHERE gate = 'm' FOR UPDATE", scratch.name());
+    assert_eq!(gate.query(&lock_m, &[]).await.unwrap().len(), 1);
+    let (pid, batch) = start(&scratch, keyed_creates(&["a", "m", "b"])).await;
+    assert!(parked_or_done(&admin, pid, || batch.is_finished()).await, "the batch waits for the gate row of m");
+    let commit = tokio::spawn(async move { store.commit(c).await.map(|_| store) });
+    assert!(parked_on_a_lock(&scratch, &admin).await, "the commit waits for the row of a");
+    gate.batch_execute("COMMIT").await.unwrap();
+
+    let batch = batch.await.unwrap();
+    let store = commit.await.unwrap().expect("the commit");
+    assert!(batch.is_ok(), "the batch failed: {batch:?}");
+    assert_eq!(store.stats().retries, 0, "the commit was not run again after a deadlock");
+    for id in ["amb-b", "p-a", "p-b"] {
+        assert!(store.get_run(&RunId::from(id)).await.unwrap().is_some(), "{id} created");
+    }
+}
+
+/// A commit refused for its lease writes nothing, not even the rows of its keyed children's
+/// new gates (which `durable queues` would list with the refused commit's limits).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_commit_creates_no_gate() {
+    let Some(url) = url_or_skip("a_refused_commit_creates_no_gate") else { return };
+    let scratch = ScratchSchema::new(&url, "refusedgate").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    store.create_run(new_run("p")).await.unwrap();
+    let claim = Claim { run_id: RunId::from("p"), owner: "me".into(), lease_until: T0 + 60_000, now: T0 };
+    assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+    let mut c = Commit::new(RunId::from("p"), "zombie", T0 + 1);
+    c.children.push(keyed("p-new", "new"));
+    let refused = store.commit(c).await.expect_err("another owner's commit is refused");
+    assert_eq!(refused.kind(), durable_core::StoreErrorKind::LeaseLost, "{refused}");
+    assert!(store.get_run(&RunId::from("p-new")).await.unwrap().is_none());
+    let admin = scratch.client().await.unwrap();
+    let sql = format!("SELECT count(*) FROM \"{}\".admission_gates", scratch.name());
+    assert_eq!(admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0), 0, "no gate row was written");
+}

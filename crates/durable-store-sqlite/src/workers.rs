@@ -294,14 +294,11 @@ fn reader_loop(conn: &Connection, rx: &Mutex<Receiver<ReadJob>>) {
 
 fn writer_loop(conn: &Connection, ctx: &Ctx, rx: &Receiver<Box<dyn WriteJob>>, counters: &Counters, max_group: usize) {
     let mut group: Vec<Box<dyn WriteJob>> = Vec::with_capacity(max_group.min(1024));
-    // Wait for one request, then take every request already waiting: that is the group; the
-    // requests that arrive while it is applied join it.
+    // Wait for one request: the group is it and every request that is waiting, or arrives,
+    // while it is applied (`Late`).
     let late = Late { rx, max_group };
     while let Ok(first) = rx.recv() {
         group.push(first);
-        while let Some(job) = late.next(group.len()) {
-            group.push(job);
-        }
         run_group(conn, ctx, &mut group, counters, Some(&late));
     }
     // The store is closing and every queued write is done.

@@ -9,13 +9,20 @@
 -- operations: `lock_batch` ordered advisory keys and woken runs, not gate rows.
 --
 -- Now `commit_ordered` (what `apply` runs for a commit) takes, before `commit` runs, the commit's
--- advisory keys and then every gate row the commit will lock, in gate order: the gates of its
--- keyed children (their missing rows inserted first, in gate order: a child is never refused,
--- so the commit creates its gate's row anyway), the gates it releases and, when it settles,
--- every gate its run holds or waits at. `commit` then takes each again, held already. And
--- `lock_batch` locks the gate rows a batch names (`gates`, and those of the runs that settle in
--- it, `settles`) in gate order, after the advisory keys and before the rows of the runs the
--- batch delivers to: the same order as a commit (keys, gates, runs).
+-- advisory keys and then every gate row the commit will lock, one gate after the other in gate
+-- order: the gates of its keyed children (a missing row inserted in its place in the order: a
+-- child is never refused, so the commit creates its gate's row anyway, and an inserted row
+-- holds off other inserts as a lock does), the gates it releases and, when it settles, every
+-- gate its run holds or waits at. `commit` then takes each again, held already. A commit whose
+-- lease is not held goes to `commit` at once, which refuses it having written nothing.
+--
+-- And `lock_batch` locks the rows of the gates a batch names (`gates`: keyed children and
+-- starts, slots acquired or released) and of every gate of the runs that settle, complete a
+-- task or are deleted in it, in gate order, after the advisory keys and before the rows of the
+-- runs the batch delivers to: the same order as a commit (keys, gates, runs). A gate with no
+-- row yet is created by the operation that first uses it, in the batch's order: two batches
+-- each first using two new gates, in opposite orders, can still meet, and PostgreSQL's deadlock
+-- detector still breaks that tie (the writer runs the batch again).
 --
 -- Every function here is created or replaced: running this file again is harmless.
 --
@@ -23,14 +30,17 @@
 
 -- A commit (`commit` of version 8), with its gate rows locked in gate order first when it has
 -- keyed children (without any, `commit` orders its own: it locks the gates it releases together
--- in its step 1b).
+-- in its step 1b). A commit `commit` will refuse (its lease is not held) goes to it at once, so
+-- a refused commit writes no gate row.
 CREATE OR REPLACE FUNCTION __SCHEMA__.commit_ordered(p jsonb) RETURNS jsonb
 LANGUAGE plpgsql AS $$
 DECLARE
     v_run text := p ->> 'run';
+    v_gate record;
 BEGIN
     IF NOT EXISTS (SELECT 1 FROM jsonb_array_elements(p -> 'children') AS c
-                    WHERE jsonb_typeof(c -> 'admission') = 'object') THEN
+                    WHERE jsonb_typeof(c -> 'admission') = 'object')
+       OR NOT EXISTS (SELECT 1 FROM __SCHEMA__.runs AS r WHERE r.id = v_run AND r.lease_owner = p ->> 'owner') THEN
         RETURN __SCHEMA__.commit(p);
     END IF;
     -- 1. The advisory keys `commit` takes first (its step 1), before any row lock.
@@ -40,29 +50,37 @@ BEGIN
         SELECT __SCHEMA__.lock_key(x ->> 'kind', x ->> 'key') FROM jsonb_array_elements(p -> 'waits') AS x
         UNION ALL
         SELECT __SCHEMA__.lock_key('signal', x ->> 'token') FROM jsonb_array_elements(p -> 'signals') AS x));
-    -- 2. The missing rows of the children's gates (`GateRecord::new`, as `admission_acquire`
-    --    creates them), in gate order.
-    INSERT INTO __SCHEMA__.admission_gates (gate, limits, next_ticket, round, window_start, window_count, touched)
-    SELECT a.gate, a.limits, 0, 0,
-           CASE WHEN a.period IS NULL THEN a.now ELSE a.now - a.now % a.period END, 0, a.now
-      FROM (SELECT DISTINCT ON (c -> 'admission' ->> 'gate')
-                   c -> 'admission' ->> 'gate' AS gate, c -> 'admission' -> 'limits' AS limits,
-                   (c -> 'admission' ->> 'now')::bigint AS now,
-                   (c -> 'admission' -> 'limits' ->> 'rate_period_ms')::bigint AS period
-              FROM jsonb_array_elements(p -> 'children') AS c
+    -- 2. Every gate row it locks, one gate after the other in gate order: the gates of its keyed
+    --    children (a missing row is inserted, `GateRecord::new` as `admission_acquire` creates
+    --    it: a child is never refused, so the commit creates it anyway), the gates it releases
+    --    and, when it settles, every gate of its run. Inserting a row holds it as a lock does,
+    --    so a new gate is taken in its place in the order too.
+    FOR v_gate IN
+        SELECT g.gate, a.admission FROM (
+            SELECT c -> 'admission' ->> 'gate' AS gate FROM jsonb_array_elements(p -> 'children') AS c
              WHERE jsonb_typeof(c -> 'admission') = 'object'
-             ORDER BY c -> 'admission' ->> 'gate') AS a
-     ORDER BY a.gate
-    ON CONFLICT (gate) DO NOTHING;
-    -- 3. Every gate row the commit locks, in gate order.
-    PERFORM __SCHEMA__.admission_lock(ARRAY(
-        SELECT c -> 'admission' ->> 'gate' FROM jsonb_array_elements(p -> 'children') AS c
-         WHERE jsonb_typeof(c -> 'admission') = 'object'
-        UNION
-        SELECT x ->> 0 FROM jsonb_array_elements(COALESCE(p -> 'release_slots', '[]'::jsonb)) AS x
-        UNION
-        SELECT unnest(CASE WHEN jsonb_typeof(p -> 'end') = 'object' AND p -> 'end' ->> 'type' = 'settle'
-                           THEN __SCHEMA__.admission_gates_of(v_run) ELSE '{}'::text[] END)));
+            UNION
+            SELECT x ->> 0 FROM jsonb_array_elements(COALESCE(p -> 'release_slots', '[]'::jsonb)) AS x
+            UNION
+            SELECT unnest(CASE WHEN jsonb_typeof(p -> 'end') = 'object' AND p -> 'end' ->> 'type' = 'settle'
+                               THEN __SCHEMA__.admission_gates_of(v_run) ELSE '{}'::text[] END)) AS g
+        LEFT JOIN LATERAL (
+            SELECT c -> 'admission' AS admission FROM jsonb_array_elements(p -> 'children') AS c
+             WHERE jsonb_typeof(c -> 'admission') = 'object' AND c -> 'admission' ->> 'gate' = g.gate
+             LIMIT 1) AS a ON true
+        ORDER BY g.gate
+    LOOP
+        IF v_gate.admission IS NOT NULL THEN
+            INSERT INTO __SCHEMA__.admission_gates (gate, limits, next_ticket, round, window_start, window_count,
+                                                    touched)
+            SELECT v_gate.gate, v_gate.admission -> 'limits', 0, 0,
+                   CASE WHEN x.period IS NULL THEN x.now ELSE x.now - x.now % x.period END, 0, x.now
+              FROM (SELECT (v_gate.admission ->> 'now')::bigint AS now,
+                           (v_gate.admission -> 'limits' ->> 'rate_period_ms')::bigint AS period) AS x
+            ON CONFLICT (gate) DO NOTHING;
+        END IF;
+        PERFORM 1 FROM __SCHEMA__.admission_gates AS g WHERE g.gate = v_gate.gate FOR UPDATE;
+    END LOOP;
     RETURN __SCHEMA__.commit(p);
 END
 $$;
@@ -97,13 +115,24 @@ BEGIN
         SELECT __SCHEMA__.lock_key('queue', '') WHERE COALESCE((p ->> 'queue')::boolean, false)) AS all_keys
      ORDER BY k) AS s;
 
-    -- 2. The gate rows the batch names and those of the runs settling in it, in gate order.
-    IF p ? 'gates' OR p ? 'settles' THEN
+    -- 2. The rows of the gates the batch names and of every gate of the runs that settle,
+    --    complete a task or are deleted in it (all they may release), in gate order. Gates
+    --    without a row yet are created by the operations, in their order.
+    IF p ?| ARRAY['gates', 'settles', 'task_runs', 'delete'] THEN
         PERFORM __SCHEMA__.admission_lock(ARRAY(
             SELECT jsonb_array_elements_text(COALESCE(p -> 'gates', '[]'::jsonb))
             UNION
-            SELECT unnest(__SCHEMA__.admission_gates_of(s))
-              FROM jsonb_array_elements_text(COALESCE(p -> 'settles', '[]'::jsonb)) AS s));
+            SELECT unnest(__SCHEMA__.admission_gates_of(r.id)) FROM (
+                SELECT jsonb_array_elements_text(COALESCE(p -> 'settles', '[]'::jsonb)) AS id
+                UNION SELECT unnest(v_task_runs)
+                UNION SELECT d.id FROM (
+                    WITH RECURSIVE doomed (id, path) AS (
+                        SELECT r.id, ARRAY[r.id] FROM __SCHEMA__.runs AS r
+                         WHERE r.id = ANY (ARRAY(SELECT jsonb_array_elements_text(p -> 'delete')))
+                        UNION ALL
+                        SELECT r.id, d.path || r.id FROM __SCHEMA__.runs AS r JOIN doomed AS d ON r.parent_id = d.id
+                         WHERE NOT (r.id = ANY (d.path)))
+                    SELECT doomed.id FROM doomed) AS d) AS r));
     END IF;
 
     -- 3. The runs the batch delivers to, when there are two or more: their rows, in id order.
