@@ -10,8 +10,9 @@
 //! - **WAL mode**, `synchronous = FULL` by default ([`Durability::Full`]: an acknowledged write
 //!   survives a power loss) or `NORMAL` ([`Durability::Normal`]: it survives a process crash).
 //! - **Group commit.** One writer thread per store owns the write connection. When it wakes it
-//!   takes every write request waiting at that moment (up to [`SqliteOptions::max_group`]) and
-//!   applies them in one `BEGIN IMMEDIATE … COMMIT` transaction, so one fsync covers them all.
+//!   takes every write request waiting, and those that arrive while it applies them (up to
+//!   [`SqliteOptions::max_group`] in all), in one `BEGIN IMMEDIATE … COMMIT` transaction, so one
+//!   fsync covers them all.
 //!   Each request runs in its own `SAVEPOINT`: one that fails (`LeaseLost`, `Conflict`, …) is
 //!   rolled back alone. Answers are sent only after the `COMMIT` succeeded; if it fails, every
 //!   request of the group gets the error and nothing of the group was written. The hot writes

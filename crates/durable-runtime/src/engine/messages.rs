@@ -86,7 +86,9 @@ impl Engine {
     }
 
     /// Publishes an event: every run waiting on `name` whose matcher accepts the payload gets
-    /// it; if none does, it is buffered for the first later wait that matches. Workflows
+    /// it, one [`Delivery::Delivered`] each; if none does, it is buffered for the first later
+    /// wait that matches and the list is empty (unlike a signal's single answer, an event has
+    /// no [`Delivery::Buffered`] entry). Workflows
     /// registered to start on it ([`WorkflowOptions::on_event`](crate::WorkflowOptions::on_event))
     /// start ([`Engine::publish`] says which).
     pub async fn publish_event<T: Serialize + ?Sized>(&self, name: &str, payload: &T) -> Result<Vec<Delivery>> {
