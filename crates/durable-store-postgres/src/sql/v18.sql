@@ -160,15 +160,21 @@ DECLARE
     v_op jsonb;
 BEGIN
     PERFORM set_config('durable.notify_channel', COALESCE(p_channel, ''), true);
-    IF p_locks ?| ARRAY['delete', 'keys', 'buffers', 'queue', 'tokens', 'events', 'task_runs', 'gates', 'settles'] THEN
+    IF p_locks ?| ARRAY['delete', 'keys', 'buffers', 'queue', 'tokens', 'events', 'task_runs', 'gates'] THEN
         PERFORM __SCHEMA__.lock_batch(p_locks);
     ELSIF p_locks ? 'probe' THEN
-        -- Only runs to probe (step commits, patches without signals: a chain's batches): the keys
-        -- of their waiters, ascending, and nothing else of `lock_batch`.
+        -- Only runs to probe (step commits, settles, patches without signals: a chain's
+        -- batches): the keys of their waiters, ascending, then the gates of the runs settling,
+        -- and nothing else of `lock_batch`.
         PERFORM pg_advisory_xact_lock(s.k)
            FROM (SELECT DISTINCT __SCHEMA__.lock_key(w.kind, w.key) AS k FROM __SCHEMA__.waiters AS w
                   WHERE w.run_id = ANY (ARRAY(SELECT jsonb_array_elements_text(p_locks -> 'probe')))
                   ORDER BY k) AS s;
+        IF p_locks ? 'settles' THEN
+            PERFORM __SCHEMA__.admission_lock(ARRAY(
+                SELECT unnest(__SCHEMA__.admission_gates_of(s))
+                  FROM jsonb_array_elements_text(p_locks -> 'settles') AS s));
+        END IF;
     END IF;
     FOR v_op IN SELECT x FROM jsonb_array_elements(p_ops) WITH ORDINALITY AS t (x, i) ORDER BY i LOOP
         RETURN NEXT (CASE v_op ->> 'op'
