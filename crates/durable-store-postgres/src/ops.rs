@@ -1995,6 +1995,24 @@ mod tests {
         assert_eq!(v["checkpoints"][0]["output"], "{ \"a\" :1.0 }");
     }
 
+    /// Run `id` of workflow `wf`, created at `at`, with no key.
+    fn plain_run(id: &str, at: Millis) -> NewRun {
+        NewRun {
+            trace_context: None,
+            admission: None,
+            id: RunId::from(id),
+            workflow: "wf".into(),
+            version: 1,
+            namespace: "default".into(),
+            input: Payload::null(),
+            tags: vec![],
+            priority: 0,
+            parent: None,
+            created_at: at,
+            start_at: None,
+        }
+    }
+
     #[test]
     fn batch_locks_name_every_key_and_delivery_of_the_batch() {
         let run = RunId::from("p");
@@ -2026,20 +2044,7 @@ mod tests {
                 key: "k".into(),
                 gather: Gather::Batch { max_items: 3, max_wait_ms: 9 },
                 batch_id: "b".into(),
-                run: NewRun {
-                    trace_context: None,
-                    admission: None,
-                    id: RunId::from("x"),
-                    workflow: "wf".into(),
-                    version: 1,
-                    namespace: "default".into(),
-                    input: Payload::null(),
-                    tags: vec![],
-                    priority: 0,
-                    parent: None,
-                    created_at: 0,
-                    start_at: None,
-                },
+                run: plain_run("x", 0),
             }],
             ..Publish::event("e", Payload::null(), 5)
         };
@@ -2100,7 +2105,6 @@ mod tests {
     #[test]
     fn batch_locks_name_the_gates_of_keyed_runs_slots_and_settles() {
         let keyed = |id: &str, gate: &str| NewRun {
-            trace_context: None,
             admission: Some(SlotRequest {
                 gate: gate.into(),
                 holder: id.into(),
@@ -2113,16 +2117,7 @@ mod tests {
                 succeeds: None,
                 now: 5,
             }),
-            id: RunId::from(id),
-            workflow: "wf".into(),
-            version: 1,
-            namespace: "default".into(),
-            input: Payload::null(),
-            tags: vec![],
-            priority: 0,
-            parent: None,
-            created_at: 5,
-            start_at: None,
+            ..plain_run(id, 5)
         };
         let mut c = Commit::new(RunId::from("p"), "o", 5);
         c.children.push(keyed("c1", "key:default:wf:b"));
@@ -2315,20 +2310,7 @@ mod tests {
         c.release_slots.push(("queue:default:api".into(), "r:3".into()));
         let v: Value = serde_json::from_str(&Op::Commit(CommitJson::new(&c)).encode()).unwrap();
         assert_eq!(v["release_slots"], serde_json::json!([["queue:default:api", "r:3"]]));
-        let mut run = NewRun {
-            trace_context: None,
-            admission: None,
-            id: RunId::from("k"),
-            workflow: "wf".into(),
-            version: 1,
-            namespace: "default".into(),
-            input: Payload::null(),
-            tags: vec![],
-            priority: 0,
-            parent: None,
-            created_at: 0,
-            start_at: None,
-        };
+        let mut run = plain_run("k", 0);
         let plain: Value = serde_json::from_str(&Op::CreateRun(CreateRunJson::new(&run).unwrap()).encode()).unwrap();
         assert!(plain.get("admission").is_none(), "a plain create carries no key");
         run.admission = Some(SlotRequest {
