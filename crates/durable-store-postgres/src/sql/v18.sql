@@ -204,3 +204,126 @@ BEGIN
     END LOOP;
 END
 $$;
+
+-- `admission_acquire` of version 8, reading no more of a long queue than its decision needs:
+-- the waiters ahead of a request are counted only as far as `decide` compares them
+-- (`GateRecord::ahead_cap`), the queue's length only for a new request with a maximum and up
+-- to it (a refusal counts them all, for its answer), and a fairness key's
+-- round only at a gate with fairness. Before, each keyed start at a gate with n waiters read
+-- all n twice: a bulk start of n keyed runs read about n² rows.
+CREATE OR REPLACE FUNCTION __SCHEMA__.admission_acquire(p jsonb) RETURNS jsonb
+LANGUAGE plpgsql AS $$
+DECLARE
+    v_gate text := p ->> 'gate';
+    v_holder text := p ->> 'holder';
+    v_key text := p ->> 'fairness_key';
+    v_priority integer := (p ->> 'priority')::integer;
+    v_limits jsonb := p -> 'limits';
+    v_lease bigint := (p ->> 'lease_until')::bigint;
+    v_max bigint := (p ->> 'max_waiting')::bigint;
+    v_now bigint := (p ->> 'now')::bigint;
+    v_period bigint := (p -> 'limits' ->> 'rate_period_ms')::bigint;
+    v_conc bigint := (p -> 'limits' ->> 'concurrency')::bigint;
+    v_g __SCHEMA__.admission_gates;
+    v_handed jsonb := '[]'::jsonb;
+    v_live bigint;
+    v_waiting bigint;
+    v_ahead bigint;
+    v_cap bigint;
+    v_queued boolean;
+    v_rp bigint;
+    v_rr bigint;
+    v_rt bigint;
+    v_key_round bigint;
+    v_answer jsonb;
+BEGIN
+    -- The gate's row, created if new (`GateRecord::new`), and locked.
+    INSERT INTO __SCHEMA__.admission_gates (gate, limits, next_ticket, round, window_start, window_count, touched)
+    VALUES (v_gate, v_limits, 0, 0, CASE WHEN v_period IS NULL THEN v_now ELSE v_now - v_now % v_period END, 0, v_now)
+    ON CONFLICT (gate) DO NOTHING;
+    PERFORM 1 FROM __SCHEMA__.admission_gates AS g WHERE g.gate = v_gate FOR UPDATE;
+
+    -- 1. Expired slots are reclaimed and handed on.
+    DELETE FROM __SCHEMA__.admission_slots AS s WHERE s.gate = v_gate AND s.lease_until <= v_now;
+    IF FOUND THEN
+        v_handed := __SCHEMA__.admission_hand_off(v_gate, v_now);
+    END IF;
+
+    -- 2. A holder is admitted again (a leased slot takes the request's lease).
+    UPDATE __SCHEMA__.admission_slots AS s SET lease_until = COALESCE(v_lease, s.lease_until)
+     WHERE s.gate = v_gate AND s.holder = v_holder;
+    IF FOUND THEN
+        RETURN jsonb_build_object('admission', 'admitted', 'handed', v_handed);
+    END IF;
+
+    -- 3. The record takes the request's limits; its window rolls.
+    SELECT * INTO v_g FROM __SCHEMA__.admission_gates AS g WHERE g.gate = v_gate;
+    v_g.limits := v_limits;
+    v_g.touched := GREATEST(v_g.touched, v_now);
+    v_g := __SCHEMA__.admission_roll(v_g, v_now);
+    v_live := __SCHEMA__.admission_live(v_gate, v_now);
+    SELECT w.rank_priority, w.rank_round, w.rank_ticket INTO v_rp, v_rr, v_rt
+      FROM __SCHEMA__.admission_waiters AS w WHERE w.gate = v_gate AND w.holder = v_holder;
+    v_queued := FOUND;
+    -- The queue's length matters only to a new request with a maximum: counted up to it.
+    v_waiting := 0;
+    IF NOT v_queued AND v_max IS NOT NULL THEN
+        SELECT count(*) INTO v_waiting
+          FROM (SELECT 1 FROM __SCHEMA__.admission_waiters AS w WHERE w.gate = v_gate LIMIT v_max) AS l;
+    END IF;
+    IF NOT v_queued THEN
+        -- `GateRecord::rank`, without taking the ticket yet.
+        IF (v_limits ->> 'fairness')::boolean THEN
+            v_key_round := __SCHEMA__.admission_key_round(v_gate, v_key);
+        END IF;
+        v_rp := CASE WHEN (v_limits ->> 'lowest_first')::boolean THEN v_priority ELSE -v_priority::bigint END;
+        v_rr := CASE WHEN (v_limits ->> 'fairness')::boolean THEN GREATEST(COALESCE(v_key_round, v_g.round), v_g.round)
+                     ELSE 0 END;
+        v_rt := CASE WHEN (v_limits ->> 'lifo')::boolean THEN -v_g.next_ticket ELSE v_g.next_ticket END;
+    END IF;
+    -- The waiters ahead, counted no further than `decide` looks (`GateRecord::ahead_cap`): the
+    -- free concurrency when limited, else the capacity; none when nothing limits.
+    v_cap := __SCHEMA__.admission_capacity(v_limits, v_g.window_count, v_live);
+    v_cap := CASE WHEN v_cap = 4294967295 THEN 0 WHEN v_conc IS NOT NULL THEN GREATEST(v_conc - v_live, 0) ELSE v_cap END;
+    v_ahead := 0;
+    IF v_cap > 0 THEN
+        SELECT count(*) INTO v_ahead
+          FROM (SELECT 1 FROM __SCHEMA__.admission_waiters AS w
+                 WHERE w.gate = v_gate AND (w.rank_priority, w.rank_round, w.rank_ticket) < (v_rp, v_rr, v_rt)
+                 LIMIT v_cap) AS l;
+    END IF;
+
+    -- 4. `decide`.
+    IF v_ahead < __SCHEMA__.admission_capacity(v_limits, v_g.window_count, v_live) THEN
+        DELETE FROM __SCHEMA__.admission_waiters AS w WHERE w.gate = v_gate AND w.holder = v_holder;
+        v_g := __SCHEMA__.admission_admitted(v_g, v_rr);
+        IF v_conc IS NOT NULL THEN
+            INSERT INTO __SCHEMA__.admission_slots AS s (gate, holder, run_id, acquired_at, lease_until)
+            VALUES (v_gate, v_holder, p ->> 'run_id', v_now, v_lease)
+            ON CONFLICT (gate, holder) DO UPDATE
+                SET run_id = excluded.run_id, acquired_at = excluded.acquired_at, lease_until = excluded.lease_until;
+        END IF;
+        v_answer := jsonb_build_object('admission', 'admitted');
+    ELSIF NOT v_queued AND v_max IS NOT NULL AND v_waiting >= v_max THEN
+        -- A refusal writes nothing: the gate's record stays as it was. It reports every waiter
+        -- (a rare answer: counted in full only here).
+        SELECT count(*) INTO v_waiting FROM __SCHEMA__.admission_waiters AS w WHERE w.gate = v_gate;
+        RETURN jsonb_build_object('admission', 'full', 'held', v_live, 'waiting', v_waiting, 'handed', v_handed);
+    ELSE
+        IF NOT v_queued THEN
+            v_g.next_ticket := v_g.next_ticket + 1;
+            INSERT INTO __SCHEMA__.admission_waiters (gate, holder, run_id, rank_priority, rank_round, rank_ticket,
+                                                      priority, fairness_key, lease_ms, since)
+            VALUES (v_gate, v_holder, p ->> 'run_id', v_rp, v_rr, v_rt, v_priority, v_key,
+                    CASE WHEN v_lease IS NOT NULL THEN GREATEST(v_lease - v_now, 0) END, v_now);
+        END IF;
+        -- The window's end when the rate, not concurrency, holds the request back.
+        v_answer := jsonb_build_object('admission', 'waiting', 'retry_at',
+            CASE WHEN v_period IS NOT NULL
+                      AND CASE WHEN v_conc IS NULL THEN 4294967295 ELSE GREATEST(v_conc - v_live, 0) END > v_ahead
+                 THEN __SCHEMA__.saturating_add(v_g.window_start, v_period::numeric) END);
+    END IF;
+    PERFORM __SCHEMA__.admission_save(v_g);
+    RETURN v_answer || jsonb_build_object('handed', v_handed);
+END
+$$;
