@@ -17,9 +17,10 @@ use tokio_postgres::types::Type;
 use crate::PostgresStore;
 use crate::ops::{self, LimitsJson, Op, SlotRequestJson, millis_from_sql, millis_to_sql, u32_from_sql};
 
-/// A statement of a server-side helper of `sql/v8.sql`, as the helper runs it: `{s}` stands for
-/// the schema, `$n` for the helper's `n`-th parameter (named in `params`, as in the SQL). The plan
-/// test EXPLAINs these; a unit test checks `v8.sql` runs exactly this text.
+/// A statement of a server-side helper of `sql/v8.sql` or `sql/v18.sql`, as the helper runs it:
+/// `{s}` stands for the schema, `$n` for the helper's `n`-th parameter or variable (named in
+/// `params`, as in the SQL). The plan test EXPLAINs these; a unit test checks the migrations run
+/// exactly this text.
 pub(crate) struct HelperStatement {
     pub(crate) sql: &'static str,
     /// Read by the unit test that finds the statement in the migration.
@@ -34,11 +35,20 @@ pub(crate) const QUEUE_HEAD: HelperStatement = HelperStatement {
     params: &["p_gate"],
 };
 
-/// `admission_ahead`: how many waiters of a gate rank before a rank.
+/// `admission_acquire` (v18): how many waiters of a gate rank before a rank, counted no further
+/// than its decision needs.
 pub(crate) const AHEAD: HelperStatement = HelperStatement {
-    sql: "SELECT count(*) FROM {s}.admission_waiters AS w \
-          WHERE w.gate = $1 AND (w.rank_priority, w.rank_round, w.rank_ticket) < ($2, $3, $4)",
-    params: &["p_gate", "p_priority", "p_round", "p_ticket"],
+    sql: "SELECT count(*) FROM (SELECT 1 FROM {s}.admission_waiters AS w \
+          WHERE w.gate = $1 AND (w.rank_priority, w.rank_round, w.rank_ticket) < ($2, $3, $4) \
+          LIMIT $5) AS l",
+    params: &["v_gate", "v_rp", "v_rr", "v_rt", "v_cap"],
+};
+
+/// `admission_acquire` (v18): how many requests wait at a gate, counted up to a new request's
+/// maximum.
+pub(crate) const WAITING: HelperStatement = HelperStatement {
+    sql: "SELECT count(*) FROM (SELECT 1 FROM {s}.admission_waiters AS w WHERE w.gate = $1 LIMIT $2) AS l",
+    params: &["v_gate", "v_max"],
 };
 
 /// `admission_key_round`: the round after the last one a fairness key's waiters hold.
@@ -252,14 +262,14 @@ mod tests {
     /// The plan test EXPLAINs these statements: they must be what the server-side helpers run.
     #[test]
     fn helper_statements_are_the_migrations_own() {
-        let migration = normalized(include_str!("sql/v8.sql"));
-        for h in [QUEUE_HEAD, AHEAD, KEY_ROUND, LIVE, GATES_OF] {
+        let migration = normalized(concat!(include_str!("sql/v8.sql"), include_str!("sql/v18.sql")));
+        for h in [QUEUE_HEAD, AHEAD, WAITING, KEY_ROUND, LIVE, GATES_OF] {
             let mut sql = h.render("__SCHEMA__");
             for (i, name) in h.params.iter().enumerate().rev() {
                 sql = sql.replace(&format!("${}", i + 1), name);
             }
             let sql = normalized(&sql);
-            assert!(migration.contains(&sql), "sql/v8.sql does not run: {sql}");
+            assert!(migration.contains(&sql), "no migration runs: {sql}");
         }
     }
 }

@@ -313,8 +313,9 @@ pub mod __private {
         (crate::ops::run_counts_sql(&store.inner.sql.schema), Vec::new())
     }
 
-    /// The statements of the admission helpers (`sql/v8.sql`) with these parameters: the queue
-    /// head of `gate`, the waiters ranked before `rank`, the round of fairness key `key`, the
+    /// The statements of the admission helpers (`sql/v8.sql`, `sql/v18.sql`) with these
+    /// parameters: the queue head of `gate`, the waiters ranked before `rank` (up to 64), the
+    /// requests waiting (up to 100), the round of fairness key `key`, the
     /// slots that count at `now`, the gates a release of `run` at `now` looks at; then the stats
     /// and the run's records. Named for the messages.
     pub fn admission_sql(
@@ -325,7 +326,7 @@ pub mod __private {
         run: &str,
         now: u64,
     ) -> Vec<(&'static str, Statement)> {
-        use crate::admission::{AHEAD, GATES_OF, KEY_ROUND, LIVE, QUEUE_HEAD};
+        use crate::admission::{AHEAD, GATES_OF, KEY_ROUND, LIVE, QUEUE_HEAD, WAITING};
         let s = &store.inner.sql.schema;
         let text = |v: &str| (Box::new(v.to_string()) as Box<dyn ToSql + Sync + Send>, Type::TEXT);
         let int = |v: i64| (Box::new(v) as Box<dyn ToSql + Sync + Send>, Type::INT8);
@@ -334,8 +335,9 @@ pub mod __private {
             ("queue head", (QUEUE_HEAD.render(s), vec![text(gate)])),
             (
                 "waiters ahead",
-                (AHEAD.render(s), vec![text(gate), int(rank.priority), int(rank.round), int(rank.ticket)]),
+                (AHEAD.render(s), vec![text(gate), int(rank.priority), int(rank.round), int(rank.ticket), int(64)]),
             ),
+            ("waiting", (WAITING.render(s), vec![text(gate), int(100)])),
             ("key round", (KEY_ROUND.render(s), vec![text(gate), text(key)])),
             ("live slots", (LIVE.render(s), vec![text(gate), int(now)])),
             ("gates of a run", (GATES_OF.render(s), vec![text(run)])),

@@ -119,7 +119,7 @@ const MIGRATIONS: &[Migration] = &[
         version: 18,
         description: "the admission gate rows a commit or a batch locks are locked in gate order up front: a commit's \
                       keyed children with the gates it releases (commit_ordered), a batch's gates with its keys \
-                      (lock_batch)",
+                      (lock_batch); admission_acquire counts a queue only as far as its decision needs",
         sql: include_str!("sql/v18.sql"),
     },
 ];

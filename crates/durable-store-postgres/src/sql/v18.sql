@@ -24,6 +24,8 @@
 -- each first using two new gates, in opposite orders, can still meet, and PostgreSQL's deadlock
 -- detector still breaks that tie (the writer runs the batch again).
 --
+-- And `admission_acquire` reads no more of a long queue than its decision needs (see below).
+--
 -- Every function here is created or replaced: running this file again is harmless.
 --
 -- A template, like v1.sql: `__SCHEMA__` is replaced by the quoted schema name.
@@ -268,8 +270,8 @@ BEGIN
     -- The queue's length matters only to a new request with a maximum: counted up to it.
     v_waiting := 0;
     IF NOT v_queued AND v_max IS NOT NULL THEN
-        SELECT count(*) INTO v_waiting
-          FROM (SELECT 1 FROM __SCHEMA__.admission_waiters AS w WHERE w.gate = v_gate LIMIT v_max) AS l;
+        v_waiting := (SELECT count(*) FROM (SELECT 1 FROM __SCHEMA__.admission_waiters AS w
+                                             WHERE w.gate = v_gate LIMIT v_max) AS l);
     END IF;
     IF NOT v_queued THEN
         -- `GateRecord::rank`, without taking the ticket yet.
@@ -287,10 +289,10 @@ BEGIN
     v_cap := CASE WHEN v_cap = 4294967295 THEN 0 WHEN v_conc IS NOT NULL THEN GREATEST(v_conc - v_live, 0) ELSE v_cap END;
     v_ahead := 0;
     IF v_cap > 0 THEN
-        SELECT count(*) INTO v_ahead
-          FROM (SELECT 1 FROM __SCHEMA__.admission_waiters AS w
-                 WHERE w.gate = v_gate AND (w.rank_priority, w.rank_round, w.rank_ticket) < (v_rp, v_rr, v_rt)
-                 LIMIT v_cap) AS l;
+        v_ahead := (SELECT count(*) FROM (SELECT 1 FROM __SCHEMA__.admission_waiters AS w
+                                           WHERE w.gate = v_gate
+                                             AND (w.rank_priority, w.rank_round, w.rank_ticket) < (v_rp, v_rr, v_rt)
+                                           LIMIT v_cap) AS l);
     END IF;
 
     -- 4. `decide`.
