@@ -135,8 +135,16 @@ fn hex<const N: usize>(s: &str) -> Option<[u8; N]> {
     Some(out)
 }
 
+/// Lower-case hex, two digits a byte, in one allocation (every run created writes three of
+/// these: a `format!` per byte cost more than the rest of the trace context).
 fn to_hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    const DIGITS: &[u8; 16] = b"0123456789abcdef";
+    let mut out = String::with_capacity(2 * bytes.len());
+    for b in bytes {
+        out.push(char::from(DIGITS[usize::from(b >> 4)]));
+        out.push(char::from(DIGITS[usize::from(b & 0x0f)]));
+    }
+    out
 }
 
 #[cfg(test)]
