@@ -568,7 +568,7 @@ impl AdmissionBook {
         {
             gate.unqueue(&request.holder);
             gate.hold(&request.gate, &request.holder, &request.run_id, now, request.lease_until);
-            self.runs.entry(request.run_id.clone()).or_default().insert(request.gate.clone());
+            self.index(request);
             return (Admission::Admitted, handoffs);
         }
         // `Full` writes nothing: the stored record stays as it was (a refused keyed start must
@@ -623,8 +623,13 @@ impl AdmissionBook {
             }
         };
         gate.record = Some(record);
-        self.runs.entry(request.run_id.clone()).or_default().insert(request.gate.clone());
+        self.index(request);
         (answer, handoffs)
+    }
+
+    /// Notes that `request`'s run holds or waits for a slot at its gate.
+    fn index(&mut self, request: &SlotRequest) {
+        self.runs.entry(request.run_id.clone()).or_default().insert(request.gate.clone());
     }
 
     /// Releases `holder`'s slot (or queued request) at `gate` and hands the freed capacity

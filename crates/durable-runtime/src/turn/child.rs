@@ -11,7 +11,7 @@ use serde::Serialize;
 use serde::de::DeserializeOwned;
 
 use super::ctx::{StepPlan, run_step};
-use super::{CallGuard, NewRunKey, TurnState, WorkflowCtx, halt};
+use super::{CallGuard, TurnState, WorkflowCtx, halt};
 use crate::error::WorkflowError;
 
 /// Runs the registered undos newest first, each as a checkpointed step at the next seq. An
@@ -182,18 +182,7 @@ impl WorkflowCtx {
         };
         let now = t.now();
         let input = Payload::encode(input).map_err(|e| e.to_string());
-        // A child of the run's namespace and priority, like the one the core creates.
-        let admission = match &input {
-            Ok(input) => t.env.key_request(&NewRunKey {
-                workflow,
-                namespace: &t.run.namespace,
-                id: &child_id,
-                input,
-                priority: t.run.priority,
-                now,
-            }),
-            Err(_) => Ok(None),
-        };
+        let admission = t.key_request(workflow, &child_id, &input, now);
         let call = ChildCall { workflow, id: child_id, version: t.env.latest_version(workflow), input, admission };
         t.turn.lock().spawn_child(seq, call, now);
         handle
@@ -219,19 +208,8 @@ impl WorkflowCtx {
     ) -> impl Future<Output = Result<O, WorkflowError>> + Send + 'static + use<I, O> {
         let t = self.t.clone();
         let input = Payload::encode(input).map_err(|e| e.to_string());
-        // The successor's key: same workflow, namespace and priority; it takes over this
-        // run's slot.
-        let admission = match &input {
-            Ok(input) => t.env.key_request(&NewRunKey {
-                workflow: &t.run.workflow,
-                namespace: &t.run.namespace,
-                id: &protocol::successor_id(&t.run.id),
-                input,
-                priority: t.run.priority,
-                now: t.now(),
-            }),
-            Err(_) => Ok(None),
-        };
+        // The successor's key (same workflow): it takes over this run's slot.
+        let admission = t.key_request(&t.run.workflow, &protocol::successor_id(&t.run.id), &input, t.now());
         async move {
             t.turn.lock().continue_as_new(input, admission);
             halt().await

@@ -30,8 +30,8 @@ pub use remote::RemoteStep;
 pub(crate) use replay::replay_turn;
 pub use wait::{SignalError, TaskError, UpdateOutcome};
 
-use durable_core::admission::Admission;
-use durable_core::{Commit, Millis, Payload, Run, StoreResult, Turn};
+use durable_core::admission::{Admission, SlotRequest};
+use durable_core::{Commit, Millis, Payload, Run, RunId, StoreResult, Turn};
 use parking_lot::Mutex;
 use serde::de::DeserializeOwned;
 
@@ -145,6 +145,21 @@ impl TurnState {
 
     pub(crate) fn now(&self) -> Millis {
         self.env.now()
+    }
+
+    /// The concurrency key's request of a run this turn creates (a child, the successor) of
+    /// `workflow` with id `id` and `input`, in this run's namespace and at its priority, as the
+    /// core creates it; none for an input that did not encode (the call fails on that).
+    fn key_request(
+        &self,
+        workflow: &str,
+        id: &RunId,
+        input: &Result<Payload, String>,
+        now: Millis,
+    ) -> Result<Option<SlotRequest>, String> {
+        let Ok(input) = input else { return Ok(None) };
+        let (namespace, priority) = (&self.run.namespace, self.run.priority);
+        self.env.key_request(&NewRunKey { workflow, namespace, id, input, priority, now })
     }
 
     fn take_seq(&self) -> u32 {
