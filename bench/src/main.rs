@@ -179,9 +179,10 @@ fn engine(args: &Args) -> Result<(Engine, Option<PathBuf>), String> {
 }
 
 /// The engine settings the environment tunes, for every engine of the run (worker processes
-/// inherit the variables): `DURABLE_BENCH_WARM_RUNS` sets `warm_runs` (0: every wake replays)
-/// and `DURABLE_BENCH_MAX_CONCURRENT_RUNS` sets `max_concurrent_runs`, so the same binary
-/// measures a workload with and without them.
+/// inherit the variables): `DURABLE_BENCH_WARM_RUNS` sets `warm_runs` (0: every wake replays),
+/// `DURABLE_BENCH_MAX_CONCURRENT_RUNS` sets `max_concurrent_runs` and
+/// `DURABLE_BENCH_HOLD_SLEEPS_MS` sets `hold_sleeps_under` (in ms), so the same binary measures
+/// a workload with and without them.
 fn tune(config: &mut durable::EngineConfig) -> Result<(), String> {
     fn var(name: &str) -> Result<Option<usize>, String> {
         match std::env::var(name) {
@@ -194,6 +195,9 @@ fn tune(config: &mut durable::EngineConfig) -> Result<(), String> {
     }
     if let Some(n) = var("DURABLE_BENCH_MAX_CONCURRENT_RUNS")? {
         config.max_concurrent_runs = n;
+    }
+    if let Some(ms) = var("DURABLE_BENCH_HOLD_SLEEPS_MS")? {
+        config.hold_sleeps_under = Duration::from_millis(ms as u64);
     }
     Ok(())
 }
@@ -616,7 +620,11 @@ async fn sleeps(engine: &Engine, runs: usize, naps: usize) -> Result<Measured, S
     let (wall, latencies, _) = start_all(engine, "sleeper", runs, (naps as u64, 1u64)).await?;
     let m = engine.metrics();
     let turns = engine.config().execute.then_some((m.turns, m.turns_without_progress));
-    let extra = serde_json::json!({ "warm_runs": engine.config().warm_runs, "warm_resumes": m.warm_resumes });
+    let extra = serde_json::json!({
+        "warm_runs": engine.config().warm_runs,
+        "warm_resumes": m.warm_resumes,
+        "hold_sleeps_under_ms": engine.config().hold_sleeps_under.as_millis() as u64,
+    });
     Ok(Measured { runs, steps_per_run: naps, wall, latencies, turns, extra: Some(extra) })
 }
 

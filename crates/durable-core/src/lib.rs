@@ -26,7 +26,9 @@
 //!    undo stack lives in the turn), continue as new, or stop. A body pending with nothing in
 //!    flight and nothing parked awaits something outside the ctx: `on_pending` answers
 //!    [`Pending::IdleUntil`] (poll again then) and, once the grace has passed, fails the run
-//!    with `non_ctx_await`.
+//!    with `non_ctx_await`. A body parked on short durable sleeps only may be held in the turn
+//!    ([`Pending::HoldUntil`], [`TurnConfig::hold_sleeps_under`]): its commit applied, the run
+//!    kept, [`Turn::end_hold`] once the earliest is due.
 //!
 //! **Replay only.** With [`TurnConfig::replay_only`] the same turn checks a recorded history
 //! against the current code instead of running it: a call history holds no final result for

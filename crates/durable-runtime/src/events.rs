@@ -147,6 +147,17 @@ pub enum EngineEvent {
         /// When it is due, if a timer is parked.
         wake_at: Option<Millis>,
     },
+    /// Every live branch of the run's body parked on a short durable sleep, and its turn holds
+    /// them in memory instead of suspending the run
+    /// ([`EngineConfig::hold_sleeps_under`](crate::EngineConfig::hold_sleeps_under)): sent
+    /// once the store applied the commit of the sleeps' wake times. The run stays `running`
+    /// under this engine's lease; its body goes on at `until`.
+    SleepHeld {
+        /// The run.
+        run_id: RunId,
+        /// When the earliest sleep is due.
+        until: Millis,
+    },
     /// A store call failed (a claim, a commit, the end of a turn): sent when the run is
     /// scheduled to run again after a backoff. Its durable state is whatever the last
     /// successful commit left.
@@ -192,6 +203,7 @@ impl EngineEvent {
             | EngineEvent::StepRetrying { run_id, .. }
             | EngineEvent::StepFailed { run_id, .. }
             | EngineEvent::RunSuspended { run_id, .. }
+            | EngineEvent::SleepHeld { run_id, .. }
             | EngineEvent::TurnAborted { run_id, .. }
             | EngineEvent::RunSettled { run_id, .. } => Some(run_id),
             EngineEvent::ScheduleAdvanced { .. } | EngineEvent::QueueUnavailable { .. } => None,

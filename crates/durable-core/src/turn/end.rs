@@ -9,7 +9,8 @@ use super::{Mode, Turn, TurnStop};
 use crate::admission::SlotRequest;
 use crate::protocol;
 use crate::{
-    Commit, Millis, NewRun, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd, codes, millis_after,
+    CheckpointStatus, Commit, Millis, NewRun, Payload, RetryPolicy, Run, RunStatus, StepError, StepKind, TurnEnd,
+    codes, millis_after,
 };
 
 /// What follows a `Pending` or finished body.
@@ -34,6 +35,18 @@ pub enum Pending {
     /// fails the run with `non_ctx_await` if the body is still idle. Any ctx call in between
     /// starts the wait afresh.
     IdleUntil(Millis),
+    /// Every live branch is parked on a durable sleep and the earliest is due within
+    /// [`TurnConfig::hold_sleeps_under`](super::TurnConfig): apply `commit` if there is one
+    /// (what the turn buffered, the sleeps' wake times among it; the run stays running under
+    /// its lease), wait on the engine clock until `until`, then call [`Turn::end_hold`] and
+    /// poll the body again. Asked again before then (the same answer, without a commit), keep
+    /// waiting; any other answer ends the hold.
+    HoldUntil {
+        /// What the turn buffered, to apply before the wait (`None`: nothing new).
+        commit: Option<Commit>,
+        /// When the earliest sleep is due.
+        until: Millis,
+    },
     /// What follows.
     Next(Next),
 }
@@ -125,10 +138,34 @@ impl Turn {
         if self.config.replay_only {
             return Pending::Next(Next::End(self.replay_parked()));
         }
+        if let Some(until) = self.hold_until(now) {
+            let commit = (!self.buffer.is_empty()).then(|| self.drain(now));
+            return Pending::HoldUntil { commit, until };
+        }
         let wake_at = self.earliest_wake();
         let mut commit = self.drain(now);
         commit.end = Some(TurnEnd::Suspend { wake_at, seen_wake_gen: self.run.wake_gen });
         Pending::Next(Next::End(End::Suspend { commit, wake_at }))
+    }
+
+    /// When to end a hold ([`Pending::HoldUntil`]), if the turn holds: every parked call is a
+    /// durable sleep (its checkpoint `waiting`: no wait for a delivery, which the store would
+    /// hold while the turn does not look), and the earliest is due within
+    /// [`TurnConfig::hold_sleeps_under`](super::TurnConfig).
+    fn hold_until(&self, now: Millis) -> Option<Millis> {
+        let limit = self.config.hold_sleeps_under;
+        if limit.is_zero() || self.mode != Mode::Normal {
+            return None;
+        }
+        let mut earliest = Millis::MAX;
+        for (seq, wake_at) in &self.parked {
+            let cp = self.history.get(*seq)?;
+            if cp.kind != StepKind::Sleep || cp.status != CheckpointStatus::Waiting {
+                return None;
+            }
+            earliest = earliest.min((*wake_at)?);
+        }
+        (earliest <= millis_after(now, limit)).then_some(earliest)
     }
 
     /// The body is pending with nothing in flight and nothing parked.

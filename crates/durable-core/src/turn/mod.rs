@@ -111,6 +111,12 @@ pub struct TurnConfig {
     /// A step waiting for an admission slot asks again at least this often, so a slot whose
     /// holder died is reclaimed even when nothing else calls on the gate.
     pub admission_recheck: Duration,
+    /// Sleeps due within this are held in the turn ([`Pending::HoldUntil`]): when every live
+    /// branch of the body is parked on a durable sleep and the earliest is due within it, the
+    /// turn commits what it buffered (the sleeps' wake times among it), keeps the run and its
+    /// lease, waits on the engine clock and continues, instead of suspending the run and
+    /// claiming it again once the timer fires. `Duration::ZERO` (the default) holds none.
+    pub hold_sleeps_under: Duration,
 }
 
 impl Default for TurnConfig {
@@ -124,6 +130,7 @@ impl Default for TurnConfig {
             reconcile_interval: Duration::from_secs(300),
             slot_lease: Duration::from_secs(30),
             admission_recheck: Duration::from_secs(15),
+            hold_sleeps_under: Duration::ZERO,
         }
     }
 }
@@ -375,15 +382,18 @@ impl Turn {
                 }
                 self.stop.is_none()
             }
-            Err((StoreErrorKind::LeaseLost, message)) => {
-                self.stop(TurnStop::LeaseLost(format!("commit refused: {message}")));
-                false
-            }
-            Err((_, message)) => {
-                self.stop(TurnStop::Abort(format!("commit failed: {message}")));
-                false
-            }
+            Err((kind, message)) => self.commit_failed(kind, &message),
         }
+    }
+
+    /// A commit failed: the turn stops (the lease lost to another owner, or the store's
+    /// failure); `false`.
+    fn commit_failed(&mut self, kind: StoreErrorKind, message: &str) -> bool {
+        self.stop(match kind {
+            StoreErrorKind::LeaseLost => TurnStop::LeaseLost(format!("commit refused: {message}")),
+            _ => TurnStop::Abort(format!("commit failed: {message}")),
+        });
+        false
     }
 
     /// A recorded value no longer decodes into the type the workflow asks for: the run fails
@@ -445,6 +455,26 @@ impl Turn {
         }
         self.idle_since = None;
         Some(std::mem::take(&mut self.parked).into_keys().collect())
+    }
+
+    /// The commit of a held sleep ([`Pending::HoldUntil`]) was applied (`Ok`) or failed: whether
+    /// the hold goes on. A refused lease or a store failure stops the turn, as for any commit.
+    pub fn hold_committed(&mut self, outcome: Result<&CommitOutcome, (StoreErrorKind, String)>) -> bool {
+        match outcome {
+            Ok(o) if !o.raced.is_empty() => {
+                self.stop(TurnStop::Rerun(format!("a delivery raced the deadline of the wait at seq {:?}", o.raced)));
+                false
+            }
+            Ok(_) => self.stop.is_none(),
+            Err((kind, message)) => self.commit_failed(kind, &message),
+        }
+    }
+
+    /// A held sleep is due ([`Pending::HoldUntil`]): every parked call begins again, as after
+    /// [`Turn::resume`] (those due return, the others park again).
+    pub fn end_hold(&mut self) {
+        self.parked.clear();
+        self.idle_since = None;
     }
 
     /// Stops the turn; the first reason given wins.
@@ -529,6 +559,11 @@ impl Turn {
 enum Ended {
     /// Not an end: [`Pending::IdleUntil`].
     Idle(Millis),
+    /// Not an end: [`Pending::HoldUntil`].
+    Hold {
+        commit: Option<Commit>,
+        until: Millis,
+    },
     Suspend {
         commit: Commit,
         wake_at: Option<Millis>,
@@ -573,6 +608,7 @@ impl Turn {
         match self.on_pending(now) {
             Pending::KeepPolling => None,
             Pending::IdleUntil(at) => Some(Ended::Idle(at)),
+            Pending::HoldUntil { commit, until } => Some(Ended::Hold { commit, until }),
             Pending::Next(next) => Some(next.into()),
         }
     }

@@ -762,6 +762,7 @@ impl<'a> Sim<'a> {
     fn end(&mut self, mut end: Ended) -> R<String> {
         loop {
             end = match end {
+                Ended::Hold { until, .. } => return bug(format!("a hold until {until}, with held sleeps off")),
                 Ended::Suspend { commit, wake_at } => {
                     let expected = Some(TurnEnd::Suspend { wake_at, seen_wake_gen: self.turn.run().wake_gen });
                     if commit.end != expected {

@@ -687,6 +687,86 @@ fn sleep_replay_due_is_done_and_its_completion_rides_along() {
     assert_eq!(flush(&mut t, 2_000), commit(2_000));
 }
 
+// ---- held sleeps ----
+
+/// A turn that holds sleeps due within 2 s.
+fn holding(history: Vec<Checkpoint>) -> Turn {
+    Turn::new(run(), OWNER, History::new(history), TurnConfig { hold_sleeps_under: Duration::from_secs(2), ..config() })
+}
+
+#[test]
+fn a_short_sleep_is_held_its_wake_time_committed_and_the_run_kept() {
+    let mut t = holding(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 1_000, 10), SleepBegin::Park(Some(1_000)));
+    let sleeping =
+        Checkpoint { wake_at: Some(1_000), ..cp(0, "sleep", StepKind::Sleep, CheckpointStatus::Waiting, 10) };
+    // No turn end in the commit: the run stays running under its lease.
+    assert_eq!(
+        t.t_pending(11),
+        Some(Ended::Hold { commit: Some(Commit { checkpoints: vec![sleeping.clone()], ..commit(11) }), until: 1_000 })
+    );
+    assert!(t.hold_committed(Ok(&ok())));
+    // Asked again meanwhile (a spurious poll): the same hold, nothing more to write.
+    assert_eq!(t.t_pending(500), Some(Ended::Hold { commit: None, until: 1_000 }));
+    // Due: the sleep begins again and is over; its completion rides along with the next commit.
+    t.end_hold();
+    assert_eq!(t.parked().count(), 0);
+    assert_eq!(t.sleep(0, 9_999, 1_000), SleepBegin::Done);
+    assert_eq!(
+        flush(&mut t, 1_005),
+        Commit {
+            checkpoints: vec![Checkpoint { status: CheckpointStatus::Completed, updated_at: 1_000, ..sleeping }],
+            ..commit(1_005)
+        }
+    );
+}
+
+#[test]
+fn a_sleep_due_beyond_the_hold_suspends_the_run() {
+    let mut t = holding(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 2_011, 10), SleepBegin::Park(Some(2_011)));
+    assert!(matches!(t.t_pending(10), Some(Ended::Suspend { wake_at: Some(2_011), .. })));
+    // Within the limit it would have been held; with the default limit, never.
+    let mut t = holding(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 2_010, 10), SleepBegin::Park(Some(2_010)));
+    assert!(matches!(t.t_pending(10), Some(Ended::Hold { until: 2_010, .. })));
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 20, 10), SleepBegin::Park(Some(20)));
+    assert!(matches!(t.t_pending(10), Some(Ended::Suspend { wake_at: Some(20), .. })));
+}
+
+#[test]
+fn a_wait_parked_beside_a_short_sleep_suspends_the_run() {
+    // A delivery lands in the store, which a held turn does not look at: a body that also
+    // waits for one (here a signal, beside the sleep; or a wait with a timeout) suspends.
+    let mut t = holding(vec![]);
+    let sleep = t.take_seq();
+    assert_eq!(t.sleep(sleep, 1_000, 10), SleepBegin::Park(Some(1_000)));
+    let wait = t.take_seq();
+    assert_eq!(t.wait(wait, signal("tok"), 10), WaitBegin::Park(None));
+    assert!(matches!(t.t_pending(10), Some(Ended::Suspend { wake_at: Some(1_000), .. })));
+
+    let mut t = holding(vec![]);
+    let seq = t.take_seq();
+    let wait = t.take_seq();
+    assert_eq!(t.wait(wait, signal_with_deadline("tok", seq, 500), 10), WaitBegin::Park(Some(510)));
+    assert!(matches!(t.t_pending(10), Some(Ended::Suspend { wake_at: Some(510), .. })));
+}
+
+#[test]
+fn a_held_sleep_whose_commit_fails_stops_the_turn() {
+    let mut t = holding(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 1_000, 10), SleepBegin::Park(Some(1_000)));
+    assert!(matches!(t.t_pending(10), Some(Ended::Hold { commit: Some(_), .. })));
+    assert!(!t.hold_committed(Err((StoreErrorKind::LeaseLost, "held elsewhere".into()))));
+    assert_eq!(t.t_pending(20), Some(Ended::Stop(TurnStop::LeaseLost("commit refused: held elsewhere".into()))));
+}
+
 // ---- warm resume ----
 
 /// A turn suspended on a sleep at seq 1 after a step at seq 0, as the runtime keeps it.

@@ -67,6 +67,8 @@ impl Engine {
             reconcile_interval: shared.config.reconcile_interval,
             slot_lease: shared.config.lease_ttl,
             admission_recheck: shared.config.admission_recheck,
+            // A replay writes nothing and holds nothing.
+            hold_sleeps_under: std::time::Duration::ZERO,
         };
         let start = |ctx, input: &_| handler.call(ctx, input);
         let end = replay_turn(run.clone(), history.checkpoints.clone(), start, config, latest).await;

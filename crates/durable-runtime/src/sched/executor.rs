@@ -395,6 +395,7 @@ impl Shared {
                     reconcile_interval: self.config.reconcile_interval,
                     slot_lease: self.config.lease_ttl,
                     admission_recheck: self.config.admission_recheck,
+                    hold_sleeps_under: self.config.hold_sleeps_under,
                 };
                 let turn = Turn::new(run, self.owner.clone(), History::new(history), config);
                 let t = Arc::new(TurnState::new(turn, self.clone()));

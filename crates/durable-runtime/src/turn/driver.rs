@@ -30,11 +30,14 @@ pub(crate) struct TurnDriver {
     /// While the body awaits something outside the ctx: the time the core said to ask again
     /// ([`Pending::IdleUntil`]) and a timer on the engine clock that wakes the driver then.
     idle: Option<(Millis, BoxFuture<'static, ()>)>,
+    /// While the turn holds its sleeps ([`Pending::HoldUntil`]): when they are due, and the
+    /// commit then wait that holds them ([`TurnState::hold`]).
+    hold: Option<(Millis, BoxFuture<'static, bool>)>,
 }
 
 impl TurnDriver {
     pub(crate) fn new(t: Arc<TurnState>, body: BoxFuture<'static, BodyResult>) -> Self {
-        TurnDriver { polling: Polling::Body(body), t, idle: None }
+        TurnDriver { polling: Polling::Body(body), t, idle: None, hold: None }
     }
 }
 
@@ -63,9 +66,25 @@ impl Future for TurnDriver {
             match answer {
                 Pending::KeepPolling => {
                     this.idle = None;
+                    this.hold = None;
                     return Poll::Pending;
                 }
+                Pending::HoldUntil { commit, until } => {
+                    this.idle = None;
+                    // A new commit starts a new hold; without one, the hold under way goes on.
+                    if commit.is_some() || this.hold.as_ref().is_none_or(|(at, _)| *at != until) {
+                        this.hold = Some((until, Box::pin(this.t.clone().hold(commit, until))));
+                    }
+                    let (_, hold) = this.hold.as_mut().expect("set above");
+                    let Poll::Ready(going_on) = hold.as_mut().poll(cx) else { return Poll::Pending };
+                    this.hold = None;
+                    if going_on {
+                        // Due: the parked sleeps begin again, and the body is polled.
+                        this.t.end_hold();
+                    }
+                }
                 Pending::IdleUntil(at) => {
+                    this.hold = None;
                     // Nothing the turn knows of will wake the body: a timer asks the core again
                     // at `at` (armed once per deadline; spurious wake-ups keep it).
                     if this.idle.as_ref().is_none_or(|(armed, _)| *armed != at) {
@@ -83,6 +102,7 @@ impl Future for TurnDriver {
                 // turn lock must not be held here), then the undos run.
                 Pending::Next(Next::Compensate) => {
                     this.idle = None;
+                    this.hold = None;
                     this.polling = Polling::Undos(Box::pin(compensate(this.t.clone())));
                 }
             }

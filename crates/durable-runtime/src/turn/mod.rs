@@ -101,12 +101,17 @@ impl TurnState {
             return false;
         }
         self.checkpointed.store(false, Ordering::Relaxed);
+        self.wake_parked();
+        true
+    }
+
+    /// Wakes every call parked for a warm resume to begin again.
+    fn wake_parked(&self) {
         self.resumes.fetch_add(1, Ordering::AcqRel);
         let parked: Vec<_> = self.warm_parked.lock().drain().filter_map(|(_, (_, w))| w).collect();
         for waker in parked {
             waker.wake();
         }
-        true
     }
 
     /// Parks the call at `seq` (which looks at seqs from `lowest` on) until the turn is
@@ -187,17 +192,7 @@ impl TurnState {
     /// Applies a commit the answer for `seq` carried and hands the outcome to the turn.
     /// `false`: the turn stops (the call halts).
     async fn apply(&self, seq: u32, commit: Commit) -> bool {
-        let result = match self.vet(commit).await {
-            Ok(commit) => {
-                let checkpoints = !commit.checkpoints.is_empty();
-                let result = self.env.commit(commit).await;
-                if checkpoints && result.is_ok() {
-                    self.checkpointed.store(true, Ordering::Relaxed);
-                }
-                result
-            }
-            Err(e) => Err(e),
-        };
+        let result = self.commit(commit).await;
         let mut turn = self.turn.lock();
         match &result {
             Ok(outcome) => turn.committed(seq, Ok(outcome)),
@@ -206,6 +201,49 @@ impl TurnState {
                 turn.committed(seq, Err((e.kind(), e.to_string())))
             }
         }
+    }
+
+    /// Vets and applies a commit of the turn.
+    async fn commit(&self, commit: Commit) -> durable_core::StoreResult<durable_core::CommitOutcome> {
+        let commit = self.vet(commit).await?;
+        let checkpoints = !commit.checkpoints.is_empty();
+        let result = self.env.commit(commit).await;
+        if checkpoints && result.is_ok() {
+            self.checkpointed.store(true, Ordering::Relaxed);
+        }
+        result
+    }
+
+    /// Holds the turn's sleeps ([`Pending::HoldUntil`](durable_core::Pending::HoldUntil)):
+    /// applies what the turn buffered, if anything, while it waits on the engine clock until
+    /// `until` (nothing runs meanwhile, so the two overlap; both are over before the body goes
+    /// on). `false`: the commit failed and the turn stops.
+    pub(crate) async fn hold(self: Arc<Self>, commit: Option<Commit>, until: Millis) -> bool {
+        let applied = async {
+            let Some(commit) = commit else { return true };
+            match &self.commit(commit).await {
+                Ok(outcome) => self.turn.lock().hold_committed(Ok(outcome)),
+                Err(e) => {
+                    tracing::warn!(run_id = %self.run.id, error = %e, "commit of a held sleep failed; the turn stops");
+                    self.turn.lock().hold_committed(Err((e.kind(), e.to_string())))
+                }
+            }
+        };
+        let applied = async {
+            let going_on = applied.await;
+            if going_on {
+                self.env.emit(EngineEvent::SleepHeld { run_id: self.run.id.clone(), until });
+            }
+            going_on
+        };
+        let (going_on, ()) = tokio::join!(applied, self.env.sleep_until(until));
+        going_on
+    }
+
+    /// A held sleep is due: every parked call begins again ([`Turn::end_hold`]).
+    pub(crate) fn end_hold(&self) {
+        self.turn.lock().end_hold();
+        self.wake_parked();
     }
 
     /// Asks the store for the admission slot the call at `seq` requested. A store failure

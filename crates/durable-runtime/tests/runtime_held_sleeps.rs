@@ -1,0 +1,159 @@
+//! Held sleeps (`EngineConfig::hold_sleeps_under`): a body parked on short durable sleeps only
+//! keeps its run `running` and waits in memory — one commit per sleep, no suspension, no claim
+//! — and anything else still suspends. A crash mid-hold loses nothing durable; a cancel stops
+//! the held turn. Virtual clock; each wait is for an engine event, never a sleep.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use durable_conformance::{Counter, TestEngine, test_config};
+use durable_core::{Checkpoint, CheckpointStatus, Millis, Run, RunStatus, StepKind};
+use durable_runtime::{Clock, EngineConfig, Metrics, StartOptions, VirtualClock, WorkflowCtx, WorkflowError};
+use support::StoreFixture;
+
+/// Sleeps due within 2 s are held.
+fn holding() -> EngineConfig {
+    let mut c = test_config();
+    c.hold_sleeps_under = Duration::from_secs(2);
+    c
+}
+
+fn engine(store: &StoreFixture, config: EngineConfig) -> TestEngine {
+    TestEngine::with_parts(store.store.clone(), VirtualClock::starting_2026(), config)
+}
+
+/// `naps`: `n` sleeps of `ms` each, then a step that counts its runs; counts the body's
+/// entries (each replay enters it again).
+fn register_naps(t: &TestEngine, entries: &Counter, after: &Arc<AtomicU64>) {
+    let entries = entries.clone();
+    let after = after.clone();
+    t.register("naps", 1, move |ctx: WorkflowCtx, (n, ms): (u64, u64)| {
+        entries.bump();
+        let after = after.clone();
+        async move {
+            for _ in 0..n {
+                ctx.sleep(Duration::from_millis(ms)).await;
+            }
+            let done = ctx
+                .step("after", move |_| {
+                    let after = after.clone();
+                    async move { Ok(after.fetch_add(1, Ordering::SeqCst) + 1) }
+                })
+                .await?;
+            Ok::<_, WorkflowError>((n, done))
+        }
+    });
+}
+
+/// Held (running) on the sleep at `seq`, its wake time recorded.
+fn held_at(seq: u32) -> impl Fn(&Run, &[Checkpoint], &Metrics) -> bool {
+    move |run, history, _| {
+        run.status == RunStatus::Running
+            && history
+                .iter()
+                .any(|c| c.seq == seq && c.kind == StepKind::Sleep && c.status == CheckpointStatus::Waiting)
+    }
+}
+
+/// The sleeps' recorded wake times, by seq.
+fn wake_times(history: &[Checkpoint]) -> Vec<Option<Millis>> {
+    history.iter().filter(|c| c.kind == StepKind::Sleep).map(|c| c.wake_at).collect()
+}
+
+/// Three 1 s sleeps on one engine: each is held in the same turn (never suspended, never
+/// claimed again), its wake time recorded before the wait, and the body is entered once.
+async fn short_sleeps_are_held_in_one_turn(store: StoreFixture) {
+    let t = engine(&store, holding());
+    let (entries, after) = (Counter::new(), Arc::new(AtomicU64::new(0)));
+    register_naps(&t, &entries, &after);
+    let mut events = t.subscribe();
+    let run = t.start("naps", &(3u64, 1_000u64), StartOptions::id("held")).await.unwrap();
+    let start = t.clock().now();
+    for seq in 0..3u32 {
+        t.until_run(&mut events, &run.id, held_at(seq)).await;
+        t.advance(Duration::from_secs(1));
+    }
+    t.assert_output(&run.id, (3u64, 1u64)).await;
+    let history = t.checkpoints(&run.id).await;
+    let expected: Vec<_> = (1..=3).map(|k| Some(start + 1_000 * k)).collect();
+    assert_eq!(wake_times(&history), expected, "each sleep's wake time was recorded as it began");
+    assert!(history.iter().all(|c| c.status == CheckpointStatus::Completed));
+    assert_eq!(entries.get(), 1, "one turn ran the whole body");
+    let m = t.metrics();
+    assert_eq!((m.turns, m.warm_resumes), (1, 0), "no suspension, no second claim");
+}
+
+/// With holds off (the default), and for a sleep due beyond the hold, the run suspends.
+async fn other_sleeps_suspend_the_run(store: StoreFixture) {
+    for (config, ms) in [(test_config(), 1_000u64), (holding(), 2_001)] {
+        let t = engine(&store, config);
+        let (entries, after) = (Counter::new(), Arc::new(AtomicU64::new(0)));
+        register_naps(&t, &entries, &after);
+        let mut events = t.subscribe();
+        let id = format!("cold-{ms}");
+        let run = t.start("naps", &(1u64, ms), StartOptions::id(&id)).await.unwrap();
+        t.until_run(&mut events, &run.id, |r, h, _| r.status == RunStatus::Suspended && h.len() == 1).await;
+        t.advance(Duration::from_millis(ms));
+        t.assert_output(&run.id, (1u64, 1u64)).await;
+        assert!(t.metrics().turns >= 2, "{id}: the wake is a turn of its own");
+        t.engine().shutdown().await;
+    }
+}
+
+/// The engine is killed while it holds a sleep: the run stays `running` under the dead
+/// engine's lease, and once that passes another engine recovers it. The sleep's wake time
+/// was recorded, so the recovered sleep ends at it (long past) instead of starting over; the
+/// next sleep is held by the new engine.
+async fn a_crash_during_a_held_sleep_keeps_the_recorded_wake_time(store: StoreFixture) {
+    let t = engine(&store, holding());
+    let (entries, after) = (Counter::new(), Arc::new(AtomicU64::new(0)));
+    register_naps(&t, &entries, &after);
+    let mut events = t.subscribe();
+    let run = t.start("naps", &(2u64, 1_000u64), StartOptions::id("crashed")).await.unwrap();
+    let start = t.clock().now();
+    t.until_run(&mut events, &run.id, held_at(0)).await;
+
+    let t = t.crash();
+    register_naps(&t, &entries, &after);
+    let mut events = t.subscribe();
+    t.advance(test_config().lease_ttl + Duration::from_secs(1));
+    let recovered = t.clock().now();
+    t.until_run(&mut events, &run.id, held_at(1)).await;
+    t.advance(Duration::from_secs(1));
+    t.assert_output(&run.id, (2u64, 1u64)).await;
+    let history = t.checkpoints(&run.id).await;
+    assert_eq!(
+        wake_times(&history),
+        vec![Some(start + 1_000), Some(recovered + 1_000)],
+        "the first sleep kept the wake time recorded before the crash"
+    );
+    assert_eq!(entries.get(), 2, "the body was entered again once, by the recovery");
+    assert_eq!(after.load(Ordering::SeqCst), 1, "the step after the sleeps ran once");
+}
+
+/// A cancel while a sleep is held stops the turn at once: the run settles `cancelled`, and
+/// the engine drains without waiting for the sleep (which never comes due: the virtual clock
+/// stands still); the body never goes past it.
+async fn a_cancel_stops_a_held_sleep(store: StoreFixture) {
+    let t = engine(&store, holding());
+    let (entries, after) = (Counter::new(), Arc::new(AtomicU64::new(0)));
+    register_naps(&t, &entries, &after);
+    let mut events = t.subscribe();
+    let run = t.start("naps", &(1u64, 1_000u64), StartOptions::id("cancelled")).await.unwrap();
+    t.until_run(&mut events, &run.id, held_at(0)).await;
+    t.cancel(&run.id).await.unwrap();
+    t.assert_settled_status(&run.id, RunStatus::Cancelled).await;
+    // A hang guard on the real clock: the stopped turn lets the drain end at once.
+    assert!(t.engine().drain(Duration::from_secs(30)).await, "the held turn stopped at the cancel");
+    assert_eq!(after.load(Ordering::SeqCst), 0, "the body stopped at the held sleep");
+}
+
+on_every_store!(
+    short_sleeps_are_held_in_one_turn,
+    other_sleeps_suspend_the_run,
+    a_crash_during_a_held_sleep_keeps_the_recorded_wake_time,
+    a_cancel_stops_a_held_sleep,
+);
