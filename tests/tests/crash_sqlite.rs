@@ -1,7 +1,9 @@
 //! Crash test with real processes: a worker runs a 20-step workflow on a SQLite file and is
 //! SIGKILLed at random points, at least five times, then restarted until the run completes.
 //! No step may run again after its checkpoint committed; a step may run twice only when a kill
-//! landed between its side effect and its commit (at most one duplicate per kill).
+//! landed between its side effect and its commit (at most one duplicate per kill). The same
+//! again with a short durable sleep after each step, held in the turn
+//! (`EngineConfig::hold_sleeps_under`): kills land during holds too.
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -31,10 +33,11 @@ impl Rng {
     }
 }
 
-fn worker(files: &Files) -> std::process::Child {
+fn worker(files: &Files, held: bool) -> std::process::Child {
     Command::new(env!("CARGO_BIN_EXE_crash_worker"))
         .arg(&files.db)
         .arg(&files.ledger)
+        .args(held.then_some("held"))
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -43,6 +46,18 @@ fn worker(files: &Files) -> std::process::Child {
 
 #[test]
 fn a_run_survives_repeated_sigkills_without_repeating_committed_steps() {
+    survives_sigkills(false);
+}
+
+#[test]
+fn a_run_of_held_sleeps_survives_repeated_sigkills() {
+    survives_sigkills(true);
+}
+
+/// Kills the worker at random points (after 0 to 4 more lines: commits, and with `held` the
+/// holds as well) until it has been killed [`KILLS`] times, then lets it finish; checks the
+/// output and the ledger.
+fn survives_sigkills(held: bool) {
     let seed = std::env::var("CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -53,9 +68,10 @@ fn a_run_survives_repeated_sigkills_without_repeating_committed_steps() {
     let files = Files { db: dir.path().join("crash.db"), ledger: dir.path().join("crash.ledger"), _dir: dir };
 
     let mut kills = 0;
+    let mut holds = 0;
     let mut committed_before_kills = Vec::new();
     let output = loop {
-        let mut child = worker(&files);
+        let mut child = worker(&files, held);
         let stdout = BufReader::new(child.stdout.take().unwrap());
         // Kill after a random number of further commits (0 = at start-up), unless enough
         // kills happened: then let it finish.
@@ -73,6 +89,7 @@ fn a_run_survives_repeated_sigkills_without_repeating_committed_steps() {
                     done = Some(sum.parse::<u64>().expect("sum"));
                     break;
                 }
+                holds += usize::from(line.starts_with("held "));
                 seen += 1;
                 if Some(seen) == kill_after {
                     break;
@@ -103,11 +120,18 @@ fn a_run_survives_repeated_sigkills_without_repeating_committed_steps() {
         ledger.lines().map(|l| l.rsplit_once(':').expect("step id <run>:<seq>").1.parse().expect("seq")).collect();
     let mut deduped = seqs.clone();
     deduped.dedup();
-    assert_eq!(deduped, (0..STEPS).collect::<Vec<_>>(), "steps ran out of order or one was skipped: {seqs:?}");
+    // With `held`, a sleep takes the seq after each step's.
+    let step_seqs: Vec<u32> = (0..STEPS).map(|i| if held { 2 * i } else { i }).collect();
+    assert_eq!(deduped, step_seqs, "steps ran out of order or one was skipped: {seqs:?}");
     let duplicates = seqs.len() - deduped.len();
     assert!(duplicates <= kills, "{duplicates} duplicate executions for {kills} kills: {seqs:?}");
-    for (seq, n) in (0..STEPS).map(|s| (s, seqs.iter().filter(|x| **x == s).count())) {
+    for (seq, n) in step_seqs.iter().map(|s| (s, seqs.iter().filter(|x| *x == s).count())) {
         assert!(n <= 2, "step {seq} ran {n} times: {seqs:?}");
     }
-    eprintln!("{kills} kills after {committed_before_kills:?} commits; {duplicates} duplicate side effects");
+    if held {
+        assert!(holds > 0, "no sleep was held");
+    }
+    eprintln!(
+        "{kills} kills after {committed_before_kills:?} lines; {duplicates} duplicate side effects; {holds} holds seen"
+    );
 }

@@ -2,7 +2,11 @@
 //! appending its step id to a ledger file (the side effect), and prints `committed <seq>` after
 //! each step's commit. The tests SIGKILL it at random points and start it again.
 //!
-//! usage: `crash_worker <db> <ledger>`
+//! With `held`, a 50 ms durable sleep follows each step, held in the turn
+//! (`EngineConfig::hold_sleeps_under`), and the worker also prints `held <until>` once a hold's
+//! commit is applied.
+//!
+//! usage: `crash_worker <db> <ledger> [held]`
 
 use std::io::Write;
 use std::time::Duration;
@@ -12,9 +16,12 @@ use durable_tests::{out, print_events};
 
 const STEPS: u64 = 20;
 
-async fn ledger_workflow(ctx: WorkflowCtx, ledger: String) -> Result<u64, WorkflowError> {
+async fn ledger_workflow(ctx: WorkflowCtx, (ledger, nap): (String, bool)) -> Result<u64, WorkflowError> {
     let mut sum = 0;
     for i in 0..STEPS {
+        if nap && i > 0 {
+            ctx.sleep(Duration::from_millis(50)).await;
+        }
         let ledger = ledger.clone();
         sum += ctx
             .step(format!("step{i}"), move |s| {
@@ -35,10 +42,11 @@ async fn ledger_workflow(ctx: WorkflowCtx, ledger: String) -> Result<u64, Workfl
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut args = std::env::args().skip(1);
-    let (db, ledger) = match (args.next(), args.next()) {
-        (Some(db), Some(ledger)) => (db, ledger),
+    let (db, ledger, held) = match (args.next(), args.next(), args.next().as_deref()) {
+        (Some(db), Some(ledger), None) => (db, ledger, false),
+        (Some(db), Some(ledger), Some("held")) => (db, ledger, true),
         _ => {
-            eprintln!("usage: crash_worker <db> <ledger>");
+            eprintln!("usage: crash_worker <db> <ledger> [held]");
             std::process::exit(2);
         }
     };
@@ -47,14 +55,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     config.lease_ttl = Duration::from_secs(1);
     config.poll_interval = Duration::from_millis(50);
     config.orphan_poll_interval = Duration::from_millis(100);
+    if held {
+        config.hold_sleeps_under = Duration::from_millis(500);
+    }
     let engine = Engine::builder().store(SqliteStore::open(&db)?).config(config).build()?;
-    tokio::spawn(print_events(engine.subscribe(), |event| {
-        if let EngineEvent::StepCompleted { seq, .. } = event {
-            out(format_args!("committed {seq}"));
-        }
+    tokio::spawn(print_events(engine.subscribe(), |event| match event {
+        EngineEvent::StepCompleted { seq, .. } => out(format_args!("committed {seq}")),
+        EngineEvent::SleepHeld { until, .. } => out(format_args!("held {until}")),
+        _ => {}
     }));
     engine.register("ledger", 1, ledger_workflow);
-    let run = engine.start("ledger", &ledger, StartOptions::id("crash-run")).await?;
+    let run = engine.start("ledger", &(ledger, held), StartOptions::id("crash-run")).await?;
     let sum: u64 = engine.wait_for_run(&run.id).await?.output()?;
     println!("done {sum}");
     engine.shutdown().await;
