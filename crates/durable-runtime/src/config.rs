@@ -125,17 +125,19 @@ pub struct EngineConfig {
     /// dropped. Each entry holds the run's history and its body's state in memory: about the
     /// size of its checkpoints plus the body's future. Default 1,024.
     pub warm_runs: usize,
-    /// Short sleeps held in the turn: when every live branch of a workflow body is parked on
-    /// a durable sleep (`ctx.sleep`, `ctx.sleep_until`) and the earliest is due within this,
-    /// the turn commits the sleeps' wake times, keeps the run `running` under its lease (the
-    /// engine goes on renewing it) and waits in memory, then continues the body: one write
-    /// per sleep, no suspension, timer, wake-up or claim. A crash or a lost lease meanwhile
-    /// changes nothing durable: the run is recovered once its lease passes and its sleep
-    /// continues from the recorded wake time. A run waiting for anything else (a signal, an
-    /// event, a child, a remote step, a slot, a wait with a timeout) suspends as usual, and so
-    /// does a longer sleep. While held, the run shows as `running`, not `suspended`, and a
-    /// drain ([`Engine::drain`](crate::Engine::drain)) waits for it as for any executing turn.
-    /// Default `Duration::ZERO`: every sleep suspends the run.
+    /// Short sleeps held in the turn: when every parked call of a workflow body is a durable
+    /// sleep (`ctx.sleep`, `ctx.sleep_until`), nothing else is live and the earliest is due
+    /// within this, the turn commits the sleeps' wake times, keeps the run `running` under
+    /// its lease (the engine goes on renewing it) and waits in memory; once due it reads the
+    /// run (a cancel or another owner meanwhile stops the turn, and a fresh claim acts on it)
+    /// and continues the body: one write and one read per sleep, no suspension, timer,
+    /// wake-up or claim. A crash or a lost lease meanwhile changes nothing durable: the run is
+    /// recovered once its lease passes and its sleep ends at the recorded wake time. A run
+    /// waiting for anything else (a signal, an event, a child, a remote step, a slot, a wait
+    /// with a timeout) suspends as usual, and so does a longer sleep. A held turn keeps its
+    /// execution slot: with no slot free, or while the engine drains or stops, turns suspend
+    /// where they would hold (a drain wakes the held ones). While held, the run shows as
+    /// `running`, not `suspended`. Default `Duration::ZERO`: every sleep suspends the run.
     pub hold_sleeps_under: Duration,
 }
 

@@ -11,7 +11,9 @@ use std::time::Duration;
 
 use durable_conformance::{Counter, TestEngine, test_config};
 use durable_core::{Checkpoint, CheckpointStatus, Millis, Run, RunStatus, StepKind};
-use durable_runtime::{Clock, EngineConfig, Metrics, StartOptions, VirtualClock, WorkflowCtx, WorkflowError};
+use durable_runtime::{
+    Cancel, Clock, EngineConfig, Metrics, StartOptions, StepError, VirtualClock, WorkflowCtx, WorkflowError,
+};
 use support::StoreFixture;
 
 /// Sleeps due within 2 s are held.
@@ -151,9 +153,68 @@ async fn a_cancel_stops_a_held_sleep(store: StoreFixture) {
     assert_eq!(after.load(Ordering::SeqCst), 0, "the body stopped at the held sleep");
 }
 
+/// A drain does not wait for held sleeps: the held turn suspends at once (the virtual clock
+/// stands still, so a turn that went on holding would never finish), its wake time recorded.
+async fn a_drain_suspends_a_held_sleep(store: StoreFixture) {
+    // No lease renewal (which polls the driver too) within the guard below.
+    let mut config = holding();
+    config.lease_ttl = Duration::from_secs(3600);
+    let t = engine(&store, config);
+    let (entries, after) = (Counter::new(), Arc::new(AtomicU64::new(0)));
+    register_naps(&t, &entries, &after);
+    let mut events = t.subscribe();
+    let run = t.start("naps", &(3u64, 1_000u64), StartOptions::id("drained")).await.unwrap();
+    let start = t.clock().now();
+    t.until_run(&mut events, &run.id, held_at(0)).await;
+    // A hang guard on the real clock.
+    assert!(t.engine().drain(Duration::from_secs(30)).await, "the held turn suspended for the drain");
+    let stored = store.store.get_run(&run.id).await.unwrap().expect("the run");
+    assert_eq!((stored.status, stored.wake_at), (RunStatus::Suspended, Some(start + 1_000)));
+}
+
+/// A cancel with compensation that reaches the store only (another engine, no shared control
+/// plane) is seen once the held sleep is due: the engine reads the run before the body goes
+/// on, stops the turn, and the fresh claim runs the undo.
+async fn a_cancel_heard_only_through_the_store_stops_a_held_loop(store: StoreFixture) {
+    let t = engine(&store, holding());
+    let undos = Counter::new();
+    let u = undos.clone();
+    t.register("saga", 1, move |ctx: WorkflowCtx, _: ()| {
+        let u = u.clone();
+        async move {
+            ctx.step("charge", |_| async { Ok(1u64) })
+                .compensate(move |_| {
+                    let u = u.clone();
+                    async move {
+                        u.bump();
+                        Ok::<_, StepError>(())
+                    }
+                })
+                .await?;
+            for _ in 0..3 {
+                ctx.sleep(Duration::from_secs(1)).await;
+            }
+            Ok::<_, WorkflowError>(())
+        }
+    });
+    let mut events = t.subscribe();
+    let run = t.start("saga", &(), StartOptions::id("saga")).await.unwrap();
+    t.until_run(&mut events, &run.id, held_at(1)).await;
+    let other = t.sibling();
+    other.cancel_with(&run.id, Cancel::Compensate).await.unwrap();
+    t.advance(Duration::from_secs(1));
+    // A hang guard on the real clock: a turn that missed the cancel would hold on and never end.
+    let outcome = t.engine().wait_for_run_timeout(&run.id, Duration::from_secs(20)).await.expect("settled");
+    assert_eq!(outcome.status(), RunStatus::Cancelled);
+    assert_eq!(undos.get(), 1, "the undo ran once");
+    other.engine().shutdown().await;
+}
+
 on_every_store!(
     short_sleeps_are_held_in_one_turn,
     other_sleeps_suspend_the_run,
     a_crash_during_a_held_sleep_keeps_the_recorded_wake_time,
     a_cancel_stops_a_held_sleep,
+    a_drain_suspends_a_held_sleep,
+    a_cancel_heard_only_through_the_store_stops_a_held_loop,
 );

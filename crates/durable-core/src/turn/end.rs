@@ -35,12 +35,14 @@ pub enum Pending {
     /// fails the run with `non_ctx_await` if the body is still idle. Any ctx call in between
     /// starts the wait afresh.
     IdleUntil(Millis),
-    /// Every live branch is parked on a durable sleep and the earliest is due within
-    /// [`TurnConfig::hold_sleeps_under`](super::TurnConfig): apply `commit` if there is one
-    /// (what the turn buffered, the sleeps' wake times among it; the run stays running under
-    /// its lease), wait on the engine clock until `until`, then call [`Turn::end_hold`] and
-    /// poll the body again. Asked again before then (the same answer, without a commit), keep
-    /// waiting; any other answer ends the hold.
+    /// Every parked call is a durable sleep, nothing else is live, and the earliest is due
+    /// within [`TurnConfig::hold_sleeps_under`](super::TurnConfig): apply `commit` if there is
+    /// one (what the turn buffered, the sleeps' wake times among it; the run stays running
+    /// under its lease) and hand its outcome to [`Turn::hold_committed`], before anything
+    /// else of the turn; wait on the engine clock until `until`, read the run for
+    /// [`Turn::hold_checked`], then call [`Turn::end_hold`] and poll the body again. Asked
+    /// again meanwhile (the same answer, without a commit), keep waiting; any other answer
+    /// drops the wait.
     HoldUntil {
         /// What the turn buffered, to apply before the wait (`None`: nothing new).
         commit: Option<Commit>,
@@ -154,13 +156,18 @@ impl Turn {
     /// [`TurnConfig::hold_sleeps_under`](super::TurnConfig).
     fn hold_until(&self, now: Millis) -> Option<Millis> {
         let limit = self.config.hold_sleeps_under;
-        if limit.is_zero() || self.mode != Mode::Normal {
+        // A step between attempts or asking for a slot is live too: it is not a sleep.
+        if limit.is_zero()
+            || self.mode != Mode::Normal
+            || !self.attempts.is_empty()
+            || !self.remote_admitting.is_empty()
+        {
             return None;
         }
         let mut earliest = Millis::MAX;
         for (seq, wake_at) in &self.parked {
             let cp = self.history.get(*seq)?;
-            if cp.kind != StepKind::Sleep || cp.status != CheckpointStatus::Waiting {
+            if cp.kind != StepKind::Sleep || cp.name != "sleep" || cp.status != CheckpointStatus::Waiting {
                 return None;
             }
             earliest = earliest.min((*wake_at)?);

@@ -64,7 +64,7 @@ pub use replay::{ReplayMismatch, Replayed, RunEnd};
 
 use crate::{
     Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, NonDeterminism, Patched, Payload,
-    RetryPolicy, Run, StepError, StepKind, StoreErrorKind, codes, protocol,
+    RetryPolicy, Run, RunStatus, StepError, StepKind, StoreErrorKind, codes, protocol,
 };
 
 /// Why a turn stopped before the body finished.
@@ -475,6 +475,36 @@ impl Turn {
     pub fn end_hold(&mut self) {
         self.parked.clear();
         self.idle_since = None;
+    }
+
+    /// Checks the run as the store holds it once a held sleep is due (`None`: it is gone):
+    /// whether the hold may end with the body going on. A turn that does not suspend never
+    /// sees what the store learnt meanwhile without a read: an operator's cancel (with
+    /// compensation: an error on the run; without: the run settled) or another owner. Then
+    /// the turn stops ([`TurnStop::Rerun`]) and a fresh claim acts on what the store holds.
+    pub fn hold_checked(&mut self, run: Option<&Run>) -> bool {
+        let changed = match run {
+            None => Some("it was deleted".to_string()),
+            Some(r) if r.status != RunStatus::Running => Some(format!("it is {}", r.status.as_str())),
+            Some(r) if r.lease_owner.as_deref() != Some(self.owner.as_str()) => Some("another owner holds it".into()),
+            Some(r) if r.error.as_ref().is_some_and(|e| e.code() == Some(codes::CANCEL_REQUESTED)) => {
+                Some("a cancel with compensation was asked".into())
+            }
+            Some(_) => None,
+        };
+        match changed {
+            Some(why) => {
+                self.stop(TurnStop::Rerun(format!("run {} changed during a held sleep: {why}", self.run.id)));
+                false
+            }
+            None => self.stop.is_none(),
+        }
+    }
+
+    /// No more holds in this turn (the engine drains, stops, or has no free execution slot):
+    /// its next [`Turn::on_pending`] suspends where it would have held.
+    pub fn stop_holding(&mut self) {
+        self.config.hold_sleeps_under = Duration::ZERO;
     }
 
     /// Stops the turn; the first reason given wins.

@@ -767,6 +767,41 @@ fn a_held_sleep_whose_commit_fails_stops_the_turn() {
     assert_eq!(t.t_pending(20), Some(Ended::Stop(TurnStop::LeaseLost("commit refused: held elsewhere".into()))));
 }
 
+#[test]
+fn a_held_sleep_ends_only_if_the_run_is_still_this_turns() {
+    let held = || {
+        let mut t = holding(vec![]);
+        let seq = t.take_seq();
+        assert_eq!(t.sleep(seq, 1_000, 10), SleepBegin::Park(Some(1_000)));
+        assert!(matches!(t.t_pending(10), Some(Ended::Hold { .. })));
+        assert!(t.hold_committed(Ok(&ok())));
+        t
+    };
+    let mine = Run { lease_owner: Some(OWNER.into()), ..run() };
+    assert!(held().hold_checked(Some(&mine)), "nothing changed: the body goes on");
+    let cancel = StepError::fatal("operator").with_code(codes::CANCEL_REQUESTED);
+    for (store_holds, why) in [
+        (None, "it was deleted"),
+        (Some(Run { status: RunStatus::Cancelled, lease_owner: None, ..mine.clone() }), "it is cancelled"),
+        (Some(Run { lease_owner: Some("other".into()), ..mine.clone() }), "another owner holds it"),
+        (Some(Run { error: Some(cancel), ..mine.clone() }), "a cancel with compensation was asked"),
+    ] {
+        let mut t = held();
+        assert!(!t.hold_checked(store_holds.as_ref()));
+        let expected = TurnStop::Rerun(format!("run {} changed during a held sleep: {why}", rid()));
+        assert_eq!(t.t_pending(1_000), Some(Ended::Stop(expected)));
+    }
+}
+
+#[test]
+fn a_turn_told_to_stop_holding_suspends_where_it_would_hold() {
+    let mut t = holding(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 1_000, 10), SleepBegin::Park(Some(1_000)));
+    t.stop_holding();
+    assert!(matches!(t.t_pending(10), Some(Ended::Suspend { wake_at: Some(1_000), .. })));
+}
+
 // ---- warm resume ----
 
 /// A turn suspended on a sleep at seq 1 after a step at seq 0, as the runtime keeps it.
@@ -2941,6 +2976,30 @@ fn an_abandoned_admitted_step_releases_its_slot_with_the_next_commit() {
     assert_eq!(t.admitted(seq, Admission::Admitted, 11), StepBegin::Stopped, "an abandoned call is gone");
     let c = flush(&mut t, 20);
     assert_eq!(c.release_slots, vec![(GATE.to_string(), "r:0".to_string())]);
+}
+
+#[test]
+fn a_gated_remote_step_asking_for_its_slot_beside_a_short_sleep_is_not_held() {
+    use crate::admission::Limits;
+    let input = p("img.png");
+    let options = remote_options(RetryPolicy::none());
+    let limits = Limits { concurrency: Some(1), ..Default::default() };
+    let gated = RemoteCall {
+        gate: Some(GateCall { gate: GATE, limits, priority: 0, fairness_key: "" }),
+        ..remote(&input, &options)
+    };
+    let mut t = Turn::new(
+        run(),
+        OWNER,
+        History::new(vec![]),
+        TurnConfig { hold_sleeps_under: Duration::from_secs(2), ..config() },
+    );
+    let sleep = t.take_seq();
+    assert_eq!(t.sleep(sleep, 1_000, 100), SleepBegin::Park(Some(1_000)));
+    let seq = t.take_seq();
+    assert!(matches!(t.remote_step(seq, gated, 100), RemoteBegin::Acquire(_)));
+    // The slot's answer will let the step dispatch: a hold's commit could not carry it.
+    assert!(matches!(t.t_pending(100), Some(Ended::Suspend { .. })), "the live slot request is not a sleep");
 }
 
 #[test]

@@ -169,6 +169,16 @@ impl Shared {
         TurnWatch { shared: self, id: id.clone(), token }
     }
 
+    /// Wakes the driver of every turn executing here, so that each asks its core again (see
+    /// [`TurnState::nudge`]).
+    pub(super) fn nudge_turns(&self) {
+        let turns: Vec<_> =
+            self.control.turns.lock().values().filter_map(|w| w.turn.as_ref().and_then(Weak::upgrade)).collect();
+        for t in turns {
+            t.nudge();
+        }
+    }
+
     /// An operator cancelled `id` (the store holds the cancel): the turn executing it here, if
     /// any, stops at once and the run is claimed again, so what follows is decided on what the
     /// store holds (nothing, for an abandoned run; the undos, for a cancel with compensation).

@@ -255,6 +255,11 @@ impl Shared {
         }
     }
 
+    /// Whether an execution slot is free right now.
+    pub(crate) fn has_free_slot(&self) -> bool {
+        self.dispatch.slots.available_permits() > 0
+    }
+
     /// Resolves once no run task is in flight.
     pub(crate) async fn until_idle(&self) {
         loop {

@@ -295,6 +295,8 @@ impl Shared {
     /// From now on no new run is taken (`drain`).
     pub(crate) fn start_draining(&self) {
         self.draining.store(true, Ordering::Relaxed);
+        // A turn holding its sleeps suspends instead (`TurnEnv::may_hold`): woken, it asks again.
+        self.nudge_turns();
     }
 
     /// Whether a run this engine wakes executes here: it executes runs, is not stopping or
@@ -527,6 +529,10 @@ impl TurnEnv for Shared {
 
     fn acquire_slot(&self, request: SlotRequest) -> BoxFuture<'_, StoreResult<Admission>> {
         Box::pin(async move { self.store.acquire_slot(&request).await })
+    }
+
+    fn may_hold(&self) -> bool {
+        !self.is_stopping() && !self.is_draining() && self.has_free_slot()
     }
 
     fn queue_limits(&self, name: &str) -> Option<Limits> {

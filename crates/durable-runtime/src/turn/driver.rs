@@ -30,14 +30,17 @@ pub(crate) struct TurnDriver {
     /// While the body awaits something outside the ctx: the time the core said to ask again
     /// ([`Pending::IdleUntil`]) and a timer on the engine clock that wakes the driver then.
     idle: Option<(Millis, BoxFuture<'static, ()>)>,
+    /// A hold's commit ([`TurnState::hold_commit`]) being applied: polled to its end before
+    /// anything else (the body does not move meanwhile; no other commit can overtake it).
+    hold_commit: Option<BoxFuture<'static, bool>>,
     /// While the turn holds its sleeps ([`Pending::HoldUntil`]): when they are due, and the
-    /// commit then wait that holds them ([`TurnState::hold`]).
-    hold: Option<(Millis, BoxFuture<'static, bool>)>,
+    /// wait ([`TurnState::hold_wait`]), dropped by any other answer of the core.
+    hold_wait: Option<(Millis, BoxFuture<'static, bool>)>,
 }
 
 impl TurnDriver {
     pub(crate) fn new(t: Arc<TurnState>, body: BoxFuture<'static, BodyResult>) -> Self {
-        TurnDriver { polling: Polling::Body(body), t, idle: None, hold: None }
+        TurnDriver { polling: Polling::Body(body), t, idle: None, hold_commit: None, hold_wait: None }
     }
 }
 
@@ -49,13 +52,24 @@ impl Future for TurnDriver {
         self.t.driven_by(cx.waker());
         loop {
             let this = &mut *self;
+            if let Some(commit) = this.hold_commit.as_mut() {
+                let Poll::Ready(going_on) = commit.as_mut().poll(cx) else { return Poll::Pending };
+                this.hold_commit = None;
+                if !going_on {
+                    this.hold_wait = None;
+                }
+            }
             let now = this.t.now();
             let polled = std::panic::catch_unwind(AssertUnwindSafe(|| match &mut this.polling {
                 Polling::Body(body) => body.as_mut().poll(cx).map(Some),
                 Polling::Undos(undos) => undos.as_mut().poll(cx).map(|()| None),
             }));
+            let may_hold = this.t.env.may_hold();
             let answer = {
                 let mut turn = this.t.turn.lock();
+                if !may_hold {
+                    turn.stop_holding();
+                }
                 match polled {
                     Err(panic) => return Poll::Ready(turn.on_panic(&panic_message(panic.as_ref()), now)),
                     Ok(Poll::Ready(None)) => return Poll::Ready(turn.on_compensated(now)),
@@ -66,25 +80,29 @@ impl Future for TurnDriver {
             match answer {
                 Pending::KeepPolling => {
                     this.idle = None;
-                    this.hold = None;
+                    this.hold_wait = None;
                     return Poll::Pending;
                 }
                 Pending::HoldUntil { commit, until } => {
                     this.idle = None;
-                    // A new commit starts a new hold; without one, the hold under way goes on.
-                    if commit.is_some() || this.hold.as_ref().is_none_or(|(at, _)| *at != until) {
-                        this.hold = Some((until, Box::pin(this.t.clone().hold(commit, until))));
+                    // The wait's deadline is absolute: it runs on while the commit is applied.
+                    if this.hold_wait.as_ref().is_none_or(|(at, _)| *at != until) {
+                        this.hold_wait = Some((until, Box::pin(this.t.clone().hold_wait(until))));
                     }
-                    let (_, hold) = this.hold.as_mut().expect("set above");
-                    let Poll::Ready(going_on) = hold.as_mut().poll(cx) else { return Poll::Pending };
-                    this.hold = None;
+                    if let Some(commit) = commit {
+                        this.hold_commit = Some(Box::pin(this.t.clone().hold_commit(commit, until)));
+                        continue;
+                    }
+                    let (_, wait) = this.hold_wait.as_mut().expect("set above");
+                    let Poll::Ready(going_on) = wait.as_mut().poll(cx) else { return Poll::Pending };
+                    this.hold_wait = None;
                     if going_on {
                         // Due: the parked sleeps begin again, and the body is polled.
                         this.t.end_hold();
                     }
                 }
                 Pending::IdleUntil(at) => {
-                    this.hold = None;
+                    this.hold_wait = None;
                     // Nothing the turn knows of will wake the body: a timer asks the core again
                     // at `at` (armed once per deadline; spurious wake-ups keep it).
                     if this.idle.as_ref().is_none_or(|(armed, _)| *armed != at) {
@@ -97,12 +115,15 @@ impl Future for TurnDriver {
                     // Due: poll the body once more and ask again.
                     this.idle = None;
                 }
-                Pending::Next(Next::End(end)) => return Poll::Ready(end),
+                Pending::Next(Next::End(end)) => {
+                    this.hold_wait = None;
+                    return Poll::Ready(end);
+                }
                 // Replacing the body drops it (its calls tell the turn they are gone, so the
                 // turn lock must not be held here), then the undos run.
                 Pending::Next(Next::Compensate) => {
                     this.idle = None;
-                    this.hold = None;
+                    this.hold_wait = None;
                     this.polling = Polling::Undos(Box::pin(compensate(this.t.clone())));
                 }
             }

@@ -26,6 +26,10 @@ pub(crate) trait TurnEnv: Send + Sync + 'static {
     fn acquire_slot(&self, request: SlotRequest) -> BoxFuture<'_, StoreResult<Admission>>;
     /// The limits of the step queue `name`, if it is registered.
     fn queue_limits(&self, name: &str) -> Option<Limits>;
+    /// Whether a turn may hold its sleeps now ([`EngineConfig::hold_sleeps_under`](crate::EngineConfig::hold_sleeps_under)):
+    /// not while the engine drains or stops, nor while no execution slot is free (a held turn
+    /// keeps its slot; suspended, it frees it for the runs waiting).
+    fn may_hold(&self) -> bool;
     /// The concurrency key's request of a run the turn creates (a child, a successor), if its
     /// workflow has a key; `Err`: why the key could not be computed from `input`.
     fn key_request(&self, run: &NewRunKey<'_>) -> Result<Option<SlotRequest>, String>;

@@ -120,6 +120,15 @@ impl TurnState {
         WarmPark { t: self.clone(), seq, lowest, resumes: self.resumes.load(Ordering::Acquire) }
     }
 
+    /// Wakes the task polling the driver, so that it asks the core again (the engine started
+    /// draining: a held turn then suspends).
+    pub(crate) fn nudge(&self) {
+        let waker = self.driver.lock().take();
+        if let Some(waker) = waker {
+            waker.wake();
+        }
+    }
+
     /// Stops the turn from outside it, because the store holds newer facts about the run than
     /// the turn saw — an operator cancelled it: the core is told to stop with
     /// [`TurnStop::Rerun`](durable_core::TurnStop::Rerun) (the executor then claims the run
@@ -129,10 +138,7 @@ impl TurnState {
     /// other, never together.
     pub(crate) fn interrupt(&self, why: String) {
         self.turn.lock().stop(durable_core::TurnStop::Rerun(why));
-        let waker = self.driver.lock().take();
-        if let Some(waker) = waker {
-            waker.wake();
-        }
+        self.nudge();
     }
 
     /// Records the waker of the task polling the driver (see [`TurnState::interrupt`]).
@@ -214,30 +220,39 @@ impl TurnState {
         result
     }
 
-    /// Holds the turn's sleeps ([`Pending::HoldUntil`](durable_core::Pending::HoldUntil)):
-    /// applies what the turn buffered, if anything, while it waits on the engine clock until
-    /// `until` (nothing runs meanwhile, so the two overlap; both are over before the body goes
-    /// on). `false`: the commit failed and the turn stops.
-    pub(crate) async fn hold(self: Arc<Self>, commit: Option<Commit>, until: Millis) -> bool {
-        let applied = async {
-            let Some(commit) = commit else { return true };
-            match &self.commit(commit).await {
-                Ok(outcome) => self.turn.lock().hold_committed(Ok(outcome)),
-                Err(e) => {
-                    tracing::warn!(run_id = %self.run.id, error = %e, "commit of a held sleep failed; the turn stops");
-                    self.turn.lock().hold_committed(Err((e.kind(), e.to_string())))
-                }
+    /// The commit of a hold ([`Pending::HoldUntil`](durable_core::Pending::HoldUntil)): what
+    /// the turn buffered, the sleeps' wake times among it. `false`: it failed and the turn
+    /// stops. [`EngineEvent::SleepHeld`] once applied.
+    pub(crate) async fn hold_commit(self: Arc<Self>, commit: Commit, until: Millis) -> bool {
+        let going_on = match &self.commit(commit).await {
+            Ok(outcome) => self.turn.lock().hold_committed(Ok(outcome)),
+            Err(e) => {
+                tracing::warn!(run_id = %self.run.id, error = %e, "commit of a held sleep failed; the turn stops");
+                self.turn.lock().hold_committed(Err((e.kind(), e.to_string())))
             }
         };
-        let applied = async {
-            let going_on = applied.await;
-            if going_on {
-                self.env.emit(EngineEvent::SleepHeld { run_id: self.run.id.clone(), until });
-            }
-            going_on
-        };
-        let (going_on, ()) = tokio::join!(applied, self.env.sleep_until(until));
+        if going_on {
+            self.env.emit(EngineEvent::SleepHeld { run_id: self.run.id.clone(), until });
+        }
         going_on
+    }
+
+    /// The wait of a hold: until `until` on the engine clock, then a read of the run, which
+    /// the core checks ([`Turn::hold_checked`]: a cancel or another owner meanwhile stops the
+    /// turn). `false`: the turn stops (a failed read too: the run is claimed again later).
+    pub(crate) async fn hold_wait(self: Arc<Self>, until: Millis) -> bool {
+        self.env.sleep_until(until).await;
+        match self.env.existing_runs(vec![self.run.id.clone()]).await {
+            Ok(runs) => self.turn.lock().hold_checked(runs.first()),
+            Err(e) => {
+                let run = &self.run.id;
+                tracing::warn!(run_id = %run, error = %e, "reading the run after a held sleep failed; the turn stops");
+                self.turn
+                    .lock()
+                    .stop(durable_core::TurnStop::Abort(format!("run {run}: read after a held sleep: {e}")));
+                false
+            }
+        }
     }
 
     /// A held sleep is due: every parked call begins again ([`Turn::end_hold`]).

@@ -52,6 +52,10 @@ impl TurnEnv for ReplayEnv {
 
     fn emit(&self, _event: EngineEvent) {}
 
+    fn may_hold(&self) -> bool {
+        false
+    }
+
     fn latest_version(&self, workflow: &str) -> Option<u32> {
         self.latest.get(workflow).copied()
     }
