@@ -519,6 +519,10 @@ impl TurnEnv for Shared {
         Box::pin(async move { self.store.get_runs(&ids).await })
     }
 
+    fn read_run(&self, id: RunId) -> BoxFuture<'_, StoreResult<Option<durable_core::Run>>> {
+        Box::pin(async move { Shared::read_run(self, &id).await })
+    }
+
     fn emit(&self, event: EngineEvent) {
         Shared::emit(self, event);
     }

@@ -18,6 +18,9 @@ pub(crate) trait TurnEnv: Send + Sync + 'static {
     fn commit(&self, commit: Commit) -> BoxFuture<'_, StoreResult<CommitOutcome>>;
     /// The runs that exist with these ids (a commit creating runs is vetted against them).
     fn existing_runs(&self, ids: Vec<RunId>) -> BoxFuture<'_, StoreResult<Vec<Run>>>;
+    /// The run as the store holds it, read in a batch with the other reads asked for at the
+    /// same time.
+    fn read_run(&self, id: RunId) -> BoxFuture<'_, StoreResult<Option<Run>>>;
     /// Sends an engine event.
     fn emit(&self, event: EngineEvent);
     /// The newest registered version of `workflow`, if any.

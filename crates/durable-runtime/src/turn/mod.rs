@@ -242,8 +242,8 @@ impl TurnState {
     /// turn). `false`: the turn stops (a failed read too: the run is claimed again later).
     pub(crate) async fn hold_wait(self: Arc<Self>, until: Millis) -> bool {
         self.env.sleep_until(until).await;
-        match self.env.existing_runs(vec![self.run.id.clone()]).await {
-            Ok(runs) => self.turn.lock().hold_checked(runs.first()),
+        match self.env.read_run(self.run.id.clone()).await {
+            Ok(run) => self.turn.lock().hold_checked(run.as_ref()),
             Err(e) => {
                 let run = &self.run.id;
                 tracing::warn!(run_id = %run, error = %e, "reading the run after a held sleep failed; the turn stops");

@@ -56,6 +56,10 @@ impl TurnEnv for ReplayEnv {
         false
     }
 
+    fn read_run(&self, _id: RunId) -> BoxFuture<'_, StoreResult<Option<Run>>> {
+        Box::pin(async { Ok(None) })
+    }
+
     fn latest_version(&self, workflow: &str) -> Option<u32> {
         self.latest.get(workflow).copied()
     }
