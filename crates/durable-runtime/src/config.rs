@@ -128,10 +128,11 @@ pub struct EngineConfig {
     /// Short sleeps held in the turn: when every parked call of a workflow body is a durable
     /// sleep (`ctx.sleep`, `ctx.sleep_until`), nothing else is live and the earliest is due
     /// within this, the turn commits the sleeps' wake times, keeps the run `running` under
-    /// its lease (the engine goes on renewing it) and waits in memory; once due it reads the
-    /// run (a cancel or another owner meanwhile stops the turn, and a fresh claim acts on it)
-    /// and continues the body: one write and one read per sleep, no suspension, timer,
-    /// wake-up or claim. A crash or a lost lease meanwhile changes nothing durable: the run is
+    /// its lease (the engine goes on renewing it) and waits in memory, then continues the
+    /// body: one write per sleep, no suspension, timer, wake-up or claim. At most once per
+    /// this limit, a due hold reads the run first: a cancel (one with compensation that
+    /// reached only the store, too) or another owner meanwhile stops the turn, and a fresh
+    /// claim acts on it. A crash or a lost lease meanwhile changes nothing durable: the run is
     /// recovered once its lease passes and its sleep ends at the recorded wake time. A run
     /// waiting for anything else (a signal, an event, a child, a remote step, a slot, a wait
     /// with a timeout) suspends as usual, and so does a longer sleep. A held turn keeps its

@@ -173,8 +173,9 @@ async fn a_drain_suspends_a_held_sleep(store: StoreFixture) {
 }
 
 /// A cancel with compensation that reaches the store only (another engine, no shared control
-/// plane) is seen once the held sleep is due: the engine reads the run before the body goes
-/// on, stops the turn, and the fresh claim runs the undo.
+/// plane) is seen by the first held sleep due a hold limit (2 s) after the holds began: the
+/// engine reads the run before the body goes on, stops the turn, and the fresh claim runs the
+/// undo.
 async fn a_cancel_heard_only_through_the_store_stops_a_held_loop(store: StoreFixture) {
     let t = engine(&store, holding());
     let undos = Counter::new();
@@ -202,7 +203,7 @@ async fn a_cancel_heard_only_through_the_store_stops_a_held_loop(store: StoreFix
     t.until_run(&mut events, &run.id, held_at(1)).await;
     let other = t.sibling();
     other.cancel_with(&run.id, Cancel::Compensate).await.unwrap();
-    t.advance(Duration::from_secs(1));
+    t.advance(Duration::from_secs(2));
     // A hang guard on the real clock: a turn that missed the cancel would hold on and never end.
     let outcome = t.engine().wait_for_run_timeout(&run.id, Duration::from_secs(20)).await.expect("settled");
     assert_eq!(outcome.status(), RunStatus::Cancelled);

@@ -40,7 +40,8 @@ pub enum Pending {
     /// one (what the turn buffered, the sleeps' wake times among it; the run stays running
     /// under its lease) and hand its outcome to [`Turn::hold_committed`], before anything
     /// else of the turn; wait on the engine clock until `until`, read the run for
-    /// [`Turn::hold_checked`], then call [`Turn::end_hold`] and poll the body again. Asked
+    /// [`Turn::hold_checked`] when [`Turn::hold_check_due`], then call [`Turn::end_hold`] and
+    /// poll the body again. Asked
     /// again meanwhile (the same answer, without a commit), keep waiting; any other answer
     /// drops the wait.
     HoldUntil {
@@ -141,6 +142,7 @@ impl Turn {
             return Pending::Next(Next::End(self.replay_parked()));
         }
         if let Some(until) = self.hold_until(now) {
+            self.hold_checked_at.get_or_insert(now);
             let commit = (!self.buffer.is_empty()).then(|| self.drain(now));
             return Pending::HoldUntil { commit, until };
         }

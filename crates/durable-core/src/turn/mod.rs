@@ -64,7 +64,7 @@ pub use replay::{ReplayMismatch, Replayed, RunEnd};
 
 use crate::{
     Checkpoint, CheckpointStatus, Commit, CommitOutcome, History, Millis, NonDeterminism, Patched, Payload,
-    RetryPolicy, Run, RunStatus, StepError, StepKind, StoreErrorKind, codes, protocol,
+    RetryPolicy, Run, RunStatus, StepError, StepKind, StoreErrorKind, codes, millis_after, protocol,
 };
 
 /// Why a turn stopped before the body finished.
@@ -226,6 +226,9 @@ pub struct Turn {
     /// Since when the body has been pending with nothing in flight and nothing parked (it
     /// awaits something outside the ctx); any ctx call beginning or finishing clears it.
     idle_since: Option<Millis>,
+    /// When this turn's holds last looked at the run as the store holds it (the first hold's
+    /// start counts): see [`Turn::hold_check_due`].
+    hold_checked_at: Option<Millis>,
     /// Replay-only: the mismatch that stopped the turn.
     mismatch: Option<NonDeterminism>,
     /// Replay-only: the first call history has no final result for.
@@ -256,6 +259,7 @@ impl Turn {
             mode: if cancel_requested { Mode::CancelRequested } else { Mode::Normal },
             stop: None,
             idle_since: None,
+            hold_checked_at: None,
             mismatch: None,
             first_fresh: None,
         }
@@ -477,12 +481,22 @@ impl Turn {
         self.idle_since = None;
     }
 
+    /// Whether a held sleep that is due at `now` reads the run first ([`Turn::hold_checked`]):
+    /// once [`TurnConfig::hold_sleeps_under`] has passed since the last look (the first hold's
+    /// start counts as one). A cancel without compensation, a deletion or another owner
+    /// make the next commit fail anyway; a cancel with compensation only marks the run, which
+    /// a turn that does not suspend sees by this read alone: within one limit of it.
+    pub fn hold_check_due(&self, now: Millis) -> bool {
+        self.hold_checked_at.is_none_or(|at| now >= millis_after(at, self.config.hold_sleeps_under))
+    }
+
     /// Checks the run as the store holds it once a held sleep is due (`None`: it is gone):
     /// whether the hold may end with the body going on. A turn that does not suspend never
     /// sees what the store learnt meanwhile without a read: an operator's cancel (with
     /// compensation: an error on the run; without: the run settled) or another owner. Then
     /// the turn stops ([`TurnStop::Rerun`]) and a fresh claim acts on what the store holds.
-    pub fn hold_checked(&mut self, run: Option<&Run>) -> bool {
+    pub fn hold_checked(&mut self, run: Option<&Run>, now: Millis) -> bool {
+        self.hold_checked_at = Some(now);
         let changed = match run {
             None => Some("it was deleted".to_string()),
             Some(r) if r.status != RunStatus::Running => Some(format!("it is {}", r.status.as_str())),

@@ -778,7 +778,11 @@ fn a_held_sleep_ends_only_if_the_run_is_still_this_turns() {
         t
     };
     let mine = Run { lease_owner: Some(OWNER.into()), ..run() };
-    assert!(held().hold_checked(Some(&mine)), "nothing changed: the body goes on");
+    // The first hold began at 10: the run is read once the 2 s limit has passed since.
+    let mut t = held();
+    assert!(!t.hold_check_due(1_000) && !t.hold_check_due(2_009) && t.hold_check_due(2_010));
+    assert!(t.hold_checked(Some(&mine), 2_010), "nothing changed: the body goes on");
+    assert!(!t.hold_check_due(4_009) && t.hold_check_due(4_010), "the next look is a limit later");
     let cancel = StepError::fatal("operator").with_code(codes::CANCEL_REQUESTED);
     for (store_holds, why) in [
         (None, "it was deleted"),
@@ -787,7 +791,7 @@ fn a_held_sleep_ends_only_if_the_run_is_still_this_turns() {
         (Some(Run { error: Some(cancel), ..mine.clone() }), "a cancel with compensation was asked"),
     ] {
         let mut t = held();
-        assert!(!t.hold_checked(store_holds.as_ref()));
+        assert!(!t.hold_checked(store_holds.as_ref(), 2_010));
         let expected = TurnStop::Rerun(format!("run {} changed during a held sleep: {why}", rid()));
         assert_eq!(t.t_pending(1_000), Some(Ended::Stop(expected)));
     }

@@ -237,13 +237,17 @@ impl TurnState {
         going_on
     }
 
-    /// The wait of a hold: until `until` on the engine clock, then a read of the run, which
-    /// the core checks ([`Turn::hold_checked`]: a cancel or another owner meanwhile stops the
-    /// turn). `false`: the turn stops (a failed read too: the run is claimed again later).
+    /// The wait of a hold: until `until` on the engine clock, then, when the core says one is
+    /// due ([`Turn::hold_check_due`]), a read of the run, which it checks
+    /// ([`Turn::hold_checked`]: a cancel or another owner meanwhile stops the turn). `false`:
+    /// the turn stops (a failed read too: the run is claimed again later).
     pub(crate) async fn hold_wait(self: Arc<Self>, until: Millis) -> bool {
         self.env.sleep_until(until).await;
+        if !self.turn.lock().hold_check_due(self.env.now()) {
+            return true;
+        }
         match self.env.read_run(self.run.id.clone()).await {
-            Ok(run) => self.turn.lock().hold_checked(run.as_ref()),
+            Ok(run) => self.turn.lock().hold_checked(run.as_ref(), self.env.now()),
             Err(e) => {
                 let run = &self.run.id;
                 tracing::warn!(run_id = %run, error = %e, "reading the run after a held sleep failed; the turn stops");
