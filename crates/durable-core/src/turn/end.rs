@@ -160,6 +160,7 @@ impl Turn {
         let limit = self.config.hold_sleeps_under;
         // A step between attempts or asking for a slot is live too: it is not a sleep.
         if limit.is_zero()
+            || !self.holds_allowed
             || self.mode != Mode::Normal
             || !self.attempts.is_empty()
             || !self.remote_admitting.is_empty()

@@ -229,6 +229,8 @@ pub struct Turn {
     /// When this turn's holds last looked at the run as the store holds it (the first hold's
     /// start counts): see [`Turn::hold_check_due`].
     hold_checked_at: Option<Millis>,
+    /// Whether the engine lets the turn hold now ([`Turn::allow_holds`]).
+    holds_allowed: bool,
     /// Replay-only: the mismatch that stopped the turn.
     mismatch: Option<NonDeterminism>,
     /// Replay-only: the first call history has no final result for.
@@ -260,6 +262,7 @@ impl Turn {
             stop: None,
             idle_since: None,
             hold_checked_at: None,
+            holds_allowed: true,
             mismatch: None,
             first_fresh: None,
         }
@@ -458,6 +461,8 @@ impl Turn {
             self.history.record(cp);
         }
         self.idle_since = None;
+        // The claim just read the run: holds look at it again a full limit from the next one.
+        self.hold_checked_at = None;
         Some(std::mem::take(&mut self.parked).into_keys().collect())
     }
 
@@ -482,10 +487,12 @@ impl Turn {
     }
 
     /// Whether a held sleep that is due at `now` reads the run first ([`Turn::hold_checked`]):
-    /// once [`TurnConfig::hold_sleeps_under`] has passed since the last look (the first hold's
-    /// start counts as one). A cancel without compensation, a deletion or another owner
-    /// make the next commit fail anyway; a cancel with compensation only marks the run, which
-    /// a turn that does not suspend sees by this read alone: within one limit of it.
+    /// once [`TurnConfig::hold_sleeps_under`] has passed since the last look (the start of
+    /// the turn's first hold, or of the first after a resume, counts as one). A cancel without
+    /// compensation, a deletion or another owner make the next commit fail anyway; a cancel
+    /// with compensation only marks the run, which a turn that does not suspend sees by this
+    /// read alone: at the first hold ending a full limit after the last look, so within about
+    /// twice the limit of the holds' start.
     pub fn hold_check_due(&self, now: Millis) -> bool {
         self.hold_checked_at.is_none_or(|at| now >= millis_after(at, self.config.hold_sleeps_under))
     }
@@ -515,10 +522,11 @@ impl Turn {
         }
     }
 
-    /// No more holds in this turn (the engine drains, stops, or has no free execution slot):
-    /// its next [`Turn::on_pending`] suspends where it would have held.
-    pub fn stop_holding(&mut self) {
-        self.config.hold_sleeps_under = Duration::ZERO;
+    /// Whether the engine lets the turn hold its sleeps right now (not while it drains or
+    /// stops, nor with no free execution slot): asked before each [`Turn::on_pending`]; while
+    /// not, the turn suspends where it would have held.
+    pub fn allow_holds(&mut self, allowed: bool) {
+        self.holds_allowed = allowed;
     }
 
     /// Stops the turn; the first reason given wins.

@@ -798,12 +798,20 @@ fn a_held_sleep_ends_only_if_the_run_is_still_this_turns() {
 }
 
 #[test]
-fn a_turn_told_to_stop_holding_suspends_where_it_would_hold() {
+fn a_turn_not_allowed_to_hold_suspends_where_it_would_hold_and_holds_again_once_allowed() {
     let mut t = holding(vec![]);
     let seq = t.take_seq();
     assert_eq!(t.sleep(seq, 1_000, 10), SleepBegin::Park(Some(1_000)));
-    t.stop_holding();
+    t.allow_holds(false);
     assert!(matches!(t.t_pending(10), Some(Ended::Suspend { wake_at: Some(1_000), .. })));
+    // Kept warm and resumed: allowed again (a slot came free), the next sleep is held.
+    let sleep = t.history().get(0).cloned().unwrap();
+    assert_eq!(t.resume(Run { claims: 2, ..run() }, vec![sleep]), Some(vec![0]));
+    assert_eq!(t.sleep(0, 9_999, 1_000), SleepBegin::Done);
+    let seq = t.take_seq();
+    assert_eq!(t.sleep(seq, 2_000, 1_000), SleepBegin::Park(Some(2_000)));
+    t.allow_holds(true);
+    assert!(matches!(t.t_pending(1_000), Some(Ended::Hold { until: 2_000, .. })));
 }
 
 // ---- warm resume ----

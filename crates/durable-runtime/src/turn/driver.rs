@@ -67,9 +67,7 @@ impl Future for TurnDriver {
             let may_hold = this.t.env.may_hold();
             let answer = {
                 let mut turn = this.t.turn.lock();
-                if !may_hold {
-                    turn.stop_holding();
-                }
+                turn.allow_holds(may_hold);
                 match polled {
                     Err(panic) => return Poll::Ready(turn.on_panic(&panic_message(panic.as_ref()), now)),
                     Ok(Poll::Ready(None)) => return Poll::Ready(turn.on_compensated(now)),
@@ -85,7 +83,7 @@ impl Future for TurnDriver {
                 }
                 Pending::HoldUntil { commit, until } => {
                     this.idle = None;
-                    // The wait's deadline is absolute: it runs on while the commit is applied.
+                    // The wait's deadline is absolute: applying the commit first delays nothing.
                     if this.hold_wait.as_ref().is_none_or(|(at, _)| *at != until) {
                         this.hold_wait = Some((until, Box::pin(this.t.clone().hold_wait(until))));
                     }
