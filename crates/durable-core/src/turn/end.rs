@@ -41,9 +41,8 @@ pub enum Pending {
     /// under its lease) and hand its outcome to [`Turn::hold_committed`], before anything
     /// else of the turn; wait on the engine clock until `until`, read the run for
     /// [`Turn::hold_checked`] when [`Turn::hold_check_due`], then call [`Turn::end_hold`] and
-    /// poll the body again. Asked
-    /// again meanwhile (the same answer, without a commit), keep waiting; any other answer
-    /// drops the wait.
+    /// poll the body again. Asked again meanwhile (the same answer, without a commit), keep
+    /// waiting; any other answer drops the wait.
     HoldUntil {
         /// What the turn buffered, to apply before the wait (`None`: nothing new).
         commit: Option<Commit>,

@@ -111,8 +111,8 @@ pub struct TurnConfig {
     /// A step waiting for an admission slot asks again at least this often, so a slot whose
     /// holder died is reclaimed even when nothing else calls on the gate.
     pub admission_recheck: Duration,
-    /// Sleeps due within this are held in the turn ([`Pending::HoldUntil`]): when every live
-    /// branch of the body is parked on a durable sleep and the earliest is due within it, the
+    /// Sleeps due within this are held in the turn ([`Pending::HoldUntil`]): when every parked
+    /// call is a durable sleep, nothing else is live and the earliest is due within it, the
     /// turn commits what it buffered (the sleeps' wake times among it), keeps the run and its
     /// lease, waits on the engine clock and continues, instead of suspending the run and
     /// claiming it again once the timer fires. `Duration::ZERO` (the default) holds none.
