@@ -26,17 +26,20 @@ pub struct EngineConfig {
     pub orphan_poll_interval: Duration,
     /// Runs fetched per poll. Default 512.
     pub poll_batch: usize,
-    /// With a run queue that keeps duplicates (a broker: NATS, Redis; see
-    /// [`Transport::merges_runs`](durable_transport::Transport::merges_runs)): how long the
-    /// pollers leave a run to the item already sent for it. A run the pending poller finds is
-    /// handed on only once this poller has seen it pending for this long (and again each
-    /// time this long passes), and the due poller claims only runs due for this long. Each
-    /// item a poller adds for a run already waiting in the broker is delivered and costs a
-    /// turn that finds nothing to do, so without it a burst of starts waiting in the broker
-    /// gets one more item per engine per poll. The price: a start or wake that was lost
-    /// (an engine that died before its outbox was sent) is healed this much later. Not
-    /// applied without a run queue, with the store-backed queue (it merges an item into the
-    /// run's waiting one), or while the queue is failing. Default 5 s.
+    /// With a run queue (a transport): how long the pollers leave a run to the item already
+    /// sent for it. A run the pending poller finds is handed on only once this poller has seen
+    /// it pending for this long (and again each time this long passes). On a queue that keeps
+    /// duplicates (a broker: NATS, Redis; see
+    /// [`Transport::merges_runs`](durable_transport::Transport::merges_runs)) the due poller
+    /// also claims only runs due for this long; on the store-backed queue, which merges an
+    /// item into the run's waiting one, due runs are claimed at once (a delayed start or a
+    /// sleep has no item of its own). Each item a poller adds for a run already queued costs:
+    /// on a broker it is delivered and costs a turn that finds nothing to do; on the store
+    /// queue, a run whose item a consumer already took gets a second item, and the engine
+    /// that takes it claims a run that is not free. Without the grace a burst of starts
+    /// waiting in the queue gets one more item per engine per poll. The price: a start that
+    /// was lost (an engine that died before its outbox was sent) is healed this much later.
+    /// Not applied without a run queue or while the queue is failing. Default 5 s.
     pub poll_grace: Duration,
     /// Retry backoffs longer than this are durable waits (the run suspends); shorter ones are
     /// waited in memory. Default 1 s.

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_conformance::{Fault, FaultyStore, Method, TestEngine, test_config};
-use durable_core::{Claim, ClaimOutcome, RunStatus, Store};
+use durable_core::{Claim, ClaimOutcome, Millis, RunId, RunStatus, Store};
 use durable_runtime::{Engine, EngineConfig, EngineEvent, StartOptions, VirtualClock, WorkflowCtx, WorkflowError};
 use durable_store_memory::MemoryStore;
 use durable_transport::{Consumer, QueueTransport, QueuedRun, RunHandler, Transport, TransportError};
@@ -322,11 +322,13 @@ async fn every_item_sent_to_a_routing_transport_names_its_runs_namespace() {
 type Batch = (Option<String>, Vec<QueuedRun>);
 
 /// A run queue that keeps what its engine sends (for the test to forward) and hands that
-/// engine nothing: its wakes reach only the engines the test forwards them to.
+/// engine nothing: its wakes reach only the engines the test forwards them to. It says it keeps
+/// duplicates (a broker) unless made with [`Kept::merging`] (as the store-backed queue says).
 #[derive(Debug, Clone, Default)]
 struct Kept {
     sent: Arc<parking_lot::Mutex<Vec<Batch>>>,
     arrived: Arc<tokio::sync::Notify>,
+    merges: bool,
 }
 
 #[async_trait]
@@ -343,6 +345,10 @@ impl Transport for Kept {
             let _ = stopped.wait_for(|s| *s).await;
         });
         Consumer::new(stop, task)
+    }
+
+    fn merges_runs(&self) -> bool {
+        self.merges
     }
 }
 
@@ -452,6 +458,11 @@ async fn polls_pass(polls: &mut tokio::sync::watch::Receiver<u64>, n: u64) {
 }
 
 impl Kept {
+    /// A queue that merges an item into its run's waiting one, as the store-backed queue does.
+    fn merging() -> Kept {
+        Kept { merges: true, ..Kept::default() }
+    }
+
     /// The items sent so far.
     fn items(&self) -> Vec<QueuedRun> {
         self.sent.lock().iter().flat_map(|(_, batch)| batch.clone()).collect()
@@ -468,25 +479,35 @@ impl Kept {
     }
 }
 
-/// On a queue that keeps duplicates (a broker), the pending poller leaves a run to the start
-/// item its creator sent for the poll grace: polls within the grace send nothing more (each
-/// extra item would be delivered and cost a turn), and once the run was seen pending for the
-/// grace — its item lost, say — one more start is sent, and no more until the grace passes
+/// On any run queue, the pending poller leaves a run to the start item its creator sent for the
+/// poll grace: polls within the grace send nothing more (on a broker each extra item would be
+/// delivered and cost a turn; on the store queue an item a consumer already took would get a
+/// second one, and a claim of a run that is not free), and once the run was seen pending for
+/// the grace — its item lost, say — one more start is sent, and no more until the grace passes
 /// again. Time is the engine's (virtual) clock.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pollers_leave_a_pending_run_to_its_own_item_on_a_broker_for_the_grace() {
+    pending_run_left_to_its_item_for_the_grace(Kept::default()).await;
+}
+
+/// The same on a queue that merges items, as the store-backed one does.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_leave_a_pending_run_to_its_own_item_on_a_merging_queue_for_the_grace() {
+    pending_run_left_to_its_item_for_the_grace(Kept::merging()).await;
+}
+
+async fn pending_run_left_to_its_item_for_the_grace(kept: Kept) {
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
     let mut polls = count_polls(&store);
     let clock = VirtualClock::starting_2026();
-    let kept = Kept::default();
     let config = test_config();
     let grace = config.poll_grace;
-    assert!(!grace.is_zero(), "the default grace applies to a broker");
+    assert!(!grace.is_zero(), "the default grace applies to a run queue");
     let engine =
         Engine::builder().shared_store(store.clone()).clock(clock.clone()).transport(kept.clone()).config(config);
     let engine = engine.build().unwrap();
     register_nap(&engine);
-    let id = engine.start("nap", &1u64, StartOptions::id("waits-in-the-broker")).await.unwrap().id;
+    let id = engine.start("nap", &1u64, StartOptions::id("waits-in-the-queue")).await.unwrap().id;
     kept.wait_for_items(1).await;
 
     polls_pass(&mut polls, 6).await;
@@ -511,28 +532,7 @@ async fn pollers_leave_a_pending_run_to_its_own_item_on_a_broker_for_the_grace()
 async fn pollers_leave_a_due_run_to_its_own_item_on_a_broker_for_the_grace() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
     let clock = VirtualClock::starting_2026();
-    let register = |engine: &Engine| {
-        engine.register("approve", 1, |ctx: WorkflowCtx, _: ()| async move {
-            let ok: bool = ctx.wait_for_signal("approve").await?;
-            Ok::<_, WorkflowError>(ok)
-        });
-    };
-    // Engine B (no run queue) runs the workflow until it waits for its signal, and goes away.
-    let b = Engine::builder().shared_store(store.clone()).clock(clock.clone()).config(test_config()).build().unwrap();
-    let mut events = b.subscribe();
-    register(&b);
-    let id = b.start("approve", &(), StartOptions::id("due-in-the-broker")).await.unwrap().id;
-    loop {
-        if let EngineEvent::RunSuspended { run_id, .. } = events.recv().await.unwrap()
-            && run_id == id
-        {
-            break;
-        }
-    }
-    b.shutdown().await;
-    let payload = durable_core::Payload::encode(&true).unwrap();
-    store.send_signal("approve", payload, durable_runtime::Clock::now(&clock)).await.unwrap();
-    let due_at = store.get_run(&id).await.unwrap().unwrap().wake_at.expect("the signal made the run due");
+    let (id, due_at) = a_due_run_parked_elsewhere(&store, &clock).await;
 
     let mut polls = count_polls(&store);
     let kept = Kept::default();
@@ -540,7 +540,7 @@ async fn pollers_leave_a_due_run_to_its_own_item_on_a_broker_for_the_grace() {
     let grace = config.poll_grace;
     let a = Engine::builder().shared_store(store.clone()).clock(clock.clone()).transport(kept.clone()).config(config);
     let a = a.build().unwrap();
-    register(&a);
+    register_approve(&a);
     polls_pass(&mut polls, 6).await;
     clock.advance(grace - Duration::from_millis(1));
     polls_pass(&mut polls, 6).await;
@@ -555,4 +555,53 @@ async fn pollers_leave_a_due_run_to_its_own_item_on_a_broker_for_the_grace() {
     assert_eq!(items[0].run_id, id);
     assert!(items[0].claimed_until().is_some(), "the wake names its claim: {items:?}");
     a.shutdown().await;
+}
+
+/// On a queue that merges items (the store-backed one), the due poller claims a due run at
+/// once: a sleep or a delivery of a run parked by an engine that went away has no item of its
+/// own, so no grace is left to one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_claim_a_due_run_at_once_on_a_merging_queue() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let clock = VirtualClock::starting_2026();
+    let (id, due_at) = a_due_run_parked_elsewhere(&store, &clock).await;
+
+    let kept = Kept::merging();
+    let a = Engine::builder().shared_store(store.clone()).clock(clock.clone()).transport(kept.clone());
+    let a = a.config(test_config()).build().unwrap();
+    register_approve(&a);
+    kept.wait_for_items(1).await;
+    let items = kept.items();
+    assert_eq!(items[0].run_id, id);
+    assert!(items[0].claimed_until().is_some(), "the wake names its claim: {items:?}");
+    assert_ne!(store.get_run(&id).await.unwrap().unwrap().wake_at, Some(due_at), "the wake was sent unclaimed");
+    a.shutdown().await;
+}
+
+fn register_approve(engine: &Engine) {
+    engine.register("approve", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let ok: bool = ctx.wait_for_signal("approve").await?;
+        Ok::<_, WorkflowError>(ok)
+    });
+}
+
+/// A run an engine without a run queue parked on a signal before it went away, made due by a
+/// signal sent with a bare store call (so no engine sent a wake for it): its id and `wake_at`.
+async fn a_due_run_parked_elsewhere(store: &Arc<FaultyStore<MemoryStore>>, clock: &VirtualClock) -> (RunId, Millis) {
+    let b = Engine::builder().shared_store(store.clone()).clock(clock.clone()).config(test_config()).build().unwrap();
+    let mut events = b.subscribe();
+    register_approve(&b);
+    let id = b.start("approve", &(), StartOptions::id("due-in-the-queue")).await.unwrap().id;
+    loop {
+        if let EngineEvent::RunSuspended { run_id, .. } = events.recv().await.unwrap()
+            && run_id == id
+        {
+            break;
+        }
+    }
+    b.shutdown().await;
+    let payload = durable_core::Payload::encode(&true).unwrap();
+    store.send_signal("approve", payload, durable_runtime::Clock::now(clock)).await.unwrap();
+    let due_at = store.get_run(&id).await.unwrap().unwrap().wake_at.expect("the signal made the run due");
+    (id, due_at)
 }

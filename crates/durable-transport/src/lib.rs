@@ -135,8 +135,9 @@ pub trait Transport: Send + Sync + fmt::Debug + 'static {
     /// Whether the queue keeps at most one item per run: an item sent for a run that already
     /// waits in the queue merges into the waiting one (the store-backed queue does). When
     /// `false` (the default: a broker keeps every message), each duplicate item is delivered
-    /// and costs a turn, so the engine's pollers leave a run they find pending or due to the
-    /// item already sent for it for [`EngineConfig::poll_grace`] before they send another.
+    /// and costs a turn, so the engine's due poller leaves a run it finds due to the wake
+    /// already sent for it for [`EngineConfig::poll_grace`] before it sends another (the
+    /// pending poller leaves a pending run to its start item for that long on any queue).
     ///
     /// [`EngineConfig::poll_grace`]: https://docs.rs/durable-runtime/latest/durable_runtime/struct.EngineConfig.html#structfield.poll_grace
     fn merges_runs(&self) -> bool {

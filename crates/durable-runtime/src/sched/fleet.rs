@@ -46,10 +46,20 @@ impl Fleet {
         self.transport.is_some()
     }
 
-    /// How long the pollers leave a run they find to the item already sent for it (see
-    /// [`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)): the grace with a queue
-    /// that keeps duplicates and is working, zero otherwise.
-    pub(super) fn poll_grace(&self, grace: Duration) -> Duration {
+    /// How long the pending poller leaves a run it finds to the start item already sent for
+    /// it (see [`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)): the grace with a
+    /// working queue, zero without one or while it fails. Even a queue that merges items
+    /// pays for a send: a run whose item a consumer already took gets a second one, and
+    /// whoever takes that claims a run that is not free.
+    pub(super) fn pending_grace(&self, grace: Duration) -> Duration {
+        if self.transport.is_some() && !self.is_down() { grace } else { Duration::ZERO }
+    }
+
+    /// How long the due poller leaves a due run to the wake already sent for it: the grace
+    /// with a working queue that keeps duplicates, zero otherwise. With a queue that merges
+    /// items a due run is claimed at once: a delayed start or a sleep of a run parked by an
+    /// engine that went away has no item of its own, and must not wake a grace late.
+    pub(super) fn due_grace(&self, grace: Duration) -> Duration {
         match &self.transport {
             Some(transport) if !transport.merges_runs() && !self.is_down() => grace,
             _ => Duration::ZERO,

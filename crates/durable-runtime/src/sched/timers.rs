@@ -185,9 +185,10 @@ impl Shared {
     /// moves one lease period ahead, so no other poller finds them meanwhile) and each gets a
     /// wake (see [`Shared::queue_claimed`]): if that wake is lost, the run is due again when
     /// the claim ends. A draining or stopping engine claims nothing: it could not hand on
-    /// what it claimed, and the other engines' pollers find it. On a queue that keeps
-    /// duplicates (a broker) a run found pending or due is first left to its own item for
-    /// the poll grace ([`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)).
+    /// what it claimed, and the other engines' pollers find it. With a working run queue a
+    /// run found pending is first left to its own start item for the poll grace
+    /// ([`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)), and on a queue that
+    /// keeps duplicates (a broker) a run found due is left to its own wake for it too.
     async fn poll_once(&self, orphans: bool) -> bool {
         let workflows = self.registry.keys();
         if workflows.is_empty() {
@@ -202,13 +203,14 @@ impl Shared {
         };
         let until = now.saturating_add(self.lease_ms());
         let claim = !self.is_stopping() && !self.is_draining();
-        let grace = self.fleet.poll_grace(self.config.poll_grace).as_millis() as Millis;
+        let pending_grace = self.fleet.pending_grace(self.config.poll_grace).as_millis() as Millis;
+        let due_grace = self.fleet.due_grace(self.config.poll_grace).as_millis() as Millis;
         let mark = self.mark();
         let (mut pending, mut claimed, mut orphaned) = (None, Vec::new(), Vec::new());
         let result = async {
             pending = Some(self.store.pending_runs(&query).await?);
             if claim {
-                let due = RunQuery { now: now.saturating_sub(grace), ..query.clone() };
+                let due = RunQuery { now: now.saturating_sub(due_grace), ..query.clone() };
                 claimed.extend(self.store.claim_due_runs(&due, until).await?);
                 self.record_claims(&claimed, until);
             }
@@ -222,7 +224,7 @@ impl Shared {
             tracing::warn!(error = %e, "poller could not read the store; trying again next interval");
         }
         // With a run queue, what a poller finds is handed to every instance, not executed here.
-        let pending = pending.map(|found| self.pending_to_hand_on(found, now, grace)).unwrap_or_default();
+        let pending = pending.map(|found| self.pending_to_hand_on(found, now, pending_grace)).unwrap_or_default();
         for id in pending {
             self.queue_found(id, QueueReason::Start, mark);
         }
