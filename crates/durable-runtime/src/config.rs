@@ -140,7 +140,8 @@ pub struct EngineConfig {
     /// waiting for anything else (a signal, an event, a child, a remote step, a slot, a wait
     /// with a timeout) suspends as usual, and so does a longer sleep. A held turn keeps its
     /// execution slot: with no slot free, or while the engine drains or stops, turns suspend
-    /// where they would hold (a drain wakes the held ones). While held, the run shows as
+    /// where they would hold (a drain, and a run coming to wait for a slot, wake the held
+    /// ones, which suspend at once). While held, the run shows as
     /// `running`, not `suspended`. Default `Duration::ZERO`: every sleep suspends the run.
     pub hold_sleeps_under: Duration,
 }

@@ -211,6 +211,78 @@ async fn a_cancel_heard_only_through_the_store_stops_a_held_loop(store: StoreFix
     other.engine().shutdown().await;
 }
 
+/// A sleep is never held while no execution slot is free: with one slot, which the turn itself
+/// takes, the run suspends as without holds.
+async fn no_sleep_is_held_without_a_free_slot(store: StoreFixture) {
+    let mut config = holding();
+    config.max_concurrent_runs = 1;
+    let t = engine(&store, config);
+    let (entries, after) = (Counter::new(), Arc::new(AtomicU64::new(0)));
+    register_naps(&t, &entries, &after);
+    let mut events = t.subscribe();
+    let run = t.start("naps", &(1u64, 1_000u64), StartOptions::id("one-slot")).await.unwrap();
+    let start = t.clock().now();
+    t.until_run(&mut events, &run.id, |run, _, _| run.status == RunStatus::Suspended).await;
+    let stored = store.store.get_run(&run.id).await.unwrap().expect("the run");
+    assert_eq!(stored.wake_at, Some(start + 1_000));
+    t.advance(Duration::from_secs(1));
+    t.assert_status(&run.id, RunStatus::Completed).await;
+    assert_eq!(after.load(Ordering::SeqCst), 1);
+}
+
+/// A run that waits for an execution slot takes a held turn's: the held turn suspends at once
+/// (its wake time recorded), without waiting for its sleep to end — here it never would: the
+/// virtual clock stands still until the waiting run has completed.
+async fn a_run_waiting_for_a_slot_takes_a_held_turns_slot(store: StoreFixture) {
+    let mut config = holding();
+    config.max_concurrent_runs = 2;
+    // No lease renewal (which polls the driver too) within the guards below.
+    config.lease_ttl = Duration::from_secs(3600);
+    let t = engine(&store, config);
+    let (entries, after) = (Counter::new(), Arc::new(AtomicU64::new(0)));
+    register_naps(&t, &entries, &after);
+    let release = Arc::new(tokio::sync::Notify::new());
+    let r = release.clone();
+    t.register("blocker", 1, move |ctx: WorkflowCtx, _: ()| {
+        let r = r.clone();
+        async move {
+            ctx.step("wait", move |_| {
+                let r = r.clone();
+                async move {
+                    r.notified().await;
+                    Ok(())
+                }
+            })
+            .await?;
+            Ok::<_, WorkflowError>(())
+        }
+    });
+    t.register("quick", 1, |ctx: WorkflowCtx, _: ()| async move {
+        ctx.step("one", |_| async { Ok(1u64) }).await?;
+        Ok::<_, WorkflowError>(())
+    });
+    let mut events = t.subscribe();
+    let napping = t.start("naps", &(1u64, 1_000u64), StartOptions::id("holder")).await.unwrap();
+    let start = t.clock().now();
+    t.until_run(&mut events, &napping.id, held_at(0)).await;
+    // The second slot: a run busy in a step until released.
+    let blocker = t.start("blocker", &(), StartOptions::id("blocker")).await.unwrap();
+    t.until_run(&mut events, &blocker.id, |run, _, _| run.status == RunStatus::Running).await;
+
+    let quick = t.start("quick", &(), StartOptions::id("quick")).await.unwrap();
+    // A hang guard on the real clock: without the hand-over the quick run waits for the sleep.
+    let outcome = t.engine().wait_for_run_timeout(&quick.id, Duration::from_secs(20)).await.expect("settled");
+    assert_eq!(outcome.status(), RunStatus::Completed);
+    let stored = store.store.get_run(&napping.id).await.unwrap().expect("the run");
+    assert_eq!((stored.status, stored.wake_at), (RunStatus::Suspended, Some(start + 1_000)));
+
+    release.notify_one();
+    t.assert_status(&blocker.id, RunStatus::Completed).await;
+    t.advance(Duration::from_secs(1));
+    t.assert_status(&napping.id, RunStatus::Completed).await;
+    assert_eq!(after.load(Ordering::SeqCst), 1, "the step after the sleep ran once");
+}
+
 on_every_store!(
     short_sleeps_are_held_in_one_turn,
     other_sleeps_suspend_the_run,
@@ -218,4 +290,6 @@ on_every_store!(
     a_cancel_stops_a_held_sleep,
     a_drain_suspends_a_held_sleep,
     a_cancel_heard_only_through_the_store_stops_a_held_loop,
+    no_sleep_is_held_without_a_free_slot,
+    a_run_waiting_for_a_slot_takes_a_held_turns_slot,
 );

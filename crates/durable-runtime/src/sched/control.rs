@@ -172,11 +172,21 @@ impl Shared {
     /// Wakes the driver of every turn executing here, so that each asks its core again (see
     /// [`TurnState::nudge`]).
     pub(super) fn nudge_turns(&self) {
-        let turns: Vec<_> =
-            self.control.turns.lock().values().filter_map(|w| w.turn.as_ref().and_then(Weak::upgrade)).collect();
-        for t in turns {
+        for t in self.executing_turns() {
             t.nudge();
         }
+    }
+
+    /// Wakes the driver of every turn waiting out a held sleep here, so that each asks its
+    /// core again whether it may go on holding.
+    pub(super) fn nudge_held_turns(&self) {
+        for t in self.executing_turns().into_iter().filter(|t| t.is_holding()) {
+            t.nudge();
+        }
+    }
+
+    fn executing_turns(&self) -> Vec<Arc<TurnState>> {
+        self.control.turns.lock().values().filter_map(|w| w.turn.as_ref().and_then(Weak::upgrade)).collect()
     }
 
     /// An operator cancelled `id` (the store holds the cancel): the turn executing it here, if

@@ -32,6 +32,11 @@ pub(super) struct Dispatch {
     interrupted: Mutex<Option<Vec<RunId>>>,
     /// Notified each time a run task ends.
     idle: Notify,
+    /// Turns waiting out a held sleep ([`TurnEnv::hold_began`](crate::turn::TurnEnv::hold_began)),
+    /// each keeping its slot.
+    held: AtomicUsize,
+    /// Callers waiting for an execution slot: a held turn gives its slot up for them.
+    slot_wanted: AtomicUsize,
 }
 
 impl Dispatch {
@@ -45,6 +50,8 @@ impl Dispatch {
             max_in_flight: AtomicUsize::new(0),
             interrupted: Mutex::new(None),
             idle: Notify::new(),
+            held: AtomicUsize::new(0),
+            slot_wanted: AtomicUsize::new(0),
         }
     }
 
@@ -236,9 +243,34 @@ impl Shared {
         self.dispatch.runs.lock().active.len()
     }
 
-    /// Waits for an execution slot (`None`: the semaphore is closed).
+    /// Waits for an execution slot (`None`: the semaphore is closed). When none is free,
+    /// turns holding their sleeps are woken first: each asks whether it may go on holding
+    /// ([`TurnEnv::may_hold`](crate::turn::TurnEnv::may_hold): not while no slot is free), and
+    /// suspends instead, so its slot goes to the run waiting here rather than sitting idle
+    /// until its sleep ends.
     pub(super) async fn slot(&self) -> Option<OwnedSemaphorePermit> {
+        if let Ok(permit) = self.dispatch.slots.clone().try_acquire_owned() {
+            return Some(permit);
+        }
+        let _wanted = SlotWanted::new(&self.dispatch.slot_wanted);
+        // Sequentially consistent with `hold_began`: either this sees the hold counted, or the
+        // turn that began it sees this wait.
+        if self.dispatch.held.load(Ordering::SeqCst) > 0 {
+            self.nudge_held_turns();
+        }
         self.dispatch.slots.clone().acquire_owned().await.ok()
+    }
+
+    /// Counts a turn beginning to wait out a held sleep; returns whether a caller waits for a
+    /// slot already (the turn should then give its own up: see [`Shared::slot`]).
+    pub(crate) fn hold_began(&self) -> bool {
+        self.dispatch.held.fetch_add(1, Ordering::SeqCst);
+        self.dispatch.slot_wanted.load(Ordering::SeqCst) > 0
+    }
+
+    /// Counts the end of a held turn's wait.
+    pub(crate) fn hold_ended(&self) {
+        self.dispatch.held.fetch_sub(1, Ordering::SeqCst);
     }
 
     /// From now on, a run task cut off by the shutdown records its run for
@@ -467,6 +499,22 @@ impl Drop for TaskGuard {
         }
         dispatch.in_flight.fetch_sub(1, Ordering::AcqRel);
         dispatch.idle.notify_waiters();
+    }
+}
+
+/// Counts a caller waiting for an execution slot while it waits (its future may be dropped).
+struct SlotWanted<'a>(&'a AtomicUsize);
+
+impl<'a> SlotWanted<'a> {
+    fn new(wanted: &'a AtomicUsize) -> Self {
+        wanted.fetch_add(1, Ordering::SeqCst);
+        SlotWanted(wanted)
+    }
+}
+
+impl Drop for SlotWanted<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
     }
 }
 

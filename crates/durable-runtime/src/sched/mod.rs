@@ -539,6 +539,14 @@ impl TurnEnv for Shared {
         !self.is_stopping() && !self.is_draining() && self.has_free_slot()
     }
 
+    fn hold_began(&self) -> bool {
+        Shared::hold_began(self)
+    }
+
+    fn hold_ended(&self) {
+        Shared::hold_ended(self);
+    }
+
     fn queue_limits(&self, name: &str) -> Option<Limits> {
         self.flow.queue(name)
     }

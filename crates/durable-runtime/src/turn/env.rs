@@ -33,6 +33,12 @@ pub(crate) trait TurnEnv: Send + Sync + 'static {
     /// not while the engine drains or stops, nor while no execution slot is free (a held turn
     /// keeps its slot; suspended, it frees it for the runs waiting).
     fn may_hold(&self) -> bool;
+    /// A turn begins to wait out a held sleep (keeping its execution slot); returns whether a
+    /// run waits for a slot already, so the turn should ask [`TurnEnv::may_hold`] again at once.
+    /// Each call is followed by one [`TurnEnv::hold_ended`].
+    fn hold_began(&self) -> bool;
+    /// The wait [`TurnEnv::hold_began`] counted ended.
+    fn hold_ended(&self);
     /// The concurrency key's request of a run the turn creates (a child, a successor), if its
     /// workflow has a key; `Err`: why the key could not be computed from `input`.
     fn key_request(&self, run: &NewRunKey<'_>) -> Result<Option<SlotRequest>, String>;

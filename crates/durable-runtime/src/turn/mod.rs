@@ -59,6 +59,31 @@ pub(crate) struct TurnState {
     warm_parked: Mutex<HashMap<u32, (u32, Option<Waker>)>>,
     /// How many times the turn was resumed warm: a parked call whose count moved begins again.
     resumes: AtomicU64,
+    /// The turn waits out a held sleep ([`TurnState::hold_wait`]).
+    holding: AtomicBool,
+}
+
+/// A turn's wait for a held sleep, counted by the engine ([`TurnEnv::hold_began`]) while it
+/// lasts (the wait may be dropped half-way: the driver drops it when it stops holding).
+struct Holding<'a> {
+    turn: &'a TurnState,
+    /// A run waited for a slot when the wait began.
+    slot_wanted: bool,
+}
+
+impl<'a> Holding<'a> {
+    fn begin(turn: &'a TurnState) -> Self {
+        turn.holding.store(true, Ordering::SeqCst);
+        let slot_wanted = turn.env.hold_began();
+        Holding { turn, slot_wanted }
+    }
+}
+
+impl Drop for Holding<'_> {
+    fn drop(&mut self) {
+        self.turn.holding.store(false, Ordering::SeqCst);
+        self.turn.env.hold_ended();
+    }
 }
 
 impl TurnState {
@@ -72,6 +97,7 @@ impl TurnState {
             driver: Mutex::new(None),
             warm_parked: Mutex::new(HashMap::new()),
             resumes: AtomicU64::new(0),
+            holding: AtomicBool::new(false),
         }
     }
 
@@ -242,7 +268,13 @@ impl TurnState {
     /// ([`Turn::hold_checked`]: a cancel or another owner meanwhile stops the turn). `false`:
     /// the turn stops (a failed read too: the run is claimed again later).
     pub(crate) async fn hold_wait(self: Arc<Self>, until: Millis) -> bool {
+        let held = Holding::begin(&self);
+        if held.slot_wanted {
+            // A run waits for a slot: the driver asks again, and the turn suspends.
+            self.nudge();
+        }
         self.env.sleep_until(until).await;
+        drop(held);
         if !self.turn.lock().hold_check_due(self.env.now()) {
             return true;
         }
@@ -257,6 +289,11 @@ impl TurnState {
                 false
             }
         }
+    }
+
+    /// Whether the turn waits out a held sleep now.
+    pub(crate) fn is_holding(&self) -> bool {
+        self.holding.load(Ordering::SeqCst)
     }
 
     /// A held sleep is due: every parked call begins again ([`Turn::end_hold`]).

@@ -56,6 +56,12 @@ impl TurnEnv for ReplayEnv {
         false
     }
 
+    fn hold_began(&self) -> bool {
+        false
+    }
+
+    fn hold_ended(&self) {}
+
     fn read_run(&self, _id: RunId) -> BoxFuture<'_, StoreResult<Option<Run>>> {
         Box::pin(async { Ok(None) })
     }
