@@ -82,6 +82,7 @@ macro_rules! __store_cases {
             leases::release_only_by_owner(Store, []),
             commit::commit_without_lease_is_lease_lost(Store, []),
             commit::step_commit_without_lease_is_refused(Store, []),
+            commit::settle_without_lease_is_refused(Store, []),
             commit::commit_after_takeover_is_lease_lost(Store, []),
             commit::step_commit_is_atomic_with_settle(Store, []),
             commit::commit_upserts_checkpoints_by_seq(Store, []),

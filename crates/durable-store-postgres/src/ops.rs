@@ -268,6 +268,7 @@ pub(crate) enum Op<'a> {
     },
     Commit(CommitJson<'a>),
     StepCommit(StepCommitJson<'a>),
+    SettleCommit(CommitJson<'a>),
     UpdateRunIf(PatchJson<'a>),
     SendSignal {
         token: &'a str,
@@ -314,8 +315,12 @@ pub(crate) enum Op<'a> {
 impl<'a> Op<'a> {
     /// The operation that writes `c`: a [`StepCommit`](Op::StepCommit) if it makes one checkpoint
     /// and nothing else (no turn end, waits, expired waits, state, children, signals, tasks or
-    /// released slots: a step's commit), else a [`Commit`](Op::Commit). The server runs a step's
-    /// commit in two statements, taking no advisory key, so [`BatchLocks`] names nothing for it.
+    /// released slots: a step's commit), a [`SettleCommit`](Op::SettleCommit) if it settles the
+    /// run and makes checkpoints only (a workflow's return), else a [`Commit`](Op::Commit). The
+    /// server runs a step's commit in two statements, taking no advisory key, so [`BatchLocks`]
+    /// names nothing for it; a settle in three when the run has no waiter, admission slot or
+    /// request and no unfinished task (schema version 19), and as a commit otherwise, so its
+    /// locks are a settling commit's.
     pub(crate) fn commit(c: &'a Commit) -> Self {
         let Commit {
             run_id,
@@ -331,23 +336,23 @@ impl<'a> Op<'a> {
             release_slots,
             end,
         } = c;
+        let checkpoints_only = waits.is_empty()
+            && expire_waits.is_empty()
+            && state.is_empty()
+            && children.is_empty()
+            && signals.is_empty()
+            && tasks.is_empty()
+            && release_slots.is_empty();
         match checkpoints.as_slice() {
-            [cp] if end.is_none()
-                && waits.is_empty()
-                && expire_waits.is_empty()
-                && state.is_empty()
-                && children.is_empty()
-                && signals.is_empty()
-                && tasks.is_empty()
-                && release_slots.is_empty() =>
-            {
-                Op::StepCommit(StepCommitJson {
-                    run: run_id.as_str(),
-                    owner,
-                    now: millis_to_sql(*now),
-                    checkpoint: CheckpointJson::new(cp),
-                })
+            _ if checkpoints_only && matches!(end, Some(TurnEnd::Settle { .. })) => {
+                Op::SettleCommit(CommitJson::new(c))
             }
+            [cp] if end.is_none() && checkpoints_only => Op::StepCommit(StepCommitJson {
+                run: run_id.as_str(),
+                owner,
+                now: millis_to_sql(*now),
+                checkpoint: CheckpointJson::new(cp),
+            }),
             _ => Op::Commit(CommitJson::new(c)),
         }
     }
@@ -412,7 +417,7 @@ impl BatchLocks {
         }
         let mut locks = BatchLocks::default();
         match op {
-            Op::Commit(c) => {
+            Op::Commit(c) | Op::SettleCommit(c) => {
                 locks.probe.push(c.run.to_string());
                 locks.keys.extend(c.waits.iter().map(|w| (w.kind, w.key.to_string())));
                 for s in &c.signals {
@@ -2098,6 +2103,20 @@ mod tests {
         );
         assert_eq!(BatchLocks::of(&Op::commit(&step)).encode(), "{}");
         assert_eq!(BatchLocks::of(&ops[7]).encode(), "{}");
+        // A settle with checkpoints only goes as a settle commit, with a settling commit's locks;
+        // with anything else, or a suspend, as a commit.
+        let mut settle = step.clone();
+        settle.end = Some(TurnEnd::Settle { status: RunStatus::Completed, output: None, error: None });
+        assert!(matches!(Op::commit(&settle), Op::SettleCommit(_)));
+        let v: Value = serde_json::from_str(&Op::commit(&settle).encode()).unwrap();
+        assert_eq!((v["op"].as_str(), v["end"]["type"].as_str()), (Some("settle_commit"), Some("settle")));
+        assert_eq!(BatchLocks::of(&Op::commit(&settle)).encode(), r#"{"probe":["s"],"settles":["s"]}"#);
+        let mut releasing = settle.clone();
+        releasing.release_slots.push(("q:default:api".into(), "s:4".into()));
+        assert!(matches!(Op::commit(&releasing), Op::Commit(_)));
+        let mut suspending = step.clone();
+        suspending.end = Some(TurnEnd::Suspend { wake_at: None, seen_wake_gen: 0 });
+        assert!(matches!(Op::commit(&suspending), Op::Commit(_)));
     }
 
     /// The gate rows a batch locks: its keyed children and starts, the slots it acquires and

@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 18;
+pub const SCHEMA_VERSION: u32 = 19;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -121,6 +121,12 @@ const MIGRATIONS: &[Migration] = &[
                       keyed children with the gates it releases (commit_ordered), a batch's gates with its keys \
                       (lock_batch); admission_acquire counts a queue only as far as its decision needs",
         sql: include_str!("sql/v18.sql"),
+    },
+    Migration {
+        version: 19,
+        description: "a run's settle with nothing but checkpoints, when it has no waiter, no admission slot or \
+                      request and no unfinished task, in three statements (settle_commit)",
+        sql: include_str!("sql/v19.sql"),
     },
 ];
 

@@ -87,6 +87,35 @@ pub async fn step_commit_without_lease_is_refused(store: Arc<dyn Store>) -> Case
     Ok(())
 }
 
+/// A settle with checkpoints only (a workflow's return after its last step, which a store may
+/// write by a shorter path) is refused like any other commit: `LeaseLost` without the lease,
+/// before the first claim and after another owner took the run over, `NotFound` for a run that
+/// does not exist; and it writes nothing. The owner's settle is then applied.
+pub async fn settle_without_lease_is_refused(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let settle = |owner: &str| {
+        let mut c = commit("r", owner);
+        c.checkpoints.push(completed("r", 0, json!("charged")));
+        c.end = complete(json!("done"));
+        c
+    };
+    create(s, new_run("r")).await?;
+    assert_lease_lost(s, settle(OWNER)).await?;
+    acquire(s, claim("r", OWNER, T0)).await?;
+    assert_lease_lost(s, settle(OTHER)).await?;
+    acquire(s, claim("r", OTHER, T0 + LEASE + 1)).await?;
+    assert_lease_lost(s, settle(OWNER)).await?;
+    let mut unknown = settle(OWNER);
+    unknown.run_id = RunId::from("missing");
+    unknown.checkpoints[0].run_id = RunId::from("missing");
+    assert_kind(s.commit(unknown).await, StoreErrorKind::NotFound);
+    assert_eq!(s.history(&RunId::from("missing")).await?, vec![], "nothing written for a missing run");
+    let settled = s.commit(settle(OTHER)).await?;
+    assert!(settled.settled, "the owner's settle is applied: {settled:?}");
+    assert_eq!(get(s, "r").await?.status, RunStatus::Completed);
+    Ok(())
+}
+
 /// A zombie: the owner whose expired lease another owner took over commits, and is refused
 /// with `LeaseLost` without writing anything.
 pub async fn commit_after_takeover_is_lease_lost(store: Arc<dyn Store>) -> CaseResult {
