@@ -67,30 +67,17 @@ pub async fn commit_without_lease_is_lease_lost(store: Arc<dyn Store>) -> CaseRe
 /// another owner took the run over, `NotFound` for a run that does not exist; and it writes
 /// nothing.
 pub async fn step_commit_without_lease_is_refused(store: Arc<dyn Store>) -> CaseResult {
-    let s = &*store;
     let step = |owner: &str| {
         let mut c = commit("r", owner);
         c.checkpoints.push(completed("r", 0, json!("charged")));
         c
     };
-    create(s, new_run("r")).await?;
-    assert_lease_lost(s, step(OWNER)).await?;
-    acquire(s, claim("r", OWNER, T0)).await?;
-    assert_lease_lost(s, step(OTHER)).await?;
-    acquire(s, claim("r", OTHER, T0 + LEASE + 1)).await?;
-    assert_lease_lost(s, step(OWNER)).await?;
-    let mut unknown = step(OWNER);
-    unknown.run_id = RunId::from("missing");
-    unknown.checkpoints[0].run_id = RunId::from("missing");
-    assert_kind(s.commit(unknown).await, StoreErrorKind::NotFound);
-    assert_eq!(s.history(&RunId::from("missing")).await?, vec![], "nothing written for a missing run");
-    Ok(())
+    refused_without_lease(&*store, step).await
 }
 
 /// A settle with checkpoints only (a workflow's return after its last step, which a store may
-/// write by a shorter path) is refused like any other commit: `LeaseLost` without the lease,
-/// before the first claim and after another owner took the run over, `NotFound` for a run that
-/// does not exist; and it writes nothing. The owner's settle is then applied.
+/// write by a shorter path) is refused like any other commit, as a step's commit is (see
+/// `step_commit_without_lease_is_refused`); the owner's is then applied.
 pub async fn settle_without_lease_is_refused(store: Arc<dyn Store>) -> CaseResult {
     let s = &*store;
     let settle = |owner: &str| {
@@ -99,20 +86,29 @@ pub async fn settle_without_lease_is_refused(store: Arc<dyn Store>) -> CaseResul
         c.end = complete(json!("done"));
         c
     };
+    refused_without_lease(s, settle).await?;
+    let settled = s.commit(settle(OTHER)).await?;
+    assert!(settled.settled, "the owner's settle is applied: {settled:?}");
+    assert_eq!(get(s, "r").await?.status, RunStatus::Completed);
+    Ok(())
+}
+
+/// The commit `of(owner)` of run `r` (with one checkpoint, at index 0) is refused: `LeaseLost`
+/// without the lease, before the first claim and after another owner (`OTHER`, which holds the
+/// run afterwards) took the run over, `NotFound` for a run that does not exist; and it writes
+/// nothing.
+async fn refused_without_lease(s: &dyn Store, of: impl Fn(&str) -> Commit) -> CaseResult {
     create(s, new_run("r")).await?;
-    assert_lease_lost(s, settle(OWNER)).await?;
+    assert_lease_lost(s, of(OWNER)).await?;
     acquire(s, claim("r", OWNER, T0)).await?;
-    assert_lease_lost(s, settle(OTHER)).await?;
+    assert_lease_lost(s, of(OTHER)).await?;
     acquire(s, claim("r", OTHER, T0 + LEASE + 1)).await?;
-    assert_lease_lost(s, settle(OWNER)).await?;
-    let mut unknown = settle(OWNER);
+    assert_lease_lost(s, of(OWNER)).await?;
+    let mut unknown = of(OWNER);
     unknown.run_id = RunId::from("missing");
     unknown.checkpoints[0].run_id = RunId::from("missing");
     assert_kind(s.commit(unknown).await, StoreErrorKind::NotFound);
     assert_eq!(s.history(&RunId::from("missing")).await?, vec![], "nothing written for a missing run");
-    let settled = s.commit(settle(OTHER)).await?;
-    assert!(settled.settled, "the owner's settle is applied: {settled:?}");
-    assert_eq!(get(s, "r").await?.status, RunStatus::Completed);
     Ok(())
 }
 
