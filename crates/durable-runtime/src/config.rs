@@ -38,8 +38,10 @@ pub struct EngineConfig {
     /// queue, a run whose item a consumer already took gets a second item, and the engine
     /// that takes it claims a run that is not free. Without the grace a burst of starts
     /// waiting in the queue gets one more item per engine per poll. The price: a start that
-    /// was lost (an engine that died before its outbox was sent) is healed this much later.
-    /// Not applied without a run queue or while the queue is failing. Default 5 s.
+    /// was lost (an engine that died before its outbox was sent) or that was written without
+    /// the run queue (by an engine or a tool without a transport), and on a broker a lost
+    /// wake, are healed this much later. Not applied without a run queue or while the queue
+    /// is failing. Default 5 s.
     pub poll_grace: Duration,
     /// Retry backoffs longer than this are durable waits (the run suspends); shorter ones are
     /// waited in memory. Default 1 s.
@@ -140,8 +142,8 @@ pub struct EngineConfig {
     /// waiting for anything else (a signal, an event, a child, a remote step, a slot, a wait
     /// with a timeout) suspends as usual, and so does a longer sleep. A held turn keeps its
     /// execution slot: with no slot free, or while the engine drains or stops, turns suspend
-    /// where they would hold (a drain, and a run coming to wait for a slot, wake the held
-    /// ones, which suspend at once). While held, the run shows as
+    /// where they would hold (a drain wakes the held ones, and a run coming to wait for a
+    /// slot one of them, which suspend at once). While held, the run shows as
     /// `running`, not `suspended`. Default `Duration::ZERO`: every sleep suspends the run.
     pub hold_sleeps_under: Duration,
 }

@@ -230,12 +230,13 @@ async fn no_sleep_is_held_without_a_free_slot(store: StoreFixture) {
     assert_eq!(after.load(Ordering::SeqCst), 1);
 }
 
-/// A run that waits for an execution slot takes a held turn's: the held turn suspends at once
+/// A run that waits for an execution slot takes a held turn's: one held turn suspends at once
 /// (its wake time recorded), without waiting for its sleep to end — here it never would: the
-/// virtual clock stands still until the waiting run has completed.
+/// virtual clock stands still until the waiting run has completed — and the other held turn,
+/// not needed, goes on holding.
 async fn a_run_waiting_for_a_slot_takes_a_held_turns_slot(store: StoreFixture) {
     let mut config = holding();
-    config.max_concurrent_runs = 2;
+    config.max_concurrent_runs = 3;
     // No lease renewal (which polls the driver too) within the guards below.
     config.lease_ttl = Duration::from_secs(3600);
     let t = engine(&store, config);
@@ -262,25 +263,40 @@ async fn a_run_waiting_for_a_slot_takes_a_held_turns_slot(store: StoreFixture) {
         Ok::<_, WorkflowError>(())
     });
     let mut events = t.subscribe();
-    let napping = t.start("naps", &(1u64, 1_000u64), StartOptions::id("holder")).await.unwrap();
     let start = t.clock().now();
-    t.until_run(&mut events, &napping.id, held_at(0)).await;
-    // The second slot: a run busy in a step until released.
+    let mut napping = Vec::new();
+    for id in ["holder-a", "holder-b"] {
+        let run = t.start("naps", &(1u64, 1_000u64), StartOptions::id(id)).await.unwrap();
+        t.until_run(&mut events, &run.id, held_at(0)).await;
+        napping.push(run.id);
+    }
+    // The third slot: a run busy in a step until released.
     let blocker = t.start("blocker", &(), StartOptions::id("blocker")).await.unwrap();
     t.until_run(&mut events, &blocker.id, |run, _, _| run.status == RunStatus::Running).await;
 
     let quick = t.start("quick", &(), StartOptions::id("quick")).await.unwrap();
-    // A hang guard on the real clock: without the hand-over the quick run waits for the sleep.
+    // A hang guard on the real clock: without the hand-over the quick run waits for a sleep.
     let outcome = t.engine().wait_for_run_timeout(&quick.id, Duration::from_secs(20)).await.expect("settled");
     assert_eq!(outcome.status(), RunStatus::Completed);
-    let stored = store.store.get_run(&napping.id).await.unwrap().expect("the run");
-    assert_eq!((stored.status, stored.wake_at), (RunStatus::Suspended, Some(start + 1_000)));
+    let mut states = Vec::new();
+    for id in &napping {
+        let stored = store.store.get_run(id).await.unwrap().expect("the run");
+        states.push((stored.status, stored.wake_at));
+    }
+    states.sort_by_key(|(status, _)| *status != RunStatus::Suspended);
+    assert_eq!(
+        states,
+        [(RunStatus::Suspended, Some(start + 1_000)), (RunStatus::Running, None)],
+        "one held turn gave its slot up, the other holds on"
+    );
 
     release.notify_one();
     t.assert_status(&blocker.id, RunStatus::Completed).await;
     t.advance(Duration::from_secs(1));
-    t.assert_status(&napping.id, RunStatus::Completed).await;
-    assert_eq!(after.load(Ordering::SeqCst), 1, "the step after the sleep ran once");
+    for id in &napping {
+        t.assert_status(id, RunStatus::Completed).await;
+    }
+    assert_eq!(after.load(Ordering::SeqCst), 2, "the step after each sleep ran once");
 }
 
 on_every_store!(

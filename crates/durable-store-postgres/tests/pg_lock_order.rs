@@ -356,3 +356,51 @@ async fn a_refused_commit_creates_no_gate() {
     let sql = format!("SELECT count(*) FROM \"{}\".admission_gates", scratch.name());
     assert_eq!(admin.query_one(&sql, &[]).await.unwrap().get::<_, i64>(0), 0, "no gate row was written");
 }
+
+/// A run's settle with checkpoints only (schema version 19's `settle_commit`) looks for the
+/// run's waiters, slots and tasks before it takes the run's row. Another batch of the same run
+/// (a commit of a call the body abandoned, sent on another write connection) may hold that row
+/// and commit a waiter while the settle waits for it: the settle looks again once it holds the
+/// row and fails its batch with a serialization failure, which the writer runs again; run again,
+/// the settle takes the general path, which removes the waiter with the rest.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_settle_that_waited_for_its_runs_row_looks_again() {
+    let Some(url) = url_or_skip("a_settle_that_waited_for_its_runs_row_looks_again") else { return };
+    let scratch = ScratchSchema::new(&url, "settlerace").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    store.create_run(new_run("r")).await.unwrap();
+    let claim = Claim { run_id: RunId::from("r"), owner: "me".into(), lease_until: T0 + 60_000, now: T0 };
+    assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+    let (other, admin) = (scratch.client().await.unwrap(), scratch.client().await.unwrap());
+    let schema = scratch.name();
+
+    // The other batch: a waiter of `r` written and the run's row held, not committed yet.
+    other.batch_execute("BEGIN").await.unwrap();
+    let wait = format!(
+        "INSERT INTO \"{schema}\".waiters (run_id, seq, name, kind, key, created_at) \
+         VALUES ('r', 0, 'wait-0', 'signal', 'tok', {T0})"
+    );
+    other.batch_execute(&wait).await.unwrap();
+    let touch = format!("UPDATE \"{schema}\".runs SET updated_at = {} WHERE id = 'r'", T0 + 1);
+    other.batch_execute(&touch).await.unwrap();
+
+    let settle = serde_json::json!([{
+        "op": "settle_commit", "run": "r", "owner": "me", "now": T0 + 2, "checkpoints": [], "waits": [],
+        "expire": [], "state": [], "children": [], "signals": [], "tasks": [], "release_slots": [],
+        "end": {"type": "settle", "status": "completed", "output": "1", "error": null,
+                "allowed_from": ["running", "completed"]},
+    }]);
+    let locks = serde_json::json!({"probe": ["r"], "settles": ["r"]});
+    let ops = (settle.to_string(), locks.to_string());
+    let (pid, settling) = start(&scratch, ops.clone()).await;
+    assert!(parked_or_done(&admin, pid, || settling.is_finished()).await, "the settle waits for the run's row");
+    other.batch_execute("COMMIT").await.unwrap();
+
+    let failed = settling.await.unwrap().expect_err("the settle's batch fails once it sees the waiter");
+    assert_eq!(failed.code(), Some(&tokio_postgres::error::SqlState::T_R_SERIALIZATION_FAILURE), "{failed}");
+    assert_eq!(store.get_run(&RunId::from("r")).await.unwrap().unwrap().status, RunStatus::Running);
+
+    batch(&admin, schema, ops).await.expect("run again, the settle takes the general path");
+    assert_eq!(store.get_run(&RunId::from("r")).await.unwrap().unwrap().status, RunStatus::Completed);
+    assert!(store.waiters(&RunId::from("r")).await.unwrap().is_empty(), "the settle removed the waiter");
+}

@@ -177,10 +177,11 @@ impl Shared {
         }
     }
 
-    /// Wakes the driver of every turn waiting out a held sleep here, so that each asks its
-    /// core again whether it may go on holding.
-    pub(super) fn nudge_held_turns(&self) {
-        for t in self.executing_turns().into_iter().filter(|t| t.is_holding()) {
+    /// Wakes the driver of one turn waiting out a held sleep here (one no other caller asked
+    /// already), so that it asks its core again whether it may go on holding — it may not
+    /// while no slot is free, and suspends: one slot for the one caller waiting.
+    pub(super) fn nudge_a_held_turn(&self) {
+        if let Some(t) = self.executing_turns().into_iter().find(|t| t.take_holding()) {
             t.nudge();
         }
     }

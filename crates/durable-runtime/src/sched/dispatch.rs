@@ -243,11 +243,11 @@ impl Shared {
         self.dispatch.runs.lock().active.len()
     }
 
-    /// Waits for an execution slot (`None`: the semaphore is closed). When none is free,
-    /// turns holding their sleeps are woken first: each asks whether it may go on holding
+    /// Waits for an execution slot (`None`: the semaphore is closed). When none is free, a
+    /// turn holding its sleeps is woken first: it asks whether it may go on holding
     /// ([`TurnEnv::may_hold`](crate::turn::TurnEnv::may_hold): not while no slot is free), and
     /// suspends instead, so its slot goes to the run waiting here rather than sitting idle
-    /// until its sleep ends.
+    /// until its sleep ends. One turn per caller: the other held turns keep their slots.
     pub(super) async fn slot(&self) -> Option<OwnedSemaphorePermit> {
         if let Ok(permit) = self.dispatch.slots.clone().try_acquire_owned() {
             return Some(permit);
@@ -256,7 +256,7 @@ impl Shared {
         // Sequentially consistent with `hold_began`: either this sees the hold counted, or the
         // turn that began it sees this wait.
         if self.dispatch.held.load(Ordering::SeqCst) > 0 {
-            self.nudge_held_turns();
+            self.nudge_a_held_turn();
         }
         self.dispatch.slots.clone().acquire_owned().await.ok()
     }

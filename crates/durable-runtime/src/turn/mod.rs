@@ -59,7 +59,8 @@ pub(crate) struct TurnState {
     warm_parked: Mutex<HashMap<u32, (u32, Option<Waker>)>>,
     /// How many times the turn was resumed warm: a parked call whose count moved begins again.
     resumes: AtomicU64,
-    /// The turn waits out a held sleep ([`TurnState::hold_wait`]).
+    /// The turn waits out a held sleep ([`TurnState::hold_wait`]) and no caller waiting for a
+    /// slot asked it to give its own up yet ([`TurnState::take_holding`]).
     holding: AtomicBool,
 }
 
@@ -291,9 +292,10 @@ impl TurnState {
         }
     }
 
-    /// Whether the turn waits out a held sleep now.
-    pub(crate) fn is_holding(&self) -> bool {
-        self.holding.load(Ordering::SeqCst)
+    /// Whether the turn waits out a held sleep now that no caller asked it to give up yet;
+    /// marks it asked.
+    pub(crate) fn take_holding(&self) -> bool {
+        self.holding.swap(false, Ordering::SeqCst)
     }
 
     /// A held sleep is due: every parked call begins again ([`Turn::end_hold`]).

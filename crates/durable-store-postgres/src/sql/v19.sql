@@ -25,12 +25,31 @@
 -- operation takes the same locks up front as for a settling `commit` (its run's waiter keys,
 -- the gates of its run). The answer is `commit`'s.
 --
+-- The check is made again once the `UPDATE` holds the run row. A write of the same run in
+-- flight in another batch (with `write_connections` above 1: the commit of a call the body
+-- abandoned, sent before it was dropped) may hold the row and commit a waiter or a task while
+-- the `UPDATE` waits; the second check, a statement of its own, sees it, and the batch fails
+-- with a serialization failure, which the writer runs again: the settle then takes the
+-- general path.
+--
 -- In a loop calling it directly the settle of such a run took about half the time of
 -- `commit_ordered`'s.
 --
 -- Every function here is created or replaced: running this file again is harmless.
 --
 -- A template, like v1.sql: `__SCHEMA__` is replaced by the quoted schema name.
+
+-- Whether run `p_run` has a waiter, an admission slot or queued request, or an unfinished task:
+-- what only the general commit's settle cleans up.
+CREATE OR REPLACE FUNCTION __SCHEMA__.settle_needs_commit(p_run text) RETURNS boolean
+LANGUAGE plpgsql STABLE AS $$
+BEGIN
+    RETURN EXISTS (SELECT 1 FROM __SCHEMA__.waiters AS w WHERE w.run_id = p_run)
+        OR EXISTS (SELECT 1 FROM __SCHEMA__.admission_slots AS s WHERE s.run_id = p_run)
+        OR EXISTS (SELECT 1 FROM __SCHEMA__.admission_waiters AS w WHERE w.run_id = p_run)
+        OR EXISTS (SELECT 1 FROM __SCHEMA__.tasks AS t WHERE t.run_id = p_run AND t.state <> 'finished');
+END
+$$;
 
 -- A settle: `commit`'s operation with the name `settle_commit` and `end` a settle.
 CREATE OR REPLACE FUNCTION __SCHEMA__.settle_commit(p jsonb) RETURNS jsonb
@@ -39,11 +58,7 @@ DECLARE
     v_run text := p ->> 'run';
     v_end jsonb := p -> 'end';
 BEGIN
-    IF v_end ->> 'type' IS DISTINCT FROM 'settle'
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.waiters AS w WHERE w.run_id = v_run)
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.admission_slots AS s WHERE s.run_id = v_run)
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.admission_waiters AS w WHERE w.run_id = v_run)
-       OR EXISTS (SELECT 1 FROM __SCHEMA__.tasks AS t WHERE t.run_id = v_run AND t.state <> 'finished') THEN
+    IF v_end ->> 'type' IS DISTINCT FROM 'settle' OR __SCHEMA__.settle_needs_commit(v_run) THEN
         RETURN __SCHEMA__.commit_ordered(p);
     END IF;
     -- `commit`'s settle, with its lease check and status checks in the predicate: progress (a
@@ -56,6 +71,10 @@ BEGIN
        AND v_end -> 'allowed_from' ? 'running';
     IF NOT FOUND THEN
         RETURN __SCHEMA__.commit_ordered(p);
+    END IF;
+    IF __SCHEMA__.settle_needs_commit(v_run) THEN
+        RAISE EXCEPTION USING ERRCODE = 'serialization_failure',
+            MESSAGE = format('run %s was written while its settle waited for it; the batch runs again', v_run);
     END IF;
     IF p -> 'checkpoints' <> '[]'::jsonb THEN
         INSERT INTO __SCHEMA__.checkpoints AS c (run_id, seq, name, kind, status, input, output, error, attempts,
