@@ -3000,12 +3000,7 @@ fn a_gated_remote_step_asking_for_its_slot_beside_a_short_sleep_is_not_held() {
         gate: Some(GateCall { gate: GATE, limits, priority: 0, fairness_key: "" }),
         ..remote(&input, &options)
     };
-    let mut t = Turn::new(
-        run(),
-        OWNER,
-        History::new(vec![]),
-        TurnConfig { hold_sleeps_under: Duration::from_secs(2), ..config() },
-    );
+    let mut t = holding(vec![]);
     let sleep = t.take_seq();
     assert_eq!(t.sleep(sleep, 1_000, 100), SleepBegin::Park(Some(1_000)));
     let seq = t.take_seq();

@@ -62,6 +62,7 @@ impl TurnEnv for ReplayEnv {
 
     fn hold_ended(&self) {}
 
+    // Never asked: a replay holds no sleep (`may_hold` is false), and only a hold reads the run.
     fn read_run(&self, _id: RunId) -> BoxFuture<'_, StoreResult<Option<Run>>> {
         Box::pin(async { Ok(None) })
     }
