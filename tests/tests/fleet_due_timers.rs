@@ -113,7 +113,8 @@ async fn park_due_timers(store: Arc<dyn Store>) {
     while let Some(done) = parked.join_next().await {
         done.expect("parking task");
     }
-    let due = durable::store::RunQuery { namespace: None, workflows: None, now, limit: RUNS + 1 };
+    let due =
+        durable::store::RunQuery { namespace: None, workflows: None, now, limit: RUNS + 1, leave_queued_since: None };
     assert_eq!(store.due_runs(&due).await.expect("due runs").len(), RUNS, "every timer is due");
 }
 

@@ -126,6 +126,7 @@ macro_rules! __store_cases {
             run_queue::merged_wakes_keep_a_claim(Queue, [RunQueue]),
             run_queue::ack_deletes_only_the_owners_claims(Queue, [RunQueue]),
             run_queue::concurrent_claims_hand_each_item_out_once(Queue, [RunQueue]),
+            run_queue::due_scans_leave_runs_with_a_fresh_item_of_their_own(Queue, [RunQueue]),
             schedules::schedule_create_is_once_per_key(Store, []),
             schedules::schedule_save_is_compare_and_set(Store, []),
             schedules::schedule_save_creates_its_fires_with_it(Store, []),

@@ -402,6 +402,13 @@ pub struct RunQuery {
     pub now: Millis,
     /// At most this many ids.
     pub limit: usize,
+    /// Due scans only ([`Store::due_runs`], [`Store::claim_due_runs`]): a due run that has an
+    /// unclaimed item in this store's own run queue ([`RunQueue`](crate::RunQueue)), enqueued after this
+    /// time, is left out — that item's consumer executes it, and a poller claiming it too
+    /// would only make a second claim of a busy run. An older item does not count (its
+    /// consumers may be gone), nor does a claimed one. `None`: no run is left out. A store
+    /// without a run queue of its own ignores it.
+    pub leave_queued_since: Option<Millis>,
 }
 
 /// Which due schedules or trigger buffers a scheduler asks for.

@@ -557,9 +557,9 @@ async fn pollers_leave_a_due_run_to_its_own_item_on_a_broker_for_the_grace() {
     a.shutdown().await;
 }
 
-/// On a queue that merges items (the store-backed one), the due poller claims a due run at
-/// once: a sleep or a delivery of a run parked by an engine that went away has no item of its
-/// own, so no grace is left to one.
+/// On a queue that merges items (the store-backed one), the due poller claims a due run that
+/// has no item of its own in the store's run queue at once: a sleep or a delivery of a run
+/// parked by an engine that went away has none, so no grace is left to one.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pollers_claim_a_due_run_at_once_on_a_merging_queue() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
@@ -575,6 +575,50 @@ async fn pollers_claim_a_due_run_at_once_on_a_merging_queue() {
     assert_eq!(items[0].run_id, id);
     assert!(items[0].claimed_until().is_some(), "the wake names its claim: {items:?}");
     assert_ne!(store.get_run(&id).await.unwrap().unwrap().wake_at, Some(due_at), "the wake was sent unclaimed");
+    a.shutdown().await;
+}
+
+/// On a queue that merges items, the due poller leaves a due run that has a fresh unclaimed
+/// item of its own in the store's run queue (the wake its deliverer sent) to that item: no
+/// claim, no wake sent, while the item is younger than the poll grace — claiming it too cost a
+/// second item whenever a consumer had taken the first, and a claim of a busy run. Once the
+/// item is as old as the grace (its consumers gone, say), the poller claims the run and sends
+/// one claimed wake.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pollers_leave_a_due_run_to_its_item_in_the_store_queue_for_the_grace() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let clock = VirtualClock::starting_2026();
+    let (id, due_at) = a_due_run_parked_elsewhere(&store, &clock).await;
+    let wake = QueuedRun {
+        id: 0,
+        run_id: id.clone(),
+        reason: durable_transport::QueueReason::Wake,
+        namespace: None,
+        priority: 0,
+        dedupe_key: "wake:delivered".into(),
+    };
+    durable_core::RunQueue::enqueue(store.inner(), vec![wake], durable_runtime::Clock::now(&clock)).await.unwrap();
+
+    let mut polls = count_polls(&store);
+    let kept = Kept::merging();
+    let config = test_config();
+    let grace = config.poll_grace;
+    let a = Engine::builder().shared_store(store.clone()).clock(clock.clone()).transport(kept.clone()).config(config);
+    let a = a.build().unwrap();
+    register_approve(&a);
+    polls_pass(&mut polls, 6).await;
+    clock.advance(grace - Duration::from_millis(1));
+    polls_pass(&mut polls, 6).await;
+    assert_eq!(store.get_run(&id).await.unwrap().unwrap().wake_at, Some(due_at), "claimed within the grace");
+    assert!(kept.items().is_empty(), "a poll within the grace sent a wake: {:?}", kept.items());
+
+    clock.advance(Duration::from_millis(1));
+    kept.wait_for_items(1).await;
+    polls_pass(&mut polls, 6).await;
+    let items = kept.items();
+    assert_eq!(items.len(), 1, "one claimed wake: {items:?}");
+    assert_eq!(items[0].run_id, id);
+    assert!(items[0].claimed_until().is_some(), "the wake names its claim: {items:?}");
     a.shutdown().await;
 }
 

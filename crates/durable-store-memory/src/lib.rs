@@ -18,7 +18,7 @@
 #![deny(missing_docs)]
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::collections::{BTreeMap, BTreeSet, HashMap, HashSet, VecDeque};
 
 use async_trait::async_trait;
 use durable_core::admission::{Admission, AdmissionBook, GateStats, Handoff, SlotRecord, SlotRequest, WaiterRecord};
@@ -334,6 +334,16 @@ impl Inner {
     /// The ids `Store::due_runs` returns: parked runs and delayed starts due at `q.now`
     /// without a live lease, earliest `wake_at` first.
     fn due_runs(&self, q: &RunQuery) -> Vec<RunId> {
+        // Runs left to a fresh unclaimed item of their own (`RunQuery::leave_queued_since`).
+        let queued: HashSet<&RunId> = match q.leave_queued_since {
+            Some(since) => self
+                .queue
+                .values()
+                .filter(|o| o.claim.is_none() && o.enqueued_at > since)
+                .map(|o| &o.item.run_id)
+                .collect(),
+            None => HashSet::new(),
+        };
         let mut runs: Vec<&Run> = self
             .runs
             .values()
@@ -342,6 +352,7 @@ impl Inner {
                     && r.wake_at.is_some_and(|w| w <= q.now)
                     && !lease_is_live(r, q.now)
                     && matches_query(r, q)
+                    && !queued.contains(&r.id)
             })
             .collect();
         runs.sort_by(|a, b| (a.wake_at, &a.id).cmp(&(b.wake_at, &b.id)));

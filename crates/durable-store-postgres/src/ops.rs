@@ -1629,6 +1629,15 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
         Poll::Orphaned => (format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id"),
     };
     let mut sql = format!("SELECT id FROM {schema}.runs WHERE {head}");
+    if let (Poll::Due, Some(since)) = (which, rq.leave_queued_since) {
+        // A probe of `run_queue_open` per due run: left to a fresh unclaimed item of its own.
+        // `OFFSET 0` keeps it a probe: as an anti-join the planner may hash the whole queue.
+        let since = q.bind(millis_to_sql(since), Type::INT8);
+        sql.push_str(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM {schema}.run_queue WHERE run_queue.run_id = runs.id \
+              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} OFFSET 0)"
+        ));
+    }
     if let Some(ns) = &rq.namespace {
         sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
     }

@@ -239,7 +239,7 @@ async fn a_version_4_schema_is_migrated_to_the_listing_indexes_with_its_runs() {
     active.sort();
     assert_eq!(active, ["old-child", "old-parent", "old-vip"]);
     // Runs created before delayed starts existed are pending work (no `wake_at`).
-    let q = RunQuery { namespace: None, workflows: None, now: common::T0, limit: 10 };
+    let q = RunQuery { namespace: None, workflows: None, now: common::T0, limit: 10, leave_queued_since: None };
     let mut pending: Vec<String> = store.pending_runs(&q).await.unwrap().into_iter().map(|r| r.to_string()).collect();
     pending.sort();
     assert_eq!(pending, ["old-child", "old-parent", "old-vip"]);

@@ -256,7 +256,13 @@ fn cases(store: &PostgresStore) -> Vec<Case> {
     for which in [Poll::Pending, Poll::Due, Poll::Orphaned] {
         for namespace in [None, Some("default".to_string())] {
             for workflows in workflows.clone() {
-                let q = RunQuery { namespace: namespace.clone(), workflows, now: (T0 + RUNS) as u64, limit: 10 };
+                let q = RunQuery {
+                    namespace: namespace.clone(),
+                    workflows,
+                    now: (T0 + RUNS) as u64,
+                    limit: 10,
+                    leave_queued_since: None,
+                };
                 let (may_walk, must_use) = match which {
                     Poll::Pending => (vec!["runs_pending"], "runs_pending"),
                     Poll::Due => (vec![], "runs_due"),
@@ -273,10 +279,14 @@ fn cases(store: &PostgresStore) -> Vec<Case> {
             }
         }
     }
-    // The claim of due runs: the due scan, locking what it picks, and an update of those rows.
+    // The claim of due runs: the due scan, locking what it picks, and an update of those rows;
+    // also leaving runs to their fresh items in the run queue (a probe of `run_queue_open` each).
     for namespace in [None, Some("default".to_string())] {
-        for workflows in workflows.clone() {
-            let q = RunQuery { namespace: namespace.clone(), workflows, now: (T0 + RUNS) as u64, limit: 10 };
+        for (workflows, leave_queued_since) in
+            workflows.clone().into_iter().flat_map(|w| [(w.clone(), None), (w, Some((T0 + RUNS - 10) as u64))])
+        {
+            let (namespace, now) = (namespace.clone(), (T0 + RUNS) as u64);
+            let q = RunQuery { namespace, workflows, now, limit: 10, leave_queued_since };
             out.push(Case {
                 name: format!("claim_due_runs {q:?}"),
                 statement: claim_due_sql(store, &q, q.now + 30_000),
@@ -529,7 +539,7 @@ async fn every_list_filter_and_poller_scan_is_served_by_an_index() {
         .get(0);
     admin.batch_execute("SET enable_seqscan = off").await.unwrap();
     let mut cases = cases(&store);
-    assert_eq!(cases.len(), 4 * 128 + 3 * 2 + 1 + 3 * 4 + 4 + 2 * 8 + 4 + 8 + 6 + 1 + 8);
+    assert_eq!(cases.len(), 4 * 128 + 3 * 2 + 1 + 3 * 4 + 2 * 4 + 2 * 8 + 4 + 8 + 6 + 1 + 8);
     if all_visible {
         // The counts by workflow and status: the index alone, in its order.
         cases.push(Case {

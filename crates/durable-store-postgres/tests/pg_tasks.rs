@@ -240,7 +240,10 @@ async fn a_result_is_recorded_once_and_wakes_the_run() {
     let run = store.get_run(&RunId::from("r")).await.unwrap().unwrap();
     assert_eq!(run.wake_gen, before.wake_gen + 1);
     assert_eq!(run.wake_at, Some(T0 + 20), "due now");
-    let due = store.due_runs(&RunQuery { namespace: None, workflows: None, now: T0 + 20, limit: 10 }).await.unwrap();
+    let due = store
+        .due_runs(&RunQuery { namespace: None, workflows: None, now: T0 + 20, limit: 10, leave_queued_since: None })
+        .await
+        .unwrap();
     assert_eq!(due, [RunId::from("r")]);
     let cp = store.history(&RunId::from("r")).await.unwrap().into_iter().find(|c| c.seq == 1).unwrap();
     assert_eq!((cp.status, cp.attempts, cp.kind), (CheckpointStatus::Completed, 1, StepKind::Remote));
@@ -354,7 +357,7 @@ async fn a_blocked_run_wakes_like_a_suspended_one() {
         ..RunPatch::default()
     };
     assert!(store.update_run_if(&RunId::from("b"), &[RunStatus::Suspended], block).await.unwrap());
-    let q = RunQuery { namespace: None, workflows: None, now: T0 + 100, limit: 10 };
+    let q = RunQuery { namespace: None, workflows: None, now: T0 + 100, limit: 10, leave_queued_since: None };
     assert!(store.due_runs(&q).await.unwrap().is_empty());
     // Listed among the active runs.
     let active = store

@@ -505,6 +505,14 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
         }
     };
     let mut text = format!("SELECT id FROM runs INDEXED BY {index} WHERE {head}");
+    if let (Poll::Due, Some(since)) = (which, q.leave_queued_since) {
+        // A probe of `run_queue_open` per due run: left to a fresh unclaimed item of its own.
+        let since = sql.bind(Value::Integer(millis_to_sql(since)));
+        text.push_str(&format!(
+            " AND NOT EXISTS (SELECT 1 FROM run_queue WHERE run_queue.run_id = runs.id \
+              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since})"
+        ));
+    }
     if let Some(ns) = &q.namespace {
         text.push_str(&format!(" AND namespace = {}", sql.bind(Value::Text(ns.clone()))));
     }

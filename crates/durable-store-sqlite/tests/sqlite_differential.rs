@@ -270,6 +270,7 @@ fn query(rng: &mut Rng, now: u64) -> RunQuery {
         },
         now,
         limit: rng.below(5) as usize,
+        leave_queued_since: None,
     }
 }
 

@@ -50,7 +50,7 @@ const PLAN_INDEXES: &[&str] = &[
 ];
 
 /// The tables whose whole walk a plan must not do.
-const TABLES: &[&str] = &["runs", "run_tags", "schedules", "trigger_buffers", "tasks"];
+const TABLES: &[&str] = &["runs", "run_tags", "schedules", "trigger_buffers", "tasks", "run_queue"];
 
 const T0: u64 = 1_700_000_000_000;
 
@@ -89,13 +89,17 @@ fn filters(cursor: &str) -> Vec<RunFilter> {
 }
 
 /// Every query of the three poller scans: with and without a namespace, any workflow, none, or
-/// two of them.
+/// two of them; the due scan also leaving runs to their items in the run queue.
 fn poll_queries() -> Vec<(Poll, RunQuery)> {
     let mut out = Vec::new();
     for which in [Poll::Pending, Poll::Due, Poll::Orphaned] {
+        let leaves: &[Option<u64>] = if which == Poll::Due { &[None, Some(T0 + 40)] } else { &[None] };
         for namespace in [None, Some("tenant".to_string())] {
             for workflows in [None, Some(vec![]), Some(vec![("wf-1".to_string(), 1), ("wf-2".to_string(), 3)])] {
-                out.push((which, RunQuery { namespace: namespace.clone(), workflows, now: T0 + 50, limit: 10 }));
+                for &leave_queued_since in leaves {
+                    let (namespace, workflows) = (namespace.clone(), workflows.clone());
+                    out.push((which, RunQuery { namespace, workflows, now: T0 + 50, limit: 10, leave_queued_since }));
+                }
             }
         }
     }
@@ -301,6 +305,9 @@ fn violations(conn: &Connection, cases: &[Case]) -> Vec<String> {
                 continue;
             }
         };
+        if case.name.contains("leave_queued_since: Some") {
+            eprintln!("PLAN {}: {}", case.name, lines.join(" | "));
+        }
         let mut bad =
             |why: &str| out.push(format!("{}: {why}\n  {}\n  plan: {}", case.name, case.sql, lines.join(" | ")));
         let table = case.table;
@@ -353,7 +360,7 @@ fn database() -> (tempfile::TempDir, Connection) {
 fn every_list_filter_poller_and_due_scan_is_served_by_an_index() {
     let (_dir, conn) = database();
     let cases = cases();
-    assert_eq!(cases.len(), 4 * 128 + 1 + 3 * 4 + 4 + 2 * 4 + 4 + 3 + 8);
+    assert_eq!(cases.len(), 4 * 128 + 1 + 4 * 4 + 2 * 4 + 2 * 4 + 4 + 3 + 8);
     let found = violations(&conn, &cases);
     assert!(found.is_empty(), "{} plans read more than they return:\n{}", found.len(), found.join("\n"));
 
@@ -401,7 +408,7 @@ fn hot_writes_claims_and_the_due_scan_fill_no_temporary_table() {
         };
         statements.push(claim_tasks_sql(&claim).expect("a claim with a queue").0);
     }
-    let due = RunQuery { now: T0, limit: 10, namespace: None, workflows: None };
+    let due = RunQuery { now: T0, limit: 10, namespace: None, workflows: None, leave_queued_since: None };
     statements.push(poll_sql(Poll::Due, &due).expect("a due scan").0);
     for sql in statements {
         assert_eq!(temporary_tables(&conn, &sql), 0, "{sql}");

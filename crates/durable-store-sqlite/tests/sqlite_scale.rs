@@ -216,6 +216,7 @@ fn list_filters_and_poller_scans_at_a_million_runs() {
             workflows: Some((0..10).map(|w| (format!("wf-{w}"), 1)).collect()),
             now: T0 + n as u64,
             limit: 100,
+            leave_queued_since: None,
         };
         let (d, ids) = time(reps, || async { s.pending_runs(&q).await.expect("pending") }).await;
         report("pending_runs", d, ids.len());

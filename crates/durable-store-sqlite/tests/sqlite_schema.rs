@@ -277,7 +277,7 @@ fn a_version_1_file_is_migrated_forward_with_its_data() {
         assert_eq!(list(RunFilter { workflow: Some("child".into()), ..RunFilter::default() }).await, ["old-child"]);
         // Version 5: the old pending run (no wake_at) is pending work, like the new one; the old
         // suspended one without a timer is not due; schedules can be stored.
-        let q = RunQuery { namespace: None, workflows: None, now: 100, limit: 10 };
+        let q = RunQuery { namespace: None, workflows: None, now: 100, limit: 10, leave_queued_since: None };
         assert_eq!(store.pending_runs(&q).await.unwrap(), [RunId::from("old-3"), RunId::from("new")]);
         assert_eq!(store.due_runs(&q).await.unwrap(), Vec::<RunId>::new());
         let every = Schedule::every(std::time::Duration::from_secs(60));

@@ -75,7 +75,9 @@ async fn parked(store: &dyn Store, id: &str) -> CaseResult {
 }
 
 async fn due(store: &dyn Store, now: Millis) -> CaseResult<Vec<String>> {
-    let due = store.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 100 }).await?;
+    let due = store
+        .due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 100, leave_queued_since: None })
+        .await?;
     Ok(due.iter().map(|r| r.to_string()).collect())
 }
 
@@ -300,7 +302,7 @@ pub async fn a_keyed_start_waits_for_its_slot_or_is_refused(store: Arc<dyn Store
     }
     assert!(s.get_run(&RunId::from("k3")).await?.is_none(), "a refused start persists nothing");
     assert!(matches!(s.create_run(keyed("k2")).await?, CreateRun::Existing(_)), "an existing id is not decided again");
-    let q = RunQuery { namespace: None, workflows: None, now: T0 + 10, limit: 10 };
+    let q = RunQuery { namespace: None, workflows: None, now: T0 + 10, limit: 10, leave_queued_since: None };
     assert_eq!(ids_of(&s.pending_runs(&q).await?), ["k1"], "a waiting start is not pending work");
     assert!(due(s, T0 + 10).await?.is_empty());
     assert!(matches!(s.claim_run(claim("k2", OWNER, T0 + 10)).await?, ClaimOutcome::Busy(_)));

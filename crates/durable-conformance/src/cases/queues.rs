@@ -9,7 +9,7 @@ use crate::CaseResult;
 
 /// A query of every namespace and workflow at `now`, for up to 100 runs.
 fn query(now: Millis) -> RunQuery {
-    RunQuery { namespace: None, workflows: None, now, limit: 100 }
+    RunQuery { namespace: None, workflows: None, now, limit: 100, leave_queued_since: None }
 }
 
 /// The ids in `ids`, as strings.

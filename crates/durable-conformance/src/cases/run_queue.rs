@@ -8,7 +8,7 @@
 
 use std::sync::Arc;
 
-use durable_core::{Millis, NewRun, QueueReason, QueuedRun, RunId, RunQueue, Store};
+use durable_core::{Millis, NewRun, QueueReason, QueuedRun, RunId, RunQuery, RunQueue, Store};
 
 use super::fixtures::*;
 use crate::CaseResult;
@@ -364,5 +364,47 @@ async fn queue_race(s: &dyn Store, queues: &[Arc<dyn RunQueue>]) -> CaseResult {
     let hot = take(&*queue_for(0), None, OWNER, T0 + 3).await?;
     assert_eq!(runs(&hot), strings(&["hot"]), "racing enqueues of one run leave one item");
     assert_eq!(hot[0].reason, QueueReason::Wake);
+    Ok(())
+}
+
+/// Due scans asked to (`RunQuery::leave_queued_since`) leave out a due run that has an
+/// unclaimed item of its own in this queue enqueued after that time: its consumer
+/// executes it. A run whose item is older, or claimed, or that has none, is due as ever, and
+/// so is every run when the query does not ask. `claim_due_runs` leaves the same runs alone
+/// (their `wake_at` unchanged).
+pub async fn due_scans_leave_runs_with_a_fresh_item_of_their_own(
+    store: Arc<dyn Store>,
+    queue: Arc<dyn RunQueue>,
+) -> CaseResult {
+    let (s, q) = (&*store, &*queue);
+    let due_at = T0 + 5;
+    for id in ["fresh", "old", "taken", "none"] {
+        create(s, NewRun { start_at: Some(due_at), ..new_run(id) }).await?;
+    }
+    q.enqueue(vec![start_item("taken")], T0 + 20).await?;
+    let taken = take(q, None, OWNER, T0 + 21).await?;
+    assert_eq!(runs(&taken), ["taken"]);
+    q.enqueue(vec![start_item("old")], T0).await?;
+    q.enqueue(vec![start_item("fresh")], T0 + 30).await?;
+
+    let now = T0 + 40;
+    let query = |since| RunQuery { namespace: None, workflows: None, now, limit: 100, leave_queued_since: since };
+    let sorted = |mut ids: Vec<RunId>| {
+        ids.sort();
+        ids.into_iter().map(|id| id.to_string()).collect::<Vec<_>>()
+    };
+    assert_eq!(sorted(s.due_runs(&query(None)).await?), ["fresh", "none", "old", "taken"]);
+    assert_eq!(sorted(s.due_runs(&query(Some(T0 + 10))).await?), ["none", "old", "taken"]);
+    assert_eq!(sorted(s.due_runs(&query(Some(T0 + 29))).await?), ["none", "old", "taken"]);
+    assert_eq!(sorted(s.due_runs(&query(Some(T0 + 30))).await?), ["fresh", "none", "old", "taken"]);
+
+    let until = now + LEASE;
+    assert_eq!(sorted(s.claim_due_runs(&query(Some(T0 + 10)), until).await?), ["none", "old", "taken"]);
+    assert_eq!(get(s, "fresh").await?.wake_at, Some(due_at), "a run left to its item keeps its wake time");
+    assert_eq!(get(s, "old").await?.wake_at, Some(until));
+    // Once its item is claimed, the run is the pollers' again.
+    let claimed = take(q, None, OTHER, now).await?;
+    assert_eq!(runs(&claimed), ["old", "fresh"]);
+    assert_eq!(sorted(s.claim_due_runs(&query(Some(T0 + 10)), until).await?), ["fresh"]);
     Ok(())
 }

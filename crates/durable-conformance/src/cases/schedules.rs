@@ -300,7 +300,7 @@ pub async fn a_delayed_start_is_due_at_its_time(store: Arc<dyn Store>) -> CaseRe
     let run = create(s, NewRun { start_at: Some(at), ..new_run("later") }).await?;
     assert_eq!((run.status, run.wake_at), (RunStatus::Pending, Some(at)));
     create(s, new_run("now")).await?;
-    let q = |now| RunQuery { namespace: None, workflows: None, now, limit: 10 };
+    let q = |now| RunQuery { namespace: None, workflows: None, now, limit: 10, leave_queued_since: None };
     assert_eq!(s.pending_runs(&q(at)).await?, vec![RunId::from("now")], "a delayed start is not pending work");
     assert_eq!(s.due_runs(&q(at - 1)).await?, Vec::<RunId>::new());
     assert_eq!(s.due_runs(&q(at)).await?, vec![RunId::from("later")]);

@@ -25,7 +25,8 @@ pub async fn signal_to_waiter_records_and_wakes(store: Arc<dyn Store>) -> CaseRe
     assert_eq!(run.wake_gen, parked.wake_gen + 1);
     assert_eq!((run.status, run.wake_at), (RunStatus::Suspended, Some(now)), "due now, for the timer poller");
     assert_eq!(waiter_seqs(s, "w").await?, Vec::<u32>::new(), "the waiter was taken");
-    let due = s.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 10 }).await?;
+    let due =
+        s.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 10, leave_queued_since: None }).await?;
     assert_eq!(due, [RunId::from("w")]);
     assert_eq!(s.send_signal("tok", json(json!(2)), now).await?, Delivery::Buffered, "one waiter, one delivery");
     Ok(())

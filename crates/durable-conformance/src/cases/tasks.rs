@@ -159,7 +159,9 @@ fn log(attempt: u32, at: Millis, message: &str) -> TaskLog {
 
 /// The runs due at `now`.
 async fn due(store: &dyn Store, now: Millis) -> CaseResult<Vec<RunId>> {
-    Ok(store.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 100 }).await?)
+    Ok(store
+        .due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 100, leave_queued_since: None })
+        .await?)
 }
 
 /// A task keeps the trace context (its run's W3C `traceparent`) it was dispatched with, in

@@ -668,7 +668,7 @@ mod tests {
         assert!(d.knows(&r, mark), "a poller's find would be dropped");
         // The claim takes it.
         let until = now + 30_000;
-        let query = RunQuery { namespace: None, workflows: None, now, limit: 10 };
+        let query = RunQuery { namespace: None, workflows: None, now, limit: 10, leave_queued_since: None };
         assert_eq!(store.claim_due_runs(&query, until).await.expect("claim due"), vec![r.clone()]);
         here.record_claims(std::slice::from_ref(&r), until);
         here.queue_claimed(r.clone(), mark, until);

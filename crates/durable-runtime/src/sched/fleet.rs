@@ -7,7 +7,7 @@ use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
 use async_trait::async_trait;
-use durable_core::{QueueReason, QueuedRun, RunId};
+use durable_core::{Millis, QueueReason, QueuedRun, RunId};
 use durable_transport::{Consumer, Handled, RunHandler, Transport};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
@@ -63,6 +63,22 @@ impl Fleet {
         match &self.transport {
             Some(transport) if !transport.merges_runs() && !self.is_down() => grace,
             _ => Duration::ZERO,
+        }
+    }
+
+    /// Which due runs the due poller leaves to an item of their own in the store's run queue
+    /// ([`RunQuery::leave_queued_since`](durable_core::RunQuery::leave_queued_since)): with a
+    /// working queue that merges items (the store-backed one), those enqueued within the
+    /// grace. A run a delivery woke is due at once and its deliverer sends it a wake; claiming
+    /// it too made a second item whenever a consumer had taken the first, and a claim of a
+    /// busy run. A due run without such an item (a sleep or a delayed start whose engine went
+    /// away) is still claimed at once.
+    pub(super) fn leave_queued_since(&self, now: Millis, grace: Duration) -> Option<Millis> {
+        match &self.transport {
+            Some(transport) if transport.merges_runs() && !self.is_down() && !grace.is_zero() => {
+                Some(now.saturating_sub(grace.as_millis() as Millis))
+            }
+            _ => None,
         }
     }
 

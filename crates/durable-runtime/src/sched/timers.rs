@@ -187,8 +187,9 @@ impl Shared {
     /// the claim ends. A draining or stopping engine claims nothing: it could not hand on
     /// what it claimed, and the other engines' pollers find it. With a working run queue a
     /// run found pending is first left to its own start item for the poll grace
-    /// ([`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)), and on a queue that
-    /// keeps duplicates (a broker) a run found due is left to its own wake for it too.
+    /// ([`EngineConfig::poll_grace`](crate::EngineConfig::poll_grace)), and a run found due
+    /// is left to its own wake for it too: on a queue that keeps duplicates (a broker) any
+    /// due run, on the store-backed queue one with a wake waiting in the store's queue.
     async fn poll_once(&self, orphans: bool) -> bool {
         let workflows = self.registry.keys();
         if workflows.is_empty() {
@@ -200,6 +201,7 @@ impl Shared {
             workflows: Some(workflows),
             now,
             limit: self.config.poll_batch,
+            leave_queued_since: None,
         };
         let until = now.saturating_add(self.lease_ms());
         let claim = !self.is_stopping() && !self.is_draining();
@@ -210,7 +212,11 @@ impl Shared {
         let result = async {
             pending = Some(self.store.pending_runs(&query).await?);
             if claim {
-                let due = RunQuery { now: now.saturating_sub(due_grace), ..query.clone() };
+                let due = RunQuery {
+                    now: now.saturating_sub(due_grace),
+                    leave_queued_since: self.fleet.leave_queued_since(now, self.config.poll_grace),
+                    ..query.clone()
+                };
                 claimed.extend(self.store.claim_due_runs(&due, until).await?);
                 self.record_claims(&claimed, until);
             }
