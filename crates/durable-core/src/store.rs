@@ -403,11 +403,12 @@ pub struct RunQuery {
     /// At most this many ids.
     pub limit: usize,
     /// Due scans only ([`Store::due_runs`], [`Store::claim_due_runs`]): a due run that has an
-    /// unclaimed item in this store's own run queue ([`RunQueue`](crate::RunQueue)), enqueued after this
-    /// time, is left out — that item's consumer executes it, and a poller claiming it too
-    /// would only make a second claim of a busy run. An older item does not count (its
-    /// consumers may be gone), nor does a claimed one. `None`: no run is left out. A store
-    /// without a run queue of its own ignores it.
+    /// unclaimed item in this store's own run queue ([`RunQueue`](crate::RunQueue)), enqueued
+    /// after this time and not after `now`, is left out — that item's consumer executes it,
+    /// and a poller claiming it too would only make a second claim of a busy run. An older
+    /// item does not count (its consumers may be gone), nor one stamped after `now` (by a
+    /// clock ahead of the caller's), nor a claimed one, even if its claim expired. `None`: no
+    /// run is left out. A store without a run queue of its own ignores it.
     pub leave_queued_since: Option<Millis>,
 }
 
@@ -775,8 +776,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Suspended runs that are due, and delayed starts whose time has come.
     ///
     /// # Contract
-    /// Status `suspended` or `pending`, `wake_at <= now`, no live lease, matching the query;
-    /// earliest `wake_at` first; at most `limit`.
+    /// Status `suspended` or `pending`, `wake_at <= now`, no live lease, matching the query
+    /// (and not left to a run-queue item: [`RunQuery::leave_queued_since`]); earliest
+    /// `wake_at` first; at most `limit`.
     async fn due_runs(&self, query: &RunQuery) -> StoreResult<Vec<RunId>>;
 
     /// Claims due runs for a poller: the runs [`Store::due_runs`] returns, each taken out of
@@ -785,8 +787,9 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///
     /// # Contract
     /// One atomic call: selects the runs `due_runs(query)` returns (same statuses, `wake_at <=
-    /// now`, no live lease, namespace and workflows; earliest `wake_at` first; at most
-    /// `limit`) and sets each one's `wake_at` to `until`, in the same write; returns their ids,
+    /// now`, no live lease, namespace and workflows, and left to its run-queue item as
+    /// [`RunQuery::leave_queued_since`] says; earliest `wake_at` first; at most `limit`) and
+    /// sets each one's `wake_at` to `until`, in the same write; returns their ids,
     /// in no particular order. Nothing else of the row changes: status, lease, `wake_gen`,
     /// `updated_at` are kept. With `until > now`, concurrent callers (through any handle on
     /// the store) never get the same run: a claimed run is not due again before `until` —

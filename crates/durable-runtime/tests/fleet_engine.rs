@@ -583,12 +583,13 @@ async fn pollers_claim_a_due_run_at_once_on_a_merging_queue() {
 /// claim, no wake sent, while the item is younger than the poll grace — claiming it too cost a
 /// second item whenever a consumer had taken the first, and a claim of a busy run. Once the
 /// item is as old as the grace (its consumers gone, say), the poller claims the run and sends
-/// one claimed wake.
+/// one claimed wake. The grace counts from the item, not from the run's wake time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pollers_leave_a_due_run_to_its_item_in_the_store_queue_for_the_grace() {
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
     let clock = VirtualClock::starting_2026();
     let (id, due_at) = a_due_run_parked_elsewhere(&store, &clock).await;
+    clock.advance(Duration::from_secs(2));
     let wake = QueuedRun {
         id: 0,
         run_id: id.clone(),
@@ -609,6 +610,10 @@ async fn pollers_leave_a_due_run_to_its_item_in_the_store_queue_for_the_grace() 
     polls_pass(&mut polls, 6).await;
     clock.advance(grace - Duration::from_millis(1));
     polls_pass(&mut polls, 6).await;
+    assert!(
+        durable_runtime::Clock::now(&clock) > due_at + grace.as_millis() as Millis,
+        "due for longer than the grace"
+    );
     assert_eq!(store.get_run(&id).await.unwrap().unwrap().wake_at, Some(due_at), "claimed within the grace");
     assert!(kept.items().is_empty(), "a poll within the grace sent a wake: {:?}", kept.items());
 

@@ -339,7 +339,7 @@ impl Inner {
             Some(since) => self
                 .queue
                 .values()
-                .filter(|o| o.claim.is_none() && o.enqueued_at > since)
+                .filter(|o| o.claim.is_none() && o.enqueued_at > since && o.enqueued_at <= q.now)
                 .map(|o| &o.item.run_id)
                 .collect(),
             None => HashSet::new(),

@@ -1635,7 +1635,8 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
         let since = q.bind(millis_to_sql(since), Type::INT8);
         sql.push_str(&format!(
             " AND NOT EXISTS (SELECT 1 FROM {schema}.run_queue WHERE run_queue.run_id = runs.id \
-              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} OFFSET 0)"
+              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} \
+              AND run_queue.enqueued_at <= {now} OFFSET 0)"
         ));
     }
     if let Some(ns) = &rq.namespace {

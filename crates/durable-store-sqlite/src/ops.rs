@@ -510,7 +510,8 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
         let since = sql.bind(Value::Integer(millis_to_sql(since)));
         text.push_str(&format!(
             " AND NOT EXISTS (SELECT 1 FROM run_queue WHERE run_queue.run_id = runs.id \
-              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since})"
+              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} \
+              AND run_queue.enqueued_at <= {now})"
         ));
     }
     if let Some(ns) = &q.namespace {

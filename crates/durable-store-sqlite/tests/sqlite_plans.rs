@@ -305,9 +305,6 @@ fn violations(conn: &Connection, cases: &[Case]) -> Vec<String> {
                 continue;
             }
         };
-        if case.name.contains("leave_queued_since: Some") {
-            eprintln!("PLAN {}: {}", case.name, lines.join(" | "));
-        }
         let mut bad =
             |why: &str| out.push(format!("{}: {why}\n  {}\n  plan: {}", case.name, case.sql, lines.join(" | ")));
         let table = case.table;

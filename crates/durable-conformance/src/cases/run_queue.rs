@@ -368,17 +368,18 @@ async fn queue_race(s: &dyn Store, queues: &[Arc<dyn RunQueue>]) -> CaseResult {
 }
 
 /// Due scans asked to (`RunQuery::leave_queued_since`) leave out a due run that has an
-/// unclaimed item of its own in this queue enqueued after that time: its consumer
-/// executes it. A run whose item is older, or claimed, or that has none, is due as ever, and
-/// so is every run when the query does not ask. `claim_due_runs` leaves the same runs alone
-/// (their `wake_at` unchanged).
+/// unclaimed item of its own in this queue enqueued after that time and not after `now`: its
+/// consumer executes it. A run whose item is older, stamped after `now` (another clock), or
+/// claimed — even once the claim expired — or that has none, is due as ever, and so is every
+/// run when the query does not ask. `claim_due_runs` leaves the same runs alone (their
+/// `wake_at` unchanged).
 pub async fn due_scans_leave_runs_with_a_fresh_item_of_their_own(
     store: Arc<dyn Store>,
     queue: Arc<dyn RunQueue>,
 ) -> CaseResult {
     let (s, q) = (&*store, &*queue);
     let due_at = T0 + 5;
-    for id in ["fresh", "old", "taken", "none"] {
+    for id in ["ahead", "fresh", "none", "old", "taken"] {
         create(s, NewRun { start_at: Some(due_at), ..new_run(id) }).await?;
     }
     q.enqueue(vec![start_item("taken")], T0 + 20).await?;
@@ -386,25 +387,32 @@ pub async fn due_scans_leave_runs_with_a_fresh_item_of_their_own(
     assert_eq!(runs(&taken), ["taken"]);
     q.enqueue(vec![start_item("old")], T0).await?;
     q.enqueue(vec![start_item("fresh")], T0 + 30).await?;
+    q.enqueue(vec![start_item("ahead")], T0 + 100).await?;
 
-    let now = T0 + 40;
-    let query = |since| RunQuery { namespace: None, workflows: None, now, limit: 100, leave_queued_since: since };
+    let query = |now, since| RunQuery { namespace: None, workflows: None, now, limit: 100, leave_queued_since: since };
     let sorted = |mut ids: Vec<RunId>| {
         ids.sort();
         ids.into_iter().map(|id| id.to_string()).collect::<Vec<_>>()
     };
-    assert_eq!(sorted(s.due_runs(&query(None)).await?), ["fresh", "none", "old", "taken"]);
-    assert_eq!(sorted(s.due_runs(&query(Some(T0 + 10))).await?), ["none", "old", "taken"]);
-    assert_eq!(sorted(s.due_runs(&query(Some(T0 + 29))).await?), ["none", "old", "taken"]);
-    assert_eq!(sorted(s.due_runs(&query(Some(T0 + 30))).await?), ["fresh", "none", "old", "taken"]);
+    let now = T0 + 40;
+    let every = ["ahead", "fresh", "none", "old", "taken"];
+    assert_eq!(sorted(s.due_runs(&query(now, None)).await?), every);
+    assert_eq!(sorted(s.due_runs(&query(now, Some(T0 + 10))).await?), ["ahead", "none", "old", "taken"]);
+    assert_eq!(sorted(s.due_runs(&query(now, Some(T0 + 29))).await?), ["ahead", "none", "old", "taken"]);
+    assert_eq!(sorted(s.due_runs(&query(now, Some(T0 + 30))).await?), every);
+    // Later: "taken"'s claim has expired (its item still counts as claimed), "ahead"'s item is
+    // no longer stamped after now.
+    let later = T0 + 21 + CLAIM + 1;
+    assert_eq!(sorted(s.due_runs(&query(later, Some(T0 + 10))).await?), ["none", "old", "taken"]);
 
     let until = now + LEASE;
-    assert_eq!(sorted(s.claim_due_runs(&query(Some(T0 + 10)), until).await?), ["none", "old", "taken"]);
+    let claimed = s.claim_due_runs(&query(now, Some(T0 + 10)), until).await?;
+    assert_eq!(sorted(claimed), ["ahead", "none", "old", "taken"]);
     assert_eq!(get(s, "fresh").await?.wake_at, Some(due_at), "a run left to its item keeps its wake time");
     assert_eq!(get(s, "old").await?.wake_at, Some(until));
     // Once its item is claimed, the run is the pollers' again.
-    let claimed = take(q, None, OTHER, now).await?;
-    assert_eq!(runs(&claimed), ["old", "fresh"]);
-    assert_eq!(sorted(s.claim_due_runs(&query(Some(T0 + 10)), until).await?), ["fresh"]);
+    let items = take(q, None, OTHER, now).await?;
+    assert_eq!(runs(&items), ["old", "fresh", "ahead"]);
+    assert_eq!(sorted(s.claim_due_runs(&query(now, Some(T0 + 10)), until).await?), ["fresh"]);
     Ok(())
 }
