@@ -407,8 +407,10 @@ pub struct RunQuery {
     /// after this time and not after `now`, is left out — that item's consumer executes it,
     /// and a poller claiming it too would only make a second claim of a busy run. An older
     /// item does not count (its consumers may be gone), nor one stamped after `now` (by a
-    /// clock ahead of the caller's), nor a claimed one, even if its claim expired. `None`: no
-    /// run is left out. A store without a run queue of its own ignores it.
+    /// clock ahead of the caller's), nor a claimed one, even if its claim expired. The runs
+    /// left out are dropped from the `limit` earliest due, not replaced by runs due later: a
+    /// scan reads at most `limit` due runs however many are left to items. `None`: no run is
+    /// left out. A store without a run queue of its own ignores it.
     pub leave_queued_since: Option<Millis>,
 }
 

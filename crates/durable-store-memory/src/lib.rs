@@ -352,11 +352,11 @@ impl Inner {
                     && r.wake_at.is_some_and(|w| w <= q.now)
                     && !lease_is_live(r, q.now)
                     && matches_query(r, q)
-                    && !queued.contains(&r.id)
             })
             .collect();
         runs.sort_by(|a, b| (a.wake_at, &a.id).cmp(&(b.wake_at, &b.id)));
-        runs.into_iter().take(q.limit).map(|r| r.id.clone()).collect()
+        // Those left to an item are dropped from the first `limit`, not replaced.
+        runs.into_iter().take(q.limit).filter(|r| !queued.contains(&r.id)).map(|r| r.id.clone()).collect()
     }
 
     /// The run's unclaimed queue item, if it has one (it has at most one).

@@ -1628,17 +1628,10 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
         }
         Poll::Orphaned => (format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id"),
     };
-    let mut sql = format!("SELECT id FROM {schema}.runs WHERE {head}");
-    if let (Poll::Due, Some(since)) = (which, rq.leave_queued_since) {
-        // A probe of `run_queue_open` per due run: left to a fresh unclaimed item of its own.
-        // `OFFSET 0` keeps it a probe: as an anti-join the planner may hash the whole queue.
-        let since = q.bind(millis_to_sql(since), Type::INT8);
-        sql.push_str(&format!(
-            " AND NOT EXISTS (SELECT 1 FROM {schema}.run_queue WHERE run_queue.run_id = runs.id \
-              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} \
-              AND run_queue.enqueued_at <= {now} OFFSET 0)"
-        ));
-    }
+    // Left to items: the scan's runs are filtered afterwards, in due order (see below).
+    let leave = which == Poll::Due && rq.leave_queued_since.is_some();
+    let cols = if leave { "id, wake_at" } else { "id" };
+    let mut sql = format!("SELECT {cols} FROM {schema}.runs WHERE {head}");
     if let Some(ns) = &rq.namespace {
         sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
     }
@@ -1657,7 +1650,28 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     let lim = q.bind(i64::try_from(rq.limit).unwrap_or(i64::MAX), Type::INT8);
     sql.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
     q.sql = sql;
+    if leave {
+        // The due runs the scan found, less those left to an item of their own: dropped, not
+        // replaced by runs due later, so a poll reads at most `limit` of them however many wait.
+        let fresh = leave_to_fresh_item(&mut q, schema, rq, "due.id");
+        q.sql = format!("SELECT due.id FROM ({}) AS due WHERE {fresh} ORDER BY due.wake_at, due.id", q.sql);
+    }
     q
+}
+
+/// The term that leaves the run whose id is `id` to a fresh unclaimed item of its own in the
+/// run queue (`RunQuery::leave_queued_since`; `true` without one): one probe of
+/// `run_queue_open`. `OFFSET 0` keeps it a probe: as an anti-join the planner may hash the
+/// whole queue.
+fn leave_to_fresh_item(q: &mut Query, schema: &str, rq: &RunQuery, id: &str) -> String {
+    let Some(since) = rq.leave_queued_since else { return "true".into() };
+    let since = q.bind(millis_to_sql(since), Type::INT8);
+    let now = q.bind(millis_to_sql(rq.now), Type::INT8);
+    format!(
+        "NOT EXISTS (SELECT 1 FROM {schema}.run_queue WHERE run_queue.run_id = {id} \
+         AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} \
+         AND run_queue.enqueued_at <= {now} OFFSET 0)"
+    )
 }
 
 /// `claim_due_runs`: the due scan of [`poll_query`] (walking `runs_due`), locking what it picks
@@ -1666,11 +1680,14 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
 /// lock: a run another claim (or a commit) holds is skipped; a run another claim moved since
 /// this statement's snapshot is re-read once locked and no longer due, so it is left out.
 pub(crate) fn claim_due_query(schema: &str, rq: &RunQuery, until: Millis) -> Query {
-    let mut q = poll_query(schema, Poll::Due, rq);
+    let mut q = poll_query(schema, Poll::Due, &RunQuery { leave_queued_since: None, ..rq.clone() });
     let until = q.bind(millis_to_sql(until), Type::INT8);
+    // A picked run left to an item of its own is unlocked when the statement ends, unchanged.
+    let fresh = leave_to_fresh_item(&mut q, schema, rq, "r.id");
     q.sql = format!(
         "WITH picked AS ({scan} FOR UPDATE OF runs SKIP LOCKED) \
-         UPDATE {schema}.runs AS r SET wake_at = {until} FROM picked WHERE r.id = picked.id RETURNING r.id",
+         UPDATE {schema}.runs AS r SET wake_at = {until} FROM picked WHERE r.id = picked.id AND {fresh} \
+         RETURNING r.id",
         scan = q.sql
     );
     q

@@ -504,16 +504,10 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
             ("runs_orphaned", format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id")
         }
     };
-    let mut text = format!("SELECT id FROM runs INDEXED BY {index} WHERE {head}");
-    if let (Poll::Due, Some(since)) = (which, q.leave_queued_since) {
-        // A probe of `run_queue_open` per due run: left to a fresh unclaimed item of its own.
-        let since = sql.bind(Value::Integer(millis_to_sql(since)));
-        text.push_str(&format!(
-            " AND NOT EXISTS (SELECT 1 FROM run_queue WHERE run_queue.run_id = runs.id \
-              AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} \
-              AND run_queue.enqueued_at <= {now})"
-        ));
-    }
+    // Left to items: the scan's runs are filtered afterwards, in due order (see below).
+    let leave = which == Poll::Due && q.leave_queued_since.is_some();
+    let cols = if leave { "id, wake_at" } else { "id" };
+    let mut text = format!("SELECT {cols} FROM runs INDEXED BY {index} WHERE {head}");
     if let Some(ns) = &q.namespace {
         text.push_str(&format!(" AND namespace = {}", sql.bind(Value::Text(ns.clone()))));
     }
@@ -529,6 +523,18 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
     }
     let lim = sql.bind(Value::Integer(sql_limit(q.limit)));
     text.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
+    if let (true, Some(since)) = (leave, q.leave_queued_since) {
+        // The due runs the scan found, less those left to a fresh unclaimed item of their own
+        // (a probe of `run_queue_open` each): dropped, not replaced by runs due later, so a
+        // poll reads at most `limit` of them however many wait.
+        let since = sql.bind(Value::Integer(millis_to_sql(since)));
+        text = format!(
+            "SELECT due.id FROM ({text}) AS due WHERE NOT EXISTS (SELECT 1 FROM run_queue \
+             WHERE run_queue.run_id = due.id AND run_queue.claimed_by IS NULL \
+             AND run_queue.enqueued_at > {since} AND run_queue.enqueued_at <= {now}) \
+             ORDER BY due.wake_at, due.id"
+        );
+    }
     sql.text = text;
     Some(sql)
 }

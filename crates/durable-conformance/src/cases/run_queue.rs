@@ -371,8 +371,8 @@ async fn queue_race(s: &dyn Store, queues: &[Arc<dyn RunQueue>]) -> CaseResult {
 /// unclaimed item of its own in this queue enqueued after that time and not after `now`: its
 /// consumer executes it. A run whose item is older, stamped after `now` (another clock), or
 /// claimed — even once the claim expired — or that has none, is due as ever, and so is every
-/// run when the query does not ask. `claim_due_runs` leaves the same runs alone (their
-/// `wake_at` unchanged).
+/// run when the query does not ask. A run left out is dropped from the `limit` earliest due,
+/// not replaced. `claim_due_runs` leaves the same runs alone (their `wake_at` unchanged).
 pub async fn due_scans_leave_runs_with_a_fresh_item_of_their_own(
     store: Arc<dyn Store>,
     queue: Arc<dyn RunQueue>,
@@ -400,14 +400,19 @@ pub async fn due_scans_leave_runs_with_a_fresh_item_of_their_own(
     assert_eq!(sorted(s.due_runs(&query(now, Some(T0 + 10))).await?), ["ahead", "none", "old", "taken"]);
     assert_eq!(sorted(s.due_runs(&query(now, Some(T0 + 29))).await?), ["ahead", "none", "old", "taken"]);
     assert_eq!(sorted(s.due_runs(&query(now, Some(T0 + 30))).await?), every);
+    // A run left out is dropped from the `limit` earliest due, not replaced by a later one
+    // (equal wake times: by id, "ahead" then "fresh").
+    let first_two = RunQuery { limit: 2, ..query(now, Some(T0 + 10)) };
+    assert_eq!(sorted(s.due_runs(&first_two).await?), ["ahead"]);
     // Later: "taken"'s claim has expired (its item still counts as claimed), "ahead"'s item is
     // no longer stamped after now.
     let later = T0 + 21 + CLAIM + 1;
     assert_eq!(sorted(s.due_runs(&query(later, Some(T0 + 10))).await?), ["none", "old", "taken"]);
 
     let until = now + LEASE;
+    assert_eq!(sorted(s.claim_due_runs(&first_two, until).await?), ["ahead"]);
     let claimed = s.claim_due_runs(&query(now, Some(T0 + 10)), until).await?;
-    assert_eq!(sorted(claimed), ["ahead", "none", "old", "taken"]);
+    assert_eq!(sorted(claimed), ["none", "old", "taken"]);
     assert_eq!(get(s, "fresh").await?.wake_at, Some(due_at), "a run left to its item keeps its wake time");
     assert_eq!(get(s, "old").await?.wake_at, Some(until));
     // Once its item is claimed, the run is the pollers' again.
