@@ -35,7 +35,8 @@ pub struct EngineConfig {
     /// item into the run's waiting one, a due run is claimed at once unless it has an unclaimed
     /// item of its own in the store's queue enqueued within this long (the wake its deliverer
     /// or its engine's timer sent; a delayed start or a sleep whose engine went away has
-    /// none). Each item a poller adds for a run already queued costs:
+    /// none; such a run waits up to this long only behind `poll_batch` runs due before it that
+    /// are left to their items). Each item a poller adds for a run already queued costs:
     /// on a broker it is delivered and costs a turn that finds nothing to do; on the store
     /// queue, a run whose item a consumer already took gets a second item, and the engine
     /// that takes it claims a run that is not free. Without the grace a burst of starts

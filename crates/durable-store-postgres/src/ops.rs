@@ -1611,7 +1611,9 @@ const LEASE_FREE_AT: &str = "(CASE WHEN lease_owner IS NULL OR lease_until IS NU
 
 /// `pending_runs`, `due_runs` and `orphaned_runs`: pending runs without a delayed start in claim
 /// order (`runs_pending`), due timers and delayed starts by `wake_at` up to now (`runs_due`), orphans by the end of their lease up to now
-/// (`runs_orphaned`; only they are sorted by age).
+/// (`runs_orphaned`; only they are sorted by age). A due scan with
+/// `RunQuery::leave_queued_since` reads the `limit` earliest due runs and then drops those
+/// left to an item of their own ([`leave_to_fresh_item`]).
 pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     let mut q = Query::default();
     let now = q.bind(millis_to_sql(rq.now), Type::INT8);
@@ -1653,40 +1655,42 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     if leave {
         // The due runs the scan found, less those left to an item of their own: dropped, not
         // replaced by runs due later, so a poll reads at most `limit` of them however many wait.
-        let fresh = leave_to_fresh_item(&mut q, schema, rq, "due.id");
+        let fresh = leave_to_fresh_item(&mut q, schema, rq, "due.id").unwrap_or_else(|| "true".into());
         q.sql = format!("SELECT due.id FROM ({}) AS due WHERE {fresh} ORDER BY due.wake_at, due.id", q.sql);
     }
     q
 }
 
 /// The term that leaves the run whose id is `id` to a fresh unclaimed item of its own in the
-/// run queue (`RunQuery::leave_queued_since`; `true` without one): one probe of
+/// run queue (`RunQuery::leave_queued_since`; `None` without one): one probe of
 /// `run_queue_open`. `OFFSET 0` keeps it a probe: as an anti-join the planner may hash the
 /// whole queue.
-fn leave_to_fresh_item(q: &mut Query, schema: &str, rq: &RunQuery, id: &str) -> String {
-    let Some(since) = rq.leave_queued_since else { return "true".into() };
-    let since = q.bind(millis_to_sql(since), Type::INT8);
+fn leave_to_fresh_item(q: &mut Query, schema: &str, rq: &RunQuery, id: &str) -> Option<String> {
+    let since = q.bind(millis_to_sql(rq.leave_queued_since?), Type::INT8);
     let now = q.bind(millis_to_sql(rq.now), Type::INT8);
-    format!(
+    Some(format!(
         "NOT EXISTS (SELECT 1 FROM {schema}.run_queue WHERE run_queue.run_id = {id} \
          AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} \
          AND run_queue.enqueued_at <= {now} OFFSET 0)"
-    )
+    ))
 }
 
 /// `claim_due_runs`: the due scan of [`poll_query`] (walking `runs_due`), locking what it picks
 /// with `SKIP LOCKED`, and one `UPDATE` of the picked rows moving their `wake_at` to `until`,
 /// `RETURNING` their ids — one statement, a transaction of its own. It never waits for a row
 /// lock: a run another claim (or a commit) holds is skipped; a run another claim moved since
-/// this statement's snapshot is re-read once locked and no longer due, so it is left out.
+/// this statement's snapshot is re-read once locked and no longer due, so it is left out. With
+/// `RunQuery::leave_queued_since` the `UPDATE` skips the picked runs left to an item of their
+/// own: they stay locked, unchanged, until the statement ends, and a consumer's `claim_run` of
+/// one in that instant answers busy (it does not wait), so its engine looks again shortly.
 pub(crate) fn claim_due_query(schema: &str, rq: &RunQuery, until: Millis) -> Query {
+    // The scan without the items' filter: wrapped, it would have no `runs` to lock.
     let mut q = poll_query(schema, Poll::Due, &RunQuery { leave_queued_since: None, ..rq.clone() });
     let until = q.bind(millis_to_sql(until), Type::INT8);
-    // A picked run left to an item of its own is unlocked when the statement ends, unchanged.
-    let fresh = leave_to_fresh_item(&mut q, schema, rq, "r.id");
+    let fresh = leave_to_fresh_item(&mut q, schema, rq, "r.id").map(|t| format!(" AND {t}")).unwrap_or_default();
     q.sql = format!(
         "WITH picked AS ({scan} FOR UPDATE OF runs SKIP LOCKED) \
-         UPDATE {schema}.runs AS r SET wake_at = {until} FROM picked WHERE r.id = picked.id AND {fresh} \
+         UPDATE {schema}.runs AS r SET wake_at = {until} FROM picked WHERE r.id = picked.id{fresh} \
          RETURNING r.id",
         scan = q.sql
     );

@@ -481,7 +481,9 @@ pub(crate) const DUE_STATUSES: &str = "(status = 'suspended' OR status = 'blocke
 /// `wake_at`) by `wake_at` up to now (`runs_due`), orphans by the end of their lease up to now
 /// (`runs_orphaned`, then sorted by `updated_at`: only the orphans are). The status and
 /// `wake_at` terms repeat the partial index's own, so SQLite can tell the index holds the rows.
-/// The namespace and workflow terms filter what the walk yields.
+/// The namespace and workflow terms filter what the walk yields. A due scan with
+/// `RunQuery::leave_queued_since` reads the `limit` earliest due runs, then drops those left to
+/// a fresh unclaimed item of their own (a probe of `run_queue_open` each).
 ///
 /// `None` for a query that matches nothing (a limit of 0, an empty list of workflows): there is
 /// nothing to ask.

@@ -72,7 +72,9 @@ impl Fleet {
     /// grace. A run a delivery woke is due at once and its deliverer sends it a wake; claiming
     /// it too made a second item whenever a consumer had taken the first, and a claim of a
     /// busy run. A due run without such an item (a sleep or a delayed start whose engine went
-    /// away) is still claimed at once.
+    /// away) is still claimed at once, unless `poll_batch` runs due before it are left to their
+    /// items: a scan drops those, so it waits until they are taken or their items are as old as
+    /// the grace.
     pub(super) fn leave_queued_since(&self, now: Millis, grace: Duration) -> Option<Millis> {
         match &self.transport {
             Some(transport) if transport.merges_runs() && !self.is_down() && !grace.is_zero() => {
