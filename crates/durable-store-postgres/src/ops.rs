@@ -1631,8 +1631,8 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
         Poll::Orphaned => (format!("status = 'running' AND {LEASE_FREE_AT} < {now}"), "updated_at, id"),
     };
     // Left to items: the scan's runs are filtered afterwards, in due order (see below).
-    let leave = which == Poll::Due && rq.leave_queued_since.is_some();
-    let cols = if leave { "id, wake_at" } else { "id" };
+    let leave = if which == Poll::Due { rq.leave_queued_since } else { None };
+    let cols = if leave.is_some() { "id, wake_at" } else { "id" };
     let mut sql = format!("SELECT {cols} FROM {schema}.runs WHERE {head}");
     if let Some(ns) = &rq.namespace {
         sql.push_str(&format!(" AND namespace = {}", q.bind(ns.clone(), Type::TEXT)));
@@ -1652,27 +1652,27 @@ pub(crate) fn poll_query(schema: &str, which: Poll, rq: &RunQuery) -> Query {
     let lim = q.bind(i64::try_from(rq.limit).unwrap_or(i64::MAX), Type::INT8);
     sql.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
     q.sql = sql;
-    if leave {
+    if let Some(since) = leave {
         // The due runs the scan found, less those left to an item of their own: dropped, not
         // replaced by runs due later, so a poll reads at most `limit` of them however many wait.
-        let fresh = leave_to_fresh_item(&mut q, schema, rq, "due.id").unwrap_or_else(|| "true".into());
+        let fresh = leave_to_fresh_item(&mut q, schema, since, rq.now, "due.id");
         q.sql = format!("SELECT due.id FROM ({}) AS due WHERE {fresh} ORDER BY due.wake_at, due.id", q.sql);
     }
     q
 }
 
 /// The term that leaves the run whose id is `id` to a fresh unclaimed item of its own in the
-/// run queue (`RunQuery::leave_queued_since`; `None` without one): one probe of
-/// `run_queue_open`. `OFFSET 0` keeps it a probe: as an anti-join the planner may hash the
-/// whole queue.
-fn leave_to_fresh_item(q: &mut Query, schema: &str, rq: &RunQuery, id: &str) -> Option<String> {
-    let since = q.bind(millis_to_sql(rq.leave_queued_since?), Type::INT8);
-    let now = q.bind(millis_to_sql(rq.now), Type::INT8);
-    Some(format!(
+/// run queue, enqueued after `since` and not after `now` (`RunQuery::leave_queued_since`): one
+/// probe of `run_queue_open`. `OFFSET 0` keeps it a probe: as an anti-join the planner may hash
+/// the whole queue.
+fn leave_to_fresh_item(q: &mut Query, schema: &str, since: Millis, now: Millis, id: &str) -> String {
+    let since = q.bind(millis_to_sql(since), Type::INT8);
+    let now = q.bind(millis_to_sql(now), Type::INT8);
+    format!(
         "NOT EXISTS (SELECT 1 FROM {schema}.run_queue WHERE run_queue.run_id = {id} \
          AND run_queue.claimed_by IS NULL AND run_queue.enqueued_at > {since} \
          AND run_queue.enqueued_at <= {now} OFFSET 0)"
-    ))
+    )
 }
 
 /// `claim_due_runs`: the due scan of [`poll_query`] (walking `runs_due`), locking what it picks
@@ -1687,7 +1687,9 @@ pub(crate) fn claim_due_query(schema: &str, rq: &RunQuery, until: Millis) -> Que
     // The scan without the items' filter: wrapped, it would have no `runs` to lock.
     let mut q = poll_query(schema, Poll::Due, &RunQuery { leave_queued_since: None, ..rq.clone() });
     let until = q.bind(millis_to_sql(until), Type::INT8);
-    let fresh = leave_to_fresh_item(&mut q, schema, rq, "r.id").map(|t| format!(" AND {t}")).unwrap_or_default();
+    let fresh = rq.leave_queued_since.map_or_else(String::new, |since| {
+        format!(" AND {}", leave_to_fresh_item(&mut q, schema, since, rq.now, "r.id"))
+    });
     q.sql = format!(
         "WITH picked AS ({scan} FOR UPDATE OF runs SKIP LOCKED) \
          UPDATE {schema}.runs AS r SET wake_at = {until} FROM picked WHERE r.id = picked.id{fresh} \

@@ -507,8 +507,8 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
         }
     };
     // Left to items: the scan's runs are filtered afterwards, in due order (see below).
-    let leave = which == Poll::Due && q.leave_queued_since.is_some();
-    let cols = if leave { "id, wake_at" } else { "id" };
+    let leave = if which == Poll::Due { q.leave_queued_since } else { None };
+    let cols = if leave.is_some() { "id, wake_at" } else { "id" };
     let mut text = format!("SELECT {cols} FROM runs INDEXED BY {index} WHERE {head}");
     if let Some(ns) = &q.namespace {
         text.push_str(&format!(" AND namespace = {}", sql.bind(Value::Text(ns.clone()))));
@@ -525,7 +525,7 @@ pub(crate) fn poll_sql(which: Poll, q: &RunQuery) -> Option<Sql> {
     }
     let lim = sql.bind(Value::Integer(sql_limit(q.limit)));
     text.push_str(&format!(" ORDER BY {order} LIMIT {lim}"));
-    if let (true, Some(since)) = (leave, q.leave_queued_since) {
+    if let Some(since) = leave {
         // The due runs the scan found, less those left to a fresh unclaimed item of their own
         // (a probe of `run_queue_open` each): dropped, not replaced by runs due later, so a
         // poll reads at most `limit` of them however many wait.
