@@ -801,6 +801,69 @@ fn cpu_seconds() -> f64 {
     std::fs::read_to_string("/proc/self/stat").ok().as_deref().and_then(ticks).map_or(f64::NAN, |(_, n)| n / HZ)
 }
 
+/// CPU seconds, user and system, the PostgreSQL server on this machine has used so far: its
+/// processes' own, plus the postmaster's count of the backends it reaped. `None` unless the
+/// store is PostgreSQL at a local address (DURABLE_PG_URL, or the default) and its processes
+/// show in `/proc`. A figure far less noisy than the throughput of a CPU-bound server.
+fn pg_server_cpu_s(args: &Args) -> Option<f64> {
+    if args.store != "postgres" {
+        return None;
+    }
+    let url = std::env::var("DURABLE_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.into());
+    let host = url.rsplit_once('@').map_or(url.as_str(), |(_, h)| h);
+    if !["127.0.0.1", "localhost", "[::1]"].iter().any(|local| host.starts_with(local)) {
+        return None;
+    }
+    // (name, parent pid, utime + stime, cutime + cstime) from a `/proc/<pid>/stat` line.
+    fn fields(stat: &str) -> Option<(&str, &str, f64, f64)> {
+        let (head, rest) = stat.rsplit_once(')')?;
+        let name = head.split_once('(')?.1;
+        let f: Vec<&str> = rest.split_whitespace().collect();
+        let sum = |a: usize, b: usize| Some(f.get(a)?.parse::<f64>().ok()? + f.get(b)?.parse::<f64>().ok()?);
+        Some((name, f.get(1)?, sum(11, 12)?, sum(13, 14)?))
+    }
+    let stats: Vec<(String, String)> = std::fs::read_dir("/proc")
+        .ok()?
+        .flatten()
+        .filter(|e| e.file_name().to_str().is_some_and(|n| n.bytes().all(|b| b.is_ascii_digit())))
+        .filter_map(|e| Some((e.file_name().into_string().ok()?, std::fs::read_to_string(e.path().join("stat")).ok()?)))
+        .collect();
+    let postgres: std::collections::HashSet<&str> = stats
+        .iter()
+        .filter(|(_, stat)| fields(stat).is_some_and(|(name, ..)| name.starts_with("postgres")))
+        .map(|(pid, _)| pid.as_str())
+        .collect();
+    let mut ticks = 0.0;
+    for (_, stat) in stats.iter().filter(|(pid, _)| postgres.contains(pid.as_str())) {
+        let Some((_, parent, own, reaped)) = fields(stat) else { continue };
+        // The postmaster (whose parent is not a server process) has reaped the exited backends.
+        ticks += own + if postgres.contains(parent) { 0.0 } else { reaped };
+    }
+    // Linux counts in clock ticks of 100 per second (USER_HZ).
+    (!postgres.is_empty()).then_some(ticks / 100.0)
+}
+
+/// Runs the workload and, on a local PostgreSQL server, adds the server's CPU time over it
+/// (`pg_server_cpu_s`, and per step `pg_server_cpu_ms_per_step`); then, for an in-process
+/// `remote_chain` on PostgreSQL, its `pickup` figure.
+async fn measured_workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
+    let before = pg_server_cpu_s(args);
+    let mut m = workload(engine, args).await?;
+    if let (Some(before), Some(after)) = (before, pg_server_cpu_s(args)) {
+        let cpu = after - before;
+        let steps = (m.runs * m.steps_per_run).max(1) as f64;
+        let extra = m.extra.get_or_insert_with(|| serde_json::json!({}));
+        extra["pg_server_cpu_s"] = serde_json::json!((cpu * 100.0).round() / 100.0);
+        extra["pg_server_cpu_ms_per_step"] = serde_json::json!((cpu * 1e6 / steps).round() / 1000.0);
+    }
+    // Measured apart: how soon an idle worker on PostgreSQL picks up a new task.
+    if args.workload == "remote_chain" && args.store == "postgres" && args.workers == 0 {
+        let figure = pickup(engine, args, if args.quick { 50 } else { 200 }).await?;
+        m.extra.get_or_insert_with(|| serde_json::json!({}))["pickup"] = figure;
+    }
+    Ok(m)
+}
+
 fn peak_rss_mb() -> f64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
@@ -819,12 +882,7 @@ async fn workload(engine: &Engine, args: &Args) -> Result<Measured, String> {
         "admission" => admission(engine, if q { 50 } else { 500 }).await,
         "remote_chain" => {
             let in_process = if args.workers == 0 { 2 } else { 0 };
-            let mut m = remote_chain(engine, if q { 100 } else { 1_000 }, 5, in_process).await?;
-            if args.store == "postgres" && args.workers == 0 {
-                let figure = pickup(engine, args, if q { 50 } else { 200 }).await?;
-                m.extra = Some(serde_json::json!({ "pickup": figure }));
-            }
-            Ok(m)
+            remote_chain(engine, if q { 100 } else { 1_000 }, 5, in_process).await
         }
         "long_chain" => chain(engine, if q { 4 } else { 20 }, if q { 200 } else { 1_000 }).await,
         "timers" => timers(engine, if q { 200 } else { 2_000 }).await,
@@ -856,7 +914,7 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
     }
     if args.workers == 0 {
         let (engine, db) = engine(args)?;
-        let m = workload(&engine, args).await?;
+        let m = measured_workload(&engine, args).await?;
         // Per-thread CPU (with DURABLE_BENCH_THREADS) while the store's threads still run.
         cpu_seconds();
         print_sqlite_stats();
@@ -897,7 +955,7 @@ async fn run(args: &Args) -> Result<(Measured, f64), String> {
         }
         workers.push((child, lines));
     }
-    let m = workload(&client, args).await;
+    let m = measured_workload(&client, args).await;
     client.shutdown().await;
     // The processes' counters, summed (the largest RSS).
     let mut fleet = process_stats(&client);
