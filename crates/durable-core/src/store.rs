@@ -708,8 +708,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   it), the commit's checkpoint at that seq is not written and the seq is in `raced`.
     /// - `state` upserted per `(run, key)`; `children` created as by `create_run` but [never refused](NewRun::never_refused); `signals`
     ///   sent as by `send_signal` (results in `deliveries`).
-    /// - Each of `tasks` is stored `queued` ([`Task::queued`]), replacing the task at its
-    ///   `(run_id, seq)` if there is one (a re-dispatch; the old attempt's logs are kept).
+    /// - Each of `tasks` is stored as [`Task::dispatched`] makes it — `queued`, or `claimed`
+    ///   by its [`NewTask::claimed_by`] worker at its `created_at` (eager dispatch) —
+    ///   replacing the task at its `(run_id, seq)` if there is one (a re-dispatch; the old
+    ///   attempt's logs are kept).
     /// - `end`: see [`TurnEnd`]. A `Settle` that finds the run no longer `running` changes
     ///   nothing of the run row and reports `settled = false` (checkpoints are still written).
     ///   An applied `Settle` finishes the run's unfinished tasks (outcome `cancelled`) and

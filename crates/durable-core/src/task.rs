@@ -63,6 +63,13 @@ pub struct NewTask {
     /// worker's span for the attempt joins the run's trace.
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub trace_context: Option<String>,
+    /// Dispatched already claimed by this worker (eager dispatch: an engine hands the attempt
+    /// to a worker beside it that has a free slot, so no claim round trip follows): the
+    /// store writes the task as [`Task::dispatched`] does, `claimed` by it at `created_at`.
+    /// `None` (the turn's own dispatch): `queued`. Only the dispatch reads it; a stored task
+    /// reads back with `None` (the claim shows in [`Task::worker`]).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub claimed_by: Option<String>,
 }
 
 impl NewTask {
@@ -167,6 +174,24 @@ impl Task {
             claims: 0,
             logs: Vec::new(),
             outcome: None,
+        }
+    }
+
+    /// A task as its dispatch stores it: [`Task::queued`], or for a dispatch claimed already
+    /// ([`NewTask::claimed_by`]) `claimed` by that worker as a claim at `created_at` stamps it:
+    /// `lease_until = created_at + heartbeat_timeout`, `claimed_at = heartbeat_at =
+    /// created_at`, `claims = 1`. Its `task.claimed_by` is `None`.
+    pub fn dispatched(mut task: NewTask) -> Self {
+        let Some(worker) = task.claimed_by.take() else { return Task::queued(task) };
+        let at = task.created_at;
+        Task {
+            state: TaskState::Claimed,
+            worker: Some(worker),
+            lease_until: Some(at.saturating_add(task.heartbeat_timeout_ms)),
+            claimed_at: Some(at),
+            heartbeat_at: Some(at),
+            claims: 1,
+            ..Task::queued(task)
         }
     }
 
@@ -396,7 +421,19 @@ mod tests {
             timeout_ms: Some(5_000),
             heartbeat_timeout_ms: 100,
             created_at: 10,
+            claimed_by: None,
         }
+    }
+
+    #[test]
+    fn a_dispatch_to_a_worker_is_stored_claimed_by_it_at_its_creation() {
+        assert_eq!(Task::dispatched(task()), Task::queued(task()));
+        let t = Task::dispatched(NewTask { claimed_by: Some("w".into()), ..task() });
+        assert_eq!(t.task, task(), "the dispatch reads back without its worker");
+        assert_eq!((t.state, t.worker.as_deref(), t.claims), (TaskState::Claimed, Some("w"), 1));
+        assert_eq!((t.claimed_at, t.heartbeat_at, t.lease_until), (Some(10), Some(10), Some(110)));
+        assert_eq!(t.deadline(), Some(5_010), "the attempt's timeout runs from the dispatch");
+        assert!(!t.claimable(109) && t.claimable(110), "another worker claims it once its lease passes");
     }
 
     #[test]

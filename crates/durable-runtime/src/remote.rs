@@ -18,7 +18,7 @@ use durable_core::{Millis, Payload, RunId, StepError, Store, codes, millis_after
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
-use tokio::sync::{Notify, mpsc, watch};
+use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore, mpsc, watch};
 use tokio::task::JoinSet;
 use tracing::Instrument;
 
@@ -28,6 +28,7 @@ use durable_transport::Transport;
 use crate::clock::{BoxFuture, Clock, SystemClock};
 use crate::engine::Engine;
 use crate::sched::Shared;
+use crate::sched::eager::{Handed, LocalWorker};
 
 type Handler = Arc<dyn Fn(TaskContext, Payload) -> BoxFuture<'static, Result<Payload, StepError>> + Send + Sync>;
 
@@ -201,6 +202,13 @@ impl WorkerBuilder {
     /// Runs beside an engine in this process: its store and clock, a wake-up as soon as the
     /// engine dispatches a task, the run woken at once when a result is recorded, and the
     /// engine's control plane (unless [`WorkerBuilder::control_plane`] gives one).
+    ///
+    /// While [`Worker::run`] lasts, the engine hands the worker the tasks it serves straight
+    /// from the commits that dispatch them, as long as it has a free slot (eager dispatch):
+    /// each is written claimed by this worker in that commit, so no claim round trip follows
+    /// and no other worker is woken for it ([`WorkerReport::eager`] counts them). A task handed
+    /// over here is leased like a claimed one: if the process dies, another worker takes it
+    /// once its lease passes.
     pub fn engine(mut self, engine: &Engine) -> Self {
         self.store = Some(engine.store().clone());
         self.clock = engine.clock().clone();
@@ -453,6 +461,9 @@ impl fmt::Debug for Worker {
 pub struct WorkerReport {
     /// Tasks claimed.
     pub claimed: u64,
+    /// Of those, the tasks an engine beside the worker dispatched straight to it, claimed in
+    /// the commit that dispatched them (eager dispatch, see [`WorkerBuilder::engine`]).
+    pub eager: u64,
     /// Results the store recorded.
     pub completed: u64,
     /// Results the store dropped: a duplicate or late result, or the run had settled.
@@ -510,6 +521,10 @@ impl Worker {
         let mut nudged = Box::pin(nudges.notified());
         nudged.as_mut().enable();
         let mut heard = self.hear().await;
+        // The worker's execution slots: its claims take them, and so do the tasks an engine
+        // beside it dispatches straight to it (eager dispatch), each with its slot.
+        let slots = Arc::new(Semaphore::new(w.concurrency));
+        let mut handed = self.take_eagerly(&slots);
         loop {
             let now = w.clock.now();
             if registered_at.is_none_or(|at| now >= millis_after(at, w.register_interval)) {
@@ -520,6 +535,11 @@ impl Worker {
             }
             while let Some(done) = running.try_join_next() {
                 self.settled(done, &mut inflight, &mut report);
+            }
+            while let Some(h) = handed.as_mut().and_then(|rx| rx.try_recv().ok()) {
+                report.claimed += 1;
+                report.eager += 1;
+                self.start(h.task, h.slot, &mut running, &mut inflight);
             }
             if !inflight.is_empty() && now >= millis_after(checked_at, w.poll_interval) {
                 checked_at = now;
@@ -532,7 +552,7 @@ impl Worker {
             if now >= next_poll {
                 look = true;
             }
-            let free = w.concurrency.saturating_sub(running.len());
+            let free = slots.available_permits();
             if free > 0 && (look || saturated) {
                 look = false;
                 next_poll = millis_after(now, w.poll_interval);
@@ -550,26 +570,24 @@ impl Worker {
                     Ok(tasks) => {
                         saturated = tasks.len() == free;
                         report.claimed += tasks.len() as u64;
+                        let mut back = Vec::new();
                         for task in tasks {
-                            let key = (task.task.run_id.clone(), task.task.seq);
                             // Our own task back after its lease expired: its handler still runs
                             // here (the claim renewed its lease); never run it twice at once.
+                            let key = (task.task.run_id.clone(), task.task.seq);
                             if inflight.get(&key).is_some_and(|c| c.attempt() == task.task.attempt) {
                                 continue;
                             }
-                            // One span per attempt, in the run's trace.
-                            let span = crate::trace::task_span(&task, &w.id);
-                            let ctx = self.context(task);
-                            inflight.insert(key.clone(), ctx.clone());
-                            // Whatever happens in it, the task ends with its key: a task lost
-                            // from `inflight` only by a panic would stay claimed here forever.
-                            let execute = Box::pin(self.clone().execute(ctx).instrument(span));
-                            running.spawn(async move {
-                                crate::turn::CatchUnwind(execute).await.unwrap_or_else(|panic| {
-                                    tracing::error!(run_id = %key.0, seq = key.1, "a remote step's task panicked in the worker: {panic}");
-                                    Outcome { key, completion: None, dropped: true }
-                                })
-                            });
+                            match slots.clone().try_acquire_owned() {
+                                Ok(slot) => self.start(task, slot, &mut running, &mut inflight),
+                                // An engine beside the worker handed it a task meanwhile.
+                                Err(_) => back.push((task.task.run_id, task.task.seq, task.task.attempt)),
+                            }
+                        }
+                        if !back.is_empty()
+                            && let Err(e) = w.store.release_tasks(&back, &w.id).await
+                        {
+                            tracing::warn!(worker = %w.id, error = %e, "could not hand back tasks claimed past the free slots; they return when their leases expire");
                         }
                     }
                     Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not claim tasks; trying again"),
@@ -581,6 +599,11 @@ impl Worker {
                 _ = &mut shutdown => break,
                 Some(done) = running.join_next(), if !running.is_empty() => {
                     self.settled(done, &mut inflight, &mut report);
+                }
+                Some(h) = async { handed.as_mut()?.recv().await }, if handed.is_some() => {
+                    report.claimed += 1;
+                    report.eager += 1;
+                    self.start(h.task, h.slot, &mut running, &mut inflight);
                 }
                 _ = &mut nudged => {
                     look = true;
@@ -600,9 +623,63 @@ impl Worker {
                 _ = idle => {}
             }
         }
+        // No more tasks from the engine; those it handed over meanwhile go back with the rest.
+        if let Some(mut rx) = handed.take() {
+            if let Some(shared) = w.engine.as_ref().and_then(Weak::upgrade) {
+                shared.eager.unregister(&w.id);
+            }
+            rx.close();
+            while let Ok(h) = rx.try_recv() {
+                report.claimed += 1;
+                report.eager += 1;
+                self.start(h.task, h.slot, &mut running, &mut inflight);
+            }
+        }
         self.drain(running, inflight, &mut report).await;
         let _ = w.store.remove_worker(&w.id).await;
         report
+    }
+
+    /// Beside an engine: registers with it to take tasks straight from its commits, in
+    /// `slots`; the receiver of those tasks. `None` without an engine.
+    fn take_eagerly(&self, slots: &Arc<Semaphore>) -> Option<mpsc::UnboundedReceiver<Handed>> {
+        let w = &self.inner;
+        let shared = w.engine.as_ref().and_then(Weak::upgrade)?;
+        let (tx, rx) = mpsc::unbounded_channel();
+        shared.eager.register(LocalWorker {
+            id: w.id.clone(),
+            queues: w.queues.clone(),
+            capabilities: w.capabilities.clone(),
+            namespace: w.namespace.clone(),
+            slots: slots.clone(),
+            tasks: tx,
+        });
+        Some(rx)
+    }
+
+    /// Runs the handler of a claimed task in `slot`, tracked in `inflight` until it ends.
+    fn start(
+        &self,
+        task: Task,
+        slot: OwnedSemaphorePermit,
+        running: &mut JoinSet<Outcome>,
+        inflight: &mut HashMap<(RunId, u32), TaskContext>,
+    ) {
+        let key = (task.task.run_id.clone(), task.task.seq);
+        // One span per attempt, in the run's trace.
+        let span = crate::trace::task_span(&task, &self.inner.id);
+        let ctx = self.context(task);
+        inflight.insert(key.clone(), ctx.clone());
+        // Whatever happens in it, the task ends with its key: a task lost from `inflight` only
+        // by a panic would stay claimed here forever.
+        let execute = Box::pin(self.clone().execute(ctx).instrument(span));
+        running.spawn(async move {
+            let _slot = slot;
+            crate::turn::CatchUnwind(execute).await.unwrap_or_else(|panic| {
+                tracing::error!(run_id = %key.0, seq = key.1, "a remote step's task panicked in the worker: {panic}");
+                Outcome { key, completion: None, dropped: true }
+            })
+        });
     }
 
     /// Subscribes to the control plane, if the worker has one: cancels of any run, and tasks

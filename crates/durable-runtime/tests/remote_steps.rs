@@ -2,6 +2,7 @@
 //! capabilities and `blocked` runs, lost wakes, re-dispatch. On the memory store and the
 //! virtual clock; the multi-process and SQLite/PostgreSQL versions live in `tests/`.
 
+use std::future::IntoFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
@@ -101,6 +102,43 @@ async fn remote_steps_run_on_a_worker_and_their_results_are_checkpointed() {
     assert!(tasks.iter().all(|t| t.outcome.as_deref() == Some("completed")), "{tasks:?}");
     let report = w.stop().await;
     assert_eq!((report.claimed, report.completed, report.dropped), (2, 2, 0));
+}
+
+/// Eager dispatch: a worker beside the engine with a free slot gets each task straight from
+/// the commit that dispatches it, claimed by it there (no claim of its own), and only up to
+/// its free slots: with one slot, of two steps dispatched in one commit, one is handed over and
+/// the other is queued and claimed once the slot frees.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_beside_the_engine_gets_tasks_from_the_dispatching_commit_up_to_its_free_slots() {
+    let t = TestEngine::new();
+    register_pipeline(&t);
+    let w = spawn(math_worker(&t).id("beside"));
+    // Registered with the engine before it publishes its descriptor.
+    until_live(&t).await;
+    let run = t.start("pipeline", &20u32, StartOptions::id("p1")).await.unwrap();
+    t.assert_output(&run.id, 41u32).await;
+    let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+    for task in &tasks {
+        assert_eq!((task.worker.as_deref(), task.claims), (Some("beside"), 1), "{task:?}");
+        assert_eq!(task.claimed_at, Some(task.task.created_at), "claimed in its dispatch: {task:?}");
+    }
+    let report = w.stop().await;
+    assert_eq!((report.claimed, report.eager, report.completed, report.dropped), (2, 2, 2, 0), "{report:?}");
+
+    // Two steps in one commit, one slot.
+    t.register("both", 1, |ctx: WorkflowCtx, n: u32| async move {
+        let (a, b) = tokio::join!(
+            ctx.remote_step::<u32, _>("double", &n).into_future(),
+            ctx.remote_step::<u32, _>("add_one", &n).into_future()
+        );
+        Ok::<_, WorkflowError>(a? + b?)
+    });
+    let w = spawn(math_worker(&t).concurrency(1));
+    until_live(&t).await;
+    let run = t.start("both", &5u32, StartOptions::id("b1")).await.unwrap();
+    t.assert_output(&run.id, 16u32).await;
+    let report = w.stop().await;
+    assert_eq!((report.claimed, report.eager, report.completed), (2, 1, 2), "{report:?}");
 }
 
 /// A worker beside the engine hands its result to the engine, which, with a slot free and no

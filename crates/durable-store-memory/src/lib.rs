@@ -183,7 +183,7 @@ impl Inner {
         for task in commit.tasks {
             let key = (task.run_id.clone(), task.seq);
             let logs = inner.tasks.remove(&key).map(|t| t.logs).unwrap_or_default();
-            inner.tasks.insert(key, Task { logs, ..Task::queued(task) });
+            inner.tasks.insert(key, Task { logs, ..Task::dispatched(task) });
         }
         let mut handed = Vec::new();
         for (gate, holder) in &commit.release_slots {

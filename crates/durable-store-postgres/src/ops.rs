@@ -910,6 +910,8 @@ pub(crate) struct TaskJson<'a> {
     heartbeat_timeout_ms: i64,
     created_at: i64,
     trace_context: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    claimed_by: Option<&'a str>,
 }
 
 impl<'a> TaskJson<'a> {
@@ -929,6 +931,7 @@ impl<'a> TaskJson<'a> {
             heartbeat_timeout_ms: millis_to_sql(t.heartbeat_timeout_ms),
             created_at: millis_to_sql(t.created_at),
             trace_context: t.trace_context.as_deref(),
+            claimed_by: t.claimed_by.as_deref(),
         }
     }
 }
@@ -1842,6 +1845,7 @@ pub(crate) fn task_from_row(row: &Row) -> Result<Result<Task, String>, tokio_pos
                 heartbeat_timeout_ms: ms(heartbeat_timeout, "heartbeat_timeout_ms")?,
                 created_at: ms(created_at, "created_at")?,
                 trace_context: trace_context.clone(),
+                claimed_by: None,
             },
             state: state.parse::<TaskState>().map_err(|e| format!("{}: {e}", what("state")))?,
             worker: worker.clone(),

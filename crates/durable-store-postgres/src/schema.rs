@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 19;
+pub const SCHEMA_VERSION: u32 = 20;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -127,6 +127,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "a run's settle with nothing but checkpoints, when it has no waiter, no admission slot or \
                       request and no unfinished task, in three statements (settle_commit)",
         sql: include_str!("sql/v19.sql"),
+    },
+    Migration {
+        version: 20,
+        description: "eager dispatch: a task dispatched to a worker beside its engine is written claimed by it, \
+                      and wakes no other worker",
+        sql: include_str!("sql/v20.sql"),
     },
 ];
 

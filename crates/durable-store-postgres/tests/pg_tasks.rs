@@ -38,6 +38,7 @@ fn task(run: &str, seq: u32, attempt: u32, queue: &str) -> NewTask {
         timeout_ms: None,
         heartbeat_timeout_ms: 1_000,
         created_at: T0,
+        claimed_by: None,
     }
 }
 

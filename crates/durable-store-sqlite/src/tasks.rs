@@ -56,6 +56,7 @@ fn task_from_row(row: &Row<'_>) -> OpResult<Task> {
         created_at: millis_from_sql(row.get(12)?, || what("created_at"))?,
         trace_context: opt_text(row, 22)?.map(str::to_string),
         run_id: run_id.clone(),
+        claimed_by: None,
     };
     Ok(Task {
         state,
@@ -159,22 +160,26 @@ fn finish(conn: &Connection, done: &TaskDone, outcome: &str, with_logs: Option<T
     save_state(conn, &t)
 }
 
-/// Stores a dispatched attempt `queued`, replacing the task at its `(run_id, seq)` (a
-/// re-dispatch) but keeping that task's logs.
+/// Stores a dispatched attempt as [`Task::dispatched`] does (`queued`, or `claimed` by the
+/// worker it was dispatched to), replacing the task at its `(run_id, seq)` (a re-dispatch) but
+/// keeping that task's logs.
 pub(crate) fn dispatch(conn: &Connection, t: &NewTask) -> OpResult<()> {
-    let deadline = Task::queued(t.clone()).deadline().map(millis_to_sql);
+    let stored = Task::dispatched(t.clone());
+    let millis = |m: Option<Millis>| m.map(millis_to_sql);
     conn.prepare_cached(
         "INSERT INTO tasks (run_id, seq, attempt, name, queue, namespace, input, priority, requires, \
-         pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, deadline, seen_at, trace_context) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, 'queued', ?14, ?13, ?15) \
+         pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, deadline, seen_at, trace_context, \
+         worker, lease_until, claimed_at, heartbeat_at, claims) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?16, ?14, ?13, ?15, ?17, ?18, ?19, ?19, ?20) \
          ON CONFLICT (run_id, seq) DO UPDATE SET attempt = excluded.attempt, name = excluded.name, \
          queue = excluded.queue, namespace = excluded.namespace, input = excluded.input, \
          priority = excluded.priority, requires = excluded.requires, \
          pickup_timeout_ms = excluded.pickup_timeout_ms, timeout_ms = excluded.timeout_ms, \
          heartbeat_timeout_ms = excluded.heartbeat_timeout_ms, created_at = excluded.created_at, \
          trace_context = excluded.trace_context, \
-         state = 'queued', worker = NULL, lease_until = NULL, claimed_at = NULL, heartbeat_at = NULL, \
-         progress = NULL, claims = 0, outcome = NULL, deadline = excluded.deadline, seen_at = excluded.seen_at",
+         state = excluded.state, worker = excluded.worker, lease_until = excluded.lease_until, \
+         claimed_at = excluded.claimed_at, heartbeat_at = excluded.heartbeat_at, \
+         progress = NULL, claims = excluded.claims, outcome = NULL, deadline = excluded.deadline, seen_at = excluded.seen_at",
     )?
     .execute(params![
         t.run_id.as_str(),
@@ -190,8 +195,13 @@ pub(crate) fn dispatch(conn: &Connection, t: &NewTask) -> OpResult<()> {
         t.timeout_ms.map(millis_to_sql),
         millis_to_sql(t.heartbeat_timeout_ms),
         millis_to_sql(t.created_at),
-        deadline,
+        millis(stored.deadline()),
         t.trace_context,
+        stored.state.as_str(),
+        stored.worker,
+        millis(stored.lease_until),
+        millis(stored.claimed_at),
+        stored.claims,
     ])?;
     Ok(())
 }

@@ -46,6 +46,7 @@ pub(crate) fn task(run: &str, seq: u32, attempt: u32) -> NewTask {
         timeout_ms: None,
         heartbeat_timeout_ms: HB,
         created_at: AT,
+        claimed_by: None,
     }
 }
 
@@ -180,6 +181,43 @@ pub async fn a_task_keeps_its_trace_context(store: Arc<dyn Store>) -> CaseResult
     assert_eq!(task_at(s, "r", 0).await?.task.trace_context.as_deref(), Some(TP), "list_tasks returns it");
     dispatch(s, &run, &[NewTask { trace_context: Some(TP2.into()), ..task("r", 0, 2) }], false).await?;
     assert_eq!(task_at(s, "r", 0).await?.task.trace_context.as_deref(), Some(TP2), "a re-dispatch replaces it");
+    Ok(())
+}
+
+/// A task dispatched to a worker ([`NewTask::claimed_by`], eager dispatch) is stored
+/// `claimed` by it as a claim at its `created_at` stamps it; no other worker claims it while
+/// its lease holds; the worker heartbeats and completes it as a claimed one; once its lease
+/// passes without a beat, another worker claims the same attempt. A re-dispatch to no worker
+/// stores it `queued` again.
+pub async fn a_task_dispatched_to_a_worker_is_claimed_by_it(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let run = start(s, "r").await?;
+    let eager = NewTask { claimed_by: Some(W1.into()), timeout_ms: Some(60_000), ..task("r", 0, 1) };
+    dispatch(s, &run, &[eager, task("r", 1, 1)], false).await?;
+    let t = task_at(s, "r", 0).await?;
+    assert_eq!((t.state, t.worker.as_deref(), t.claims), (TaskState::Claimed, Some(W1), 1), "{t:?}");
+    assert_eq!((t.claimed_at, t.heartbeat_at, t.lease_until), (Some(AT), Some(AT), Some(AT + HB)), "{t:?}");
+    assert_eq!(t.task.claimed_by, None, "a stored task reads back without the dispatch's worker");
+    assert_eq!(t.deadline(), Some(AT + 60_000), "the attempt's timeout runs from its dispatch");
+    assert_eq!(task_at(s, "r", 1).await?.state, TaskState::Queued, "the commit's other task is queued");
+    assert_eq!(keys(&claim_all(s, W2, AT + HB - 1).await?), owned(&[("r", 1)]), "the claimed task is W1's");
+    let stats = s.queue_stats().await?;
+    assert_eq!(stats.iter().map(|q| (q.queued, q.claimed)).collect::<Vec<_>>(), [(0, 2)], "{stats:?}");
+    assert_eq!(s.heartbeat_task(&beat("r", 0, 1, W1, AT + 10)).await?, BeatOutcome::Extended(AT + 10 + HB));
+    assert_eq!(s.heartbeat_task(&beat("r", 0, 1, W2, AT + 10)).await?, BeatOutcome::Lost, "W2 does not hold it");
+    assert!(claim_all(s, W2, AT + HB).await?.is_empty(), "the beat extended W1's lease");
+    let redelivered = claim_all(s, W2, AT + 10 + HB).await?;
+    assert_eq!(keys(&redelivered), owned(&[("r", 0)]), "its lease passed: another worker claims it");
+    assert_eq!((redelivered[0].task.attempt, redelivered[0].claims), (1, 2), "the same attempt, claimed again");
+    let done = done("r", 0, 1, W2, Ok(json!("small.png")), AT + 20 + HB);
+    assert_eq!(s.complete_task(done).await?, TaskCompletion::Accepted);
+    dispatch(s, &run, &[NewTask { claimed_by: Some(W1.into()), ..task("r", 2, 1) }], false).await?;
+    assert_eq!(s.complete_task(self::done("r", 2, 1, W1, Ok(json!(2)), AT + 5)).await?, TaskCompletion::Accepted);
+    let cp = s.history(&run.id).await?.into_iter().find(|c| c.seq == 2).expect("seq 2 recorded");
+    assert_eq!(cp.status, CheckpointStatus::Completed, "the worker it was dispatched to completes it");
+    dispatch(s, &run, &[task("r", 2, 2)], false).await?;
+    let t = task_at(s, "r", 2).await?;
+    assert_eq!((t.state, t.worker.as_deref(), t.claims, t.claimed_at), (TaskState::Queued, None, 0, None), "{t:?}");
     Ok(())
 }
 

@@ -1127,6 +1127,7 @@ impl Turn {
             created_at: now,
             // The worker's span joins the run's trace.
             trace_context: self.run.trace_context.clone(),
+            claimed_by: None,
         });
         let at = millis_after(now, self.config.reconcile_interval);
         self.park(seq, Some(at));

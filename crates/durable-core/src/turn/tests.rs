@@ -2749,6 +2749,7 @@ fn task_of(attempt: u32, at: Millis, input: &Payload) -> crate::task::NewTask {
         timeout_ms: Some(60_000),
         heartbeat_timeout_ms: 10_000,
         created_at: at,
+        claimed_by: None,
     }
 }
 

@@ -111,12 +111,19 @@ enum TurnEnded {
 impl Shared {
     /// Applies a commit and releases its effects: created children and runs that received a
     /// signal are dispatched (only after the store acknowledged the commit).
-    pub(super) async fn apply_commit(&self, commit: Commit) -> StoreResult<CommitOutcome> {
+    pub(super) async fn apply_commit(&self, mut commit: Commit) -> StoreResult<CommitOutcome> {
         let children: Vec<(RunId, String, i32, u64)> =
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
         let started: Vec<String> = commit.children.iter().map(|c| c.workflow.clone()).collect();
-        let queues: Vec<(String, String)> =
-            commit.tasks.iter().map(|t| (t.namespace.clone(), t.queue.clone())).collect();
+        // Tasks a worker beside this engine can take now are written claimed by it and handed
+        // over once the store has them; the others are left to the workers' claims.
+        let eager = self.eager.assign(&mut commit.tasks);
+        let queues: Vec<(String, String)> = commit
+            .tasks
+            .iter()
+            .filter(|t| t.claimed_by.is_none())
+            .map(|t| (t.namespace.clone(), t.queue.clone()))
+            .collect();
         let mark = self.mark();
         let size = crate::metrics::commit_size(&commit);
         // A settle releases the run's concurrency key: where the run it is handed to would
@@ -132,6 +139,7 @@ impl Shared {
         };
         crate::metrics::store_commit(began.elapsed(), outcome.as_ref().ok().map(|_| size));
         let (outcome, claimed) = outcome?;
+        self.hand_eager(eager).await;
         // Only a run that waited for its key (pending: no turn of it ever ran, so none can be
         // in progress anywhere) is handed to its first drive. A run the claim found running
         // under this engine's own lease is executing here already: where the store's commit
@@ -171,6 +179,25 @@ impl Shared {
             self.wake(id.clone(), mark);
         }
         Ok(outcome)
+    }
+
+    /// Hands the tasks a commit wrote claimed by workers beside this engine to them. A task
+    /// whose worker stopped taking tasks meanwhile is handed back to the store (queued for any
+    /// worker); if that fails too, its lease runs out and another worker claims it then.
+    async fn hand_eager(&self, eager: super::eager::Assigned) {
+        for task in eager.hand() {
+            let (t, worker) = (&task.task, task.worker.as_deref().unwrap_or_default());
+            let back = [(t.run_id.clone(), t.seq, t.attempt)];
+            match self.store.release_tasks(&back, worker).await {
+                Ok(()) => {
+                    self.task_dispatched.notify_waiters();
+                    self.nudge(Some(&t.namespace), Some(&t.queue));
+                }
+                Err(e) => {
+                    tracing::warn!(run_id = %t.run_id, seq = t.seq, error = %e, "could not hand back a task its worker no longer takes; another worker claims it once its lease passes")
+                }
+            }
+        }
     }
 
     /// Wakes the runs that received a delivery from a store call begun at `mark`.

@@ -55,6 +55,7 @@
 
 mod control;
 mod dispatch;
+pub(crate) mod eager;
 mod executor;
 mod fleet;
 mod hooks;
@@ -125,6 +126,8 @@ pub(crate) struct Shared {
     /// Notified after a commit that dispatched remote-step tasks (in-process workers look at
     /// once).
     pub(crate) task_dispatched: Arc<tokio::sync::Notify>,
+    /// Workers beside this engine that take tasks straight from its commits.
+    pub(crate) eager: eager::Eager,
 }
 
 /// Counters for `Engine::metrics` (the in-flight gauge is the dispatcher's).
@@ -192,6 +195,7 @@ impl Shared {
             control,
             warm: warm::Warm::new(config_warm_runs),
             task_dispatched: Arc::new(tokio::sync::Notify::new()),
+            eager: eager::Eager::default(),
         })
     }
 

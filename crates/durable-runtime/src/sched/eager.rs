@@ -1,0 +1,104 @@
+//! Eager dispatch: a remote step's attempt handed straight to a [`Worker`](crate::Worker)
+//! running beside this engine ([`WorkerBuilder::engine`](crate::WorkerBuilder::engine)) that
+//! serves its queue and has a free slot. The commit writes the task already claimed by that
+//! worker ([`NewTask::claimed_by`]) and, once the store has it, the engine hands it over in
+//! memory: no claim statement, no wake-up of idle workers elsewhere, and the result comes back
+//! beside this engine, which records it and claims the run in one store call.
+//!
+//! The slot is taken before the commit and travels with the task, so a worker never gets more
+//! tasks than its concurrency. A commit that fails frees the slots it took. A task the store
+//! holds but that never reaches the worker (its loop ended meanwhile, or this process died) is
+//! claimed with a lease like any other: once the lease passes, another worker claims it.
+
+use std::sync::Arc;
+
+use durable_core::task::{NewTask, Task};
+use parking_lot::Mutex;
+use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
+
+/// A task handed to a worker beside the engine, with the worker slot it occupies.
+pub(crate) struct Handed {
+    pub(crate) task: Task,
+    pub(crate) slot: OwnedSemaphorePermit,
+}
+
+/// What a worker beside the engine takes eagerly: its routing, its slots, and where to send
+/// the tasks it gets.
+pub(crate) struct LocalWorker {
+    pub(crate) id: String,
+    pub(crate) queues: Vec<String>,
+    pub(crate) capabilities: Vec<String>,
+    pub(crate) namespace: Option<String>,
+    /// The worker's execution slots, shared with its own claims.
+    pub(crate) slots: Arc<Semaphore>,
+    pub(crate) tasks: mpsc::UnboundedSender<Handed>,
+}
+
+impl LocalWorker {
+    /// Whether it would claim `task` (its queue, namespace and capabilities).
+    fn serves(&self, task: &NewTask) -> bool {
+        self.queues.contains(&task.queue)
+            && self.namespace.as_ref().is_none_or(|ns| *ns == task.namespace)
+            && task.requires.iter().all(|r| self.capabilities.contains(r))
+    }
+}
+
+/// The workers beside this engine that take tasks eagerly.
+#[derive(Default)]
+pub(crate) struct Eager {
+    workers: Mutex<Vec<LocalWorker>>,
+}
+
+/// Tasks of one commit assigned to workers beside the engine, handed over once the store has
+/// them ([`Assigned::hand`]); dropped unhanded (the commit failed), their slots are free again.
+pub(crate) struct Assigned(Vec<(mpsc::UnboundedSender<Handed>, Handed)>);
+
+impl Eager {
+    /// From now on the worker takes tasks eagerly.
+    pub(crate) fn register(&self, worker: LocalWorker) {
+        self.workers.lock().push(worker);
+    }
+
+    /// From now on the worker `id` takes no more tasks eagerly (it drains or stops).
+    pub(crate) fn unregister(&self, id: &str) {
+        self.workers.lock().retain(|w| w.id != id);
+    }
+
+    /// Marks each task that a worker beside the engine serves and has a free slot for as
+    /// claimed by it, taking the slot.
+    pub(crate) fn assign(&self, tasks: &mut [NewTask]) -> Assigned {
+        let mut workers = self.workers.lock();
+        let mut assigned = Vec::new();
+        if workers.is_empty() || tasks.is_empty() {
+            return Assigned(assigned);
+        }
+        // A worker whose loop ended without unregistering (its future was dropped) takes none.
+        workers.retain(|w| !w.tasks.is_closed());
+        for task in tasks.iter_mut().filter(|t| t.claimed_by.is_none()) {
+            let Some((worker, slot)) = workers
+                .iter()
+                .filter(|w| w.serves(task))
+                .find_map(|w| w.slots.clone().try_acquire_owned().ok().map(|slot| (w, slot)))
+            else {
+                continue;
+            };
+            task.claimed_by = Some(worker.id.clone());
+            assigned.push((worker.tasks.clone(), Handed { task: Task::dispatched(task.clone()), slot }));
+        }
+        Assigned(assigned)
+    }
+}
+
+impl Assigned {
+    /// Hands the tasks to their workers (the store holds them now). Returns the tasks whose
+    /// worker stopped taking them: the caller hands them back to the store.
+    pub(crate) fn hand(self) -> Vec<Task> {
+        let mut orphans = Vec::new();
+        for (worker, handed) in self.0 {
+            if let Err(mpsc::error::SendError(handed)) = worker.send(handed) {
+                orphans.push(handed.task);
+            }
+        }
+        orphans
+    }
+}
