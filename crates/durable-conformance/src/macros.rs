@@ -140,7 +140,7 @@ macro_rules! __store_cases {
             schedules::a_delayed_start_is_due_at_its_time(Store, []),
             tasks::dispatch_is_atomic_with_checkpoint_and_wait(Store, [Tasks]),
             tasks::a_task_keeps_its_trace_context(Store, [Tasks]),
-            tasks::a_task_dispatched_to_a_worker_is_claimed_by_it(Store, [Tasks]),
+            tasks::a_task_dispatched_to_a_worker_is_claimed_by_it(Store, [Tasks, ClaimedDispatch]),
             tasks::claims_by_priority_then_age_per_queue_and_namespace(Store, [Tasks]),
             tasks::claims_need_every_required_capability(Store, [Tasks]),
             tasks::concurrent_claimers_take_each_task_once(Store, [Tasks]),

@@ -74,6 +74,9 @@ pub enum Requirement {
     Tasks,
     /// The store declares [`Capabilities::admission`]: it keeps admission records.
     Admission,
+    /// The store declares [`Capabilities::claimed_dispatch`]: it writes a task dispatched to a
+    /// worker claimed by it.
+    ClaimedDispatch,
     /// The factory opens a second handle on a store ([`StoreFactory::second_handle`]).
     SecondHandle,
     /// The factory reopens a store after a drop ([`StoreFactory::reopen`]).
@@ -100,6 +103,7 @@ impl Requirement {
             Requirement::SharedAcrossProcesses => caps.shared_across_processes,
             Requirement::Tasks => caps.tasks,
             Requirement::Admission => caps.admission,
+            Requirement::ClaimedDispatch => caps.claimed_dispatch,
             Requirement::SecondHandle
             | Requirement::Reopen
             | Requirement::Environment
@@ -116,6 +120,7 @@ impl fmt::Display for Requirement {
             Requirement::SharedAcrossProcesses => "shared_across_processes",
             Requirement::Tasks => "tasks",
             Requirement::Admission => "admission",
+            Requirement::ClaimedDispatch => "claimed_dispatch",
             Requirement::SecondHandle => "second_handle (StoreFactory::second_handle returned None)",
             Requirement::Reopen => "reopen (StoreFactory::reopen returned None)",
             Requirement::Environment => "a configured environment (StoreFactory::unavailable returned Some)",

@@ -141,15 +141,30 @@ pub struct Capabilities {
     /// The store keeps admission records: it implements [`Store::acquire_slot`] and the
     /// other admission methods, applies [`Commit::release_slots`] and [`NewRun::admission`].
     pub admission: bool,
+    /// The store writes a task dispatched to a worker ([`NewTask::claimed_by`]) claimed by it
+    /// ([`Task::dispatched`]), so an engine may hand the attempt to a worker beside it (eager
+    /// dispatch). Off by default: a store written before the field ignores it and stores
+    /// every task `queued`; set it with [`Capabilities::with_claimed_dispatch`].
+    pub claimed_dispatch: bool,
 }
 
 impl Capabilities {
     /// A store that keeps data and may be shared across processes.
-    pub const FULL: Capabilities =
-        Capabilities { shared_across_processes: true, persistent: true, tasks: true, admission: true };
+    pub const FULL: Capabilities = Capabilities {
+        shared_across_processes: true,
+        persistent: true,
+        tasks: true,
+        admission: true,
+        claimed_dispatch: false,
+    };
     /// An in-process store that loses its data when dropped.
-    pub const IN_MEMORY: Capabilities =
-        Capabilities { shared_across_processes: false, persistent: false, tasks: true, admission: true };
+    pub const IN_MEMORY: Capabilities = Capabilities {
+        shared_across_processes: false,
+        persistent: false,
+        tasks: true,
+        admission: true,
+        claimed_dispatch: false,
+    };
 
     /// These capabilities with [`Capabilities::tasks`] set to `tasks` (a store without a task
     /// queue declares `Capabilities::FULL.with_tasks(false)`; the struct is non-exhaustive).
@@ -160,6 +175,11 @@ impl Capabilities {
     /// These capabilities with [`Capabilities::admission`] set to `admission`.
     pub const fn with_admission(self, admission: bool) -> Capabilities {
         Capabilities { admission, ..self }
+    }
+
+    /// These capabilities with [`Capabilities::claimed_dispatch`] set to `claimed_dispatch`.
+    pub const fn with_claimed_dispatch(self, claimed_dispatch: bool) -> Capabilities {
+        Capabilities { claimed_dispatch, ..self }
     }
 }
 

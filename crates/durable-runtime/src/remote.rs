@@ -8,11 +8,12 @@
 use std::collections::HashMap;
 use std::fmt;
 use std::future::Future;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 
 use durable_core::task::{
-    BeatOutcome, PROTOCOL_VERSION, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, WorkerInfo,
+    BeatOutcome, NewTask, PROTOCOL_VERSION, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, WorkerInfo,
 };
 use durable_core::{Millis, Payload, RunId, StepError, Store, codes, millis_after, protocol};
 use parking_lot::Mutex;
@@ -204,10 +205,14 @@ impl WorkerBuilder {
     /// engine's control plane (unless [`WorkerBuilder::control_plane`] gives one).
     ///
     /// While [`Worker::run`] lasts, the engine hands the worker the tasks it serves straight
-    /// from the commits that dispatch them, as long as it has a free slot (eager dispatch):
-    /// each is written claimed by this worker in that commit, so no claim round trip follows
-    /// and no other worker is woken for it ([`WorkerReport::eager`] counts them). A task handed
-    /// over here is leased like a claimed one: if the process dies, another worker takes it
+    /// from the commits that dispatch them (eager dispatch), as long as the worker has a free
+    /// slot and its last claim came back short (no tasks wait for it in the store, which keep
+    /// their priority and age order) and the store declares
+    /// [`Capabilities::claimed_dispatch`](durable_core::Capabilities::claimed_dispatch): each
+    /// is written claimed by this worker in that commit, so no claim round trip follows and no
+    /// other worker is woken for it ([`WorkerReport::eager`] counts them). Its lease and the
+    /// attempt's timeout count from that commit. A task handed over here is leased like a
+    /// claimed one: if the process dies before its handler starts, another worker takes it
     /// once its lease passes.
     pub fn engine(mut self, engine: &Engine) -> Self {
         self.store = Some(engine.store().clone());
@@ -524,7 +529,8 @@ impl Worker {
         // The worker's execution slots: its claims take them, and so do the tasks an engine
         // beside it dispatches straight to it (eager dispatch), each with its slot.
         let slots = Arc::new(Semaphore::new(w.concurrency));
-        let mut handed = self.take_eagerly(&slots);
+        let backlog = Arc::new(AtomicBool::new(false));
+        let mut handed = self.take_eagerly(&slots, &backlog);
         loop {
             let now = w.clock.now();
             if registered_at.is_none_or(|at| now >= millis_after(at, w.register_interval)) {
@@ -537,9 +543,7 @@ impl Worker {
                 self.settled(done, &mut inflight, &mut report);
             }
             while let Some(h) = handed.as_mut().and_then(|rx| rx.try_recv().ok()) {
-                report.claimed += 1;
-                report.eager += 1;
-                self.start(h.task, h.slot, &mut running, &mut inflight);
+                self.start_handed(h, &mut running, &mut inflight, &mut report);
             }
             if !inflight.is_empty() && now >= millis_after(checked_at, w.poll_interval) {
                 checked_at = now;
@@ -553,7 +557,14 @@ impl Worker {
                 look = true;
             }
             let free = slots.available_permits();
-            if free > 0 && (look || saturated) {
+            // The claim's slots, taken before it: an engine beside the worker may hand it
+            // tasks meanwhile, which take slots of their own.
+            let claim_slots = if free > 0 && (look || saturated) {
+                slots.clone().try_acquire_many_owned(u32::try_from(free).unwrap_or(u32::MAX)).ok()
+            } else {
+                None
+            };
+            if let Some(mut claim_slots) = claim_slots {
                 look = false;
                 next_poll = millis_after(now, w.poll_interval);
                 let claim = TaskClaim {
@@ -569,8 +580,10 @@ impl Worker {
                 match w.store.claim_tasks(&claim).await {
                     Ok(tasks) => {
                         saturated = tasks.len() == free;
+                        // Tasks may be left in the store: take none eagerly until a claim
+                        // comes back short.
+                        backlog.store(saturated, Ordering::Release);
                         report.claimed += tasks.len() as u64;
-                        let mut back = Vec::new();
                         for task in tasks {
                             // Our own task back after its lease expired: its handler still runs
                             // here (the claim renewed its lease); never run it twice at once.
@@ -578,16 +591,10 @@ impl Worker {
                             if inflight.get(&key).is_some_and(|c| c.attempt() == task.task.attempt) {
                                 continue;
                             }
-                            match slots.clone().try_acquire_owned() {
-                                Ok(slot) => self.start(task, slot, &mut running, &mut inflight),
-                                // An engine beside the worker handed it a task meanwhile.
-                                Err(_) => back.push((task.task.run_id, task.task.seq, task.task.attempt)),
+                            // At most `free` tasks: each takes one of the claim's slots.
+                            if let Some(slot) = claim_slots.split(1) {
+                                self.start(task, slot, &mut running, &mut inflight);
                             }
-                        }
-                        if !back.is_empty()
-                            && let Err(e) = w.store.release_tasks(&back, &w.id).await
-                        {
-                            tracing::warn!(worker = %w.id, error = %e, "could not hand back tasks claimed past the free slots; they return when their leases expire");
                         }
                     }
                     Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not claim tasks; trying again"),
@@ -601,12 +608,11 @@ impl Worker {
                     self.settled(done, &mut inflight, &mut report);
                 }
                 Some(h) = async { handed.as_mut()?.recv().await }, if handed.is_some() => {
-                    report.claimed += 1;
-                    report.eager += 1;
-                    self.start(h.task, h.slot, &mut running, &mut inflight);
+                    self.start_handed(h, &mut running, &mut inflight, &mut report);
                 }
                 _ = &mut nudged => {
                     look = true;
+                    backlog.store(true, Ordering::Release);
                     nudged = Box::pin(nudges.notified());
                     nudged.as_mut().enable();
                 }
@@ -615,7 +621,10 @@ impl Worker {
                     while let Some(message) = next {
                         match message {
                             Heard::Cancel(run_id) => self.cancel_run_tasks(&run_id, &inflight),
-                            Heard::Queued => look = true,
+                            Heard::Queued => {
+                                look = true;
+                                backlog.store(true, Ordering::Release);
+                            }
                         }
                         next = heard.try_recv().ok();
                     }
@@ -623,7 +632,9 @@ impl Worker {
                 _ = idle => {}
             }
         }
-        // No more tasks from the engine; those it handed over meanwhile go back with the rest.
+        // No more tasks from the engine; those it handed over meanwhile are not started: they
+        // go back to the store with the unfinished ones.
+        let mut unstarted = Vec::new();
         if let Some(mut rx) = handed.take() {
             if let Some(shared) = w.engine.as_ref().and_then(Weak::upgrade) {
                 shared.eager.unregister(&w.id);
@@ -632,17 +643,21 @@ impl Worker {
             while let Ok(h) = rx.try_recv() {
                 report.claimed += 1;
                 report.eager += 1;
-                self.start(h.task, h.slot, &mut running, &mut inflight);
+                unstarted.push(h.task.task);
             }
         }
-        self.drain(running, inflight, &mut report).await;
+        self.drain(running, inflight, unstarted, &mut report).await;
         let _ = w.store.remove_worker(&w.id).await;
         report
     }
 
     /// Beside an engine: registers with it to take tasks straight from its commits, in
     /// `slots`; the receiver of those tasks. `None` without an engine.
-    fn take_eagerly(&self, slots: &Arc<Semaphore>) -> Option<mpsc::UnboundedReceiver<Handed>> {
+    fn take_eagerly(
+        &self,
+        slots: &Arc<Semaphore>,
+        backlog: &Arc<AtomicBool>,
+    ) -> Option<mpsc::UnboundedReceiver<Handed>> {
         let w = &self.inner;
         let shared = w.engine.as_ref().and_then(Weak::upgrade)?;
         let (tx, rx) = mpsc::unbounded_channel();
@@ -652,9 +667,28 @@ impl Worker {
             capabilities: w.capabilities.clone(),
             namespace: w.namespace.clone(),
             slots: slots.clone(),
+            backlog: backlog.clone(),
             tasks: tx,
         });
         Some(rx)
+    }
+
+    /// Starts a task an engine beside the worker handed it, unless the same attempt already
+    /// runs here (its lease passed and a claim of this worker took it first).
+    fn start_handed(
+        &self,
+        handed: Handed,
+        running: &mut JoinSet<Outcome>,
+        inflight: &mut HashMap<(RunId, u32), TaskContext>,
+        report: &mut WorkerReport,
+    ) {
+        report.claimed += 1;
+        report.eager += 1;
+        let t = &handed.task.task;
+        if inflight.get(&(t.run_id.clone(), t.seq)).is_some_and(|c| c.attempt() == t.attempt) {
+            return;
+        }
+        self.start(handed.task, handed.slot, running, inflight);
     }
 
     /// Runs the handler of a claimed task in `slot`, tracked in `inflight` until it ends.
@@ -738,10 +772,14 @@ impl Worker {
         }
     }
 
+    /// Lets running handlers finish for the drain timeout, cancels the rest and hands their
+    /// tasks back to the store with `unstarted` (tasks handed over by an engine and never
+    /// started).
     async fn drain(
         &self,
         mut running: JoinSet<Outcome>,
         mut inflight: HashMap<(RunId, u32), TaskContext>,
+        unstarted: Vec<NewTask>,
         report: &mut WorkerReport,
     ) {
         let w = &self.inner;
@@ -760,18 +798,19 @@ impl Worker {
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }
-        let back: Vec<(RunId, u32, u32)> =
-            inflight.values().map(|ctx| (ctx.run_id().clone(), ctx.seq(), ctx.attempt())).collect();
         for ctx in inflight.values() {
             ctx.cancel();
         }
         running.abort_all();
         while running.join_next().await.is_some() {}
+        let tasks: Vec<&NewTask> = inflight.values().map(|ctx| &ctx.inner.task.task).chain(&unstarted).collect();
+        if tasks.is_empty() {
+            return;
+        }
+        let back: Vec<(RunId, u32, u32)> = tasks.iter().map(|t| (t.run_id.clone(), t.seq, t.attempt)).collect();
         report.handed_back += back.len() as u64;
-        let queues: std::collections::BTreeSet<(String, String)> = inflight
-            .values()
-            .map(|ctx| (ctx.inner.task.task.namespace.clone(), ctx.inner.task.task.queue.clone()))
-            .collect();
+        let queues: std::collections::BTreeSet<(String, String)> =
+            tasks.iter().map(|t| (t.namespace.clone(), t.queue.clone())).collect();
         match w.store.release_tasks(&back, &w.id).await {
             Ok(_) => {
                 // Other workers take them now, not at their next poll.

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
-use durable_conformance::{FaultyStore, Method, TestEngine, test_config};
+use durable_conformance::{Fault, FaultyStore, Method, TestEngine, test_config};
 use durable_core::task::{TaskCompletion, TaskDone};
 use durable_core::{Backoff, CheckpointStatus, RunId, RunPatch, RunStatus, StepError, StepKind, Store, TaskFilter};
 use durable_runtime::{
@@ -118,6 +118,7 @@ async fn a_worker_beside_the_engine_gets_tasks_from_the_dispatching_commit_up_to
     let run = t.start("pipeline", &20u32, StartOptions::id("p1")).await.unwrap();
     t.assert_output(&run.id, 41u32).await;
     let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+    assert_eq!(tasks.len(), 2, "{tasks:?}");
     for task in &tasks {
         assert_eq!((task.worker.as_deref(), task.claims), (Some("beside"), 1), "{task:?}");
         assert_eq!(task.claimed_at, Some(task.task.created_at), "claimed in its dispatch: {task:?}");
@@ -139,6 +140,63 @@ async fn a_worker_beside_the_engine_gets_tasks_from_the_dispatching_commit_up_to
     t.assert_output(&run.id, 16u32).await;
     let report = w.stop().await;
     assert_eq!((report.claimed, report.eager, report.completed), (2, 1, 2), "{report:?}");
+}
+
+/// A commit that settles the run hands no task to a worker beside the engine: when one step's
+/// input is over the payload limit, the run fails in the commit that also carries (and
+/// finishes) the other step's task, whose handler never runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_commit_that_settles_the_run_hands_over_none_of_its_tasks() {
+    let mut config = test_config();
+    config.max_payload_bytes = 1_024;
+    let t =
+        TestEngine::with_parts(Arc::new(MemoryStore::new()), durable_runtime::VirtualClock::starting_2026(), config);
+    t.register("doomed", 1, |ctx: WorkflowCtx, n: u32| async move {
+        let huge = "x".repeat(4_096);
+        let (a, b) = tokio::join!(
+            ctx.remote_step::<u32, _>("double", &n).into_future(),
+            ctx.remote_step::<u32, _>("add_one", &huge).into_future()
+        );
+        Ok::<_, WorkflowError>(a? + b?)
+    });
+    let ran = Arc::new(AtomicU32::new(0));
+    let counted = ran.clone();
+    let worker = Worker::builder().engine(t.engine()).handle("double", move |_ctx, n: u32| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move { Ok::<_, StepError>(n * 2) }
+    });
+    let w = spawn(worker);
+    until_live(&t).await;
+    let run = t.start("doomed", &5u32, StartOptions::id("d1")).await.unwrap();
+    let outcome = settled(&t, &run.id).await;
+    assert_eq!(outcome.status(), RunStatus::Failed, "{outcome:?}");
+    let report = w.stop().await;
+    assert_eq!((report.claimed, report.eager), (0, 0), "{report:?}");
+    assert_eq!(ran.load(Ordering::SeqCst), 0, "the handler of a finished task ran");
+}
+
+/// A commit with a task for a worker beside the engine that the store applied but answered
+/// with an error (a lost acknowledgement) hands the task back to the queue: the worker claims
+/// it at once instead of waiting out the lease the commit gave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_task_of_a_commit_answered_with_an_error_goes_back_to_the_queue() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    store.arm(Fault::on(Method::Commit).nth(1).after_apply());
+    let t = TestEngine::with_store(store.clone());
+    t.register("one", 1, |ctx: WorkflowCtx, n: u32| async move {
+        Ok::<_, WorkflowError>(ctx.remote_step::<u32, _>("double", &n).await?)
+    });
+    let w = spawn(math_worker(&t).id("beside"));
+    until_live(&t).await;
+    let run = t.start("one", &4u32, StartOptions::id("o1")).await.unwrap();
+    // The lease the commit gave the task is 30 s of a clock that stands still: only the hand
+    // back lets the run finish.
+    tokio::time::timeout(Duration::from_secs(30), t.assert_output(&run.id, 8u32)).await.expect("the run finished");
+    assert_eq!(store.injected(), 1);
+    let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+    assert_eq!(tasks.iter().map(|t| t.claims).collect::<Vec<_>>(), [2], "claimed in the commit, then by a claim");
+    let report = w.stop().await;
+    assert_eq!((report.claimed, report.eager, report.completed), (1, 0, 1), "{report:?}");
 }
 
 /// A worker beside the engine hands its result to the engine, which, with a slot free and no

@@ -553,7 +553,7 @@ fn remove_index(index: &mut HashMap<String, BTreeSet<u64>>, key: &str, id: u64) 
 #[async_trait]
 impl Store for MemoryStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::IN_MEMORY
+        Capabilities::IN_MEMORY.with_claimed_dispatch(true)
     }
 
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {

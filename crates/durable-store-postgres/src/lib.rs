@@ -789,7 +789,7 @@ impl Drop for RunNotifications {
 #[async_trait]
 impl Store for PostgresStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::FULL
+        Capabilities::FULL.with_claimed_dispatch(true)
     }
 
     /// A keyed start ([`NewRun::admission`]) is decided in the same operation, before the run

@@ -322,7 +322,7 @@ impl SqliteStore {
 #[async_trait]
 impl Store for SqliteStore {
     fn capabilities(&self) -> Capabilities {
-        Capabilities::FULL
+        Capabilities::FULL.with_claimed_dispatch(true)
     }
 
     async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {

@@ -383,6 +383,12 @@ impl Shared {
             () = self.run_until_quiet(&id, check, result) => true,
         };
         drop(guard);
+        // Tasks its turns dispatched to workers beside this engine: the run is no longer
+        // executing here, so a result that comes back at once claims it with the same call.
+        let eager = self.executor.eager_after.lock().remove(&id);
+        if let Some(eager) = eager {
+            self.hand_eager(eager).await;
+        }
     }
 
     /// Records the result of a worker beside this engine and starts the woken run's turn

@@ -1,17 +1,22 @@
 //! Eager dispatch: a remote step's attempt handed straight to a [`Worker`](crate::Worker)
 //! running beside this engine ([`WorkerBuilder::engine`](crate::WorkerBuilder::engine)) that
-//! serves its queue and has a free slot. The commit writes the task already claimed by that
-//! worker ([`NewTask::claimed_by`]) and, once the store has it, the engine hands it over in
-//! memory: no claim statement, no wake-up of idle workers elsewhere, and the result comes back
-//! beside this engine, which records it and claims the run in one store call.
+//! serves its queue, has a free slot and no backlog in the store. The commit writes the task
+//! already claimed by that worker ([`NewTask::claimed_by`], on a store that
+//! [declares it](durable_core::Capabilities::claimed_dispatch)) and, once the store has it
+//! and the dispatching turn has ended here, the engine hands it over in memory: no claim
+//! statement, no wake-up of idle workers elsewhere, and the result comes back beside this
+//! engine, which records it and claims the run in one store call.
 //!
 //! The slot is taken before the commit and travels with the task, so a worker never gets more
-//! tasks than its concurrency. A commit that fails frees the slots it took. A task the store
-//! holds but that never reaches the worker (its loop ended meanwhile, or this process died) is
-//! claimed with a lease like any other: once the lease passes, another worker claims it.
+//! tasks than its concurrency. A commit that fails frees the slots it took and hands its tasks
+//! back to the store in case it was applied after all. A task the store holds but that never
+//! reaches the worker (this process stopped or died in between) is claimed with a lease like
+//! any other: once the lease passes, another worker claims it.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
+use durable_core::Millis;
 use durable_core::task::{NewTask, Task};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
@@ -31,6 +36,10 @@ pub(crate) struct LocalWorker {
     pub(crate) namespace: Option<String>,
     /// The worker's execution slots, shared with its own claims.
     pub(crate) slots: Arc<Semaphore>,
+    /// Tasks may wait for the worker in the store (its last claim filled every slot it asked
+    /// for, or it was told of tasks queued since): it takes none eagerly, so those are claimed
+    /// first, in the store's order (priority, then age).
+    pub(crate) backlog: Arc<AtomicBool>,
     pub(crate) tasks: mpsc::UnboundedSender<Handed>,
 }
 
@@ -49,8 +58,9 @@ pub(crate) struct Eager {
     workers: Mutex<Vec<LocalWorker>>,
 }
 
-/// Tasks of one commit assigned to workers beside the engine, handed over once the store has
-/// them ([`Assigned::hand`]); dropped unhanded (the commit failed), their slots are free again.
+/// Tasks of commits assigned to workers beside the engine, handed over once the store has
+/// them ([`Assigned::hand`]); dropped unhanded, their slots are free again.
+#[derive(Default)]
 pub(crate) struct Assigned(Vec<(mpsc::UnboundedSender<Handed>, Handed)>);
 
 impl Eager {
@@ -64,32 +74,50 @@ impl Eager {
         self.workers.lock().retain(|w| w.id != id);
     }
 
-    /// Marks each task that a worker beside the engine serves and has a free slot for as
-    /// claimed by it, taking the slot.
-    pub(crate) fn assign(&self, tasks: &mut [NewTask]) -> Assigned {
-        let mut workers = self.workers.lock();
-        let mut assigned = Vec::new();
-        if workers.is_empty() || tasks.is_empty() {
-            return Assigned(assigned);
+    /// Marks each task that a worker beside the engine serves and has a free slot for (and no
+    /// backlog) as claimed by it, taking the slot. Its `created_at` becomes `now` if that is
+    /// later (the claim's lease and the attempt's timeout count from the commit, not from
+    /// when the turn buffered the dispatch).
+    pub(crate) fn assign(&self, tasks: &mut [NewTask], now: Millis) -> Assigned {
+        let mut assigned = Assigned::default();
+        if tasks.is_empty() {
+            return assigned;
         }
+        let mut workers = self.workers.lock();
         // A worker whose loop ended without unregistering (its future was dropped) takes none.
         workers.retain(|w| !w.tasks.is_closed());
         for task in tasks.iter_mut().filter(|t| t.claimed_by.is_none()) {
             let Some((worker, slot)) = workers
                 .iter()
-                .filter(|w| w.serves(task))
+                .filter(|w| w.serves(task) && !w.backlog.load(Ordering::Acquire))
                 .find_map(|w| w.slots.clone().try_acquire_owned().ok().map(|slot| (w, slot)))
             else {
                 continue;
             };
             task.claimed_by = Some(worker.id.clone());
-            assigned.push((worker.tasks.clone(), Handed { task: Task::dispatched(task.clone()), slot }));
+            task.created_at = task.created_at.max(now);
+            assigned.0.push((worker.tasks.clone(), Handed { task: Task::dispatched(task.clone()), slot }));
         }
-        Assigned(assigned)
+        assigned
     }
 }
 
 impl Assigned {
+    /// Whether no task was assigned.
+    pub(crate) fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    /// Adds the tasks of another commit.
+    pub(crate) fn extend(&mut self, other: Assigned) {
+        self.0.extend(other.0);
+    }
+
+    /// The tasks, as the store holds them if their commit was applied.
+    pub(crate) fn tasks(&self) -> Vec<Task> {
+        self.0.iter().map(|(_, h)| h.task.clone()).collect()
+    }
+
     /// Hands the tasks to their workers (the store holds them now). Returns the tasks whose
     /// worker stopped taking them: the caller hands them back to the store.
     pub(crate) fn hand(self) -> Vec<Task> {

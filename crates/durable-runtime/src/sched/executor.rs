@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use tracing::Instrument;
 
 use super::control::TurnWatch;
+use super::eager::Assigned;
 use super::warm::Parked;
 use super::{Mark, Nudge, Shared};
 use crate::events::EngineEvent;
@@ -40,6 +41,9 @@ pub(super) struct Executor {
     /// ([`Store::commit_and_claim_handed`](durable_core::Store::commit_and_claim_handed)),
     /// with what the claim read, until their first drive takes it instead of claiming.
     handed: Mutex<HashMap<RunId, ClaimOutcome>>,
+    /// Tasks a suspending commit of the run wrote claimed by workers beside this engine, handed
+    /// over once the run's drive here ends ([`Shared::run_in_slot`]).
+    pub(super) eager_after: Mutex<HashMap<RunId, Assigned>>,
 }
 
 /// Whether a turn made progress, for `Metrics::turns_without_progress` (and, of a recovered
@@ -116,8 +120,15 @@ impl Shared {
             commit.children.iter().map(|c| (c.id.clone(), c.namespace.clone(), c.priority, c.created_at)).collect();
         let started: Vec<String> = commit.children.iter().map(|c| c.workflow.clone()).collect();
         // Tasks a worker beside this engine can take now are written claimed by it and handed
-        // over once the store has them; the others are left to the workers' claims.
-        let eager = self.eager.assign(&mut commit.tasks);
+        // over once the store has them; the others are left to the workers' claims. Not in a
+        // commit that settles the run, which finishes its tasks in the same write.
+        let eager = if self.store.capabilities().claimed_dispatch && !matches!(commit.end, Some(TurnEnd::Settle { .. }))
+        {
+            self.eager.assign(&mut commit.tasks, self.clock.now())
+        } else {
+            Assigned::default()
+        };
+        let (run_id, suspends) = (commit.run_id.clone(), matches!(commit.end, Some(TurnEnd::Suspend { .. })));
         let queues: Vec<(String, String)> = commit
             .tasks
             .iter()
@@ -138,8 +149,22 @@ impl Shared {
             self.store.commit(commit).await.map(|outcome| (outcome, None))
         };
         crate::metrics::store_commit(began.elapsed(), outcome.as_ref().ok().map(|_| size));
-        let (outcome, claimed) = outcome?;
-        self.hand_eager(eager).await;
+        let (outcome, claimed) = match outcome {
+            Ok(applied) => applied,
+            Err(e) => {
+                // The store may have applied it all the same (an answer lost on the way back):
+                // the tasks go back to the queue rather than wait out their leases.
+                self.hand_back_tasks(eager.tasks()).await;
+                return Err(e);
+            }
+        };
+        if suspends && !eager.is_empty() {
+            // Handed over once the turn has ended here: a result that comes back at once then
+            // records itself and claims the run in one store call.
+            self.executor.eager_after.lock().entry(run_id).or_default().extend(eager);
+        } else {
+            self.hand_eager(eager).await;
+        }
         // Only a run that waited for its key (pending: no turn of it ever ran, so none can be
         // in progress anywhere) is handed to its first drive. A run the claim found running
         // under this engine's own lease is executing here already: where the store's commit
@@ -182,10 +207,17 @@ impl Shared {
     }
 
     /// Hands the tasks a commit wrote claimed by workers beside this engine to them. A task
-    /// whose worker stopped taking tasks meanwhile is handed back to the store (queued for any
-    /// worker); if that fails too, its lease runs out and another worker claims it then.
-    async fn hand_eager(&self, eager: super::eager::Assigned) {
-        for task in eager.hand() {
+    /// whose worker stopped taking tasks meanwhile is handed back to the store.
+    pub(super) async fn hand_eager(&self, eager: Assigned) {
+        let orphans = eager.hand();
+        self.hand_back_tasks(orphans).await;
+    }
+
+    /// Hands tasks written claimed by a worker beside this engine back to the store, queued for
+    /// any worker (nothing changes for a task the store does not hold so); if that fails, the
+    /// lease runs out and another worker claims the task then.
+    async fn hand_back_tasks(&self, tasks: Vec<durable_core::task::Task>) {
+        for task in tasks {
             let (t, worker) = (&task.task, task.worker.as_deref().unwrap_or_default());
             let back = [(t.run_id.clone(), t.seq, t.attempt)];
             match self.store.release_tasks(&back, worker).await {
