@@ -363,7 +363,7 @@ mod tests {
     #[async_trait::async_trait]
     impl Store for SharedMemory {
         fn capabilities(&self) -> Capabilities {
-            Capabilities::FULL.with_tasks(self.1)
+            Capabilities::FULL.with_tasks(self.1).with_claimed_dispatch(self.1)
         }
         async fn create_run(&self, run: NewRun) -> StoreResult<CreateRun> {
             self.0.create_run(run).await

@@ -533,17 +533,11 @@ impl Worker {
         let mut handed = self.take_eagerly(&slots, &backlog);
         loop {
             let now = w.clock.now();
-            if registered_at.is_none_or(|at| now >= millis_after(at, w.register_interval)) {
-                match w.store.register_worker(&self.info(started_at, now)).await {
-                    Ok(()) => registered_at = Some(now),
-                    Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not publish the worker's descriptor"),
-                }
-            }
             while let Some(done) = running.try_join_next() {
                 self.settled(done, &mut inflight, &mut report);
             }
             while let Some(h) = handed.as_mut().and_then(|rx| rx.try_recv().ok()) {
-                self.start_handed(h, &mut running, &mut inflight, &mut report);
+                look |= !self.start_handed(h, &mut running, &mut inflight, &mut report);
             }
             if !inflight.is_empty() && now >= millis_after(checked_at, w.poll_interval) {
                 checked_at = now;
@@ -584,6 +578,7 @@ impl Worker {
                         // comes back short.
                         backlog.store(saturated, Ordering::Release);
                         report.claimed += tasks.len() as u64;
+                        let mut surplus = Vec::new();
                         for task in tasks {
                             // Our own task back after its lease expired: its handler still runs
                             // here (the claim renewed its lease); never run it twice at once.
@@ -592,12 +587,27 @@ impl Worker {
                                 continue;
                             }
                             // At most `free` tasks: each takes one of the claim's slots.
-                            if let Some(slot) = claim_slots.split(1) {
-                                self.start(task, slot, &mut running, &mut inflight);
+                            match claim_slots.split(1) {
+                                Some(slot) => self.start(task, slot, &mut running, &mut inflight),
+                                None => surplus.push((task.task.run_id, task.task.seq, task.task.attempt)),
+                            }
+                        }
+                        if !surplus.is_empty() {
+                            tracing::warn!(worker = %w.id, tasks = surplus.len(), "the store answered a claim with more tasks than asked for; handing them back");
+                            if let Err(e) = w.store.release_tasks(&surplus, &w.id).await {
+                                tracing::warn!(worker = %w.id, error = %e, "could not hand back surplus tasks; they return when their leases expire");
                             }
                         }
                     }
                     Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not claim tasks; trying again"),
+                }
+            }
+            // After the claim: a worker that shows as live has made its first claim, and takes
+            // tasks eagerly unless that claim filled its slots.
+            if registered_at.is_none_or(|at| now >= millis_after(at, w.register_interval)) {
+                match w.store.register_worker(&self.info(started_at, now)).await {
+                    Ok(()) => registered_at = Some(now),
+                    Err(e) => tracing::warn!(worker = %w.id, error = %e, "could not publish the worker's descriptor"),
                 }
             }
             let idle = w.clock.sleep_until(next_poll);
@@ -608,11 +618,10 @@ impl Worker {
                     self.settled(done, &mut inflight, &mut report);
                 }
                 Some(h) = async { handed.as_mut()?.recv().await }, if handed.is_some() => {
-                    self.start_handed(h, &mut running, &mut inflight, &mut report);
+                    look |= !self.start_handed(h, &mut running, &mut inflight, &mut report);
                 }
                 _ = &mut nudged => {
                     look = true;
-                    backlog.store(true, Ordering::Release);
                     nudged = Box::pin(nudges.notified());
                     nudged.as_mut().enable();
                 }
@@ -674,21 +683,25 @@ impl Worker {
     }
 
     /// Starts a task an engine beside the worker handed it, unless the same attempt already
-    /// runs here (its lease passed and a claim of this worker took it first).
+    /// runs here (its lease passed and a claim of this worker took it first) or its lease
+    /// passed (another worker may hold it now; a claim takes it if it is still there):
+    /// `false` then, and the worker should look.
     fn start_handed(
         &self,
         handed: Handed,
         running: &mut JoinSet<Outcome>,
         inflight: &mut HashMap<(RunId, u32), TaskContext>,
         report: &mut WorkerReport,
-    ) {
+    ) -> bool {
+        let t = &handed.task.task;
+        let running_here = inflight.get(&(t.run_id.clone(), t.seq)).is_some_and(|c| c.attempt() == t.attempt);
+        if running_here || handed.task.lease_until.is_some_and(|l| l <= self.inner.clock.now()) {
+            return false;
+        }
         report.claimed += 1;
         report.eager += 1;
-        let t = &handed.task.task;
-        if inflight.get(&(t.run_id.clone(), t.seq)).is_some_and(|c| c.attempt() == t.attempt) {
-            return;
-        }
         self.start(handed.task, handed.slot, running, inflight);
+        true
     }
 
     /// Runs the handler of a claimed task in `slot`, tracked in `inflight` until it ends.
@@ -793,7 +806,7 @@ impl Worker {
             tokio::select! {
                 done = running.join_next() => match done {
                     Some(done) => self.settled(done, &mut inflight, report),
-                    None => return,
+                    None => break,
                 },
                 _ = tokio::time::sleep_until(deadline) => break,
             }

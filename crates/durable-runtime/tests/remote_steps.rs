@@ -142,6 +142,25 @@ async fn a_worker_beside_the_engine_gets_tasks_from_the_dispatching_commit_up_to
     assert_eq!((report.claimed, report.eager, report.completed), (2, 1, 2), "{report:?}");
 }
 
+/// An eager task is handed over once the run's drive here has ended and freed its slot: a
+/// handler that returns at once still records its result and claims the woken run in one
+/// store call, as in the test below, without waiting for anything.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_eager_task_whose_handler_returns_at_once_records_its_result_with_the_claim() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let t = TestEngine::with_store(store.clone());
+    register_pipeline(&t);
+    let w = spawn(math_worker(&t));
+    until_live(&t).await;
+    let run = t.start("pipeline", &20u32, StartOptions::id("p1")).await.unwrap();
+    t.assert_output(&run.id, 41u32).await;
+    let calls = store.call_counts();
+    assert_eq!(calls.get(&Method::CompleteTaskAndClaim), Some(&2), "{calls:?}");
+    assert_eq!(calls.get(&Method::CompleteTask), None, "{calls:?}");
+    let report = w.stop().await;
+    assert_eq!((report.eager, report.completed), (2, 2), "{report:?}");
+}
+
 /// A commit that settles the run hands no task to a worker beside the engine: when one step's
 /// input is over the payload limit, the run fails in the commit that also carries (and
 /// finishes) the other step's task, whose handler never runs.
@@ -440,10 +459,12 @@ async fn an_attempt_past_its_timeout_is_cancelled_and_retried_after_its_backoff(
         Ok::<_, WorkflowError>(v)
     });
     let (cancelled_tx, mut cancelled) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<u32>();
     let mut rx = t.subscribe();
     let w = spawn(Worker::builder().engine(t.engine()).handle("slow", move |ctx: TaskContext, _: ()| {
-        let c = cancelled_tx.clone();
+        let (c, s) = (cancelled_tx.clone(), started_tx.clone());
         async move {
+            let _ = s.send(ctx.attempt());
             if ctx.attempt() == 1 {
                 ctx.cancelled().await; // hangs until the attempt's deadline
                 let _ = c.send(ctx.attempt());
@@ -454,15 +475,10 @@ async fn an_attempt_past_its_timeout_is_cancelled_and_retried_after_its_backoff(
     }));
     let run = t.start("slow", &(), StartOptions::id("slow")).await.unwrap();
     until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
-    // Wait for the claim before moving time (the timeout runs from it).
-    loop {
-        let tasks =
-            t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
-        if tasks.first().is_some_and(|t| t.claimed_at.is_some()) {
-            break;
-        }
-        tokio::task::yield_now().await;
-    }
+    // Wait for the handler before moving time: the timeout runs from the claim, which may be
+    // the dispatching commit itself (a worker beside the engine), and a handler handed its
+    // task only once the lease has passed on this clock would not run it.
+    assert_eq!(started.recv().await, Some(1));
     t.advance(Duration::from_secs(11));
     until(&mut rx, |e| matches!(e, EngineEvent::RemoteStepTimedOut { attempt: 1, .. })).await;
     // The expiry is a failed attempt: the run waits out its durable backoff.

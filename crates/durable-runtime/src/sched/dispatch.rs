@@ -337,8 +337,7 @@ impl Shared {
             let guard = TaskGuard::new(&self, id);
             let shared = self.clone();
             tokio::spawn(async move {
-                shared.run_in_slot(guard, check, None).await;
-                drop(slot);
+                shared.run_in_slot(guard, slot, check, None).await;
             });
         }
     }
@@ -370,9 +369,11 @@ impl Shared {
     /// was committed, and `shutdown` releases the lease).
     /// With `result`: a worker's result for the run, recorded by its first claim (see
     /// [`Shared::complete_and_execute`]).
+    /// `slot`: the execution slot it runs in, released when it is quiet.
     pub(super) async fn run_in_slot(
         self: &Arc<Self>,
         mut guard: TaskGuard,
+        slot: OwnedSemaphorePermit,
         check: bool,
         result: Option<ResultToRecord>,
     ) {
@@ -383,12 +384,11 @@ impl Shared {
             () = self.run_until_quiet(&id, check, result) => true,
         };
         drop(guard);
-        // Tasks its turns dispatched to workers beside this engine: the run is no longer
-        // executing here, so a result that comes back at once claims it with the same call.
-        let eager = self.executor.eager_after.lock().remove(&id);
-        if let Some(eager) = eager {
-            self.hand_eager(eager).await;
-        }
+        drop(slot);
+        // Tasks its last turn dispatched to workers beside this engine: the run no longer
+        // executes here and its slot is free, so a result that comes back at once claims it in
+        // the same store call.
+        self.hand_eager_after(&id).await;
     }
 
     /// Records the result of a worker beside this engine and starts the woken run's turn
@@ -416,8 +416,7 @@ impl Shared {
         let guard = TaskGuard::new(self, id);
         let shared = self.clone();
         tokio::spawn(async move {
-            shared.run_in_slot(guard, false, Some(ResultToRecord { done, reply })).await;
-            drop(slot);
+            shared.run_in_slot(guard, slot, false, Some(ResultToRecord { done, reply })).await;
         });
         answer.await.unwrap_or_else(|_| {
             Err(StoreError::unavailable("the engine stopped before the worker's result was recorded"))
@@ -459,6 +458,9 @@ impl Shared {
             if !self.dispatch.look_again(id) {
                 return;
             }
+            // Another drive: the tasks the last one dispatched to workers beside this engine go
+            // to them first.
+            self.hand_eager_after(id).await;
             check = true;
         }
     }

@@ -92,6 +92,10 @@ impl Eager {
                 .filter(|w| w.serves(task) && !w.backlog.load(Ordering::Acquire))
                 .find_map(|w| w.slots.clone().try_acquire_owned().ok().map(|slot| (w, slot)))
             else {
+                // Queued: the workers beside the engine that serve it have a backlog now.
+                for w in workers.iter().filter(|w| w.serves(task)) {
+                    w.backlog.store(true, Ordering::Release);
+                }
                 continue;
             };
             task.claimed_by = Some(worker.id.clone());

@@ -153,8 +153,11 @@ impl Shared {
             Ok(applied) => applied,
             Err(e) => {
                 // The store may have applied it all the same (an answer lost on the way back):
-                // the tasks go back to the queue rather than wait out their leases.
-                self.hand_back_tasks(eager.tasks()).await;
+                // the tasks go back to the queue rather than wait out their leases. Not after a
+                // lost lease, which the store refused before writing anything.
+                if e.kind() != durable_core::StoreErrorKind::LeaseLost {
+                    self.hand_back_tasks(eager.tasks()).await;
+                }
                 return Err(e);
             }
         };
@@ -213,20 +216,34 @@ impl Shared {
         self.hand_back_tasks(orphans).await;
     }
 
+    /// Hands the tasks the run's last suspending commit dispatched to workers beside this
+    /// engine to them, if any wait.
+    pub(super) async fn hand_eager_after(&self, id: &RunId) {
+        let eager = self.executor.eager_after.lock().remove(id);
+        if let Some(eager) = eager {
+            self.hand_eager(eager).await;
+        }
+    }
+
     /// Hands tasks written claimed by a worker beside this engine back to the store, queued for
-    /// any worker (nothing changes for a task the store does not hold so); if that fails, the
-    /// lease runs out and another worker claims the task then.
+    /// any worker (nothing changes for a task the store does not hold so), one call per
+    /// worker; if that fails, the lease runs out and another worker claims the task then.
     async fn hand_back_tasks(&self, tasks: Vec<durable_core::task::Task>) {
+        let mut by_worker: HashMap<String, Vec<durable_core::task::Task>> = HashMap::new();
         for task in tasks {
-            let (t, worker) = (&task.task, task.worker.as_deref().unwrap_or_default());
-            let back = [(t.run_id.clone(), t.seq, t.attempt)];
-            match self.store.release_tasks(&back, worker).await {
+            by_worker.entry(task.worker.clone().unwrap_or_default()).or_default().push(task);
+        }
+        for (worker, tasks) in by_worker {
+            let back: Vec<_> = tasks.iter().map(|t| (t.task.run_id.clone(), t.task.seq, t.task.attempt)).collect();
+            match self.store.release_tasks(&back, &worker).await {
                 Ok(()) => {
                     self.task_dispatched.notify_waiters();
-                    self.nudge(Some(&t.namespace), Some(&t.queue));
+                    for t in &tasks {
+                        self.nudge(Some(&t.task.namespace), Some(&t.task.queue));
+                    }
                 }
                 Err(e) => {
-                    tracing::warn!(run_id = %t.run_id, seq = t.seq, error = %e, "could not hand back a task its worker no longer takes; another worker claims it once its lease passes")
+                    tracing::warn!(worker = %worker, tasks = back.len(), error = %e, "could not hand back tasks their worker does not take; other workers claim them once their leases pass")
                 }
             }
         }
@@ -259,6 +276,9 @@ impl Shared {
             }
         };
         loop {
+            // A turn that suspended woken, and runs again: what it dispatched to workers
+            // beside this engine goes to them before the next turn.
+            self.hand_eager_after(id).await;
             watch.claiming();
             let now = self.clock.now();
             let claim = Claim {

@@ -283,12 +283,12 @@ impl Shared {
         if !self.enter_queued(&id, wake, since) {
             return Handled::Done; // queued or executing here already: it looks again when done
         }
-        let Some(_slot) = self.slot().await else {
+        let Some(slot) = self.slot().await else {
             self.leave_queued(&id);
             return Handled::HandBack;
         };
         let Some(check) = self.begin_queued(&id) else { return Handled::Done };
-        self.run_in_slot(TaskGuard::new(self, id), check, None).await;
+        self.run_in_slot(TaskGuard::new(self, id), slot, check, None).await;
         // A turn cut off by a shutdown goes back to the queue for another engine.
         if self.is_stopping() { Handled::HandBack } else { Handled::Done }
     }
