@@ -810,8 +810,7 @@ fn pg_server_cpu_s(args: &Args) -> Option<f64> {
         return None;
     }
     let url = std::env::var("DURABLE_PG_URL").unwrap_or_else(|_| DEFAULT_PG_URL.into());
-    let host = url.rsplit_once('@').map_or(url.as_str(), |(_, h)| h);
-    if !["127.0.0.1", "localhost", "[::1]"].iter().any(|local| host.starts_with(local)) {
+    if !pg_url_is_local(&url) {
         return None;
     }
     // (name, parent pid, utime + stime, cutime + cstime) from a `/proc/<pid>/stat` line.
@@ -841,6 +840,26 @@ fn pg_server_cpu_s(args: &Args) -> Option<f64> {
     }
     // Linux counts in clock ticks of 100 per second (USER_HZ).
     (!postgres.is_empty()).then_some(ticks / 100.0)
+}
+
+/// Whether a PostgreSQL URL (`postgres://[user@]host[:port]/db`, or `host=… ` key-value
+/// settings) names a server on this machine: a loopback address, `localhost`, or a Unix socket
+/// (no host, or a path).
+fn pg_url_is_local(url: &str) -> bool {
+    let host = match url.split_once("://") {
+        Some((_, rest)) => {
+            let authority = rest.split(['/', '?']).next().unwrap_or_default();
+            let host = authority.rsplit_once('@').map_or(authority, |(_, h)| h);
+            // `[::1]:5432`, `127.0.0.1:5432`, `localhost`.
+            match host.strip_prefix('[') {
+                Some(v6) => v6.split(']').next().unwrap_or_default(),
+                None => host.split(':').next().unwrap_or_default(),
+            }
+            .to_string()
+        }
+        None => url.split_whitespace().find_map(|kv| kv.strip_prefix("host=")).unwrap_or_default().to_string(),
+    };
+    host.is_empty() || host.starts_with('/') || ["127.0.0.1", "localhost", "::1"].contains(&host.as_str())
 }
 
 /// Runs the workload and, on a local PostgreSQL server, adds the server's CPU time over it
@@ -1080,6 +1099,27 @@ fn main() -> std::process::ExitCode {
         Err(e) => {
             eprintln!("durable-bench: {} on {}: {e}", args.workload, args.store);
             std::process::ExitCode::FAILURE
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::pg_url_is_local;
+
+    #[test]
+    fn a_postgres_url_is_local_for_loopback_localhost_and_sockets_only() {
+        for local in [
+            "postgres://postgres@127.0.0.1:5432/test",
+            "postgres://localhost/db",
+            "postgresql://u:p@[::1]:5433/db?sslmode=disable",
+            "postgres:///db",
+            "host=/var/run/postgresql dbname=test",
+        ] {
+            assert!(pg_url_is_local(local), "{local}");
+        }
+        for remote in ["postgres://u@db.example.com/x", "postgres://localhost.example.com/x", "host=10.0.0.5 user=u"] {
+            assert!(!pg_url_is_local(remote), "{remote}");
         }
     }
 }

@@ -238,6 +238,16 @@ pub struct TaskClaim {
     pub now: Millis,
 }
 
+impl TaskClaim {
+    /// Whether the claim's queues, namespace and capabilities cover `task` (its state and
+    /// run aside): the routing half of [`Store::claim_tasks`](crate::Store::claim_tasks).
+    pub fn covers(&self, task: &NewTask) -> bool {
+        self.queues.contains(&task.queue)
+            && self.namespace.as_ref().is_none_or(|ns| *ns == task.namespace)
+            && task.requires.iter().all(|r| self.capabilities.contains(r))
+    }
+}
+
 /// A heartbeat ([`Store::heartbeat_task`](crate::Store::heartbeat_task)).
 #[derive(Debug, Clone, PartialEq)]
 pub struct TaskBeat {

@@ -562,14 +562,11 @@ impl Worker {
                 look = false;
                 next_poll = millis_after(now, w.poll_interval);
                 let claim = TaskClaim {
-                    worker: w.id.clone(),
-                    queues: w.queues.clone(),
-                    namespace: w.namespace.clone(),
-                    capabilities: w.capabilities.clone(),
                     limit: free,
                     // Read afresh: the loop may have waited on the store since `now`, and a
                     // claim stamped in the past would start the attempt's timeout early.
                     now: w.clock.now(),
+                    ..self.route()
                 };
                 match w.store.claim_tasks(&claim).await {
                     Ok(tasks) => {
@@ -660,6 +657,20 @@ impl Worker {
         report
     }
 
+    /// The worker's claim, for no task yet (`limit` 0): its id, queues, namespace and
+    /// capabilities.
+    fn route(&self) -> TaskClaim {
+        let w = &self.inner;
+        TaskClaim {
+            worker: w.id.clone(),
+            queues: w.queues.clone(),
+            namespace: w.namespace.clone(),
+            capabilities: w.capabilities.clone(),
+            limit: 0,
+            now: 0,
+        }
+    }
+
     /// Beside an engine: registers with it to take tasks straight from its commits, in
     /// `slots`; the receiver of those tasks. `None` without an engine.
     fn take_eagerly(
@@ -671,10 +682,7 @@ impl Worker {
         let shared = w.engine.as_ref().and_then(Weak::upgrade)?;
         let (tx, rx) = mpsc::unbounded_channel();
         shared.eager.register(LocalWorker {
-            id: w.id.clone(),
-            queues: w.queues.clone(),
-            capabilities: w.capabilities.clone(),
-            namespace: w.namespace.clone(),
+            route: self.route(),
             slots: slots.clone(),
             backlog: backlog.clone(),
             tasks: tx,

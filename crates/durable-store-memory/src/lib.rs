@@ -903,9 +903,7 @@ impl Store for MemoryStore {
             .values()
             .filter(|t| {
                 t.claimable(now)
-                    && claim.queues.contains(&t.task.queue)
-                    && claim.namespace.as_ref().is_none_or(|ns| *ns == t.task.namespace)
-                    && t.task.requires.iter().all(|r| claim.capabilities.contains(r))
+                    && claim.covers(&t.task)
                     && runs.get(&t.task.run_id).is_some_and(|r| !r.status.is_terminal())
             })
             .map(|t| (Reverse(t.task.priority), t.task.created_at, t.task.run_id.clone(), t.task.seq))

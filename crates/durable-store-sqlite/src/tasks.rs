@@ -170,7 +170,7 @@ pub(crate) fn dispatch(conn: &Connection, t: &NewTask) -> OpResult<()> {
         "INSERT INTO tasks (run_id, seq, attempt, name, queue, namespace, input, priority, requires, \
          pickup_timeout_ms, timeout_ms, heartbeat_timeout_ms, created_at, state, deadline, seen_at, trace_context, \
          worker, lease_until, claimed_at, heartbeat_at, claims) \
-         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?16, ?14, ?13, ?15, ?17, ?18, ?19, ?19, ?20) \
+         VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?16, ?14, ?22, ?15, ?17, ?18, ?19, ?20, ?21) \
          ON CONFLICT (run_id, seq) DO UPDATE SET attempt = excluded.attempt, name = excluded.name, \
          queue = excluded.queue, namespace = excluded.namespace, input = excluded.input, \
          priority = excluded.priority, requires = excluded.requires, \
@@ -201,7 +201,9 @@ pub(crate) fn dispatch(conn: &Connection, t: &NewTask) -> OpResult<()> {
         stored.worker,
         millis(stored.lease_until),
         millis(stored.claimed_at),
+        millis(stored.heartbeat_at),
         stored.claims,
+        millis_to_sql(seen_at(&stored)),
     ])?;
     Ok(())
 }

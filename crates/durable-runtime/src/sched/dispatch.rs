@@ -458,9 +458,6 @@ impl Shared {
             if !self.dispatch.look_again(id) {
                 return;
             }
-            // Another drive: the tasks the last one dispatched to workers beside this engine go
-            // to them first.
-            self.hand_eager_after(id).await;
             check = true;
         }
     }

@@ -17,7 +17,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 use durable_core::Millis;
-use durable_core::task::{NewTask, Task};
+use durable_core::task::{NewTask, Task, TaskClaim};
 use parking_lot::Mutex;
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, mpsc};
 
@@ -30,10 +30,9 @@ pub(crate) struct Handed {
 /// What a worker beside the engine takes eagerly: its routing, its slots, and where to send
 /// the tasks it gets.
 pub(crate) struct LocalWorker {
-    pub(crate) id: String,
-    pub(crate) queues: Vec<String>,
-    pub(crate) capabilities: Vec<String>,
-    pub(crate) namespace: Option<String>,
+    /// The worker's claim (its id, queues, namespace and capabilities): it takes a task this
+    /// covers ([`TaskClaim::covers`]).
+    pub(crate) route: TaskClaim,
     /// The worker's execution slots, shared with its own claims.
     pub(crate) slots: Arc<Semaphore>,
     /// Tasks may wait for the worker in the store (its last claim filled every slot it asked
@@ -41,15 +40,6 @@ pub(crate) struct LocalWorker {
     /// first, in the store's order (priority, then age).
     pub(crate) backlog: Arc<AtomicBool>,
     pub(crate) tasks: mpsc::UnboundedSender<Handed>,
-}
-
-impl LocalWorker {
-    /// Whether it would claim `task` (its queue, namespace and capabilities).
-    fn serves(&self, task: &NewTask) -> bool {
-        self.queues.contains(&task.queue)
-            && self.namespace.as_ref().is_none_or(|ns| *ns == task.namespace)
-            && task.requires.iter().all(|r| self.capabilities.contains(r))
-    }
 }
 
 /// The workers beside this engine that take tasks eagerly.
@@ -71,7 +61,7 @@ impl Eager {
 
     /// From now on the worker `id` takes no more tasks eagerly (it drains or stops).
     pub(crate) fn unregister(&self, id: &str) {
-        self.workers.lock().retain(|w| w.id != id);
+        self.workers.lock().retain(|w| w.route.worker != id);
     }
 
     /// Marks each task that a worker beside the engine serves and has a free slot for (and no
@@ -89,16 +79,16 @@ impl Eager {
         for task in tasks.iter_mut().filter(|t| t.claimed_by.is_none()) {
             let Some((worker, slot)) = workers
                 .iter()
-                .filter(|w| w.serves(task) && !w.backlog.load(Ordering::Acquire))
+                .filter(|w| w.route.covers(task) && !w.backlog.load(Ordering::Acquire))
                 .find_map(|w| w.slots.clone().try_acquire_owned().ok().map(|slot| (w, slot)))
             else {
                 // Queued: the workers beside the engine that serve it have a backlog now.
-                for w in workers.iter().filter(|w| w.serves(task)) {
+                for w in workers.iter().filter(|w| w.route.covers(task)) {
                     w.backlog.store(true, Ordering::Release);
                 }
                 continue;
             };
-            task.claimed_by = Some(worker.id.clone());
+            task.claimed_by = Some(worker.route.worker.clone());
             task.created_at = task.created_at.max(now);
             assigned.0.push((worker.tasks.clone(), Handed { task: Task::dispatched(task.clone()), slot }));
         }

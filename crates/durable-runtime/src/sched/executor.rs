@@ -42,7 +42,8 @@ pub(super) struct Executor {
     /// with what the claim read, until their first drive takes it instead of claiming.
     handed: Mutex<HashMap<RunId, ClaimOutcome>>,
     /// Tasks a suspending commit of the run wrote claimed by workers beside this engine, handed
-    /// over once the run's drive here ends ([`Shared::run_in_slot`]).
+    /// over once the run's drive here ends ([`Shared::run_in_slot`]), or before its next turn
+    /// ([`Shared::drive_run`]) if another follows first.
     pub(super) eager_after: Mutex<HashMap<RunId, Assigned>>,
 }
 
@@ -122,13 +123,17 @@ impl Shared {
         // Tasks a worker beside this engine can take now are written claimed by it and handed
         // over once the store has them; the others are left to the workers' claims. Not in a
         // commit that settles the run, which finishes its tasks in the same write.
-        let eager = if self.store.capabilities().claimed_dispatch && !matches!(commit.end, Some(TurnEnd::Settle { .. }))
+        let eager = if !commit.tasks.is_empty()
+            && !matches!(commit.end, Some(TurnEnd::Settle { .. }))
+            && self.store.capabilities().claimed_dispatch
         {
             self.eager.assign(&mut commit.tasks, self.clock.now())
         } else {
             Assigned::default()
         };
-        let (run_id, suspends) = (commit.run_id.clone(), matches!(commit.end, Some(TurnEnd::Suspend { .. })));
+        // Handed over once the run's drive here has ended (see below).
+        let stash_for =
+            (!eager.is_empty() && matches!(commit.end, Some(TurnEnd::Suspend { .. }))).then(|| commit.run_id.clone());
         let queues: Vec<(String, String)> = commit
             .tasks
             .iter()
@@ -161,12 +166,11 @@ impl Shared {
                 return Err(e);
             }
         };
-        if suspends && !eager.is_empty() {
-            // Handed over once the turn has ended here: a result that comes back at once then
-            // records itself and claims the run in one store call.
-            self.executor.eager_after.lock().entry(run_id).or_default().extend(eager);
-        } else {
-            self.hand_eager(eager).await;
+        match stash_for {
+            // Handed over once the run's drive here has ended: a result that comes back at once
+            // then records itself and claims the run in one store call.
+            Some(run_id) => self.executor.eager_after.lock().entry(run_id).or_default().extend(eager),
+            None => self.hand_eager(eager).await,
         }
         // Only a run that waited for its key (pending: no turn of it ever ran, so none can be
         // in progress anywhere) is handed to its first drive. A run the claim found running
