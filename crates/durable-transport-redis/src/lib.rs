@@ -67,10 +67,12 @@
 //! - **Consuming** ([`consume_runs`](durable_transport::Transport::consume_runs)): each
 //!   consumer is a member of the group under a name of its own. It takes at most as many items
 //!   as it has free slots (and at most [`claim_batch`](RedisTransport::claim_batch)) in one
-//!   script call: items left unacknowledged for longer than
-//!   [`redeliver_after`](RedisTransport::redeliver_after) first (`XPENDING … IDLE` and
-//!   `XCLAIM`, looked for every quarter of that time, at most every 2 s; never one whose
-//!   handler still runs at this consumer), then new ones (`XREADGROUP … >`). A
+//!   script call. Every quarter of [`redeliver_after`](RedisTransport::redeliver_after)
+//!   (at most every 2 s) it first takes back its own pending items that it has not in hand
+//!   (`XPENDING … <consumer>` and `XCLAIM`: a claim whose reply was lost on the way, an
+//!   acknowledgement that failed), then items left unacknowledged by anyone for longer than
+//!   `redeliver_after` (`XPENDING … IDLE` and `XCLAIM`; never one whose handler still runs at
+//!   this consumer); then it reads new ones (`XREADGROUP … >`). A
 //!   consumer of one namespace reads that namespace's streams; a consumer of every namespace
 //!   (`None`) reads every stream in `<prefix>:namespaces`. When nothing is waiting it blocks
 //!   on its own connection (`XREAD BLOCK`, which wakes it at the next entry without taking
@@ -97,8 +99,9 @@
 //!   not know it, and only consumers of every namespace read them).
 //! - **Failures**: a consumer whose connection fails keeps trying, backing off up to 4 s,
 //!   reports with `tracing::warn!` at most once a minute (with the number of failures since
-//!   the last report) and resumes by itself when the server is back; what it had taken is
-//!   redelivered after `redeliver_after`.
+//!   the last report) and resumes by itself when the server is back. What a claim took when
+//!   its reply was lost it takes back at its next look (above); what a process that died had
+//!   taken goes to the other consumers after `redeliver_after`.
 //!
 //! ## The control plane
 //!

@@ -48,7 +48,9 @@ return added
     )
 });
 
-/// Claims up to `count` entries for one consumer: first (when `min_idle` > 0) entries pending
+/// Claims up to `count` entries for one consumer: first (when `min_idle` > 0) the consumer's
+/// own pending entries it does not have in hand (XPENDING for the consumer, then XCLAIM: a
+/// claim whose reply never reached it, an acknowledgement that failed), then entries pending
 /// for longer than `min_idle` ms (XPENDING IDLE, then XCLAIM: those of a consumer that died,
 /// or whose handler hangs, or whose acknowledgement was lost), except the excluded ones (in
 /// hand at the claiming consumer itself), then new ones (XREADGROUP `>`),
@@ -61,7 +63,8 @@ return added
 /// ARGV: group, consumer, count, min_idle (ms, 0: no reclaim), mode (`one`/`all`), the
 /// prefix of urgent stream keys, prune (ms, 0: none): the group forgets the other consumers
 /// that hold nothing and have taken nothing for longer (dead ones; an idle live one is added
-/// back by its next read); then the excluded entries as `stream, id` pairs.
+/// back by its next read); then the excluded entries as `stream, id` pairs (with `min_idle` >
+/// 0: every entry the consumer has in hand).
 /// Returns `{entries, wake}`: entries as `{stream, id, {field, value, ...}}`, wake as a flat
 /// `{key, id, key, id, ...}` (empty when `count` entries were found).
 pub(crate) static CLAIM: LazyLock<Script> = LazyLock::new(|| {
@@ -108,6 +111,28 @@ for _, s in ipairs(streams) do
   if count <= 0 then break end
   if redis.call('EXISTS', s) == 1 then
     if min_idle > 0 then
+      -- This consumer's own pending entries that it does not have in hand: taken by a claim
+      -- whose reply was lost, or left by an acknowledgement that failed. Taken back at once,
+      -- not after min_idle; an id that no longer exists is only acknowledged.
+      local ok, mine = pcall(redis.call, 'XPENDING', s, group, '-', '+', count + excluded_count, consumer)
+      if ok then
+        local ids = {}
+        for _, p in ipairs(mine) do
+          if #ids >= count then break end
+          if not excluded[s .. ' ' .. p[1]] then table.insert(ids, p[1]) end
+        end
+        if #ids > 0 then
+          local before = #out
+          take(s, redis.call('XCLAIM', s, group, consumer, 0, unpack(ids)))
+          local back = {}
+          for j = before + 1, #out do back[out[j][2]] = true end
+          for _, id in ipairs(ids) do
+            if not back[id] then redis.call('XACK', s, group, id) end
+          end
+        end
+      end
+    end
+    if min_idle > 0 and count > 0 then
       local ok, idle = pcall(redis.call, 'XPENDING', s, group, 'IDLE', min_idle, '-', '+', count + excluded_count)
       if ok then
         local ids = {}

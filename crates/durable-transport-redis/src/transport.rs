@@ -1,7 +1,9 @@
 //! The run queue on Redis Streams.
 
 use std::collections::HashMap;
+use std::collections::hash_map::Entry;
 use std::fmt;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
@@ -9,6 +11,7 @@ use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 use async_trait::async_trait;
 use durable_core::{QueueReason, QueuedRun, RunId};
 use durable_transport::{Consumer, Handled, RunHandler, Transport, TransportError};
+use futures_util::FutureExt;
 use parking_lot::Mutex;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore, watch};
@@ -272,8 +275,10 @@ fn consumer_name() -> String {
 /// asked for, the `(stream, delivered up to)` pairs to wait on.
 type Claimed = (Vec<(String, String, Vec<String>)>, Vec<String>);
 
-/// The entries a consumer has in hand: `(stream, entry id)` → when its handler started.
-type InHand = HashMap<(String, String), Instant>;
+/// The entries a consumer has in hand: `(stream, entry id)` → `None` while its handler runs,
+/// or when its handler panicked (the entry stays pending, left alone here for
+/// `redeliver_after`).
+type InHand = HashMap<(String, String), Option<Instant>>;
 
 /// One consumer's loop and what its handler tasks share.
 struct Reader {
@@ -282,9 +287,9 @@ struct Reader {
     namespace: Option<String>,
     handler: Arc<dyn RunHandler>,
     slots: Arc<Semaphore>,
-    /// `(stream, entry id)` of the entries whose handler runs now, with when it started: a
-    /// reclaim leaves those that idled too long to the other consumers, never starting one a
-    /// second time here.
+    /// `(stream, entry id)` of the entries whose handler runs now (or is about to): a reclaim
+    /// leaves those to the other consumers when they idled too long, never starting one a
+    /// second time here, and takes back the consumer's other pending entries.
     in_hand: Arc<Mutex<InHand>>,
     settle_failures: Arc<Mutex<Outage>>,
 }
@@ -343,9 +348,11 @@ impl Reader {
             }
             let found = entries.len();
             for (stream, id, fields) in entries {
-                if self.in_hand.lock().insert((stream.clone(), id.clone()), Instant::now()).is_some() {
-                    continue; // in hand here already (the reclaim excludes these: a safety net)
-                }
+                match self.in_hand.lock().entry((stream.clone(), id.clone())) {
+                    // In hand here already (the reclaim excludes these: a safety net).
+                    Entry::Occupied(_) => continue,
+                    Entry::Vacant(slot) => slot.insert(None),
+                };
                 let Some(permit) = permits.pop() else { break };
                 self.start(stream, id, fields, permit);
             }
@@ -407,11 +414,17 @@ impl Reader {
         let prune = if prune { millis(PRUNE_IDLE) } else { 0 };
         call.arg(GROUP).arg(&self.name).arg(count).arg(min_idle).arg(mode).arg(keys.urgent_prefix()).arg(prune);
         if reclaim {
-            // Entries in hand long enough to have idled past `redeliver_after` on the server
-            // (which counts from their delivery, just before their start here): a reclaim
-            // must leave them to the other consumers, not take them back.
-            let since = self.transport.redeliver_after / 2;
-            for (stream, id) in self.in_hand.lock().iter().filter(|(_, t)| t.elapsed() >= since).map(|(k, _)| k) {
+            // Every entry in hand: a reclaim takes back this consumer's own pending entries
+            // that it does not have in hand (a claim whose reply was lost), and must leave
+            // those that run here alone (one that idled past `redeliver_after` goes to the
+            // other consumers, never back to this one). The loop claims one batch at a time,
+            // so nothing is taken between this snapshot and the script.
+            // An entry whose handler panicked is left alone for `redeliver_after` (a handler
+            // that panics at once is not run again and again), then taken back like the rest.
+            let after = self.transport.redeliver_after;
+            let mut in_hand = self.in_hand.lock();
+            in_hand.retain(|_, panicked| panicked.is_none_or(|at| at.elapsed() < after));
+            for (stream, id) in in_hand.keys() {
                 call.arg(stream).arg(id);
             }
         }
@@ -428,11 +441,19 @@ impl Reader {
         let consumer = self.name.clone();
         // Released when the task ends, however it ends (a handler that panics included: its
         // entry stays pending and is redelivered after `redeliver_after`).
-        let held = Held { in_hand: self.in_hand.clone(), key: (stream, id), _permit: permit };
+        let held =
+            Held { in_hand: self.in_hand.clone(), key: (stream.clone(), id.clone()), panicked: false, _permit: permit };
         tokio::spawn(async move {
-            let (stream, id) = &held.key;
+            let (stream, id) = (&stream, &id);
             let outcome = match decode(id, &fields) {
-                Some(item) => handler.handle(item).await,
+                Some(item) => match AssertUnwindSafe(handler.handle(item)).catch_unwind().await {
+                    Ok(outcome) => outcome,
+                    Err(_) => {
+                        // Reported by the panic hook; the entry stays pending.
+                        held.panicked();
+                        return;
+                    }
+                },
                 None => {
                     tracing::warn!(stream, id, ?fields, "dropping a run-queue entry this version cannot read");
                     Handled::Done
@@ -463,16 +484,29 @@ impl Reader {
 }
 
 /// An entry in hand: its slot, and its place in the consumer's in-hand set, both given up
-/// when dropped.
+/// when dropped (the place marked with the time instead, when its handler panicked).
 struct Held {
     in_hand: Arc<Mutex<InHand>>,
     key: (String, String),
+    panicked: bool,
     _permit: OwnedSemaphorePermit,
+}
+
+impl Held {
+    /// Gives up the slot, marking the entry as one whose handler panicked.
+    fn panicked(mut self) {
+        self.panicked = true;
+    }
 }
 
 impl Drop for Held {
     fn drop(&mut self) {
-        self.in_hand.lock().remove(&self.key);
+        let mut in_hand = self.in_hand.lock();
+        if self.panicked {
+            in_hand.insert(self.key.clone(), Some(Instant::now()));
+        } else {
+            in_hand.remove(&self.key);
+        }
     }
 }
 

@@ -207,6 +207,72 @@ async fn a_handed_back_item_goes_to_another_consumer_at_once() {
     transport.destroy().await.unwrap();
 }
 
+/// Records every item; holds the one for run `held` until released.
+struct RecordHoldingOne {
+    seen: Arc<Seen>,
+    release: Arc<Notify>,
+}
+
+#[async_trait]
+impl RunHandler for RecordHoldingOne {
+    async fn handle(&self, item: QueuedRun) -> Handled {
+        let held = item.run_id.as_str() == "held";
+        self.seen.push(item);
+        if held {
+            self.release.notified().await;
+        }
+        Handled::Done
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_item_taken_by_a_claim_whose_reply_was_lost_is_started_at_the_consumers_next_look() {
+    let Some(url) = url_or_skip("an_item_taken_by_a_claim_whose_reply_was_lost_is_started_at_the_consumers_next_look")
+    else {
+        return;
+    };
+    let scratch = ScratchPrefix::new(&url);
+    // Redelivery after an hour: within the test, only the consumer's look at its own pending
+    // items (every 2 s) can start the lost one.
+    let transport =
+        RedisTransport::connect(&url, scratch.prefix()).await.unwrap().redeliver_after(Duration::from_secs(3600));
+    let (seen, release) = (Seen::new(), Arc::new(Notify::new()));
+    let consumer = transport.consume_runs(
+        Some("ns".into()),
+        4,
+        Arc::new(RecordHoldingOne { seen: seen.clone(), release: release.clone() }),
+    );
+    // An item in hand, pending for this consumer all along: its next looks must leave it be.
+    transport.dispatch_runs(Some("ns"), vec![item("held")]).await.unwrap();
+    seen.wait_for(1).await;
+    let stream = format!("{}:runs:ns", scratch.prefix());
+    let mut conn = redis::Client::open(url.as_str()).unwrap().get_multiplexed_async_connection().await.unwrap();
+    let consumers: Vec<Vec<redis::Value>> =
+        redis::cmd("XINFO").arg("CONSUMERS").arg(&stream).arg("durable").query_async(&mut conn).await.unwrap();
+    assert_eq!(consumers.len(), 1);
+    let name: String = redis::from_redis_value(consumers[0][1].clone()).unwrap();
+    // What a claim does when its reply never comes back: the item is added and delivered to
+    // the consumer in one step (so the consumer cannot read it first), and never reaches it.
+    let lost: u64 = redis::Script::new(
+        "local id = redis.call('XADD', KEYS[1], '*', 'run_id', 'lost', 'reason', 'start', 'namespace', 'ns', \
+         'priority', '0', 'dedupe_key', 'start:lost:0') \
+         return #redis.call('XREADGROUP', 'GROUP', 'durable', ARGV[1], 'COUNT', 10, 'STREAMS', KEYS[1], '>')[1][2]",
+    )
+    .key(&stream)
+    .arg(&name)
+    .invoke_async(&mut conn)
+    .await
+    .unwrap();
+    assert_eq!(lost, 1, "the item went to the consumer");
+    seen.wait_for(2).await;
+    assert_eq!(seen.runs(), ["held", "lost"], "the item in hand is not started again");
+    release.notify_one();
+    drained(&transport).await;
+    consumer.stop().await;
+    assert_eq!(seen.runs(), ["held", "lost"]);
+    transport.destroy().await.unwrap();
+}
+
 /// Takes an item and never finishes with it.
 struct Hang(Arc<Seen>);
 
@@ -246,14 +312,20 @@ async fn an_item_never_acknowledged_goes_to_another_consumer_after_redeliver_aft
 
 /// Panics on the first item it is given, records the ones after.
 struct PanicOnce {
-    panicked: std::sync::atomic::AtomicBool,
+    /// When each call began.
+    calls: Mutex<Vec<Instant>>,
     seen: Arc<Seen>,
 }
 
 #[async_trait]
 impl RunHandler for PanicOnce {
     async fn handle(&self, item: QueuedRun) -> Handled {
-        if !self.panicked.swap(true, Ordering::SeqCst) {
+        let first = {
+            let mut calls = self.calls.lock();
+            calls.push(Instant::now());
+            calls.len() == 1
+        };
+        if first {
             panic!("a handler that panics (on purpose, in a test)");
         }
         self.seen.push(item);
@@ -269,17 +341,21 @@ async fn the_item_of_a_handler_that_panicked_comes_back_after_redeliver_after_ev
         return;
     };
     let scratch = ScratchPrefix::new(&url);
-    let transport =
-        RedisTransport::connect(&url, scratch.prefix()).await.unwrap().redeliver_after(Duration::from_secs(1));
+    let redeliver_after = Duration::from_secs(1);
+    let transport = RedisTransport::connect(&url, scratch.prefix()).await.unwrap().redeliver_after(redeliver_after);
     let seen = Seen::new();
-    let handler = Arc::new(PanicOnce { panicked: false.into(), seen: seen.clone() });
+    let handler = Arc::new(PanicOnce { calls: Mutex::new(Vec::new()), seen: seen.clone() });
     // One slot: the panic must give it back, or nothing more would run.
-    let consumer = transport.consume_runs(None, 1, handler);
+    let consumer = transport.consume_runs(None, 1, handler.clone());
     transport.dispatch_runs(None, vec![item("boom")]).await.unwrap();
     seen.wait_for(1).await;
     drained(&transport).await;
     consumer.stop().await;
     assert_eq!(seen.runs(), ["boom"]);
+    // Not at the consumer's next look at its own pending items: only after redeliver_after.
+    let calls = handler.calls.lock().clone();
+    assert_eq!(calls.len(), 2);
+    assert!(calls[1] - calls[0] >= redeliver_after, "taken back after {:?}", calls[1] - calls[0]);
     transport.destroy().await.unwrap();
 }
 
