@@ -67,8 +67,8 @@
 //! - **Consuming** ([`consume_runs`](durable_transport::Transport::consume_runs)): each
 //!   consumer is a member of the group under a name of its own. It takes at most as many items
 //!   as it has free slots (and at most [`claim_batch`](RedisTransport::claim_batch)) in one
-//!   script call. Every quarter of [`redeliver_after`](RedisTransport::redeliver_after)
-//!   (at most every 2 s) it first takes back its own pending items that it has not in hand
+//!   script call. At a look every quarter of [`redeliver_after`](RedisTransport::redeliver_after)
+//!   (between every 50 ms and every 2 s) it first takes back its own pending items that it has not in hand
 //!   (`XPENDING … <consumer>` and `XCLAIM`: a claim whose reply was lost on the way, an
 //!   acknowledgement that failed), then items left unacknowledged by anyone for longer than
 //!   `redeliver_after` (`XPENDING … IDLE` and `XCLAIM`; never one whose handler still runs at
@@ -86,8 +86,11 @@
 //!   acknowledges, deletes and adds the same item again at the end of its stream, atomically,
 //!   for any consumer to take at once (unless another consumer has reclaimed it meanwhile).
 //! - **Redelivery**: an item a consumer took and never settled (the process died, its
-//!   connection is gone, its handler hangs) goes to another consumer once it has been idle
-//!   for `redeliver_after`. An item whose handler simply runs longer than that may be handed
+//!   connection is gone for good, its handler hangs) goes to another consumer once it has been
+//!   idle for `redeliver_after`. A live consumer takes back at its next look what it holds but
+//!   does not run: an item whose claim's reply was lost, or whose acknowledgement failed (its
+//!   handler runs again; the run's lease in the store decides what that does). An item whose
+//!   handler panicked waits `redeliver_after`, here or at another consumer. An item whose handler simply runs longer than that may be handed
 //!   to a second consumer too: harmless (the run's lease in the store decides) but wasted, so
 //!   keep `redeliver_after` well above a turn's usual length.
 //! - **Priority**: Redis Streams have none. Items of priority above 0 go to the *urgent*

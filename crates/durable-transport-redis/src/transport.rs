@@ -348,12 +348,16 @@ impl Reader {
             }
             let found = entries.len();
             for (stream, id, fields) in entries {
+                // At most `want` entries come back: one permit each.
+                let Some(permit) = permits.pop() else { break };
                 match self.in_hand.lock().entry((stream.clone(), id.clone())) {
                     // In hand here already (the reclaim excludes these: a safety net).
-                    Entry::Occupied(_) => continue,
+                    Entry::Occupied(_) => {
+                        permits.push(permit);
+                        continue;
+                    }
                     Entry::Vacant(slot) => slot.insert(None),
                 };
-                let Some(permit) = permits.pop() else { break };
                 self.start(stream, id, fields, permit);
             }
             drop(permits);
@@ -446,7 +450,8 @@ impl Reader {
         tokio::spawn(async move {
             let (stream, id) = (&stream, &id);
             let outcome = match decode(id, &fields) {
-                Some(item) => match AssertUnwindSafe(handler.handle(item)).catch_unwind().await {
+                // The call inside the block too: a handler may panic before its future runs.
+                Some(item) => match AssertUnwindSafe(async { handler.handle(item).await }).catch_unwind().await {
                     Ok(outcome) => outcome,
                     Err(_) => {
                         // Reported by the panic hook; the entry stays pending.
@@ -474,8 +479,8 @@ impl Reader {
             };
             match settled {
                 Ok(()) => failures.lock().ok(),
-                // Still pending: another consumer (or this one) takes it after
-                // `redeliver_after`, and the run's state in the store decides what it does.
+                // Still pending: this consumer takes it back at its next look (a reclaim) and
+                // runs it again; the run's state in the store decides what that does.
                 Err(e) => drop(failures.lock().failed(&e)),
             }
             drop(held);

@@ -106,8 +106,9 @@ async fn every_item_is_delivered_once_and_leaves_the_queue() {
     drained(&transport).await;
     consumer.stop().await;
     let got = seen.items.lock().clone();
+    // At least once each (a lost acknowledgement may run an item again: the contract allows it).
     let runs: HashSet<_> = got.iter().map(|i| i.run_id.clone()).collect();
-    assert_eq!(runs.len(), 50, "no item twice");
+    assert_eq!(runs.len(), 50, "every item");
     assert_eq!(runs, sent.iter().map(|i| i.run_id.clone()).collect());
     // The fields travel: the namespace is the batch's, ids are distinct and non-zero.
     assert!(got.iter().all(|i| i.namespace.as_deref() == Some("ns") && i.reason == QueueReason::Start));
@@ -265,7 +266,7 @@ async fn an_item_taken_by_a_claim_whose_reply_was_lost_is_started_at_the_consume
     .unwrap();
     assert_eq!(lost, 1, "the item went to the consumer");
     seen.wait_for(2).await;
-    assert_eq!(seen.runs(), ["held", "lost"], "the item in hand is not started again");
+    assert_eq!(seen.runs(), ["held", "lost"], "the item in hand runs once");
     release.notify_one();
     drained(&transport).await;
     consumer.stop().await;
