@@ -359,11 +359,11 @@ pub struct ListArgs {
     pub status: Vec<RunStatus>,
 
     /// Only runs of this workflow.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = parse_name)]
     pub workflow: Option<String>,
 
     /// Only runs of this namespace.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = parse_name)]
     pub namespace: Option<String>,
 
     /// Only active runs with a remote step silent for at least this long: its worker has not
@@ -422,7 +422,7 @@ pub struct QueuesArgs {
     pub kind: Option<GateKind>,
 
     /// Only gates of this namespace.
-    #[arg(long, value_name = "NAME")]
+    #[arg(long, value_name = "NAME", value_parser = parse_name)]
     pub namespace: Option<String>,
 
     /// One JSON object per gate and per line, instead of a table: `{"gate", "kind",
@@ -572,6 +572,15 @@ pub(crate) fn parse_duration(s: &str) -> Result<Duration, String> {
         return Err(bad("it must be longer than 0"));
     }
     Ok(Duration::from_millis(total))
+}
+
+/// A workflow or namespace name to filter by: not empty (no run has an empty one, so the
+/// filter would only ever match nothing).
+fn parse_name(s: &str) -> Result<String, String> {
+    if s.trim().is_empty() {
+        return Err("it is empty (leave the flag out to list every one)".into());
+    }
+    Ok(s.to_string())
 }
 
 fn parse_status(s: &str) -> Result<RunStatus, String> {

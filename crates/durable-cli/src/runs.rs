@@ -260,6 +260,9 @@ fn waiting_on(run: &Run, history: &[Checkpoint], admission: Option<&RunAdmission
             waits.extend(gates);
             if cancel_requested {
                 waits.insert(0, "a worker to run its undos (cancel requested)".into());
+            } else if let Some(at) = run.wake_at.filter(|at| *at <= now) {
+                // Due: something arrived or a timer fired, and its next turn is what it waits for.
+                waits.insert(0, format!("a worker to run it (due {})", ago(at, now)));
             }
             if waits.is_empty() {
                 match run.wake_at {
@@ -288,7 +291,8 @@ fn waits(history: &[Checkpoint], now: u64) -> Vec<String> {
         let text = match cp.kind {
             StepKind::Sleep if protocol::parse_timeout_name(&cp.name).is_some() => {
                 let waited = protocol::parse_timeout_name(&cp.name).unwrap_or_default();
-                if waiting.iter().any(|c| c.kind != StepKind::Sleep && c.name == waited) {
+                // Folded into its wait while that waits; moot once it was delivered.
+                if history.iter().any(|c| c.kind != StepKind::Sleep && c.name == waited) {
                     continue;
                 }
                 format!("timeout of {waited} {}", cp.wake_at.map_or_else(String::new, |at| ago(at, now)))

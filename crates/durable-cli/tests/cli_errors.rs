@@ -103,6 +103,9 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
         // Usage errors.
         (vec!["runs", "list", "--status", "bogus", "--db", dbs], "unknown run status \"bogus\""),
         (vec!["runs", "list", "--limit", "many", "--db", dbs], "--limit"),
+        (vec!["runs", "list", "--namespace", "", "--db", dbs], "--namespace <NAME>"),
+        (vec!["runs", "list", "--workflow", " ", "--db", dbs], "it is empty"),
+        (vec!["queues", "--namespace", "", "--db", dbs], "--namespace <NAME>"),
         (vec!["runs", "show"], "<ID>"),
         (vec!["runs", "frobnicate"], "unrecognized subcommand"),
         (vec!["demo", "--runs", "0"], "--runs"),

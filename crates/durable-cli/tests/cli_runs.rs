@@ -171,11 +171,20 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
             let answer: serde_json::Value = ctx.wait_for_signal(&token).await?;
             Ok::<_, WorkflowError>(answer)
         });
+        engine.register("approve_within", 1, |ctx: WorkflowCtx, token: String| async move {
+            let answer: Option<serde_json::Value> =
+                ctx.wait_for_signal_timeout(&token, Duration::from_secs(3 * 86_400)).await?;
+            Ok::<_, WorkflowError>(answer)
+        });
     };
     let engine = worker(&db);
     register(&engine);
-    for (id, token) in [("to-cancel", "tok-cancel"), ("to-signal", "tok-signal")] {
-        let run = engine.start("approve", token, StartOptions::id(id)).await.unwrap();
+    for (workflow, id, token) in [
+        ("approve", "to-cancel", "tok-cancel"),
+        ("approve", "to-signal", "tok-signal"),
+        ("approve_within", "timed", "tok-timed"),
+    ] {
+        let run = engine.start(workflow, token, StartOptions::id(id)).await.unwrap();
         assert_eq!(engine.wait_until_suspended_or_terminal(&run.id).await.unwrap().status(), RunStatus::Suspended);
     }
     engine.shutdown().await;
@@ -202,6 +211,19 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     assert!(out.contains("delivered to run to-signal (seq 1)"), "{out}");
     let out = run_ok(dir.path(), &["signal", "tok-nobody", "\"hello\"", "--db", &dbs]).stdout;
     assert!(out.contains("buffered"), "{out}");
+    // A wait with a timeout: the timeout is folded into the wait; once the signal is in, the
+    // run waits for a worker, not for the timeout.
+    let waiting = |id: &str| {
+        let shown = run_ok(dir.path(), &["runs", "show", id, "--db", &dbs]).stdout;
+        let line = shown.lines().find(|l| l.starts_with("waiting on")).unwrap_or_else(|| panic!("{shown}"));
+        line.trim_start_matches("waiting on").trim().to_string()
+    };
+    let before = waiting("timed");
+    assert!(before.starts_with("signal tok-timed (times out in 2 d"), "{before}");
+    run_ok(dir.path(), &["signal", "tok-timed", "true", "--db", &dbs]);
+    let after = waiting("timed");
+    assert!(after.starts_with("a worker to run it (due ") && !after.contains("timeout"), "{after}");
+    assert_eq!(waiting("to-signal").split(" (due ").next(), Some("a worker to run it"));
     let engine = worker(&db);
     register(&engine);
     let outcome = tokio::time::timeout(Duration::from_secs(60), engine.wait_for_run(&RunId::from("to-signal")))
@@ -209,6 +231,11 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
         .unwrap()
         .unwrap();
     assert_eq!(outcome.output::<serde_json::Value>().unwrap(), serde_json::json!({"approved": true, "by": "ops"}));
+    let timed = tokio::time::timeout(Duration::from_secs(60), engine.wait_for_run(&RunId::from("timed")))
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(timed.output::<Option<bool>>().unwrap(), Some(true));
     // One more, parked, for delete.
     let parked = engine.start("approve", "tok-parked", StartOptions::id("parked")).await.unwrap();
     assert_eq!(engine.wait_until_suspended_or_terminal(&parked.id).await.unwrap().status(), RunStatus::Suspended);
@@ -221,6 +248,7 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     assert!(out.contains("deleted run parked"), "{out}");
     let out = run_ok(dir.path(), &["runs", "delete", "to-signal", "--db", &dbs]).stdout;
     assert!(out.contains("deleted run to-signal"), "{out}");
+    run_ok(dir.path(), &["runs", "delete", "timed", "--db", &dbs]);
     run_bad(dir.path(), &["runs", "show", "to-signal", "--db", &dbs], "run to-signal not found");
     let left: Vec<String> = list_runs(dir.path(), &db).iter().map(|r| r["id"].as_str().unwrap().to_string()).collect();
     assert_eq!(left, ["to-cancel"]);

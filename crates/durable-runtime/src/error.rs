@@ -144,7 +144,7 @@ pub enum Error {
     /// The run ran its undos (a saga that failed or was cancelled): retrying it would replay
     /// steps whose effects were undone.
     #[error(
-        "run {id} ran its undos after it failed; retrying it would replay steps that were undone — start a new run instead (retry_with_input)"
+        "run {id} ran its undos after it failed; retrying it would replay steps that were undone — start a new run instead (`Engine::retry_with_input`, or a new start)"
     )]
     Compensated {
         /// The run.
