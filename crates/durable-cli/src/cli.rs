@@ -72,6 +72,24 @@ impl Cli {
         T: Into<OsString> + Clone,
     {
         let mut cmd = Cli::command();
+        let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        // A store variable set but empty reads as an empty flag value: ignored when the flag is
+        // given, named otherwise.
+        for (var, id) in [("DURABLE_DB", "db"), ("DURABLE_URL", "url"), ("DURABLE_SCHEMA", "schema")] {
+            if !std::env::var_os(var).is_some_and(|v| v.is_empty()) {
+                continue;
+            }
+            let flag = format!("--{id}");
+            let given =
+                args.iter().any(|a| a.to_str().is_some_and(|a| a == flag || a.starts_with(&format!("{flag}="))));
+            if !given {
+                return Err(cmd.error(
+                    clap::error::ErrorKind::InvalidValue,
+                    format!("{var} is set but empty: unset it, or set it to a value for {flag}"),
+                ));
+            }
+            cmd = cmd.mut_arg(id, |a| a.env(None));
+        }
         let matches = cmd.try_get_matches_from_mut(args)?;
         let given = |id: &str| {
             let mut level = Some(&matches);

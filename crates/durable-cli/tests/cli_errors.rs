@@ -4,7 +4,7 @@
 mod support;
 
 use clap::CommandFactory;
-use support::{default_db, path_str, run, run_bad, run_ok};
+use support::{default_db, durable, path_str, run, run_bad, run_ok};
 
 /// Every operator command, with valid arguments, on `db`.
 fn operator_commands(db: &str) -> Vec<Vec<&str>> {
@@ -117,6 +117,16 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
     for (args, expected) in cases {
         run_bad(dir.path(), &args, expected);
     }
+    // A store variable set but empty is named; a flag given on the command line wins over it.
+    for var in ["DURABLE_DB", "DURABLE_URL", "DURABLE_SCHEMA"] {
+        let ran = durable(dir.path()).env(var, "").args(["runs", "list"]).output().expect("run durable");
+        let stderr = String::from_utf8_lossy(&ran.stderr);
+        assert_eq!(ran.status.code(), Some(2), "{var}: {stderr}");
+        assert!(stderr.contains(&format!("{var} is set but empty")) && stderr.lines().count() == 1, "{var}: {stderr}");
+    }
+    let ran =
+        durable(dir.path()).env("DURABLE_DB", "").args(["runs", "list", "--db", dbs]).output().expect("run durable");
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
 }
 
 #[test]
