@@ -107,6 +107,15 @@ local function take(stream, entries)
     end
   end
 end
+-- Up to `count` ids of pending entries of `s` (XPENDING's extended answer) that are not excluded.
+local function pick(s, pending)
+  local ids = {}
+  for _, p in ipairs(pending) do
+    if #ids >= count then break end
+    if not excluded[s .. ' ' .. p[1]] then table.insert(ids, p[1]) end
+  end
+  return ids
+end
 for _, s in ipairs(streams) do
   if count <= 0 then break end
   if redis.call('EXISTS', s) == 1 then
@@ -116,11 +125,7 @@ for _, s in ipairs(streams) do
       -- not after min_idle; an id that no longer exists is only acknowledged.
       local ok, mine = pcall(redis.call, 'XPENDING', s, group, '-', '+', count + excluded_count, consumer)
       if ok then
-        local ids = {}
-        for _, p in ipairs(mine) do
-          if #ids >= count then break end
-          if not excluded[s .. ' ' .. p[1]] then table.insert(ids, p[1]) end
-        end
+        local ids = pick(s, mine)
         if #ids > 0 then
           local before = #out
           take(s, redis.call('XCLAIM', s, group, consumer, 0, unpack(ids)))
@@ -135,11 +140,7 @@ for _, s in ipairs(streams) do
     if min_idle > 0 and count > 0 then
       local ok, idle = pcall(redis.call, 'XPENDING', s, group, 'IDLE', min_idle, '-', '+', count + excluded_count)
       if ok then
-        local ids = {}
-        for _, p in ipairs(idle) do
-          if #ids >= count then break end
-          if not excluded[s .. ' ' .. p[1]] then table.insert(ids, p[1]) end
-        end
+        local ids = pick(s, idle)
         if #ids > 0 then take(s, redis.call('XCLAIM', s, group, consumer, min_idle, unpack(ids))) end
       end
     end
