@@ -67,8 +67,9 @@
 //! - **Consuming** ([`consume_runs`](durable_transport::Transport::consume_runs)): each
 //!   consumer is a member of the group under a name of its own. It takes at most as many items
 //!   as it has free slots (and at most [`claim_batch`](RedisTransport::claim_batch)) in one
-//!   script call. At a look every quarter of [`redeliver_after`](RedisTransport::redeliver_after)
-//!   (between every 50 ms and every 2 s) it first takes back its own pending items that it has not in hand
+//!   script call. At a look, every quarter of
+//!   [`redeliver_after`](RedisTransport::redeliver_after) (between every 50 ms and every 2 s),
+//!   it first takes back its own pending items that it does not have in hand
 //!   (`XPENDING … <consumer>` and `XCLAIM`: a claim whose reply was lost on the way, an
 //!   acknowledgement that failed), then items left unacknowledged by anyone for longer than
 //!   `redeliver_after` (`XPENDING … IDLE` and `XCLAIM`; never one whose handler still runs at
@@ -90,9 +91,10 @@
 //!   idle for `redeliver_after`. A live consumer takes back at its next look what it holds but
 //!   does not run: an item whose claim's reply was lost, or whose acknowledgement failed (its
 //!   handler runs again; the run's lease in the store decides what that does). An item whose
-//!   handler panicked waits `redeliver_after`, here or at another consumer. An item whose handler simply runs longer than that may be handed
-//!   to a second consumer too: harmless (the run's lease in the store decides) but wasted, so
-//!   keep `redeliver_after` well above a turn's usual length.
+//!   handler panicked waits `redeliver_after`, here or at another consumer. An item whose
+//!   handler simply runs longer than `redeliver_after` may be handed to a second consumer too:
+//!   harmless (the run's lease in the store decides) but wasted, so keep `redeliver_after` well
+//!   above a turn's usual length.
 //! - **Priority**: Redis Streams have none. Items of priority above 0 go to the *urgent*
 //!   stream of their namespace, which consumers read before the normal one (and a consumer of
 //!   every namespace reads every urgent stream before any normal one). Within a stream, items
