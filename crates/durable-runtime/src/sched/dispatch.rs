@@ -378,6 +378,8 @@ impl Shared {
         result: Option<ResultToRecord>,
     ) {
         let id = guard.id.clone();
+        // Dropped last, whatever ends the drive (a panic in it included).
+        let stash = HandStashed { shared: self, id: &id };
         guard.quiet = tokio::select! {
             biased;
             () = self.shutdown_signal() => false,
@@ -385,10 +387,7 @@ impl Shared {
         };
         drop(guard);
         drop(slot);
-        // Tasks its last turn dispatched to workers beside this engine: the run no longer
-        // executes here and its slot is free, so a result that comes back at once claims it in
-        // the same store call.
-        self.hand_eager_after(&id).await;
+        drop(stash);
     }
 
     /// Records the result of a worker beside this engine and starts the woken run's turn
@@ -504,6 +503,28 @@ impl Drop for TaskGuard {
         }
         dispatch.in_flight.fetch_sub(1, Ordering::AcqRel);
         dispatch.idle.notify_waiters();
+    }
+}
+
+/// Hands the tasks a run's last turn dispatched to workers beside this engine to them when
+/// dropped: once the run no longer executes here and its slot is free, so a result that comes
+/// back at once claims it in the same store call. Also when the drive unwinds, so the tasks
+/// and the worker slots they hold are never left behind.
+struct HandStashed<'a> {
+    shared: &'a Arc<Shared>,
+    id: &'a RunId,
+}
+
+impl Drop for HandStashed<'_> {
+    fn drop(&mut self) {
+        let orphans = self.shared.hand_stashed(self.id);
+        // Their worker stopped taking tasks: back to the store (rare), off this frame.
+        if !orphans.is_empty()
+            && let Ok(runtime) = tokio::runtime::Handle::try_current()
+        {
+            let shared = self.shared.clone();
+            runtime.spawn(async move { shared.hand_back_tasks(orphans).await });
+        }
     }
 }
 

@@ -221,18 +221,17 @@ impl Shared {
     }
 
     /// Hands the tasks the run's last suspending commit dispatched to workers beside this
-    /// engine to them, if any wait.
-    pub(super) async fn hand_eager_after(&self, id: &RunId) {
+    /// engine to them, if any wait; returns those whose worker stopped taking tasks, for
+    /// [`Shared::hand_back_tasks`].
+    pub(super) fn hand_stashed(&self, id: &RunId) -> Vec<durable_core::task::Task> {
         let eager = self.executor.eager_after.lock().remove(id);
-        if let Some(eager) = eager {
-            self.hand_eager(eager).await;
-        }
+        eager.map(Assigned::hand).unwrap_or_default()
     }
 
     /// Hands tasks written claimed by a worker beside this engine back to the store, queued for
     /// any worker (nothing changes for a task the store does not hold so), one call per
     /// worker; if that fails, the lease runs out and another worker claims the task then.
-    async fn hand_back_tasks(&self, tasks: Vec<durable_core::task::Task>) {
+    pub(super) async fn hand_back_tasks(&self, tasks: Vec<durable_core::task::Task>) {
         let mut by_worker: HashMap<String, Vec<durable_core::task::Task>> = HashMap::new();
         for task in tasks {
             by_worker.entry(task.worker.clone().unwrap_or_default()).or_default().push(task);
@@ -242,8 +241,10 @@ impl Shared {
             match self.store.release_tasks(&back, &worker).await {
                 Ok(()) => {
                     self.task_dispatched.notify_waiters();
-                    for t in &tasks {
-                        self.nudge(Some(&t.task.namespace), Some(&t.task.queue));
+                    let queues: std::collections::BTreeSet<(&str, &str)> =
+                        tasks.iter().map(|t| (t.task.namespace.as_str(), t.task.queue.as_str())).collect();
+                    for (namespace, queue) in queues {
+                        self.nudge(Some(namespace), Some(queue));
                     }
                 }
                 Err(e) => {
@@ -282,7 +283,8 @@ impl Shared {
         loop {
             // A turn that suspended woken, and runs again: what it dispatched to workers
             // beside this engine goes to them before the next turn.
-            self.hand_eager_after(id).await;
+            let orphans = self.hand_stashed(id);
+            self.hand_back_tasks(orphans).await;
             watch.claiming();
             let now = self.clock.now();
             let claim = Claim {
