@@ -134,7 +134,9 @@ async fn queues_and_runs_show_what_is_held_and_waits() {
     assert_eq!(keys.lines().count(), 3, "{keys}");
     assert!(!keys.contains("crm-api"), "{keys}");
     let none = queues_text(&engine, None, Some("other"), false).await;
-    assert!(none.starts_with("no gates match"), "{none}");
+    assert!(none.starts_with("no step queues or concurrency keys in namespace other"), "{none}");
+    let none = queues_text(&engine, Some(GateKind::Queue), Some("other"), false).await;
+    assert!(none.starts_with("no step queues in namespace other"), "{none}");
 
     // JSON: one object per gate.
     let json = queues_text(&engine, None, None, true).await;

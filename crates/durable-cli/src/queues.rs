@@ -8,7 +8,7 @@ use durable::admission::GateStats;
 use serde_json::{Value, json};
 
 use crate::admission::{GateName, limits_json, limits_text};
-use crate::cli::{QueuesArgs, StoreArgs};
+use crate::cli::{GateKind, QueuesArgs, StoreArgs};
 use crate::error::{Error, Result};
 use crate::format::{Table, ago, duration_ms, now_ms};
 use crate::store::{Access, with_operator_engine};
@@ -47,9 +47,15 @@ pub(crate) async fn write_queues(engine: &Engine, where_: &str, args: &QueuesArg
         return Ok(());
     }
     if gates.is_empty() {
-        let filtered = args.kind.is_some() || args.namespace.is_some();
-        if filtered {
-            writeln!(out, "no gates match (`durable queues` without --kind / --namespace lists them all)")?;
+        let what = match args.kind {
+            Some(GateKind::Queue) => "no step queues",
+            Some(GateKind::Key) => "no concurrency keys",
+            None => "no step queues or concurrency keys",
+        };
+        if let Some(ns) = &args.namespace {
+            writeln!(out, "{what} in namespace {ns} (`durable queues` without --namespace lists every namespace)")?;
+        } else if args.kind.is_some() {
+            writeln!(out, "{what} yet (`durable queues` without --kind lists both kinds)")?;
         } else {
             writeln!(out, "no step queues or concurrency keys yet; they appear when first used:")?;
             writeln!(

@@ -169,7 +169,11 @@ fn queues_list_every_gate_with_its_limits_and_load() {
     let queues = run_ok(dir.path(), &["queues", "--kind", "queue", "--namespace", "default", "--db", dbs]).stdout;
     assert_eq!(queues.lines().count(), 3, "{queues}");
     let none = run_ok(dir.path(), &["queues", "--namespace", "prod", "--db", dbs]).stdout;
-    assert_eq!(none, "no gates match (`durable queues` without --kind / --namespace lists them all)\n");
+    assert_eq!(
+        none,
+        "no step queues or concurrency keys in namespace prod (`durable queues` without --namespace lists every \
+         namespace)\n"
+    );
 
     // JSON: one object per gate and per line, every field present.
     let gates = json_lines(&run_ok(dir.path(), &["queues", "--json", "--db", dbs]).stdout);
