@@ -27,9 +27,9 @@ pub const RECHECK_MS: Millis = 1_000;
 /// An `Allow` schedule's fires are decided up to this long before their time: their runs are
 /// created `pending` with the fire time as a delayed start, so the run is due at the fire time
 /// itself however many schedules share that instant (creating 10,000 runs takes longer than a
-/// fire may be late). A fire so decided starts even if the schedule is paused or changed
-/// within this window, unless its run is cancelled ([`Engine::pause_schedule`] and
-/// `delete_schedule` cancel them).
+/// fire may be late). A fire so decided starts even if the schedule's workflow or input is
+/// changed within this window; a pause, a new cadence or time zone, or a delete cancels its
+/// run ([`Engine::pause_schedule`], `schedule`, `update_schedule`, `delete_schedule`).
 ///
 /// [`Engine::pause_schedule`]: https://docs.rs/durable-runtime/latest/durable_runtime/struct.Engine.html#method.pause_schedule
 pub const FIRE_AHEAD_MS: Millis = 5_000;
@@ -411,21 +411,33 @@ impl ScheduleRecord {
     /// The record with a new definition, workflow or input (as [`ScheduleRecord::new`] would
     /// make them); what the scheduler did so far is kept. A changed cadence or zone, or a
     /// resume, counts from `now`: fires it would have had before are not caught up.
+    ///
+    /// A retimed record ([`ScheduleRecord::retimed_by`]) counts from after the last fire
+    /// decided ahead of its time, if that is still to come: those fires belong to the old
+    /// timing (the engine cancels them), and a new fire at one of their times would get the
+    /// id of a run that already exists.
     pub fn redefine(&self, fresh: &ScheduleRecord, now: Millis) -> Result<Self, ScheduleError> {
         let mut record = self.clone();
-        let retimed = self.schedule.cadence != fresh.schedule.cadence
-            || self.schedule.timezone != fresh.schedule.timezone
-            || (self.schedule.paused && !fresh.schedule.paused);
+        let retimed = self.retimed_by(fresh);
         record.namespace = fresh.namespace.clone();
         record.workflow = fresh.workflow.clone();
         record.input = fresh.input.clone();
         record.schedule = fresh.schedule.clone();
         if retimed {
-            record.state.next_fire_at = record.schedule.next_after(now)?;
+            let from = self.state.last_fire_at.filter(|at| *at > now).unwrap_or(now);
+            record.state.next_fire_at = record.schedule.next_after(from)?;
         }
         record.updated_at = now;
         record.due_at = record.compute_due();
         Ok(record)
+    }
+
+    /// Whether saving `fresh` over this record changes its timing: another cadence or time
+    /// zone, or a resume. Its next fire then counts from the change ([`ScheduleRecord::redefine`]).
+    pub fn retimed_by(&self, fresh: &ScheduleRecord) -> bool {
+        self.schedule.cadence != fresh.schedule.cadence
+            || self.schedule.timezone != fresh.schedule.timezone
+            || (self.schedule.paused && !fresh.schedule.paused)
     }
 
     /// Whether saving `fresh` over this record would change anything.
@@ -474,7 +486,8 @@ impl ScheduleRecord {
     }
 
     /// The fires decided ahead of their time that are still to come at `now`, as far as
-    /// the cadence can tell (for cancelling them when the schedule is paused or deleted).
+    /// the cadence can tell (for cancelling them when the schedule is paused, retimed or
+    /// deleted).
     pub fn fires_ahead(&self, now: Millis) -> Vec<Millis> {
         let Some(last) = self.state.last_fire_at.filter(|at| *at > now) else { return Vec::new() };
         let mut out = self.schedule.upcoming(now, MAX_AHEAD).unwrap_or_default();
@@ -692,6 +705,37 @@ mod tests {
         let skip = record(Schedule::every(Duration::from_secs(3600)).overlap(Overlap::Skip), T2026);
         assert_eq!(skip.due_at, Some(T2026 + H));
         assert!(skip.plan(T2026 + H - 1, false).unwrap().fires.is_empty());
+    }
+
+    #[test]
+    fn a_retimed_record_counts_from_after_the_fires_it_decided_ahead() {
+        let fast = record(Schedule::every(Duration::from_millis(10)), T2026);
+        let decided = fast.plan(T2026, false).unwrap().record;
+        let last = T2026 + 10 * MAX_AHEAD as Millis;
+        assert_eq!(decided.state.last_fire_at, Some(last));
+        let now = T2026 + 5;
+        // Another cadence: after the last fire decided ahead, whose run ids exist already.
+        let mut slower = decided.clone();
+        slower.schedule = Schedule::every(Duration::from_millis(20));
+        assert!(decided.retimed_by(&slower));
+        let redefined = decided.redefine(&slower, now).unwrap();
+        assert_eq!(redefined.state.next_fire_at, Schedule::every(Duration::from_millis(20)).next_after(last).unwrap());
+        assert!(redefined.state.next_fire_at.unwrap() > last);
+        // A paused record resumed while its decided fires are still ahead: the same.
+        let paused = decided.set_paused(true, now).unwrap();
+        let resumed = paused.set_paused(false, now + 1).unwrap();
+        assert!(resumed.state.next_fire_at.unwrap() > last, "{:?}", resumed.state.next_fire_at);
+        // Once they are past, a new cadence counts from now.
+        let later = decided.redefine(&slower, last + 100).unwrap();
+        assert_eq!(
+            later.state.next_fire_at,
+            Schedule::every(Duration::from_millis(20)).next_after(last + 100).unwrap()
+        );
+        // A new input alone is not a retiming: the next fire stays.
+        let mut other_input = decided.clone();
+        other_input.input = Payload::encode(&7).unwrap();
+        assert!(!decided.retimed_by(&other_input));
+        assert_eq!(decided.redefine(&other_input, now).unwrap().state.next_fire_at, decided.state.next_fire_at);
     }
 
     #[test]

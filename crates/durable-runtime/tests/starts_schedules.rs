@@ -285,6 +285,48 @@ async fn fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them(st
     assert_eq!(t.get_run(&paused).await.unwrap().unwrap().status, RunStatus::Cancelled);
 }
 
+async fn a_new_cadence_cancels_the_fires_the_old_one_decided_ahead(store: StoreFixture) {
+    let t = store.engine();
+    register_echo(&t);
+    let t0 = t.clock().now();
+    let mut rx = t.subscribe();
+    // Three schedules whose fire at t0 + H is decided 3 s before it; then, before that time,
+    // one gets a new cadence through `update_schedule`, one is declared again with a new
+    // workflow and cadence (a deploy), one is declared again with a new input only.
+    let keys = ["updated", "redeclared", "new-input"];
+    for key in keys {
+        t.schedule(key, Schedule::every(H), "echo", &1).await.unwrap();
+    }
+    t.advance(H - Duration::from_secs(3));
+    let mut decided = BTreeSet::new();
+    while decided.len() < keys.len() {
+        if let EngineEvent::ScheduleAdvanced { key, fired, .. } = rx.recv().await.expect("event stream open") {
+            assert_eq!(fired, vec![fire_id(&key, t0 + ms(H))]);
+            decided.insert(key);
+        }
+    }
+    register_hold(&t);
+    let updated = t.update_schedule("updated", Schedule::every(2 * H)).await.unwrap();
+    let redeclared = t.schedule("redeclared", Schedule::every(3 * H), "hold", &"never").await.unwrap();
+    t.schedule("new-input", Schedule::every(H), "echo", &2).await.unwrap();
+    for (key, record) in [("updated", &updated), ("redeclared", &redeclared)] {
+        let run = t.get_run(&fire_id(key, t0 + ms(H))).await.unwrap().unwrap();
+        assert_eq!(run.status, RunStatus::Cancelled, "{key}: the old cadence's fire is cancelled");
+        let message = run.error.map(|e| e.message).unwrap_or_default();
+        assert!(message.contains("given a new cadence before this fire's time"), "{key}: {message}");
+        let next = record.state.next_fire_at.expect("a next fire");
+        assert!(next > t0 + ms(H), "{key}: the new cadence counts from after the cancelled fire: {next}");
+    }
+    // A new input alone leaves the decided fire to start as decided, with the input it had.
+    let kept = fire_id("new-input", t0 + ms(H));
+    assert_eq!(t.get_run(&kept).await.unwrap().unwrap().status, RunStatus::Pending);
+    t.advance(Duration::from_secs(3));
+    assert_eq!(t.wait_for_run(&kept).await.unwrap().output::<i32>().unwrap(), 1);
+    for key in ["updated", "redeclared"] {
+        assert_eq!(t.get_run(&fire_id(key, t0 + ms(H))).await.unwrap().unwrap().status, RunStatus::Cancelled);
+    }
+}
+
 async fn a_delayed_start_waits_pending_then_completes(store: StoreFixture) {
     let t = store.engine();
     register_echo(&t);
@@ -404,6 +446,7 @@ on_every_store!(
     schedules_are_paused_resumed_triggered_updated_and_deleted,
     two_engines_firing_one_schedule_start_each_fire_once,
     fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them,
+    a_new_cadence_cancels_the_fires_the_old_one_decided_ahead,
     a_delayed_start_waits_pending_then_completes,
     a_delayed_start_survives_a_restart,
     each_matching_event_starts_one_run_and_a_dedupe_id_starts_once,

@@ -18,8 +18,11 @@ impl Engine {
     /// each fire exactly once — and it outlives this process.
     ///
     /// Idempotent: declaring the same definition again (at every boot, say) changes nothing;
-    /// a different one replaces it and keeps what was fired so far (a new cadence counts from
-    /// now). `Schedule::paused` applies when the schedule is created: declaring an existing
+    /// a different one replaces it and keeps what was fired so far. A new cadence or time zone
+    /// counts from now: runs of fires the old one decided ahead of their time
+    /// ([`FIRE_AHEAD_MS`](durable_core::schedule::FIRE_AHEAD_MS)) that have not started are
+    /// cancelled, as a pause cancels them; a new workflow or input alone leaves them to start
+    /// as decided. `Schedule::paused` applies when the schedule is created: declaring an existing
     /// schedule again keeps it paused or running as it is (an operator's `durable schedules
     /// pause` survives the next deploy); [`Engine::pause_schedule`] and
     /// [`Engine::resume_schedule`] change it. A bad cron expression, an unknown time zone or an interval of zero is
@@ -54,6 +57,7 @@ impl Engine {
             let now = shared.clock.now();
             let fresh =
                 ScheduleRecord::new(key, &namespace, workflow, input.clone(), schedule.clone(), now).map_err(bad)?;
+            let mut ahead = Vec::new();
             let (record, expected) = match shared.store.get_schedule(key).await? {
                 None => (fresh, None),
                 Some(current) => {
@@ -63,10 +67,12 @@ impl Engine {
                     if current.same_definition(&fresh) {
                         return Ok(current);
                     }
+                    ahead = retimed_fires(&current, &fresh, now);
                     (current.redefine(&fresh, now).map_err(bad)?, Some(current.revision))
                 }
             };
             if let Some(saved) = self.save_schedule(record, expected).await? {
+                self.cancel_fires_ahead(key, ahead, "given a new cadence").await?;
                 return Ok(saved);
             }
         }
@@ -94,16 +100,22 @@ impl Engine {
         }
     }
 
-    /// Changes the definition of schedule `key` (workflow and input stay); a new cadence
-    /// counts from now.
+    /// Changes the definition of schedule `key` (workflow and input stay); a new cadence or
+    /// time zone counts from now, and runs of fires the old one decided ahead of their time
+    /// that have not started are cancelled (see [`Engine::schedule`]).
     pub async fn update_schedule(&self, key: &str, schedule: Schedule) -> Result<ScheduleRecord> {
         schedule.validate().map_err(|source| Error::BadSchedule { key: key.to_string(), source })?;
-        self.modify_schedule(key, |current, now| {
-            let mut fresh = current.clone();
-            fresh.schedule = schedule.clone();
-            current.redefine(&fresh, now)
-        })
-        .await
+        let mut ahead = Vec::new();
+        let updated = self
+            .modify_schedule(key, |current, now| {
+                let mut fresh = current.clone();
+                fresh.schedule = schedule.clone();
+                ahead = retimed_fires(current, &fresh, now);
+                current.redefine(&fresh, now)
+            })
+            .await?;
+        self.cancel_fires_ahead(key, ahead, "given a new cadence").await?;
+        Ok(updated)
     }
 
     /// Pauses schedule `key`: it fires nothing until resumed. Runs of fires decided ahead of
@@ -117,7 +129,7 @@ impl Engine {
                 current.set_paused(true, now)
             })
             .await?;
-        self.cancel_fires_ahead(key, ahead).await?;
+        self.cancel_fires_ahead(key, ahead, "paused").await?;
         Ok(paused)
     }
 
@@ -151,16 +163,17 @@ impl Engine {
             None => Vec::new(),
         };
         let existed = shared.store.delete_schedule(key).await?;
-        self.cancel_fires_ahead(key, ahead).await?;
+        self.cancel_fires_ahead(key, ahead, "deleted").await?;
         Ok(existed)
     }
 
     /// Cancels the runs of fires at `times` that are still `pending` (their start time not
-    /// reached); a run that started meanwhile is left alone.
-    async fn cancel_fires_ahead(&self, key: &str, times: Vec<durable_core::Millis>) -> Result<()> {
+    /// reached), saying the schedule was `what` (paused, deleted, …) before their time; a run
+    /// that started meanwhile is left alone.
+    async fn cancel_fires_ahead(&self, key: &str, times: Vec<durable_core::Millis>, what: &str) -> Result<()> {
         for at in times {
             let id = durable_core::schedule::fire_run_id(key, at);
-            let error = StepError::fatal(format!("schedule {key:?} was paused or deleted before this fire's time"))
+            let error = StepError::fatal(format!("schedule {key:?} was {what} before this fire's time"))
                 .with_code(durable_core::codes::CANCELLED);
             match self.shared().cancel_run_from(&id, Cancel::Abandon, Some(error), &[RunStatus::Pending]).await {
                 Ok(_) | Err(Error::RunNotFound(_)) => {}
@@ -205,4 +218,15 @@ impl Engine {
             SaveOutcome::Stale(_) => Ok(None),
         }
     }
+}
+
+/// The fires `current` decided ahead of their time that saving `fresh` at `now` leaves to be
+/// cancelled: all of them if it retimes the schedule ([`ScheduleRecord::retimed_by`]), none
+/// otherwise.
+fn retimed_fires(
+    current: &ScheduleRecord,
+    fresh: &ScheduleRecord,
+    now: durable_core::Millis,
+) -> Vec<durable_core::Millis> {
+    if current.retimed_by(fresh) { current.fires_ahead(now) } else { Vec::new() }
 }
