@@ -637,6 +637,10 @@ async fn redispatch_pending_resends_with_the_same_step_id_and_the_next_attempt()
     }));
     t.assert_output(&run.id, "stuck:0 attempt 2".to_string()).await;
     w.stop().await;
+    // Nothing pending any more: nothing re-sent. An unknown run is named.
+    assert_eq!(t.redispatch_pending(&run.id).await.unwrap(), 0);
+    let unknown = t.redispatch_pending(&"no-such-run".into()).await.unwrap_err();
+    assert!(matches!(&unknown, durable_runtime::Error::RunNotFound(id) if id.as_str() == "no-such-run"), "{unknown}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

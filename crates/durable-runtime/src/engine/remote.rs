@@ -81,12 +81,17 @@ impl Engine {
     /// Re-sends the run's pending remote steps: each unfinished attempt is ended (a result
     /// that still arrives for it is dropped) and the next attempt dispatched at once, with the
     /// same step id, outside the step's retry policy. For a worker that is known to be gone or
-    /// stuck. Returns how many steps were re-sent.
+    /// stuck. Returns how many steps were re-sent: 0 for a run with none pending (a finished
+    /// run too); [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run.
     pub async fn redispatch_pending(&self, run_id: &RunId) -> Result<usize> {
         let shared = self.shared();
         let filter = TaskFilter { run_id: Some(run_id.clone()), unfinished: true, ..TaskFilter::default() };
         let mut sent = 0;
-        for task in shared.store.list_tasks(&filter).await? {
+        let tasks = shared.store.list_tasks(&filter).await?;
+        if tasks.is_empty() && shared.store.get_run(run_id).await?.is_none() {
+            return Err(crate::Error::RunNotFound(run_id.clone()));
+        }
+        for task in tasks {
             let now = shared.clock.now();
             let done = TaskDone {
                 run_id: run_id.clone(),
