@@ -15,7 +15,7 @@ use std::time::Duration;
 use durable_core::task::{
     BeatOutcome, NewTask, PROTOCOL_VERSION, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, WorkerInfo,
 };
-use durable_core::{Millis, Payload, RunId, StepError, Store, codes, millis_after, protocol};
+use durable_core::{Millis, Payload, RunId, StepError, Store, TaskFilter, codes, millis_after, protocol};
 use parking_lot::Mutex;
 use serde::Serialize;
 use serde::de::DeserializeOwned;
@@ -50,6 +50,9 @@ struct TaskInner {
     /// Set to true when the handler should stop: the run settled, the attempt expired or was
     /// taken over, or the worker is shutting down past its drain timeout.
     stop: watch::Sender<bool>,
+    /// The worker is shutting down and hands the task back: whatever the handler returns is
+    /// dropped (another worker runs the attempt; it is not counted as failed).
+    handed_back: AtomicBool,
 }
 
 #[derive(Default)]
@@ -146,8 +149,12 @@ impl TaskContext {
     }
 
     /// Resolves when the handler should stop: the run was cancelled (or settled otherwise),
-    /// the attempt passed its timeout, another worker took it over, or the worker is shutting
-    /// down and its drain timeout passed. Whatever the handler returns then is dropped.
+    /// the attempt passed its timeout, another worker took it over, the attempt was ended in
+    /// the store (an operator's [`Engine::redispatch_pending`]; the worker looks once a second
+    /// at attempts running that long), or the worker is shutting down and its drain timeout
+    /// passed. The handler then has 5 s to return before it is dropped, and its slot is free
+    /// again. What it returns is recorded only if the store still takes it: a result for an
+    /// attempt that ended or a run that settled is dropped.
     pub async fn cancelled(&self) {
         let mut rx = self.inner.stop.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
@@ -360,7 +367,8 @@ impl WorkerBuilder {
     }
 
     /// How long a shutdown lets running handlers finish before they are cancelled and their
-    /// tasks handed back (default 30 s).
+    /// tasks handed back (default 30 s). A cancelled handler then has 5 s to return (its
+    /// `cancelled()` branch runs) before it is dropped.
     pub fn drain_timeout(mut self, timeout: Duration) -> Self {
         self.drain_timeout = timeout;
         self
@@ -516,7 +524,7 @@ impl Worker {
         let mut inflight: HashMap<(RunId, u32), TaskContext> = HashMap::new();
         let started_at = w.clock.now();
         let mut registered_at: Option<Millis> = None;
-        let mut checked_at: Millis = 0;
+        let (mut checked_at, mut attempts_checked_at): (Millis, Millis) = (0, 0);
         let (mut look, mut saturated, mut next_poll) = (true, false, 0);
         tokio::pin!(shutdown);
         let never = Notify::new();
@@ -542,6 +550,10 @@ impl Worker {
             if !inflight.is_empty() && now >= millis_after(checked_at, w.poll_interval) {
                 checked_at = now;
                 self.stop_settled_runs(&inflight).await;
+                if now >= millis_after(attempts_checked_at, ATTEMPT_CHECK_EVERY) {
+                    attempts_checked_at = now;
+                    self.stop_ended_attempts(&inflight, now).await;
+                }
             }
             // A claim is a write: look when told to (a nudge), on the poll interval (leases
             // that expired, tasks another process queued), or when the last claim filled
@@ -558,6 +570,11 @@ impl Worker {
             } else {
                 None
             };
+            if claim_slots.is_none() && now >= next_poll {
+                // Every slot is taken: the claim waits for one to free (`look` stays set), and
+                // the loop for the next poll, not for a time already past (a busy loop).
+                next_poll = millis_after(now, w.poll_interval);
+            }
             if let Some(mut claim_slots) = claim_slots {
                 look = false;
                 next_poll = millis_after(now, w.poll_interval);
@@ -793,6 +810,41 @@ impl Worker {
         }
     }
 
+    /// Tells the handlers of attempts that ended in the store while they ran (an operator's
+    /// `redispatch_pending`, a timeout the engine enforced) to stop: each such handler then
+    /// has [`CANCEL_GRACE`] to return before it is dropped and its slot is free again. Only
+    /// attempts in flight for [`ATTEMPT_CHECK_EVERY`] are looked at, one read per run, at
+    /// most once per that interval: a short task costs nothing.
+    async fn stop_ended_attempts(&self, inflight: &HashMap<(RunId, u32), TaskContext>, now: Millis) {
+        let mut runs: Vec<&RunId> = inflight
+            .iter()
+            .filter(|(_, ctx)| {
+                let since = ctx.inner.task.claimed_at.unwrap_or(ctx.inner.task.task.created_at);
+                !ctx.is_cancelled() && now >= millis_after(since, ATTEMPT_CHECK_EVERY)
+            })
+            .map(|((run, _), _)| run)
+            .collect();
+        runs.sort();
+        runs.dedup();
+        for run in runs {
+            let filter = TaskFilter { run_id: Some(run.clone()), unfinished: true, ..TaskFilter::default() };
+            let open = match self.inner.store.list_tasks(&filter).await {
+                Ok(open) => open,
+                Err(e) => {
+                    tracing::warn!(worker = %self.inner.id, run_id = %run, error = %e, "could not look at the tasks of a run");
+                    continue;
+                }
+            };
+            for ((r, seq), ctx) in inflight.iter().filter(|((r, _), _)| r == run) {
+                let attempt = ctx.attempt();
+                if !open.iter().any(|t| t.task.seq == *seq && t.task.attempt == attempt) {
+                    tracing::info!(worker = %self.inner.id, run_id = %r, seq, attempt, "the attempt ended in the store (re-dispatched or timed out); cancelling its handler");
+                    ctx.cancel();
+                }
+            }
+        }
+    }
+
     /// Lets running handlers finish for the drain timeout, cancels the rest and hands their
     /// tasks back to the store with `unstarted` (tasks handed over by an engine and never
     /// started).
@@ -819,8 +871,19 @@ impl Worker {
                 _ = tokio::time::sleep_until(deadline) => break,
             }
         }
+        // The rest are told to stop (`cancelled()`) and get the grace a cancelled attempt
+        // gets (see `execute`) to run their cleanup and return, before they are dropped. What
+        // they return is dropped: their tasks go back to the store below, for another worker.
         for ctx in inflight.values() {
+            ctx.inner.handed_back.store(true, Ordering::Release);
             ctx.cancel();
+        }
+        let grace = tokio::time::Instant::now() + CANCEL_GRACE;
+        loop {
+            tokio::select! {
+                done = running.join_next() => if done.is_none() { break },
+                _ = tokio::time::sleep_until(grace) => break,
+            }
         }
         running.abort_all();
         while running.join_next().await.is_some() {}
@@ -897,6 +960,7 @@ impl Worker {
                 beat_every,
                 beat: Mutex::new(BeatState::default()),
                 stop: watch::channel(false).0,
+                handed_back: AtomicBool::new(false),
             }),
         }
     }
@@ -961,6 +1025,10 @@ impl Worker {
             let what = format_args!("the output of remote step {:?} ({})", task.task.name, ctx.step_id());
             Err(StepError::payload_too_large(what, out.len(), w.max_payload_bytes))
         });
+        // A handler told to stop by a shutdown: its task goes back to the store.
+        if ctx.inner.handed_back.load(Ordering::Acquire) {
+            return Outcome::dropped(key);
+        }
         // A result past the attempt's deadline is not reported: the attempt has expired.
         if task.deadline().is_some_and(|d| w.clock.now() >= d) {
             crate::metrics::task_result_dropped("expired");
@@ -1071,3 +1139,7 @@ impl Outcome {
 
 /// How long a cancelled handler may take to return before it is dropped.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// How long an attempt runs before its worker looks, at this interval, whether it ended in
+/// the store meanwhile (`Worker::stop_ended_attempts`).
+const ATTEMPT_CHECK_EVERY: Duration = Duration::from_secs(1);

@@ -644,6 +644,161 @@ async fn redispatch_pending_resends_with_the_same_step_id_and_the_next_attempt()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redispatched_attempt_still_running_is_told_to_stop_and_frees_its_slot() {
+    let t = TestEngine::new();
+    t.register("stuck", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.remote_step("stuck", &()).retry(0, Backoff::None).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    let (stopped_tx, mut stopped) = tokio::sync::mpsc::unbounded_channel::<u32>();
+    // One slot: attempt 2 runs here only once attempt 1's handler gave it up.
+    let builder = Worker::builder().engine(t.engine()).concurrency(1);
+    let w = spawn(builder.handle("stuck", move |ctx: TaskContext, _: ()| {
+        let (started, stopped) = (started_tx.clone(), stopped_tx.clone());
+        async move {
+            let _ = started.send(ctx.attempt());
+            if ctx.attempt() == 1 {
+                // Stuck without heartbeats until told to stop; then a late result.
+                ctx.cancelled().await;
+                let _ = stopped.send(ctx.attempt());
+            }
+            Ok::<_, StepError>(ctx.attempt())
+        }
+    }));
+    let run = t.start("stuck", &(), StartOptions::id("stuck")).await.unwrap();
+    assert_eq!(started.recv().await, Some(1));
+    assert_eq!(t.redispatch_pending(&run.id).await.unwrap(), 1);
+    // The worker looks, once a second, whether attempts running that long ended in the store.
+    t.advance(Duration::from_secs(2));
+    assert_eq!(stopped.recv().await, Some(1), "attempt 1's handler was told to stop");
+    // Its late result is dropped; attempt 2 runs in the slot it freed.
+    t.advance(Duration::from_secs(1));
+    assert_eq!(started.recv().await, Some(2));
+    t.assert_output(&run.id, 2u32).await;
+    let report = w.stop().await;
+    assert_eq!((report.completed, report.dropped), (1, 1), "{report:?}");
+}
+
+/// The engine's clock, counting the worker's sleeps: those until a time already past (each
+/// a turn of a busy loop) and the latest one into the future.
+#[derive(Debug)]
+struct WatchedClock {
+    inner: Arc<dyn Clock>,
+    past: AtomicU32,
+    latest: parking_lot::Mutex<u64>,
+    slept: tokio::sync::Notify,
+}
+
+impl Clock for WatchedClock {
+    fn now(&self) -> u64 {
+        self.inner.now()
+    }
+
+    fn sleep_until(&self, at: u64) -> durable_runtime::BoxFuture<'static, ()> {
+        if at <= self.inner.now() {
+            self.past.fetch_add(1, Ordering::SeqCst);
+        } else {
+            let mut latest = self.latest.lock();
+            *latest = (*latest).max(at);
+        }
+        self.slept.notify_waiters();
+        self.inner.sleep_until(at)
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_every_slot_taken_sleeps_until_its_next_poll() {
+    let t = TestEngine::new();
+    t.register("busy", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.remote_step("busy", &()).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let clock = Arc::new(WatchedClock {
+        inner: Arc::new(t.clock().clone()),
+        past: AtomicU32::new(0),
+        latest: parking_lot::Mutex::new(0),
+        slept: tokio::sync::Notify::new(),
+    });
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let (release_tx, release_rx) = oneshot::channel::<()>();
+    let channels = Arc::new(parking_lot::Mutex::new(Some((started_tx, release_rx))));
+    let poll = Duration::from_millis(500);
+    let builder = Worker::builder().engine(t.engine()).clock(clock.clone()).concurrency(1).poll_interval(poll);
+    let w = spawn(builder.handle("busy", move |_ctx, _: ()| {
+        let channels = channels.lock().take();
+        async move {
+            let (started, release) = channels.expect("one attempt");
+            let _ = started.send(());
+            let _ = release.await;
+            Ok::<_, StepError>(9u32)
+        }
+    }));
+    let run = t.start("busy", &(), StartOptions::id("busy")).await.unwrap();
+    started_rx.await.unwrap();
+    // Its one slot taken, the worker passes its poll time: it must sleep until the next one,
+    // not loop on the time already past.
+    let after = t.clock().now() + 2 * poll.as_millis() as u64;
+    t.advance(2 * poll);
+    loop {
+        let slept = clock.slept.notified();
+        if *clock.latest.lock() > after || clock.past.load(Ordering::SeqCst) >= 1_000 {
+            break;
+        }
+        slept.await;
+    }
+    let past = clock.past.load(Ordering::SeqCst);
+    assert!(past < 10, "the worker slept {past} times until a time already past: a busy loop");
+    release_tx.send(()).unwrap();
+    t.assert_output(&run.id, 9u32).await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_cancelled_by_a_shutdown_runs_its_cleanup_and_its_task_goes_back() {
+    let t = TestEngine::new();
+    t.register("long", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.remote_step("long", &()).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let (started_tx, started_rx) = oneshot::channel::<()>();
+    let (cleaned_tx, mut cleaned_rx) = oneshot::channel::<()>();
+    let channels = Arc::new(parking_lot::Mutex::new(Some((started_tx, cleaned_tx))));
+    let worker = Worker::builder().engine(t.engine()).drain_timeout(Duration::ZERO).handle(
+        "long",
+        move |ctx: TaskContext, _: ()| {
+            let channels = channels.lock().take();
+            async move {
+                let (started, cleaned) = channels.expect("one attempt here");
+                let _ = started.send(());
+                ctx.cancelled().await;
+                // Cleanup that takes a moment (closing a connection, say).
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                let _ = cleaned.send(());
+                // What a handler returns once told to stop by a shutdown is not its attempt's
+                // result: the task goes back to the store.
+                Err::<u32, _>(StepError::fatal("stopped"))
+            }
+        },
+    );
+    let (stop, stop_rx) = oneshot::channel::<()>();
+    let handle = tokio::spawn(worker.run(async {
+        let _ = stop_rx.await;
+    }));
+    let run = t.start("long", &(), StartOptions::id("long")).await.unwrap();
+    started_rx.await.unwrap();
+    stop.send(()).unwrap();
+    let report = handle.await.unwrap();
+    assert!(cleaned_rx.try_recv().is_ok(), "the handler's cancelled() branch ran before the worker stopped");
+    assert_eq!((report.completed, report.handed_back), (0, 1), "{report:?}");
+    // Another worker runs the attempt; the fatal error was not recorded.
+    let w =
+        spawn(Worker::builder().engine(t.engine()).handle("long", |_ctx, _: ()| async { Ok::<_, StepError>(5u32) }));
+    t.assert_output(&run.id, 5u32).await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn worker_health_lists_queues_and_live_workers() {
     let t = TestEngine::new();
     t.register("one", 1, |ctx: WorkflowCtx, _: ()| async move {
