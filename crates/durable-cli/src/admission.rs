@@ -53,7 +53,7 @@ impl GateName {
     pub(crate) fn describe(&self) -> String {
         match (self.kind, &self.key) {
             (Some(GateKind::Queue), _) => format!("queue {}", self.name),
-            (Some(GateKind::Key), Some(key)) => format!("concurrency key {key} of workflow {}", self.name),
+            (Some(GateKind::Key), Some(key)) => format!("concurrency key {} of workflow {}", shown_key(key), self.name),
             _ => format!("gate {}", self.name),
         }
     }
@@ -232,12 +232,18 @@ fn wait_text(run: &Run, w: &Wait) -> String {
 fn gate_of(run: &Run, gate: &str) -> String {
     let own_key = protocol::key_gate(&run.namespace, &run.workflow, "");
     if let Some(key) = gate.strip_prefix(&own_key) {
-        return format!("concurrency key {key} of workflow {}", run.workflow);
+        return format!("concurrency key {} of workflow {}", shown_key(key), run.workflow);
     }
     if let Some(queue) = gate.strip_prefix(&protocol::queue_gate(&run.namespace, "")) {
         return format!("queue {queue}");
     }
     GateName::parse(gate).describe()
+}
+
+/// A concurrency key as shown: as it is, or `""` for the empty key (a key function may
+/// return one; it is a key like any other).
+pub(crate) fn shown_key(key: &str) -> String {
+    if key.is_empty() { "\"\"".into() } else { key.to_string() }
 }
 
 /// The seq of a step holder of `run` (`<run>:<seq>`, [`protocol::step_id`]).
@@ -303,6 +309,9 @@ mod tests {
             }
         );
         assert_eq!(key.describe(), "concurrency key acme:eu of workflow sync");
+        // The empty key is a key like any other, shown quoted.
+        let empty = GateName::parse(&protocol::key_gate("default", "sync", ""));
+        assert_eq!(empty.describe(), "concurrency key \"\" of workflow sync");
         let queue = GateName::parse(&protocol::queue_gate("prod", "crm-api"));
         assert_eq!((queue.kind_str(), queue.namespace.as_str(), queue.name.as_str()), ("queue", "prod", "crm-api"));
         assert_eq!(queue.describe(), "queue crm-api");

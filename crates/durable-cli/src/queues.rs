@@ -7,7 +7,7 @@ use durable::Engine;
 use durable::admission::GateStats;
 use serde_json::{Value, json};
 
-use crate::admission::{GateName, limits_json, limits_text};
+use crate::admission::{GateName, limits_json, limits_text, shown_key};
 use crate::cli::{GateKind, QueuesArgs, StoreArgs};
 use crate::error::{Error, Result};
 use crate::format::{Table, ago, duration_ms, now_ms};
@@ -88,7 +88,7 @@ pub(crate) async fn write_queues(engine: &Engine, where_: &str, args: &QueuesArg
             name.kind_str().into(),
             name.namespace.clone(),
             name.name.clone(),
-            name.key.clone().unwrap_or_else(|| "-".into()),
+            name.key.as_deref().map_or_else(|| "-".into(), shown_key),
             limits_text(&g.limits),
             // A gate without a concurrency limit keeps no slots: only its rate counts.
             g.limits.concurrency.map_or_else(|| "-".into(), |c| format!("{}/{c}", g.held)),

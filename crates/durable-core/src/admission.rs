@@ -100,17 +100,17 @@ impl Limits {
         self.concurrency.is_some() || self.rate.is_some()
     }
 
-    /// Checks the limits, naming `gate` in the error.
-    pub fn validate(&self, gate: &str) -> Result<(), String> {
+    /// Checks the limits; the error says what is wrong (the caller names the gate).
+    pub fn validate(&self) -> Result<(), String> {
         if self.concurrency == Some(0) {
-            return Err(format!("{gate}: a concurrency of 0 would admit nothing; use at least 1"));
+            return Err("a concurrency of 0 would admit nothing; use at least 1".into());
         }
         if let Some(rate) = self.rate {
             if rate.limit == 0 {
-                return Err(format!("{gate}: a rate of 0 per window would admit nothing; use at least 1"));
+                return Err("a rate of 0 per window would admit nothing; use at least 1".into());
             }
             if rate.period_ms == 0 {
-                return Err(format!("{gate}: a rate window must be at least 1 ms"));
+                return Err("a rate window must be at least 1 ms".into());
             }
         }
         Ok(())

@@ -130,7 +130,9 @@ pub enum ScheduleError {
         zone: String,
     },
     /// `every(0)`.
-    #[error("a schedule interval of zero fires continuously; use an interval of at least 1 ms")]
+    #[error(
+        "a schedule interval of zero (or under 1 ms, which rounds to zero) fires continuously; use an interval of at least 1 ms"
+    )]
     ZeroInterval,
     /// The key is empty, too long or has control characters.
     #[error("bad schedule key {key:?}: {reason}")]

@@ -345,7 +345,7 @@ impl WorkerBuilder {
         self
     }
 
-    /// Tasks at once (default 16).
+    /// Tasks at once (default 16; at least 1: 0 is taken as 1).
     pub fn concurrency(mut self, n: usize) -> Self {
         self.concurrency = n.max(1);
         self

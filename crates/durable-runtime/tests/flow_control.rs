@@ -492,9 +492,12 @@ async fn queues_that_could_not_work_are_refused_at_registration() {
         (QueueOptions::default().rate(5, Duration::from_micros(500)), "at least 1 ms"),
     ] {
         match t.register_queue("api", options) {
-            Err(Error::BadQueue { name, reason }) => {
+            Err(e @ Error::BadQueue { .. }) => {
+                let Error::BadQueue { name, reason } = &e else { unreachable!() };
                 assert_eq!(name, "api");
                 assert!(reason.contains(says), "{reason}");
+                // The queue is named once.
+                assert_eq!(e.to_string().matches("api").count(), 1, "{e}");
             }
             other => panic!("{options:?}: expected BadQueue, got {other:?}"),
         }

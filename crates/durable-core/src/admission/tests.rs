@@ -231,11 +231,12 @@ fn a_runs_requests_are_listed_by_gate_then_holder() {
 }
 
 #[test]
-fn invalid_limits_are_named() {
-    let e = limits(Some(0)).validate("q:default:api").unwrap_err();
-    assert!(e.contains("q:default:api") && e.contains("at least 1"), "{e}");
+fn invalid_limits_are_refused_saying_why() {
+    let e = limits(Some(0)).validate().unwrap_err();
+    assert!(e.contains("concurrency of 0") && e.contains("at least 1"), "{e}");
     let l = Limits { rate: Some(Rate { limit: 0, period_ms: 1_000 }), ..Limits::default() };
-    assert!(l.validate("g").is_err());
+    assert!(l.validate().unwrap_err().contains("rate of 0"));
+    assert!(limits(Some(1)).validate().is_ok());
 }
 
 #[derive(Debug, Clone)]

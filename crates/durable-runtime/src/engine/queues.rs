@@ -21,7 +21,7 @@ impl Engine {
     /// a rate window under 1 ms.
     pub fn register_queue(&self, name: &str, options: QueueOptions) -> Result<()> {
         let limits = options.limits();
-        limits.validate(&format!("queue {name:?}")).map_err(|reason| Error::BadQueue { name: name.into(), reason })?;
+        limits.validate().map_err(|reason| Error::BadQueue { name: name.into(), reason })?;
         if name.is_empty() {
             return Err(Error::BadQueue { name: name.into(), reason: "a queue needs a non-empty name".into() });
         }
