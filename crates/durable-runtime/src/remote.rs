@@ -150,8 +150,8 @@ impl TaskContext {
 
     /// Resolves when the handler should stop: the run was cancelled (or settled otherwise),
     /// the attempt passed its timeout, another worker took it over, the attempt was ended in
-    /// the store (an operator's [`Engine::redispatch_pending`]; the worker looks once a second
-    /// at attempts running that long), or the worker is shutting down and its drain timeout
+    /// the store (an operator's [`Engine::redispatch_pending`]; the worker looks every 10 s at
+    /// attempts running that long, and a heartbeat finds out at once), or the worker is shutting down and its drain timeout
     /// passed. The handler then has 5 s to return before it is dropped, and its slot is free
     /// again. What it returns is recorded only if the store still takes it: a result for an
     /// attempt that ended or a run that settled is dropped.
@@ -1142,4 +1142,4 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
 /// How long an attempt runs before its worker looks, at this interval, whether it ended in
 /// the store meanwhile (`Worker::stop_ended_attempts`).
-const ATTEMPT_CHECK_EVERY: Duration = Duration::from_secs(1);
+const ATTEMPT_CHECK_EVERY: Duration = Duration::from_secs(10);
