@@ -28,8 +28,9 @@ pub const RECHECK_MS: Millis = 1_000;
 /// created `pending` with the fire time as a delayed start, so the run is due at the fire time
 /// itself however many schedules share that instant (creating 10,000 runs takes longer than a
 /// fire may be late). A fire so decided starts even if the schedule's workflow or input is
-/// changed within this window; a pause, a new cadence or time zone, or a delete cancels its
-/// run ([`Engine::pause_schedule`], `schedule`, `update_schedule`, `delete_schedule`).
+/// changed within this window; a pause, a delete, or a new cadence or time zone that does not
+/// fire at that time too cancels its run ([`Engine::pause_schedule`], `delete_schedule`,
+/// `schedule`, `update_schedule`).
 ///
 /// [`Engine::pause_schedule`]: https://docs.rs/durable-runtime/latest/durable_runtime/struct.Engine.html#method.pause_schedule
 pub const FIRE_AHEAD_MS: Millis = 5_000;
@@ -413,11 +414,6 @@ impl ScheduleRecord {
     /// The record with a new definition, workflow or input (as [`ScheduleRecord::new`] would
     /// make them); what the scheduler did so far is kept. A changed cadence or zone, or a
     /// resume, counts from `now`: fires it would have had before are not caught up.
-    ///
-    /// A retimed record ([`ScheduleRecord::retimed_by`]) counts from after the last fire
-    /// decided ahead of its time, if that is still to come: those fires belong to the old
-    /// timing (the engine cancels them), and a new fire at one of their times would get the
-    /// id of a run that already exists.
     pub fn redefine(&self, fresh: &ScheduleRecord, now: Millis) -> Result<Self, ScheduleError> {
         let mut record = self.clone();
         let retimed = self.retimed_by(fresh);
@@ -426,8 +422,7 @@ impl ScheduleRecord {
         record.input = fresh.input.clone();
         record.schedule = fresh.schedule.clone();
         if retimed {
-            let from = self.state.last_fire_at.filter(|at| *at > now).unwrap_or(now);
-            record.state.next_fire_at = record.schedule.next_after(from)?;
+            record.state.next_fire_at = record.schedule.next_after(now)?;
         }
         record.updated_at = now;
         record.due_at = record.compute_due();
@@ -440,6 +435,24 @@ impl ScheduleRecord {
         self.schedule.cadence != fresh.schedule.cadence
             || self.schedule.timezone != fresh.schedule.timezone
             || (self.schedule.paused && !fresh.schedule.paused)
+    }
+
+    /// The fires decided ahead of their time, still to come at `now`, whose runs saving
+    /// `fresh` over this record leaves to be cancelled: all of them if it pauses the schedule;
+    /// with a new cadence or time zone, those it does not fire at too (a fire time both have
+    /// keeps its run, one per fire id); none for a new workflow or input alone.
+    pub fn fires_dropped_by(&self, fresh: &ScheduleRecord, now: Millis) -> Vec<Millis> {
+        let ahead = self.fires_ahead(now);
+        let Some(&last) = ahead.last() else { return ahead };
+        if fresh.schedule.paused {
+            return if self.schedule.paused { Vec::new() } else { ahead };
+        }
+        if !self.retimed_by(fresh) {
+            return Vec::new();
+        }
+        let mut kept = fresh.schedule.upcoming(now, MAX_AHEAD).unwrap_or_default();
+        kept.retain(|at| *at <= last);
+        ahead.into_iter().filter(|at| !kept.contains(at)).collect()
     }
 
     /// Whether saving `fresh` over this record would change anything.
@@ -710,34 +723,32 @@ mod tests {
     }
 
     #[test]
-    fn a_retimed_record_counts_from_after_the_fires_it_decided_ahead() {
+    fn a_new_definition_drops_the_fires_ahead_it_does_not_share() {
         let fast = record(Schedule::every(Duration::from_millis(10)), T2026);
         let decided = fast.plan(T2026, false).unwrap().record;
-        let last = T2026 + 10 * MAX_AHEAD as Millis;
-        assert_eq!(decided.state.last_fire_at, Some(last));
         let now = T2026 + 5;
-        // Another cadence: after the last fire decided ahead, whose run ids exist already.
+        let ahead = decided.fires_ahead(now);
+        assert_eq!(ahead.len(), MAX_AHEAD);
+        // Every 20 ms: the fires at odd multiples of 10 ms go, those it shares stay. It counts
+        // from now.
         let mut slower = decided.clone();
         slower.schedule = Schedule::every(Duration::from_millis(20));
         assert!(decided.retimed_by(&slower));
-        let redefined = decided.redefine(&slower, now).unwrap();
-        assert_eq!(redefined.state.next_fire_at, Schedule::every(Duration::from_millis(20)).next_after(last).unwrap());
-        assert!(redefined.state.next_fire_at.unwrap() > last);
-        // A paused record resumed while its decided fires are still ahead: the same.
-        let paused = decided.set_paused(true, now).unwrap();
-        let resumed = paused.set_paused(false, now + 1).unwrap();
-        assert!(resumed.state.next_fire_at.unwrap() > last, "{:?}", resumed.state.next_fire_at);
-        // Once they are past, a new cadence counts from now.
-        let later = decided.redefine(&slower, last + 100).unwrap();
-        assert_eq!(
-            later.state.next_fire_at,
-            Schedule::every(Duration::from_millis(20)).next_after(last + 100).unwrap()
-        );
-        // A new input alone is not a retiming: the next fire stays.
+        let dropped = decided.fires_dropped_by(&slower, now);
+        assert_eq!(dropped.len(), MAX_AHEAD / 2, "{dropped:?}");
+        assert!(dropped.iter().all(|at| at % 20 == 10), "{dropped:?}");
+        assert_eq!(decided.redefine(&slower, now).unwrap().state.next_fire_at, Some(T2026 + 20));
+        // Paused: all of them go. A new input alone: none.
+        let mut paused = decided.clone();
+        paused.schedule.paused = true;
+        assert_eq!(decided.fires_dropped_by(&paused, now), ahead);
         let mut other_input = decided.clone();
         other_input.input = Payload::encode(&7).unwrap();
         assert!(!decided.retimed_by(&other_input));
+        assert!(decided.fires_dropped_by(&other_input, now).is_empty());
         assert_eq!(decided.redefine(&other_input, now).unwrap().state.next_fire_at, decided.state.next_fire_at);
+        // Once they are past, nothing is left to drop.
+        assert!(decided.fires_dropped_by(&slower, T2026 + 10 * MAX_AHEAD as Millis).is_empty());
     }
 
     #[test]

@@ -521,7 +521,7 @@ impl Worker {
         let w = &self.inner;
         let mut report = WorkerReport::default();
         let mut running: JoinSet<Outcome> = JoinSet::new();
-        let mut inflight: HashMap<(RunId, u32), TaskContext> = HashMap::new();
+        let mut inflight: HashMap<AttemptKey, TaskContext> = HashMap::new();
         let started_at = w.clock.now();
         let mut registered_at: Option<Millis> = None;
         let (mut checked_at, mut attempts_checked_at): (Millis, Millis) = (0, 0);
@@ -596,8 +596,7 @@ impl Worker {
                         for task in tasks {
                             // Our own task back after its lease expired: its handler still runs
                             // here (the claim renewed its lease); never run it twice at once.
-                            let key = (task.task.run_id.clone(), task.task.seq);
-                            if inflight.get(&key).is_some_and(|c| c.attempt() == task.task.attempt) {
+                            if inflight.contains_key(&attempt_key(&task)) {
                                 continue;
                             }
                             // At most `free` tasks: each takes one of the claim's slots.
@@ -715,11 +714,10 @@ impl Worker {
         &self,
         handed: Handed,
         running: &mut JoinSet<Outcome>,
-        inflight: &mut HashMap<(RunId, u32), TaskContext>,
+        inflight: &mut HashMap<AttemptKey, TaskContext>,
         report: &mut WorkerReport,
     ) -> bool {
-        let t = &handed.task.task;
-        let running_here = inflight.get(&(t.run_id.clone(), t.seq)).is_some_and(|c| c.attempt() == t.attempt);
+        let running_here = inflight.contains_key(&attempt_key(&handed.task));
         if running_here || handed.task.lease_until.is_some_and(|l| l <= self.inner.clock.now()) {
             return false;
         }
@@ -735,9 +733,9 @@ impl Worker {
         task: Task,
         slot: OwnedSemaphorePermit,
         running: &mut JoinSet<Outcome>,
-        inflight: &mut HashMap<(RunId, u32), TaskContext>,
+        inflight: &mut HashMap<AttemptKey, TaskContext>,
     ) {
-        let key = (task.task.run_id.clone(), task.task.seq);
+        let key = attempt_key(&task);
         // One span per attempt, in the run's trace.
         let span = crate::trace::task_span(&task, &self.inner.id);
         let ctx = self.context(task);
@@ -782,8 +780,8 @@ impl Worker {
     }
 
     /// An operator cancelled `run_id`: the handlers of its tasks running here are told at once.
-    fn cancel_run_tasks(&self, run_id: &RunId, inflight: &HashMap<(RunId, u32), TaskContext>) {
-        for ((run, _), ctx) in inflight {
+    fn cancel_run_tasks(&self, run_id: &RunId, inflight: &HashMap<AttemptKey, TaskContext>) {
+        for ((run, _, _), ctx) in inflight {
             if run == run_id && !ctx.is_cancelled() {
                 tracing::debug!(worker = %self.inner.id, step_id = %ctx.step_id(), "the run was cancelled; cancelling its task");
                 ctx.cancel();
@@ -792,13 +790,13 @@ impl Worker {
     }
 
     /// Tells the handlers of tasks whose run has settled (a cancel, say) to stop.
-    async fn stop_settled_runs(&self, inflight: &HashMap<(RunId, u32), TaskContext>) {
-        let mut ids: Vec<RunId> = inflight.keys().map(|(run, _)| run.clone()).collect();
+    async fn stop_settled_runs(&self, inflight: &HashMap<AttemptKey, TaskContext>) {
+        let mut ids: Vec<RunId> = inflight.keys().map(|(run, _, _)| run.clone()).collect();
         ids.sort();
         ids.dedup();
         match self.inner.store.get_runs(&ids).await {
             Ok(runs) => {
-                for ((run, _), ctx) in inflight {
+                for ((run, _, _), ctx) in inflight {
                     if !runs.iter().any(|r| &r.id == run && !r.status.is_terminal()) {
                         ctx.cancel();
                     }
@@ -815,29 +813,35 @@ impl Worker {
     /// has [`CANCEL_GRACE`] to return before it is dropped and its slot is free again. Only
     /// attempts in flight for [`ATTEMPT_CHECK_EVERY`] are looked at, one read per run, at
     /// most once per that interval: a short task costs nothing.
-    async fn stop_ended_attempts(&self, inflight: &HashMap<(RunId, u32), TaskContext>, now: Millis) {
+    async fn stop_ended_attempts(&self, inflight: &HashMap<AttemptKey, TaskContext>, now: Millis) {
         let mut runs: Vec<&RunId> = inflight
             .iter()
             .filter(|(_, ctx)| {
                 let since = ctx.inner.task.claimed_at.unwrap_or(ctx.inner.task.task.created_at);
                 !ctx.is_cancelled() && now >= millis_after(since, ATTEMPT_CHECK_EVERY)
             })
-            .map(|((run, _), _)| run)
+            .map(|((run, _, _), _)| run)
             .collect();
         runs.sort();
         runs.dedup();
         for run in runs {
-            let filter = TaskFilter { run_id: Some(run.clone()), unfinished: true, ..TaskFilter::default() };
+            let filter = TaskFilter {
+                run_id: Some(run.clone()),
+                unfinished: true,
+                limit: OPEN_TASKS_READ,
+                ..TaskFilter::default()
+            };
             let open = match self.inner.store.list_tasks(&filter).await {
-                Ok(open) => open,
+                // A full page may leave open attempts out: none is taken for ended then.
+                Ok(open) if open.len() < OPEN_TASKS_READ => open,
+                Ok(_) => continue,
                 Err(e) => {
                     tracing::warn!(worker = %self.inner.id, run_id = %run, error = %e, "could not look at the tasks of a run");
                     continue;
                 }
             };
-            for ((r, seq), ctx) in inflight.iter().filter(|((r, _), _)| r == run) {
-                let attempt = ctx.attempt();
-                if !open.iter().any(|t| t.task.seq == *seq && t.task.attempt == attempt) {
+            for ((r, seq, attempt), ctx) in inflight.iter().filter(|((r, _, _), _)| r == run) {
+                if !open.iter().any(|t| t.task.seq == *seq && t.task.attempt == *attempt) {
                     tracing::info!(worker = %self.inner.id, run_id = %r, seq, attempt, "the attempt ended in the store (re-dispatched or timed out); cancelling its handler");
                     ctx.cancel();
                 }
@@ -851,7 +855,7 @@ impl Worker {
     async fn drain(
         &self,
         mut running: JoinSet<Outcome>,
-        mut inflight: HashMap<(RunId, u32), TaskContext>,
+        mut inflight: HashMap<AttemptKey, TaskContext>,
         unstarted: Vec<NewTask>,
         report: &mut WorkerReport,
     ) {
@@ -864,12 +868,17 @@ impl Worker {
         }
         loop {
             tokio::select! {
+                biased;
                 done = running.join_next() => match done {
                     Some(done) => self.settled(done, &mut inflight, report),
                     None => break,
                 },
                 _ = tokio::time::sleep_until(deadline) => break,
             }
+        }
+        // Handlers that ended as the deadline came: settled, not handed back.
+        while let Some(done) = running.try_join_next() {
+            self.settled(done, &mut inflight, report);
         }
         // The rest are told to stop (`cancelled()`) and get the grace a cancelled attempt
         // gets (see `execute`) to run their cleanup and return, before they are dropped. What
@@ -881,7 +890,14 @@ impl Worker {
         let grace = tokio::time::Instant::now() + CANCEL_GRACE;
         loop {
             tokio::select! {
-                done = running.join_next() => if done.is_none() { break },
+                biased;
+                done = running.join_next() => match done {
+                    // A result recorded before the handler was told (it was reporting then):
+                    // settled, not handed back. A dropped one is handed back below.
+                    Some(Ok(outcome)) if outcome.completion.is_some() => self.settled(Ok(outcome), &mut inflight, report),
+                    Some(_) => {}
+                    None => break,
+                },
                 _ = tokio::time::sleep_until(grace) => break,
             }
         }
@@ -921,7 +937,7 @@ impl Worker {
     fn settled(
         &self,
         done: Result<Outcome, tokio::task::JoinError>,
-        inflight: &mut HashMap<(RunId, u32), TaskContext>,
+        inflight: &mut HashMap<AttemptKey, TaskContext>,
         report: &mut WorkerReport,
     ) {
         let Ok(outcome) = done else { return };
@@ -969,7 +985,7 @@ impl Worker {
     async fn execute(self, ctx: TaskContext) -> Outcome {
         let w = &self.inner;
         let task = &ctx.inner.task;
-        let key = (task.task.run_id.clone(), task.task.seq);
+        let key = attempt_key(task);
         let result = match w.handlers.get(&task.task.name) {
             // Another worker of the queue may have it (a rolling deploy): retryable.
             None => Err(StepError::retryable(format!(
@@ -1113,6 +1129,14 @@ impl Worker {
     }
 }
 
+/// An attempt a worker runs: its run, seq and attempt number. Two attempts of one step may
+/// run on one worker at once (the first told to stop, the second re-dispatched to it).
+type AttemptKey = (RunId, u32, u32);
+
+fn attempt_key(task: &Task) -> AttemptKey {
+    (task.task.run_id.clone(), task.task.seq, task.task.attempt)
+}
+
 /// What a worker heard on its control plane.
 enum Heard {
     /// An operator cancelled this run.
@@ -1122,7 +1146,7 @@ enum Heard {
 }
 
 struct Outcome {
-    key: (RunId, u32),
+    key: AttemptKey,
     completion: Option<TaskCompletion>,
     /// The worker dropped the result itself (the attempt expired, or the handler did not
     /// return within its grace after being cancelled).
@@ -1131,7 +1155,7 @@ struct Outcome {
 
 impl Outcome {
     /// The worker dropped the attempt's result (its span says so).
-    fn dropped(key: (RunId, u32)) -> Self {
+    fn dropped(key: AttemptKey) -> Self {
         crate::trace::outcome(&tracing::Span::current(), "dropped");
         Outcome { key, completion: None, dropped: true }
     }
@@ -1143,3 +1167,6 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 /// How long an attempt runs before its worker looks, at this interval, whether it ended in
 /// the store meanwhile (`Worker::stop_ended_attempts`).
 const ATTEMPT_CHECK_EVERY: Duration = Duration::from_secs(10);
+
+/// The unfinished tasks of a run read at once by that look; a run with more is not looked at.
+const OPEN_TASKS_READ: usize = 1_000;

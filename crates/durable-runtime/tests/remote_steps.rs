@@ -645,6 +645,17 @@ async fn redispatch_pending_resends_with_the_same_step_id_and_the_next_attempt()
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redispatched_attempt_still_running_is_told_to_stop_and_frees_its_slot() {
+    // One slot: attempt 2 runs here only once attempt 1's handler gave it up.
+    redispatched_while_running(1).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redispatched_attempt_runs_beside_the_one_it_replaces_on_the_same_worker() {
+    // Two slots: attempt 2 runs here at once, beside attempt 1, which is still told to stop.
+    redispatched_while_running(2).await;
+}
+
+async fn redispatched_while_running(slots: usize) {
     let t = TestEngine::new();
     t.register("stuck", 1, |ctx: WorkflowCtx, _: ()| async move {
         let v: u32 = ctx.remote_step("stuck", &()).retry(0, Backoff::None).await?;
@@ -652,8 +663,7 @@ async fn a_redispatched_attempt_still_running_is_told_to_stop_and_frees_its_slot
     });
     let (started_tx, mut started) = tokio::sync::mpsc::unbounded_channel::<u32>();
     let (stopped_tx, mut stopped) = tokio::sync::mpsc::unbounded_channel::<u32>();
-    // One slot: attempt 2 runs here only once attempt 1's handler gave it up.
-    let builder = Worker::builder().engine(t.engine()).concurrency(1);
+    let builder = Worker::builder().engine(t.engine()).concurrency(slots);
     let w = spawn(builder.handle("stuck", move |ctx: TaskContext, _: ()| {
         let (started, stopped) = (started_tx.clone(), stopped_tx.clone());
         async move {
@@ -669,13 +679,19 @@ async fn a_redispatched_attempt_still_running_is_told_to_stop_and_frees_its_slot
     let run = t.start("stuck", &(), StartOptions::id("stuck")).await.unwrap();
     assert_eq!(started.recv().await, Some(1));
     assert_eq!(t.redispatch_pending(&run.id).await.unwrap(), 1);
+    if slots > 1 {
+        assert_eq!(started.recv().await, Some(2), "attempt 2 starts in the free slot");
+        t.assert_output(&run.id, 2u32).await;
+    }
     // The worker looks, every 10 s, whether attempts running that long ended in the store.
     t.advance(Duration::from_secs(11));
     assert_eq!(stopped.recv().await, Some(1), "attempt 1's handler was told to stop");
-    // Its late result is dropped; attempt 2 runs in the slot it freed.
-    t.advance(Duration::from_secs(1));
-    assert_eq!(started.recv().await, Some(2));
-    t.assert_output(&run.id, 2u32).await;
+    if slots == 1 {
+        // Its late result is dropped; attempt 2 runs in the slot it freed.
+        t.advance(Duration::from_secs(1));
+        assert_eq!(started.recv().await, Some(2));
+        t.assert_output(&run.id, 2u32).await;
+    }
     let report = w.stop().await;
     assert_eq!((report.completed, report.dropped), (1, 1), "{report:?}");
 }

@@ -285,15 +285,16 @@ async fn fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them(st
     assert_eq!(t.get_run(&paused).await.unwrap().unwrap().status, RunStatus::Cancelled);
 }
 
-async fn a_new_cadence_cancels_the_fires_the_old_one_decided_ahead(store: StoreFixture) {
+async fn a_new_cadence_cancels_the_fires_ahead_it_does_not_share(store: StoreFixture) {
     let t = store.engine();
     register_echo(&t);
     let t0 = t.clock().now();
     let mut rx = t.subscribe();
-    // Three schedules whose fire at t0 + H is decided 3 s before it; then, before that time,
-    // one gets a new cadence through `update_schedule`, one is declared again with a new
-    // workflow and cadence (a deploy), one is declared again with a new input only.
-    let keys = ["updated", "redeclared", "new-input"];
+    // Schedules whose fire at t0 + H is decided 3 s before it; then, before that time, one
+    // gets a new cadence through `update_schedule`, one is declared again with a new workflow
+    // and cadence (a deploy), one gets a cadence that fires at t0 + H too, one is declared
+    // again with a new input only.
+    let keys = ["updated", "redeclared", "halved", "new-input"];
     for key in keys {
         t.schedule(key, Schedule::every(H), "echo", &1).await.unwrap();
     }
@@ -308,20 +309,26 @@ async fn a_new_cadence_cancels_the_fires_the_old_one_decided_ahead(store: StoreF
     register_hold(&t);
     let updated = t.update_schedule("updated", Schedule::every(2 * H)).await.unwrap();
     let redeclared = t.schedule("redeclared", Schedule::every(3 * H), "hold", &"never").await.unwrap();
+    t.update_schedule("halved", Schedule::every(H / 2)).await.unwrap();
     t.schedule("new-input", Schedule::every(H), "echo", &2).await.unwrap();
     for (key, record) in [("updated", &updated), ("redeclared", &redeclared)] {
         let run = t.get_run(&fire_id(key, t0 + ms(H))).await.unwrap().unwrap();
         assert_eq!(run.status, RunStatus::Cancelled, "{key}: the old cadence's fire is cancelled");
         let message = run.error.map(|e| e.message).unwrap_or_default();
-        assert!(message.contains("given a new cadence before this fire's time"), "{key}: {message}");
-        let next = record.state.next_fire_at.expect("a next fire");
-        assert!(next > t0 + ms(H), "{key}: the new cadence counts from after the cancelled fire: {next}");
+        assert!(message.contains("was changed before this fire's time"), "{key}: {message}");
+        assert!(record.state.next_fire_at.expect("a next fire") > t0 + ms(H), "{key}");
     }
-    // A new input alone leaves the decided fire to start as decided, with the input it had.
-    let kept = fire_id("new-input", t0 + ms(H));
-    assert_eq!(t.get_run(&kept).await.unwrap().unwrap().status, RunStatus::Pending);
+    // A cadence that fires at t0 + H too, or a new input alone, leaves the decided fire to
+    // start as decided (once), with the input it had.
+    for key in ["halved", "new-input"] {
+        let kept = fire_id(key, t0 + ms(H));
+        assert_eq!(t.get_run(&kept).await.unwrap().unwrap().status, RunStatus::Pending, "{key}");
+    }
     t.advance(Duration::from_secs(3));
-    assert_eq!(t.wait_for_run(&kept).await.unwrap().output::<i32>().unwrap(), 1);
+    for key in ["halved", "new-input"] {
+        let kept = fire_id(key, t0 + ms(H));
+        assert_eq!(t.wait_for_run(&kept).await.unwrap().output::<i32>().unwrap(), 1, "{key}");
+    }
     for key in ["updated", "redeclared"] {
         assert_eq!(t.get_run(&fire_id(key, t0 + ms(H))).await.unwrap().unwrap().status, RunStatus::Cancelled);
     }
@@ -446,7 +453,7 @@ on_every_store!(
     schedules_are_paused_resumed_triggered_updated_and_deleted,
     two_engines_firing_one_schedule_start_each_fire_once,
     fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them,
-    a_new_cadence_cancels_the_fires_the_old_one_decided_ahead,
+    a_new_cadence_cancels_the_fires_ahead_it_does_not_share,
     a_delayed_start_waits_pending_then_completes,
     a_delayed_start_survives_a_restart,
     each_matching_event_starts_one_run_and_a_dedupe_id_starts_once,

@@ -20,9 +20,9 @@ impl Engine {
     /// Idempotent: declaring the same definition again (at every boot, say) changes nothing;
     /// a different one replaces it and keeps what was fired so far. A new cadence or time zone
     /// counts from now: runs of fires the old one decided ahead of their time
-    /// ([`FIRE_AHEAD_MS`](durable_core::schedule::FIRE_AHEAD_MS)) that have not started are
-    /// cancelled, as a pause cancels them; a new workflow or input alone leaves them to start
-    /// as decided. `Schedule::paused` applies when the schedule is created: declaring an existing
+    /// ([`FIRE_AHEAD_MS`](durable_core::schedule::FIRE_AHEAD_MS)) at times the new one does
+    /// not fire are cancelled, as a pause cancels them; a new workflow or input alone leaves
+    /// them to start as decided. `Schedule::paused` applies when the schedule is created: declaring an existing
     /// schedule again keeps it paused or running as it is (an operator's `durable schedules
     /// pause` survives the next deploy); [`Engine::pause_schedule`] and
     /// [`Engine::resume_schedule`] change it. A bad cron expression, an unknown time zone or an interval of zero is
@@ -67,12 +67,12 @@ impl Engine {
                     if current.same_definition(&fresh) {
                         return Ok(current);
                     }
-                    ahead = retimed_fires(&current, &fresh, now);
+                    ahead = current.fires_dropped_by(&fresh, now);
                     (current.redefine(&fresh, now).map_err(bad)?, Some(current.revision))
                 }
             };
             if let Some(saved) = self.save_schedule(record, expected).await? {
-                self.cancel_fires_ahead(key, ahead, "given a new cadence").await?;
+                self.cancel_fires_ahead(key, ahead, "changed").await?;
                 return Ok(saved);
             }
         }
@@ -101,8 +101,9 @@ impl Engine {
     }
 
     /// Changes the definition of schedule `key` (workflow and input stay); a new cadence or
-    /// time zone counts from now, and runs of fires the old one decided ahead of their time
-    /// that have not started are cancelled (see [`Engine::schedule`]).
+    /// time zone counts from now, and runs of fires the old one decided ahead of their time,
+    /// at times the new one does not fire, are cancelled (see [`Engine::schedule`]); a
+    /// definition with `paused(true)` cancels them all, as [`Engine::pause_schedule`] does.
     pub async fn update_schedule(&self, key: &str, schedule: Schedule) -> Result<ScheduleRecord> {
         schedule.validate().map_err(|source| Error::BadSchedule { key: key.to_string(), source })?;
         let mut ahead = Vec::new();
@@ -110,11 +111,11 @@ impl Engine {
             .modify_schedule(key, |current, now| {
                 let mut fresh = current.clone();
                 fresh.schedule = schedule.clone();
-                ahead = retimed_fires(current, &fresh, now);
+                ahead = current.fires_dropped_by(&fresh, now);
                 current.redefine(&fresh, now)
             })
             .await?;
-        self.cancel_fires_ahead(key, ahead, "given a new cadence").await?;
+        self.cancel_fires_ahead(key, ahead, "changed").await?;
         Ok(updated)
     }
 
@@ -218,15 +219,4 @@ impl Engine {
             SaveOutcome::Stale(_) => Ok(None),
         }
     }
-}
-
-/// The fires `current` decided ahead of their time that saving `fresh` at `now` leaves to be
-/// cancelled: all of them if it retimes the schedule ([`ScheduleRecord::retimed_by`]), none
-/// otherwise.
-fn retimed_fires(
-    current: &ScheduleRecord,
-    fresh: &ScheduleRecord,
-    now: durable_core::Millis,
-) -> Vec<durable_core::Millis> {
-    if current.retimed_by(fresh) { current.fires_ahead(now) } else { Vec::new() }
 }
