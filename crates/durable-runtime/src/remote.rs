@@ -150,11 +150,12 @@ impl TaskContext {
 
     /// Resolves when the handler should stop: the run was cancelled (or settled otherwise),
     /// the attempt passed its timeout, another worker took it over, the attempt was ended in
-    /// the store (an operator's [`Engine::redispatch_pending`]; the worker looks every 10 s at
-    /// attempts running that long, and a heartbeat finds out at once), or the worker is shutting down and its drain timeout
-    /// passed. The handler then has 5 s to return before it is dropped, and its slot is free
-    /// again. What it returns is recorded only if the store still takes it: a result for an
-    /// attempt that ended or a run that settled is dropped.
+    /// the store (an operator's [`Engine::redispatch_pending`]; a heartbeat finds out at once,
+    /// and the worker looks every 10 s at attempts running that long), or the worker is
+    /// shutting down and its drain timeout passed. The handler then has 5 s to return before
+    /// it is dropped, and its slot is free again. What it returns is recorded only if the
+    /// store still takes it: a result for an attempt that ended or a run that settled is
+    /// dropped, and so is one returned during a shutdown (its task goes to another worker).
     pub async fn cancelled(&self) {
         let mut rx = self.inner.stop.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
