@@ -644,6 +644,31 @@ async fn redispatch_pending_resends_with_the_same_step_id_and_the_next_attempt()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redispatch_pending_resends_every_pending_step_of_a_wide_fan_out() {
+    let t = TestEngine::new();
+    t.register("wide", 1, |ctx: WorkflowCtx, n: u32| async move {
+        let steps: Vec<_> =
+            (0..n).map(|i| ctx.remote_step::<_, u32>("wide", &i).retry(0, Backoff::None).into_future()).collect();
+        let outs = ctx.all(steps).await;
+        Ok::<_, WorkflowError>(outs.into_iter().collect::<Result<Vec<u32>, _>>()?.len() as u32)
+    });
+    let mut rx = t.subscribe();
+    // More pending steps than one page of the run's tasks.
+    let run = t.start("wide", &250u32, StartOptions::id("wide")).await.unwrap();
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    assert_eq!(t.redispatch_pending(&run.id).await.unwrap(), 250);
+    let w = spawn(Worker::builder().engine(t.engine()).concurrency(64).handle(
+        "wide",
+        |ctx: TaskContext, i: u32| async move {
+            assert_eq!(ctx.attempt(), 2, "step {i} runs its re-sent attempt");
+            Ok::<_, StepError>(i)
+        },
+    ));
+    t.assert_output(&run.id, 250u32).await;
+    w.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redispatched_attempt_still_running_is_told_to_stop_and_frees_its_slot() {
     // One slot: attempt 2 runs here only once attempt 1's handler gave it up.
     redispatched_while_running(1).await;

@@ -1,13 +1,17 @@
 //! Operating remote steps: the health of queues and workers, and re-dispatching a run's
 //! pending steps.
 
+use std::collections::HashSet;
 use std::time::Duration;
 
-use durable_core::task::{TaskCompletion, TaskDone, WorkerInfo};
+use durable_core::task::{Task, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{RunId, StepError, TaskFilter, codes};
 
 use super::Engine;
 use crate::error::Result;
+
+/// Unfinished tasks of a run read at once by [`Engine::redispatch_pending`].
+const REDISPATCH_PAGE: usize = 100;
 
 /// One queue's figures in [`Engine::worker_health`].
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -85,34 +89,58 @@ impl Engine {
     /// run too); [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run.
     pub async fn redispatch_pending(&self, run_id: &RunId) -> Result<usize> {
         let shared = self.shared();
-        let filter = TaskFilter { run_id: Some(run_id.clone()), unfinished: true, ..TaskFilter::default() };
+        let filter = TaskFilter {
+            run_id: Some(run_id.clone()),
+            unfinished: true,
+            limit: REDISPATCH_PAGE,
+            ..TaskFilter::default()
+        };
         let mut sent = 0;
-        let tasks = shared.store.list_tasks(&filter).await?;
-        if tasks.is_empty() && shared.store.get_run(run_id).await?.is_none() {
-            return Err(crate::Error::RunNotFound(run_id.clone()));
-        }
-        for task in tasks {
-            let now = shared.clock.now();
-            let done = TaskDone {
-                run_id: run_id.clone(),
-                seq: task.task.seq,
-                attempt: task.task.attempt,
-                worker: None,
-                result: Err(StepError::retryable(format!(
-                    "attempt {} of remote step {:?} was re-dispatched by an operator",
-                    task.task.attempt, task.task.name
-                ))
-                .with_code(codes::REDISPATCH)),
-                logs: Vec::new(),
-                now,
-            };
-            let mark = shared.mark();
-            if shared.store.complete_task(done).await? == TaskCompletion::Accepted {
-                crate::metrics::task_recorded(&task.task.queue, "redispatched");
-                shared.wake_in(run_id.clone(), &task.task.namespace, mark);
-                sent += 1;
+        // Steps re-sent (their next attempts, dispatched meanwhile, are not re-sent again).
+        let mut seen: HashSet<u32> = HashSet::new();
+        loop {
+            let tasks = shared.store.list_tasks(&filter).await?;
+            if seen.is_empty() && tasks.is_empty() && shared.store.get_run(run_id).await?.is_none() {
+                return Err(crate::Error::RunNotFound(run_id.clone()));
+            }
+            // Oldest first: a full page with a step not re-sent yet may have more after it.
+            let more = tasks.len() >= REDISPATCH_PAGE;
+            let mut fresh = false;
+            for task in tasks {
+                if !seen.insert(task.task.seq) {
+                    continue;
+                }
+                fresh = true;
+                sent += self.redispatch(run_id, task).await?;
+            }
+            if !(more && fresh) {
+                return Ok(sent);
             }
         }
-        Ok(sent)
+    }
+
+    /// Ends `task`'s attempt as re-dispatched and wakes its run; 1 if the store took it.
+    async fn redispatch(&self, run_id: &RunId, task: Task) -> Result<usize> {
+        let shared = self.shared();
+        let done = TaskDone {
+            run_id: run_id.clone(),
+            seq: task.task.seq,
+            attempt: task.task.attempt,
+            worker: None,
+            result: Err(StepError::retryable(format!(
+                "attempt {} of remote step {:?} was re-dispatched by an operator",
+                task.task.attempt, task.task.name
+            ))
+            .with_code(codes::REDISPATCH)),
+            logs: Vec::new(),
+            now: shared.clock.now(),
+        };
+        let mark = shared.mark();
+        if shared.store.complete_task(done).await? != TaskCompletion::Accepted {
+            return Ok(0);
+        }
+        crate::metrics::task_recorded(&task.task.queue, "redispatched");
+        shared.wake_in(run_id.clone(), &task.task.namespace, mark);
+        Ok(1)
     }
 }
