@@ -89,32 +89,36 @@ impl Engine {
     /// run too); [`Error::RunNotFound`](crate::Error::RunNotFound) for an unknown run.
     pub async fn redispatch_pending(&self, run_id: &RunId) -> Result<usize> {
         let shared = self.shared();
-        let filter = TaskFilter {
+        let mut filter = TaskFilter {
             run_id: Some(run_id.clone()),
             unfinished: true,
             limit: REDISPATCH_PAGE,
             ..TaskFilter::default()
         };
         let mut sent = 0;
-        // Steps re-sent (their next attempts, dispatched meanwhile, are not re-sent again).
+        // Steps re-sent: their next attempts, dispatched meanwhile, are not re-sent again.
         let mut seen: HashSet<u32> = HashSet::new();
         loop {
             let tasks = shared.store.list_tasks(&filter).await?;
             if seen.is_empty() && tasks.is_empty() && shared.store.get_run(run_id).await?.is_none() {
                 return Err(crate::Error::RunNotFound(run_id.clone()));
             }
-            // Oldest first: a full page with a step not re-sent yet may have more after it.
-            let more = tasks.len() >= REDISPATCH_PAGE;
+            // A page short of the limit holds every unfinished task of the run.
+            let full = tasks.len() >= filter.limit;
             let mut fresh = false;
             for task in tasks {
-                if !seen.insert(task.task.seq) {
-                    continue;
+                if seen.insert(task.task.seq) {
+                    fresh = true;
+                    sent += self.redispatch(run_id, task).await?;
                 }
-                fresh = true;
-                sent += self.redispatch(run_id, task).await?;
             }
-            if !(more && fresh) {
+            if !full {
                 return Ok(sent);
+            }
+            // A full page of steps already re-sent (their next attempts may sort first): a
+            // larger one. The run's unfinished tasks are at most one per step, so this ends.
+            if !fresh {
+                filter.limit = filter.limit.saturating_mul(2);
             }
         }
     }
