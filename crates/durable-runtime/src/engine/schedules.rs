@@ -126,8 +126,9 @@ impl Engine {
         let mut ahead = Vec::new();
         let paused = self
             .modify_schedule(key, |current, now| {
-                ahead = current.fires_ahead(now);
-                current.set_paused(true, now)
+                let paused = current.set_paused(true, now)?;
+                ahead = current.fires_dropped_by(&paused, now);
+                Ok(paused)
             })
             .await?;
         self.cancel_fires_ahead(key, ahead, "paused").await?;
