@@ -5,11 +5,14 @@
 //! scheduler of any engine sharing the store asks [`ScheduleRecord::plan`] what to do at `now`
 //! and writes the answer back with a compare-and-set on the record's revision, creating the
 //! fired runs in the same store call. A fire's run id is `sched:<key>:<fire-ms>`
-//! ([`fire_run_id`]), so two engines firing the same schedule at once start one run.
+//! ([`fire_run_id`]), so two engines firing the same schedule at once start one run; a fire
+//! decided again after a pause or change cancelled its first run gets `sched:<key>:<fire-ms>~<n>`
+//! ([`ScheduleRecord::fire_id`]).
 //!
 //! Calendar and time-zone arithmetic come from `croner` and `chrono-tz` (the IANA database is
 //! compiled in); nothing here reads a clock or a file.
 
+use std::collections::BTreeMap;
 use std::str::FromStr;
 use std::time::Duration;
 
@@ -38,6 +41,9 @@ pub const FIRE_AHEAD_MS: Millis = 5_000;
 /// At most this many fires are decided ahead of their time in one look (a fast interval would
 /// otherwise create a run per millisecond of [`FIRE_AHEAD_MS`]).
 const MAX_AHEAD: usize = 64;
+
+/// Fire times a record remembers as cancelled ([`ScheduleState::redecided`]), latest kept.
+const MAX_REDECIDED: usize = 64;
 
 /// At most this many missed fires are walked through when a schedule catches up; past it the
 /// schedule skips ahead to the next fire after `now` (a per-second schedule down for a year).
@@ -296,7 +302,8 @@ impl Compiled {
     }
 }
 
-/// The run id of the fire of schedule `key` at `nominal`: `sched:<key>:<nominal-ms>`.
+/// The run id of the fire of schedule `key` at `nominal`: `sched:<key>:<nominal-ms>` (the
+/// first time that fire is decided; see [`ScheduleRecord::fire_id`]).
 pub fn fire_run_id(key: &str, nominal: Millis) -> RunId {
     RunId::new(format!("sched:{key}:{nominal}"))
 }
@@ -336,6 +343,11 @@ pub struct ScheduleState {
     pub skipped: u64,
     /// Fires missed during downtime and not caught up.
     pub missed: u64,
+    /// Fire times whose run, decided ahead, a pause or change cancelled, with how many times
+    /// that happened: such a fire decided again gets a run id of its own
+    /// ([`ScheduleRecord::fire_id`]), since the cancelled run keeps the first.
+    #[serde(default, skip_serializing_if = "BTreeMap::is_empty")]
+    pub redecided: BTreeMap<Millis, u32>,
 }
 
 /// A stored schedule.
@@ -366,7 +378,7 @@ pub struct ScheduleRecord {
 /// A fire to start: its run id, fire time and the time its run may start.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Fire {
-    /// `sched:<key>:<nominal>`.
+    /// `sched:<key>:<nominal>` ([`ScheduleRecord::fire_id`]).
     pub run_id: RunId,
     /// The fire time the cadence gave (or the time a manual fire was asked for).
     pub nominal: Millis,
@@ -414,8 +426,18 @@ impl ScheduleRecord {
     /// The record with a new definition, workflow or input (as [`ScheduleRecord::new`] would
     /// make them); what the scheduler did so far is kept. A changed cadence or zone, or a
     /// resume, counts from `now`: fires it would have had before are not caught up.
+    ///
+    /// The fires decided ahead that the change drops ([`ScheduleRecord::fires_dropped_by`]) are
+    /// remembered, so one decided again (a resume before its time, a cadence changed back) gets
+    /// a run of its own instead of the cancelled one ([`ScheduleRecord::fire_id`]).
     pub fn redefine(&self, fresh: &ScheduleRecord, now: Millis) -> Result<Self, ScheduleError> {
         let mut record = self.clone();
+        for at in self.fires_dropped_by(fresh, now) {
+            *record.state.redecided.entry(at).or_default() += 1;
+        }
+        while record.state.redecided.len() > MAX_REDECIDED {
+            record.state.redecided.pop_first();
+        }
         let retimed = self.retimed_by(fresh);
         record.namespace = fresh.namespace.clone();
         record.workflow = fresh.workflow.clone();
@@ -461,6 +483,16 @@ impl ScheduleRecord {
             && self.workflow == fresh.workflow
             && self.input == fresh.input
             && self.schedule == fresh.schedule
+    }
+
+    /// The run id of this schedule's fire at `nominal`: [`fire_run_id`], with `~<n>` appended
+    /// when a pause or change cancelled the run of that fire `n` times before
+    /// ([`ScheduleState::redecided`]).
+    pub fn fire_id(&self, nominal: Millis) -> RunId {
+        match self.state.redecided.get(&nominal) {
+            Some(n) => RunId::new(format!("sched:{}:{nominal}~{n}", self.key)),
+            None => fire_run_id(&self.key, nominal),
+        }
     }
 
     /// The record paused or resumed at `now`.
@@ -572,14 +604,14 @@ impl ScheduleRecord {
         fires.dedup();
         if let Some(last) = fires.last() {
             st.last_fire_at = Some(*last);
-            st.last_run_id = Some(fire_run_id(&self.key, *last));
+            st.last_run_id = Some(self.fire_id(*last));
             st.fires += fires.len() as u64;
         }
         let fires = fires
             .into_iter()
             .map(|nominal| {
                 let start = nominal.saturating_add(self.schedule.jitter_of(&self.key, nominal));
-                Fire { run_id: fire_run_id(&self.key, nominal), nominal, start_at: (start > now).then_some(start) }
+                Fire { run_id: self.fire_id(nominal), nominal, start_at: (start > now).then_some(start) }
             })
             .collect();
         record.updated_at = now;

@@ -285,6 +285,40 @@ async fn fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them(st
     assert_eq!(t.get_run(&paused).await.unwrap().unwrap().status, RunStatus::Cancelled);
 }
 
+async fn a_fire_cancelled_by_a_pause_is_decided_again_by_a_resume_before_its_time(store: StoreFixture) {
+    let t = store.engine();
+    register_echo(&t);
+    let t0 = t.clock().now();
+    let mut rx = t.subscribe();
+    t.schedule("again", Schedule::every(H), "echo", &3).await.unwrap();
+    t.advance(H - Duration::from_secs(3));
+    let (fired, ..) = advanced(&mut rx, "again").await;
+    let first = fire_id("again", t0 + ms(H));
+    assert_eq!(fired, vec![first.clone()]);
+    // Paused and resumed twice before the fire's time: each pause cancels the run decided
+    // for it, each resume decides it again with a run of its own.
+    let mut cancelled = vec![first];
+    for n in 1..=2 {
+        t.pause_schedule("again").await.unwrap();
+        let last = cancelled.last().unwrap();
+        assert_eq!(t.get_run(last).await.unwrap().unwrap().status, RunStatus::Cancelled, "{last}");
+        t.resume_schedule("again").await.unwrap();
+        let (fired, ..) = advanced(&mut rx, "again").await;
+        let again = RunId::new(format!("sched:again:{}~{n}", t0 + ms(H)));
+        assert_eq!(fired, vec![again.clone()], "resume {n}");
+        assert_eq!(t.get_run(&again).await.unwrap().unwrap().status, RunStatus::Pending);
+        cancelled.push(again);
+    }
+    let runs = cancelled.pop().unwrap();
+    t.advance(Duration::from_secs(3));
+    assert_eq!(t.wait_for_run(&runs).await.unwrap().output::<i32>().unwrap(), 3, "the fire ran at its time");
+    for id in &cancelled {
+        assert_eq!(t.get_run(id).await.unwrap().unwrap().status, RunStatus::Cancelled, "{id}");
+    }
+    let state = t.get_schedule("again").await.unwrap().unwrap().state;
+    assert_eq!((state.last_run_id, state.fires), (Some(runs), 3));
+}
+
 async fn a_new_cadence_cancels_the_fires_ahead_it_does_not_share(store: StoreFixture) {
     let t = store.engine();
     register_echo(&t);
@@ -454,6 +488,7 @@ on_every_store!(
     two_engines_firing_one_schedule_start_each_fire_once,
     fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them,
     a_new_cadence_cancels_the_fires_ahead_it_does_not_share,
+    a_fire_cancelled_by_a_pause_is_decided_again_by_a_resume_before_its_time,
     a_delayed_start_waits_pending_then_completes,
     a_delayed_start_survives_a_restart,
     each_matching_event_starts_one_run_and_a_dedupe_id_starts_once,

@@ -67,7 +67,7 @@ impl Engine {
                     if current.same_definition(&fresh) {
                         return Ok(current);
                     }
-                    ahead = current.fires_dropped_by(&fresh, now);
+                    ahead = fire_ids(&current, current.fires_dropped_by(&fresh, now));
                     (current.redefine(&fresh, now).map_err(bad)?, Some(current.revision))
                 }
             };
@@ -111,7 +111,7 @@ impl Engine {
             .modify_schedule(key, |current, now| {
                 let mut fresh = current.clone();
                 fresh.schedule = schedule.clone();
-                ahead = current.fires_dropped_by(&fresh, now);
+                ahead = fire_ids(current, current.fires_dropped_by(&fresh, now));
                 current.redefine(&fresh, now)
             })
             .await?;
@@ -127,7 +127,7 @@ impl Engine {
         let paused = self
             .modify_schedule(key, |current, now| {
                 let paused = current.set_paused(true, now)?;
-                ahead = current.fires_dropped_by(&paused, now);
+                ahead = fire_ids(current, current.fires_dropped_by(&paused, now));
                 Ok(paused)
             })
             .await?;
@@ -141,19 +141,20 @@ impl Engine {
     }
 
     /// Fires schedule `key` now, whatever its cadence, overlap policy or pause: returns the
-    /// id of the run it starts (`sched:<key>:<now-ms>`). The fire is stored; the scheduler of
+    /// id of the run it starts (`sched:<key>:<now-ms>`, see [`ScheduleRecord::fire_id`]). The fire is stored; the scheduler of
     /// this engine creates the run right after the call if it executes runs, any other
     /// executing engine within its `schedule_poll_interval` (1 s). Until then the run does
     /// not exist: `get_run` answers `None` and `wait_for_run` `RunNotFound` for a moment;
     /// wait for the engine's `RunCreated` event (or poll `get_run`) before waiting for it.
     pub async fn trigger_schedule(&self, key: &str) -> Result<RunId> {
         let mut at = 0;
-        self.modify_schedule(key, |current, now| {
-            at = now;
-            Ok(current.trigger(now))
-        })
-        .await?;
-        Ok(durable_core::schedule::fire_run_id(key, at))
+        let saved = self
+            .modify_schedule(key, |current, now| {
+                at = now;
+                Ok(current.trigger(now))
+            })
+            .await?;
+        Ok(saved.fire_id(at))
     }
 
     /// Deletes schedule `key`; returns whether it existed. Runs it started are kept; runs of
@@ -161,7 +162,7 @@ impl Engine {
     pub async fn delete_schedule(&self, key: &str) -> Result<bool> {
         let shared = self.shared();
         let ahead = match shared.store.get_schedule(key).await? {
-            Some(current) => current.fires_ahead(shared.clock.now()),
+            Some(current) => fire_ids(&current, current.fires_ahead(shared.clock.now())),
             None => Vec::new(),
         };
         let existed = shared.store.delete_schedule(key).await?;
@@ -169,12 +170,11 @@ impl Engine {
         Ok(existed)
     }
 
-    /// Cancels the runs of fires at `times` that are still `pending` (their start time not
-    /// reached), saying the schedule was `what` (paused, deleted, …) before their time; a run
-    /// that started meanwhile is left alone.
-    async fn cancel_fires_ahead(&self, key: &str, times: Vec<durable_core::Millis>, what: &str) -> Result<()> {
-        for at in times {
-            let id = durable_core::schedule::fire_run_id(key, at);
+    /// Cancels the runs of fires decided ahead, `ids`, that are still `pending` (their start
+    /// time not reached), saying the schedule was `what` (paused, deleted, …) before their
+    /// time; a run that started meanwhile is left alone.
+    async fn cancel_fires_ahead(&self, key: &str, ids: Vec<RunId>, what: &str) -> Result<()> {
+        for id in ids {
             let error = StepError::fatal(format!("schedule {key:?} was {what} before this fire's time"))
                 .with_code(durable_core::codes::CANCELLED);
             match self.shared().cancel_run_from(&id, Cancel::Abandon, Some(error), &[RunStatus::Pending]).await {
@@ -220,4 +220,9 @@ impl Engine {
             SaveOutcome::Stale(_) => Ok(None),
         }
     }
+}
+
+/// The run ids `record` gave its fires at `times`.
+fn fire_ids(record: &ScheduleRecord, times: Vec<durable_core::Millis>) -> Vec<RunId> {
+    times.into_iter().map(|at| record.fire_id(at)).collect()
 }
