@@ -161,6 +161,7 @@ macro_rules! __store_cases {
             tasks::queue_stats_count_per_queue(Store, [Tasks]),
             tasks::workers_register_refresh_and_expire(Store, [Tasks]),
             tasks::blocked_runs_wake_like_suspended_ones(Store, [Tasks]),
+            tasks::a_claim_out_of_blocked_clears_the_blocked_error(Store, [Tasks]),
             admission::caps_concurrency(Store, [Admission]),
             admission::fixed_window_rate(Store, [Admission]),
             admission::highest_priority_first(Store, [Admission]),

@@ -286,6 +286,17 @@ pub struct Run {
     pub trace_context: Option<String>,
 }
 
+impl Run {
+    /// Whether a claim that acquires the run drops its error: a `blocked` run carries the
+    /// [`codes::BLOCKED`](crate::codes::BLOCKED) message while no worker can take its remote
+    /// step, and once claimed it is executing, so the message is stale. Any other error (a
+    /// cancel request) stays. See [`Store::claim_run`](crate::Store::claim_run).
+    pub fn claim_clears_error(&self) -> bool {
+        self.status == RunStatus::Blocked
+            && self.error.as_ref().is_some_and(|e| e.code() == Some(crate::codes::BLOCKED))
+    }
+}
+
 fn is_zero(n: &u64) -> bool {
     *n == 0
 }

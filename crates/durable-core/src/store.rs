@@ -678,6 +678,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     ///   is incremented and `recovered` is true. The same owner may claim again (no recovery).
     ///   A commit that makes progress sets the count back to 0 (see [`Store::commit`]), so it
     ///   counts the recoveries since the run last got anywhere, not those of its whole life.
+    ///   A `blocked` run's [`codes::BLOCKED`](crate::codes::BLOCKED) error is cleared
+    ///   ([`Run::claim_clears_error`]); any other error stays.
     /// - Concurrent claimers: exactly one acquires.
     /// - A store that counts claims increments the run's [`Run::claims`] with each claim that
     ///   acquires it (`Busy`, `Terminal` and every other write leave it alone); one that does

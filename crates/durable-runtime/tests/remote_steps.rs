@@ -532,7 +532,8 @@ async fn a_step_no_live_worker_can_take_blocks_the_run_until_one_appears() {
     let t = TestEngine::new();
     t.register("render", 1, |ctx: WorkflowCtx, _: ()| async move {
         let v: String = ctx.remote_step("render", &()).requires(["gpu", "cuda12"]).await?;
-        Ok::<_, WorkflowError>(v)
+        let url: String = ctx.remote_step("upload", &v).requires(["s3"]).await?;
+        Ok::<_, WorkflowError>(url)
     });
     let mut rx = t.subscribe();
     // A worker without the capabilities is live: it does not count.
@@ -553,15 +554,33 @@ async fn a_step_no_live_worker_can_take_blocks_the_run_until_one_appears() {
     let blocked = t.store().get_run(&run.id).await.unwrap().unwrap();
     assert_eq!(blocked.status, RunStatus::Blocked);
     assert_eq!(blocked.error.unwrap().message, "blocked: no compatible worker (requires gpu, cuda12)");
+    // The worker takes the task at once: its result wakes the run out of `blocked` before
+    // the engine's next pass would unblock it, and the claim drops the stale reason.
     let gpu = spawn(
         Worker::builder()
             .engine(t.engine())
             .handle("render", |_ctx, _: ()| async { Ok::<_, StepError>("gpu".to_string()) })
             .capabilities(["gpu", "cuda12", "avx"]),
     );
-    t.assert_output(&run.id, "gpu".to_string()).await;
+    until(&mut rx, |e| matches!(e, EngineEvent::RunSuspended { .. })).await;
+    let parked = t.store().get_run(&run.id).await.unwrap().unwrap();
+    assert_eq!((parked.status, parked.error), (RunStatus::Suspended, None), "no stale blocked reason");
+    // So its next step, which no worker can take, blocks it again, with its own reason.
+    t.advance(t.config().blocked_poll);
+    match until(&mut rx, |e| matches!(e, EngineEvent::RunBlocked { .. })).await {
+        EngineEvent::RunBlocked { message, .. } => assert_eq!(message, "blocked: no compatible worker (requires s3)"),
+        _ => unreachable!(),
+    }
+    let s3 = spawn(
+        Worker::builder()
+            .engine(t.engine())
+            .handle("upload", |_ctx, v: String| async move { Ok::<_, StepError>(format!("s3://{v}")) })
+            .capabilities(["s3"]),
+    );
+    t.assert_output(&run.id, "s3://gpu".to_string()).await;
     cpu.stop().await;
     gpu.stop().await;
+    s3.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

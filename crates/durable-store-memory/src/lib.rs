@@ -250,6 +250,9 @@ impl Inner {
         if recovered {
             run.recovery_attempts += 1;
         }
+        if run.claim_clears_error() {
+            run.error = None;
+        }
         run.status = RunStatus::Running;
         run.lease_owner = Some(claim.owner);
         run.lease_until = Some(claim.lease_until);

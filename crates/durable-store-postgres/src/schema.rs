@@ -8,7 +8,7 @@ use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 20;
+pub const SCHEMA_VERSION: u32 = 21;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -133,6 +133,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "eager dispatch: a task dispatched to a worker beside its engine is written claimed by it, \
                       and wakes no other worker",
         sql: include_str!("sql/v20.sql"),
+    },
+    Migration {
+        version: 21,
+        description: "a claim that takes a run out of blocked drops its blocked error (a row trigger on the \
+                      transition to running)",
+        sql: include_str!("sql/v21.sql"),
     },
 ];
 

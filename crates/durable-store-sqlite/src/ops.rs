@@ -804,9 +804,9 @@ pub(crate) fn claim_run_from(conn: &Connection, claim: Claim, from_seq: u32) -> 
 
 /// Takes `run` (found claimable by the caller) for `claim`: reads its checkpoints from
 /// `from_seq` on, then one `UPDATE` makes it `running` under the claim's lease and counts the
-/// claim (and the recovery, if it takes the run over from an expired lease). `woken`: the same
-/// `UPDATE` wakes it, as a hand-off wakes a run waiting for its key (`wake_at` now, one more
-/// `wake_gen`).
+/// claim (and the recovery, if it takes the run over from an expired lease; a stale `blocked`
+/// error is dropped: [`Run::claim_clears_error`]). `woken`: the same `UPDATE` wakes it, as a
+/// hand-off wakes a run waiting for its key (`wake_at` now, one more `wake_gen`).
 fn acquire(
     conn: &Connection,
     mut run: Run,
@@ -818,10 +818,12 @@ fn acquire(
     // Read before the write: a history that fails to load (a corrupt row) fails the claim
     // before it changed anything, so the writer need not undo it.
     let history = history_from(conn, &claim.run_id, from_seq)?;
+    let clear_error = run.claim_clears_error();
     conn.prepare_cached(
         "UPDATE runs SET status = 'running', lease_owner = ?2, lease_until = ?3, updated_at = ?4, \
          recovery_attempts = recovery_attempts + ?5, claims = claims + 1, \
-         wake_at = CASE WHEN ?6 THEN ?4 ELSE wake_at END, wake_gen = wake_gen + ?6 WHERE id = ?1",
+         wake_at = CASE WHEN ?6 THEN ?4 ELSE wake_at END, wake_gen = wake_gen + ?6, \
+         error = CASE WHEN ?7 THEN NULL ELSE error END WHERE id = ?1",
     )?
     .execute(params![
         claim.run_id.as_str(),
@@ -830,7 +832,11 @@ fn acquire(
         millis_to_sql(claim.now),
         i64::from(recovered),
         i64::from(woken),
+        clear_error,
     ])?;
+    if clear_error {
+        run.error = None;
+    }
     let previous = run.status;
     if recovered {
         run.recovery_attempts += 1;

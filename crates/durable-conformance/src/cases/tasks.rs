@@ -9,8 +9,8 @@ use durable_core::task::{
     WorkerInfo,
 };
 use durable_core::{
-    Checkpoint, CheckpointStatus, ClaimOutcome, Delivery, Millis, Run, RunId, RunQuery, RunStatus, StepError, StepKind,
-    Store, StoreErrorKind, TaskFilter, WaitKind, Waiter, codes, protocol,
+    Checkpoint, CheckpointStatus, ClaimOutcome, Delivery, Millis, Run, RunId, RunPatch, RunQuery, RunStatus, StepError,
+    StepKind, Store, StoreErrorKind, TaskFilter, WaitKind, Waiter, codes, protocol,
 };
 use serde_json::json;
 
@@ -926,5 +926,52 @@ pub async fn blocked_runs_wake_like_suspended_ones(store: Arc<dyn Store>) -> Cas
     assert_eq!(get(s, "timer").await?.wake_at, timer.wake_at);
     assert!(!due(s, T0 + 499).await?.contains(&RunId::from("timer")));
     assert!(due(s, T0 + 500).await?.contains(&RunId::from("timer")));
+    Ok(())
+}
+
+/// A claim that takes a run out of `blocked` (its task's result, a signal or its timer woke it
+/// before the engine unblocked it) clears the run's `blocked` error: the run is executing, and
+/// a later block of it must find it without an error. Both claim paths: `claim_run` and
+/// `complete_task_and_claim`. Another error (a cancel request) stays.
+pub async fn a_claim_out_of_blocked_clears_the_blocked_error(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let now = T0 + 100;
+    let blocked = StepError::fatal("blocked: no compatible worker (requires gpu)").with_code(codes::BLOCKED);
+    let block = |id: &'static str, error: StepError| async move {
+        let patch = RunPatch { status: Some(RunStatus::Blocked), error: Some(Some(error)), now, ..RunPatch::default() };
+        assert!(s.update_run_if(&RunId::from(id), &[RunStatus::Suspended], patch).await?, "run {id} is suspended");
+        let run = get(s, id).await?;
+        assert_eq!(run.status, RunStatus::Blocked);
+        CaseResult::Ok(run)
+    };
+
+    // Woken by a signal, then claimed.
+    park_on_signal(s, "sig", 0, "tok", None).await?;
+    block("sig", blocked.clone()).await?;
+    s.send_signal("tok", json(json!(1)), now).await?;
+    let run = acquire(s, claim("sig", OWNER, now)).await?;
+    assert_eq!((run.status, run.error.as_ref()), (RunStatus::Running, None), "the claim's answer");
+    assert_eq!(get(s, "sig").await?.error, None, "run sig as stored");
+
+    // Its task's result, recorded with the claim.
+    parked_on(s, "rem", task("rem", 0, 1)).await?;
+    block("rem", blocked.clone()).await?;
+    claim_all(s, W1, AT + 10).await?;
+    let (completion, claimed) =
+        s.complete_task_and_claim(done("rem", 0, 1, W1, Ok(json!("ok")), now), claim("rem", OWNER, now)).await?;
+    assert_eq!(completion, TaskCompletion::Accepted);
+    let Some(ClaimOutcome::Acquired { run, .. }) = claimed else {
+        panic!("run rem: the result's claim should acquire the blocked run, got {claimed:?}")
+    };
+    assert_eq!((run.status, run.error.as_ref()), (RunStatus::Running, None), "the claim's answer");
+    assert_eq!(get(s, "rem").await?.error, None, "run rem as stored");
+
+    // A cancel request on a blocked run is not the block's: it stays.
+    park_until(s, new_run("cancel"), T0 + 50).await?;
+    let request = StepError::fatal("cancel requested").with_code(codes::CANCEL_REQUESTED);
+    block("cancel", request.clone()).await?;
+    let run = acquire(s, claim("cancel", OWNER, now)).await?;
+    assert_eq!((run.status, run.error.as_ref()), (RunStatus::Running, Some(&request)));
+    assert_eq!(get(s, "cancel").await?.error, Some(request));
     Ok(())
 }
