@@ -120,14 +120,43 @@ pub fn task_step_name(name: &str) -> String {
     format!("task:{name}")
 }
 
+/// What is wrong with `name` as a signal token, event name, update name, task name or the
+/// name of a ctx call (step, child, remote step), if anything: it must have a character that
+/// is not whitespace, and no control character (PostgreSQL cannot store a NUL in text, and
+/// the CLI could not type one).
+pub fn name_problem(name: &str) -> Option<&'static str> {
+    if name.is_empty() {
+        Some("it must be non-empty")
+    } else if name.chars().all(char::is_whitespace) {
+        Some("it is only whitespace")
+    } else if name.chars().any(char::is_control) {
+        Some("it contains a control character")
+    } else {
+        None
+    }
+}
+
 /// Whether `name` is usable as a signal token, event name, update name or task name — the same
 /// rule on both sides: the engine refuses to send to an invalid name, and a wait on one fails
-/// its run at once (it could never be satisfied). Names must be non-empty.
+/// its run at once (it could never be satisfied). See [`name_problem`].
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    if name.is_empty() {
-        return Err(format!("invalid {what}: it must be non-empty"));
+    match name_problem(name) {
+        None => Ok(()),
+        Some(reason) if name.is_empty() => Err(format!("invalid {what}: {reason}")),
+        Some(reason) => Err(format!("invalid {what} {name:?}: {reason}")),
     }
-    Ok(())
+}
+
+/// The prefixes of the tokens the engine delivers to itself: a child's result
+/// ([`child_token`]), an update ([`update_token`]), an external task's result
+/// ([`task_token`]) and a remote step's result ([`remote_token`]). A signal sent to one would go
+/// around what guards them (an update's validator, the run that is the child), so
+/// `Engine::signal` refuses them.
+pub const RESERVED_TOKEN_PREFIXES: [&str; 4] = ["child:", "update:", "task:", "remote:"];
+
+/// The reserved prefix `token` begins with ([`RESERVED_TOKEN_PREFIXES`]), if any.
+pub fn reserved_prefix(token: &str) -> Option<&'static str> {
+    RESERVED_TOKEN_PREFIXES.into_iter().find(|p| token.starts_with(p))
 }
 
 const TIMEOUT_PREFIX: &str = "timeout:";
@@ -273,6 +302,17 @@ mod tests {
     fn names_are_checked_one_way() {
         assert_eq!(check_name("signal token", ""), Err("invalid signal token: it must be non-empty".to_string()));
         assert_eq!(check_name("signal token", "t"), Ok(()));
+        assert_eq!(check_name("signal token", "a b"), Ok(()));
+        assert_eq!(
+            check_name("step name", " \t"),
+            Err(r#"invalid step name " \t": it is only whitespace"#.to_string())
+        );
+        assert_eq!(
+            check_name("signal token", "a\0b"),
+            Err(r#"invalid signal token "a\0b": it contains a control character"#.to_string())
+        );
+        assert_eq!(reserved_prefix("update:r:qty"), Some("update:"));
+        assert_eq!(reserved_prefix("order:42"), None);
     }
 
     #[test]

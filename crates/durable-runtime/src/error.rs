@@ -55,11 +55,14 @@ pub enum Error {
         /// The limit.
         limit: usize,
     },
-    /// A name or token was empty or missing.
-    #[error("invalid {what}: it must be non-empty")]
+    /// A name or token was empty, only whitespace, held a control character, or (a signal
+    /// token) began with a prefix the engine keeps for its own messages.
+    #[error("invalid {what}: {reason}")]
     InvalidName {
-        /// What was invalid.
+        /// What was invalid (and the name, when it was not empty).
         what: String,
+        /// What is wrong with it, and what to do.
+        reason: String,
     },
     /// A run id was refused.
     #[error(transparent)]

@@ -63,9 +63,15 @@ async fn unknown_workflows_and_bad_input_are_refused_before_anything_is_persiste
     let err = t.start("echo", &1u32, StartOptions::id("")).await.unwrap_err();
     assert!(matches!(err, Error::InvalidId(_)), "{err}");
     let err = t.start("echo", &1u32, StartOptions::id("no-ns").namespace("")).await.unwrap_err();
-    assert!(matches!(&err, Error::InvalidName { what } if what.contains("namespace")), "{err}");
+    assert!(matches!(&err, Error::InvalidName { what, .. } if what.contains("namespace")), "{err}");
     let err = t.start("echo", &1u32, StartOptions::id("no-tag").tag("vip").tag("")).await.unwrap_err();
-    assert!(matches!(&err, Error::InvalidName { what } if what.contains("tag")), "{err}");
+    assert!(matches!(&err, Error::InvalidName { what, .. } if what.contains("tag")), "{err}");
+    // PostgreSQL cannot store a NUL in text: refused before anything is written, by name.
+    let err = t.start("echo", &1u32, StartOptions::id("nul-tag").tag("a\0b")).await.unwrap_err();
+    assert!(matches!(&err, Error::InvalidName { what, .. } if what.contains(r#"tag "a\0b""#)), "{err}");
+    assert!(err.to_string().contains("control character"), "{err}");
+    let err = t.start("echo", &1u32, StartOptions::id("nul-ns").namespace("n\0s")).await.unwrap_err();
+    assert!(matches!(&err, Error::InvalidName { what, .. } if what.contains("namespace")), "{err}");
     assert!(t.list_runs(&Default::default()).await.unwrap().runs.is_empty());
 }
 

@@ -339,6 +339,66 @@ async fn a_wait_on_an_empty_name_fails_its_run_at_once() {
 // ---- ids of runs the engine creates ----
 
 #[tokio::test]
+async fn a_call_named_with_a_control_character_fails_its_run_before_it_runs() {
+    let t = TestEngine::new();
+    let ran = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let flag = ran.clone();
+    t.register("nul_step", 1, move |ctx: WorkflowCtx, _: ()| {
+        let flag = flag.clone();
+        async move {
+            let v: u32 = ctx
+                .step("st\0ep", move |_| {
+                    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+                    async { Ok(1) }
+                })
+                .await?;
+            Ok::<_, WorkflowError>(v)
+        }
+    });
+    t.register("nul_wait", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.wait_for_signal("bad\0tok").await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    for wf in ["nul_step", "nul_wait"] {
+        let run = t.start(wf, &(), id(wf)).await.unwrap().id;
+        t.assert_status(&run, RunStatus::Failed).await;
+        let e = t.get_run(&run).await.unwrap().unwrap().error.unwrap();
+        assert_eq!(e.code(), Some(codes::INVALID_NAME), "{wf}: {e:?}");
+        assert!(e.message.contains("seq 0") && e.message.contains("control character"), "{wf}: {}", e.message);
+        assert!(t.checkpoints(&run).await.is_empty(), "{wf}: nothing recorded");
+    }
+    assert!(!ran.load(std::sync::atomic::Ordering::SeqCst), "the step never ran");
+}
+
+#[tokio::test]
+async fn signals_to_bad_or_reserved_tokens_are_refused_with_what_to_do() {
+    let t = TestEngine::new();
+    t.register("order", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.on_update("set_quantity").await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let run = t.start("order", &(), id("u1")).await.unwrap().id;
+    t.wait_until_suspended_or_terminal(&run).await.unwrap();
+    for token in [" ", "a\0b", "line\nbreak"] {
+        let e = t.signal(token, &1).await.unwrap_err();
+        assert!(matches!(&e, durable::Error::InvalidName { .. }), "{token:?}: {e}");
+    }
+    // The engine's own tokens: an update's (around its validator), a child's, a task's, a
+    // remote step's result.
+    for token in ["update:u1:set_quantity", "child:u1:0", "task:u1:review", "remote:u1:0"] {
+        let e = t.signal(token, &100).await.unwrap_err();
+        let message = e.to_string();
+        assert!(matches!(&e, durable::Error::InvalidName { .. }), "{token}: {e}");
+        assert!(message.contains(token) && message.contains("Engine::update"), "{message}");
+        let e = t.signal_with_start("order", &(), id("u2"), token, &1).await.unwrap_err();
+        assert!(matches!(&e, durable::Error::InvalidName { .. }), "{token}: {e}");
+    }
+    assert!(t.get_run(&RunId::from("u2")).await.unwrap().is_none(), "a refused signal_with_start starts nothing");
+    assert_eq!(status(&t, &run).await, RunStatus::Suspended, "nothing reached the run");
+    assert!(t.checkpoints(&run).await.iter().all(|c| c.status != durable::CheckpointStatus::Completed));
+}
+
+#[tokio::test]
 async fn retry_ids_and_continue_as_new_ids_never_collide() {
     let t = TestEngine::new();
     t.register("counter", 1, |ctx: WorkflowCtx, n: u32| async move {

@@ -306,6 +306,18 @@ impl Turn {
         if self.stop.is_some() {
             return Checked::Stopped;
         }
+        // Before anything runs or is written: a control character cannot be stored by every
+        // store (PostgreSQL refuses a NUL in text), and the commit would fail at every retry.
+        if name.chars().any(char::is_control) {
+            let message = format!(
+                "run {}: the {} call at seq {seq} is named {name:?}, which contains a control character; \
+                 name steps, children, remote steps, waits and state keys without them",
+                self.run.id,
+                kind.as_str()
+            );
+            self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+            return Checked::Stopped;
+        }
         match self.history.decide(&self.run.id, seq, name, kind, now) {
             Decision::NonDeterminism(nd) => {
                 self.stop(TurnStop::Fail(nd.to_error()));

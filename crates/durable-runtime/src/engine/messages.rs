@@ -52,7 +52,27 @@ impl Engine {
 
 /// The same rule as a wait's ([`protocol::check_name`]): what cannot be sent cannot be awaited.
 fn check_name(what: &str, name: &str) -> Result<()> {
-    protocol::check_name(what, name).map_err(|_| Error::InvalidName { what: what.to_string() })
+    let Some(reason) = protocol::name_problem(name) else { return Ok(()) };
+    let what = if name.is_empty() { what.to_string() } else { format!("{what} {name:?}") };
+    Err(Error::InvalidName { what, reason: reason.to_string() })
+}
+
+/// A signal token: a name ([`check_name`]) that does not begin with a prefix of the tokens the
+/// engine delivers to itself ([`protocol::RESERVED_TOKEN_PREFIXES`]): a signal there would go
+/// around an update's validator or stand in for a child's or a task's result.
+fn check_signal_token(token: &str) -> Result<()> {
+    check_name("signal token", token)?;
+    match protocol::reserved_prefix(token) {
+        None => Ok(()),
+        Some(prefix) => Err(Error::InvalidName {
+            what: format!("signal token {token:?}"),
+            reason: format!(
+                "tokens beginning with {prefix:?} carry the engine's own messages; send an update with \
+                 Engine::update, an external task's result with Engine::complete_task, and use another \
+                 token for signals"
+            ),
+        }),
+    }
 }
 
 impl Engine {
@@ -60,8 +80,12 @@ impl Engine {
     /// waking its run; with no wait, buffers it (FIFO per token) for the next one. Every
     /// signal is consumed exactly once. A signal to a finished run's token is buffered
     /// harmlessly and reported as [`Delivery::Buffered`].
+    ///
+    /// The token must be a valid name (not empty or only whitespace, no control character) and
+    /// must not begin with `child:`, `update:`, `task:` or `remote:`, the engine's own tokens
+    /// ([`Error::InvalidName`]).
     pub async fn signal<T: Serialize + ?Sized>(&self, token: &str, payload: &T) -> Result<Delivery> {
-        check_name("signal token", token)?;
+        check_signal_token(token)?;
         let payload = self.encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
         self.deliver(token, payload).await
     }
@@ -76,9 +100,12 @@ impl Engine {
         payload: &P,
     ) -> Result<(Started, Delivery)> {
         if options.id.is_none() {
-            return Err(Error::InvalidName { what: "run id for signal_with_start (set StartOptions::id)".into() });
+            return Err(Error::InvalidName {
+                what: "run id for signal_with_start".into(),
+                reason: "it is required: set StartOptions::id".into(),
+            });
         }
-        check_name("signal token", token)?;
+        check_signal_token(token)?;
         let payload = self.encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
         let started = self.start(workflow, input, options).await?;
         let delivery = self.deliver(token, payload).await?;

@@ -137,11 +137,17 @@ impl Engine {
         };
         let namespace =
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
-        if namespace.is_empty() {
-            return Err(Error::InvalidName { what: format!("namespace of the start of workflow {workflow:?}") });
+        let named = |what: &str, name: &str| {
+            durable_core::protocol::name_problem(name).map(|reason| Error::InvalidName {
+                what: format!("{what} {name:?} of the start of workflow {workflow:?}"),
+                reason: reason.to_string(),
+            })
+        };
+        if let Some(e) = named("namespace", &namespace) {
+            return Err(e);
         }
-        if options.tags.iter().any(String::is_empty) {
-            return Err(Error::InvalidName { what: format!("tag of the start of workflow {workflow:?}") });
+        if let Some(e) = options.tags.iter().find_map(|tag| named("tag", tag)) {
+            return Err(e);
         }
         let start_at = options.start_at.or_else(|| options.delay.map(|d| durable_core::millis_after(now, d)));
         let trace_context = match options.trace_context {
