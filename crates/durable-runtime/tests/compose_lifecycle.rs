@@ -15,6 +15,7 @@ on_every_store!(
     continue_as_new_fifty_times_keeps_histories_small,
     retry_reruns_only_the_failed_step_and_what_follows,
     retry_with_input_and_delete_leave_the_rest_alone,
+    deleting_an_active_child_tells_its_parent,
 );
 
 fn register_tree(t: &TestEngine) {
@@ -143,4 +144,26 @@ async fn retry_with_input_and_delete_leave_the_rest_alone(s: StoreFixture) {
     assert!(t.get_run(&keep.id).await.unwrap().is_some());
     assert!(t.get_run(&odd.id).await.unwrap().is_some());
     assert_eq!(t.delete_run(&tree.id).await.unwrap(), 0);
+}
+
+async fn deleting_an_active_child_tells_its_parent(s: StoreFixture) {
+    let t = s.engine();
+    register_tree(&t);
+    t.register("watch", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let outcome: Result<(), _> = ctx.child("level", &0u32).await;
+        Ok::<_, WorkflowError>(outcome.map_err(|e| e.to_string()).err())
+    });
+    let parent = t.start("watch", &(), StartOptions::id("watch")).await.unwrap();
+    let child = parent.id.child(0);
+    // The child exists once its parent parked (the parent's suspension creates it).
+    for id in [&parent.id, &child] {
+        t.assert_settled_status(id, RunStatus::Suspended).await;
+    }
+    assert_eq!(t.delete_run(&child).await.unwrap(), 1);
+    assert!(t.get_run(&child).await.unwrap().is_none());
+    // The parent hears of it as of a cancel, naming the deletion, instead of waiting forever.
+    let settled = tokio::time::timeout(Duration::from_secs(30), t.wait_for_run(&parent.id)).await;
+    let said: Option<String> = settled.expect("the parent settles").unwrap().output().unwrap();
+    let said = said.expect("the child's call failed");
+    assert!(said.contains("was deleted by an operator"), "{said}");
 }

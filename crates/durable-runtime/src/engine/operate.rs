@@ -2,7 +2,7 @@
 //! input, delete.
 
 use durable_core::protocol;
-use durable_core::{CheckpointStatus, Run, RunId, RunPatch, RunStatus, StepKind};
+use durable_core::{CheckpointStatus, Run, RunId, RunPatch, RunStatus, StepError, StepKind, codes};
 use serde::Serialize;
 
 use super::{Engine, StartOptions, Started};
@@ -96,10 +96,21 @@ impl Engine {
     ///
     /// It deletes a run in any status, active ones too — there is no `--force` here: a turn
     /// executing the run stops when its next write finds the run gone, and its remote steps'
-    /// late results are dropped.
+    /// late results are dropped. An active child run is cancelled first (its error says it
+    /// was deleted), so its parent is told, as of any cancel, instead of waiting forever for
+    /// a child that no longer exists.
     /// Cancel a run first ([`Engine::cancel`]) to let it compensate; `durable runs delete`
     /// and the HTTP API refuse an active run unless told to force.
     pub async fn delete_run(&self, id: &RunId) -> Result<u64> {
-        Ok(self.shared().store.delete_run(id).await?)
+        let shared = self.shared();
+        let Some(run) = shared.store.get_run(id).await? else { return Ok(0) };
+        if run.parent.is_some() && !run.status.is_terminal() {
+            let error = StepError::fatal(format!("run {id} was deleted by an operator")).with_code(codes::CANCELLED);
+            match shared.cancel_run(id, Cancel::Abandon, Some(error)).await {
+                Ok(_) | Err(Error::RunNotFound(_)) => {}
+                Err(e) => return Err(e),
+            }
+        }
+        Ok(shared.store.delete_run(id).await?)
     }
 }
