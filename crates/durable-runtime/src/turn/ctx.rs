@@ -462,9 +462,13 @@ impl WorkflowCtx {
         self.t.turn.lock().is_replaying()
     }
 
-    /// A local step: runs `f` (at most once per attempt), commits its output, then resolves to
-    /// it. On replay the recorded output is returned without running `f`. No retries unless set
-    /// with [`Step::retry`] / [`Step::options`] or [`WorkflowCtx::step_with`].
+    /// A local step: runs `f`, commits its output, then resolves to it. On replay the recorded
+    /// output is returned without running `f`. No retries unless set with [`Step::retry`] /
+    /// [`Step::options`] or [`WorkflowCtx::step_with`].
+    ///
+    /// Execution is at least once: a step cut off before its commit (the process killed, the
+    /// lease lost) runs again in the run's next turn with the same attempt number, so make its
+    /// side effects idempotent on [`StepContext::step_id`].
     ///
     /// ```no_run
     /// # async fn body(ctx: durable_runtime::WorkflowCtx) -> Result<(), durable_runtime::WorkflowError> {
