@@ -526,7 +526,10 @@ fn write_run(
     }
     fields.row(vec!["recoveries".into(), run.recovery_attempts.to_string()]);
     fields.row(vec!["input".into(), truncate(run.input.as_str(), 200)]);
-    fields.row(vec!["output".into(), or_dash(run.output.as_ref().map(|o| truncate(o.as_str(), 200)))]);
+    match protocol::successor_of(run) {
+        Some(next) => fields.row(vec!["output".into(), format!("continued as new as run {next}")]),
+        None => fields.row(vec!["output".into(), or_dash(run.output.as_ref().map(|o| truncate(o.as_str(), 200)))]),
+    }
     fields.row(vec!["error".into(), or_dash(run.error.as_ref().map(|e| truncate(&e.to_string(), 200)))]);
     fields.write(out, "")?;
 
@@ -614,7 +617,13 @@ pub(crate) async fn cancel(store: &StoreArgs, args: &CancelArgs, out: &mut dyn W
         let how = if args.compensate { Cancel::Compensate } else { Cancel::Abandon };
         let (run, outcome) = ops::cancel(&engine, &id, how).await.map_err(op_error)?;
         match outcome {
-            ops::Cancelled::AlreadyFinished(s) => writeln!(out, "run {id} is already {s}; nothing to cancel")?,
+            ops::Cancelled::AlreadyFinished(s) => match protocol::successor_of(&run) {
+                Some(next) => writeln!(
+                    out,
+                    "run {id} continued as new as run {next}; nothing to cancel here (cancel the chain's active run)"
+                )?,
+                None => writeln!(out, "run {id} is already {s}; nothing to cancel")?,
+            },
             ops::Cancelled::Cancelled => writeln!(out, "run {id} is cancelled (its active children too)")?,
             ops::Cancelled::Requested => writeln!(
                 out,

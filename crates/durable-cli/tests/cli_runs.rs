@@ -258,3 +258,32 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     let out = run_ok(dir.path(), &["runs", "delete", "demo-fanout-4", "--db", &dbs]).stdout;
     assert!(out.contains("and 3 descendant runs"), "{out}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_run_that_continued_as_new_names_its_successor_in_show_and_cancel() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    let dbs = path_str(&db).to_string();
+    let engine = worker(&db);
+    engine.register("again", 1, |ctx: WorkflowCtx, n: u32| async move {
+        if n == 0 {
+            return ctx.continue_as_new(&1u32).await;
+        }
+        let _: bool = ctx.wait_for_signal("tok-again").await?;
+        Ok::<_, WorkflowError>(n)
+    });
+    let run = engine.start("again", &0u32, StartOptions::id("can")).await.unwrap();
+    let next = RunId::from("can~1");
+    engine.wait_for_run(&run.id).await.unwrap();
+    assert_eq!(engine.wait_until_suspended_or_terminal(&next).await.unwrap().status(), RunStatus::Suspended);
+    engine.shutdown().await;
+    drop(engine);
+
+    let shown = run_ok(dir.path(), &["runs", "show", "can", "--db", &dbs]).stdout;
+    let line = shown.lines().find(|l| l.starts_with("output")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(line.contains("continued as new as run can~1"), "{line}");
+    let out = run_ok(dir.path(), &["runs", "cancel", "can", "--db", &dbs]).stdout;
+    assert!(out.contains("continued as new as run can~1") && out.contains("nothing to cancel"), "{out}");
+    let out = run_ok(dir.path(), &["runs", "cancel", "can~1", "--db", &dbs]).stdout;
+    assert!(out.contains("is cancelled"), "{out}");
+}

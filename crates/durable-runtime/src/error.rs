@@ -125,6 +125,18 @@ pub enum Error {
         /// The decoding error.
         source: serde_json::Error,
     },
+    /// The output of a run that continued as new was asked for as the workflow's output type:
+    /// its output only names its successor, whose output is the chain's.
+    #[error(
+        "run {id} continued as new as run {successor}: its output names the successor; wait with \
+         Engine::wait_for_run_following for the output of the chain's last run"
+    )]
+    ContinuedAsNew {
+        /// The run that continued.
+        id: RunId,
+        /// Its successor.
+        successor: RunId,
+    },
     /// A run's query state does not decode into the type asked for
     /// ([`Engine::get_state`](crate::Engine::get_state)).
     #[error("query state {key:?} of run {id} does not decode into the requested type: {source}")]

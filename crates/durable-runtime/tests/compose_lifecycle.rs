@@ -66,6 +66,13 @@ async fn continue_as_new_fifty_times_keeps_histories_small(s: StoreFixture) {
     assert_eq!(outcome.output::<u32>().unwrap(), 50);
     assert_eq!(outcome.run.id.as_str(), "count~49");
     assert_eq!(outcome.run.tags, ["chain"]);
+    // The first run's own outcome names its successor, and asking it for a u32 says so.
+    let err = t.wait_for_run(&first.id).await.unwrap().output::<u32>().unwrap_err();
+    assert!(
+        matches!(&err, durable_runtime::Error::ContinuedAsNew { id, successor } if *id == first.id && successor.as_str() == "count~1"),
+        "{err}"
+    );
+    assert!(err.to_string().contains("wait_for_run_following"), "{err}");
     for n in [0, 1, 25, 49] {
         let id = if n == 0 { first.id.clone() } else { format!("count~{n}").into() };
         assert_eq!(t.checkpoints(&id).await.len(), 1, "run {id} kept a long history");

@@ -350,12 +350,18 @@ impl RunOutcome {
         self.run.error.as_ref()
     }
 
-    /// The output of a completed run, decoded; [`Error::RunFailed`] otherwise.
+    /// The output of a completed run, decoded; [`Error::RunFailed`] otherwise. A run that
+    /// continued as new has only its successor's id as output: asked for another type, it is
+    /// [`Error::ContinuedAsNew`] (wait with [`Engine::wait_for_run_following`] instead).
     pub fn output<O: DeserializeOwned>(&self) -> Result<O> {
         match (&self.run.status, &self.run.output) {
-            (RunStatus::Completed, Some(out)) => {
-                out.decode().map_err(|source| Error::Output { id: self.run.id.clone(), source })
-            }
+            (RunStatus::Completed, Some(out)) => out.decode().map_err(|source| {
+                let id = self.run.id.clone();
+                match durable_core::protocol::successor_of(&self.run) {
+                    Some(successor) => Error::ContinuedAsNew { id, successor },
+                    None => Error::Output { id, source },
+                }
+            }),
             _ => Err(Error::RunFailed {
                 id: self.run.id.clone(),
                 status: self.run.status,
