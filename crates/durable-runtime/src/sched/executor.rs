@@ -45,6 +45,30 @@ pub(super) struct Executor {
     /// over once the run's drive here ends ([`Shared::run_in_slot`]), or before its next turn
     /// ([`Shared::drive_run`]) if another follows first.
     pub(super) eager_after: Mutex<HashMap<RunId, Assigned>>,
+    /// Runs being buried here ([`Shared::bury`]): from before their `dead` commit until their
+    /// `on_dead` listeners ran. A waiter that reads such a run `dead` meanwhile waits on
+    /// ([`Shared::burying`]), so no caller sees it dead — and, say, stops the engine under the
+    /// listeners — before they ran.
+    burying: Mutex<HashSet<RunId>>,
+}
+
+/// Marks a run as being buried here while it lives ([`Executor::burying`]).
+struct Burying<'a> {
+    shared: &'a Shared,
+    id: RunId,
+}
+
+impl<'a> Burying<'a> {
+    fn new(shared: &'a Shared, id: &RunId) -> Self {
+        shared.executor.burying.lock().insert(id.clone());
+        Burying { shared, id: id.clone() }
+    }
+}
+
+impl Drop for Burying<'_> {
+    fn drop(&mut self) {
+        self.shared.executor.burying.lock().remove(&self.id);
+    }
 }
 
 /// Whether a turn made progress, for `Metrics::turns_without_progress` (and, of a recovered
@@ -114,6 +138,12 @@ enum TurnEnded {
 }
 
 impl Shared {
+    /// Whether the run is being buried here: its `dead` commit may be in the store, its
+    /// `on_dead` listeners not run yet.
+    pub(super) fn burying(&self, id: &RunId) -> bool {
+        self.executor.burying.lock().contains(id)
+    }
+
     /// Applies a commit and releases its effects: created children and runs that received a
     /// signal are dispatched (only after the store acknowledged the commit).
     pub(super) async fn apply_commit(&self, mut commit: Commit) -> StoreResult<CommitOutcome> {
@@ -671,6 +701,7 @@ impl Shared {
         let mut commit = Commit::new(run.id.clone(), self.owner.clone(), self.clock.now());
         commit.signals.extend(durable_core::protocol::child_notice(run, RunStatus::Dead, None, Some(error.clone())));
         commit.end = Some(TurnEnd::Settle { status: RunStatus::Dead, output: None, error: Some(error) });
+        let burying = Burying::new(self, &run.id);
         match self.apply_commit(commit).await {
             Ok(outcome) if outcome.settled => {
                 tracing::error!(run_id = %run.id, "run is dead after {} recoveries", run.recovery_attempts);
@@ -684,6 +715,7 @@ impl Shared {
                         listener(&dead);
                     }
                 }
+                drop(burying);
                 self.emit(EngineEvent::RunSettled { run_id: run.id.clone(), status: RunStatus::Dead });
                 self.notify_run(&run.id);
             }

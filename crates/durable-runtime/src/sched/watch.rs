@@ -165,7 +165,11 @@ impl Shared {
         timeout: Option<Duration>,
     ) -> Result<Run> {
         let watch = self.watchers.map.lock().entry(id.clone()).or_default().clone();
-        let done = |run: &Run| run.status.is_terminal() || (suspended_is_enough && run.status == RunStatus::Suspended);
+        // A run buried here is seen dead once its `on_dead` listeners ran (its notify follows).
+        let done = |run: &Run| {
+            (run.status.is_terminal() && !(run.status == RunStatus::Dead && self.burying(id)))
+                || (suspended_is_enough && run.status == RunStatus::Suspended)
+        };
         let wait = async {
             // First, and after a notify from this engine: read the run itself. When the
             // interval passes without one: read it with every other watched run.
