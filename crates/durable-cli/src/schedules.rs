@@ -218,9 +218,9 @@ fn write_schedule(
         fields.row(vec![
             "manual fire".into(),
             format!(
-                "asked for at {}: run sched:{}:{at} starts when a worker with workflow {} registered is running",
+                "asked for at {}: run {} starts when a worker with workflow {} registered is running",
                 local_and_utc(at),
-                record.key,
+                record.fire_id(at),
                 record.workflow
             ),
         ]);

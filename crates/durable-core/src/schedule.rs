@@ -464,10 +464,14 @@ impl ScheduleRecord {
     /// with a new cadence or time zone, those it does not fire at too (a fire time both have
     /// keeps its run, one per fire id); none for a new workflow or input alone.
     pub fn fires_dropped_by(&self, fresh: &ScheduleRecord, now: Millis) -> Vec<Millis> {
+        if self.schedule.paused {
+            // Dropped when it was paused.
+            return Vec::new();
+        }
         let ahead = self.fires_ahead(now);
         let Some(&last) = ahead.last() else { return ahead };
         if fresh.schedule.paused {
-            return if self.schedule.paused { Vec::new() } else { ahead };
+            return ahead;
         }
         if !self.retimed_by(fresh) {
             return Vec::new();
@@ -503,7 +507,7 @@ impl ScheduleRecord {
     }
 
     /// The record with a manual fire asked for at `now`; its run id is
-    /// `fire_run_id(key, now)`.
+    /// [`ScheduleRecord::fire_id`]`(now)`.
     pub fn trigger(&self, now: Millis) -> Self {
         let mut record = self.clone();
         record.state.trigger_at = Some(now);
@@ -530,6 +534,17 @@ impl ScheduleRecord {
     /// needs to know whether the previous run is still active at the fire time.
     fn ahead(&self) -> Millis {
         if self.schedule.overlap == Overlap::Allow { FIRE_AHEAD_MS } else { 0 }
+    }
+
+    /// The times after `now` this record would decide fires for ahead of their time at `now`
+    /// ([`FIRE_AHEAD_MS`], only without an overlap policy): where a schedule of the same key,
+    /// deleted just before, may have left a run ([`ScheduleRecord::fire_id`]).
+    pub fn fire_times_ahead(&self, now: Millis) -> Vec<Millis> {
+        let horizon = now.saturating_add(self.ahead());
+        let mut out =
+            if self.schedule.paused { Vec::new() } else { self.schedule.upcoming(now, MAX_AHEAD).unwrap_or_default() };
+        out.retain(|at| *at <= horizon && *at > now);
+        out
     }
 
     /// The fires decided ahead of their time that are still to come at `now`, as far as
@@ -614,6 +629,8 @@ impl ScheduleRecord {
                 Fire { run_id: self.fire_id(nominal), nominal, start_at: (start > now).then_some(start) }
             })
             .collect();
+        // A fire time passed is never decided again: what it was cancelled for is forgotten.
+        record.state.redecided.retain(|at, _| *at > now);
         record.updated_at = now;
         record.due_at = record.compute_due();
         Ok(Plan { fires, record })
@@ -781,6 +798,49 @@ mod tests {
         assert_eq!(decided.redefine(&other_input, now).unwrap().state.next_fire_at, decided.state.next_fire_at);
         // Once they are past, nothing is left to drop.
         assert!(decided.fires_dropped_by(&slower, T2026 + 10 * MAX_AHEAD as Millis).is_empty());
+    }
+
+    #[test]
+    fn a_fire_decided_again_after_its_run_was_cancelled_gets_a_run_id_of_its_own() {
+        let every_hour = record(Schedule::every(Duration::from_secs(3600)), T2026);
+        let fire = T2026 + H;
+        let decided = every_hour.plan(fire - 3_000, false).unwrap().record;
+        assert_eq!(decided.fire_id(fire).as_str(), format!("sched:k:{fire}"));
+        // Paused, resumed and decided again before its time, twice: each pause cancels the
+        // run the fire had, so each decision gets the next id.
+        let mut r = decided;
+        for n in 1..=2u32 {
+            let now = fire - 3_000 + Millis::from(n);
+            let paused = r.set_paused(true, now).unwrap();
+            assert_eq!(paused.state.redecided.get(&fire), Some(&n));
+            assert!(
+                paused.fires_dropped_by(&paused.set_paused(false, now).unwrap(), now).is_empty(),
+                "dropped already"
+            );
+            let resumed = paused.set_paused(false, now).unwrap();
+            assert_eq!(resumed.state.redecided.get(&fire), Some(&n), "a resume drops nothing more");
+            let plan = resumed.plan(now, false).unwrap();
+            assert_eq!(plan.fires.len(), 1);
+            assert_eq!(plan.fires[0].run_id.as_str(), format!("sched:k:{fire}~{n}"));
+            assert_eq!(plan.record.state.last_run_id, Some(plan.fires[0].run_id.clone()));
+            r = plan.record;
+        }
+        // A cadence changed and changed back: the shared fire time is decided again too.
+        let every_7s = Schedule::every(Duration::from_secs(7));
+        let now = fire - 2_000;
+        let mut changed = r.clone();
+        changed.schedule = every_7s;
+        let changed = r.redefine(&changed, now).unwrap();
+        assert_eq!(changed.state.redecided.get(&fire), Some(&3), "{:?}", changed.state.redecided);
+        let mut back = changed.clone();
+        back.schedule = r.schedule.clone();
+        let back = changed.redefine(&back, now).unwrap();
+        let plan = back.plan(now, false).unwrap();
+        assert_eq!(plan.fires.last().map(|f| f.run_id.as_str().to_string()), Some(format!("sched:k:{fire}~3")));
+        // Once its time passed, the record forgets it.
+        let later = plan.record.plan(fire + 1, false).unwrap();
+        assert!(later.record.state.redecided.is_empty(), "{:?}", later.record.state.redecided);
+        assert_eq!(later.record.fire_id(fire).as_str(), format!("sched:k:{fire}"));
     }
 
     #[test]

@@ -13,8 +13,9 @@ const LIST_PAGE: usize = 500;
 
 impl Engine {
     /// Declares the schedule `key`: every fire of `schedule` starts a run of the newest
-    /// version of `workflow` with `input`, id `sched:<key>:<fire-ms>`, tagged
-    /// `schedule:<key>`. The schedule is stored, so every engine sharing the store fires it —
+    /// version of `workflow` with `input`, id `sched:<key>:<fire-ms>` (`…~<n>` for a fire
+    /// decided again after a pause or change cancelled its run: [`ScheduleRecord::fire_id`]),
+    /// tagged `schedule:<key>`. The schedule is stored, so every engine sharing the store fires it —
     /// each fire exactly once — and it outlives this process.
     ///
     /// Idempotent: declaring the same definition again (at every boot, say) changes nothing;
@@ -59,7 +60,7 @@ impl Engine {
                 ScheduleRecord::new(key, &namespace, workflow, input.clone(), schedule.clone(), now).map_err(bad)?;
             let mut ahead = Vec::new();
             let (record, expected) = match shared.store.get_schedule(key).await? {
-                None => (fresh, None),
+                None => (self.after_a_delete(fresh, now).await?, None),
                 Some(current) => {
                     // Pausing is an operator's decision: declaring again (a deploy) keeps it.
                     let mut fresh = fresh;
@@ -76,6 +77,19 @@ impl Engine {
                 return Ok(saved);
             }
         }
+    }
+
+    /// A new record of a key whose schedule may have been deleted moments ago: a fire that
+    /// one decided ahead of its time keeps its (cancelled) run, so a fire at that time decided
+    /// now gets a run id of its own ([`ScheduleRecord::fire_id`]).
+    async fn after_a_delete(&self, mut record: ScheduleRecord, now: durable_core::Millis) -> Result<ScheduleRecord> {
+        let store = &self.shared().store;
+        for at in record.fire_times_ahead(now) {
+            while store.get_run(&record.fire_id(at)).await?.is_some() {
+                *record.state.redecided.entry(at).or_default() += 1;
+            }
+        }
+        Ok(record)
     }
 
     /// The schedule `key`, if there is one.
