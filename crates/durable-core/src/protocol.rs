@@ -129,22 +129,27 @@ pub fn name_problem(name: &str) -> Option<&'static str> {
         Some("it must be non-empty")
     } else if name.chars().all(char::is_whitespace) {
         Some("it is only whitespace")
-    } else if name.chars().any(char::is_control) {
+    } else if has_control_char(name) {
         Some("it contains a control character")
     } else {
         None
     }
 }
 
+/// Whether `name` holds a control character (PostgreSQL cannot store a NUL in text).
+pub fn has_control_char(name: &str) -> bool {
+    name.chars().any(char::is_control)
+}
+
+/// What the name check calls a signal token ([`check_name`], [`check_signal_token`]).
+pub const SIGNAL_TOKEN: &str = "signal token";
+
 /// Whether `name` is usable as a signal token, event name, update name or task name — the same
-/// rule on both sides: the engine refuses to send to an invalid name, and a wait on one fails
-/// its run at once (it could never be satisfied). See [`name_problem`].
+/// rule on both sides: the engine refuses to send to an invalid name, and a new wait on one
+/// fails its run at once (it could never be satisfied). See [`name_problem`]; a signal token
+/// has one more rule ([`check_signal_token`]).
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    match name_problem(name) {
-        None => Ok(()),
-        Some(reason) if name.is_empty() => Err(format!("invalid {what}: {reason}")),
-        Some(reason) => Err(format!("invalid {what} {name:?}: {reason}")),
-    }
+    name_problem(name).map_or(Ok(()), |reason| Err(invalid(what, name, reason)))
 }
 
 /// The prefixes of the tokens the engine delivers to itself: a child's result
@@ -157,6 +162,31 @@ pub const RESERVED_TOKEN_PREFIXES: [&str; 4] = ["child:", "update:", "task:", "r
 /// The reserved prefix `token` begins with ([`RESERVED_TOKEN_PREFIXES`]), if any.
 pub fn reserved_prefix(token: &str) -> Option<&'static str> {
     RESERVED_TOKEN_PREFIXES.into_iter().find(|p| token.starts_with(p))
+}
+
+/// What is wrong with `token` as a signal token, if anything: [`name_problem`], or a reserved
+/// prefix ([`RESERVED_TOKEN_PREFIXES`]) — on both sides too: `Engine::signal` refuses to send
+/// to one, and a new `wait_for_signal` on one fails its run.
+pub fn signal_token_problem(token: &str) -> Option<String> {
+    if let Some(reason) = name_problem(token) {
+        return Some(reason.to_string());
+    }
+    reserved_prefix(token).map(|prefix| {
+        format!(
+            "tokens beginning with {prefix:?} carry the engine's own messages; use another token for signals \
+             (send an update with Engine::update, an external task's result with Engine::complete_task)"
+        )
+    })
+}
+
+/// [`check_name`] for a signal token: [`signal_token_problem`].
+pub fn check_signal_token(token: &str) -> Result<(), String> {
+    signal_token_problem(token).map_or(Ok(()), |reason| Err(invalid(SIGNAL_TOKEN, token, &reason)))
+}
+
+/// `invalid <what> "<name>": <reason>` (without the name when it is empty).
+fn invalid(what: &str, name: &str, reason: &str) -> String {
+    if name.is_empty() { format!("invalid {what}: {reason}") } else { format!("invalid {what} {name:?}: {reason}") }
 }
 
 const TIMEOUT_PREFIX: &str = "timeout:";
@@ -313,6 +343,13 @@ mod tests {
         );
         assert_eq!(reserved_prefix("update:r:qty"), Some("update:"));
         assert_eq!(reserved_prefix("order:42"), None);
+        assert_eq!(check_signal_token("order:42"), Ok(()));
+        let refused = check_signal_token("task:r:review").unwrap_err();
+        assert!(
+            refused.starts_with(r#"invalid signal token "task:r:review": tokens beginning with "task:""#),
+            "{refused}"
+        );
+        assert_eq!(check_signal_token(""), check_name(SIGNAL_TOKEN, ""));
     }
 
     #[test]

@@ -306,9 +306,10 @@ impl Turn {
         if self.stop.is_some() {
             return Checked::Stopped;
         }
-        // Before anything runs or is written: a control character cannot be stored by every
+        // Before a new call runs or is written: a control character cannot be stored by every
         // store (PostgreSQL refuses a NUL in text), and the commit would fail at every retry.
-        if name.chars().any(char::is_control) {
+        // A call recorded already was stored: its replay goes on.
+        if self.history.get(seq).is_none() && protocol::has_control_char(name) {
             let message = format!(
                 "run {}: the {} call at seq {seq} is named {name:?}, which contains a control character; \
                  name steps, children, remote steps, waits and state keys without them",
@@ -628,14 +629,23 @@ impl Turn {
 
     // ---- waits ----
 
-    /// Checks a name the workflow waits on ([`protocol::check_name`]): an invalid one fails the
-    /// run at once, naming the seq, since no message could ever reach it. Returns whether the
-    /// call goes on.
+    /// Checks a name the workflow waits on ([`protocol::check_name`]; for a signal token,
+    /// [`protocol::check_signal_token`]): an invalid one fails the run at once, naming the seq,
+    /// since no message could ever reach it. A wait recorded at `seq` already passed the rule
+    /// of its time and goes on. Returns whether the call goes on.
     pub fn check_name(&mut self, seq: u32, what: &str, name: &str) -> bool {
         if self.stop.is_some() {
             return false;
         }
-        match protocol::check_name(what, name) {
+        if self.history.get(seq).is_some() {
+            return true;
+        }
+        let checked = if what == protocol::SIGNAL_TOKEN {
+            protocol::check_signal_token(name)
+        } else {
+            protocol::check_name(what, name)
+        };
+        match checked {
             Ok(()) => true,
             Err(reason) => {
                 let message = format!(
@@ -703,6 +713,10 @@ impl Turn {
                 WaitBegin::Park(None)
             }
             Checked::Go(Decision::Wait { .. }) if passed => {
+                // The deadline fired: its timer is settled, as a delivery settles it.
+                if let Some(d) = call.deadline {
+                    self.settle_timer(d.seq, now);
+                }
                 let mut cp = self.checkpoint(seq, call.name, call.kind, CheckpointStatus::Failed, now, now);
                 cp.error = Some(
                     StepError::fatal(format!("wait for {:?} timed out", call.name)).with_code(codes::WAIT_TIMEOUT),
@@ -971,6 +985,17 @@ impl Turn {
             Checked::Go(d) => d,
         };
         let recorded = self.history.get(seq).map(|c| (c.status, c.wake_at, c.attempts));
+        if recorded.is_none()
+            && let Some((what, value)) = routing_with_control_char(&call)
+        {
+            let message = format!(
+                "run {}: the remote step {:?} at seq {seq} has the {what} {value:?}, which contains a control \
+                 character; route remote steps with names without them",
+                self.run.id, call.name
+            );
+            self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+            return RemoteBegin::Stopped;
+        }
         match (decision, recorded) {
             (Decision::Replay(output), _) => RemoteBegin::Return(output),
             (Decision::ReplayError { error, attempts }, _) => RemoteBegin::Fail { error, attempts },
@@ -1145,4 +1170,14 @@ impl Turn {
         self.park(seq, Some(at));
         RemoteBegin::Park(Some(at))
     }
+}
+
+/// A routing name of a remote step (its queue, a required capability, its fairness key) that
+/// holds a control character, which not every store can keep: what it is and its value.
+fn routing_with_control_char<'a>(call: &RemoteCall<'a>) -> Option<(&'static str, &'a str)> {
+    let o = call.options;
+    let queue = o.queue.as_deref().map(|q| ("queue", q));
+    let requires = o.requires.iter().map(|c| ("required capability", c.as_str()));
+    let fairness = call.gate.map(|g| ("fairness key", g.fairness_key));
+    queue.into_iter().chain(requires).chain(fairness).find(|(_, v)| protocol::has_control_char(v))
 }

@@ -339,6 +339,15 @@ impl Turn {
             }
             Patched::Record => {
                 self.next_seq += 1;
+                if protocol::has_control_char(id) {
+                    let message = format!(
+                        "run {}: ctx.patched at seq {seq} is named {id:?}, which contains a control character; \
+                         name patches without them",
+                        self.run.id
+                    );
+                    self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+                    return false;
+                }
                 if self.config.replay_only {
                     self.fresh(seq, id, StepKind::Patch);
                 } else {
@@ -404,10 +413,12 @@ impl Turn {
     }
 
     /// A recorded value no longer decodes into the type the workflow asks for: the run fails
-    /// naming the seq.
+    /// naming the seq, and what to do if the code changed the type.
     pub fn fail_decode(&mut self, seq: u32, name: &str, error: &str) {
         let message = format!(
-            "run {}: the value recorded at seq {seq} ({name:?}) does not decode into the type the workflow asks for: {error}",
+            "run {}: the value recorded at seq {seq} ({name:?}) does not decode into the type the workflow asks for: \
+             {error}; if the workflow code changed that type, runs started before need the old code (register \
+             the change as a new workflow version, or branch with ctx.patched)",
             self.run.id
         );
         self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::BAD_PAYLOAD)));

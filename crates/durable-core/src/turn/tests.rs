@@ -942,6 +942,66 @@ fn a_wait_on_an_empty_name_fails_the_run_at_once() {
 }
 
 #[test]
+fn a_new_call_named_with_a_control_character_fails_the_run_and_a_recorded_one_replays() {
+    let policy = RetryPolicy::none();
+    let fails = |t: &Turn, what: &str| {
+        let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("{what}: not failed: {:?}", t.stopped()) };
+        assert_eq!(e.code(), Some(codes::INVALID_NAME), "{what}");
+        assert!(e.message.contains("seq 0") && e.message.contains("control character"), "{what}: {}", e.message);
+    };
+    // New: nothing runs, nothing is buffered.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("st\0ep", &policy), 10), StepBegin::Stopped);
+    fails(&t, "step");
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal("bad\ntoken"), 10), WaitBegin::Stopped);
+    fails(&t, "signal wait");
+    let mut t = turn(vec![]);
+    assert!(!t.patched("fix\0", 10));
+    fails(&t, "patch");
+    let input = p("img.png");
+    for options in [
+        crate::task::RemoteOptions { queue: Some("po\0ol".into()), ..remote_options(RetryPolicy::none()) },
+        crate::task::RemoteOptions {
+            requires: vec!["gpu".into(), "\u{7}".into()],
+            ..remote_options(RetryPolicy::none())
+        },
+    ] {
+        let mut t = turn(vec![]);
+        let seq = t.take_seq();
+        assert_eq!(t.remote_step(seq, remote(&input, &options), 10), RemoteBegin::Stopped);
+        fails(&t, "remote step");
+        assert!(t.t_pending(11).is_some_and(|e| matches!(e, Ended::Settle { .. })), "nothing dispatched");
+    }
+    // Recorded before the rule (SQLite kept such names): the replay goes on.
+    let mut t = turn(vec![cp(0, "line\nbreak", StepKind::Step, CheckpointStatus::Completed, 5)]);
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, step("line\nbreak", &policy), 10), StepBegin::Return(_)), "{:?}", t.stopped());
+    let mut t = turn(vec![cp(0, " ", StepKind::Signal, CheckpointStatus::Waiting, 5)]);
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal(" "), 10), WaitBegin::Park(None), "{:?}", t.stopped());
+}
+
+#[test]
+fn a_new_wait_on_one_of_the_engines_own_tokens_fails_the_run() {
+    for token in ["child:r:0", "update:r:qty", "task:r:review", "remote:r:0"] {
+        let mut t = turn(vec![]);
+        let seq = t.take_seq();
+        assert_eq!(t.wait(seq, signal(token), 10), WaitBegin::Stopped);
+        let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("{token}: not failed") };
+        assert_eq!(e.code(), Some(codes::INVALID_NAME));
+        assert!(e.message.contains(token) && e.message.contains("another token"), "{}", e.message);
+    }
+    // An update's own wait names the update, not its token: it goes on.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    let update = WaitCall { named: ("update name", "qty"), ..signal("update:r:qty") };
+    assert_eq!(t.wait(seq, update, 10), WaitBegin::Park(None));
+}
+
+#[test]
 fn wait_fresh_registers_a_waiter_and_parks() {
     let mut t = turn(vec![]);
     let seq = t.take_seq();
@@ -1108,8 +1168,6 @@ fn wait_whose_deadline_passed_while_open_expires_with_a_failed_checkpoint() {
 }
 
 #[test]
-#[ignore = "questionable: a timed-out wait leaves its deadline timer `waiting` forever (due, never settled), \
-            while a delivered wait settles it; the expire commit should record the fired timer as completed"]
 fn wait_expire_commit_settles_the_fired_deadline_timer() {
     let mut t = turn(vec![deadline_cp(), open_wait_cp()]);
     let d = t.take_seq();
@@ -2583,7 +2641,8 @@ fn a_recorded_value_that_no_longer_decodes_fails_the_run_with_bad_payload() {
     t.fail_decode(3, "charge", "invalid type: string, expected u32");
     let error = StepError::fatal(
         "run r: the value recorded at seq 3 (\"charge\") does not decode into the type the workflow asks for: \
-         invalid type: string, expected u32",
+         invalid type: string, expected u32; if the workflow code changed that type, runs started before need \
+         the old code (register the change as a new workflow version, or branch with ctx.patched)",
     )
     .with_code(codes::BAD_PAYLOAD);
     assert_eq!(t.stopped(), Some(&TurnStop::Fail(error.clone())));

@@ -52,27 +52,20 @@ impl Engine {
 
 /// The same rule as a wait's ([`protocol::check_name`]): what cannot be sent cannot be awaited.
 fn check_name(what: &str, name: &str) -> Result<()> {
-    let Some(reason) = protocol::name_problem(name) else { return Ok(()) };
-    let what = if name.is_empty() { what.to_string() } else { format!("{what} {name:?}") };
-    Err(Error::InvalidName { what, reason: reason.to_string() })
+    protocol::name_problem(name).map_or(Ok(()), |reason| Err(invalid_name(what, name, reason.to_string())))
 }
 
-/// A signal token: a name ([`check_name`]) that does not begin with a prefix of the tokens the
-/// engine delivers to itself ([`protocol::RESERVED_TOKEN_PREFIXES`]): a signal there would go
-/// around an update's validator or stand in for a child's or a task's result.
+/// A signal token: a name that does not begin with a prefix of the tokens the engine delivers
+/// to itself ([`protocol::signal_token_problem`]): a signal there would go around an update's
+/// validator or stand in for a child's or a task's result.
 fn check_signal_token(token: &str) -> Result<()> {
-    check_name("signal token", token)?;
-    match protocol::reserved_prefix(token) {
-        None => Ok(()),
-        Some(prefix) => Err(Error::InvalidName {
-            what: format!("signal token {token:?}"),
-            reason: format!(
-                "tokens beginning with {prefix:?} carry the engine's own messages; send an update with \
-                 Engine::update, an external task's result with Engine::complete_task, and use another \
-                 token for signals"
-            ),
-        }),
-    }
+    protocol::signal_token_problem(token)
+        .map_or(Ok(()), |reason| Err(invalid_name(protocol::SIGNAL_TOKEN, token, reason)))
+}
+
+fn invalid_name(what: &str, name: &str, reason: String) -> Error {
+    let what = if name.is_empty() { what.to_string() } else { format!("{what} {name:?}") };
+    Error::InvalidName { what, reason }
 }
 
 impl Engine {

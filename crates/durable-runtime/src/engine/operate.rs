@@ -96,15 +96,19 @@ impl Engine {
     ///
     /// It deletes a run in any status, active ones too — there is no `--force` here: a turn
     /// executing the run stops when its next write finds the run gone, and its remote steps'
-    /// late results are dropped. An active child run is cancelled first (its error says it
-    /// was deleted), so its parent is told, as of any cancel, instead of waiting forever for
-    /// a child that no longer exists.
+    /// late results are dropped. An active child run of an active parent is cancelled first
+    /// (its error says it was deleted), so its parent is told, as of any cancel, instead of
+    /// waiting forever for a child that no longer exists.
     /// Cancel a run first ([`Engine::cancel`]) to let it compensate; `durable runs delete`
     /// and the HTTP API refuse an active run unless told to force.
     pub async fn delete_run(&self, id: &RunId) -> Result<u64> {
         let shared = self.shared();
         let Some(run) = shared.store.get_run(id).await? else { return Ok(0) };
-        if run.parent.is_some() && !run.status.is_terminal() {
+        let parent_active = match (&run.parent, run.status.is_terminal()) {
+            (Some(p), false) => shared.store.get_run(&p.run_id).await?.is_some_and(|p| !p.status.is_terminal()),
+            _ => false,
+        };
+        if parent_active {
             let error = StepError::fatal(format!("run {id} was deleted by an operator")).with_code(codes::CANCELLED);
             match shared.cancel_run(id, Cancel::Abandon, Some(error)).await {
                 Ok(_) | Err(Error::RunNotFound(_)) => {}

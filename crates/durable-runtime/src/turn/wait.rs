@@ -138,7 +138,7 @@ impl WorkflowCtx {
         &self,
         token: &str,
     ) -> impl Future<Output = Result<T, SignalError>> + Send + 'static + use<T> {
-        self.signal_wait(("signal token", token.to_string()), token.to_string())
+        self.signal_wait((protocol::SIGNAL_TOKEN, token.to_string()), token.to_string())
     }
 
     /// A signal wait on `token`; `named` is what the workflow named (checked by the core).
@@ -173,7 +173,7 @@ impl WorkflowCtx {
         let t = self.t.clone();
         async move {
             let wait = WaitKind::Signal { token: token.clone() };
-            let named = ("signal token", token.as_str());
+            let named = (protocol::SIGNAL_TOKEN, token.as_str());
             match await_delivery(&t, Some((deadline, timeout)), seq, named, &token, StepKind::Signal, wait).await {
                 Some(p) => decode_delivery(&t, seq, &token, &p).map(Some),
                 None => Ok(None),

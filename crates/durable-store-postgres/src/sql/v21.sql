@@ -11,16 +11,21 @@
 -- Every claim writes `status = 'running'` (`claim_run`, and `complete_task` with a claim), so one
 -- row trigger on that transition covers them all, and any later one: its `WHEN` is evaluated
 -- without calling the function, which runs only for a run leaving `blocked`. Another error (a
--- cancel request) stays. `Store::claim_run` documents the rule.
+-- cancel request) stays. `Store::claim_run` documents the rule. An error text that is not JSON
+-- jsonb can read (a `\u0000` escape) is left as it is: the claim must never fail on it.
 --
 -- A template, like v1.sql: `__SCHEMA__` is replaced by the quoted schema name.
 
 CREATE OR REPLACE FUNCTION __SCHEMA__.claim_clears_blocked() RETURNS trigger
 LANGUAGE plpgsql AS $$
 BEGIN
-    IF (NEW.error::jsonb ->> 'code') = 'blocked' THEN
-        NEW.error := NULL;
-    END IF;
+    BEGIN
+        IF (NEW.error::jsonb ->> 'code') = 'blocked' THEN
+            NEW.error := NULL;
+        END IF;
+    EXCEPTION WHEN others THEN
+        NULL;
+    END;
     RETURN NEW;
 END
 $$;
