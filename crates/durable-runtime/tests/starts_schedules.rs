@@ -317,6 +317,23 @@ async fn a_fire_cancelled_by_a_pause_is_decided_again_by_a_resume_before_its_tim
     }
     let state = t.get_schedule("again").await.unwrap().unwrap().state;
     assert_eq!((state.last_run_id, state.fires), (Some(runs), 3));
+
+    // Deleted and declared again before a fire's time: the new schedule's fire gets a run of
+    // its own too.
+    t.schedule("redo", Schedule::every(H), "echo", &4).await.unwrap();
+    // From the first fire's time to 3 s before the next.
+    t.advance(H - Duration::from_secs(3));
+    let (fired, ..) = advanced(&mut rx, "redo").await;
+    let next = t0 + 2 * ms(H);
+    assert_eq!(fired, vec![fire_id("redo", next)]);
+    assert!(t.delete_schedule("redo").await.unwrap());
+    assert_eq!(t.get_run(&fire_id("redo", next)).await.unwrap().unwrap().status, RunStatus::Cancelled);
+    t.schedule("redo", Schedule::every(H), "echo", &5).await.unwrap();
+    let (fired, ..) = advanced(&mut rx, "redo").await;
+    let again = RunId::new(format!("sched:redo:{next}~1"));
+    assert_eq!(fired, vec![again.clone()]);
+    t.advance(Duration::from_secs(3));
+    assert_eq!(t.wait_for_run(&again).await.unwrap().output::<i32>().unwrap(), 5);
 }
 
 async fn a_new_cadence_cancels_the_fires_ahead_it_does_not_share(store: StoreFixture) {
