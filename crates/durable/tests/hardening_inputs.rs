@@ -336,8 +336,6 @@ async fn a_wait_on_an_empty_name_fails_its_run_at_once() {
     assert!(matches!(t.signal("", &1).await, Err(durable::Error::InvalidName { .. })));
 }
 
-// ---- ids of runs the engine creates ----
-
 #[tokio::test]
 async fn a_call_named_with_a_control_character_fails_its_run_before_it_runs() {
     let t = TestEngine::new();
@@ -397,6 +395,8 @@ async fn signals_to_bad_or_reserved_tokens_are_refused_with_what_to_do() {
     assert_eq!(status(&t, &run).await, RunStatus::Suspended, "nothing reached the run");
     assert!(t.checkpoints(&run).await.iter().all(|c| c.status != durable::CheckpointStatus::Completed));
 }
+
+// ---- ids of runs the engine creates ----
 
 #[tokio::test]
 async fn retry_ids_and_continue_as_new_ids_never_collide() {

@@ -713,10 +713,6 @@ impl Turn {
                 WaitBegin::Park(None)
             }
             Checked::Go(Decision::Wait { .. }) if passed => {
-                // The deadline fired: its timer is settled, as a delivery settles it.
-                if let Some(d) = call.deadline {
-                    self.settle_timer(d.seq, now);
-                }
                 let mut cp = self.checkpoint(seq, call.name, call.kind, CheckpointStatus::Failed, now, now);
                 cp.error = Some(
                     StepError::fatal(format!("wait for {:?} timed out", call.name)).with_code(codes::WAIT_TIMEOUT),
