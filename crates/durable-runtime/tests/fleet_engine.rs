@@ -9,8 +9,10 @@ use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_conformance::{Fault, FaultyStore, Method, TestEngine, test_config};
-use durable_core::{Claim, ClaimOutcome, Millis, RunId, RunStatus, Store};
-use durable_runtime::{Engine, EngineConfig, EngineEvent, StartOptions, VirtualClock, WorkflowCtx, WorkflowError};
+use durable_core::{Claim, ClaimOutcome, Commit, Millis, RunId, RunStatus, Store, WaitKind, Waiter};
+use durable_runtime::{
+    Clock, Engine, EngineConfig, EngineEvent, StartOptions, VirtualClock, WorkflowCtx, WorkflowError,
+};
 use durable_store_memory::MemoryStore;
 use durable_transport::{Consumer, QueueTransport, QueuedRun, RunHandler, Transport, TransportError};
 
@@ -174,16 +176,31 @@ async fn a_child_result_reaches_its_parent_once_even_when_the_childs_commits_fai
     let history = t.checkpoints(&run.id).await;
     assert_eq!(history.len(), 1, "the parent recorded the child once: {history:?}");
     assert!(t.store().waiters(&run.id).await.unwrap().is_empty());
-    // No stray copy of the result is left buffered: a new wait on the same token would take it
-    // at once instead of timing out.
-    t.register("probe", 1, |ctx: WorkflowCtx, token: String| async move {
-        let stray: Option<serde_json::Value> = ctx.wait_for_signal_timeout(&token, Duration::from_secs(60)).await?;
-        Ok::<_, WorkflowError>(stray)
+    // No stray copy of the result is left buffered: a wait registered on the same token would
+    // take it at once. (Workflows may not wait on the engine's own tokens: the probe registers
+    // its wait through the store, as a turn's commit would.)
+    t.register("probe", 1, |ctx: WorkflowCtx, _: ()| async move {
+        ctx.sleep(Duration::from_secs(3600)).await;
+        Ok::<_, WorkflowError>(())
     });
-    let probe = t.start("probe", &format!("child:{}:0", run.id), StartOptions::id("probe")).await.unwrap();
+    let probe = t.start("probe", &(), StartOptions::id("probe")).await.unwrap();
     t.assert_settled_status(&probe.id, RunStatus::Suspended).await;
-    t.advance(Duration::from_secs(60));
-    t.assert_output(&probe.id, None::<serde_json::Value>).await;
+    let store = t.store();
+    let now = t.clock().now();
+    let claim = Claim { run_id: probe.id.clone(), owner: "prober".into(), lease_until: now + 60_000, now };
+    assert!(matches!(store.claim_run(claim).await.unwrap(), ClaimOutcome::Acquired { .. }));
+    let mut commit = Commit::new(probe.id.clone(), "prober", now);
+    commit.waits.push(Waiter {
+        run_id: probe.id.clone(),
+        seq: 1,
+        name: "stray".into(),
+        kind: WaitKind::Signal { token: format!("child:{}:0", run.id) },
+        created_at: now,
+    });
+    store.commit(commit).await.unwrap();
+    let taken: Vec<_> = store.history(&probe.id).await.unwrap().into_iter().filter(|c| c.seq == 1).collect();
+    assert!(taken.is_empty(), "a stray copy of the child's result was buffered: {taken:?}");
+    assert_eq!(store.waiters(&probe.id).await.unwrap().len(), 1, "the probe's wait is registered and open");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
