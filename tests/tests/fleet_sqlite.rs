@@ -7,6 +7,7 @@ use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::sync::mpsc;
+use std::time::Duration;
 
 /// A temp dir of the test's own (removed with everything in it when the test ends) and the
 /// database file the workers share in it.
@@ -212,7 +213,16 @@ fn a_poison_run_ends_dead_and_on_dead_fires_once() {
         deaths += 1;
         assert!(deaths <= 10, "the poison run never became dead");
     }
-    let settled: Vec<String> = rx.try_iter().map(|(_, l)| l).filter(|l| l.starts_with("settled")).collect();
+    // The last worker's lines reach the channel through a reader thread, which may still be
+    // at it when the process has exited: wait for its "settled" line, then take the rest.
+    let mut settled = Vec::new();
+    while settled.is_empty() {
+        let (_, line) = rx.recv_timeout(Duration::from_secs(60)).expect("the last worker said how the run settled");
+        if line.starts_with("settled") {
+            settled.push(line);
+        }
+    }
+    settled.extend(rx.try_iter().map(|(_, l)| l).filter(|l| l.starts_with("settled")));
     assert_eq!(settled, ["settled dead"]);
     let fired = std::fs::read_to_string(&marker).expect("on_dead wrote the marker");
     assert_eq!(fired.lines().count(), 1, "on_dead fired {} times", fired.lines().count());

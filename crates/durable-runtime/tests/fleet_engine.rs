@@ -60,7 +60,9 @@ async fn starts_and_wakes_go_to_the_run_queue_in_batches() {
     }
     let m = engine.metrics();
     assert!(m.runs_sent >= 4_000, "every start and every wake goes through the queue: {m:?}");
-    assert!(m.batches_sent * 20 < m.runs_sent, "runs were not batched: {m:?}");
+    // One run per batch would be 4,000 batches. How full they are depends on timing: under a
+    // loaded CPU, about 15 runs a batch was seen; unloaded, far more.
+    assert!(m.batches_sent * 5 < m.runs_sent, "runs were not batched: {m:?}");
     eprintln!("{} runs sent in {} batches", m.runs_sent, m.batches_sent);
 }
 
