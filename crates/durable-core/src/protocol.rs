@@ -141,52 +141,48 @@ pub fn has_control_char(name: &str) -> bool {
     name.chars().any(char::is_control)
 }
 
-/// What the name check calls a signal token ([`check_name`], [`check_signal_token`]).
+/// What the name check calls a signal token ([`check_name`]): one more rule applies to it, no
+/// reserved prefix ([`RESERVED_TOKEN_PREFIXES`]).
 pub const SIGNAL_TOKEN: &str = "signal token";
 
-/// Whether `name` is usable as a signal token, event name, update name or task name — the same
-/// rule on both sides: the engine refuses to send to an invalid name, and a new wait on one
-/// fails its run at once (it could never be satisfied). See [`name_problem`]; a signal token
-/// has one more rule ([`check_signal_token`]).
+/// Whether `name` is usable as `what` — a signal token, event name, update name or task name —
+/// the same rule on both sides: the engine refuses to send to an invalid name, and a new wait
+/// on one fails its run at once (it could never be satisfied). The reason is [`problem_of`]'s.
 pub fn check_name(what: &str, name: &str) -> Result<(), String> {
-    name_problem(name).map_or(Ok(()), |reason| Err(invalid(what, name, reason)))
+    problem_of(what, name).map_or(Ok(()), |reason| Err(format!("invalid {}: {reason}", described(what, name))))
+}
+
+/// What is wrong with `name` as `what`, if anything: [`name_problem`], and for a
+/// [`SIGNAL_TOKEN`] a reserved prefix (a signal there would go around what guards the engine's
+/// own messages: an update's validator, the run that is the child).
+pub fn problem_of(what: &str, name: &str) -> Option<String> {
+    if let Some(reason) = name_problem(name) {
+        return Some(reason.to_string());
+    }
+    let prefix = reserved_prefix(name).filter(|_| what == SIGNAL_TOKEN)?;
+    Some(format!(
+        "tokens beginning with {prefix:?} carry the engine's own messages; use another token for signals \
+         (send an update with Engine::update, an external task's result with Engine::complete_task)"
+    ))
+}
+
+/// `what` with the name it was given, for messages: `signal token "a b"` (`what` alone for an
+/// empty name).
+pub fn described(what: &str, name: &str) -> String {
+    if name.is_empty() { what.to_string() } else { format!("{what} {name:?}") }
 }
 
 /// The prefixes of the tokens the engine delivers to itself: a child's result
 /// ([`child_token`]), an update ([`update_token`]), an external task's result
 /// ([`task_token`]) and a remote step's result ([`remote_token`]). A signal sent to one would go
 /// around what guards them (an update's validator, the run that is the child), so
-/// `Engine::signal` refuses them.
+/// `Engine::signal` refuses them and a new `wait_for_signal` on one fails its run
+/// ([`problem_of`]).
 pub const RESERVED_TOKEN_PREFIXES: [&str; 4] = ["child:", "update:", "task:", "remote:"];
 
 /// The reserved prefix `token` begins with ([`RESERVED_TOKEN_PREFIXES`]), if any.
 pub fn reserved_prefix(token: &str) -> Option<&'static str> {
     RESERVED_TOKEN_PREFIXES.into_iter().find(|p| token.starts_with(p))
-}
-
-/// What is wrong with `token` as a signal token, if anything: [`name_problem`], or a reserved
-/// prefix ([`RESERVED_TOKEN_PREFIXES`]) — on both sides too: `Engine::signal` refuses to send
-/// to one, and a new `wait_for_signal` on one fails its run.
-pub fn signal_token_problem(token: &str) -> Option<String> {
-    if let Some(reason) = name_problem(token) {
-        return Some(reason.to_string());
-    }
-    reserved_prefix(token).map(|prefix| {
-        format!(
-            "tokens beginning with {prefix:?} carry the engine's own messages; use another token for signals \
-             (send an update with Engine::update, an external task's result with Engine::complete_task)"
-        )
-    })
-}
-
-/// [`check_name`] for a signal token: [`signal_token_problem`].
-pub fn check_signal_token(token: &str) -> Result<(), String> {
-    signal_token_problem(token).map_or(Ok(()), |reason| Err(invalid(SIGNAL_TOKEN, token, &reason)))
-}
-
-/// `invalid <what> "<name>": <reason>` (without the name when it is empty).
-fn invalid(what: &str, name: &str, reason: &str) -> String {
-    if name.is_empty() { format!("invalid {what}: {reason}") } else { format!("invalid {what} {name:?}: {reason}") }
 }
 
 const TIMEOUT_PREFIX: &str = "timeout:";
@@ -343,13 +339,13 @@ mod tests {
         );
         assert_eq!(reserved_prefix("update:r:qty"), Some("update:"));
         assert_eq!(reserved_prefix("order:42"), None);
-        assert_eq!(check_signal_token("order:42"), Ok(()));
-        let refused = check_signal_token("task:r:review").unwrap_err();
+        assert_eq!(check_name(SIGNAL_TOKEN, "order:42"), Ok(()));
+        assert_eq!(check_name("update name", "task:r:review"), Ok(()), "only signal tokens are reserved");
+        let refused = check_name(SIGNAL_TOKEN, "task:r:review").unwrap_err();
         assert!(
             refused.starts_with(r#"invalid signal token "task:r:review": tokens beginning with "task:""#),
             "{refused}"
         );
-        assert_eq!(check_signal_token(""), check_name(SIGNAL_TOKEN, ""));
     }
 
     #[test]

@@ -494,7 +494,7 @@ impl ScheduleRecord {
     /// ([`ScheduleState::redecided`]).
     pub fn fire_id(&self, nominal: Millis) -> RunId {
         match self.state.redecided.get(&nominal) {
-            Some(n) => RunId::new(format!("sched:{}:{nominal}~{n}", self.key)),
+            Some(n) => RunId::new(format!("{}~{n}", fire_run_id(&self.key, nominal))),
             None => fire_run_id(&self.key, nominal),
         }
     }

@@ -310,13 +310,11 @@ impl Turn {
         // store (PostgreSQL refuses a NUL in text), and the commit would fail at every retry.
         // A call recorded already was stored: its replay goes on.
         if self.history.get(seq).is_none() && protocol::has_control_char(name) {
-            let message = format!(
-                "run {}: the {} call at seq {seq} is named {name:?}, which contains a control character; \
+            self.fail_invalid_name(format!(
+                "the {} call at seq {seq} is named {name:?}, which contains a control character; \
                  name steps, children, remote steps, waits and state keys without them",
-                self.run.id,
                 kind.as_str()
-            );
-            self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+            ));
             return Checked::Stopped;
         }
         match self.history.decide(&self.run.id, seq, name, kind, now) {
@@ -337,6 +335,13 @@ impl Turn {
             }
             d => Checked::Go(d),
         }
+    }
+
+    /// Fails the run with code `invalid_name`: `what` (after the run's id) says which call
+    /// and name, and what to do.
+    pub(super) fn fail_invalid_name(&mut self, what: String) {
+        let message = format!("run {}: {what}", self.run.id);
+        self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
     }
 
     /// A record this kind of call can never have made: the history is corrupt.
@@ -629,10 +634,9 @@ impl Turn {
 
     // ---- waits ----
 
-    /// Checks a name the workflow waits on ([`protocol::check_name`]; for a signal token,
-    /// [`protocol::check_signal_token`]): an invalid one fails the run at once, naming the seq,
-    /// since no message could ever reach it. A wait recorded at `seq` already passed the rule
-    /// of its time and goes on. Returns whether the call goes on.
+    /// Checks a name the workflow waits on ([`protocol::check_name`]): an invalid one fails the
+    /// run at once, naming the seq, since no message could ever reach it. A wait recorded at
+    /// `seq` already passed the rule of its time and goes on. Returns whether the call goes on.
     pub fn check_name(&mut self, seq: u32, what: &str, name: &str) -> bool {
         if self.stop.is_some() {
             return false;
@@ -640,19 +644,12 @@ impl Turn {
         if self.history.get(seq).is_some() {
             return true;
         }
-        let checked = if what == protocol::SIGNAL_TOKEN {
-            protocol::check_signal_token(name)
-        } else {
-            protocol::check_name(what, name)
-        };
-        match checked {
+        match protocol::check_name(what, name) {
             Ok(()) => true,
             Err(reason) => {
-                let message = format!(
-                    "run {}: the wait at seq {seq} can never be satisfied: {reason} (the engine refuses to send to it)",
-                    self.run.id
-                );
-                self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+                self.fail_invalid_name(format!(
+                    "the wait at seq {seq} can never be satisfied: {reason} (the engine refuses to send to it)"
+                ));
                 false
             }
         }
@@ -984,12 +981,11 @@ impl Turn {
         if recorded.is_none()
             && let Some((what, value)) = routing_with_control_char(&call)
         {
-            let message = format!(
-                "run {}: the remote step {:?} at seq {seq} has the {what} {value:?}, which contains a control \
-                 character; route remote steps with names without them",
-                self.run.id, call.name
-            );
-            self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+            self.fail_invalid_name(format!(
+                "the remote step {:?} at seq {seq} has the {what} {value:?}, which contains a control character; \
+                 route remote steps with names without them",
+                call.name
+            ));
             return RemoteBegin::Stopped;
         }
         match (decision, recorded) {

@@ -340,12 +340,10 @@ impl Turn {
             Patched::Record => {
                 self.next_seq += 1;
                 if protocol::has_control_char(id) {
-                    let message = format!(
-                        "run {}: ctx.patched at seq {seq} is named {id:?}, which contains a control character; \
-                         name patches without them",
-                        self.run.id
-                    );
-                    self.stop(TurnStop::Fail(StepError::fatal(message).with_code(codes::INVALID_NAME)));
+                    self.fail_invalid_name(format!(
+                        "ctx.patched at seq {seq} is named {id:?}, which contains a control character; \
+                         name patches without them"
+                    ));
                     return false;
                 }
                 if self.config.replay_only {

@@ -51,21 +51,12 @@ impl Engine {
 }
 
 /// The same rule as a wait's ([`protocol::check_name`]): what cannot be sent cannot be awaited.
+/// A signal token must not begin with a prefix of the tokens the engine delivers to itself.
 fn check_name(what: &str, name: &str) -> Result<()> {
-    protocol::name_problem(name).map_or(Ok(()), |reason| Err(invalid_name(what, name, reason.to_string())))
-}
-
-/// A signal token: a name that does not begin with a prefix of the tokens the engine delivers
-/// to itself ([`protocol::signal_token_problem`]): a signal there would go around an update's
-/// validator or stand in for a child's or a task's result.
-fn check_signal_token(token: &str) -> Result<()> {
-    protocol::signal_token_problem(token)
-        .map_or(Ok(()), |reason| Err(invalid_name(protocol::SIGNAL_TOKEN, token, reason)))
-}
-
-fn invalid_name(what: &str, name: &str, reason: String) -> Error {
-    let what = if name.is_empty() { what.to_string() } else { format!("{what} {name:?}") };
-    Error::InvalidName { what, reason }
+    match protocol::problem_of(what, name) {
+        None => Ok(()),
+        Some(reason) => Err(Error::InvalidName { what: protocol::described(what, name), reason }),
+    }
 }
 
 impl Engine {
@@ -78,7 +69,7 @@ impl Engine {
     /// must not begin with `child:`, `update:`, `task:` or `remote:`, the engine's own tokens
     /// ([`Error::InvalidName`]).
     pub async fn signal<T: Serialize + ?Sized>(&self, token: &str, payload: &T) -> Result<Delivery> {
-        check_signal_token(token)?;
+        check_name(protocol::SIGNAL_TOKEN, token)?;
         let payload = self.encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
         self.deliver(token, payload).await
     }
@@ -98,7 +89,7 @@ impl Engine {
                 reason: "it is required: set StartOptions::id".into(),
             });
         }
-        check_signal_token(token)?;
+        check_name(protocol::SIGNAL_TOKEN, token)?;
         let payload = self.encode_payload(|| format!("the payload of signal {token:?}"), payload)?;
         let started = self.start(workflow, input, options).await?;
         let delivery = self.deliver(token, payload).await?;
