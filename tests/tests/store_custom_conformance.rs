@@ -14,9 +14,10 @@ use durable_conformance::{
 use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
-    NewRun, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome,
-    SaveSchedule, ScheduleRecord, Store, StoreResult, TaskFilter, TriggerBuffer, Waiter,
+    BufferedDeliveries, BufferedPurge, BufferedQuery, Capabilities, Checkpoint, Claim, ClaimOutcome, Commit,
+    CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload, Publish, Published, Run, RunFilter, RunId,
+    RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, Store, StoreResult, TaskFilter,
+    TriggerBuffer, Waiter,
 };
 use durable_store_memory::MemoryStore;
 
@@ -235,6 +236,15 @@ impl Store for AuditedStore {
 
     async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
         self.inner.get_state(id, key).await
+    }
+
+    async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
+        self.inner.buffered(query).await
+    }
+
+    async fn purge_buffered(&self, purge: &BufferedPurge) -> StoreResult<u64> {
+        self.write();
+        self.inner.purge_buffered(purge).await
     }
 
     async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {

@@ -171,6 +171,14 @@ Example:
   durable signal approve:demo-approval-2 '{\"approved\": true, \"by\": \"ops\"}'")]
     Signal(SignalArgs),
 
+    /// List and purge the signals and events buffered because no run waited for them yet.
+    ///
+    /// A signal no wait takes is kept for the next wait on its token, and an event no wait
+    /// accepts for the next wait on its name that matches it, however long that takes. One
+    /// sent to a mistyped token, or to a run that already finished, stays until purged.
+    #[command(subcommand, arg_required_else_help = false)]
+    Signals(SignalsCommand),
+
     /// The health of remote steps: per queue, its depth (tasks waiting for a worker), the tasks
     /// claimed, how long the oldest has waited and the live workers serving it; and every live
     /// worker (heartbeated within 30 s) with its queues, capabilities, concurrency and last
@@ -542,6 +550,79 @@ pub struct SignalArgs {
     // A negative number (`-1`, `-2.5`) is a payload, not a flag.
     #[arg(value_name = "JSON", allow_negative_numbers = true)]
     pub payload: String,
+}
+
+/// The `durable signals` commands.
+#[derive(Debug, Clone, Subcommand)]
+pub enum SignalsCommand {
+    /// List the buffered signals and events per token or event name: how many, and when the
+    /// oldest and the newest were buffered. Signals first, then events, each by key.
+    #[command(after_help = "\
+Examples:
+  durable signals list
+  durable signals list --older-than 7d
+  durable signals list --kind event --prefix order. --json")]
+    List(SignalsListArgs),
+
+    /// Delete the buffered signals of one token (or with --kind event, the buffered events of
+    /// one name): all of them, or with --older-than those buffered longer ago. Prints how many.
+    ///
+    /// Runs and their waits are not touched; a signal sent after the purge is buffered again.
+    #[command(after_help = "\
+Examples:
+  durable signals purge approve:demo-approval-0
+  durable signals purge order.paid --kind event --older-than 30d")]
+    Purge(SignalsPurgeArgs),
+}
+
+/// Flags of `durable signals list`.
+#[derive(Debug, Clone, Args)]
+pub struct SignalsListArgs {
+    /// Only signals or only events.
+    #[arg(long, value_name = "KIND", value_enum)]
+    pub kind: Option<BufferKindArg>,
+
+    /// Only tokens or event names that begin with this.
+    #[arg(long, value_name = "PREFIX", value_parser = parse_name)]
+    pub prefix: Option<String>,
+
+    /// Only keys whose oldest delivery was buffered longer ago than this (e.g. 7d, 12h).
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<Duration>,
+
+    /// At most this many keys.
+    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    pub limit: u32,
+
+    /// One JSON object per line: `{"kind", "key", "count", "oldest_at", "newest_at"}` (times in
+    /// ms since the epoch).
+    #[arg(long)]
+    pub json: bool,
+}
+
+/// Arguments of `durable signals purge`.
+#[derive(Debug, Clone, Args)]
+pub struct SignalsPurgeArgs {
+    /// The signal token (or with --kind event, the event name), exactly.
+    #[arg(value_name = "KEY")]
+    pub key: String,
+
+    /// `signal` (the default) or `event`.
+    #[arg(long, value_name = "KIND", value_enum, default_value = "signal")]
+    pub kind: BufferKindArg,
+
+    /// Only those buffered longer ago than this (e.g. 30d); without it, all of them.
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub older_than: Option<Duration>,
+}
+
+/// What a buffered delivery is kept under (`durable signals --kind`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub enum BufferKindArg {
+    /// Signals, kept per token.
+    Signal,
+    /// Events, kept per name.
+    Event,
 }
 
 /// Arguments of `durable completions`.

@@ -68,6 +68,7 @@
 #![deny(missing_docs)]
 
 mod admission;
+mod buffered;
 mod cli;
 mod demo;
 mod error;
@@ -90,9 +91,9 @@ use std::time::Duration;
 use clap::CommandFactory;
 
 pub use cli::{
-    CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, GateKind, ListArgs, QueuesArgs,
-    RunIdArgs, RunsCommand, ScheduleKeyArgs, ScheduleListArgs, ScheduleShowArgs, SchedulesCommand, ServeArgs, ShowArgs,
-    SignalArgs, StoreArgs, WorkersArgs,
+    BufferKindArg, CancelArgs, Cli, Command, CompletionsArgs, DeleteArgs, DemoArgs, ExportArgs, GateKind, ListArgs,
+    QueuesArgs, RunIdArgs, RunsCommand, ScheduleKeyArgs, ScheduleListArgs, ScheduleShowArgs, SchedulesCommand,
+    ServeArgs, ShowArgs, SignalArgs, SignalsCommand, SignalsListArgs, SignalsPurgeArgs, StoreArgs, WorkersArgs,
 };
 pub use error::{Error, Result};
 pub use workflows::register_demo_workflows;
@@ -116,6 +117,8 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Schedules(SchedulesCommand::Trigger(args)) => schedules::trigger(&cli.store, args, &mut out).await,
         Command::Schedules(SchedulesCommand::Delete(args)) => schedules::delete(&cli.store, args, &mut out).await,
         Command::Signal(args) => runs::signal(&cli.store, args, &mut out).await,
+        Command::Signals(SignalsCommand::List(args)) => buffered::list(&cli.store, args, &mut out).await,
+        Command::Signals(SignalsCommand::Purge(args)) => buffered::purge(&cli.store, args, &mut out).await,
         Command::Workers(args) => workers::workers(&cli.store, args, &mut out).await,
         Command::Queues(args) => queues::queues(&cli.store, args, &mut out).await,
         Command::Serve(args) => serve::serve(&cli.store, args, &mut out).await,

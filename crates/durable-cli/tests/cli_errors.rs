@@ -142,6 +142,9 @@ fn help_works_on_every_command_and_completions_are_printed() {
         &["runs", "cancel", "--help"],
         &["runs", "delete", "--help"],
         &["signal", "--help"],
+        &["signals", "--help"],
+        &["signals", "list", "--help"],
+        &["signals", "purge", "--help"],
         &["schedules", "--help"],
         &["schedules", "list", "--help"],
         &["schedules", "show", "--help"],
@@ -160,7 +163,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
     run_bad(
         dir.path(),
         &[],
-        "'durable' needs a command: demo, runs, schedules, signal, workers, queues, serve, completions",
+        "'durable' needs a command: demo, runs, schedules, signal, signals, workers, queues, serve, completions",
     );
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);

@@ -9,7 +9,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::Duration;
 
 use durable::{Engine, RunId, RunStatus, SqliteStore, StartOptions, StepError, WorkflowCtx, WorkflowError};
-use support::{default_db, list_runs, path_str, run, run_bad, run_ok, show, summary_count};
+use support::{default_db, list_runs, path_str, run, run_bad, run_ok, show, summary_count, with_client};
 
 /// An engine on the database file, as a worker process of the user's would build it.
 fn worker(db: &std::path::Path) -> Engine {
@@ -286,4 +286,74 @@ async fn a_run_that_continued_as_new_names_its_successor_in_show_and_cancel() {
     assert!(out.contains("continued as new as run can~1") && out.contains("nothing to cancel"), "{out}");
     let out = run_ok(dir.path(), &["runs", "cancel", "can~1", "--db", &dbs]).stdout;
     assert!(out.contains("is cancelled"), "{out}");
+}
+
+#[test]
+fn signals_list_and_purge_the_buffered_deliveries() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    let dbs = path_str(&db);
+    // An empty database: nothing is buffered.
+    with_client(&db, |_| {}, async |_| ());
+    let out = run_ok(dir.path(), &["signals", "list", "--db", dbs]).stdout;
+    assert_eq!(out.trim(), "nothing buffered");
+
+    // Signals and events nobody waits for.
+    for (token, payload) in [("typo-token", "\"a\""), ("approve:x", "1"), ("typo-token", "\"b\"")] {
+        let out = run_ok(dir.path(), &["signal", token, payload, "--db", dbs]).stdout;
+        assert!(out.starts_with("buffered"), "{out}");
+    }
+    with_client(
+        &db,
+        |_| {},
+        async |engine| {
+            for order in [1, 2] {
+                assert_eq!(engine.publish_event("order.paid", &serde_json::json!({"order": order})).await.unwrap(), []);
+            }
+        },
+    );
+    let listed = |args: &[&str]| -> Vec<(String, String, u64)> {
+        let mut argv = vec!["signals", "list", "--json", "--db", dbs];
+        argv.extend_from_slice(args);
+        let out = run_ok(dir.path(), &argv).stdout;
+        out.lines()
+            .map(|l| {
+                let v: serde_json::Value = serde_json::from_str(l).unwrap_or_else(|e| panic!("{e}: {l:?}"));
+                assert!(v["oldest_at"].as_u64().unwrap() <= v["newest_at"].as_u64().unwrap(), "{v}");
+                (v["kind"].as_str().unwrap().into(), v["key"].as_str().unwrap().into(), v["count"].as_u64().unwrap())
+            })
+            .collect()
+    };
+    let entry = |kind: &str, key: &str, count| (kind.to_string(), key.to_string(), count);
+    let all = [entry("signal", "approve:x", 1), entry("signal", "typo-token", 2), entry("event", "order.paid", 2)];
+    assert_eq!(listed(&[]), all, "signals first, then events, each by key");
+    assert_eq!(listed(&["--kind", "event"]), all[2..]);
+    assert_eq!(listed(&["--prefix", "typo"]), all[1..2]);
+    assert_eq!(listed(&["--older-than", "1h"]), [], "all were buffered just now");
+    let table = run_ok(dir.path(), &["signals", "list", "--db", dbs]).stdout;
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("signal") && l.contains("typo-token"))
+        .unwrap_or_else(|| panic!("{table}"));
+    assert_eq!(row.split_whitespace().take(3).collect::<Vec<_>>(), ["signal", "typo-token", "2"], "{table}");
+    let first = run_ok(dir.path(), &["signals", "list", "--limit", "1", "--db", dbs]).stdout;
+    assert_eq!(first.lines().filter(|l| l.starts_with("signal")).count(), 1, "{first}");
+    assert!(first.contains("the first 1 key: narrow with --prefix or --kind, or raise --limit"), "{first}");
+
+    // Purge: by age first (nothing that old), then all of one token, then one event name.
+    let out = run_ok(dir.path(), &["signals", "purge", "typo-token", "--older-than", "1h", "--db", dbs]).stdout;
+    assert!(out.contains("nothing purged"), "{out}");
+    let out = run_ok(dir.path(), &["signals", "purge", "typo-token", "--db", dbs]).stdout;
+    assert_eq!(out.trim(), "purged 2 buffered signals of token \"typo-token\"");
+    let out = run_ok(dir.path(), &["signals", "purge", "order.paid", "--db", dbs]).stdout;
+    assert!(out.contains("nothing purged"), "a signal token, not the event name: {out}");
+    let out = run_ok(dir.path(), &["signals", "purge", "order.paid", "--kind", "event", "--db", dbs]).stdout;
+    assert_eq!(out.trim(), "purged 2 buffered events of name \"order.paid\"");
+    assert_eq!(listed(&[]), [entry("signal", "approve:x", 1)], "the other token is kept");
+
+    // Bad keys: refused with what is wrong, nothing purged.
+    run_bad(dir.path(), &["signals", "purge", "", "--db", dbs], "must be non-empty");
+    run_bad(dir.path(), &["signals", "purge", "approve:\u{7}x", "--db", dbs], "control character");
+    run_bad(dir.path(), &["signals", "list", "--older-than", "soon", "--db", dbs], "invalid duration");
+    assert_eq!(listed(&[]), [entry("signal", "approve:x", 1)]);
 }

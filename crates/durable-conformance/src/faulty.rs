@@ -11,9 +11,10 @@ use durable_core::TaskFilter;
 use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
-    NewRun, Payload, Publish, Published, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
-    SaveOutcome, SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TriggerBuffer, Waiter,
+    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Capabilities, Checkpoint, Claim, ClaimOutcome,
+    Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload, Publish, Published, Run, RunCount,
+    RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, Store,
+    StoreError, StoreResult, TriggerBuffer, Waiter,
 };
 use parking_lot::Mutex;
 
@@ -108,13 +109,17 @@ pub enum Method {
     Waiters,
     /// [`Store::get_state`].
     GetState,
+    /// [`Store::buffered`].
+    Buffered,
+    /// [`Store::purge_buffered`].
+    PurgeBuffered,
     /// [`Store::delete_run`].
     DeleteRun,
 }
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 44] = [
+    pub const ALL: [Method; 46] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -158,6 +163,8 @@ impl Method {
         Method::RunAdmission,
         Method::Waiters,
         Method::GetState,
+        Method::Buffered,
+        Method::PurgeBuffered,
         Method::DeleteRun,
     ];
 
@@ -207,6 +214,8 @@ impl Method {
             Method::RunAdmission => "run_admission",
             Method::Waiters => "waiters",
             Method::GetState => "get_state",
+            Method::Buffered => "buffered",
+            Method::PurgeBuffered => "purge_buffered",
             Method::DeleteRun => "delete_run",
         }
     }
@@ -783,6 +792,15 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
 
     async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
         self.call(Method::GetState, Some(id), None, self.inner.get_state(id, key)).await
+    }
+
+    async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
+        self.call(Method::Buffered, None, None, self.inner.buffered(query)).await
+    }
+
+    async fn purge_buffered(&self, purge: &BufferedPurge) -> StoreResult<u64> {
+        let token = (purge.kind == BufferedKind::Signal).then_some(purge.key.as_str());
+        self.call(Method::PurgeBuffered, None, token, self.inner.purge_buffered(purge)).await
     }
 
     async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {

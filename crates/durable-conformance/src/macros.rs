@@ -104,6 +104,8 @@ macro_rules! __store_cases {
             signals::signals_are_buffered_fifo_per_token(Store, []),
             signals::oldest_waiter_is_served_first(Store, []),
             signals::concurrent_signals_and_waits_lose_nothing(Store, []),
+            signals::buffered_deliveries_are_listed_per_key(Store, []),
+            signals::purging_buffered_deliveries_deletes_only_those_asked(Store, []),
             events::event_reaches_every_matching_waiter(Store, []),
             events::unmatched_event_is_buffered_for_a_matching_wait(Store, []),
             queues::pending_runs_by_priority_then_age(Store, []),

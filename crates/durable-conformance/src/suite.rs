@@ -345,9 +345,10 @@ mod tests {
         BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo,
     };
     use durable_core::{
-        Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload,
-        Publish, Published, QueuedRun, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
-        SaveOutcome, SaveSchedule, ScheduleRecord, StoreResult, TaskFilter, TriggerBuffer, Waiter,
+        BufferedDeliveries, BufferedPurge, BufferedQuery, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome,
+        CreateRun, Delivery, DueQuery, Millis, NewRun, Payload, Publish, Published, QueuedRun, Run, RunCount,
+        RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord,
+        StoreResult, TaskFilter, TriggerBuffer, Waiter,
     };
     use durable_store_memory::MemoryStore;
 
@@ -496,6 +497,12 @@ mod tests {
         }
         async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
             self.0.get_state(id, key).await
+        }
+        async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
+            self.0.buffered(query).await
+        }
+        async fn purge_buffered(&self, purge: &BufferedPurge) -> StoreResult<u64> {
+            self.0.purge_buffered(purge).await
         }
         async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {
             self.0.delete_run(id).await

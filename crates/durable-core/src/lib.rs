@@ -109,9 +109,10 @@ pub use queue::{QueueReason, QueuedRun, RunQueue};
 pub use retry::{Backoff, RetryDecision, RetryPolicy, seed_for, splitmix64};
 pub use schedule::{Cadence, Overlap, Schedule, ScheduleError, ScheduleRecord, ScheduleState};
 pub use store::{
-    Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, OutgoingSignal, RunCount,
-    RunFilter, RunPage, RunPatch, RunQuery, SaveOutcome, SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt,
-    StoreResult, TaskFilter, TurnEnd, decode_cursor, encode_cursor,
+    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Capabilities, Claim, ClaimOutcome, Commit,
+    CommitOutcome, CreateRun, Delivery, DueQuery, OutgoingSignal, RunCount, RunFilter, RunPage, RunPatch, RunQuery,
+    SaveOutcome, SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TaskFilter, TurnEnd,
+    decode_cursor, encode_cursor,
 };
 pub use time::{millis, millis_after, millis_before};
 pub use trigger::{BufferAppend, Dedupe, Gather, Gathered, Publish, Published, TriggerBuffer};

@@ -364,6 +364,124 @@ pub enum Delivery {
     Buffered,
 }
 
+/// What a buffered delivery is kept under: a signal's token or an event's name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum BufferedKind {
+    /// A signal ([`Store::send_signal`]) that no wait on its token took yet.
+    Signal,
+    /// An event ([`Store::publish`]) that no wait on its name accepted yet.
+    Event,
+}
+
+impl BufferedKind {
+    /// `"signal"` or `"event"`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            BufferedKind::Signal => "signal",
+            BufferedKind::Event => "event",
+        }
+    }
+}
+
+impl std::fmt::Display for BufferedKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The deliveries buffered under one signal token or event name ([`Store::buffered`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferedDeliveries {
+    /// Signals or events.
+    pub kind: BufferedKind,
+    /// The signal token or the event name.
+    pub key: String,
+    /// How many are buffered.
+    pub count: u64,
+    /// When the oldest was buffered (the sender's clock).
+    pub oldest_at: Millis,
+    /// When the newest was buffered.
+    pub newest_at: Millis,
+}
+
+/// Which buffered deliveries [`Store::buffered`] lists.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferedQuery {
+    /// Only signals, or only events (`None`: both).
+    pub kind: Option<BufferedKind>,
+    /// Only tokens or names that begin with this.
+    pub prefix: Option<String>,
+    /// Only keys whose oldest delivery was buffered before this time.
+    pub oldest_before: Option<Millis>,
+    /// At most this many keys.
+    pub limit: usize,
+}
+
+/// Which buffered deliveries [`Store::purge_buffered`] deletes: those of one token or event
+/// name, all of them or those buffered before a time.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct BufferedPurge {
+    /// Signals or events.
+    pub kind: BufferedKind,
+    /// The signal token or the event name (exactly).
+    pub key: String,
+    /// Only those buffered before this time (`None`: all of them).
+    pub buffered_before: Option<Millis>,
+}
+
+impl BufferedQuery {
+    /// Every buffered signal and event, the first 100 keys.
+    pub fn all() -> BufferedQuery {
+        BufferedQuery { kind: None, prefix: None, oldest_before: None, limit: 100 }
+    }
+
+    /// Buffered signals only, the first 100 tokens.
+    pub fn signals() -> BufferedQuery {
+        BufferedQuery { kind: Some(BufferedKind::Signal), ..BufferedQuery::all() }
+    }
+
+    /// Buffered events only, the first 100 names.
+    pub fn events() -> BufferedQuery {
+        BufferedQuery { kind: Some(BufferedKind::Event), ..BufferedQuery::all() }
+    }
+
+    /// Only tokens or names that begin with `prefix`.
+    pub fn prefix(mut self, prefix: impl Into<String>) -> BufferedQuery {
+        self.prefix = Some(prefix.into());
+        self
+    }
+
+    /// Only keys whose oldest delivery was buffered before `time`.
+    pub fn oldest_before(mut self, time: Millis) -> BufferedQuery {
+        self.oldest_before = Some(time);
+        self
+    }
+
+    /// At most `limit` keys.
+    pub fn limit(mut self, limit: usize) -> BufferedQuery {
+        self.limit = limit;
+        self
+    }
+}
+
+impl BufferedPurge {
+    /// Every buffered signal on `token`.
+    pub fn signals(token: impl Into<String>) -> BufferedPurge {
+        BufferedPurge { kind: BufferedKind::Signal, key: token.into(), buffered_before: None }
+    }
+
+    /// Every buffered event named `name`.
+    pub fn events(name: impl Into<String>) -> BufferedPurge {
+        BufferedPurge { kind: BufferedKind::Event, key: name.into(), buffered_before: None }
+    }
+
+    /// Only those buffered before `time`.
+    pub fn buffered_before(mut self, time: Millis) -> BufferedPurge {
+        self.buffered_before = Some(time);
+        self
+    }
+}
+
 /// The answer of [`Store::commit`].
 #[derive(Debug, Clone, PartialEq, Default)]
 pub struct CommitOutcome {
@@ -544,6 +662,13 @@ pub struct TaskFilter {
 fn no_remote_steps() -> StoreError {
     StoreError::Unavailable {
         message: "this store does not support remote steps (it implements no task queue)".into(),
+        retryable: false,
+    }
+}
+
+fn no_buffer_admin() -> StoreError {
+    StoreError::Unavailable {
+        message: "this store cannot list or purge buffered signals and events".into(),
         retryable: false,
     }
 }
@@ -1126,6 +1251,32 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// # Contract
     /// The latest value committed for `(run, key)`, also after the run settled.
     async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>>;
+
+    /// The signals and events buffered because no wait took them yet, summed per token or
+    /// event name.
+    ///
+    /// # Contract
+    /// One entry per `(kind, key)` that has at least one buffered delivery matching the query
+    /// (its kind, a key beginning with its prefix, an oldest delivery buffered before its
+    /// time), with the count and the oldest and newest buffering times; ordered by kind
+    /// (signals first) then key (byte order); at most `limit` entries. Reads only.
+    async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
+        let _ = query;
+        Err(no_buffer_admin())
+    }
+
+    /// Deletes buffered deliveries of one signal token or event name: all of them, or those
+    /// buffered before a time.
+    ///
+    /// # Contract
+    /// Atomically deletes the buffered deliveries of `(kind, key)` (exactly that key) whose
+    /// buffering time is before `buffered_before` (all of them when it is `None`) and returns
+    /// how many it deleted (0 when there were none). Waiters, runs and the other keys' buffers
+    /// are untouched; a delivery buffered later is kept.
+    async fn purge_buffered(&self, purge: &BufferedPurge) -> StoreResult<u64> {
+        let _ = purge;
+        Err(no_buffer_admin())
+    }
 
     /// Deletes a run and everything tied to it.
     ///

@@ -85,11 +85,11 @@ mod turn;
 
 pub use clock::{BoxFuture, Clock, SystemClock, TokioClock, VirtualClock};
 pub use config::EngineConfig;
-pub use durable_core::Delivery;
 pub use durable_core::{
     Backoff, Cadence, HistoryExport, Overlap, ReplayMismatch, Replayed, RetryPolicy, RunEnd, RunFilter, RunId, RunPage,
     RunStatus, Schedule, ScheduleError, ScheduleRecord, ScheduleState, StepError,
 };
+pub use durable_core::{BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Delivery};
 pub use engine::{
     Engine, EngineBuilder, Metrics, Publication, QueueHealth, RunOutcome, StartOptions, Started, WorkerHealth,
     WorkflowOptions, shutdown_signal,

@@ -26,11 +26,11 @@ use durable_core::task::{
     BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, TaskLog, TaskState, WorkerInfo,
 };
 use durable_core::{
-    Capabilities, Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery,
-    DueQuery, Gathered, Millis, NewRun, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId,
-    RunPage, RunPatch, RunQuery, RunQueue, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepKind, Store,
-    StoreError, StoreResult, TaskFilter, TriggerBuffer, TurnEnd, WaitKind, Waiter, codes, decode_cursor, encode_cursor,
-    json_subset, protocol,
+    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Capabilities, Checkpoint, CheckpointStatus, Claim,
+    ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gathered, Millis, NewRun, Payload, Publish,
+    Published, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunQueue, RunStatus,
+    SaveOutcome, SaveSchedule, ScheduleRecord, StepKind, Store, StoreError, StoreResult, TaskFilter, TriggerBuffer,
+    TurnEnd, WaitKind, Waiter, codes, decode_cursor, encode_cursor, json_subset, protocol,
 };
 use parking_lot::Mutex;
 
@@ -51,8 +51,10 @@ struct Inner {
     by_token: HashMap<String, BTreeSet<u64>>,
     by_event: HashMap<String, BTreeSet<u64>>,
     by_run: HashMap<RunId, BTreeMap<u32, u64>>,
-    signal_buffer: HashMap<String, VecDeque<Payload>>,
-    event_buffer: HashMap<String, VecDeque<Payload>>,
+    /// Signals no wait took yet, per token, oldest first, with when each was buffered.
+    signal_buffer: HashMap<String, VecDeque<(Millis, Payload)>>,
+    /// Events no wait accepted yet, per name, oldest first, with when each was buffered.
+    event_buffer: HashMap<String, VecDeque<(Millis, Payload)>>,
     state: HashMap<RunId, HashMap<String, Payload>>,
     next_waiter: u64,
     queue: BTreeMap<u64, Queued>,
@@ -480,14 +482,14 @@ impl Inner {
             self.resolve(&w.run_id, w.seq, &w.name, StepKind::Signal, payload, now);
             return Delivery::Delivered { run_id: w.run_id, seq: w.seq };
         }
-        self.signal_buffer.entry(token.to_string()).or_default().push_back(payload);
+        self.signal_buffer.entry(token.to_string()).or_default().push_back((now, payload));
         Delivery::Buffered
     }
 
     fn register_wait(&mut self, w: Waiter, now: Millis) {
         match &w.kind {
             WaitKind::Signal { token } => {
-                if let Some(payload) = self.signal_buffer.get_mut(token).and_then(VecDeque::pop_front) {
+                if let Some((_, payload)) = self.signal_buffer.get_mut(token).and_then(VecDeque::pop_front) {
                     self.resolve(&w.run_id, w.seq, &w.name, StepKind::Signal, payload, now);
                     return;
                 }
@@ -495,9 +497,9 @@ impl Inner {
             WaitKind::Event { name, matcher } => {
                 let matcher = matcher.to_value();
                 if let Some(buf) = self.event_buffer.get_mut(name)
-                    && let Some(pos) = buf.iter().position(|p| json_subset(&matcher, &p.to_value()))
+                    && let Some(pos) = buf.iter().position(|(_, p)| json_subset(&matcher, &p.to_value()))
                 {
-                    let payload = buf.remove(pos).expect("position is in range");
+                    let (_, payload) = buf.remove(pos).expect("position is in range");
                     self.resolve(&w.run_id, w.seq, &w.name, StepKind::Event, payload, now);
                     return;
                 }
@@ -806,7 +808,7 @@ impl Store for MemoryStore {
             }
         }
         if deliveries.is_empty() {
-            inner.event_buffer.entry(event.name.clone()).or_default().push_back(event.payload.clone());
+            inner.event_buffer.entry(event.name.clone()).or_default().push_back((now, event.payload.clone()));
         }
         let mut started: Vec<CreateRun> = event.start.into_iter().map(|run| inner.create_never_refused(run)).collect();
         for append in &event.gather {
@@ -1087,6 +1089,53 @@ impl Store for MemoryStore {
 
     async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
         Ok(self.inner.lock().state.get(id).and_then(|m| m.get(key).cloned()))
+    }
+
+    async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
+        let inner = self.inner.lock();
+        let kinds = [(BufferedKind::Signal, &inner.signal_buffer), (BufferedKind::Event, &inner.event_buffer)];
+        let mut out = Vec::new();
+        for (kind, buffers) in kinds {
+            if query.kind.is_some_and(|k| k != kind) {
+                continue;
+            }
+            let mut keys: Vec<(&String, &VecDeque<(Millis, Payload)>)> = buffers
+                .iter()
+                .filter(|(key, buf)| !buf.is_empty() && query.prefix.as_deref().is_none_or(|p| key.starts_with(p)))
+                .collect();
+            keys.sort_by(|a, b| a.0.cmp(b.0));
+            for (key, buf) in keys {
+                let oldest_at = buf.iter().map(|(at, _)| *at).min().expect("not empty");
+                if query.oldest_before.is_some_and(|before| oldest_at >= before) {
+                    continue;
+                }
+                out.push(BufferedDeliveries {
+                    kind,
+                    key: key.clone(),
+                    count: buf.len() as u64,
+                    oldest_at,
+                    newest_at: buf.iter().map(|(at, _)| *at).max().expect("not empty"),
+                });
+            }
+        }
+        out.truncate(query.limit);
+        Ok(out)
+    }
+
+    async fn purge_buffered(&self, purge: &BufferedPurge) -> StoreResult<u64> {
+        let mut inner = self.inner.lock();
+        let buffers = match purge.kind {
+            BufferedKind::Signal => &mut inner.signal_buffer,
+            BufferedKind::Event => &mut inner.event_buffer,
+        };
+        let Some(buf) = buffers.get_mut(&purge.key) else { return Ok(0) };
+        let before = buf.len();
+        buf.retain(|(at, _)| purge.buffered_before.is_some_and(|t| *at >= t));
+        let deleted = (before - buf.len()) as u64;
+        if buf.is_empty() {
+            buffers.remove(&purge.key);
+        }
+        Ok(deleted)
     }
 
     async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {

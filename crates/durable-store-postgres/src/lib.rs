@@ -226,10 +226,10 @@ use deadpool_postgres::{Manager, ManagerConfig, Pool, RecyclingMethod, Runtime};
 use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
-    NewRun, Payload, Publish, Published, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
-    SaveOutcome, SaveSchedule, ScheduleRecord, Store, StoreError, StoreResult, TaskFilter, TriggerBuffer, Waiter,
-    encode_cursor,
+    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Capabilities, Checkpoint, Claim, ClaimOutcome,
+    Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload, Publish, Published, Run, RunCount,
+    RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, Store,
+    StoreError, StoreResult, TaskFilter, TriggerBuffer, Waiter, encode_cursor,
 };
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
@@ -1096,6 +1096,35 @@ impl Store for PostgresStore {
             out.push(self.decode("reading waiters", ops::waiter_from_row(row))?);
         }
         Ok(out)
+    }
+
+    /// One `GROUP BY` per kind asked for (the key's index).
+    async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
+        let mut out = Vec::new();
+        for kind in [BufferedKind::Signal, BufferedKind::Event] {
+            if query.kind.is_some_and(|k| k != kind) || out.len() >= query.limit {
+                continue;
+            }
+            let q = ops::buffered_query(&self.inner.sql.schema, kind, query, query.limit - out.len());
+            let rows = self.query("listing buffered deliveries", &q.sql, &q.param_refs()).await?;
+            for row in &rows {
+                out.push(self.decode("listing buffered deliveries", ops::buffered_from_row(kind, row))?);
+            }
+        }
+        Ok(out)
+    }
+
+    /// One `DELETE`, in a transaction of its own.
+    async fn purge_buffered(&self, purge: &BufferedPurge) -> StoreResult<u64> {
+        let sql = ops::purge_buffered_sql(&self.inner.sql.schema, purge.kind);
+        let before = purge.buffered_before.map(ops::millis_to_sql);
+        let key = purge.key.as_str();
+        let shared = &self.inner.shared;
+        let client = shared.pool.get().await.map_err(|e| error::pool_error(&shared.target, e).into_store_error())?;
+        client
+            .execute_typed(&sql, &[(&key, Type::TEXT), (&before, Type::INT8)])
+            .await
+            .map_err(|e| self.query_failed("purging buffered deliveries", e))
     }
 
     async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {

@@ -8,10 +8,10 @@ use durable_core::task::{
     BeatOutcome, NewTask, QueueStats, Task, TaskCompletion, TaskDone, TaskLog, TaskState, WorkerInfo,
 };
 use durable_core::{
-    BufferAppend, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gather,
-    Millis, NewRun, ParentLink, Payload, Publish, Published, QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch,
-    RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StoreError, TriggerBuffer, TurnEnd,
-    WaitKind, Waiter, decode_cursor,
+    BufferAppend, BufferedDeliveries, BufferedKind, BufferedQuery, Checkpoint, Claim, ClaimOutcome, Commit,
+    CommitOutcome, CreateRun, Delivery, DueQuery, Gather, Millis, NewRun, ParentLink, Payload, Publish, Published,
+    QueueReason, QueuedRun, Run, RunFilter, RunId, RunPatch, RunQuery, RunStatus, SaveOutcome, SaveSchedule,
+    ScheduleRecord, StepError, StoreError, TriggerBuffer, TurnEnd, WaitKind, Waiter, decode_cursor,
 };
 use durable_core::{TaskFilter, codes, protocol};
 use serde::{Deserialize, Serialize};
@@ -1743,6 +1743,61 @@ pub(crate) fn list_schedules_query(schema: &str, namespace: Option<&str>, after:
     sql.push_str(&format!(" ORDER BY key LIMIT {lim}"));
     q.sql = sql;
     q
+}
+
+/// The table and key column of a kind of buffered delivery.
+fn buffered_table(kind: BufferedKind) -> (&'static str, &'static str) {
+    match kind {
+        BufferedKind::Signal => ("buffered_signals", "token"),
+        BufferedKind::Event => ("buffered_events", "name"),
+    }
+}
+
+/// `buffered`, for one kind: a `GROUP BY` of its key (the key's index), in byte order, at most
+/// `limit` keys. Columns: key, count, oldest, newest.
+pub(crate) fn buffered_query(schema: &str, kind: BufferedKind, bq: &BufferedQuery, limit: usize) -> Query {
+    let (table, key) = buffered_table(kind);
+    let mut q = Query::default();
+    let mut sql = format!("SELECT {key}, count(*), min(created_at), max(created_at) FROM {schema}.{table}");
+    if let Some(prefix) = &bq.prefix {
+        sql.push_str(&format!(" WHERE starts_with({key}, {})", q.bind(prefix.clone(), Type::TEXT)));
+    }
+    sql.push_str(&format!(" GROUP BY {key}"));
+    if let Some(before) = bq.oldest_before {
+        sql.push_str(&format!(" HAVING min(created_at) < {}", q.bind(millis_to_sql(before), Type::INT8)));
+    }
+    let lim = limit_param(&mut q, limit);
+    sql.push_str(&format!(" ORDER BY {key} COLLATE \"C\" LIMIT {lim}"));
+    q.sql = sql;
+    q
+}
+
+/// A row of [`buffered_query`].
+pub(crate) fn buffered_from_row(
+    kind: BufferedKind,
+    row: &Row,
+) -> Result<Result<BufferedDeliveries, String>, tokio_postgres::Error> {
+    let key: String = row.try_get(0)?;
+    let count: i64 = row.try_get(1)?;
+    let (oldest, newest): (i64, i64) = (row.try_get(2)?, row.try_get(3)?);
+    let what = || format!("buffered {kind}s of {key:?}");
+    Ok(millis_from_sql(oldest, what).and_then(|oldest_at| {
+        let newest_at = millis_from_sql(newest, what)?;
+        Ok(BufferedDeliveries {
+            kind,
+            count: u64::try_from(count).unwrap_or(0),
+            oldest_at,
+            newest_at,
+            key: key.clone(),
+        })
+    }))
+}
+
+/// `purge_buffered`: one `DELETE` on the key's index. Parameters: key, buffered before (or
+/// NULL). A wait consuming the same row at once deletes it first or finds it gone.
+pub(crate) fn purge_buffered_sql(schema: &str, kind: BufferedKind) -> String {
+    let (table, key) = buffered_table(kind);
+    format!("DELETE FROM {schema}.{table} WHERE {key} = $1 AND ($2::bigint IS NULL OR created_at < $2)")
 }
 
 /// The columns of a trigger buffer, in [`buffer_from_row`]'s order (`b` is `trigger_buffers`).

@@ -159,9 +159,10 @@ use async_trait::async_trait;
 use durable_core::admission::{Admission, GateStats, SlotRecord, SlotRequest, WaiterRecord};
 use durable_core::task::{BeatOutcome, QueueStats, Task, TaskBeat, TaskClaim, TaskCompletion, TaskDone, WorkerInfo};
 use durable_core::{
-    Capabilities, Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Millis,
-    NewRun, Payload, Publish, Published, Run, RunCount, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
-    SaveOutcome, SaveSchedule, ScheduleRecord, Store, StoreResult, TaskFilter, TriggerBuffer, Waiter,
+    BufferedDeliveries, BufferedPurge, BufferedQuery, Capabilities, Checkpoint, Claim, ClaimOutcome, Commit,
+    CommitOutcome, CreateRun, Delivery, DueQuery, Millis, NewRun, Payload, Publish, Published, Run, RunCount,
+    RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord, Store,
+    StoreResult, TaskFilter, TriggerBuffer, Waiter,
 };
 
 pub use error::{Error, Result};
@@ -604,6 +605,16 @@ impl Store for SqliteStore {
     async fn get_state(&self, id: &RunId, key: &str) -> StoreResult<Option<Payload>> {
         let (id, key) = (id.clone(), key.to_string());
         self.workers.read("get_state", move |c| ops::get_state(c, &id, &key)).await
+    }
+
+    async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
+        let query = query.clone();
+        self.workers.read("buffered", move |c| ops::buffered(c, &query)).await
+    }
+
+    async fn purge_buffered(&self, purge: &BufferedPurge) -> StoreResult<u64> {
+        let purge = purge.clone();
+        self.workers.write("purge_buffered", move |c| ops::purge_buffered(c, &purge)).await
     }
 
     async fn delete_run(&self, id: &RunId) -> StoreResult<u64> {

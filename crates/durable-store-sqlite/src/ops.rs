@@ -11,10 +11,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 use durable_core::{
-    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Delivery, DueQuery, Gathered, Millis, NewRun,
-    ParentLink, Payload, Publish, Published, Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus,
-    SaveOutcome, SaveSchedule, ScheduleRecord, StepError, StepKind, StoreError, TriggerBuffer, TurnEnd, WaitKind,
-    Waiter, decode_cursor, encode_cursor, json_subset, protocol,
+    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Checkpoint, Claim, ClaimOutcome, Commit,
+    CommitOutcome, CreateRun, Delivery, DueQuery, Gathered, Millis, NewRun, ParentLink, Payload, Publish, Published,
+    Run, RunFilter, RunId, RunPage, RunPatch, RunQuery, RunStatus, SaveOutcome, SaveSchedule, ScheduleRecord,
+    StepError, StepKind, StoreError, TriggerBuffer, TurnEnd, WaitKind, Waiter, decode_cursor, encode_cursor,
+    json_subset, protocol,
 };
 use rusqlite::types::Value;
 use rusqlite::{Connection, OptionalExtension, Row, params, params_from_iter};
@@ -715,6 +716,54 @@ pub(crate) fn get_state(conn: &Connection, id: &RunId, key: &str) -> OpResult<Op
         Some(row) => Ok(Some(Payload::from_trusted(text(row, 0)?))),
         None => Ok(None),
     }
+}
+
+/// The table and key column of a kind of buffered delivery.
+fn buffer_table(kind: BufferedKind) -> (&'static str, &'static str) {
+    match kind {
+        BufferedKind::Signal => ("buffered_signals", "token"),
+        BufferedKind::Event => ("buffered_events", "name"),
+    }
+}
+
+/// `Store::buffered`: a `GROUP BY` of each kind's table (the key's index), in key order.
+pub(crate) fn buffered(conn: &Connection, query: &BufferedQuery) -> OpResult<Vec<BufferedDeliveries>> {
+    let mut out = Vec::new();
+    for kind in [BufferedKind::Signal, BufferedKind::Event] {
+        if query.kind.is_some_and(|k| k != kind) || out.len() >= query.limit {
+            continue;
+        }
+        let (table, key) = buffer_table(kind);
+        let mut stmt = conn.prepare_cached(&format!(
+            "SELECT {key}, COUNT(*), MIN(created_at), MAX(created_at) FROM {table} \
+             WHERE ?1 IS NULL OR substr({key}, 1, length(?1)) = ?1 GROUP BY {key} \
+             HAVING ?2 IS NULL OR MIN(created_at) < ?2 ORDER BY {key} LIMIT ?3"
+        ))?;
+        let limit = i64::try_from(query.limit - out.len()).unwrap_or(i64::MAX);
+        let before = query.oldest_before.map(millis_to_sql);
+        let mut rows = stmt.query(params![query.prefix, before, limit])?;
+        while let Some(row) = rows.next()? {
+            let key = text(row, 0)?.to_string();
+            let what = || format!("buffered {kind}s of {key:?}");
+            out.push(BufferedDeliveries {
+                kind,
+                count: u64::try_from(row.get::<_, i64>(1)?).unwrap_or(0),
+                oldest_at: millis_from_sql(row.get(2)?, what)?,
+                newest_at: millis_from_sql(row.get(3)?, what)?,
+                key,
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// `Store::purge_buffered`: one `DELETE` on the key's index.
+pub(crate) fn purge_buffered(conn: &Connection, purge: &BufferedPurge) -> OpResult<u64> {
+    let (table, key) = buffer_table(purge.kind);
+    let mut stmt =
+        conn.prepare_cached(&format!("DELETE FROM {table} WHERE {key} = ?1 AND (?2 IS NULL OR created_at < ?2)"))?;
+    let deleted = stmt.execute(params![purge.key, purge.buffered_before.map(millis_to_sql)])?;
+    Ok(deleted as u64)
 }
 
 // ---- writes -------------------------------------------------------------------------------

@@ -10,7 +10,10 @@
 
 use std::time::Duration;
 
-use durable::{Engine, EngineEvent, SqliteStore, StartOptions, VirtualClock, WorkflowCtx, WorkflowError};
+use durable::{
+    BufferedPurge, BufferedQuery, Engine, EngineEvent, SqliteStore, StartOptions, VirtualClock, WorkflowCtx,
+    WorkflowError,
+};
 use serde::{Deserialize, Serialize};
 
 const DAY: Duration = Duration::from_secs(86_400);
@@ -109,6 +112,17 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     println!("day 3: nobody answers exp-2");
     clock.advance(DAY);
     println!("  exp-2: {}", engine.wait_for_run(&b.id).await?.output::<String>()?);
+
+    // A late answer for a run that already settled finds no wait: it is buffered for the next
+    // wait on the token, which will never come. An operator lists and purges such leftovers
+    // (`durable signals list`, `durable signals purge <token>`).
+    println!("day 4: the manager answers exp-2 too late");
+    engine.signal("expense:exp-2", &Decision::Approve).await?;
+    for key in engine.buffered(&BufferedQuery::signals().prefix("expense:")).await? {
+        println!("  buffered: {} {} on {:?}, nobody waits for it", key.count, key.kind, key.key);
+        let purged = engine.purge_buffered(&BufferedPurge::signals(&key.key)).await?;
+        println!("  purged {purged}");
+    }
 
     engine.shutdown().await;
     for suffix in ["", "-wal", "-shm"] {

@@ -58,11 +58,12 @@ pub use durable_core::{
     ScheduleRecord, ScheduleState, StepError, StepKind, codes,
 };
 pub use durable_runtime::{
-    All, BoxFuture, Cancel, ChildFailed, ChildHandle, ChildOptions, Clock, Delivery, Engine, EngineBuilder,
-    EngineConfig, EngineEvent, Error, EventTrigger, Metrics, Publication, PublishOptions, QueueHealth, QueueOptions,
-    RemoteStep, ReplayError, Result, RunOutcome, SignalError, StartOptions, Started, Step, StepContext, StepFailed,
-    StepOptions, SystemClock, TaskContext, TaskError, TokioClock, UpdateOutcome, VirtualClock, Worker, WorkerBuilder,
-    WorkerHealth, WorkerReport, WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
+    All, BoxFuture, BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Cancel, ChildFailed, ChildHandle,
+    ChildOptions, Clock, Delivery, Engine, EngineBuilder, EngineConfig, EngineEvent, Error, EventTrigger, Metrics,
+    Publication, PublishOptions, QueueHealth, QueueOptions, RemoteStep, ReplayError, Result, RunOutcome, SignalError,
+    StartOptions, Started, Step, StepContext, StepFailed, StepOptions, SystemClock, TaskContext, TaskError, TokioClock,
+    UpdateOutcome, VirtualClock, Worker, WorkerBuilder, WorkerHealth, WorkerReport, WorkflowCtx, WorkflowError,
+    WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -108,10 +109,10 @@ pub mod transport {
 /// The API for implementing a store: the trait, its contract types and its error.
 pub mod store {
     pub use durable_core::{
-        BufferAppend, Capabilities, Claim, ClaimOutcome, Commit, CommitOutcome, CreateRun, Dedupe, Delivery, DueQuery,
-        Gathered, NewRun, OutgoingSignal, ParentLink, Publish, Published, RunCount, RunPatch, RunQuery, SaveOutcome,
-        SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TaskFilter, TriggerBuffer, TurnEnd,
-        WaitKind, Waiter,
+        BufferAppend, BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Capabilities, Claim,
+        ClaimOutcome, Commit, CommitOutcome, CreateRun, Dedupe, Delivery, DueQuery, Gathered, NewRun, OutgoingSignal,
+        ParentLink, Publish, Published, RunCount, RunPatch, RunQuery, SaveOutcome, SaveSchedule, Store, StoreError,
+        StoreErrorKind, StoreExt, StoreResult, TaskFilter, TriggerBuffer, TurnEnd, WaitKind, Waiter,
     };
 }
 

@@ -2,7 +2,10 @@
 
 use std::sync::Arc;
 
-use durable_core::{CheckpointStatus, Delivery, RunId, RunQuery, RunStatus, Store};
+use durable_core::{
+    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, CheckpointStatus, Delivery, Millis, RunId,
+    RunQuery, RunStatus, Store,
+};
 use serde_json::json;
 
 use super::fixtures::*;
@@ -126,5 +129,102 @@ pub(crate) async fn signal_race(handles: &[Arc<dyn Store>]) -> CaseResult {
             assert_eq!(cp.output, Some(json(json!(i))), "signal {i} was reported delivered to {run_id}:{seq}");
         }
     }
+    Ok(())
+}
+
+/// A summary of buffered deliveries, as [`Store::buffered`] lists them.
+fn summary(kind: BufferedKind, key: &str, count: u64, oldest: Millis, newest: Millis) -> BufferedDeliveries {
+    BufferedDeliveries { kind, key: key.to_string(), count, oldest_at: T0 + oldest, newest_at: T0 + newest }
+}
+
+/// Lists what [`Store::buffered`] answers for one query.
+async fn buffered(
+    s: &dyn Store,
+    kind: Option<BufferedKind>,
+    prefix: Option<&str>,
+    oldest_before: Option<Millis>,
+    limit: usize,
+) -> CaseResult<Vec<BufferedDeliveries>> {
+    let query = BufferedQuery { kind, prefix: prefix.map(str::to_string), oldest_before, limit };
+    Ok(s.buffered(&query).await?)
+}
+
+/// Buffers the deliveries the buffer cases look at: signals on `b-2` (at +10 and +20), `a-1`
+/// (+5), `Zed` (+30) and `delivered` (taken by its waiter), events `order.paid` (+7 and +9).
+async fn buffer_some(s: &dyn Store) -> CaseResult {
+    park_on_signal(s, "w", 0, "delivered", None).await?;
+    for (token, at) in [("b-2", 10), ("a-1", 5), ("b-2", 20), ("Zed", 30), ("delivered", 40)] {
+        s.send_signal(token, json(json!(format!("{token}@{at}"))), T0 + at).await?;
+    }
+    for (n, at) in [(1, 7), (2, 9)] {
+        assert_eq!(s.publish_event("order.paid", json(json!({"n": n})), T0 + at).await?, vec![]);
+    }
+    Ok(())
+}
+
+/// Buffered signals and events are listed per token or event name — count, oldest and newest
+/// buffering time — signals first, each kind in byte order of its keys (`Zed` before `a-1`);
+/// a delivered signal is not listed, a consumed one no longer counts; the kind, prefix,
+/// oldest-before and limit filters apply.
+pub async fn buffered_deliveries_are_listed_per_key(store: Arc<dyn Store>) -> CaseResult {
+    use BufferedKind::{Event, Signal};
+    let s = &*store;
+    assert_eq!(buffered(s, None, None, None, 100).await?, [], "nothing buffered yet");
+    buffer_some(s).await?;
+    let all = [
+        summary(Signal, "Zed", 1, 30, 30),
+        summary(Signal, "a-1", 1, 5, 5),
+        summary(Signal, "b-2", 2, 10, 20),
+        summary(Event, "order.paid", 2, 7, 9),
+    ];
+    assert_eq!(buffered(s, None, None, None, 100).await?, all, "every key, signals first, in byte order");
+    assert_eq!(buffered(s, None, None, None, 2).await?, all[..2], "the limit");
+    assert_eq!(buffered(s, None, None, None, 3).await?, all[..3], "the limit, across the kinds");
+    assert_eq!(buffered(s, Some(Event), None, None, 100).await?, all[3..], "events only");
+    assert_eq!(buffered(s, Some(Signal), None, None, 100).await?, all[..3], "signals only");
+    assert_eq!(buffered(s, None, Some("b-"), None, 100).await?, all[2..3], "a prefix");
+    assert_eq!(buffered(s, None, Some("order."), None, 100).await?, all[3..], "a prefix of an event name");
+    assert_eq!(buffered(s, None, Some("nothing"), None, 100).await?, [], "a prefix of no key");
+    assert_eq!(
+        buffered(s, None, None, Some(T0 + 10), 100).await?,
+        [all[1].clone(), all[3].clone()],
+        "keys whose oldest was buffered before +10 (b-2's oldest is at +10)"
+    );
+    start(s, "r").await?;
+    register_wait(s, signal_wait("r", 0, "b-2")).await?;
+    assert_eq!(checkpoint_at(s, "r", 0).await?.output, Some(json(json!("b-2@10"))), "the oldest is consumed");
+    assert_eq!(buffered(s, Some(Signal), Some("b-2"), None, 100).await?, [summary(Signal, "b-2", 1, 20, 20)]);
+    Ok(())
+}
+
+/// [`Store::purge_buffered`] deletes the buffered deliveries of exactly one kind and key —
+/// all of them, or those buffered before a time — and says how many; other keys, the other
+/// kind and later deliveries are kept, and a wait on the key then takes what is left.
+pub async fn purging_buffered_deliveries_deletes_only_those_asked(store: Arc<dyn Store>) -> CaseResult {
+    use BufferedKind::{Event, Signal};
+    let s = &*store;
+    buffer_some(s).await?;
+    let purge = |kind, key: &str, before: Option<Millis>| BufferedPurge {
+        kind,
+        key: key.to_string(),
+        buffered_before: before.map(|b| T0 + b),
+    };
+    assert_eq!(s.purge_buffered(&purge(Signal, "b-2", Some(20))).await?, 1, "b-2's delivery at +10, not +20");
+    assert_eq!(s.purge_buffered(&purge(Signal, "b-", None)).await?, 0, "a key is matched exactly");
+    assert_eq!(s.purge_buffered(&purge(Event, "a-1", None)).await?, 0, "the kind counts");
+    assert_eq!(s.purge_buffered(&purge(Signal, "unknown", None)).await?, 0);
+    assert_eq!(s.purge_buffered(&purge(Signal, "Zed", None)).await?, 1, "all of Zed's");
+    assert_eq!(s.purge_buffered(&purge(Event, "order.paid", Some(9))).await?, 1, "the event at +7");
+    assert_eq!(
+        buffered(s, None, None, None, 100).await?,
+        [summary(Signal, "a-1", 1, 5, 5), summary(Signal, "b-2", 1, 20, 20), summary(Event, "order.paid", 1, 9, 9)]
+    );
+    start(s, "r").await?;
+    register_wait(s, signal_wait("r", 0, "b-2")).await?;
+    register_wait(s, signal_wait("r", 1, "Zed")).await?;
+    register_wait(s, event_wait("r", 2, "order.paid", json!({}))).await?;
+    assert_eq!(checkpoint_at(s, "r", 0).await?.output, Some(json(json!("b-2@20"))), "what was kept is taken");
+    assert_eq!(checkpoint_at(s, "r", 2).await?.output, Some(json(json!({"n": 2}))));
+    assert_eq!(waiter_seqs(s, "r").await?, [1], "nothing is left for Zed: its wait registers");
     Ok(())
 }

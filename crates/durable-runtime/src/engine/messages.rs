@@ -4,7 +4,10 @@
 use std::sync::Arc;
 
 use durable_core::protocol::{self, TaskResult};
-use durable_core::{BufferAppend, Dedupe, Delivery, Gather, Millis, NewRun, Payload, Publish, Published, RunId};
+use durable_core::{
+    BufferAppend, BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Dedupe, Delivery, Gather, Millis,
+    NewRun, Payload, Publish, Published, RunId,
+};
 use serde::Serialize;
 use serde::de::DeserializeOwned;
 
@@ -56,6 +59,60 @@ fn check_name(what: &str, name: &str) -> Result<()> {
     match protocol::problem_of(what, name) {
         None => Ok(()),
         Some(reason) => Err(Error::InvalidName { what: protocol::described(what, name), reason }),
+    }
+}
+
+impl Engine {
+    /// The signals and events buffered because no wait took them yet, summed per token or
+    /// event name: how many, and when the oldest and the newest were buffered. Signals come
+    /// first, then events, each in byte order of their keys, at most `query.limit` keys.
+    ///
+    /// A buffered delivery waits for the next wait on its key, however long that takes; one
+    /// sent to a mistyped token, or to a run that already finished, stays until it is purged
+    /// ([`Engine::purge_buffered`]). `durable signals list` prints this.
+    ///
+    /// ```no_run
+    /// # async fn demo(engine: durable_runtime::Engine) -> durable_runtime::Result<()> {
+    /// use durable_core::{BufferedQuery, millis_before};
+    /// let week_ago = millis_before(engine.clock().now(), std::time::Duration::from_secs(7 * 86_400));
+    /// for key in engine.buffered(&BufferedQuery::signals().oldest_before(week_ago)).await? {
+    ///     println!("{} {:?}: {} waiting since {}", key.kind, key.key, key.count, key.oldest_at);
+    /// }
+    /// # Ok(()) }
+    /// ```
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for a prefix with a control character; store errors.
+    pub async fn buffered(&self, query: &BufferedQuery) -> Result<Vec<BufferedDeliveries>> {
+        if let Some(prefix) = &query.prefix
+            && protocol::has_control_char(prefix)
+        {
+            return Err(Error::InvalidName {
+                what: format!("buffered key prefix {prefix:?}"),
+                reason: "it has a control character".into(),
+            });
+        }
+        if query.limit == 0 {
+            return Ok(Vec::new());
+        }
+        Ok(self.shared().store.buffered(query).await?)
+    }
+
+    /// Deletes the buffered signals of one token, or the buffered events of one name: all of
+    /// them, or those buffered before [`BufferedPurge::buffered_before`]. Returns how many it
+    /// deleted. Runs and their waits are untouched; a delivery buffered after the purge is kept.
+    ///
+    /// # Errors
+    /// [`Error::InvalidName`] for an empty key or one with a control character; store errors.
+    pub async fn purge_buffered(&self, purge: &BufferedPurge) -> Result<u64> {
+        let what = match purge.kind {
+            BufferedKind::Signal => protocol::SIGNAL_TOKEN,
+            BufferedKind::Event => "event name",
+        };
+        if let Some(reason) = protocol::name_problem(&purge.key) {
+            return Err(Error::InvalidName { what: protocol::described(what, &purge.key), reason: reason.into() });
+        }
+        Ok(self.shared().store.purge_buffered(purge).await?)
     }
 }
 
