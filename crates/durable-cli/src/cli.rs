@@ -73,6 +73,24 @@ impl Cli {
     {
         let mut cmd = Cli::command();
         let args: Vec<OsString> = args.into_iter().map(Into::into).collect();
+        let flag_given = |id: &str| {
+            let flag = format!("--{id}");
+            args.iter().any(|a| a.to_str().is_some_and(|a| a == flag || a.starts_with(&format!("{flag}="))))
+        };
+        // A store flag on the command line wins over the other store's variable: `--url` with
+        // DURABLE_DB set (or `--db` with DURABLE_URL) is that one store, not a conflict.
+        for (flag, other) in [("url", "db"), ("db", "url")] {
+            if flag_given(flag) && !flag_given(other) {
+                cmd = cmd.mut_arg(other, |a| a.env(None));
+            }
+        }
+        let set = |var: &str| std::env::var_os(var).is_some_and(|v| !v.is_empty());
+        if !flag_given("db") && !flag_given("url") && set("DURABLE_DB") && set("DURABLE_URL") {
+            return Err(cmd.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "DURABLE_DB and DURABLE_URL are both set: unset one, or choose the store with --db or --url",
+            ));
+        }
         // A store variable set but empty reads as an empty flag value: ignored when the flag is
         // given, named otherwise.
         for (var, id) in [("DURABLE_DB", "db"), ("DURABLE_URL", "url"), ("DURABLE_SCHEMA", "schema")] {
@@ -80,9 +98,12 @@ impl Cli {
                 continue;
             }
             let flag = format!("--{id}");
-            let given =
-                args.iter().any(|a| a.to_str().is_some_and(|a| a == flag || a.starts_with(&format!("{flag}="))));
-            if !given {
+            let other_store = match id {
+                "db" => flag_given("url"),
+                "url" => flag_given("db"),
+                _ => false,
+            };
+            if !flag_given(id) && !other_store {
                 return Err(cmd.error(
                     clap::error::ErrorKind::InvalidValue,
                     format!("{var} is set but empty: unset it, or set it to a value for {flag}"),

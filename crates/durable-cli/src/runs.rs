@@ -461,6 +461,17 @@ fn write_file(path: &std::path::Path, text: &str) -> Result<()> {
     if path.is_dir() {
         return Err(Error::bad(format!("cannot write {}: it is a directory; name a file", path.display())));
     }
+    // A typo away from `--db`: never replace a database with an export.
+    let mut head = [0u8; 16];
+    if std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
+        && &head == b"SQLite format 3\0"
+    {
+        return Err(Error::bad(format!(
+            "cannot write {}: it is an SQLite database (a durable database?), which the export would replace; \
+             name another file",
+            path.display()
+        )));
+    }
     if let Some(parent) = path.parent().filter(|p| !p.as_os_str().is_empty()) {
         std::fs::create_dir_all(parent).map_err(|e| error("create the directory of", e))?;
     }

@@ -127,6 +127,34 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
     let ran =
         durable(dir.path()).env("DURABLE_DB", "").args(["runs", "list", "--db", dbs]).output().expect("run durable");
     assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    // A store flag wins over the other store's variable: --db with DURABLE_URL set lists the
+    // file; --url with DURABLE_DB set (even empty) goes to PostgreSQL (here nobody listens).
+    let ran = durable(dir.path())
+        .env("DURABLE_URL", "postgres://u@127.0.0.1:1/d")
+        .args(["runs", "list", "--db", dbs])
+        .output()
+        .expect("run durable");
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
+    for db_var in [dbs, ""] {
+        let ran = durable(dir.path())
+            .env("DURABLE_DB", db_var)
+            .args(["runs", "list", "--url", "postgres://u@127.0.0.1:1/d"])
+            .output()
+            .expect("run durable");
+        let stderr = String::from_utf8_lossy(&ran.stderr);
+        assert_eq!(ran.status.code(), Some(1), "DURABLE_DB={db_var:?}: {stderr}");
+        assert!(stderr.contains("127.0.0.1:1"), "{stderr}");
+    }
+    // Both variables and no flag: which store is meant is not known.
+    let ran = durable(dir.path())
+        .env("DURABLE_DB", dbs)
+        .env("DURABLE_URL", "postgres://u@127.0.0.1:1/d")
+        .args(["runs", "list"])
+        .output()
+        .expect("run durable");
+    let stderr = String::from_utf8_lossy(&ran.stderr);
+    assert_eq!(ran.status.code(), Some(2), "{stderr}");
+    assert!(stderr.contains("DURABLE_DB and DURABLE_URL are both set"), "{stderr}");
 }
 
 #[test]

@@ -69,4 +69,13 @@ fn exporting_an_unknown_run_or_to_an_unwritable_path_is_refused() {
         &["runs", "export", "demo-order-0", "--out", path_str(dir.path()), "--db", dbs],
         "is a directory",
     );
+    // The database itself (a typo away from --db): refused, and the database still opens.
+    let err = run_bad(dir.path(), &["runs", "export", "demo-order-0", "--out", dbs, "--db", dbs], "SQLite database");
+    assert!(err.contains("name another file"), "{err}");
+    run_ok(dir.path(), &["runs", "show", "demo-order-0", "--db", dbs]);
+    // An existing export is replaced as before.
+    let json = dir.path().join("order.json");
+    std::fs::write(&json, "old").unwrap();
+    run_ok(dir.path(), &["runs", "export", "demo-order-0", "--out", path_str(&json), "--db", dbs]);
+    assert!(std::fs::read_to_string(&json).unwrap().contains("demo-order-0"));
 }

@@ -120,17 +120,33 @@ pub fn task_step_name(name: &str) -> String {
     format!("task:{name}")
 }
 
+/// The longest name a store is asked to keep, in bytes of UTF-8: a ctx call's name, a signal
+/// token, an event, update or task name, a tag, a namespace, a concurrency or fairness key, a
+/// queue or a capability. PostgreSQL indexes most of them, and an index entry must fit in a
+/// third of a page (about 2,700 bytes): a longer name made every commit of its turn fail.
+pub const MAX_NAME_BYTES: usize = 1024;
+
 /// What is wrong with `name` as a signal token, event name, update name, task name or the
 /// name of a ctx call (step, child, remote step), if anything: it must have a character that
-/// is not whitespace, and no control character (PostgreSQL cannot store a NUL in text, and
-/// the CLI could not type one).
-pub fn name_problem(name: &str) -> Option<&'static str> {
+/// is not whitespace, and be storable ([`storage_problem`]).
+pub fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
-        Some("it must be non-empty")
+        Some("it must be non-empty".into())
     } else if name.chars().all(char::is_whitespace) {
-        Some("it is only whitespace")
-    } else if has_control_char(name) {
-        Some("it contains a control character")
+        Some("it is only whitespace".into())
+    } else {
+        storage_problem(name)
+    }
+}
+
+/// What keeps some store from keeping `name`, if anything: a control character (PostgreSQL
+/// cannot store a NUL in text, and the CLI could not type one), or more than
+/// [`MAX_NAME_BYTES`] bytes.
+pub fn storage_problem(name: &str) -> Option<String> {
+    if has_control_char(name) {
+        Some("it contains a control character".into())
+    } else if name.len() > MAX_NAME_BYTES {
+        Some(format!("it is {} bytes long, over the limit of {MAX_NAME_BYTES} bytes", name.len()))
     } else {
         None
     }
@@ -139,6 +155,15 @@ pub fn name_problem(name: &str) -> Option<&'static str> {
 /// Whether `name` holds a control character (PostgreSQL cannot store a NUL in text).
 pub fn has_control_char(name: &str) -> bool {
     name.chars().any(char::is_control)
+}
+
+/// `name` for a message, quoted: up to 80 characters of it, then how long it was.
+pub fn shown(name: &str) -> String {
+    const SHOWN: usize = 80;
+    match name.char_indices().nth(SHOWN) {
+        None => format!("{name:?}"),
+        Some((cut, _)) => format!("{:?}… ({} bytes)", &name[..cut], name.len()),
+    }
 }
 
 /// What the name check calls a signal token ([`check_name`]): one more rule applies to it, no
@@ -157,7 +182,7 @@ pub fn check_name(what: &str, name: &str) -> Result<(), String> {
 /// own messages: an update's validator, the run that is the child).
 pub fn problem_of(what: &str, name: &str) -> Option<String> {
     if let Some(reason) = name_problem(name) {
-        return Some(reason.to_string());
+        return Some(reason);
     }
     let prefix = reserved_prefix(name).filter(|_| what == SIGNAL_TOKEN)?;
     Some(format!(
@@ -167,9 +192,9 @@ pub fn problem_of(what: &str, name: &str) -> Option<String> {
 }
 
 /// `what` with the name it was given, for messages: `signal token "a b"` (`what` alone for an
-/// empty name).
+/// empty name; a long name is cut, [`shown`]).
 pub fn described(what: &str, name: &str) -> String {
-    if name.is_empty() { what.to_string() } else { format!("{what} {name:?}") }
+    if name.is_empty() { what.to_string() } else { format!("{what} {}", shown(name)) }
 }
 
 /// The prefixes of the tokens the engine delivers to itself: a child's result

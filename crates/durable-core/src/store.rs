@@ -635,7 +635,7 @@ pub fn encode_cursor(run: &Run) -> String {
 
 /// Parses [`encode_cursor`]'s format.
 pub fn decode_cursor(cursor: &str) -> StoreResult<(Millis, RunId)> {
-    cursor.split_once(':').and_then(|(t, id)| Some((t.parse().ok()?, RunId::new(id)))).ok_or_else(|| {
+    cursor.split_once(':').and_then(|(t, id)| Some((t.parse().ok()?, RunId::parse(id).ok()?))).ok_or_else(|| {
         StoreError::NotFound {
             what: format!("list cursor {cursor:?} is malformed; pass a cursor returned by list_runs"),
         }

@@ -93,7 +93,11 @@ impl ConcurrencyKey {
 
     /// The key of a run with `input`.
     pub(crate) fn key_of(&self, input: &Payload) -> std::result::Result<String, String> {
-        (self.key)(input)
+        let key = (self.key)(input)?;
+        match protocol::storage_problem(&key) {
+            None => Ok(key),
+            Some(problem) => Err(format!("the concurrency key {}: {problem}", protocol::shown(&key))),
+        }
     }
 }
 

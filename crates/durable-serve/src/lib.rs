@@ -191,8 +191,10 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
         .headers()
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "))
-        .map(|t| t.trim().to_string());
+        .and_then(|v| v.split_once(' '))
+        // The scheme is case-insensitive (RFC 9110): `bearer` and `BEARER` are `Bearer`.
+        .filter(|(scheme, _)| scheme.eq_ignore_ascii_case("bearer"))
+        .map(|(_, t)| t.trim().to_string());
     let given = bearer.or_else(|| query_token(&request));
     match given {
         Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => next.run(request).await,

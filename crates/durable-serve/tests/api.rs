@@ -244,6 +244,12 @@ async fn every_endpoint(store: Arc<dyn Store>) {
         ("GET", "/api/runs?limit=ten", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/runs?created_after=-1", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/runs?cursor=garbage", None, StatusCode::BAD_REQUEST, "bad_request"),
+        // Values no run can have (PostgreSQL refused the NUL with a 500 once).
+        ("GET", "/api/runs?workflow=%00", None, StatusCode::BAD_REQUEST, "bad_request"),
+        ("GET", "/api/runs?tag=a%00b", None, StatusCode::BAD_REQUEST, "bad_request"),
+        ("GET", "/api/runs?namespace=%00", None, StatusCode::BAD_REQUEST, "bad_request"),
+        ("GET", "/api/runs?cursor=1:%00", None, StatusCode::BAD_REQUEST, "bad_request"),
+        ("GET", "/api/events?workflow=%00", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/runs?colour=red", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/runs?limit=1&limit=2", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/runs/nope", None, StatusCode::NOT_FOUND, "not_found"),
@@ -357,6 +363,11 @@ async fn protected_reads_need_the_token() {
         assert_eq!(status(uri, Some("nope")).await, StatusCode::UNAUTHORIZED, "{uri}");
     }
     assert_eq!(status("/api/runs", Some(TOKEN)).await, StatusCode::OK);
+    // The scheme is case-insensitive.
+    for scheme in ["bearer", "BEARER"] {
+        let req = Request::get("/api/runs").header("authorization", format!("{scheme} {TOKEN}"));
+        assert_eq!(app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap().status(), StatusCode::OK);
+    }
     assert_eq!(status(&format!("/api/events?access_token={TOKEN}"), None).await, StatusCode::OK);
     for uri in ["/", "/healthz", "/api/openapi.json"] {
         assert_eq!(status(uri, None).await, StatusCode::OK, "{uri}");

@@ -306,14 +306,18 @@ impl Turn {
         if self.stop.is_some() {
             return Checked::Stopped;
         }
-        // Before a new call runs or is written: a control character cannot be stored by every
-        // store (PostgreSQL refuses a NUL in text), and the commit would fail at every retry.
-        // A call recorded already was stored: its replay goes on.
-        if self.history.get(seq).is_none() && protocol::has_control_char(name) {
+        // Before a new call runs or is written: a name some store cannot keep (PostgreSQL
+        // refuses a NUL in text, and a name over an index entry's size) would fail the commit
+        // at every retry. A call recorded already was stored: its replay goes on.
+        if self.history.get(seq).is_none()
+            && let Some(problem) = protocol::storage_problem(name)
+        {
             self.fail_invalid_name(format!(
-                "the {} call at seq {seq} is named {name:?}, which contains a control character; \
-                 name steps, children, remote steps, waits and state keys without them",
-                kind.as_str()
+                "the {} call at seq {seq} is named {}: {problem}; name steps, children, remote steps, \
+                 waits and state keys without control characters, in at most {} bytes",
+                kind.as_str(),
+                protocol::shown(name),
+                protocol::MAX_NAME_BYTES
             ));
             return Checked::Stopped;
         }
@@ -403,6 +407,19 @@ impl Turn {
         // A step resumed after a durable backoff (or a crash) keeps when it first ran and the
         // error that caused the retry.
         let recorded = self.history.get(seq);
+        if recorded.is_none()
+            && let Some(g) = call.gate
+            && let Some(problem) = protocol::storage_problem(g.fairness_key)
+        {
+            self.fail_invalid_name(format!(
+                "the step {:?} at seq {seq} has the fairness key {}: {problem}; use keys without control \
+                 characters, in at most {} bytes",
+                call.name,
+                protocol::shown(g.fairness_key),
+                protocol::MAX_NAME_BYTES
+            ));
+            return StepBegin::Stopped;
+        }
         let last_error = recorded.and_then(|c| c.error.clone());
         let started_at = recorded.map_or(now, |c| c.started_at);
         self.attempts.insert(
@@ -979,12 +996,14 @@ impl Turn {
         };
         let recorded = self.history.get(seq).map(|c| (c.status, c.wake_at, c.attempts));
         if recorded.is_none()
-            && let Some((what, value)) = routing_with_control_char(&call)
+            && let Some((what, value, problem)) = unstorable_routing(&call)
         {
             self.fail_invalid_name(format!(
-                "the remote step {:?} at seq {seq} has the {what} {value:?}, which contains a control character; \
-                 route remote steps with names without them",
-                call.name
+                "the remote step {:?} at seq {seq} has the {what} {}: {problem}; route remote steps with names \
+                 without control characters, in at most {} bytes",
+                call.name,
+                protocol::shown(value),
+                protocol::MAX_NAME_BYTES
             ));
             return RemoteBegin::Stopped;
         }
@@ -1165,11 +1184,15 @@ impl Turn {
 }
 
 /// A routing name of a remote step (its queue, a required capability, its fairness key) that
-/// holds a control character, which not every store can keep: what it is and its value.
-fn routing_with_control_char<'a>(call: &RemoteCall<'a>) -> Option<(&'static str, &'a str)> {
+/// not every store can keep ([`protocol::storage_problem`]): what it is, its value and why.
+fn unstorable_routing<'a>(call: &RemoteCall<'a>) -> Option<(&'static str, &'a str, String)> {
     let o = call.options;
     let queue = o.queue.as_deref().map(|q| ("queue", q));
     let requires = o.requires.iter().map(|c| ("required capability", c.as_str()));
     let fairness = call.gate.map(|g| ("fairness key", g.fairness_key));
-    queue.into_iter().chain(requires).chain(fairness).find(|(_, v)| protocol::has_control_char(v))
+    queue
+        .into_iter()
+        .chain(requires)
+        .chain(fairness)
+        .find_map(|(what, v)| Some((what, v, protocol::storage_problem(v)?)))
 }

@@ -339,10 +339,12 @@ impl Turn {
             }
             Patched::Record => {
                 self.next_seq += 1;
-                if protocol::has_control_char(id) {
+                if let Some(problem) = protocol::storage_problem(id) {
                     self.fail_invalid_name(format!(
-                        "ctx.patched at seq {seq} is named {id:?}, which contains a control character; \
-                         name patches without them"
+                        "ctx.patched at seq {seq} is named {}: {problem}; name patches without control \
+                         characters, in at most {} bytes",
+                        protocol::shown(id),
+                        protocol::MAX_NAME_BYTES
                     ));
                     return false;
                 }

@@ -986,6 +986,30 @@ fn a_new_call_named_with_a_control_character_fails_the_run_and_a_recorded_one_re
 }
 
 #[test]
+fn a_new_call_named_over_the_name_limit_fails_the_run_and_one_at_the_limit_runs() {
+    let policy = RetryPolicy::none();
+    let over = "n".repeat(protocol::MAX_NAME_BYTES + 1);
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step(&over, &policy), 10), StepBegin::Stopped);
+    let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("not failed: {:?}", t.stopped()) };
+    assert_eq!(e.code(), Some(codes::INVALID_NAME));
+    assert!(e.message.contains("1025 bytes long, over the limit of 1024 bytes"), "{}", e.message);
+    assert!(e.message.len() < 400, "the name is cut in the message: {}", e.message);
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal(&over), 10), WaitBegin::Stopped);
+    let at_limit = "n".repeat(protocol::MAX_NAME_BYTES);
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, step(&at_limit, &policy), 10), StepBegin::Run { .. }), "{:?}", t.stopped());
+    // Recorded before the rule: the replay goes on.
+    let mut t = turn(vec![cp(0, &over, StepKind::Step, CheckpointStatus::Completed, 5)]);
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, step(&over, &policy), 10), StepBegin::Return(_)), "{:?}", t.stopped());
+}
+
+#[test]
 fn a_new_wait_on_one_of_the_engines_own_tokens_fails_the_run() {
     for token in ["child:r:0", "update:r:qty", "task:r:review", "remote:r:0"] {
         let mut t = turn(vec![]);

@@ -82,15 +82,13 @@ impl Engine {
     /// ```
     ///
     /// # Errors
-    /// [`Error::InvalidName`] for a prefix with a control character; store errors.
+    /// [`Error::InvalidName`] for a prefix no store could hold (a control character, over
+    /// [`MAX_NAME_BYTES`](protocol::MAX_NAME_BYTES)); store errors.
     pub async fn buffered(&self, query: &BufferedQuery) -> Result<Vec<BufferedDeliveries>> {
         if let Some(prefix) = &query.prefix
-            && protocol::has_control_char(prefix)
+            && let Some(reason) = protocol::storage_problem(prefix)
         {
-            return Err(Error::InvalidName {
-                what: format!("buffered key prefix {prefix:?}"),
-                reason: "it has a control character".into(),
-            });
+            return Err(Error::InvalidName { what: protocol::described("buffered key prefix", prefix), reason });
         }
         if query.limit == 0 {
             return Ok(Vec::new());
@@ -110,7 +108,7 @@ impl Engine {
             BufferedKind::Event => "event name",
         };
         if let Some(reason) = protocol::name_problem(&purge.key) {
-            return Err(Error::InvalidName { what: protocol::described(what, &purge.key), reason: reason.into() });
+            return Err(Error::InvalidName { what: protocol::described(what, &purge.key), reason });
         }
         Ok(self.shared().store.purge_buffered(purge).await?)
     }

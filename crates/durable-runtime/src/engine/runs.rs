@@ -139,8 +139,11 @@ impl Engine {
             options.namespace.or_else(|| shared.config.namespace.clone()).unwrap_or_else(|| "default".into());
         let named = |what: &str, name: &str| {
             durable_core::protocol::name_problem(name).map(|reason| Error::InvalidName {
-                what: format!("{what} {name:?} of the start of workflow {workflow:?}"),
-                reason: reason.to_string(),
+                what: format!(
+                    "{} of the start of workflow {workflow:?}",
+                    durable_core::protocol::described(what, name)
+                ),
+                reason,
             })
         };
         if let Some(e) = named("namespace", &namespace) {
@@ -303,6 +306,15 @@ impl Engine {
 
     /// Lists runs, newest first (see [`RunFilter`]).
     pub async fn list_runs(&self, filter: &RunFilter) -> Result<RunPage> {
+        // A value no run can have (a NUL, which PostgreSQL refuses as a parameter too): say so.
+        let named = [("workflow", &filter.workflow), ("namespace", &filter.namespace), ("tag", &filter.tag)];
+        for (what, value) in named {
+            if let Some(value) = value
+                && let Some(reason) = protocol::storage_problem(value)
+            {
+                return Err(Error::InvalidName { what: protocol::described(&format!("{what} filter"), value), reason });
+            }
+        }
         Ok(self.inner.shared.store.list_runs(filter).await?)
     }
 
