@@ -18,6 +18,7 @@ on_every_store!(
     an_export_round_trips_exactly_while_suspended_and_once_completed,
     checking_a_history_on_the_engine_that_holds_it_writes_and_emits_nothing,
     an_imported_run_continues_where_it_was_exported,
+    an_imported_run_whose_remote_step_was_out_sends_it_again,
 );
 
 const HOUR: Duration = Duration::from_secs(3600);
@@ -433,6 +434,65 @@ async fn an_imported_run_continues_where_it_was_exported(s: StoreFixture) {
     let err = local.import_history(&other).await.unwrap_err();
     assert!(matches!(&err, Error::Import { run_id, .. } if run_id.as_str() == "elsewhere"), "{err:?}");
     assert!(local.get_run(&other.run.id).await.unwrap().is_none(), "nothing was written");
+    local.shutdown().await;
+}
+
+/// A run exported while its remote step's attempt was out (a task no worker answered) holds
+/// no task in its export. Imported elsewhere, the attempt is recorded as re-dispatched and the
+/// run made due: a worker of the new store gets the next attempt, and the run completes.
+async fn an_imported_run_whose_remote_step_was_out_sends_it_again(s: StoreFixture) {
+    let register = |t: &TestEngine| {
+        t.register("charge", 1, |ctx: WorkflowCtx, n: u32| async move {
+            let local: u32 = ctx.step("prepare", move |_| async move { Ok(n + 1) }).await?;
+            let charged: u32 = ctx.remote_step("charge", &local).await?;
+            Ok::<_, WorkflowError>(charged)
+        });
+    };
+    // "Production": no worker serves `charge`, so the attempt stays out.
+    let prod = TestEngine::new();
+    register(&prod);
+    let id = prod.start("charge", &4u32, StartOptions::id("charge-1")).await.unwrap().id;
+    let export = export_parked(&prod, &id).await;
+    prod.shutdown().await;
+    let out = export.checkpoints.iter().find(|c| c.kind == StepKind::Remote).expect("the remote step's checkpoint");
+    assert_eq!((out.seq, out.status, out.attempts), (1, durable_core::CheckpointStatus::Running, 1));
+    assert_eq!(export.waiters.len(), 1, "the run waits for the step's result");
+
+    // Imported: the attempt is ended as re-dispatched, its wait dropped, the run due now (on
+    // the clock the local engine runs by).
+    let clock = durable_runtime::VirtualClock::starting_2026();
+    let importer = Engine::builder().shared_store(s.store.clone()).clock(clock.clone()).client_only().build().unwrap();
+    let run = importer.import_history(&export).await.unwrap();
+    assert_eq!(run.status, RunStatus::Suspended);
+    assert!(run.wake_at.is_some_and(|at| at <= importer.clock().now()), "due now: {:?}", run.wake_at);
+    let imported = importer.export_history(&id).await.unwrap();
+    let cp = &imported.checkpoints[1];
+    assert_eq!((cp.status, cp.attempts), (durable_core::CheckpointStatus::Waiting, 1));
+    let error = cp.error.as_ref().expect("the ended attempt's error");
+    assert_eq!(error.code(), Some(codes::REDISPATCH));
+    assert!(error.message.contains("was out when run charge-1 was exported"), "{}", error.message);
+    assert_eq!(imported.waiters, [], "no wait for a result that cannot come");
+    importer.shutdown().await;
+
+    // A worker of this store takes the next attempt; the local step is not run again.
+    let local = TestEngine::with_parts(s.store.clone(), clock, durable_conformance::test_config());
+    register(&local);
+    let worker = durable_runtime::Worker::builder()
+        .engine(local.engine())
+        .handle("charge", |ctx, n: u32| async move { Ok::<_, durable_runtime::StepError>(n * 10 + ctx.attempt()) })
+        .build();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running = tokio::spawn(async move {
+        worker
+            .run(async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    let done = tokio::time::timeout(Duration::from_secs(30), local.wait_for_run(&id)).await.expect("a hang guard");
+    assert_eq!(done.unwrap().output::<u32>().unwrap(), 52, "attempt 2 of charge(5)");
+    let _ = stop.send(());
+    running.await.unwrap();
     local.shutdown().await;
 }
 

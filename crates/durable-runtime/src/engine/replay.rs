@@ -4,8 +4,8 @@
 use std::collections::HashMap;
 
 use durable_core::{
-    Claim, ClaimOutcome, Commit, CreateRun, End, HistoryExport, NewRun, Replayed, Run, RunPatch, RunStatus, TurnConfig,
-    TurnEnd,
+    Checkpoint, CheckpointStatus, Claim, ClaimOutcome, Commit, CreateRun, End, HistoryExport, Millis, NewRun, Replayed,
+    Run, RunPatch, RunStatus, StepError, StepKind, TurnConfig, TurnEnd, codes,
 };
 
 use super::Engine;
@@ -90,7 +90,11 @@ impl Engine {
     ///
     /// A `completed`, `failed`, `cancelled` or `dead` run is stored settled. A `suspended` run is
     /// stored suspended: a worker with its workflow registered continues it when it is woken
-    /// (import the runs it waits on — its children — too). A `pending` or `running` run is
+    /// (import the runs it waits on — its children — too; a `blocked` run is stored suspended,
+    /// and blocked again if no worker can take its remote step). A remote step whose attempt was
+    /// out when the run was exported has no task here (an export holds none): its attempt is
+    /// recorded as re-dispatched and the run made due, so its next turn sends the next attempt
+    /// to the workers of this store, as [`Engine::redispatch_pending`] does. A `pending` or `running` run is
     /// stored `pending`: a worker picks it up and replays it, executing what the history has no
     /// result for, with its real side effects.
     ///
@@ -143,15 +147,17 @@ impl Engine {
         }
         let mut commit = Commit::new(run.id.clone(), shared.owner.clone(), now);
         commit.checkpoints = history.checkpoints.clone();
+        let redispatched = end_attempts_out(&mut commit.checkpoints, now);
         commit.state = history.state.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let back_to_pending = match run.status {
             RunStatus::Pending | RunStatus::Running => {
                 store.commit(commit).await?;
                 true
             }
-            RunStatus::Suspended => {
-                commit.waits = history.waiters.clone();
-                commit.end = Some(TurnEnd::Suspend { wake_at: run.wake_at, seen_wake_gen: claimed.wake_gen });
+            RunStatus::Suspended | RunStatus::Blocked => {
+                commit.waits = history.waiters.iter().filter(|w| !redispatched.contains(&w.seq)).cloned().collect();
+                let wake_at = if redispatched.is_empty() { run.wake_at } else { Some(now) };
+                commit.end = Some(TurnEnd::Suspend { wake_at, seen_wake_gen: claimed.wake_gen });
                 // A buffered delivery the waits consumed leaves the run running: let a worker
                 // replay it from pending.
                 store.commit(commit).await?.woken
@@ -173,4 +179,30 @@ impl Engine {
         }
         store.get_run(&run.id).await?.ok_or_else(|| Error::RunNotFound(run.id.clone()))
     }
+}
+
+/// Ends the attempts of remote steps that were out when the run was exported (`running`
+/// checkpoints of kind `remote`): an export holds no task, so no worker here could ever answer
+/// them. Each is recorded as [`Engine::redispatch_pending`] records one (`waiting`, with a
+/// retryable `redispatch` error), which the next turn answers with the next attempt at once.
+/// Returns their seqs, whose waits are not registered.
+fn end_attempts_out(checkpoints: &mut [Checkpoint], now: Millis) -> Vec<u32> {
+    let mut ended = Vec::new();
+    for cp in checkpoints.iter_mut() {
+        if cp.kind == StepKind::Remote && cp.status == CheckpointStatus::Running {
+            cp.status = CheckpointStatus::Waiting;
+            cp.error = Some(
+                StepError::retryable(format!(
+                    "attempt {} of remote step {:?} was out when run {} was exported; it is sent again where \
+                     the run was imported",
+                    cp.attempts, cp.name, cp.run_id
+                ))
+                .with_code(codes::REDISPATCH),
+            );
+            cp.wake_at = None;
+            cp.updated_at = now;
+            ended.push(cp.seq);
+        }
+    }
+    ended
 }
