@@ -42,7 +42,9 @@
 //!   capturing `p.runs.>` and `p.prio.>`, with **work-queue retention**: an item leaves the
 //!   stream when a consumer acks it. Duplicate window: [`StreamOptions::dedupe_window`]
 //!   (2 minutes by default); an item nobody consumes expires after [`StreamOptions::max_age`]
-//!   (24 hours by default). [`NatsTransport::delete`] deletes it.
+//!   (24 hours by default). [`NatsTransport::delete`] deletes it. Two prefixes that differ only
+//!   in case or punctuation (`prod.orders`, `PROD_orders`) map to one stream name: connecting
+//!   with the second is refused, naming the subjects the stream carries.
 //! - **Subjects**: an item is published to `p.runs.<ns>` (or `p.prio.<ns>`, below), where `<ns>`
 //!   is `n` followed by the namespace's UTF-8 bytes in hex (`orders` → `n6f7264657273`), or `_`
 //!   when it was sent with no namespace. Its `Nats-Msg-Id` header is the item's dedupe key, so

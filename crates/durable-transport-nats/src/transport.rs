@@ -332,6 +332,19 @@ impl Shared {
                             self.stream, found.retention
                         )));
                     }
+                    // Another prefix maps to this stream name (the name keeps only letters and
+                    // digits, upper-cased): its stream would not capture this prefix's items.
+                    if !config.subjects.iter().all(|s| found.subjects.contains(s)) {
+                        return Err(TransportError::Unavailable(format!(
+                            "stream {} exists for other subjects ({}), not those of prefix {:?} ({}): another \
+                             prefix maps to the same stream name; use a prefix that differs in more than case \
+                             and punctuation",
+                            self.stream,
+                            found.subjects.join(", "),
+                            self.prefix,
+                            config.subjects.join(", ")
+                        )));
+                    }
                     return Ok(());
                 }
                 Err(e) => e,

@@ -317,3 +317,36 @@ async fn the_stream_is_a_work_queue_with_the_options_it_was_created_with() {
     // Deleting twice is fine.
     t.delete().await.expect("delete again");
 }
+
+/// Prefixes that differ only in case or punctuation map to one stream name: the second is
+/// refused at connect, naming both sets of subjects, instead of publishing to subjects no
+/// stream captures.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_prefix_whose_stream_name_is_taken_by_another_prefix_is_refused() {
+    let Some(url) = url_or_skip("a_prefix_whose_stream_name_is_taken_by_another_prefix_is_refused") else { return };
+    let prefix = durable_transport_nats::test_support::unique_prefix("clash");
+    let first = durable_transport_nats::NatsTransport::connect(&url, &prefix).await.expect("connect");
+    for other in [prefix.to_uppercase(), prefix.replace('_', "-")] {
+        assert_eq!(names_stream(&other), first.stream_name(), "{other} maps to the same stream");
+        let Err(e) = durable_transport_nats::NatsTransport::connect(&url, &other).await else {
+            panic!("{other}: connected to another prefix's stream")
+        };
+        let message = e.to_string();
+        assert!(message.contains("another prefix maps to the same stream name"), "{message}");
+        assert!(
+            message.contains(&format!("{prefix}.runs.>")) && message.contains(&format!("{other}.runs.>")),
+            "{message}"
+        );
+    }
+    first.dispatch_runs(None, vec![item("x")]).await.expect("dispatch");
+    assert_eq!(first.queued().await.expect("queued"), 1, "the first prefix is unaffected");
+    first.delete().await.expect("delete");
+}
+
+/// The stream name of a prefix, as the crate documents it: letters and digits upper-cased, any
+/// other character `_`, then `_RUNS`.
+fn names_stream(prefix: &str) -> String {
+    let part: String =
+        prefix.chars().map(|c| if c.is_ascii_alphanumeric() { c.to_ascii_uppercase() } else { '_' }).collect();
+    format!("{part}_RUNS")
+}
