@@ -251,7 +251,11 @@ pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create:
             return Err(too_new(target, schema, found));
         }
         None if !create => {
-            return Err(Error::SchemaNotFound { target: target.into(), schema: schema.into() });
+            // Say which: another program's schema (a worker would refuse it too), or none.
+            return Err(match foreign_tables(client, target, schema).await? {
+                Some(tables) => Error::ForeignSchema { target: target.into(), schema: schema.into(), tables },
+                None => Error::SchemaNotFound { target: target.into(), schema: schema.into() },
+            });
         }
         _ => {}
     }
@@ -265,6 +269,21 @@ pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create:
             Err(e)
         }
     }
+}
+
+/// The first tables (and views) of a schema without a durable schema version, if it has any:
+/// another program's, which durable never initialises.
+async fn foreign_tables(client: &Client, target: &str, schema: &str) -> Result<Option<String>> {
+    let rows = client
+        .query(
+            "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
+             WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') ORDER BY 1 LIMIT 6",
+            &[&schema],
+        )
+        .await
+        .map_err(|e| query_error(target, "listing the schema's tables", e))?;
+    let tables: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
+    Ok((!tables.is_empty()).then(|| tables.join(", ")))
 }
 
 fn too_new(target: &str, schema: &str, found: u32) -> Error {
@@ -295,21 +314,8 @@ async fn migrate_locked(client: &Client, target: &str, schema: &str) -> Result<(
         None => {
             // No durable schema here: only an empty schema may be initialised, never one holding
             // another program's tables.
-            let rows = client
-                .query(
-                    "SELECT c.relname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace \
-                     WHERE n.nspname = $1 AND c.relkind IN ('r', 'p', 'v', 'm', 'f') ORDER BY 1 LIMIT 6",
-                    &[&schema],
-                )
-                .await
-                .map_err(|e| query_error(target, "listing the schema's tables", e))?;
-            if !rows.is_empty() {
-                let tables: Vec<String> = rows.iter().map(|r| r.get::<_, String>(0)).collect();
-                return Err(Error::ForeignSchema {
-                    target: target.into(),
-                    schema: schema.into(),
-                    tables: tables.join(", "),
-                });
+            if let Some(tables) = foreign_tables(client, target, schema).await? {
+                return Err(Error::ForeignSchema { target: target.into(), schema: schema.into(), tables });
             }
             client
                 .batch_execute(&format!(

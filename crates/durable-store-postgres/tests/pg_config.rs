@@ -134,6 +134,16 @@ async fn schema_with_foreign_tables_is_refused() {
     let msg = assert_one_line(&e);
     assert!(matches!(e, Error::ForeignSchema { .. }), "{e:?}");
     assert!(msg.contains("orders"), "{msg}");
+    // Opened without creating (as the operator commands open it): the same answer, not "no
+    // durable schema, let a worker create it" (a worker would refuse it too).
+    let e = PostgresStore::connect_with(&url, scratch.options().create_if_missing(false))
+        .await
+        .expect_err("foreign schema is refused");
+    assert!(matches!(e, Error::ForeignSchema { .. }), "{e:?}");
+    // A schema that does not exist at all is not found.
+    let missing = scratch.options().schema(format!("{}_none", scratch.name())).create_if_missing(false);
+    let e = PostgresStore::connect_with(&url, missing).await.expect_err("no schema");
+    assert!(matches!(e, Error::SchemaNotFound { .. }), "{e:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
