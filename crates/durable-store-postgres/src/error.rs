@@ -308,6 +308,13 @@ pub(crate) fn connect_error(target: &str, e: tokio_postgres::Error) -> Error {
         _ if e.to_string().contains("timed out") => {
             "timed out: is the host reachable and the port right? (PostgresOptions::connect_timeout)".to_string()
         }
+        // `sslmode=require` (or `verify-*`) in the URL, and this connection has no TLS.
+        _ if describe(&e).contains("no TLS implementation configured") => {
+            "the URL asks for TLS (sslmode), but PostgresStore::connect speaks plain TCP or a Unix socket: \
+             drop sslmode=require, or build a deadpool_postgres pool with a TLS connector and pass it to \
+             PostgresStore::from_pool"
+                .to_string()
+        }
         _ => describe(&e),
     };
     if e.is_closed() || io_kind.is_some() || reason.starts_with("timed out") {

@@ -35,6 +35,16 @@ async fn malformed_url_is_a_clear_error() {
 }
 
 #[tokio::test]
+async fn a_url_asking_for_tls_says_how_to_get_it() {
+    let Some(url) = url_or_skip("a_url_asking_for_tls_says_how_to_get_it") else { return };
+    let tls = format!("{url}{}sslmode=require", if url.contains('?') { '&' } else { '?' });
+    let e = PostgresStore::connect(&tls).await.expect_err("no TLS here");
+    let msg = assert_one_line(&e);
+    assert!(msg.contains("sslmode") && msg.contains("PostgresStore::from_pool"), "{msg}");
+    assert!(!e.is_retryable(), "a configuration error, not a passing one: {e:?}");
+}
+
+#[tokio::test]
 async fn invalid_options_are_refused_before_connecting() {
     let e = PostgresStore::connect_with("postgres://u@127.0.0.1:1/d", PostgresOptions::new().schema("")).await;
     let e = e.expect_err("an empty schema name is refused");
