@@ -67,3 +67,45 @@ async fn a_failing_batch_leaves_each_reader_to_read_its_run_alone() {
     assert!(store.calls(Method::GetRun) >= RUNS, "each waiter read its run alone after its batch failed");
     engine.shutdown().await;
 }
+
+/// A store out of reach for a moment (retryable errors on every read) does not end a wait: it
+/// looks again until the store answers, and returns the run's outcome. An error that will not
+/// pass ends it at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_wait_rides_out_a_store_outage_and_stops_at_an_error_that_stays() {
+    let store = Arc::new(FaultyStore::new(MemoryStore::new()));
+    let mut config = EngineConfig::default();
+    config.wait_poll_interval = Duration::from_millis(5);
+    let engine = Engine::builder().shared_store(store.clone()).config(config).build().unwrap();
+    engine.register("approve", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.wait_for_signal("ok").await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let run = engine.start("approve", &(), StartOptions::id("a")).await.unwrap().id;
+    engine.wait_until_suspended_or_terminal(&run).await.unwrap();
+    // Every read of a run fails (retryable) until the fault is cleared.
+    let reads = || Fault::when(|c| matches!(c.method, Method::GetRun | Method::GetRuns));
+    store.arm(reads());
+    let waiter = tokio::spawn({
+        let (engine, run) = (engine.clone(), run.clone());
+        async move { engine.wait_for_run(&run).await }
+    });
+    while store.injected() < 3 && !waiter.is_finished() {
+        tokio::task::yield_now().await;
+    }
+    assert!(!waiter.is_finished(), "the wait ended on a retryable error");
+    store.clear_faults();
+    engine.signal("ok", &7u32).await.unwrap();
+    let outcome = tokio::time::timeout(Duration::from_secs(30), waiter).await.expect("a hang guard").unwrap();
+    assert_eq!(outcome.unwrap().output::<u32>().unwrap(), 7);
+
+    // Not retryable: the wait ends with it.
+    let run = engine.start("approve", &(), StartOptions::id("b")).await.unwrap().id;
+    engine.wait_until_suspended_or_terminal(&run).await.unwrap();
+    store.arm(
+        reads().error(|_| durable_core::StoreError::Unavailable { message: "disk gone".into(), retryable: false }),
+    );
+    let e = engine.wait_for_run(&run).await.unwrap_err();
+    assert!(e.to_string().contains("disk gone"), "{e}");
+    engine.shutdown().await;
+}

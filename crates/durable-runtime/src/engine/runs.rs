@@ -190,6 +190,11 @@ impl Engine {
 
     /// Waits until the run is terminal (completed, failed, cancelled or dead). Works for runs
     /// executed by other processes too (it re-reads the store).
+    ///
+    /// A store out of reach for a moment (a retryable [`StoreError`](durable_core::StoreError),
+    /// as while PostgreSQL restarts) does not end the wait: it looks again, less often each
+    /// time, up to every 5 s, for as long as the outage lasts; bound it with
+    /// [`Engine::wait_for_run_timeout`]. Any other error ends it.
     pub async fn wait_for_run(&self, id: &RunId) -> Result<RunOutcome> {
         self.wait(id, false, None).await
     }

@@ -174,6 +174,8 @@ impl Shared {
             // First, and after a notify from this engine: read the run itself. When the
             // interval passes without one: read it with every other watched run.
             let mut read_alone = true;
+            // How long to wait before looking again after a retryable store error.
+            let mut outage = self.config.wait_poll_interval;
             loop {
                 let notified = watch.notify.notified();
                 tokio::pin!(notified);
@@ -183,16 +185,32 @@ impl Shared {
                 if suspended_is_enough {
                     suspended.as_mut().enable();
                 }
-                let run = if read_alone {
-                    self.read_run(id).await?
-                } else {
+                let read = async {
+                    if read_alone {
+                        return Ok(self.read_run(id).await?);
+                    }
                     self.refresh_watched().await?;
                     let seen = watch.seen.lock().clone();
                     match seen {
-                        Some(run) => run,
-                        None => self.read_run(id).await?,
+                        Some(run) => Ok(run),
+                        None => Ok(self.read_run(id).await?),
                     }
                 };
+                let run = match read.await {
+                    Ok(run) => run,
+                    // The store is out of reach for a moment (a restart, a dropped connection):
+                    // the run goes on where it executes, so look again, less often each time
+                    // (up to every 5 s). Only an error that will not pass ends the wait.
+                    Err(Error::Store(e)) if e.is_retryable() => {
+                        tracing::debug!(run = %id, error = %e, "waiting for a run: the store is unavailable; looking again");
+                        tokio::time::sleep(outage).await;
+                        outage = (outage * 2).min(Duration::from_secs(5));
+                        read_alone = true;
+                        continue;
+                    }
+                    Err(e) => return Err(e),
+                };
+                outage = self.config.wait_poll_interval;
                 let run = run.ok_or_else(|| Error::RunNotFound(id.clone()))?;
                 if done(&run) {
                     return Ok(run);
