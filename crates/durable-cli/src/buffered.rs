@@ -33,11 +33,14 @@ pub(crate) async fn list(store: &StoreArgs, args: &SignalsListArgs, out: &mut dy
         kind: args.kind.map(BufferKindArg::kind),
         prefix: args.prefix.clone(),
         oldest_before: before(args.older_than),
-        limit: args.limit as usize,
+        // One more than shown, to tell whether there are more.
+        limit: args.limit as usize + 1,
     };
     let store = store.open(Access::Existing).await?;
     with_operator_engine(store, |engine| async move {
-        let keys = engine.buffered(&query).await?;
+        let mut keys = engine.buffered(&query).await?;
+        let more = keys.len() > args.limit as usize;
+        keys.truncate(args.limit as usize);
         if args.json {
             for k in &keys {
                 let line = json!({
@@ -68,8 +71,8 @@ pub(crate) async fn list(store: &StoreArgs, args: &SignalsListArgs, out: &mut dy
             ]);
         }
         table.write(out, "")?;
-        if keys.len() == query.limit {
-            let n = query.limit;
+        if more {
+            let n = keys.len();
             writeln!(out, "(the first {n} key{}: narrow with --prefix or --kind, or raise --limit)", plural(n as u64))?;
         }
         Ok(())

@@ -463,7 +463,8 @@ fn write_file(path: &std::path::Path, text: &str) -> Result<()> {
     }
     // A typo away from `--db`: never replace a database with an export.
     let mut head = [0u8; 16];
-    if std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
+    if path.metadata().is_ok_and(|m| m.is_file())
+        && std::fs::File::open(path).and_then(|mut f| std::io::Read::read_exact(&mut f, &mut head)).is_ok()
         && &head == b"SQLite format 3\0"
     {
         return Err(Error::bad(format!(

@@ -120,15 +120,16 @@ pub fn task_step_name(name: &str) -> String {
     format!("task:{name}")
 }
 
-/// The longest name a store is asked to keep, in bytes of UTF-8: a ctx call's name, a signal
-/// token, an event, update or task name, a tag, a namespace, a concurrency or fairness key, a
-/// queue or a capability. PostgreSQL indexes most of them, and an index entry must fit in a
-/// third of a page (about 2,700 bytes): a longer name made every commit of its turn fail.
+/// The longest name a store indexes, in bytes of UTF-8: a signal token, an event, update or
+/// task name, a tag, a namespace, a concurrency or fairness key, a queue or a capability.
+/// PostgreSQL's index entries must fit in a third of a page (about 2,700 bytes): a longer token
+/// made every commit of its turn fail. A ctx call's own name (a step's) is stored, not indexed,
+/// and has no such limit.
 pub const MAX_NAME_BYTES: usize = 1024;
 
-/// What is wrong with `name` as a signal token, event name, update name, task name or the
-/// name of a ctx call (step, child, remote step), if anything: it must have a character that
-/// is not whitespace, and be storable ([`storage_problem`]).
+/// What is wrong with `name` as a signal token, event name, update name, task name, tag or
+/// namespace, if anything: it must have a character that is not whitespace, and be storable
+/// and indexable ([`storage_problem`]).
 pub fn name_problem(name: &str) -> Option<String> {
     if name.is_empty() {
         Some("it must be non-empty".into())

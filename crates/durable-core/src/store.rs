@@ -635,10 +635,11 @@ pub fn encode_cursor(run: &Run) -> String {
 
 /// Parses [`encode_cursor`]'s format.
 pub fn decode_cursor(cursor: &str) -> StoreResult<(Millis, RunId)> {
-    cursor.split_once(':').and_then(|(t, id)| Some((t.parse().ok()?, RunId::parse(id).ok()?))).ok_or_else(|| {
-        StoreError::NotFound {
-            what: format!("list cursor {cursor:?} is malformed; pass a cursor returned by list_runs"),
-        }
+    // Any id the store holds (the engine derives ids over `RunId::parse`'s 512 bytes: children,
+    // successors), but never one with a control character (PostgreSQL refuses a NUL).
+    let parsed = cursor.split_once(':').filter(|(_, id)| !id.is_empty() && !crate::protocol::has_control_char(id));
+    parsed.and_then(|(t, id)| Some((t.parse().ok()?, RunId::new(id)))).ok_or_else(|| StoreError::NotFound {
+        what: format!("list cursor {cursor:?} is malformed; pass a cursor returned by list_runs"),
     })
 }
 
@@ -1453,5 +1454,16 @@ mod tests {
             ]
         );
         assert_eq!(ready(store.create_runs(Vec::new())).expect("nothing"), vec![]);
+    }
+
+    #[test]
+    fn a_cursor_names_any_stored_id_but_none_with_a_control_character() {
+        // The engine derives ids longer than RunId::parse allows (a grandchild of a long id).
+        let long = format!("{}.child.1.child.2", "r".repeat(512));
+        assert_eq!(decode_cursor(&format!("5:{long}")).expect("a stored id"), (5, RunId::new(long)));
+        assert_eq!(decode_cursor("7:a:b").expect("colons in the id"), (7, RunId::new("a:b")));
+        for bad in ["1:a\0b", "1:", "x:a", "no-colon"] {
+            assert!(decode_cursor(bad).is_err(), "{bad:?}");
+        }
     }
 }

@@ -448,11 +448,24 @@ async fn an_imported_run_whose_remote_step_was_out_sends_it_again(s: StoreFixtur
             Ok::<_, WorkflowError>(charged)
         });
     };
-    // "Production": no worker serves `charge`, so the attempt stays out.
+    // "Production": no worker serves `charge`, so the attempt stays out (the run suspends, and
+    // may be marked `blocked` before the export reads it: both are imported the same way).
     let prod = TestEngine::new();
     register(&prod);
+    let mut events = prod.subscribe();
     let id = prod.start("charge", &4u32, StartOptions::id("charge-1")).await.unwrap().id;
-    let export = export_parked(&prod, &id).await;
+    let suspended = async {
+        loop {
+            if let EngineEvent::RunSuspended { run_id, .. } = events.recv().await.expect("events")
+                && run_id == id
+            {
+                return;
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(30), suspended).await.expect("a hang guard: the run suspends");
+    let export = prod.export_history(&id).await.unwrap();
+    assert!(matches!(export.run.status, RunStatus::Suspended | RunStatus::Blocked), "{:?}", export.run);
     prod.shutdown().await;
     let out = export.checkpoints.iter().find(|c| c.kind == StepKind::Remote).expect("the remote step's checkpoint");
     assert_eq!((out.seq, out.status, out.attempts), (1, durable_core::CheckpointStatus::Running, 1));
@@ -472,6 +485,18 @@ async fn an_imported_run_whose_remote_step_was_out_sends_it_again(s: StoreFixtur
     assert_eq!(error.code(), Some(codes::REDISPATCH));
     assert!(error.message.contains("was out when run charge-1 was exported"), "{}", error.message);
     assert_eq!(imported.waiters, [], "no wait for a result that cannot come");
+    // Exported while `blocked` (no worker had the capabilities): stored suspended, without the
+    // reason it was blocked there (the blocked pass here judges it again).
+    let mut blocked = export.clone();
+    let other = RunId::from("charge-blocked");
+    blocked.run.id = other.clone();
+    blocked.run.status = RunStatus::Blocked;
+    blocked.run.error = Some(durable_core::StepError::fatal("blocked: no compatible worker").with_code(codes::BLOCKED));
+    blocked.checkpoints.iter_mut().for_each(|c| c.run_id = other.clone());
+    blocked.waiters.iter_mut().for_each(|w| w.run_id = other.clone());
+    let run = importer.import_history(&blocked).await.unwrap();
+    assert_eq!((run.status, run.error), (RunStatus::Suspended, None));
+    importer.delete_run(&other).await.unwrap();
     importer.shutdown().await;
 
     // A worker of this store takes the next attempt; the local step is not run again.

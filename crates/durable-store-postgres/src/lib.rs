@@ -1098,7 +1098,7 @@ impl Store for PostgresStore {
         Ok(out)
     }
 
-    /// One `GROUP BY` per kind asked for (the key's index).
+    /// One `GROUP BY` per kind asked for: a scan of its table (an operator's summary).
     async fn buffered(&self, query: &BufferedQuery) -> StoreResult<Vec<BufferedDeliveries>> {
         let mut out = Vec::new();
         for kind in [BufferedKind::Signal, BufferedKind::Event] {

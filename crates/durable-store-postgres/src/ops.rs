@@ -1753,7 +1753,7 @@ fn buffered_table(kind: BufferedKind) -> (&'static str, &'static str) {
     }
 }
 
-/// `buffered`, for one kind: a `GROUP BY` of its key (the key's index), in byte order, at most
+/// `buffered`, for one kind: a `GROUP BY` of its key over the table, in byte order, at most
 /// `limit` keys. Columns: key, count, oldest, newest.
 pub(crate) fn buffered_query(schema: &str, kind: BufferedKind, bq: &BufferedQuery, limit: usize) -> Query {
     let (table, key) = buffered_table(kind);

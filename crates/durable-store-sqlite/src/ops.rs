@@ -726,7 +726,7 @@ fn buffer_table(kind: BufferedKind) -> (&'static str, &'static str) {
     }
 }
 
-/// `Store::buffered`: a `GROUP BY` of each kind's table (the key's index), in key order.
+/// `Store::buffered`: a `GROUP BY` of each kind's table (walking the key's index), in key order.
 pub(crate) fn buffered(conn: &Connection, query: &BufferedQuery) -> OpResult<Vec<BufferedDeliveries>> {
     let mut out = Vec::new();
     for kind in [BufferedKind::Signal, BufferedKind::Event] {

@@ -306,18 +306,17 @@ impl Turn {
         if self.stop.is_some() {
             return Checked::Stopped;
         }
-        // Before a new call runs or is written: a name some store cannot keep (PostgreSQL
-        // refuses a NUL in text, and a name over an index entry's size) would fail the commit
-        // at every retry. A call recorded already was stored: its replay goes on.
-        if self.history.get(seq).is_none()
-            && let Some(problem) = protocol::storage_problem(name)
-        {
+        // Before a new call runs or is written: a control character cannot be stored by every
+        // store (PostgreSQL refuses a NUL in text), and the commit would fail at every retry.
+        // A call recorded already was stored: its replay goes on. (The length limit applies to
+        // the names stores index — tokens, event, update and task names, routing and fairness
+        // keys — not to this one, which may be derived: `undo:<step>`, `timeout:<wait>`.)
+        if self.history.get(seq).is_none() && protocol::has_control_char(name) {
             self.fail_invalid_name(format!(
-                "the {} call at seq {seq} is named {}: {problem}; name steps, children, remote steps, \
-                 waits and state keys without control characters, in at most {} bytes",
+                "the {} call at seq {seq} is named {}, which contains a control character; name steps, \
+                 children, remote steps, waits and state keys without them",
                 kind.as_str(),
-                protocol::shown(name),
-                protocol::MAX_NAME_BYTES
+                protocol::shown(name)
             ));
             return Checked::Stopped;
         }

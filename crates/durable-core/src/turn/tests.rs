@@ -986,27 +986,41 @@ fn a_new_call_named_with_a_control_character_fails_the_run_and_a_recorded_one_re
 }
 
 #[test]
-fn a_new_call_named_over_the_name_limit_fails_the_run_and_one_at_the_limit_runs() {
+fn names_stores_index_are_limited_and_step_names_are_not() {
     let policy = RetryPolicy::none();
     let over = "n".repeat(protocol::MAX_NAME_BYTES + 1);
-    let mut t = turn(vec![]);
-    let seq = t.take_seq();
-    assert_eq!(t.begin_step(seq, step(&over, &policy), 10), StepBegin::Stopped);
-    let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("not failed: {:?}", t.stopped()) };
-    assert_eq!(e.code(), Some(codes::INVALID_NAME));
-    assert!(e.message.contains("1025 bytes long, over the limit of 1024 bytes"), "{}", e.message);
-    assert!(e.message.len() < 400, "the name is cut in the message: {}", e.message);
+    let at_limit = "n".repeat(protocol::MAX_NAME_BYTES);
+    let fails = |t: &Turn, what: &str| {
+        let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("{what}: not failed: {:?}", t.stopped()) };
+        assert_eq!(e.code(), Some(codes::INVALID_NAME), "{what}");
+        assert!(e.message.contains("1025 bytes long, over the limit of 1024 bytes"), "{what}: {}", e.message);
+        assert!(e.message.len() < 600, "{what}: the name is cut in the message: {}", e.message);
+    };
+    // A signal token (an index key of every store's waits and buffers): over the limit fails.
     let mut t = turn(vec![]);
     let seq = t.take_seq();
     assert_eq!(t.wait(seq, signal(&over), 10), WaitBegin::Stopped);
-    let at_limit = "n".repeat(protocol::MAX_NAME_BYTES);
+    fails(&t, "signal token");
     let mut t = turn(vec![]);
     let seq = t.take_seq();
-    assert!(matches!(t.begin_step(seq, step(&at_limit, &policy), 10), StepBegin::Run { .. }), "{:?}", t.stopped());
-    // Recorded before the rule: the replay goes on.
-    let mut t = turn(vec![cp(0, &over, StepKind::Step, CheckpointStatus::Completed, 5)]);
+    assert_eq!(t.wait(seq, signal(&at_limit), 10), WaitBegin::Park(None), "{:?}", t.stopped());
+    // A remote step's queue (an index key of the task queue).
+    let input = p("img.png");
+    let options = crate::task::RemoteOptions { queue: Some(over.clone()), ..remote_options(RetryPolicy::none()) };
+    let mut t = turn(vec![]);
     let seq = t.take_seq();
-    assert!(matches!(t.begin_step(seq, step(&over, &policy), 10), StepBegin::Return(_)), "{:?}", t.stopped());
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 10), RemoteBegin::Stopped);
+    fails(&t, "remote queue");
+    // A step name is stored, not indexed, and engine-made names build on it (`undo:<step>`):
+    // no length limit.
+    let long = "s".repeat(10_000);
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, step(&long, &policy), 10), StepBegin::Run { .. }), "{:?}", t.stopped());
+    // A wait recorded before the rule replays.
+    let mut t = turn(vec![cp(0, &over, StepKind::Signal, CheckpointStatus::Waiting, 5)]);
+    let seq = t.take_seq();
+    assert_eq!(t.wait(seq, signal(&over), 10), WaitBegin::Park(None), "{:?}", t.stopped());
 }
 
 #[test]

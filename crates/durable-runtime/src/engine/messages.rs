@@ -107,8 +107,15 @@ impl Engine {
             BufferedKind::Signal => protocol::SIGNAL_TOKEN,
             BufferedKind::Event => "event name",
         };
-        if let Some(reason) = protocol::name_problem(&purge.key) {
-            return Err(Error::InvalidName { what: protocol::described(what, &purge.key), reason });
+        // Any key a buffer may have (one buffered before the length limit too), but none that
+        // no store can hold.
+        let reason = if purge.key.is_empty() {
+            Some("it must be non-empty")
+        } else {
+            protocol::has_control_char(&purge.key).then_some("it contains a control character")
+        };
+        if let Some(reason) = reason {
+            return Err(Error::InvalidName { what: protocol::described(what, &purge.key), reason: reason.into() });
         }
         Ok(self.shared().store.purge_buffered(purge).await?)
     }

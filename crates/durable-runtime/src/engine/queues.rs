@@ -25,6 +25,9 @@ impl Engine {
         if name.is_empty() {
             return Err(Error::BadQueue { name: name.into(), reason: "a queue needs a non-empty name".into() });
         }
+        if let Some(reason) = durable_core::protocol::storage_problem(name) {
+            return Err(Error::BadQueue { name: durable_core::protocol::shown(name), reason });
+        }
         self.shared().flow.set_queue(name, limits);
         Ok(())
     }

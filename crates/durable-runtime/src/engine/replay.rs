@@ -147,7 +147,9 @@ impl Engine {
         }
         let mut commit = Commit::new(run.id.clone(), shared.owner.clone(), now);
         commit.checkpoints = history.checkpoints.clone();
-        let redispatched = end_attempts_out(&mut commit.checkpoints, now);
+        // A finished run is stored as it was; an active one's attempts out are sent again.
+        let redispatched =
+            if run.status.is_terminal() { Vec::new() } else { end_attempts_out(&mut commit.checkpoints, now) };
         commit.state = history.state.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
         let back_to_pending = match run.status {
             RunStatus::Pending | RunStatus::Running => {
@@ -172,8 +174,10 @@ impl Engine {
             let patch = RunPatch { status: Some(RunStatus::Pending), release_lease: true, now, ..Default::default() };
             store.update_run_if(&run.id, &[RunStatus::Running], patch).await?;
         }
-        // An active run's error says why it waits (a cancel with compensation requested).
-        if !run.status.is_terminal() && run.error.is_some() {
+        // An active run's error says why it waits (a cancel with compensation requested); a
+        // blocked run's reason is not carried over: it is stored suspended, and the blocked
+        // pass here judges it again (it skips a suspended run with an error).
+        if !run.status.is_terminal() && run.error.as_ref().is_some_and(|e| e.code() != Some(codes::BLOCKED)) {
             let patch = RunPatch { error: Some(run.error.clone()), now, ..Default::default() };
             store.update_run_if(&run.id, &RunStatus::ACTIVE, patch).await?;
         }
