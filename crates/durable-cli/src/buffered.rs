@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::cli::{BufferKindArg, SignalsListArgs, SignalsPurgeArgs, StoreArgs};
 use crate::error::Result;
-use crate::format::{Table, ago, duration_ms, now_ms};
+use crate::format::{Table, ago, duration_ms, now_ms, plural};
 use crate::store::{Access, with_operator_engine};
 
 impl BufferKindArg {
@@ -100,8 +100,4 @@ pub(crate) async fn purge(store: &StoreArgs, args: &SignalsPurgeArgs, out: &mut 
         Ok(())
     })
     .await
-}
-
-fn plural(n: u64) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }

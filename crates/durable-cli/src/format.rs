@@ -196,3 +196,8 @@ mod tests {
         assert_eq!(text, "ID       STATUS     NOTE\na        completed  x\nlong-id  failed     a very …\n");
     }
 }
+
+/// The plural ending of a count: `""` for one, `"s"` otherwise.
+pub(crate) fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}

@@ -15,7 +15,7 @@ use serde_json::json;
 use crate::admission::RunAdmission;
 use crate::cli::{CancelArgs, DeleteArgs, ExportArgs, ListArgs, RunIdArgs, ShowArgs, SignalArgs, StoreArgs};
 use crate::error::{Error, Result};
-use crate::format::{Table, ago, duration_ms, interval, now_ms, timestamp, truncate};
+use crate::format::{Table, ago, duration_ms, interval, now_ms, plural, timestamp, truncate};
 use crate::store::{Access, with_operator_engine};
 
 /// A run id from the command line.
@@ -436,7 +436,7 @@ pub(crate) async fn export(store: &StoreArgs, args: &ExportArgs, out: &mut dyn W
             workflow_at(&export.run),
             export.run.status,
             export.checkpoints.len(),
-            if export.checkpoints.len() == 1 { "" } else { "s" },
+            plural(export.checkpoints.len() as u64),
             path.display()
         )?;
         Ok(())
@@ -545,7 +545,7 @@ fn write_run(
     fields.row(vec!["error".into(), or_dash(run.error.as_ref().map(|e| truncate(&e.to_string(), 200)))]);
     fields.write(out, "")?;
 
-    writeln!(out, "\ntimeline ({} checkpoint{})", history.len(), if history.len() == 1 { "" } else { "s" })?;
+    writeln!(out, "\ntimeline ({} checkpoint{})", history.len(), plural(history.len() as u64))?;
     if !history.is_empty() {
         let mut table = Table::new(&["SEQ", "NAME", "KIND", "STATUS", "ATTEMPTS", "DURATION", "ERROR"]);
         for cp in history {
