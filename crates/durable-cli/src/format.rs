@@ -142,6 +142,11 @@ impl Table {
     }
 }
 
+/// The plural ending of a count: `""` for one, `"s"` otherwise.
+pub(crate) fn plural(n: u64) -> &'static str {
+    if n == 1 { "" } else { "s" }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -195,9 +200,4 @@ mod tests {
         let text = String::from_utf8(out).unwrap();
         assert_eq!(text, "ID       STATUS     NOTE\na        completed  x\nlong-id  failed     a very …\n");
     }
-}
-
-/// The plural ending of a count: `""` for one, `"s"` otherwise.
-pub(crate) fn plural(n: u64) -> &'static str {
-    if n == 1 { "" } else { "s" }
 }
