@@ -281,6 +281,15 @@ fn the_runs_list_loads_and_filters_by_status() {
         PAGE,
     );
     browser.screenshot("runs-list-narrow");
+
+    // A run deleted while the page is open leaves the list, without a reload.
+    browser.exec("fetch('/api/runs/import-c', { method: 'DELETE' }); return true", json!([]));
+    browser.wait_for(
+        "the deleted run to leave the list",
+        &format!("{ROW_IDS}.length === 4 && !{ROW_IDS}.includes('import-c')"),
+        PAGE,
+    );
+    assert!(browser.find("#error:not([hidden])").is_none(), "no error banner: {}", browser.page_text());
     drop(worker);
 }
 

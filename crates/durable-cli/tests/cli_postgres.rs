@@ -127,6 +127,38 @@ fn the_demo_and_every_operator_command_work_on_postgres() {
     assert_eq!(summary_count(&ran.stdout, "new"), 1, "only the deleted run is started again: {}", ran.stdout);
 }
 
+/// The command line connects over TLS as the URL's `sslmode` says (the store does the work):
+/// `require` encrypts, `verify-full` with the server's CA file works by the certificate's host
+/// name and refuses another name in one line saying what to fix.
+#[test]
+fn the_command_line_connects_over_tls_as_the_url_says() {
+    let test = "the_command_line_connects_over_tls_as_the_url_says";
+    let Some(url) = url_or_skip(test) else { return };
+    let on: String = sql(&url, "SHOW ssl").unwrap()[0].get(0);
+    if on != "on" {
+        println!("{test}: skipped, the server has TLS off (ssl = {on}); turn it on to run this test");
+        return;
+    }
+    let cert: String = sql(&url, "SHOW ssl_cert_file").unwrap()[0].get(0);
+    let dir = tempfile::tempdir().unwrap();
+    let schema = scratch_schema(&url);
+    let with = |url: &str, params: &str| format!("{url}{}{params}", if url.contains('?') { '&' } else { '?' });
+    let require = with(&url, "sslmode=require");
+    run_ok(dir.path(), &["demo", "--runs", "1", "--url", &require, "--schema", schema.name()]);
+    let host = url.replacen("127.0.0.1", "localhost", 1);
+    if host != url {
+        let full = with(&host, &format!("sslmode=verify-full&sslrootcert={cert}"));
+        let ran = run_ok(dir.path(), &["runs", "list", "--json", "--url", &full, "--schema", schema.name()]);
+        assert_eq!(json_lines(&ran.stdout).iter().filter(|r| r["parent"].is_null()).count(), 1, "{}", ran.stdout);
+        let wrong_name = with(&url, &format!("sslmode=verify-full&sslrootcert={cert}"));
+        let ran = run(dir.path(), &["runs", "list", "--url", &wrong_name, "--schema", schema.name()]);
+        assert_ne!(ran.code, Some(0), "{ran:?}");
+        let err = ran.stderr.trim_end();
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("certificate") && err.contains("sslrootcert"), "{err}");
+    }
+}
+
 #[test]
 fn bad_postgres_configuration_is_one_line_with_the_right_exit_code() {
     let Some(url) = url_or_skip("bad_postgres_configuration_is_one_line_with_the_right_exit_code") else { return };

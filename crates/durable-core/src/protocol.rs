@@ -127,6 +127,22 @@ pub fn task_step_name(name: &str) -> String {
 /// and has no such limit.
 pub const MAX_NAME_BYTES: usize = 1024;
 
+/// The most bytes an admission request's gate name ([`key_gate`], [`queue_gate`]) and fairness
+/// key may take together. Each part fits [`MAX_NAME_BYTES`], but a store indexes the gate with
+/// the fairness key, and three or four parts near the limit would pass PostgreSQL's index entry
+/// limit: a start or a step whose request is longer is refused ([`gate_problem`]).
+pub const MAX_GATE_BYTES: usize = 2 * MAX_NAME_BYTES;
+
+/// What keeps a store from indexing an admission request on `gate` with `fairness_key` (`""`:
+/// none), if anything: more than [`MAX_GATE_BYTES`] bytes together.
+pub fn gate_problem(gate: &str, fairness_key: &str) -> Option<String> {
+    let len = gate.len() + fairness_key.len();
+    (len > MAX_GATE_BYTES).then(|| {
+        let what = if fairness_key.is_empty() { "the gate name" } else { "the gate name and the fairness key" };
+        format!("{what} {} take {len} bytes, over the limit of {MAX_GATE_BYTES} bytes", shown(gate))
+    })
+}
+
 /// What is wrong with `name` as a signal token, event name, update name, task name, tag or
 /// namespace, if anything: it must have a character that is not whitespace, and be storable
 /// and indexable ([`storage_problem`]).

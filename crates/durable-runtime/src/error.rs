@@ -232,9 +232,9 @@ pub enum Error {
         /// Runs waiting for one.
         waiting: u32,
     },
-    /// A workflow's concurrency-key function could not read a start's input. Nothing was
-    /// persisted.
-    #[error("workflow {workflow:?}: its concurrency key could not be computed from the input: {reason}")]
+    /// A workflow's concurrency-key function could not read a start's input, or gave a key
+    /// no store can keep. Nothing was persisted.
+    #[error("workflow {workflow:?}: the input gives no usable concurrency key: {reason}")]
     BadKey {
         /// The workflow.
         workflow: String,

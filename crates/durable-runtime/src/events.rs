@@ -186,6 +186,14 @@ pub enum EngineEvent {
         /// Its final status.
         status: RunStatus,
     },
+    /// A run was deleted by [`Engine::delete_run`](crate::Engine::delete_run) on this engine,
+    /// with its subtree: sent after the store deleted them. Not sent when there was no such run.
+    RunDeleted {
+        /// The run.
+        run_id: RunId,
+        /// How many runs were deleted: the run and its descendants.
+        runs: u64,
+    },
 }
 
 impl EngineEvent {
@@ -205,7 +213,8 @@ impl EngineEvent {
             | EngineEvent::RunSuspended { run_id, .. }
             | EngineEvent::SleepHeld { run_id, .. }
             | EngineEvent::TurnAborted { run_id, .. }
-            | EngineEvent::RunSettled { run_id, .. } => Some(run_id),
+            | EngineEvent::RunSettled { run_id, .. }
+            | EngineEvent::RunDeleted { run_id, .. } => Some(run_id),
             EngineEvent::ScheduleAdvanced { .. } | EngineEvent::QueueUnavailable { .. } => None,
         }
     }
@@ -226,7 +235,8 @@ pub enum EventForwarding {
     /// Nothing: other engines never see this engine's events.
     None,
     /// The run-level events (the default): [`RunCreated`](EngineEvent::RunCreated),
-    /// [`RunSettled`](EngineEvent::RunSettled), [`RunBlocked`](EngineEvent::RunBlocked),
+    /// [`RunSettled`](EngineEvent::RunSettled), [`RunDeleted`](EngineEvent::RunDeleted),
+    /// [`RunBlocked`](EngineEvent::RunBlocked),
     /// [`RunUnblocked`](EngineEvent::RunUnblocked),
     /// [`RemoteStepTimedOut`](EngineEvent::RemoteStepTimedOut) and
     /// [`ScheduleAdvanced`](EngineEvent::ScheduleAdvanced) — a few per run, where per-step and
@@ -248,6 +258,7 @@ impl EventForwarding {
                 event,
                 EngineEvent::RunCreated { .. }
                     | EngineEvent::RunSettled { .. }
+                    | EngineEvent::RunDeleted { .. }
                     | EngineEvent::RunBlocked { .. }
                     | EngineEvent::RunUnblocked { .. }
                     | EngineEvent::RemoteStepTimedOut { .. }

@@ -170,8 +170,16 @@ impl FlowControl {
             return Ok(None);
         };
         let key = k.key_of(input)?;
+        let gate = protocol::key_gate(namespace, workflow, &key);
+        if let Some(problem) = protocol::gate_problem(&gate, "") {
+            return Err(format!(
+                "the concurrency key {} of namespace {}: {problem}; use shorter keys",
+                protocol::shown(&key),
+                protocol::shown(namespace),
+            ));
+        }
         Ok(Some(SlotRequest {
-            gate: protocol::key_gate(namespace, workflow, &key),
+            gate,
             holder: run_id.to_string(),
             run_id: run_id.clone(),
             priority,

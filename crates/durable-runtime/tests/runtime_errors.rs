@@ -75,16 +75,27 @@ async fn unknown_workflows_and_bad_input_are_refused_before_anything_is_persiste
     assert!(t.list_runs(&Default::default()).await.unwrap().runs.is_empty());
 }
 
-/// Registration happens once at boot: a workflow without a name is a bug, refused loudly.
+/// Registration happens once at boot: a workflow without a name, or with one no store could
+/// index for its runs' listings, is a bug, refused loudly; a name at the limit registers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn registering_a_workflow_without_a_name_panics() {
+async fn registering_a_workflow_without_a_usable_name_panics() {
     let t = TestEngine::new();
-    let registered = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
-        t.register("", 1, |_ctx: WorkflowCtx, _: ()| async { Ok::<_, WorkflowError>(()) })
-    }));
-    let panic = registered.expect_err("an empty name is refused");
-    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    let register = |name: &str| {
+        std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+            t.register(name, 1, |_ctx: WorkflowCtx, _: ()| async { Ok::<_, WorkflowError>(()) })
+        }))
+        .err()
+        .map(|panic| panic.downcast_ref::<String>().cloned().unwrap_or_default())
+    };
+    let message = register("").expect("an empty name is refused");
     assert!(message.contains("a workflow's name must be non-empty"), "{message}");
+    let message = register("tab\tname").expect("a control character is refused");
+    assert!(message.contains("control character"), "{message}");
+    let limit = durable_core::protocol::MAX_NAME_BYTES;
+    let message = register(&"w".repeat(limit + 1)).expect("a name over the limit is refused");
+    assert!(message.contains("1025 bytes long, over the limit of 1024 bytes"), "{message}");
+    assert!(message.len() < 400, "the name is cut in the message: {message}");
+    assert_eq!(register(&"w".repeat(limit)), None, "a name at the limit registers");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

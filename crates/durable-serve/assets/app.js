@@ -182,7 +182,7 @@ function confirmAction({ title, text, yes, edit }) {
 // Live updates: the server-sent events of /api/events, read with fetch so the token can be sent
 // (EventSource cannot send headers). Reconnects with a backoff until the view is left.
 
-function follow(view, query, onRun) {
+function follow(view, query, onRun, onDeleted) {
   const url = '/api/events' + (query ? '?' + query : '');
   (async () => {
     let delay = 500;
@@ -195,10 +195,11 @@ function follow(view, query, onRun) {
           setLive('on');
           delay = 500;
           await readEvents(res.body, (event, data) => {
-            if (event !== 'run') return;
-            let run;
-            try { run = JSON.parse(data); } catch (_) { return; }
-            onRun(run);
+            if (event !== 'run' && event !== 'deleted') return;
+            let value;
+            try { value = JSON.parse(data); } catch (_) { return; }
+            if (event === 'run') onRun(value);
+            else if (typeof value.id === 'string') onDeleted(value.id);
           });
           setLive('retry', 'the event stream ended');
         }
@@ -426,6 +427,10 @@ async function runsPage(view, params) {
     const before = rows.find((r) => Number(r.dataset.created) <= run.created_at);
     tbody.insertBefore(row, before || null);
     empty.hidden = true;
+  }, (id) => {
+    const old = [...tbody.rows].find((r) => r.dataset.runId === id);
+    if (old) old.remove();
+    empty.hidden = tbody.rows.length > 0;
   });
 }
 
@@ -664,6 +669,14 @@ async function runPage(view, id) {
       status.className = 'badge big s-' + run.status;
     }
     refresh().catch((e) => { if (!view.signal.aborted) showError(e); });
+  }, (deleted) => {
+    if (deleted !== id) return;
+    const status = $('#run-status');
+    if (status) {
+      status.textContent = 'deleted';
+      status.className = 'badge big s-deleted';
+    }
+    showError(new Error(`run ${id} was deleted`));
   });
 }
 

@@ -1,5 +1,5 @@
 //! `GET /api/events`: a server-sent event stream of the runs of one view that appear or
-//! change.
+//! change (`run`, data: the run), or are deleted (`deleted`, data: `{"id": ...}`).
 //!
 //! Each connection polls its view every [`ServeConfig::poll`](crate::ServeConfig::poll), and
 //! at once when its engine's subscription reports an event (the other engines' events arrive
@@ -112,7 +112,8 @@ impl Watch {
             View::Filter(filter) => self.engine.list_runs(filter).await?.runs,
         };
         // Runs that left the view (their status changed, or newer runs pushed them off the
-        // page): read once more, and sent if they changed, so a client sees what took them away.
+        // page): read once more, and sent if they changed, so a client sees what took them away;
+        // one that no longer exists is sent as `deleted`.
         let gone: HashMap<RunId, (RunStatus, Millis)> = self
             .seen
             .iter()
@@ -124,7 +125,12 @@ impl Watch {
             for id in &ids {
                 self.seen.remove(id);
             }
-            for run in self.engine.store().get_runs(&ids).await? {
+            let found = self.engine.store().get_runs(&ids).await?;
+            for id in ids.iter().filter(|id| !found.iter().any(|r| &r.id == *id)) {
+                let data = serde_json::json!({ "id": id });
+                self.queue.push_back(Event::default().event("deleted").data(data.to_string()));
+            }
+            for run in found {
                 if gone.get(&run.id) != Some(&(run.status, run.updated_at)) {
                     self.send(&run);
                 }

@@ -78,7 +78,7 @@ pub(crate) fn document() -> Value {
                 "responses": ok("Gates and task queues (null when the store keeps none)", json!({"type": "object", "properties": {"admission": {"type": ["array", "null"]}, "tasks": {"type": ["array", "null"]}}})) } },
             "/api/workers": { "get": { "summary": "Remote-step queues with their live workers, and the live workers",
                 "responses": ok("Queues and workers", json!({"type": "object", "properties": {"queues": {"type": "array"}, "workers": {"type": "array"}}})) } },
-            "/api/events": { "get": { "summary": "Server-sent events: `run` (data: a Run) when a run of the view appears or changes", "parameters": event_params,
+            "/api/events": { "get": { "summary": "Server-sent events: `run` (data: a Run) when a run of the view appears or changes; `deleted` (data: `{\"id\": ...}`) when one is deleted", "parameters": event_params,
                 "responses": { "200": { "description": "An event stream", "content": { "text/event-stream": { "schema": {"type": "string"} } } }, "4XX": error } } },
             "/api/openapi.json": { "get": { "summary": "This document", "responses": { "200": { "description": "OpenAPI 3.1", "content": { "application/json": {} } } } } },
             "/metrics": { "get": { "summary": "Prometheus text: the engine's metrics and gauges from the store (durable_runs, task queues, admission gates)",

@@ -392,7 +392,7 @@ fn the_openapi_document_matches_the_routes() {
 }
 
 /// A run that changes status produces a `run` event on a connected stream (a real TCP
-/// connection), at once through the engine's subscription.
+/// connection), at once through the engine's subscription; a run deleted, a `deleted` event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_sends_a_run_that_changes() {
     use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
@@ -420,23 +420,30 @@ async fn the_event_stream_sends_a_run_that_changes() {
         }
     }
     env.post("/api/runs/ev/cancel", json!({})).await;
-    let event = tokio::time::timeout(Duration::from_secs(30), async {
-        let mut kind = String::new();
-        loop {
-            let line = lines.next_line().await.unwrap().unwrap();
-            if let Some(k) = line.strip_prefix("event: ") {
-                kind = k.to_string();
+    let mut next_event = async || {
+        tokio::time::timeout(Duration::from_secs(30), async {
+            let mut kind = String::new();
+            loop {
+                let line = lines.next_line().await.unwrap().unwrap();
+                if let Some(k) = line.strip_prefix("event: ") {
+                    kind = k.to_string();
+                }
+                if let Some(data) = line.strip_prefix("data: ") {
+                    return (kind.clone(), serde_json::from_str::<Value>(data).unwrap());
+                }
             }
-            if let Some(data) = line.strip_prefix("data: ") {
-                return (kind.clone(), serde_json::from_str::<Value>(data).unwrap());
-            }
-        }
-    })
-    .await
-    .expect("a run event arrives");
+        })
+        .await
+        .expect("an event arrives")
+    };
+    let event = next_event().await;
     assert_eq!(event.0, "run");
     assert_eq!(event.1["id"], "ev");
     assert_eq!(event.1["status"], "cancelled");
+    // Deleted: a `deleted` event names it, at once (the engine's `RunDeleted`).
+    let (status, _) = env.call("DELETE", "/api/runs/ev", None, true).await;
+    assert_eq!(status, StatusCode::OK);
+    assert_eq!(next_event().await, ("deleted".to_string(), json!({ "id": "ev" })));
     server.abort();
     env.shutdown().await;
 }

@@ -297,7 +297,23 @@ pub(crate) fn connect_error(target: &str, e: tokio_postgres::Error) -> Error {
             }
         }
     }
-    let io_kind = source_chain(&e).find_map(|s| s.downcast_ref::<std::io::Error>()).map(std::io::Error::kind);
+    let io_error = source_chain(&e).find_map(|s| s.downcast_ref::<std::io::Error>());
+    // The TLS handshake refused the server's certificate (`sslmode=verify-*`): retrying will
+    // not make it trusted.
+    if let Some(refused) = io_error.and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<rustls::Error>())
+    {
+        return Error::Postgres {
+            target: target_s,
+            message: format!(
+                "connecting: TLS: {refused}; with sslmode=verify-ca or verify-full, name the PEM file of the CA \
+                 that signed the server's certificate with sslrootcert=<path> (default: the system's CAs), and for \
+                 verify-full connect by a host name the certificate is for"
+            ),
+            retryable: false,
+            source: Some(Box::new(e)),
+        };
+    }
+    let io_kind = io_error.map(std::io::Error::kind);
     let reason = match io_kind {
         Some(std::io::ErrorKind::ConnectionRefused) => {
             "connection refused: is PostgreSQL running and listening on that host and port?".to_string()
@@ -308,11 +324,10 @@ pub(crate) fn connect_error(target: &str, e: tokio_postgres::Error) -> Error {
         _ if e.to_string().contains("timed out") => {
             "timed out: is the host reachable and the port right? (PostgresOptions::connect_timeout)".to_string()
         }
-        // `sslmode=require` (or `verify-*`) in the URL, and this connection has no TLS.
+        // A pool given to `from_pool` whose connector has no TLS, for a configuration asking for it.
         _ if describe(&e).contains("no TLS implementation configured") => {
-            "the URL asks for TLS (sslmode), but PostgresStore::connect speaks plain TCP or a Unix socket: \
-             drop sslmode=require, or build a deadpool_postgres pool with a TLS connector and pass it to \
-             PostgresStore::from_pool"
+            "the configuration asks for TLS (sslmode), and the pool's connector has none: build the pool \
+             with a TLS connector, or let PostgresStore::connect make one from the URL's sslmode"
                 .to_string()
         }
         _ => describe(&e),

@@ -135,9 +135,12 @@
 //!
 //! ## What it does not do
 //!
-//! - **No TLS** of its own: [`PostgresStore::connect`] speaks plain TCP or a Unix socket. Build
-//!   a `deadpool_postgres::Pool` with a TLS connector (`tokio-postgres-rustls`,
-//!   `postgres-native-tls`) and pass it to [`PostgresStore::from_pool`].
+//! - **TLS only as the URL's `sslmode` asks** ([`PostgresStore::connect`]): `require`
+//!   (encrypted, the certificate not checked), `verify-ca`, `verify-full` (checked against the
+//!   CAs of `sslrootcert=<PEM file>`, or the system's), on rustls with `ring`. No `sslmode`,
+//!   `disable` and `prefer` stay plain. No client certificates: for those, or another TLS
+//!   stack, build a `deadpool_postgres::Pool` with your connector and pass it to
+//!   [`PostgresStore::from_pool`].
 //! - It needs a **tokio runtime**: the driver, the pool and the writer are tokio tasks, spawned
 //!   on the runtime that connected the store. It never polls; the only timer is the backoff of
 //!   the queue listener's reconnections.
@@ -216,6 +219,7 @@ mod schema;
 mod tasks;
 #[cfg(feature = "test-support")]
 pub mod test_support;
+mod tls;
 mod writer;
 
 use std::fmt;
@@ -233,7 +237,7 @@ use durable_core::{
 };
 use tokio::sync::mpsc;
 use tokio_postgres::types::{ToSql, Type};
-use tokio_postgres::{AsyncMessage, NoTls, Row};
+use tokio_postgres::{NoTls, Row};
 
 /// The connection pool crate (and, through it, `tokio_postgres`), re-exported so that pools for
 /// [`PostgresStore::from_pool`] are built with the versions this crate uses.
@@ -385,8 +389,8 @@ struct Inner {
     /// queue transaction never holds a run row or a signal lock (see `sql/v2.sql`).
     queue_writer: Writer,
     options: PostgresOptions,
-    /// The driver configuration, when the store was connected from a URL (for `listen`).
-    config: Option<tokio_postgres::Config>,
+    /// How to connect, when the store was connected from a URL (for `listen`).
+    config: Option<tls::Dial>,
     sql: Statements,
     queue_sql: queue::QueueStatements,
     task_sql: tasks::TaskStatements,
@@ -459,10 +463,15 @@ impl PostgresStore {
     /// - [`Error::NoRuntime`]: called outside a tokio runtime.
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<PostgresStore> {
         options.validate()?;
-        let cfg = schema::config(url, &options)?;
+        let (url, tls_params) = tls::split_url(url);
+        let cfg = schema::config(&url, &options)?;
         let target = schema::target(&cfg);
-        let manager =
-            Manager::from_config(cfg.clone(), NoTls, ManagerConfig { recycling_method: RecyclingMethod::Fast });
+        let tls = tls::MakeRustls::new(&tls_params)?;
+        let recycling = ManagerConfig { recycling_method: RecyclingMethod::Fast };
+        let manager = match &tls {
+            None => Manager::from_config(cfg.clone(), NoTls, recycling),
+            Some(tls) => Manager::from_config(cfg.clone(), tls.clone(), recycling),
+        };
         let pool = Pool::builder(manager)
             .max_size(options.pool_size)
             .runtime(Runtime::Tokio1)
@@ -471,7 +480,7 @@ impl PostgresStore {
             .recycle_timeout(Some(options.connect_timeout))
             .build()
             .map_err(|e| Error::InvalidOptions { reason: format!("building the connection pool: {e}") })?;
-        Self::start(pool, options, Some(target), Some(cfg)).await
+        Self::start(pool, options, Some(target), Some(tls::Dial { cfg, tls })).await
     }
 
     /// Uses a pool you built (for TLS, custom connection hooks, or to share it), creates or
@@ -497,7 +506,7 @@ impl PostgresStore {
         pool: Pool,
         options: PostgresOptions,
         target: Option<String>,
-        config: Option<tokio_postgres::Config>,
+        config: Option<tls::Dial>,
     ) -> Result<PostgresStore> {
         if tokio::runtime::Handle::try_current().is_err() {
             return Err(Error::NoRuntime);
@@ -593,27 +602,17 @@ impl PostgresStore {
                 reason: "listen needs a channel: set PostgresOptions::notify_channel".into(),
             });
         };
-        let Some(cfg) = self.inner.config.clone() else {
+        let Some(dial) = &self.inner.config else {
             return Err(Error::InvalidOptions {
                 reason: "listen needs a store connected with a URL (PostgresStore::connect_with), not from_pool".into(),
             });
         };
         let target = self.target().to_string();
-        let (client, mut connection) = cfg.connect(NoTls).await.map_err(|e| error::connect_error(&target, e))?;
         let (tx, rx) = mpsc::unbounded_channel();
-        let task = tokio::spawn(async move {
-            loop {
-                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                    Some(Ok(AsyncMessage::Notification(n))) => {
-                        if tx.send(RunId::new(n.payload())).is_err() {
-                            break;
-                        }
-                    }
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) | None => break,
-                }
-            }
-        });
+        let (client, task) = dial
+            .connect_listening(move |payload| tx.send(RunId::new(payload)).is_ok())
+            .await
+            .map_err(|e| error::connect_error(&target, e))?;
         client
             .batch_execute(&format!("LISTEN {}", quote_ident(&channel)))
             .await

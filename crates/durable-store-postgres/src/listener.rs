@@ -8,7 +8,6 @@ use std::time::Duration;
 
 use tokio::sync::Notify;
 use tokio::task::JoinHandle;
-use tokio_postgres::{AsyncMessage, NoTls};
 
 use crate::PostgresStore;
 use crate::error::{self, Error, Result};
@@ -59,7 +58,7 @@ impl<T> Drop for Listener<T> {
 
 /// What the listener needs to (re)connect.
 struct ListenTarget {
-    cfg: tokio_postgres::Config,
+    dial: crate::tls::Dial,
     target: String,
     channel: String,
 }
@@ -69,18 +68,15 @@ impl ListenTarget {
     /// subscribes. Returns the client (the connection lives as long as it) and the task, which
     /// ends when the connection does.
     async fn connect(&self, on_heard: &OnHeard) -> Result<(tokio_postgres::Client, JoinHandle<()>)> {
-        let (client, mut connection) =
-            self.cfg.connect(NoTls).await.map_err(|e| error::connect_error(&self.target, e))?;
         let forward = on_heard.clone();
-        let driver = tokio::spawn(async move {
-            loop {
-                match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
-                    Some(Ok(AsyncMessage::Notification(n))) => forward(Heard::Notification(n.payload())),
-                    Some(Ok(_)) => {}
-                    Some(Err(_)) | None => break,
-                }
-            }
-        });
+        let (client, driver) = self
+            .dial
+            .connect_listening(move |payload| {
+                forward(Heard::Notification(payload));
+                true
+            })
+            .await
+            .map_err(|e| error::connect_error(&self.target, e))?;
         let subscribed = client.batch_execute(&format!("LISTEN {}", quote_ident(&self.channel))).await;
         if let Err(e) = subscribed {
             driver.abort();
@@ -131,7 +127,7 @@ impl PostgresStore {
         what: &str,
         start: impl FnOnce() -> (T, OnHeard),
     ) -> Result<T> {
-        let Some(cfg) = self.inner.config.clone() else {
+        let Some(dial) = self.inner.config.clone() else {
             return Err(Error::InvalidOptions {
                 reason: format!(
                     "{what} needs a store connected with a URL (PostgresStore::connect_with), not from_pool"
@@ -142,7 +138,7 @@ impl PostgresStore {
         if let Some(l) = listener.as_ref() {
             return Ok(l.value.clone());
         }
-        let target = ListenTarget { cfg, target: self.target().to_string(), channel };
+        let target = ListenTarget { dial, target: self.target().to_string(), channel };
         let (value, on_heard) = start();
         let (client, driver) = target.connect(&on_heard).await?;
         let task = tokio::spawn(supervise(target, on_heard, client, driver));

@@ -34,14 +34,117 @@ async fn malformed_url_is_a_clear_error() {
     }
 }
 
+/// `url` with `params` (`k=v&k=v`) added to its query.
+fn with_params(url: &str, params: &str) -> String {
+    format!("{url}{}{params}", if url.contains('?') { '&' } else { '?' })
+}
+
+/// The server's certificate file when it has TLS on (Debian's PostgreSQL has, with its
+/// `ssl-cert-snakeoil` certificate for `localhost`); `None`, and a line saying so, when not.
+async fn server_tls(admin: &Client, test: &str) -> Option<String> {
+    let on: String = admin.query_one("SHOW ssl", &[]).await.expect("show ssl").get(0);
+    if on != "on" {
+        println!("{test}: skipped, the server has TLS off (ssl = {on}); turn it on to run this test");
+        return None;
+    }
+    Some(admin.query_one("SHOW ssl_cert_file", &[]).await.expect("show ssl_cert_file").get(0))
+}
+
+/// How many of the store's connections (by application name) the server has, and how many of
+/// them are encrypted.
+async fn encrypted(admin: &Client, application_name: &str) -> (i64, i64) {
+    let row = admin
+        .query_one(
+            "SELECT count(*), count(*) FILTER (WHERE s.ssl) FROM pg_stat_activity a \
+             JOIN pg_stat_ssl s USING (pid) WHERE a.application_name = $1",
+            &[&application_name],
+        )
+        .await
+        .expect("read pg_stat_ssl");
+    (row.get(0), row.get(1))
+}
+
+/// `sslmode=require` encrypts every connection of the store, its pool's and its `LISTEN`
+/// connection alike; a URL without `sslmode` stays plain, as before.
 #[tokio::test]
-async fn a_url_asking_for_tls_says_how_to_get_it() {
-    let Some(url) = url_or_skip("a_url_asking_for_tls_says_how_to_get_it") else { return };
-    let tls = format!("{url}{}sslmode=require", if url.contains('?') { '&' } else { '?' });
-    let e = PostgresStore::connect(&tls).await.expect_err("no TLS here");
+async fn sslmode_require_encrypts_every_connection_of_the_store() {
+    let Some(url) = url_or_skip("sslmode_require_encrypts_every_connection_of_the_store") else { return };
+    let admin = common::ScratchSchema::new(&url, "tls").await.expect("scratch");
+    let client = admin.client().await.expect("admin client");
+    if server_tls(&client, "sslmode_require_encrypts_every_connection_of_the_store").await.is_none() {
+        return;
+    }
+    let app = admin.application_name();
+    let options = admin.options().notify_channel("durable_tls_test");
+    let store = PostgresStore::connect_with(&with_params(&url, "sslmode=require"), options).await.unwrap();
+    store.create_run(new_run("tls-run")).await.expect("a write over TLS");
+    assert_eq!(store.get_run(&RunId::new("tls-run")).await.unwrap().unwrap().id.as_str(), "tls-run");
+    store.queue_wakeups().await.expect("a LISTEN connection over TLS");
+    let (all, tls) = encrypted(&client, &app).await;
+    assert!(all >= 2, "the pool's and the listener's connections: {all}");
+    assert_eq!(tls, all, "every connection is encrypted");
+    drop(store);
+
+    // Without sslmode: plain, as before.
+    let plain = admin.connect().await.unwrap();
+    plain.get_run(&RunId::new("tls-run")).await.unwrap().expect("the same data");
+    let (all, tls) = encrypted(&client, &app).await;
+    assert!(all >= 1 && tls < all, "the plain store's connection is not encrypted: {tls} of {all}");
+}
+
+/// `verify-ca` and `verify-full` check the server's certificate against the CA file
+/// `sslrootcert` names (or the system's CAs), `verify-full` its host name too. A refusal is
+/// one clear line naming what to fix, and not retryable.
+#[tokio::test]
+async fn verify_ca_and_verify_full_check_the_servers_certificate() {
+    let test = "verify_ca_and_verify_full_check_the_servers_certificate";
+    let Some(url) = url_or_skip(test) else { return };
+    let admin = common::ScratchSchema::new(&url, "tlsverify").await.expect("scratch");
+    let client = admin.client().await.expect("admin client");
+    let Some(cert) = server_tls(&client, test).await else { return };
+    let root = format!("sslrootcert={cert}");
+
+    // The public CAs of the system's bundle did not sign a self-signed certificate.
+    let bundle = "/etc/ssl/certs/ca-certificates.crt";
+    if std::path::Path::new(bundle).exists() {
+        let untrusted = with_params(&url, &format!("sslmode=verify-ca&sslrootcert={bundle}"));
+        let e = PostgresStore::connect_with(&untrusted, admin.options()).await.expect_err("an untrusted certificate");
+        let msg = assert_one_line(&e);
+        assert!(msg.contains("certificate") && msg.contains("sslrootcert"), "{msg}");
+        assert!(!e.is_retryable(), "retrying does not make a certificate trusted: {e:?}");
+    }
+
+    // Signed by the CA given (the certificate itself), but for `localhost`, not 127.0.0.1:
+    // verify-ca takes it, verify-full does not.
+    let ca = with_params(&url, &format!("sslmode=verify-ca&{root}"));
+    let store = PostgresStore::connect_with(&ca, admin.options()).await.expect("verify-ca with the server's CA");
+    store.create_run(new_run("verified")).await.expect("a write over verified TLS");
+    drop(store);
+    let host_url = url.replacen("127.0.0.1", "localhost", 1);
+    if host_url != url {
+        let e =
+            PostgresStore::connect_with(&with_params(&url, &format!("sslmode=verify-full&{root}")), admin.options())
+                .await
+                .expect_err("the certificate is not for 127.0.0.1");
+        let msg = assert_one_line(&e);
+        assert!(msg.contains("certificate") && msg.contains("127.0.0.1"), "{msg}");
+        assert!(!e.is_retryable());
+        let full = with_params(&host_url, &format!("sslmode=verify-full&{root}"));
+        let store = PostgresStore::connect_with(&full, admin.options())
+            .await
+            .expect("verify-full with the server's CA, by the certificate's host name");
+        store.get_run(&RunId::new("verified")).await.unwrap().expect("the same data");
+    }
+
+    // A CA file that is not there.
+    let e = PostgresStore::connect_with(
+        &with_params(&url, "sslmode=verify-ca&sslrootcert=/nonexistent/ca.pem"),
+        admin.options(),
+    )
+    .await
+    .expect_err("no such file");
     let msg = assert_one_line(&e);
-    assert!(msg.contains("sslmode") && msg.contains("PostgresStore::from_pool"), "{msg}");
-    assert!(!e.is_retryable(), "a configuration error, not a passing one: {e:?}");
+    assert!(matches!(e, Error::InvalidUrl { .. }) && msg.contains("/nonexistent/ca.pem"), "{msg}");
 }
 
 #[tokio::test]

@@ -408,16 +408,24 @@ impl Turn {
         let recorded = self.history.get(seq);
         if recorded.is_none()
             && let Some(g) = call.gate
-            && let Some(problem) = protocol::storage_problem(g.fairness_key)
         {
-            self.fail_invalid_name(format!(
-                "the step {:?} at seq {seq} has the fairness key {}: {problem}; use keys without control \
-                 characters, in at most {} bytes",
-                call.name,
-                protocol::shown(g.fairness_key),
-                protocol::MAX_NAME_BYTES
-            ));
-            return StepBegin::Stopped;
+            if let Some(problem) = protocol::storage_problem(g.fairness_key) {
+                self.fail_invalid_name(format!(
+                    "the step {:?} at seq {seq} has the fairness key {}: {problem}; use keys without control \
+                     characters, in at most {} bytes",
+                    call.name,
+                    protocol::shown(g.fairness_key),
+                    protocol::MAX_NAME_BYTES
+                ));
+                return StepBegin::Stopped;
+            }
+            if let Some(problem) = protocol::gate_problem(g.gate, g.fairness_key) {
+                self.fail_invalid_name(format!(
+                    "the step {:?} at seq {seq} asks its queue for a slot: {problem}; use shorter names",
+                    call.name
+                ));
+                return StepBegin::Stopped;
+            }
         }
         let last_error = recorded.and_then(|c| c.error.clone());
         let started_at = recorded.map_or(now, |c| c.started_at);
@@ -1003,6 +1011,16 @@ impl Turn {
                 call.name,
                 protocol::shown(value),
                 protocol::MAX_NAME_BYTES
+            ));
+            return RemoteBegin::Stopped;
+        }
+        if recorded.is_none()
+            && let Some(g) = call.gate
+            && let Some(problem) = protocol::gate_problem(g.gate, g.fairness_key)
+        {
+            self.fail_invalid_name(format!(
+                "the remote step {:?} at seq {seq} asks its queue for a slot: {problem}; use shorter names",
+                call.name
             ));
             return RemoteBegin::Stopped;
         }

@@ -1024,6 +1024,45 @@ fn names_stores_index_are_limited_and_step_names_are_not() {
 }
 
 #[test]
+fn a_queued_step_whose_gate_and_fairness_key_pass_the_gate_limit_fails_the_run() {
+    let policy = RetryPolicy::none();
+    // Each part within MAX_NAME_BYTES, together over MAX_GATE_BYTES: a store could not index it.
+    let gate = format!("queue:{}:{}", "n".repeat(protocol::MAX_NAME_BYTES), "q".repeat(protocol::MAX_NAME_BYTES - 16));
+    let fairness = "f".repeat(protocol::MAX_GATE_BYTES - gate.len() + 1);
+    let limits = crate::admission::Limits { concurrency: Some(2), ..Default::default() };
+    let call = |fairness_key| StepCall {
+        gate: Some(GateCall { gate: &gate, limits, priority: 0, fairness_key }),
+        ..step("charge", &policy)
+    };
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, call(&fairness), 10), StepBegin::Stopped);
+    let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("not failed: {:?}", t.stopped()) };
+    assert_eq!(e.code(), Some(codes::INVALID_NAME));
+    assert!(e.message.contains("\"charge\" at seq 0"), "{}", e.message);
+    assert!(e.message.contains("2049 bytes, over the limit of 2048 bytes"), "{}", e.message);
+    // One byte less asks for the slot.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert!(matches!(t.begin_step(seq, call(&fairness[1..]), 10), StepBegin::Acquire(_)), "{:?}", t.stopped());
+    // The same on a remote step.
+    let input = p("img.png");
+    let options = remote_options(RetryPolicy::none());
+    let remote_call = |fairness_key| RemoteCall {
+        gate: Some(GateCall { gate: &gate, limits, priority: 0, fairness_key }),
+        ..remote(&input, &options)
+    };
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote_call(&fairness), 10), RemoteBegin::Stopped);
+    let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("remote: not failed: {:?}", t.stopped()) };
+    assert!(e.message.contains("remote step") && e.message.contains("2049 bytes"), "{}", e.message);
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert!(matches!(t.remote_step(seq, remote_call(&fairness[1..]), 10), RemoteBegin::Acquire(_)));
+}
+
+#[test]
 fn a_new_wait_on_one_of_the_engines_own_tokens_fails_the_run() {
     for token in ["child:r:0", "update:r:qty", "task:r:review", "remote:r:0"] {
         let mut t = turn(vec![]);

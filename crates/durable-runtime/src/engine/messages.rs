@@ -179,7 +179,10 @@ impl Engine {
     ///
     /// A payload that does not decode into a triggered workflow's input (the element type
     /// for a batch) fails the publish with [`Error::InvalidInput`] naming the workflow, and
-    /// nothing is published.
+    /// nothing is published. So does a debounce or batch key (the payload's
+    /// [`key_by`](crate::WorkflowOptions::key_by) field) that no store can keep — with a
+    /// control character, or longer than [`MAX_NAME_BYTES`](protocol::MAX_NAME_BYTES) — with
+    /// [`Error::InvalidName`].
     pub async fn publish<T: Serialize + ?Sized>(
         &self,
         name: &str,
@@ -241,8 +244,19 @@ impl Engine {
                         _ => 0,
                     };
                     soonest = soonest.min(now.saturating_add(wait));
+                    let key = trigger.key_of(&value);
+                    if let Some(reason) = protocol::storage_problem(&key) {
+                        let field = trigger.key_field.as_deref().unwrap_or_default();
+                        return Err(Error::InvalidName {
+                            what: format!(
+                                "the key (field {field:?}) of event {} for workflow {workflow:?}'s trigger",
+                                protocol::shown(name)
+                            ),
+                            reason,
+                        });
+                    }
                     gather.push(BufferAppend {
-                        key: trigger.key_of(&value),
+                        key,
                         workflow,
                         gather: g,
                         batch_id: uuid::Uuid::now_v7().to_string(),

@@ -115,6 +115,10 @@ impl Engine {
                 Err(e) => return Err(e),
             }
         }
-        Ok(shared.store.delete_run(id).await?)
+        let runs = shared.store.delete_run(id).await?;
+        if runs > 0 {
+            shared.emit(crate::EngineEvent::RunDeleted { run_id: id.clone(), runs });
+        }
+        Ok(runs)
     }
 }

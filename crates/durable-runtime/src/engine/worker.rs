@@ -135,8 +135,9 @@ impl Engine {
     /// newest registered version; a run always resumes on the version it started on.
     ///
     /// # Panics
-    /// On an empty name (no run could name the workflow in the store's listings): a bug to
-    /// fix at boot, like [`Engine::register_with`]'s triggers.
+    /// On a name no store could keep and index for its runs' listings — empty, with a control
+    /// character, or longer than [`MAX_NAME_BYTES`](durable_core::protocol::MAX_NAME_BYTES)
+    /// — a bug to fix at boot, like [`Engine::register_with`]'s triggers.
     pub fn register<F, Fut, I, O>(&self, name: &str, version: u32, f: F)
     where
         F: Fn(WorkflowCtx, I) -> Fut + Send + Sync + 'static,
@@ -145,6 +146,14 @@ impl Engine {
         O: Serialize + Send + 'static,
     {
         assert!(!name.is_empty(), "register: a workflow's name must be non-empty (version {version})");
+        if let Some(problem) = durable_core::protocol::storage_problem(name) {
+            panic!(
+                "register: workflow {} (version {version}): {problem}; name workflows without control characters, \
+                 in at most {} bytes",
+                durable_core::protocol::shown(name),
+                durable_core::protocol::MAX_NAME_BYTES
+            );
+        }
         self.inner.shared.registry.register(name, version, f);
         // Runs of this workflow may be waiting in the store: look now, not at the next tick.
         self.inner.shared.poll_now();

@@ -1,0 +1,442 @@
+//! TLS for [`PostgresStore::connect`](crate::PostgresStore::connect), chosen by the URL's
+//! `sslmode` as libpq chooses it:
+//!
+//! | `sslmode` | encrypted | the server's certificate |
+//! |---|---|---|
+//! | absent, `disable`, `prefer` | no (plain TCP or a Unix socket) | — |
+//! | `require` | yes | not checked — unless `sslrootcert` is given, then as `verify-ca` |
+//! | `verify-ca` | yes | signed by a trusted CA |
+//! | `verify-full` | yes | signed by a trusted CA, and issued for the host connected to |
+//!
+//! The trusted CAs are the certificates of the PEM file `sslrootcert=<path>` names, or the
+//! system's (`sslrootcert=system`, or no `sslrootcert`). TLS runs on rustls with the `ring`
+//! provider. `prefer` stays plain (libpq would try TLS first): what a URL without `sslmode`
+//! does is unchanged.
+//!
+//! `tokio-postgres` knows only `disable`, `prefer` and `require`, and no `sslrootcert`: the
+//! URL is read here first, those parameters are taken out of it, and the rest goes to it.
+
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use rustls::client::danger::{HandshakeSignatureValid, ServerCertVerified, ServerCertVerifier};
+use rustls::crypto::{CryptoProvider, verify_tls12_signature, verify_tls13_signature};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName, UnixTime};
+use rustls::{CertificateError, ClientConfig, DigitallySignedStruct, RootCertStore, SignatureScheme};
+use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
+use tokio_postgres::tls::{ChannelBinding, MakeTlsConnect, TlsConnect};
+
+use crate::error::{Error, Result};
+
+/// How the URL asks to check the server's certificate.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Verify {
+    /// `sslmode=require` without `sslrootcert`: encrypted, not authenticated.
+    Nothing,
+    /// `verify-ca` (or `require` with `sslrootcert`): a trusted CA signed it.
+    Ca,
+    /// `verify-full`: a trusted CA signed it for the host.
+    Full,
+}
+
+/// The TLS parameters of a URL, taken out of it.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub(crate) struct TlsParams {
+    /// `None`: no TLS (`sslmode` absent, `disable` or `prefer`).
+    pub(crate) verify: Option<Verify>,
+    /// `sslrootcert`: a PEM file, or `system`.
+    pub(crate) root_cert: Option<String>,
+}
+
+/// Splits `url` into what `tokio-postgres` parses (`sslmode=verify-*` made `require`,
+/// `sslrootcert` removed) and the TLS parameters. Both URL forms: `postgres://…?k=v&…` and
+/// libpq's `k=v k=v`.
+pub(crate) fn split_url(url: &str) -> (String, TlsParams) {
+    let mut mode: Option<String> = None;
+    let mut root_cert = None;
+    let rest = if let Some((base, query)) = url.split_once('?').filter(|_| url.contains("://")) {
+        let mut kept = Vec::new();
+        for pair in query.split('&') {
+            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+            match k {
+                "sslmode" => mode = Some(percent_decode(v)),
+                "sslrootcert" => root_cert = Some(percent_decode(v)),
+                _ => kept.push(pair),
+            }
+        }
+        if kept.is_empty() { base.to_string() } else { format!("{base}?{}", kept.join("&")) }
+    } else if url.contains("://") {
+        url.to_string()
+    } else {
+        let mut kept = Vec::new();
+        for word in url.split_whitespace() {
+            match word.split_once('=') {
+                Some(("sslmode", v)) => mode = Some(v.trim_matches('\'').to_string()),
+                Some(("sslrootcert", v)) => root_cert = Some(v.trim_matches('\'').to_string()),
+                _ => kept.push(word),
+            }
+        }
+        kept.join(" ")
+    };
+    let verify = match mode.as_deref() {
+        Some("require") if root_cert.is_some() => Some(Verify::Ca),
+        Some("require") => Some(Verify::Nothing),
+        Some("verify-ca") => Some(Verify::Ca),
+        Some("verify-full") => Some(Verify::Full),
+        _ => None,
+    };
+    // What tokio-postgres gets: `require` for every TLS mode; `disable`/`prefer` (or a value it
+    // will refuse, by name) as given.
+    let mode = match (verify, mode) {
+        (Some(_), _) => Some("require".to_string()),
+        (None, m) => m,
+    };
+    let rest = match mode {
+        None => rest,
+        Some(m) if url.contains("://") => format!("{rest}{}sslmode={m}", if rest.contains('?') { '&' } else { '?' }),
+        Some(m) => format!("{rest} sslmode={m}"),
+    };
+    (rest, TlsParams { verify, root_cert })
+}
+
+fn percent_decode(s: &str) -> String {
+    let bytes = s.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        match (bytes[i], bytes.get(i + 1).copied().and_then(hex), bytes.get(i + 2).copied().and_then(hex)) {
+            (b'%', Some(h), Some(l)) => {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+            }
+            (b, _, _) => {
+                out.push(b);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// The connector for [`tokio_postgres`]: rustls with the URL's verification.
+#[derive(Clone)]
+pub(crate) struct MakeRustls {
+    config: Arc<ClientConfig>,
+}
+
+impl fmt::Debug for MakeRustls {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MakeRustls").finish_non_exhaustive()
+    }
+}
+
+impl MakeRustls {
+    /// The connector `params` ask for; `None` without TLS.
+    ///
+    /// # Errors
+    /// [`Error::InvalidUrl`]: the `sslrootcert` file cannot be read or holds no certificate,
+    /// or no system certificate could be loaded.
+    pub(crate) fn new(params: &TlsParams) -> Result<Option<MakeRustls>> {
+        let Some(verify) = params.verify else { return Ok(None) };
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let builder = ClientConfig::builder_with_provider(provider.clone())
+            .with_safe_default_protocol_versions()
+            .map_err(|e| Error::InvalidOptions { reason: format!("TLS: {e}") })?;
+        let verifier: Arc<dyn ServerCertVerifier> = match verify {
+            Verify::Nothing => Arc::new(AnyCertificate { provider }),
+            Verify::Ca | Verify::Full => {
+                let roots = Arc::new(roots(params.root_cert.as_deref())?);
+                let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider)
+                    .build()
+                    .map_err(|e| Error::InvalidUrl { reason: format!("sslrootcert: {e}") })?;
+                Arc::new(Checked { webpki, host: verify == Verify::Full })
+            }
+        };
+        let config = builder.dangerous().with_custom_certificate_verifier(verifier).with_no_client_auth();
+        Ok(Some(MakeRustls { config: Arc::new(config) }))
+    }
+}
+
+/// The CAs to trust: the PEM file `root_cert` names, or the system's.
+fn roots(root_cert: Option<&str>) -> Result<RootCertStore> {
+    let mut roots = RootCertStore::empty();
+    match root_cert {
+        Some(path) if path != "system" => {
+            let bad = |why: String| Error::InvalidUrl { reason: format!("sslrootcert={path}: {why}") };
+            let certs = CertificateDer::pem_file_iter(path)
+                .map_err(|e| bad(e.to_string()))?
+                .collect::<std::result::Result<Vec<_>, _>>()
+                .map_err(|e| bad(e.to_string()))?;
+            let (added, _) = roots.add_parsable_certificates(certs);
+            if added == 0 {
+                return Err(bad("the file holds no certificate rustls can use (a PEM file is expected)".into()));
+            }
+        }
+        _ => {
+            let found = rustls_native_certs::load_native_certs();
+            let (added, _) = roots.add_parsable_certificates(found.certs);
+            if added == 0 {
+                return Err(Error::InvalidUrl {
+                    reason: format!(
+                        "sslmode asks to verify the server's certificate, and no system CA certificate could be \
+                         loaded ({} errors); name the CA's PEM file with sslrootcert=<path>",
+                        found.errors.len()
+                    ),
+                });
+            }
+        }
+    }
+    Ok(roots)
+}
+
+/// `verify-ca` and `verify-full`: the WebPKI check, without the host name for `verify-ca`.
+#[derive(Debug)]
+struct Checked {
+    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+    host: bool,
+}
+
+impl ServerCertVerifier for Checked {
+    fn verify_server_cert(
+        &self,
+        end_entity: &CertificateDer<'_>,
+        intermediates: &[CertificateDer<'_>],
+        server_name: &ServerName<'_>,
+        ocsp: &[u8],
+        now: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        match self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+            Err(rustls::Error::InvalidCertificate(
+                CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
+            )) if !self.host => Ok(ServerCertVerified::assertion()),
+            other => other,
+        }
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls12_signature(message, cert, dss)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        self.webpki.verify_tls13_signature(message, cert, dss)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.webpki.supported_verify_schemes()
+    }
+}
+
+/// `require`: any certificate (libpq's `require`: encrypted, not authenticated); the
+/// handshake's signatures are still checked against it.
+#[derive(Debug)]
+struct AnyCertificate {
+    provider: Arc<CryptoProvider>,
+}
+
+impl ServerCertVerifier for AnyCertificate {
+    fn verify_server_cert(
+        &self,
+        _: &CertificateDer<'_>,
+        _: &[CertificateDer<'_>],
+        _: &ServerName<'_>,
+        _: &[u8],
+        _: UnixTime,
+    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
+        Ok(ServerCertVerified::assertion())
+    }
+
+    fn verify_tls12_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls12_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn verify_tls13_signature(
+        &self,
+        message: &[u8],
+        cert: &CertificateDer<'_>,
+        dss: &DigitallySignedStruct,
+    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
+        verify_tls13_signature(message, cert, dss, &self.provider.signature_verification_algorithms)
+    }
+
+    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+        self.provider.signature_verification_algorithms.supported_schemes()
+    }
+}
+
+impl<S> MakeTlsConnect<S> for MakeRustls
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = RustlsStream<S>;
+    type TlsConnect = RustlsConnect;
+    type Error = rustls::pki_types::InvalidDnsNameError;
+
+    fn make_tls_connect(&mut self, domain: &str) -> std::result::Result<RustlsConnect, Self::Error> {
+        let name = ServerName::try_from(domain.to_string())?;
+        Ok(RustlsConnect { config: self.config.clone(), name })
+    }
+}
+
+/// One connection's TLS handshake.
+#[derive(Debug)]
+pub(crate) struct RustlsConnect {
+    config: Arc<ClientConfig>,
+    name: ServerName<'static>,
+}
+
+impl<S> TlsConnect<S> for RustlsConnect
+where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    type Stream = RustlsStream<S>;
+    type Error = io::Error;
+    type Future = Pin<Box<dyn Future<Output = io::Result<RustlsStream<S>>> + Send>>;
+
+    fn connect(self, stream: S) -> Self::Future {
+        Box::pin(async move {
+            let connector = tokio_rustls::TlsConnector::from(self.config);
+            Ok(RustlsStream(connector.connect(self.name, stream).await?))
+        })
+    }
+}
+
+/// An encrypted connection.
+#[derive(Debug)]
+pub(crate) struct RustlsStream<S>(tokio_rustls::client::TlsStream<S>);
+
+impl<S: AsyncRead + AsyncWrite + Unpin> tokio_postgres::tls::TlsStream for RustlsStream<S> {
+    fn channel_binding(&self) -> ChannelBinding {
+        ChannelBinding::none()
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncRead for RustlsStream<S> {
+    fn poll_read(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &mut ReadBuf<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_read(cx, buf)
+    }
+}
+
+impl<S: AsyncRead + AsyncWrite + Unpin> AsyncWrite for RustlsStream<S> {
+    fn poll_write(mut self: Pin<&mut Self>, cx: &mut Context<'_>, buf: &[u8]) -> Poll<io::Result<usize>> {
+        Pin::new(&mut self.0).poll_write(cx, buf)
+    }
+
+    fn poll_flush(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_flush(cx)
+    }
+
+    fn poll_shutdown(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
+        Pin::new(&mut self.0).poll_shutdown(cx)
+    }
+}
+
+/// How to open a connection of the store's own (a `LISTEN` connection): the driver's
+/// configuration and the URL's TLS.
+#[derive(Debug, Clone)]
+pub(crate) struct Dial {
+    pub(crate) cfg: tokio_postgres::Config,
+    pub(crate) tls: Option<MakeRustls>,
+}
+
+impl Dial {
+    /// Connects, and spawns the task that drives the connection, handing each notification's
+    /// payload to `heard` until it returns `false` or the connection ends (the task ends then).
+    pub(crate) async fn connect_listening(
+        &self,
+        heard: impl FnMut(&str) -> bool + Send + 'static,
+    ) -> std::result::Result<(tokio_postgres::Client, tokio::task::JoinHandle<()>), tokio_postgres::Error> {
+        Ok(match &self.tls {
+            None => {
+                let (client, connection) = self.cfg.connect(tokio_postgres::NoTls).await?;
+                (client, tokio::spawn(drive(connection, heard)))
+            }
+            Some(tls) => {
+                let (client, connection) = self.cfg.connect(tls.clone()).await?;
+                (client, tokio::spawn(drive(connection, heard)))
+            }
+        })
+    }
+}
+
+async fn drive<S, T>(mut connection: tokio_postgres::Connection<S, T>, mut heard: impl FnMut(&str) -> bool)
+where
+    S: AsyncRead + AsyncWrite + Unpin,
+    T: AsyncRead + AsyncWrite + Unpin,
+{
+    loop {
+        match std::future::poll_fn(|cx| connection.poll_message(cx)).await {
+            Some(Ok(tokio_postgres::AsyncMessage::Notification(n))) => {
+                if !heard(n.payload()) {
+                    break;
+                }
+            }
+            Some(Ok(_)) => {}
+            Some(Err(_)) | None => break,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_tls_parameters_are_taken_out_of_both_url_forms() {
+        let split = |url: &str| split_url(url);
+        let none = TlsParams::default();
+        assert_eq!(split("postgres://u@h/db"), ("postgres://u@h/db".into(), none.clone()));
+        assert_eq!(
+            split("postgres://u@h/db?sslmode=prefer"),
+            ("postgres://u@h/db?sslmode=prefer".into(), none.clone())
+        );
+        assert_eq!(
+            split("postgres://u@h/db?application_name=x&sslmode=verify-full"),
+            (
+                "postgres://u@h/db?application_name=x&sslmode=require".into(),
+                TlsParams { verify: Some(Verify::Full), root_cert: None }
+            )
+        );
+        assert_eq!(
+            split("postgresql://u@h/db?sslrootcert=%2Fetc%2Fca%20b.pem&sslmode=require"),
+            (
+                "postgresql://u@h/db?sslmode=require".into(),
+                TlsParams { verify: Some(Verify::Ca), root_cert: Some("/etc/ca b.pem".into()) }
+            )
+        );
+        assert_eq!(
+            split("postgres://u@h/db?sslmode=require"),
+            ("postgres://u@h/db?sslmode=require".into(), TlsParams { verify: Some(Verify::Nothing), root_cert: None })
+        );
+        assert_eq!(
+            split("host=h user=u sslmode=verify-ca sslrootcert='/ca.pem'"),
+            (
+                "host=h user=u sslmode=require".into(),
+                TlsParams { verify: Some(Verify::Ca), root_cert: Some("/ca.pem".into()) }
+            )
+        );
+        // A value tokio-postgres refuses goes on to it, to be refused by name.
+        assert_eq!(split("postgres://h/db?sslmode=bogus").0, "postgres://h/db?sslmode=bogus");
+        assert_eq!(percent_decode("a%2Fb%zz%4"), "a/b%zz%4");
+    }
+}
