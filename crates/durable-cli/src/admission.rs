@@ -23,24 +23,16 @@ pub(crate) struct GateName {
 }
 
 impl GateName {
-    /// Takes `gate` apart ([`protocol::parse_gate`]). A key gate's `<workflow>:<key>` is split at
-    /// its first `:` (a workflow name with a `:` in it is shown cut there; `runs show` knows the
-    /// run's workflow and is exact).
+    /// Takes `gate` apart ([`protocol::parse_gate`]).
     pub(crate) fn parse(gate: &str) -> GateName {
         match protocol::parse_gate(gate) {
-            Some(("queue", ns, name)) => {
-                GateName { kind: Some(GateKind::Queue), namespace: ns.into(), name: name.into(), key: None }
+            Some(protocol::GateName::Queue { namespace, name }) => {
+                GateName { kind: Some(GateKind::Queue), namespace, name, key: None }
             }
-            Some(("key", ns, rest)) => {
-                let (workflow, key) = rest.split_once(':').unwrap_or((rest, ""));
-                GateName {
-                    kind: Some(GateKind::Key),
-                    namespace: ns.into(),
-                    name: workflow.into(),
-                    key: Some(key.into()),
-                }
+            Some(protocol::GateName::Key { namespace, workflow, key }) => {
+                GateName { kind: Some(GateKind::Key), namespace, name: workflow, key: Some(key) }
             }
-            _ => GateName { kind: None, namespace: "-".into(), name: gate.into(), key: None },
+            None => GateName { kind: None, namespace: "-".into(), name: gate.into(), key: None },
         }
     }
 

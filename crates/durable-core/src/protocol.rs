@@ -89,22 +89,63 @@ pub fn remote_token(run: &RunId, seq: u32) -> String {
     format!("remote:{run}:{seq}")
 }
 
-/// The admission gate of a workflow's concurrency key: `key:<namespace>:<workflow>:<key>`.
+/// The admission gate of a workflow's concurrency key: `key:<namespace>:<workflow>:<key>`,
+/// with `%` and `:` in the namespace and the workflow written `%25` and `%3A`, so that no two
+/// (namespace, workflow, key) share a gate (`w:x` with key `y` and `w` with key `x:y` would).
 pub fn key_gate(namespace: &str, workflow: &str, key: &str) -> String {
-    format!("key:{namespace}:{workflow}:{key}")
+    format!("key:{}:{}:{key}", gate_part(namespace), gate_part(workflow))
 }
 
-/// The admission gate of a step queue: `queue:<namespace>:<name>`.
+/// The admission gate of a step queue: `queue:<namespace>:<name>`, the namespace written as
+/// in [`key_gate`].
 pub fn queue_gate(namespace: &str, name: &str) -> String {
-    format!("queue:{namespace}:{name}")
+    format!("queue:{}:{name}", gate_part(namespace))
 }
 
-/// The parts of a gate name: `("key", "<namespace>", "<workflow>:<key>")` or
-/// `("queue", "<namespace>", "<name>")`.
-pub fn parse_gate(gate: &str) -> Option<(&str, &str, &str)> {
+/// A gate name taken apart ([`parse_gate`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum GateName {
+    /// A workflow's concurrency key ([`key_gate`]).
+    Key {
+        /// The runs' namespace.
+        namespace: String,
+        /// The workflow.
+        workflow: String,
+        /// The key.
+        key: String,
+    },
+    /// A step queue ([`queue_gate`]).
+    Queue {
+        /// The runs' namespace.
+        namespace: String,
+        /// The queue.
+        name: String,
+    },
+}
+
+/// The parts of a gate name [`key_gate`] or [`queue_gate`] made; `None` for another name.
+pub fn parse_gate(gate: &str) -> Option<GateName> {
     let (kind, rest) = gate.split_once(':')?;
-    let (ns, name) = rest.split_once(':')?;
-    matches!(kind, "key" | "queue").then_some((kind, ns, name))
+    let (ns, rest) = rest.split_once(':')?;
+    let namespace = gate_part_decoded(ns);
+    match kind {
+        "key" => {
+            let (workflow, key) = rest.split_once(':').unwrap_or((rest, ""));
+            Some(GateName::Key { namespace, workflow: gate_part_decoded(workflow), key: key.to_string() })
+        }
+        "queue" => Some(GateName::Queue { namespace, name: rest.to_string() }),
+        _ => None,
+    }
+}
+
+/// `part` with `%` and `:` escaped (`%25`, `%3A`), as a gate name holds it.
+fn gate_part(part: &str) -> std::borrow::Cow<'_, str> {
+    if part.contains(['%', ':']) { part.replace('%', "%25").replace(':', "%3A").into() } else { part.into() }
+}
+
+/// [`gate_part`] undone.
+fn gate_part_decoded(part: &str) -> String {
+    part.replace("%3A", ":").replace("%25", "%")
 }
 
 /// The `wake_at` of a run created `pending` while it waits for its concurrency key: never
@@ -354,8 +395,24 @@ mod tests {
         assert_eq!(undo_name("charge"), "undo:charge");
         assert_eq!(key_gate("default", "sync", "acme"), "key:default:sync:acme");
         assert_eq!(queue_gate("default", "api"), "queue:default:api");
-        assert_eq!(parse_gate("key:default:sync:acme"), Some(("key", "default", "sync:acme")));
+        let key = |namespace: &str, workflow: &str, key: &str| GateName::Key {
+            namespace: namespace.into(),
+            workflow: workflow.into(),
+            key: key.into(),
+        };
+        assert_eq!(parse_gate("key:default:sync:acme"), Some(key("default", "sync", "acme")));
+        assert_eq!(parse_gate("key:default:sync:acme:eu"), Some(key("default", "sync", "acme:eu")));
+        assert_eq!(
+            parse_gate("queue:default:api"),
+            Some(GateName::Queue { namespace: "default".into(), name: "api".into() })
+        );
         assert_eq!(parse_gate("other:x:y"), None);
+        // A `:` or `%` in a namespace or workflow is escaped: no two keys share a gate.
+        assert_eq!(key_gate("default", "w:x", "y"), "key:default:w%3Ax:y");
+        assert_eq!(key_gate("default", "w", "x:y"), "key:default:w:x:y");
+        assert_eq!(key_gate("a:b", "100%", "k"), "key:a%3Ab:100%25:k");
+        assert_eq!(queue_gate("a:b", "c"), "queue:a%3Ab:c");
+        assert_eq!(parse_gate(&key_gate("a:b", "w:100%3A", "k:1")), Some(key("a:b", "w:100%3A", "k:1")));
         assert_eq!(GATED, 9_223_372_036_854_775_806);
         assert_eq!(continued_marker(&id("a~1")).as_str(), r#"{"$continued_as_new":"a~1"}"#);
         assert_eq!(child_failure_code(RunStatus::Cancelled), "child_cancelled");

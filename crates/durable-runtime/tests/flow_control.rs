@@ -164,6 +164,37 @@ async fn a_full_singleton_refuses_the_start_with_queue_full_and_persists_nothing
     assert_eq!(ledger.max("acme"), 1);
 }
 
+/// A key is per workflow, whatever `:` the names hold: `w:x` with key `y` and `w` with key
+/// `x:y` (one gate name before the names were escaped) each hold a slot of their own, and a
+/// refusal names the workflow and the key as given.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_of_two_workflows_never_share_a_gate() {
+    let t = TestEngine::new();
+    for (workflow, key) in [("w:x", "y"), ("w", "x:y")] {
+        let options = WorkflowOptions::default().singleton(move |_: &u32| key.to_string()).max_queue_depth(0);
+        t.register_with(workflow, 1, options, |ctx: WorkflowCtx, n: u32| async move {
+            ctx.wait_for_signal::<()>(&format!("go:{}", ctx.run_id())).await?;
+            Ok::<_, WorkflowError>(n)
+        });
+    }
+    t.start("w:x", &1u32, StartOptions::id("a")).await.unwrap();
+    t.start("w", &2u32, StartOptions::id("b")).await.unwrap();
+    parked(&t, "a").await;
+    parked(&t, "b").await;
+    assert_eq!((status(&t, "a").await, status(&t, "b").await), (RunStatus::Suspended, RunStatus::Suspended));
+    let stats = t.admission_stats().await.unwrap();
+    assert_eq!(stats.iter().filter(|g| g.held == 1).count(), 2, "two gates, one slot each: {stats:?}");
+    match t.start("w:x", &3u32, StartOptions::id("c")).await.unwrap_err() {
+        Error::QueueFull { workflow, key, .. } => assert_eq!((workflow.as_str(), key.as_str()), ("w:x", "y")),
+        other => panic!("expected QueueFull, got {other:?}"),
+    }
+    for id in ["a", "b"] {
+        t.signal(&format!("go:{id}"), &()).await.unwrap();
+    }
+    t.assert_output(&RunId::from("a"), 1u32).await;
+    t.assert_output(&RunId::from("b"), 2u32).await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_key_runs_at_most_its_limit_and_hands_each_slot_to_the_next_waiter() {
     let t = TestEngine::new();

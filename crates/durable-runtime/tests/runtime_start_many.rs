@@ -118,6 +118,42 @@ async fn a_bad_item_starts_nothing(s: StoreFixture) {
     assert!(runs.runs.is_empty(), "nothing was started: {:?}", runs.runs.first());
 }
 
+/// An id a run of another workflow holds — in the store, or an earlier item of the call — is
+/// refused as `start` refuses it (`IdTaken`, naming both workflows), naming the item, before
+/// anything is written; the same workflow's id is idempotent as before.
+async fn an_id_of_another_workflow_is_refused_and_starts_nothing(s: StoreFixture) {
+    let (t, faulty) = counted(&s);
+    t.register("triple", 1, |_ctx: WorkflowCtx, n: u64| async move { Ok::<_, WorkflowError>(n * 3) });
+    let held = t.start("triple", &1u64, StartOptions::id("held")).await.expect("start");
+    t.assert_output(&held.id, 3u64).await;
+    faulty.reset_counts();
+    let items = |clash: (&'static str, &'static str)| {
+        let mut items: Vec<(&str, u64, StartOptions)> =
+            (0..800u64).map(|i| ("double", i, StartOptions::id(format!("x-{i}")))).collect();
+        items[600] = (clash.0, 7, StartOptions::id(clash.1));
+        items
+    };
+    // In the store: `held` is a run of `triple`.
+    let err = t.start_many(items(("double", "held"))).await.expect_err("held by triple");
+    let Error::BadStart { index: 600, source, .. } = &err else { panic!("expected BadStart at 600, got {err:?}") };
+    assert!(
+        matches!(&**source, Error::IdTaken { existing, requested, .. } if existing == "triple" && requested == "double"),
+        "{err}"
+    );
+    // In the call: item 5 names `x-5` for `double`, item 600 for `triple`.
+    let err = t.start_many(items(("triple", "x-5"))).await.expect_err("x-5 given to two workflows");
+    let Error::BadStart { index: 600, source, .. } = &err else { panic!("expected BadStart at 600, got {err:?}") };
+    assert!(
+        matches!(&**source, Error::IdTaken { existing, requested, .. } if existing == "double" && requested == "triple"),
+        "{err}"
+    );
+    assert_eq!(faulty.calls(Method::CreateRuns), 0, "nothing was written");
+    assert_eq!(t.list_runs(&RunFilter::default()).await.expect("list").runs.len(), 1, "only `held`");
+    // The same workflow's id: idempotent, as before.
+    let started = t.start_many([("triple", 9u64, StartOptions::id("held"))]).await.expect("idempotent");
+    assert!(!started[0].created && started[0].run.workflow == "triple");
+}
+
 /// A store failure in the second batch: the first batch is started (and runs), the rest is
 /// not, and the error says how many were.
 async fn a_store_failure_says_how_many_were_started(s: StoreFixture) {
@@ -137,6 +173,7 @@ on_every_store!(
     start_many_answers_each_item_like_start,
     run_created_is_sent_for_created_runs_only,
     a_bad_item_starts_nothing,
+    an_id_of_another_workflow_is_refused_and_starts_nothing,
     a_store_failure_says_how_many_were_started
 );
 

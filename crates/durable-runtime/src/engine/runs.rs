@@ -1,9 +1,9 @@
 //! Starting and observing runs: start, read, list, history, and waiting for a run to settle.
 
+use std::collections::{BTreeMap, HashMap};
 use std::time::Duration;
 
 use durable_core::protocol;
-use std::collections::BTreeMap;
 
 use durable_core::{
     Checkpoint, CreateRun, HistoryExport, NewRun, Payload, Run, RunFilter, RunId, RunPage, StepError, StepKind,
@@ -35,7 +35,7 @@ impl Engine {
         let shared = &self.inner.shared;
         let new = self.new_run(workflow, input, options, shared.clock.now())?;
         let mark = shared.mark();
-        let created = shared.store.create_run(new).await.map_err(|e| queue_full([workflow], e))?;
+        let created = shared.store.create_run(new).await.map_err(queue_full)?;
         if let CreateRun::Existing(run) = &created
             && run.workflow != workflow
         {
@@ -54,12 +54,14 @@ impl Engine {
     /// started runs dispatched together (with a transport, into the outbox, which sends full
     /// batches at once). Returns what `start` returns for each item, in order: idempotent per
     /// id, so an id that exists — or that an earlier item of the call created — comes back
-    /// with `created: false` and the run as it is (unlike `start`, also when that run is of
-    /// another workflow: the rest of its batch is started by then; compare `run.workflow`).
+    /// with `created: false` and the run as it is.
     ///
     /// Every item is validated before anything is written: an unknown workflow, an input that
-    /// does not fit the workflow or a bad id fails the call with [`Error::BadStart`] naming the
-    /// item, and nothing is started. Items are written in batches, each whole or not at all: a
+    /// does not fit the workflow, a bad id, or an id that a run of another workflow holds (in
+    /// the store, or an earlier item of the call) fails the call with [`Error::BadStart`]
+    /// naming the item (its source [`Error::IdTaken`] for the last), and nothing is started —
+    /// but for another engine creating that id for another workflow while the call runs: then
+    /// the batches up to the one holding it are started, and the call is refused the same way. Items are written in batches, each whole or not at all: a
     /// batch that would overfill a concurrency key (`max_queue_depth`) is refused whole —
     /// [`Error::QueueFull`] if it is the first, so nothing is started — and a store failure
     /// after some batches were written is [`Error::PartlyStarted`], saying how many items were
@@ -84,33 +86,75 @@ impl Engine {
         let shared = &self.inner.shared;
         let now = shared.clock.now();
         let mut news = Vec::new();
+        // Each id the call names, with its first item and that item's workflow.
+        let mut named: HashMap<RunId, (usize, String)> = HashMap::new();
+        let taken = |index: usize, id: &RunId, requested: &str, existing: &str| Error::BadStart {
+            index,
+            workflow: requested.to_string(),
+            id: Some(id.to_string()),
+            source: Box::new(Error::IdTaken {
+                id: id.clone(),
+                existing: existing.to_string(),
+                requested: requested.to_string(),
+            }),
+        };
         for (index, (workflow, input, options)) in runs.into_iter().enumerate() {
             let workflow = workflow.as_ref();
             let id = options.id.clone();
+            let given = id.is_some();
             let new = self.new_run(workflow, &input, options, now).map_err(|source| Error::BadStart {
                 index,
                 workflow: workflow.to_string(),
                 id,
                 source: Box::new(source),
             })?;
+            if given {
+                match named.get(&new.id) {
+                    Some((_, first)) if *first != new.workflow => {
+                        return Err(taken(index, &new.id, &new.workflow, first));
+                    }
+                    Some(_) => {}
+                    None => {
+                        named.insert(new.id.clone(), (index, new.workflow.clone()));
+                    }
+                }
+            }
             news.push(new);
         }
-        let mut started = Vec::with_capacity(news.len());
+        // An id a run of another workflow holds is refused as `start` refuses it, before
+        // anything is written.
         let batch = shared.config.start_batch.max(1);
+        let ids: Vec<RunId> = named.keys().cloned().collect();
+        for chunk in ids.chunks(batch) {
+            for run in shared.store.get_runs(chunk).await? {
+                if let Some((index, workflow)) = named.get(&run.id)
+                    && run.workflow != *workflow
+                {
+                    return Err(taken(*index, &run.id, workflow, &run.workflow));
+                }
+            }
+        }
+        let mut started = Vec::with_capacity(news.len());
         let mut news = news.into_iter().peekable();
         while news.peek().is_some() {
             let chunk: Vec<NewRun> = news.by_ref().take(batch).collect();
             let mark = shared.mark();
             let created = shared.store.create_runs(chunk).await.map_err(|source| match source {
                 // A full concurrency key refuses its batch whole: with nothing started yet,
-                // the call is refused as `start` refuses (the key names one of the registered
-                // workflows: every item was validated against them).
-                durable_core::StoreError::QueueFull { .. } if started.is_empty() => {
-                    let names = shared.registry.names();
-                    queue_full(names.iter().map(String::as_str), source)
-                }
+                // the call is refused as `start` refuses.
+                durable_core::StoreError::QueueFull { .. } if started.is_empty() => queue_full(source),
                 source => Error::PartlyStarted { started: started.len(), source },
             })?;
+            // Another engine created one of the ids, for another workflow, since the check:
+            // this batch is written, and the call says so.
+            for c in &created {
+                if let CreateRun::Existing(run) = c
+                    && let Some((index, workflow)) = named.get(&run.id)
+                    && *workflow != run.workflow
+                {
+                    return Err(taken(*index, &run.id, workflow, &run.workflow));
+                }
+            }
             started.extend(created.into_iter().map(|c| self.started(c, mark)));
         }
         Ok(started)
@@ -337,19 +381,15 @@ impl Engine {
 }
 
 /// A store's refusal of a keyed start, as the engine's [`Error::QueueFull`] naming the
-/// workflow and key: the workflow is the one of `workflows` whose name begins the gate's name
-/// (`<workflow>:<key>`; the longest, should one name begin another).
-fn queue_full<'a>(workflows: impl IntoIterator<Item = &'a str>, e: durable_core::StoreError) -> Error {
+/// workflow and key of the gate.
+fn queue_full(e: durable_core::StoreError) -> Error {
     match e {
         durable_core::StoreError::QueueFull { gate, held, waiting } => {
-            let named = protocol::parse_gate(&gate).and_then(|(_, _, name)| {
-                workflows
-                    .into_iter()
-                    .filter_map(|w| Some((w, name.strip_prefix(w)?.strip_prefix(':')?)))
-                    .max_by_key(|(w, _)| w.len())
-            });
-            let (workflow, key) = named.unwrap_or(("", &gate));
-            Error::QueueFull { workflow: workflow.to_string(), key: key.to_string(), held, waiting }
+            let (workflow, key) = match protocol::parse_gate(&gate) {
+                Some(protocol::GateName::Key { workflow, key, .. }) => (workflow, key),
+                _ => (String::new(), gate),
+            };
+            Error::QueueFull { workflow, key, held, waiting }
         }
         other => Error::Store(other),
     }
