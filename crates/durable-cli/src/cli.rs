@@ -32,7 +32,7 @@ Exit codes:
        is not a durable database, a newer schema, a malformed URL, an unknown database)
   1    it failed while running: the store is busy or unreachable, an I/O error (trying again
        later may help)
-  130  interrupted (Ctrl-C or SIGTERM)";
+  130  interrupted (Ctrl-C or SIGTERM) before the work was done (`durable serve` exits 0)";
 
 /// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, operate
 /// the stored schedules, and try the engine with a demo.

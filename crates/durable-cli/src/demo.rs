@@ -473,7 +473,7 @@ fn summary(demo: &Demo, out: &mut dyn Write, drained: Option<bool>) -> Result<()
     let rows: Vec<(&str, String, &str)> = vec![
         ("completed", tally.completed.to_string(), ""),
         ("failed", tally.failed.to_string(), ""),
-        ("compensated", tally.compensated.to_string(), "sagas: the last step failed, the undos ran (status failed)"),
+        ("compensated", tally.compensated.to_string(), "sagas: the last step failed, the undos ran; status failed"),
         ("cancelled", tally.cancelled.to_string(), ""),
         ("dead", tally.dead.to_string(), ""),
         ("new", tally.new.to_string(), "started by this demo"),

@@ -54,7 +54,8 @@ const MAX_WALK: usize = 10_000;
 #[serde(rename_all = "snake_case")]
 #[non_exhaustive]
 pub enum Cadence {
-    /// A cron expression (5 fields, or 6 with seconds first), in the schedule's time zone.
+    /// A cron expression (5 fields, 6 with seconds first, or 7 with a year last), in the
+    /// schedule's time zone.
     Cron {
         /// The expression, as given.
         expr: String,
@@ -122,7 +123,7 @@ fn default_grace() -> Millis {
 pub enum ScheduleError {
     /// The cron expression does not parse.
     #[error(
-        "bad cron expression {expr:?}: {reason}; use 5 fields (minute hour day-of-month month day-of-week) or 6 with seconds first, for example \"0 9 * * MON-FRI\""
+        "bad cron expression {expr:?}: {reason}; use 5 fields (minute hour day-of-month month day-of-week), 6 with seconds first, or 7 with a year last, for example \"0 9 * * MON-FRI\""
     )]
     BadCron {
         /// The expression.
@@ -507,14 +508,24 @@ impl ScheduleRecord {
     }
 
     /// The record with a manual fire asked for at `now`; its run id is
-    /// [`ScheduleRecord::fire_id`]`(now)`.
+    /// [`ScheduleRecord::fire_id`]`(now)`. A manual fire still pending (asked for, its run not
+    /// created yet) stands instead: the record is returned as it is, and that fire's run
+    /// ([`ScheduleRecord::pending_trigger`]) is the one both asked for.
     pub fn trigger(&self, now: Millis) -> Self {
+        if self.state.trigger_at.is_some() {
+            return self.clone();
+        }
         let mut record = self.clone();
         record.state.trigger_at = Some(now);
         record.updated_at = now;
         // A manual fire happens even on a paused schedule.
         record.due_at = Some(record.compute_due().map_or(now, |d| d.min(now)));
         record
+    }
+
+    /// When the pending manual fire ([`ScheduleRecord::trigger`]) was asked for, if one is.
+    pub fn pending_trigger(&self) -> Option<Millis> {
+        self.state.trigger_at
     }
 
     /// When the scheduler must next look at the record: [`FIRE_AHEAD_MS`] before the next
@@ -878,6 +889,9 @@ mod tests {
         assert_eq!(r.due_at, None, "paused: never due");
         let t = r.trigger(T2026 + 5);
         assert_eq!(t.due_at, Some(T2026 + 5));
+        // Asked for again before its run was created: the first fire stands, once.
+        assert_eq!(t.trigger(T2026 + 6), t);
+        assert_eq!(t.pending_trigger(), Some(T2026 + 5));
         let plan = t.plan(T2026 + 6, false).unwrap();
         assert_eq!(nominals(&plan), vec![T2026 + 5]);
         assert_eq!(plan.record.due_at, None);

@@ -203,7 +203,7 @@ pub enum Error {
     },
     /// A schedule's key or definition was refused (a bad cron expression, an unknown time
     /// zone, an interval of zero); nothing was saved.
-    #[error("schedule {key:?}: {source}")]
+    #[error("schedule {}: {source}", durable_core::protocol::shown(key))]
     BadSchedule {
         /// The schedule key.
         key: String,

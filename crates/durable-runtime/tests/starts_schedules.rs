@@ -219,6 +219,32 @@ async fn schedules_are_paused_resumed_triggered_updated_and_deleted(store: Store
     assert_eq!(t.get_run(&manual).await.unwrap().map(|r| r.status), Some(RunStatus::Completed), "runs are kept");
 }
 
+/// A manual fire asked for again before its run exists stands: both calls answer its run id,
+/// and that run — the only one — is created once an engine executes runs (before, the second
+/// call replaced the first fire, whose promised run never came).
+async fn two_quick_triggers_start_the_first_fires_run_once(store: StoreFixture) {
+    let worker = store.engine();
+    register_echo(&worker);
+    worker.schedule("ops", Schedule::every(H).paused(true), "echo", &7).await.unwrap();
+    let mut config = test_config();
+    config.execute = false;
+    let client = TestEngine::with_parts(worker.shared_store(), worker.clock().clone(), config);
+    let t0 = client.clock().now();
+    let mut rx = worker.subscribe();
+    let first = client.trigger_schedule("ops").await.unwrap();
+    client.advance(Duration::from_millis(5));
+    let second = client.trigger_schedule("ops").await.unwrap();
+    assert_eq!((first.clone(), second), (fire_id("ops", t0), fire_id("ops", t0)), "the first fire stands");
+    // The worker creates it (its scheduler looks at least every schedule_poll_interval).
+    worker.advance(Duration::from_secs(2));
+    let created = created(&mut rx, 1).await;
+    assert_eq!(created, vec![first.clone()]);
+    assert_eq!(worker.wait_for_run(&first).await.unwrap().output::<serde_json::Value>().unwrap(), json!(7));
+    let filter = RunFilter { workflow: Some("echo".into()), limit: 100, ..Default::default() };
+    assert_eq!(worker.list_runs(&filter).await.unwrap().runs.len(), 1, "one run for two triggers");
+    client.shutdown().await;
+}
+
 async fn two_engines_firing_one_schedule_start_each_fire_once(store: StoreFixture) {
     let a = store.engine();
     let b = a.sibling();
@@ -502,6 +528,7 @@ on_every_store!(
     after_downtime_at_most_max_catchup_missed_fires_start,
     bad_schedules_are_refused_by_name_and_nothing_is_saved,
     schedules_are_paused_resumed_triggered_updated_and_deleted,
+    two_quick_triggers_start_the_first_fires_run_once,
     two_engines_firing_one_schedule_start_each_fire_once,
     fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them,
     a_new_cadence_cancels_the_fires_ahead_it_does_not_share,

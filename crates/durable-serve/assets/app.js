@@ -609,9 +609,13 @@ function renderRun(view, d, refresh) {
       section('Input', jsonBlock(run.input))),
   ];
   if (run.error) {
-    parts.push(h('section', { class: 'card error-card', id: 'run-error' }, h('h2', {}, 'Error'),
+    // A blocked run's error says what it waits for; it goes on by itself once that comes.
+    const note = run.status === 'blocked'
+      ? 'blocked: the run goes on by itself once a worker that can take it appears'
+      : run.error.retryable === false ? 'fatal: not retried automatically' : null;
+    parts.push(h('section', { class: 'card error-card', id: 'run-error' }, h('h2', {}, run.status === 'blocked' ? 'Blocked' : 'Error'),
       h('p', {}, run.error.message, run.error.code ? ` [${run.error.code}]` : ''),
-      run.error.retryable === false ? h('p', { class: 'muted small' }, 'fatal: not retried automatically') : null));
+      note ? h('p', { class: 'muted small', id: 'run-error-note' }, note) : null));
   }
   if (run.output !== null && run.output !== undefined) parts.push(section('Output', h('div', { id: 'run-output' }, jsonBlock(run.output))));
   const timeline = d.timeline || [];

@@ -98,8 +98,8 @@ impl Params {
     }
 }
 
-/// A JSON body of at most [`MAX_BODY`] bytes, decoded into `T` (whose unknown fields are refused).
-/// An empty body decodes as `{}`.
+/// A JSON object of at most [`MAX_BODY`] bytes, decoded into `T` (whose unknown fields are
+/// refused). An empty body decodes as `{}`.
 #[derive(Debug)]
 pub(crate) struct JsonBody<T>(pub(crate) T);
 
@@ -115,8 +115,13 @@ impl<S: Send + Sync, T: DeserializeOwned> FromRequest<S> for JsonBody<T> {
             }
         })?;
         let text: &[u8] = if bytes.iter().all(u8::is_ascii_whitespace) { b"{}" } else { &bytes };
-        serde_json::from_slice(text)
-            .map(JsonBody)
-            .map_err(|e| ApiError::bad_request(format!("the request body is not the JSON expected: {e}")))
+        let bad =
+            |e: serde_json::Error| ApiError::bad_request(format!("the request body is not the JSON expected: {e}"));
+        // Every body is an object: serde would also read a struct from an array of its fields.
+        let value: serde_json::Value = serde_json::from_slice(text).map_err(bad)?;
+        if !value.is_object() {
+            return Err(ApiError::bad_request("the request body is not the JSON expected: a JSON object"));
+        }
+        serde_json::from_value(value).map(JsonBody).map_err(bad)
     }
 }

@@ -134,5 +134,5 @@ pub async fn signal(engine: &Engine, token: &str, payload: &serde_json::Value) -
 
 /// The error of [`signal`] for an empty token (a front end checks it before reading a payload).
 pub fn signal_token_empty() -> OpError {
-    OpError::Invalid("the signal token is empty; pass the token the run waits on".into())
+    OpError::Invalid("the signal token is empty or only whitespace; pass the token the run waits on".into())
 }

@@ -261,6 +261,9 @@ async fn every_endpoint(store: Arc<dyn Store>) {
         ("POST", "/api/runs/ok-3/cancel", Some(json!({"compensate": "yes"})), StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/runs/ok-3/cancel", Some(json!([1])), StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/runs/ok-3/retry", Some(json!({"inputs": 1})), StatusCode::BAD_REQUEST, "bad_request"),
+        // An array is not an object, though serde would read a struct from its fields.
+        ("POST", "/api/runs/ok-3/retry", Some(json!([])), StatusCode::BAD_REQUEST, "bad_request"),
+        ("POST", "/api/signals", Some(json!(["x", 1])), StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/signals", Some(json!({"token": "x"})), StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/signals", Some(json!({"token": " ", "payload": 1})), StatusCode::BAD_REQUEST, "bad_request"),
         ("DELETE", "/api/runs/nope", None, StatusCode::NOT_FOUND, "not_found"),

@@ -32,6 +32,12 @@ async fn malformed_url_is_a_clear_error() {
         assert!(msg.starts_with("invalid PostgreSQL URL"), "{msg}");
         assert!(!e.is_retryable());
     }
+    // Another scheme, or neither form: said so, not "unexpected EOF".
+    for (url, says) in [("mysql://u:s3cret@h/d", "the scheme is mysql://"), ("notaurl", "neither a postgres:// URL")] {
+        let e = PostgresStore::connect(url).await.expect_err(url);
+        let msg = assert_one_line(&e);
+        assert!(matches!(e, Error::InvalidUrl { .. }) && msg.contains(says), "{url:?}: {msg}");
+    }
 }
 
 /// `url` with `params` (`k=v&k=v`) added to its query.

@@ -155,7 +155,9 @@ impl Engine {
     }
 
     /// Fires schedule `key` now, whatever its cadence, overlap policy or pause: returns the
-    /// id of the run it starts (`sched:<key>:<now-ms>`, see [`ScheduleRecord::fire_id`]). The fire is stored; the scheduler of
+    /// id of the run it starts (`sched:<key>:<now-ms>`, see [`ScheduleRecord::fire_id`]). A
+    /// manual fire asked for before, whose run is not created yet, stands instead: the call
+    /// returns that fire's run id (two quick triggers start one run). The fire is stored; the scheduler of
     /// this engine creates the run right after the call if it executes runs, any other
     /// executing engine within its `schedule_poll_interval` (1 s). Until then the run does
     /// not exist: `get_run` answers `None` and `wait_for_run` `RunNotFound` for a moment;
@@ -164,7 +166,7 @@ impl Engine {
         let mut at = 0;
         let saved = self
             .modify_schedule(key, |current, now| {
-                at = now;
+                at = current.pending_trigger().unwrap_or(now);
                 Ok(current.trigger(now))
             })
             .await?;
