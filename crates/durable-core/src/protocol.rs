@@ -179,8 +179,8 @@ pub const MAX_GATE_BYTES: usize = 2 * MAX_NAME_BYTES;
 pub fn gate_problem(gate: &str, fairness_key: &str) -> Option<String> {
     let len = gate.len() + fairness_key.len();
     (len > MAX_GATE_BYTES).then(|| {
-        let what = if fairness_key.is_empty() { "the gate name" } else { "the gate name and the fairness key" };
-        format!("{what} {} take {len} bytes, over the limit of {MAX_GATE_BYTES} bytes", shown(gate))
+        let what = if fairness_key.is_empty() { "the gate name" } else { "the gate name with the fairness key" };
+        format!("{what} {} takes {len} bytes, over the limit of {MAX_GATE_BYTES} bytes", shown(gate))
     })
 }
 

@@ -294,6 +294,7 @@ mod tests {
                 missed: 0,
                 buffered: None,
             },
+            EngineEvent::RunDeleted { run_id: RunId::from("order:7"), runs: 3 },
         ];
         for event in events {
             let back: EngineEvent = serde_json::from_value(serde_json::to_value(&event).unwrap()).unwrap();

@@ -142,6 +142,15 @@ impl FlowControl {
     }
 
     /// Whether `workflow` has a concurrency key.
+    /// Whether a run of `workflow` with `input` in `namespace` can take its concurrency key (or
+    /// needs none): checked where the run is created later, by the scheduler (a schedule's
+    /// fires, a debounce's run), which could only start it without its key otherwise.
+    pub(crate) fn check_key(&self, workflow: &str, namespace: &str, input: &Payload) -> crate::Result<()> {
+        self.start_request(workflow, namespace, &RunId::new(""), input, 0, 0)
+            .map(drop)
+            .map_err(|reason| crate::Error::BadKey { workflow: workflow.to_string(), reason })
+    }
+
     pub(crate) fn keyed(&self, workflow: &str) -> bool {
         self.keys.read().contains_key(workflow)
     }
@@ -173,7 +182,7 @@ impl FlowControl {
         let gate = protocol::key_gate(namespace, workflow, &key);
         if let Some(problem) = protocol::gate_problem(&gate, "") {
             return Err(format!(
-                "the concurrency key {} of namespace {}: {problem}; use shorter keys",
+                "the concurrency key {} of namespace {}: {problem}; use a shorter key (or namespace, or workflow name)",
                 protocol::shown(&key),
                 protocol::shown(namespace),
             ));

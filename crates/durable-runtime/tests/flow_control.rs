@@ -195,6 +195,37 @@ async fn keys_of_two_workflows_never_share_a_gate() {
     t.assert_output(&RunId::from("b"), 2u32).await;
 }
 
+/// A run the scheduler creates later (a schedule's fire, a debounce's run) would start
+/// without a key no store can keep: the schedule and the publish are refused instead, with
+/// `BadKey`, and nothing is saved.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_schedule_or_a_debounce_whose_runs_could_not_take_their_key_is_refused() {
+    let t = TestEngine::new();
+    let keyed = WorkflowOptions::default()
+        .concurrency(|key: &String| key.clone(), 1)
+        .on_event("tick", serde_json::json!({}))
+        .debounce(Duration::from_secs(1));
+    t.register_with(
+        "keyed",
+        1,
+        keyed,
+        |_ctx: WorkflowCtx, key: String| async move { Ok::<_, WorkflowError>(key.len()) },
+    );
+    let long = "k".repeat(protocol::MAX_NAME_BYTES + 1);
+    let every = durable_runtime::Schedule::every(Duration::from_secs(60));
+    let refused = t.schedule("long", every.clone(), "keyed", &long).await;
+    assert!(
+        matches!(&refused, Err(Error::BadKey { workflow, reason }) if workflow == "keyed" && reason.contains("1025 bytes")),
+        "{refused:?}"
+    );
+    assert!(t.list_schedules().await.unwrap().is_empty(), "nothing saved");
+    let refused = t.publish_event("tick", &long).await;
+    assert!(matches!(&refused, Err(Error::BadKey { .. })), "{refused:?}");
+    // A key that fits: both go on.
+    t.schedule("short", every, "keyed", &"acme").await.unwrap();
+    t.publish_event("tick", &"acme").await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_key_runs_at_most_its_limit_and_hands_each_slot_to_the_next_waiter() {
     let t = TestEngine::new();

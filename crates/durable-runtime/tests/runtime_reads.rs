@@ -25,7 +25,16 @@ fn engine(store: &Arc<FaultyStore<MemoryStore>>) -> Engine {
 /// Starts `runs` runs of `one` (input = index) and waits for each from a task of its own;
 /// checks every output.
 async fn start_and_wait(engine: &Engine, runs: u64) {
-    let started = engine.start_many((0..runs).map(|i| ("one", i, StartOptions::id(format!("one-{i}"))))).await.unwrap();
+    wait_all(engine, start(engine, runs).await).await;
+}
+
+/// Starts `runs` runs of `one` (input = index).
+async fn start(engine: &Engine, runs: u64) -> Vec<durable_runtime::Started> {
+    engine.start_many((0..runs).map(|i| ("one", i, StartOptions::id(format!("one-{i}"))))).await.unwrap()
+}
+
+/// Waits for each run from a task of its own; checks every output.
+async fn wait_all(engine: &Engine, started: Vec<durable_runtime::Started>) {
     let waits: Vec<_> = started
         .into_iter()
         .enumerate()
@@ -47,7 +56,9 @@ async fn runs_read_at_the_same_time_are_read_in_one_batch() {
     // Each batch takes a while, so the reads asked meanwhile gather for the next one.
     store.set_method_latency(Method::GetRuns, Duration::from_millis(20));
     let engine = engine(&store);
-    start_and_wait(&engine, RUNS).await;
+    let started = start(&engine, RUNS).await;
+    store.reset_counts();
+    wait_all(&engine, started).await;
     // Every waiter read its run at least once (its first look), all through batches.
     assert_eq!(store.calls(Method::GetRun), 0, "a single-run read bypassed the batches");
     let batches = store.calls(Method::GetRuns);
@@ -60,9 +71,11 @@ async fn runs_read_at_the_same_time_are_read_in_one_batch() {
 async fn a_failing_batch_leaves_each_reader_to_read_its_run_alone() {
     const RUNS: u64 = 10;
     let store = Arc::new(FaultyStore::new(MemoryStore::new()));
-    store.arm(Fault::on(Method::GetRuns));
     let engine = engine(&store);
-    start_and_wait(&engine, RUNS).await;
+    let started = start(&engine, RUNS).await;
+    store.reset_counts();
+    store.arm(Fault::on(Method::GetRuns));
+    wait_all(&engine, started).await;
     assert!(store.calls(Method::GetRuns) > 0, "no batch was tried");
     assert!(store.calls(Method::GetRun) >= RUNS, "each waiter read its run alone after its batch failed");
     engine.shutdown().await;

@@ -223,22 +223,24 @@ async fn schedules_are_paused_resumed_triggered_updated_and_deleted(store: Store
 /// and that run — the only one — is created once an engine executes runs (before, the second
 /// call replaced the first fire, whose promised run never came).
 async fn two_quick_triggers_start_the_first_fires_run_once(store: StoreFixture) {
-    let worker = store.engine();
-    register_echo(&worker);
-    worker.schedule("ops", Schedule::every(H).paused(true), "echo", &7).await.unwrap();
+    // Only a client while the schedule is triggered: no scheduler can create the first fire's
+    // run between the two calls.
     let mut config = test_config();
     config.execute = false;
-    let client = TestEngine::with_parts(worker.shared_store(), worker.clock().clone(), config);
+    let client = TestEngine::with_parts(store.store.clone(), durable_runtime::VirtualClock::starting_2026(), config);
+    register_echo(&client);
+    client.schedule("ops", Schedule::every(H).paused(true), "echo", &7).await.unwrap();
     let t0 = client.clock().now();
-    let mut rx = worker.subscribe();
     let first = client.trigger_schedule("ops").await.unwrap();
     client.advance(Duration::from_millis(5));
     let second = client.trigger_schedule("ops").await.unwrap();
     assert_eq!((first.clone(), second), (fire_id("ops", t0), fire_id("ops", t0)), "the first fire stands");
-    // The worker creates it (its scheduler looks at least every schedule_poll_interval).
+    // A worker creates it.
+    let worker = TestEngine::with_parts(store.store.clone(), client.clock().clone(), test_config());
+    register_echo(&worker);
+    let mut rx = worker.subscribe();
     worker.advance(Duration::from_secs(2));
-    let created = created(&mut rx, 1).await;
-    assert_eq!(created, vec![first.clone()]);
+    assert_eq!(created(&mut rx, 1).await, vec![first.clone()]);
     assert_eq!(worker.wait_for_run(&first).await.unwrap().output::<serde_json::Value>().unwrap(), json!(7));
     let filter = RunFilter { workflow: Some("echo".into()), limit: 100, ..Default::default() };
     assert_eq!(worker.list_runs(&filter).await.unwrap().runs.len(), 1, "one run for two triggers");

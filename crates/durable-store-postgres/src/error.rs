@@ -300,18 +300,17 @@ pub(crate) fn connect_error(target: &str, e: tokio_postgres::Error) -> Error {
     let io_error = source_chain(&e).find_map(|s| s.downcast_ref::<std::io::Error>());
     // The TLS handshake refused the server's certificate (`sslmode=verify-*`): retrying will
     // not make it trusted.
-    if let Some(refused) = io_error.and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<rustls::Error>())
-    {
-        return Error::Postgres {
-            target: target_s,
-            message: format!(
-                "connecting: TLS: {refused}; with sslmode=verify-ca or verify-full, name the PEM file of the CA \
-                 that signed the server's certificate with sslrootcert=<path> (default: the system's CAs), and for \
-                 verify-full connect by a host name the certificate is for"
+    // Another TLS failure (a protocol version or an alert) is no passing one either.
+    if let Some(tls) = io_error.and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
+        let message = match tls {
+            rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => format!(
+                "connecting: TLS: {tls}; with sslmode=verify-ca or verify-full, name the PEM file of the CA \
+                 that signed the server's certificate with sslrootcert=<path> (verify-full: or the system's CAs), \
+                 and for verify-full connect by a host name the certificate is for"
             ),
-            retryable: false,
-            source: Some(Box::new(e)),
+            _ => format!("connecting: the TLS handshake failed: {tls}"),
         };
+        return Error::Postgres { target: target_s, message, retryable: false, source: Some(Box::new(e)) };
     }
     let io_kind = io_error.map(std::io::Error::kind);
     let reason = match io_kind {

@@ -136,8 +136,9 @@
 //! ## What it does not do
 //!
 //! - **TLS only as the URL's `sslmode` asks** ([`PostgresStore::connect`]): `require`
-//!   (encrypted, the certificate not checked), `verify-ca`, `verify-full` (checked against the
-//!   CAs of `sslrootcert=<PEM file>`, or the system's), on rustls with `ring`. No `sslmode`,
+//!   (encrypted, the certificate not checked), `verify-ca` (against the CAs of
+//!   `sslrootcert=<PEM file>`), `verify-full` (that file's CAs or the system's, and the host
+//!   name), on rustls with `ring`. No `sslmode`,
 //!   `disable` and `prefer` stay plain. No client certificates: for those, or another TLS
 //!   stack, build a `deadpool_postgres::Pool` with your connector and pass it to
 //!   [`PostgresStore::from_pool`].
@@ -463,7 +464,7 @@ impl PostgresStore {
     /// - [`Error::NoRuntime`]: called outside a tokio runtime.
     pub async fn connect_with(url: &str, options: PostgresOptions) -> Result<PostgresStore> {
         options.validate()?;
-        let (url, tls_params) = tls::split_url(url);
+        let (url, tls_params) = tls::split_url(url)?;
         let cfg = schema::config(&url, &options)?;
         let target = schema::target(&cfg);
         let tls = tls::MakeRustls::new(&tls_params)?;

@@ -4,14 +4,16 @@
 //! | `sslmode` | encrypted | the server's certificate |
 //! |---|---|---|
 //! | absent, `disable`, `prefer` | no (plain TCP or a Unix socket) | — |
-//! | `require` | yes | not checked — unless `sslrootcert` is given, then as `verify-ca` |
-//! | `verify-ca` | yes | signed by a trusted CA |
+//! | `require` | yes | not checked — unless `sslrootcert=<file>` is given, then as `verify-ca` |
+//! | `verify-ca` | yes | signed by a CA of the PEM file `sslrootcert=<path>` names |
 //! | `verify-full` | yes | signed by a trusted CA, and issued for the host connected to |
 //!
-//! The trusted CAs are the certificates of the PEM file `sslrootcert=<path>` names, or the
-//! system's (`sslrootcert=system`, or no `sslrootcert`). TLS runs on rustls with the `ring`
-//! provider. `prefer` stays plain (libpq would try TLS first): what a URL without `sslmode`
-//! does is unchanged.
+//! `verify-full`'s trusted CAs are those of `sslrootcert=<path>`, or the system's
+//! (`sslrootcert=system`, or no `sslrootcert`; `sslrootcert=system` alone means
+//! `verify-full`, as in libpq 16). `verify-ca` or `require` with the system's CAs is refused:
+//! any publicly trusted certificate of any host would pass. So is `sslrootcert` without a
+//! mode that uses it. TLS runs on rustls with the `ring` provider. `prefer` stays plain (libpq
+//! would try TLS first): what a URL without `sslmode` does is unchanged.
 //!
 //! `tokio-postgres` knows only `disable`, `prefer` and `require`, and no `sslrootcert`: the
 //! URL is read here first, those parameters are taken out of it, and the rest goes to it.
@@ -54,54 +56,175 @@ pub(crate) struct TlsParams {
 }
 
 /// Splits `url` into what `tokio-postgres` parses (`sslmode=verify-*` made `require`,
-/// `sslrootcert` removed) and the TLS parameters. Both URL forms: `postgres://…?k=v&…` and
-/// libpq's `k=v k=v`.
-pub(crate) fn split_url(url: &str) -> (String, TlsParams) {
+/// `sslrootcert` removed) and the TLS parameters. Both URL forms: `postgres://…?k=v&…` (read
+/// as tokio-postgres reads it: the credentials up to the first `@`, the query from the first
+/// `?` after them) and libpq's `k=v k='v'`. A string without `sslmode` or `sslrootcert` goes
+/// on unchanged.
+///
+/// # Errors
+/// [`Error::InvalidUrl`] for a combination that would not check what it seems to:
+/// `sslrootcert` with no `sslmode` or `prefer` (nothing would use it), and `verify-ca` or
+/// `require` with the system's CAs (any publicly trusted certificate of any host would pass:
+/// use `verify-full`, as libpq 16 demands).
+pub(crate) fn split_url(url: &str) -> Result<(String, TlsParams)> {
+    let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    let pairs = if is_url { url_params(url) } else { conninfo_params(url) };
     let mut mode: Option<String> = None;
     let mut root_cert = None;
-    let rest = if let Some((base, query)) = url.split_once('?').filter(|_| url.contains("://")) {
-        let mut kept = Vec::new();
-        for pair in query.split('&') {
-            let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
-            match k {
-                "sslmode" => mode = Some(percent_decode(v)),
-                "sslrootcert" => root_cert = Some(percent_decode(v)),
-                _ => kept.push(pair),
-            }
+    let mut taken = Vec::new();
+    for (key, value, span) in pairs {
+        match key.as_str() {
+            "sslmode" => mode = Some(value),
+            "sslrootcert" => root_cert = Some(value),
+            _ => continue,
         }
-        if kept.is_empty() { base.to_string() } else { format!("{base}?{}", kept.join("&")) }
-    } else if url.contains("://") {
-        url.to_string()
-    } else {
-        let mut kept = Vec::new();
-        for word in url.split_whitespace() {
-            match word.split_once('=') {
-                Some(("sslmode", v)) => mode = Some(v.trim_matches('\'').to_string()),
-                Some(("sslrootcert", v)) => root_cert = Some(v.trim_matches('\'').to_string()),
-                _ => kept.push(word),
-            }
+        taken.push(span);
+    }
+    if taken.is_empty() {
+        return Ok((url.to_string(), TlsParams::default()));
+    }
+    let system = root_cert.as_deref() == Some("system");
+    let verify = match (mode.as_deref(), &root_cert) {
+        // libpq 16: `sslrootcert=system` alone means verify-full.
+        (None, Some(_)) if system => Some(Verify::Full),
+        (None | Some("prefer"), Some(_)) => {
+            return Err(Error::InvalidUrl {
+                reason: "sslrootcert is given, but sslmode does not ask to verify the server's certificate; add \
+                         sslmode=verify-full (or verify-ca)"
+                    .into(),
+            });
         }
-        kept.join(" ")
-    };
-    let verify = match mode.as_deref() {
-        Some("require") if root_cert.is_some() => Some(Verify::Ca),
-        Some("require") => Some(Verify::Nothing),
-        Some("verify-ca") => Some(Verify::Ca),
-        Some("verify-full") => Some(Verify::Full),
+        (Some("require" | "verify-ca"), _)
+            if system || (root_cert.is_none() && mode.as_deref() == Some("verify-ca")) =>
+        {
+            return Err(Error::InvalidUrl {
+                reason: "sslmode=require or verify-ca with the system's CAs would accept any publicly trusted \
+                         certificate of any host: use sslmode=verify-full, or name your CA's PEM file with \
+                         sslrootcert=<path>"
+                    .into(),
+            });
+        }
+        (Some("require"), Some(_)) => Some(Verify::Ca),
+        (Some("require"), None) => Some(Verify::Nothing),
+        (Some("verify-ca"), _) => Some(Verify::Ca),
+        (Some("verify-full"), _) => Some(Verify::Full),
         _ => None,
+    };
+    // The rest, without the pairs taken out (from the last, so the spans stay right).
+    let mut rest = url.to_string();
+    for span in taken.iter().rev() {
+        rest.replace_range(span.clone(), "");
+    }
+    // A URL's query without the empty pairs left (only the query: a password may hold `&&`).
+    let rest = match query_start(&rest).filter(|_| is_url) {
+        Some(q) => {
+            let pairs: Vec<&str> = rest[q + 1..].split('&').filter(|p| !p.is_empty()).collect();
+            if pairs.is_empty() { rest[..q].to_string() } else { format!("{}?{}", &rest[..q], pairs.join("&")) }
+        }
+        None => rest,
     };
     // What tokio-postgres gets: `require` for every TLS mode; `disable`/`prefer` (or a value it
     // will refuse, by name) as given.
-    let mode = match (verify, mode) {
-        (Some(_), _) => Some("require".to_string()),
-        (None, m) => m,
-    };
+    let mode = if verify.is_some() { Some("require".to_string()) } else { mode };
     let rest = match mode {
         None => rest,
-        Some(m) if url.contains("://") => format!("{rest}{}sslmode={m}", if rest.contains('?') { '&' } else { '?' }),
-        Some(m) => format!("{rest} sslmode={m}"),
+        Some(m) if is_url => format!("{rest}{}sslmode={m}", if query_start(&rest).is_some() { '&' } else { '?' }),
+        Some(m) => format!("{} sslmode={m}", rest.trim_end()),
     };
-    (rest, TlsParams { verify, root_cert })
+    Ok((rest, TlsParams { verify, root_cert }))
+}
+
+/// Where a URL's query starts (its `?`), read as tokio-postgres reads it.
+fn query_start(url: &str) -> Option<usize> {
+    let after = url.find("://")? + 3;
+    let host = url[after..].find('@').map_or(after, |at| after + at + 1);
+    url[host..].find('?').map(|q| host + q)
+}
+
+/// A URL's query parameters: (decoded key, decoded value, byte span of `k=v` with one of its
+/// `&` separators).
+fn url_params(url: &str) -> Vec<(String, String, std::ops::Range<usize>)> {
+    let Some(q) = query_start(url) else { return Vec::new() };
+    let mut out = Vec::new();
+    let mut at = q + 1;
+    for pair in url[q + 1..].split('&') {
+        let (k, v) = pair.split_once('=').unwrap_or((pair, ""));
+        let end = (at + pair.len() + 1).min(url.len());
+        out.push((percent_decode(k), percent_decode(v), at..end));
+        at += pair.len() + 1;
+    }
+    out
+}
+
+/// libpq's `key = value` settings, read as tokio-postgres reads them (spaces around `=`,
+/// single-quoted values with backslash escapes): (key, value, byte span of the pair). Empty
+/// when the string does not parse (tokio-postgres will say why).
+fn conninfo_params(s: &str) -> Vec<(String, String, std::ops::Range<usize>)> {
+    let bytes = s.as_bytes();
+    let mut out = Vec::new();
+    let mut i = 0;
+    let skip_ws = |mut i: usize| {
+        while i < bytes.len() && bytes[i].is_ascii_whitespace() {
+            i += 1;
+        }
+        i
+    };
+    loop {
+        i = skip_ws(i);
+        if i >= bytes.len() {
+            return out;
+        }
+        let start = i;
+        while i < bytes.len() && !bytes[i].is_ascii_whitespace() && bytes[i] != b'=' {
+            i += 1;
+        }
+        let key = s[start..i].to_string();
+        i = skip_ws(i);
+        if bytes.get(i) != Some(&b'=') {
+            return Vec::new();
+        }
+        i = skip_ws(i + 1);
+        let mut value = String::new();
+        if bytes.get(i) == Some(&b'\'') {
+            i += 1;
+            loop {
+                match s[i..].chars().next() {
+                    None => return Vec::new(),
+                    Some('\'') => {
+                        i += 1;
+                        break;
+                    }
+                    Some('\\') => match s[i + 1..].chars().next() {
+                        None => return Vec::new(),
+                        Some(c) => {
+                            value.push(c);
+                            i += 1 + c.len_utf8();
+                        }
+                    },
+                    Some(c) => {
+                        value.push(c);
+                        i += c.len_utf8();
+                    }
+                }
+            }
+        } else {
+            while let Some(c) = s[i..].chars().next().filter(|c| !c.is_ascii_whitespace()) {
+                if c == '\\' {
+                    match s[i + 1..].chars().next() {
+                        None => return Vec::new(),
+                        Some(e) => {
+                            value.push(e);
+                            i += 1 + e.len_utf8();
+                        }
+                    }
+                } else {
+                    value.push(c);
+                    i += c.len_utf8();
+                }
+            }
+        }
+        out.push((key, value, start..i));
+    }
 }
 
 fn percent_decode(s: &str) -> String {
@@ -403,7 +526,8 @@ mod tests {
 
     #[test]
     fn the_tls_parameters_are_taken_out_of_both_url_forms() {
-        let split = |url: &str| split_url(url);
+        let split = |url: &str| split_url(url).expect(url);
+        let tls = |verify, root: Option<&str>| TlsParams { verify: Some(verify), root_cert: root.map(String::from) };
         let none = TlsParams::default();
         assert_eq!(split("postgres://u@h/db"), ("postgres://u@h/db".into(), none.clone()));
         assert_eq!(
@@ -412,31 +536,50 @@ mod tests {
         );
         assert_eq!(
             split("postgres://u@h/db?application_name=x&sslmode=verify-full"),
-            (
-                "postgres://u@h/db?application_name=x&sslmode=require".into(),
-                TlsParams { verify: Some(Verify::Full), root_cert: None }
-            )
+            ("postgres://u@h/db?application_name=x&sslmode=require".into(), tls(Verify::Full, None))
         );
         assert_eq!(
-            split("postgresql://u@h/db?sslrootcert=%2Fetc%2Fca%20b.pem&sslmode=require"),
-            (
-                "postgresql://u@h/db?sslmode=require".into(),
-                TlsParams { verify: Some(Verify::Ca), root_cert: Some("/etc/ca b.pem".into()) }
-            )
+            split("postgresql://u@h/db?sslrootcert=%2Fetc%2Fca%20b.pem&sslmode=require&connect_timeout=5"),
+            ("postgresql://u@h/db?connect_timeout=5&sslmode=require".into(), tls(Verify::Ca, Some("/etc/ca b.pem")))
         );
         assert_eq!(
             split("postgres://u@h/db?sslmode=require"),
-            ("postgres://u@h/db?sslmode=require".into(), TlsParams { verify: Some(Verify::Nothing), root_cert: None })
+            ("postgres://u@h/db?sslmode=require".into(), tls(Verify::Nothing, None))
         );
+        // A `?`, `&` or `=` in the password (up to the first `@`) is not the query.
         assert_eq!(
-            split("host=h user=u sslmode=verify-ca sslrootcert='/ca.pem'"),
-            (
-                "host=h user=u sslmode=require".into(),
-                TlsParams { verify: Some(Verify::Ca), root_cert: Some("/ca.pem".into()) }
-            )
+            split("postgres://u:p?a&&sslmode=x@h/db?sslmode=verify-full"),
+            ("postgres://u:p?a&&sslmode=x@h/db?sslmode=require".into(), tls(Verify::Full, None))
+        );
+        // libpq's form: quotes, escapes and spaces around `=`; the rest kept as written.
+        assert_eq!(
+            split("host=h password='a  b' sslmode = verify-ca sslrootcert='/my ca/\\'x.pem'"),
+            ("host=h password='a  b' sslmode=require".into(), tls(Verify::Ca, Some("/my ca/'x.pem")))
+        );
+        assert_eq!(split("host=h  password='a  b'").0, "host=h  password='a  b'", "no TLS setting: unchanged");
+        assert_eq!(split("host=h application_name=http://svc").0, "host=h application_name=http://svc");
+        // libpq 16: the system's CAs alone mean verify-full.
+        assert_eq!(
+            split("postgres://h/db?sslrootcert=system"),
+            ("postgres://h/db?sslmode=require".into(), tls(Verify::Full, Some("system")))
         );
         // A value tokio-postgres refuses goes on to it, to be refused by name.
         assert_eq!(split("postgres://h/db?sslmode=bogus").0, "postgres://h/db?sslmode=bogus");
         assert_eq!(percent_decode("a%2Fb%zz%4"), "a/b%zz%4");
+    }
+
+    #[test]
+    fn settings_that_would_check_less_than_they_seem_are_refused() {
+        for url in [
+            "postgres://h/db?sslmode=verify-ca",
+            "postgres://h/db?sslmode=verify-ca&sslrootcert=system",
+            "postgres://h/db?sslmode=require&sslrootcert=system",
+            "postgres://h/db?sslrootcert=/ca.pem",
+            "postgres://h/db?sslmode=prefer&sslrootcert=/ca.pem",
+            "host=h sslrootcert=/ca.pem",
+        ] {
+            let e = split_url(url).expect_err(url);
+            assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
+        }
     }
 }

@@ -244,6 +244,10 @@ impl Engine {
                         _ => 0,
                     };
                     soonest = soonest.min(now.saturating_add(wait));
+                    // The run starts later, in the scheduler: its concurrency key must be one.
+                    if matches!(g, Gather::Debounce { .. }) {
+                        shared.flow.check_key(&workflow, &run.namespace, &run.input)?;
+                    }
                     let key = trigger.key_of(&value);
                     if let Some(reason) = protocol::storage_problem(&key) {
                         let field = trigger.key_field.as_deref().unwrap_or_default();

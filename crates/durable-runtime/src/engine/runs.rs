@@ -146,16 +146,18 @@ impl Engine {
                 source => Error::PartlyStarted { started: started.len(), source },
             })?;
             // Another engine created one of the ids, for another workflow, since the check:
-            // this batch is written, and the call says so.
-            for c in &created {
-                if let CreateRun::Existing(run) = c
-                    && let Some((index, workflow)) = named.get(&run.id)
-                    && *workflow != run.workflow
-                {
-                    return Err(taken(*index, &run.id, workflow, &run.workflow));
-                }
-            }
+            // this batch is written (and its runs dispatched), and the call says so.
+            let raced = created.iter().find_map(|c| match c {
+                CreateRun::Existing(run) => named
+                    .get(&run.id)
+                    .filter(|(_, workflow)| *workflow != run.workflow)
+                    .map(|(index, workflow)| taken(*index, &run.id, workflow, &run.workflow)),
+                CreateRun::Created(_) => None,
+            });
             started.extend(created.into_iter().map(|c| self.started(c, mark)));
+            if let Some(e) = raced {
+                return Err(e);
+            }
         }
         Ok(started)
     }

@@ -29,7 +29,8 @@ impl Engine {
     /// [`Engine::resume_schedule`] change it. A bad cron expression, an unknown time zone or an interval of zero is
     /// [`Error::BadSchedule`] naming it; an unregistered workflow is
     /// [`Error::UnknownWorkflow`]; an input the workflow cannot decode is
-    /// [`Error::InvalidInput`]. Nothing is saved then.
+    /// [`Error::InvalidInput`]; an input that gives no usable concurrency key is
+    /// [`Error::BadKey`]. Nothing is saved then.
     ///
     /// ```no_run
     /// # use durable_runtime::{Engine, Overlap, Schedule};
@@ -54,6 +55,7 @@ impl Engine {
         let input = self.encode_payload(|| format!("the input of schedule {key:?}"), input)?;
         handler.check_input(&input).map_err(|source| Error::InvalidInput { workflow: workflow.to_string(), source })?;
         let namespace = shared.config.namespace.clone().unwrap_or_else(|| "default".into());
+        shared.flow.check_key(workflow, &namespace, &input)?;
         loop {
             let now = shared.clock.now();
             let fresh =
@@ -163,6 +165,11 @@ impl Engine {
     /// not exist: `get_run` answers `None` and `wait_for_run` `RunNotFound` for a moment;
     /// wait for the engine's `RunCreated` event (or poll `get_run`) before waiting for it.
     pub async fn trigger_schedule(&self, key: &str) -> Result<RunId> {
+        if let Some(current) = self.shared().store.get_schedule(key).await?
+            && let Some(pending) = current.pending_trigger()
+        {
+            return Ok(current.fire_id(pending));
+        }
         let mut at = 0;
         let saved = self
             .modify_schedule(key, |current, now| {

@@ -145,15 +145,7 @@ impl Engine {
         I: DeserializeOwned + Send + 'static,
         O: Serialize + Send + 'static,
     {
-        assert!(!name.is_empty(), "register: a workflow's name must be non-empty (version {version})");
-        if let Some(problem) = durable_core::protocol::storage_problem(name) {
-            panic!(
-                "register: workflow {} (version {version}): {problem}; name workflows without control characters, \
-                 in at most {} bytes",
-                durable_core::protocol::shown(name),
-                durable_core::protocol::MAX_NAME_BYTES
-            );
-        }
+        check_workflow_name(name, version);
         self.inner.shared.registry.register(name, version, f);
         // Runs of this workflow may be waiting in the store: look now, not at the next tick.
         self.inner.shared.poll_now();
@@ -174,6 +166,7 @@ impl Engine {
         I: serde::de::DeserializeOwned + Send + 'static,
         O: serde::Serialize + Send + 'static,
     {
+        check_workflow_name(name, version);
         for trigger in &options.triggers {
             if let Err(reason) = trigger.check(name) {
                 panic!("register_with: {reason}");
@@ -261,6 +254,20 @@ impl Engine {
         let finished = tokio::time::timeout(timeout, shared.until_idle()).await.is_ok();
         self.shutdown().await;
         finished
+    }
+}
+
+/// Panics on a workflow name no store could keep and index for its runs' listings (see
+/// [`Engine::register`]).
+fn check_workflow_name(name: &str, version: u32) {
+    assert!(!name.is_empty(), "register: a workflow's name must be non-empty (version {version})");
+    if let Some(problem) = durable_core::protocol::storage_problem(name) {
+        panic!(
+            "register: workflow {} (version {version}): {problem}; name workflows without control characters, in \
+             at most {} bytes",
+            durable_core::protocol::shown(name),
+            durable_core::protocol::MAX_NAME_BYTES
+        );
     }
 }
 

@@ -286,7 +286,9 @@ impl Shared {
                 Ok(event) => {
                     // `wait_for_run` callers here read the run now, not at their next poll.
                     match &event {
-                        EngineEvent::RunSettled { run_id, .. } => self.notify_run(run_id),
+                        EngineEvent::RunSettled { run_id, .. } | EngineEvent::RunDeleted { run_id, .. } => {
+                            self.notify_run(run_id)
+                        }
                         EngineEvent::RunSuspended { run_id, .. } => self.notify_suspended(run_id),
                         _ => {}
                     }

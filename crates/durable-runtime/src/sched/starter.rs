@@ -37,8 +37,8 @@ impl Default for Starter {
 
 impl Shared {
     /// The concurrency key of a run the scheduler starts, if its workflow has one. The input
-    /// was checked against the workflow when the schedule was saved or the event published,
-    /// so only a key function changed since can fail to read it: that is logged, and the run
+    /// and its key were checked when the schedule was saved or the event published, so only a
+    /// key function (or a namespace) changed since can fail: that is logged, and the run
     /// starts without its key rather than not at all.
     fn started_key(&self, run: &NewRun) -> Option<SlotRequest> {
         self.flow.start_request(&run.workflow, &run.namespace, &run.id, &run.input, run.priority, run.created_at).unwrap_or_else(
