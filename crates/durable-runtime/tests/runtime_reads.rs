@@ -22,12 +22,6 @@ fn engine(store: &Arc<FaultyStore<MemoryStore>>) -> Engine {
     engine
 }
 
-/// Starts `runs` runs of `one` (input = index) and waits for each from a task of its own;
-/// checks every output.
-async fn start_and_wait(engine: &Engine, runs: u64) {
-    wait_all(engine, start(engine, runs).await).await;
-}
-
 /// Starts `runs` runs of `one` (input = index).
 async fn start(engine: &Engine, runs: u64) -> Vec<durable_runtime::Started> {
     engine.start_many((0..runs).map(|i| ("one", i, StartOptions::id(format!("one-{i}"))))).await.unwrap()

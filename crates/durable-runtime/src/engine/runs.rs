@@ -57,11 +57,12 @@ impl Engine {
     /// with `created: false` and the run as it is.
     ///
     /// Every item is validated before anything is written: an unknown workflow, an input that
-    /// does not fit the workflow, a bad id, or an id that a run of another workflow holds (in
-    /// the store, or an earlier item of the call) fails the call with [`Error::BadStart`]
-    /// naming the item (its source [`Error::IdTaken`] for the last), and nothing is started —
-    /// but for another engine creating that id for another workflow while the call runs: then
-    /// the batches up to the one holding it are started, and the call is refused the same way. Items are written in batches, each whole or not at all: a
+    /// does not fit the workflow, a bad id, or an id an earlier item gives to another workflow
+    /// fails the call with [`Error::BadStart`] naming the item, and nothing is started. An id
+    /// a run of another workflow holds in the store fails it the same way (its source
+    /// [`Error::IdTaken`], as `start` says) once the store answered that run: the batches up
+    /// to and including the item's are started then (the others of its batch too), the rest
+    /// not — call again without that item to start them (ids are idempotent). Items are written in batches, each whole or not at all: a
     /// batch that would overfill a concurrency key (`max_queue_depth`) is refused whole —
     /// [`Error::QueueFull`] if it is the first, so nothing is started — and a store failure
     /// after some batches were written is [`Error::PartlyStarted`], saying how many items were
@@ -121,19 +122,7 @@ impl Engine {
             }
             news.push(new);
         }
-        // An id a run of another workflow holds is refused as `start` refuses it, before
-        // anything is written.
         let batch = shared.config.start_batch.max(1);
-        let ids: Vec<RunId> = named.keys().cloned().collect();
-        for chunk in ids.chunks(batch) {
-            for run in shared.store.get_runs(chunk).await? {
-                if let Some((index, workflow)) = named.get(&run.id)
-                    && run.workflow != *workflow
-                {
-                    return Err(taken(*index, &run.id, workflow, &run.workflow));
-                }
-            }
-        }
         let mut started = Vec::with_capacity(news.len());
         let mut news = news.into_iter().peekable();
         while news.peek().is_some() {
@@ -145,8 +134,10 @@ impl Engine {
                 durable_core::StoreError::QueueFull { .. } if started.is_empty() => queue_full(source),
                 source => Error::PartlyStarted { started: started.len(), source },
             })?;
-            // Another engine created one of the ids, for another workflow, since the check:
-            // this batch is written (and its runs dispatched), and the call says so.
+            // An id a run of another workflow holds (the store answered that run, unchanged):
+            // the rest of this batch is written and dispatched, and the call stops there, as
+            // `start` refuses it. (Reading every id first, to write nothing, cost a quarter of
+            // the throughput.)
             let raced = created.iter().find_map(|c| match c {
                 CreateRun::Existing(run) => named
                     .get(&run.id)
