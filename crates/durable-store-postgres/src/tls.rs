@@ -271,16 +271,17 @@ impl MakeRustls {
         let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
             .map_err(|e| Error::InvalidOptions { reason: format!("TLS: {e}") })?;
-        let verifier: Arc<dyn ServerCertVerifier> = match verify {
-            Verify::Nothing => Arc::new(AnyCertificate { provider }),
+        let chain = match verify {
+            Verify::Nothing => None,
             Verify::Ca | Verify::Full => {
                 let roots = Arc::new(roots(params.root_cert.as_deref())?);
-                let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider)
+                let webpki = rustls::client::WebPkiServerVerifier::builder_with_provider(roots, provider.clone())
                     .build()
                     .map_err(|e| Error::InvalidUrl { reason: format!("sslrootcert: {e}") })?;
-                Arc::new(Checked { webpki, host: verify == Verify::Full })
+                Some(webpki)
             }
         };
+        let verifier = Arc::new(Verifier { provider, chain, host: verify == Verify::Full });
         let config = builder.dangerous().with_custom_certificate_verifier(verifier).with_no_client_auth();
         Ok(Some(MakeRustls { config: Arc::new(config) }))
     }
@@ -318,14 +319,17 @@ fn roots(root_cert: Option<&str>) -> Result<RootCertStore> {
     Ok(roots)
 }
 
-/// `verify-ca` and `verify-full`: the WebPKI check, without the host name for `verify-ca`.
+/// Checks the server's certificate as the URL asks: not at all (`require`: encrypted, not
+/// authenticated, as libpq's), or the WebPKI check (`chain`), without the host name for
+/// `verify-ca`. The handshake's signatures are checked against the certificate either way.
 #[derive(Debug)]
-struct Checked {
-    webpki: Arc<rustls::client::WebPkiServerVerifier>,
+struct Verifier {
+    provider: Arc<CryptoProvider>,
+    chain: Option<Arc<rustls::client::WebPkiServerVerifier>>,
     host: bool,
 }
 
-impl ServerCertVerifier for Checked {
+impl ServerCertVerifier for Verifier {
     fn verify_server_cert(
         &self,
         end_entity: &CertificateDer<'_>,
@@ -334,54 +338,13 @@ impl ServerCertVerifier for Checked {
         ocsp: &[u8],
         now: UnixTime,
     ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        match self.webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
+        let Some(webpki) = &self.chain else { return Ok(ServerCertVerified::assertion()) };
+        match webpki.verify_server_cert(end_entity, intermediates, server_name, ocsp, now) {
             Err(rustls::Error::InvalidCertificate(
                 CertificateError::NotValidForName | CertificateError::NotValidForNameContext { .. },
             )) if !self.host => Ok(ServerCertVerified::assertion()),
             other => other,
         }
-    }
-
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls12_signature(message, cert, dss)
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> std::result::Result<HandshakeSignatureValid, rustls::Error> {
-        self.webpki.verify_tls13_signature(message, cert, dss)
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.webpki.supported_verify_schemes()
-    }
-}
-
-/// `require`: any certificate (libpq's `require`: encrypted, not authenticated); the
-/// handshake's signatures are still checked against it.
-#[derive(Debug)]
-struct AnyCertificate {
-    provider: Arc<CryptoProvider>,
-}
-
-impl ServerCertVerifier for AnyCertificate {
-    fn verify_server_cert(
-        &self,
-        _: &CertificateDer<'_>,
-        _: &[CertificateDer<'_>],
-        _: &ServerName<'_>,
-        _: &[u8],
-        _: UnixTime,
-    ) -> std::result::Result<ServerCertVerified, rustls::Error> {
-        Ok(ServerCertVerified::assertion())
     }
 
     fn verify_tls12_signature(
