@@ -121,6 +121,19 @@ fn register(engine: &Engine, source: &watch::Receiver<Source>) {
     });
 }
 
+/// `approval`: waits for the signal `approve:<run id>`; `resize`: one remote step on the
+/// queue `images`, which no worker serves here.
+fn register_waiting(engine: &Engine) {
+    engine.register("approval", 1, |ctx: WorkflowCtx, _: serde_json::Value| async move {
+        let ok: bool = ctx.wait_for_signal(&format!("approve:{}", ctx.run_id())).await?;
+        Ok::<_, WorkflowError>(ok)
+    });
+    engine.register("resize", 1, |ctx: WorkflowCtx, width: u32| async move {
+        let out: u32 = ctx.remote_step("resize", &width).queue("images").await?;
+        Ok::<_, WorkflowError>(out)
+    });
+}
+
 /// A tokio runtime and an engine on `db` with the workflow registered; the runtime's threads
 /// execute runs while the test thread drives the browser.
 struct Worker {
@@ -136,6 +149,7 @@ impl Worker {
         let engine = rt.block_on(async {
             let engine = Engine::builder().store(SqliteStore::open(db).expect("open the database")).build().unwrap();
             register(&engine, &rx);
+            register_waiting(&engine);
             engine
         });
         Worker { rt, engine, source }
@@ -148,6 +162,17 @@ impl Worker {
             self.engine.start("import", &input, opts).await.unwrap();
             let run = tokio::time::timeout(PAGE, self.engine.wait_for_run(&RunId::from(id))).await.unwrap().unwrap();
             run.status()
+        })
+    }
+}
+
+impl Worker {
+    /// Starts a run of `workflow` and waits until it is parked (suspended or blocked).
+    fn park<I: serde::Serialize>(&self, workflow: &str, id: &str, input: I) {
+        self.rt.block_on(async {
+            self.engine.start(workflow, &input, StartOptions::id(id)).await.unwrap();
+            let id = RunId::from(id);
+            tokio::time::timeout(PAGE, self.engine.wait_until_suspended_or_terminal(&id)).await.unwrap().unwrap();
         })
     }
 }
@@ -290,6 +315,41 @@ fn the_runs_list_loads_and_filters_by_status() {
         PAGE,
     );
     assert!(browser.find("#error:not([hidden])").is_none(), "no error banner: {}", browser.page_text());
+    drop(worker);
+}
+
+/// A parked run's page says what it waits for in words (a signal's token), and lists its
+/// pending remote step by name, queue and state (both were shown as raw JSON).
+#[test]
+fn a_parked_runs_page_says_what_it_waits_for() {
+    let Some(Setup { worker, db, dir, driver }) = setup("a_parked_runs_page_says_what_it_waits_for") else { return };
+    worker.park("approval", "approve-7", json!({}));
+    worker.park("resize", "resize-7", 640);
+    let server = Server::start(dir.path(), &db, None);
+    let browser = Browser::start(&driver, 1280, 900);
+
+    browser.goto(&format!("{}/#/runs/approve-7", server.url));
+    browser.wait_for("the waits table", "document.querySelector('#run-waiters tbody tr')", PAGE);
+    let row = browser
+        .exec("return [...document.querySelectorAll('#run-waiters tbody tr td')].map(td => td.textContent)", json!([]));
+    let row: Vec<String> = serde_json::from_value(row).unwrap();
+    assert_eq!(row[..3], ["0".to_string(), "approve:approve-7".into(), "signal approve:approve-7".into()], "{row:?}");
+
+    browser.goto(&format!("{}/#/runs/resize-7", server.url));
+    browser.wait_for("the pending remote steps", "document.querySelector('#run-tasks tbody tr')", PAGE);
+    let row = browser
+        .exec("return [...document.querySelectorAll('#run-tasks tbody tr td')].map(td => td.textContent)", json!([]));
+    let row: Vec<String> = serde_json::from_value(row).unwrap();
+    assert_eq!(row[..3], ["0".to_string(), "resize".into(), "images".into()], "{row:?}");
+    assert!(!row.iter().any(|cell| cell.contains('{')), "no raw JSON: {row:?}");
+    let waits = browser
+        .exec("return [...document.querySelectorAll('#run-waiters tbody tr td')].map(td => td.textContent)", json!([]));
+    assert!(waits.to_string().contains("a remote step (remote:resize-7:0)"), "{waits}");
+    // The step still going says for how long, not "running" twice.
+    let duration = browser.text(&browser.element("#timeline li[data-seq='0'] .duration"));
+    assert!(duration.ends_with(" so far"), "{duration}");
+    assert!(browser.find("#error:not([hidden])").is_none(), "no error banner: {}", browser.page_text());
+    browser.screenshot("run-page-waiting");
     drop(worker);
 }
 

@@ -458,6 +458,47 @@ function genericTable(rows) {
     h('tbody', {}, rows.map((r) => h('tr', {}, keys.map((k) => h('td', { 'data-label': k }, valueNode(k, (r || {})[k]))))))));
 }
 
+/** A table with `columns` ([label, row => node]) over `rows`. */
+function columnsTable(id, columns, rows) {
+  return h('div', { class: 'scroll' }, h('table', { class: 'grid', id },
+    h('thead', {}, h('tr', {}, columns.map(([label]) => h('th', {}, label)))),
+    h('tbody', {}, rows.map((r) => h('tr', {}, columns.map(([label, cell]) => h('td', { 'data-label': label }, cell(r))))))));
+}
+
+/** What a wait waits for, in words: a signal's token (a child's or an update's as such), or
+ * an event's name and matcher. */
+function waitText(kind) {
+  if (!kind) return '—';
+  if (kind.type === 'event') return `event ${kind.name} matching ${JSON.stringify(kind.matcher)}`;
+  const token = kind.token || '';
+  const [prefix] = token.split(':', 1);
+  const internal = { child: 'its child run', update: 'an update', task: 'an external task', remote: 'a remote step' };
+  return internal[prefix] ? `${internal[prefix]} (${token})` : `signal ${token}`;
+}
+
+function waitersTable(waiters) {
+  return columnsTable('run-waiters', [
+    ['seq', (w) => String(w.seq)],
+    ['step', (w) => w.name],
+    ['waits for', (w) => waitText(w.kind)],
+    ['since', (w) => valueNode('created_at', w.created_at)],
+  ], waiters);
+}
+
+function tasksTable(tasks) {
+  const t = (x) => x.task || {};
+  return columnsTable('run-tasks', [
+    ['seq', (x) => String(t(x).seq)],
+    ['step', (x) => t(x).name],
+    ['queue', (x) => t(x).queue],
+    ['state', (x) => x.state],
+    ['attempt', (x) => String(t(x).attempt)],
+    ['worker', (x) => x.worker || '—'],
+    ['lease until', (x) => valueNode('lease_until', x.lease_until)],
+    ['progress', (x) => valueNode('progress', x.progress)],
+  ], tasks);
+}
+
 function genericValue(v) {
   if (Array.isArray(v)) {
     if (v.every((x) => x && typeof x === 'object' && !Array.isArray(x))) return genericTable(v);
@@ -494,8 +535,11 @@ function timelineEntry(c, child) {
       h('span', { class: 'name' }, c.name),
       h('span', { class: 'kind' }, c.kind),
       badge(c.status),
+      // A step still going: how long so far (the badge says running or waiting).
       h('span', { class: 'duration', title: 'duration' }, c.duration_ms === null || c.duration_ms === undefined
-        ? (c.status === 'running' ? 'running' : c.status === 'waiting' ? 'waiting' : '—') : fmtDuration(c.duration_ms)),
+        ? ((c.status === 'running' || c.status === 'waiting') && c.started_at
+          ? `${fmtDuration(Math.max(0, Date.now() - c.started_at))} so far` : '—')
+        : fmtDuration(c.duration_ms)),
       c.attempts ? h('span', { class: 'attempts', title: 'attempts' }, c.attempts === 1 ? '1 attempt' : `${c.attempts} attempts`) : null,
       child ? h('span', { class: 'child-link' }, '→ ', runLink(child.id), ' ', badge(child.status)) : null),
     h('div', { class: 'step-meta muted small' }, 'started ', timeEl(c.started_at),
@@ -624,8 +668,8 @@ function renderRun(view, d, refresh) {
     h('ol', { id: 'timeline', class: 'timeline' }, timeline.map((c) =>
       timelineEntry(c, c.kind === 'child' ? (d.children || []).find((r) => r.parent && r.parent.seq === c.seq) : null)))));
   if ((d.children || []).length) parts.push(section(`Children (${d.children.length})`, h('div', { id: 'children' }, childList(d.children))));
-  if ((d.waiters || []).length) parts.push(section('Waiting for', genericTable(d.waiters)));
-  if ((d.tasks || []).length) parts.push(section('Pending remote steps', genericTable(d.tasks)));
+  if ((d.waiters || []).length) parts.push(section('Waiting for', waitersTable(d.waiters)));
+  if ((d.tasks || []).length) parts.push(section('Pending remote steps', tasksTable(d.tasks)));
   const admission = d.admission && Object.values(d.admission).some((v) => (Array.isArray(v) ? v.length : v));
   if (admission) parts.push(section('Admission', genericValue(d.admission)));
 
