@@ -182,7 +182,8 @@ impl Engine {
     /// nothing is published. So does a debounce or batch key (the payload's
     /// [`key_by`](crate::WorkflowOptions::key_by) field) that no store can keep — with a
     /// control character, or longer than [`MAX_NAME_BYTES`](protocol::MAX_NAME_BYTES) — with
-    /// [`Error::InvalidName`].
+    /// [`Error::InvalidName`], and a debounce whose run could not take its workflow's
+    /// concurrency key with [`Error::BadKey`].
     pub async fn publish<T: Serialize + ?Sized>(
         &self,
         name: &str,

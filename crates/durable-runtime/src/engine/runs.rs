@@ -62,7 +62,9 @@ impl Engine {
     /// a run of another workflow holds in the store fails it the same way (its source
     /// [`Error::IdTaken`], as `start` says) once the store answered that run: the batches up
     /// to and including the item's are started then (the others of its batch too), the rest
-    /// not — call again without that item to start them (ids are idempotent). Items are written in batches, each whole or not at all: a
+    /// not — call again without that item to start them (ids are idempotent).
+    ///
+    /// Items are written in batches, each whole or not at all: a
     /// batch that would overfill a concurrency key (`max_queue_depth`) is refused whole —
     /// [`Error::QueueFull`] if it is the first, so nothing is started — and a store failure
     /// after some batches were written is [`Error::PartlyStarted`], saying how many items were
@@ -138,7 +140,7 @@ impl Engine {
             // the rest of this batch is written and dispatched, and the call stops there, as
             // `start` refuses it. (Reading every id first, to write nothing, cost a quarter of
             // the throughput.)
-            let raced = created.iter().find_map(|c| match c {
+            let held_elsewhere = created.iter().find_map(|c| match c {
                 CreateRun::Existing(run) => named
                     .get(&run.id)
                     .filter(|(_, workflow)| *workflow != run.workflow)
@@ -146,7 +148,7 @@ impl Engine {
                 CreateRun::Created(_) => None,
             });
             started.extend(created.into_iter().map(|c| self.started(c, mark)));
-            if let Some(e) = raced {
+            if let Some(e) = held_elsewhere {
                 return Err(e);
             }
         }
