@@ -318,6 +318,12 @@ fn the_runs_list_loads_and_filters_by_status() {
     drop(worker);
 }
 
+/// The text of every body cell of the table `table` (a selector), row after row.
+fn cells(browser: &Browser, table: &str) -> Vec<String> {
+    let script = format!("return [...document.querySelectorAll('{table} tbody tr td')].map(td => td.textContent)");
+    serde_json::from_value(browser.exec(&script, json!([]))).unwrap()
+}
+
 /// A parked run's page says what it waits for in words (a signal's token), and lists its
 /// pending remote step by name, queue and state (both were shown as raw JSON).
 #[test]
@@ -330,21 +336,16 @@ fn a_parked_runs_page_says_what_it_waits_for() {
 
     browser.goto(&format!("{}/#/runs/approve-7", server.url));
     browser.wait_for("the waits table", "document.querySelector('#run-waiters tbody tr')", PAGE);
-    let row = browser
-        .exec("return [...document.querySelectorAll('#run-waiters tbody tr td')].map(td => td.textContent)", json!([]));
-    let row: Vec<String> = serde_json::from_value(row).unwrap();
+    let row = cells(&browser, "#run-waiters");
     assert_eq!(row[..3], ["0".to_string(), "approve:approve-7".into(), "signal approve:approve-7".into()], "{row:?}");
 
     browser.goto(&format!("{}/#/runs/resize-7", server.url));
     browser.wait_for("the pending remote steps", "document.querySelector('#run-tasks tbody tr')", PAGE);
-    let row = browser
-        .exec("return [...document.querySelectorAll('#run-tasks tbody tr td')].map(td => td.textContent)", json!([]));
-    let row: Vec<String> = serde_json::from_value(row).unwrap();
+    let row = cells(&browser, "#run-tasks");
     assert_eq!(row[..3], ["0".to_string(), "resize".into(), "images".into()], "{row:?}");
     assert!(!row.iter().any(|cell| cell.contains('{')), "no raw JSON: {row:?}");
-    let waits = browser
-        .exec("return [...document.querySelectorAll('#run-waiters tbody tr td')].map(td => td.textContent)", json!([]));
-    assert!(waits.to_string().contains("a remote step (remote:resize-7:0)"), "{waits}");
+    let waits = cells(&browser, "#run-waiters");
+    assert!(waits.contains(&"a remote step (remote:resize-7:0)".to_string()), "{waits:?}");
     // The step still going says for how long, not "running" twice.
     let duration = browser.text(&browser.element("#timeline li[data-seq='0'] .duration"));
     assert!(duration.ends_with(" so far"), "{duration}");

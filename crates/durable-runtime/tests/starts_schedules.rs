@@ -232,8 +232,10 @@ async fn two_quick_triggers_start_the_first_fires_run_once(store: StoreFixture) 
     client.schedule("ops", Schedule::every(H).paused(true), "echo", &7).await.unwrap();
     let t0 = client.clock().now();
     let first = client.trigger_schedule("ops").await.unwrap();
+    let revision = client.list_schedules().await.unwrap()[0].revision;
     client.advance(Duration::from_millis(5));
     let second = client.trigger_schedule("ops").await.unwrap();
+    assert_eq!(client.list_schedules().await.unwrap()[0].revision, revision, "the second call wrote nothing");
     assert_eq!((first.clone(), second), (fire_id("ops", t0), fire_id("ops", t0)), "the first fire stands");
     // A worker creates it.
     let worker = TestEngine::with_parts(store.store.clone(), client.clock().clone(), test_config());

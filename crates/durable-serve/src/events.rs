@@ -126,7 +126,8 @@ impl Watch {
                 self.seen.remove(id);
             }
             let found = self.engine.store().get_runs(&ids).await?;
-            for id in ids.iter().filter(|id| !found.iter().any(|r| &r.id == *id)) {
+            let present: std::collections::HashSet<&RunId> = found.iter().map(|r| &r.id).collect();
+            for id in ids.iter().filter(|id| !present.contains(id)) {
                 let data = serde_json::json!({ "id": id });
                 self.queue.push_back(Event::default().event("deleted").data(data.to_string()));
             }

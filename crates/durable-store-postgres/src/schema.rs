@@ -165,23 +165,6 @@ fn render(sql: &str, schema: &str) -> String {
 
 /// The driver configuration for `url` with the store's settings applied.
 pub(crate) fn config(url: &str, opts: &PostgresOptions) -> Result<tokio_postgres::Config> {
-    // What tokio-postgres would call "unexpected EOF": say what is wrong with the form.
-    let scheme = url.split_once("://").map(|(scheme, _)| scheme).filter(|scheme| {
-        scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.')) && !scheme.is_empty()
-    });
-    match scheme {
-        Some(scheme) if !matches!(scheme, "postgres" | "postgresql") => {
-            return Err(Error::InvalidUrl {
-                reason: format!("the scheme is {scheme}://; a PostgreSQL URL starts with postgres:// or postgresql://"),
-            });
-        }
-        None if !url.trim().is_empty() && !url.contains('=') && !url.contains("://") => {
-            return Err(Error::InvalidUrl {
-                reason: "it is neither a postgres:// URL nor key=value settings (host=… dbname=…)".into(),
-            });
-        }
-        _ => {}
-    }
     let mut cfg: tokio_postgres::Config = url.parse().map_err(|e: tokio_postgres::Error| Error::InvalidUrl {
         reason: crate::error::describe(&e).trim_start_matches("invalid configuration: ").to_string(),
     })?;

@@ -62,12 +62,29 @@ pub(crate) struct TlsParams {
 /// on unchanged.
 ///
 /// # Errors
-/// [`Error::InvalidUrl`] for a combination that would not check what it seems to:
+/// [`Error::InvalidUrl`] for a string of neither form (another scheme, no `=`), and for a
+/// combination that would not check what it seems to:
 /// `sslrootcert` with no `sslmode` or `prefer` (nothing would use it), and `verify-ca` or
 /// `require` with the system's CAs (any publicly trusted certificate of any host would pass:
 /// use `verify-full`, as libpq 16 demands).
 pub(crate) fn split_url(url: &str) -> Result<(String, TlsParams)> {
     let is_url = url.starts_with("postgres://") || url.starts_with("postgresql://");
+    if !is_url {
+        // What tokio-postgres would call "unexpected EOF": say what is wrong with the form.
+        let scheme = url.split_once("://").map(|(scheme, _)| scheme).filter(|scheme| {
+            !scheme.is_empty() && scheme.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '+' | '-' | '.'))
+        });
+        if let Some(scheme) = scheme {
+            return Err(Error::InvalidUrl {
+                reason: format!("the scheme is {scheme}://; a PostgreSQL URL starts with postgres:// or postgresql://"),
+            });
+        }
+        if !url.trim().is_empty() && !url.contains('=') {
+            return Err(Error::InvalidUrl {
+                reason: "it is neither a postgres:// URL nor key=value settings (host=… dbname=…)".into(),
+            });
+        }
+    }
     let pairs = if is_url { url_params(url) } else { conninfo_params(url) };
     let mut mode: Option<String> = None;
     let mut root_cert = None;
@@ -532,7 +549,7 @@ mod tests {
     }
 
     #[test]
-    fn settings_that_would_check_less_than_they_seem_are_refused() {
+    fn strings_of_neither_form_and_settings_that_check_less_than_they_seem_are_refused() {
         for url in [
             "postgres://h/db?sslmode=verify-ca",
             "postgres://h/db?sslmode=verify-ca&sslrootcert=system",
@@ -540,6 +557,9 @@ mod tests {
             "postgres://h/db?sslrootcert=/ca.pem",
             "postgres://h/db?sslmode=prefer&sslrootcert=/ca.pem",
             "host=h sslrootcert=/ca.pem",
+            // Neither form.
+            "mysql://u@h/d",
+            "notaurl",
         ] {
             let e = split_url(url).expect_err(url);
             assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");

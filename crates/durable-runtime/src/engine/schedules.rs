@@ -165,11 +165,6 @@ impl Engine {
     /// not exist: `get_run` answers `None` and `wait_for_run` `RunNotFound` for a moment;
     /// wait for the engine's `RunCreated` event (or poll `get_run`) before waiting for it.
     pub async fn trigger_schedule(&self, key: &str) -> Result<RunId> {
-        if let Some(current) = self.shared().store.get_schedule(key).await?
-            && let Some(pending) = current.pending_trigger()
-        {
-            return Ok(current.fire_id(pending));
-        }
         let mut at = 0;
         let saved = self
             .modify_schedule(key, |current, now| {
@@ -208,7 +203,8 @@ impl Engine {
         Ok(())
     }
 
-    /// Applies `change` to the stored record with a compare-and-set, again on a race.
+    /// Applies `change` to the stored record with a compare-and-set, again on a race; a change
+    /// that leaves the record as it is writes nothing.
     async fn modify_schedule(
         &self,
         key: &str,
@@ -223,6 +219,9 @@ impl Engine {
                 .ok_or_else(|| Error::ScheduleNotFound { key: key.to_string() })?;
             let record = change(&current, shared.clock.now())
                 .map_err(|source| Error::BadSchedule { key: key.to_string(), source })?;
+            if record == current {
+                return Ok(current);
+            }
             if let Some(saved) = self.save_schedule(record, Some(current.revision)).await? {
                 return Ok(saved);
             }
