@@ -128,7 +128,24 @@ impl Cli {
                 "the argument '--url <URL>' cannot be used with '--db <PATH>': give one store",
             ));
         }
-        Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))
+        let cli = Cli::from_arg_matches(&matches).map_err(|e| e.format(&mut cmd))?;
+        // A schema is PostgreSQL's: given for the SQLite file, it would be dropped unseen, and
+        // the command would act on ./durable.db where the user meant a database.
+        if cli.store.url.is_some() && cli.store.schema.trim().is_empty() {
+            return Err(cmd.error(
+                clap::error::ErrorKind::InvalidValue,
+                "--schema is empty: name the PostgreSQL schema the runs live in (the workers' PostgresOptions::schema; \
+                 durable by default)",
+            ));
+        }
+        if given("schema") && cli.store.url.is_none() {
+            return Err(cmd.error(
+                clap::error::ErrorKind::ArgumentConflict,
+                "--schema names a PostgreSQL schema and needs --url (or DURABLE_URL); the runs of --db are in the \
+                 SQLite file",
+            ));
+        }
+        Ok(cli)
     }
 }
 
@@ -432,7 +449,7 @@ pub struct ListArgs {
 #[derive(Debug, Clone, Args)]
 pub struct ServeArgs {
     /// The address to listen on (port 0: any free port; the URL is printed).
-    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080")]
+    #[arg(long, value_name = "HOST:PORT", default_value = "127.0.0.1:8080", value_parser = parse_addr)]
     pub addr: std::net::SocketAddr,
 
     /// The bearer token actions (and with --protect-reads, reads) need.
@@ -701,6 +718,18 @@ fn parse_name(s: &str) -> Result<String, String> {
         return Err("it is empty (leave the flag out to list every one)".into());
     }
     Ok(s.to_string())
+}
+
+/// An IP address and a port: the server listens on one address, so a host name (which may
+/// resolve to several) is refused, naming the address to write instead.
+fn parse_addr(s: &str) -> Result<std::net::SocketAddr, String> {
+    s.parse().map_err(|_| match s.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() && !host.is_empty() => {
+            let ip = if host.eq_ignore_ascii_case("localhost") { "127.0.0.1" } else { "0.0.0.0" };
+            format!("{host:?} is not an IP address: listen on one, as {ip}:{port} ([::1]:{port} for IPv6)")
+        }
+        _ => "expected an IP address and a port, as 127.0.0.1:8080 or [::1]:8080".to_string(),
+    })
 }
 
 fn parse_status(s: &str) -> Result<RunStatus, String> {

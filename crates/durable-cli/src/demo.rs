@@ -46,6 +46,8 @@ enum Ending {
     Compensated,
     Cancelled,
     Dead,
+    /// Deleted while the demo waited for it (`durable runs delete` from another shell).
+    Deleted,
 }
 
 /// The counts the progress display and the summary show.
@@ -60,6 +62,7 @@ struct Tally {
     compensated: usize,
     cancelled: usize,
     dead: usize,
+    deleted: usize,
 }
 
 impl Tally {
@@ -70,11 +73,12 @@ impl Tally {
             Ending::Compensated => self.compensated += 1,
             Ending::Cancelled => self.cancelled += 1,
             Ending::Dead => self.dead += 1,
+            Ending::Deleted => self.deleted += 1,
         }
     }
 
     fn finished(&self) -> usize {
-        self.completed + self.failed + self.compensated + self.cancelled + self.dead
+        self.completed + self.failed + self.compensated + self.cancelled + self.dead + self.deleted
     }
 
     fn counts(&self) -> String {
@@ -84,6 +88,9 @@ impl Tally {
         }
         if self.dead > 0 {
             s.push_str(&format!(" · {} dead", self.dead));
+        }
+        if self.deleted > 0 {
+            s.push_str(&format!(" · {} deleted", self.deleted));
         }
         s
     }
@@ -343,8 +350,8 @@ async fn execute(demo: Arc<Demo>, store_args: &StoreArgs, runs: u32, out: &mut d
     for id in to_wait {
         let engine = engine.clone();
         runs_done.spawn(async move {
-            let outcome = engine.wait_for_run(&id).await?;
-            Ok::<_, Error>((id, outcome.run))
+            let run = finished(&engine, &id).await?;
+            Ok::<_, Error>((id, run))
         });
     }
     for i in to_start {
@@ -360,17 +367,30 @@ async fn execute(demo: Arc<Demo>, store_args: &StoreArgs, runs: u32, out: &mut d
                 // idempotent: it did nothing): not started by us, so counted as resumed.
                 demo.tally.lock().resumed += 1;
             }
-            let outcome = demo.engine.wait_for_run(&started.id).await?;
-            Ok::<_, Error>((started.id, outcome.run))
+            let run = finished(&demo.engine, &started.id).await?;
+            Ok::<_, Error>((started.id, run))
         });
     }
     while let Some(joined) = runs_done.join_next().await {
         let (id, run) = joined.map_err(|e| Error::failed(format!("a demo task failed: {e}")))??;
-        let ending = ending_of(engine, &run).await?;
+        let ending = match run {
+            Some(run) => ending_of(engine, &run).await?,
+            None => Ending::Deleted,
+        };
         demo.settled(&id, ending);
     }
     background.abort_all();
     Ok(())
+}
+
+/// The run once it finished; `None` if it was deleted meanwhile (an operator may delete a demo
+/// run from another shell: the demo counts it and goes on with the others).
+async fn finished(engine: &Engine, id: &RunId) -> Result<Option<Run>> {
+    match engine.wait_for_run(id).await {
+        Ok(outcome) => Ok(Some(outcome.run)),
+        Err(durable::Error::RunNotFound(_)) => Ok(None),
+        Err(e) => Err(e.into()),
+    }
 }
 
 /// How a finished run ended; a failed run whose history has undos was compensated.
@@ -476,6 +496,7 @@ fn summary(demo: &Demo, out: &mut dyn Write, drained: Option<bool>) -> Result<()
         ("compensated", tally.compensated.to_string(), "sagas: the last step failed, the undos ran; status failed"),
         ("cancelled", tally.cancelled.to_string(), ""),
         ("dead", tally.dead.to_string(), ""),
+        ("deleted", tally.deleted.to_string(), "deleted by an operator while the demo ran"),
         ("new", tally.new.to_string(), "started by this demo"),
         ("resumed", tally.resumed.to_string(), "unfinished at startup, picked up again"),
         ("already finished", tally.already_finished.to_string(), "finished by an earlier demo"),
@@ -491,7 +512,7 @@ fn summary(demo: &Demo, out: &mut dyn Write, drained: Option<bool>) -> Result<()
         ("wall time", format!("{wall:.2} s"), ""),
     ];
     for (label, value, note) in rows {
-        if (label == "cancelled" || label == "dead") && value == "0" {
+        if matches!(label, "cancelled" | "dead" | "deleted") && value == "0" {
             continue;
         }
         let note = if note.is_empty() { String::new() } else { format!("  ({note})") };

@@ -80,6 +80,7 @@ fn postgres_is_bad_input(e: &PostgresError) -> bool {
             | PostgresError::SchemaTooNew { .. }
             | PostgresError::SchemaNotFound { .. }
             | PostgresError::ForeignSchema { .. }
+            | PostgresError::Tls { .. }
     )
 }
 

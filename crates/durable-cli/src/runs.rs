@@ -91,11 +91,15 @@ pub(crate) async fn list_runs(engine: &Engine, args: &ListArgs, out: &mut dyn Wr
     }
     if runs.is_empty() {
         match args.stale {
-            Some(stale) => writeln!(
-                out,
-                "no runs match: no remote step is silent for {} or more",
-                interval(stale.as_millis() as u64)
-            )?,
+            Some(stale) => {
+                let filtered = !args.status.is_empty() || args.workflow.is_some() || args.namespace.is_some();
+                writeln!(
+                    out,
+                    "no runs match: no remote step{} is silent for {} or more",
+                    if filtered { " of a run the other filters select" } else { "" },
+                    interval(stale.as_millis() as u64)
+                )?
+            }
             None => writeln!(out, "no runs match")?,
         }
         return Ok(());
@@ -559,7 +563,15 @@ fn write_run(
                 cp.kind.to_string(),
                 cp.status.to_string(),
                 cp.attempts.to_string(),
-                duration_ms(cp.updated_at.saturating_sub(cp.started_at)),
+                match cp.status {
+                    CheckpointStatus::Completed | CheckpointStatus::Failed => {
+                        duration_ms(cp.updated_at.saturating_sub(cp.started_at))
+                    }
+                    // Still going (a remote step queued, a sleep, a wait): how long so far.
+                    CheckpointStatus::Running | CheckpointStatus::Waiting => {
+                        format!("{} so far", duration_ms(now.saturating_sub(cp.started_at)))
+                    }
+                },
                 checkpoint_error(cp),
             ]);
         }

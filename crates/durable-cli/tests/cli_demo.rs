@@ -178,3 +178,57 @@ fn ctrl_c_drains_the_demo_and_leaves_no_lease_behind() {
     assert_eq!(summary_count(&ran.stdout, "resumed"), unfinished, "{}", ran.stdout);
     assert!(ran.stdout.contains("done: 50 of 50 runs finished"), "{}", ran.stdout);
 }
+
+#[test]
+fn a_run_deleted_while_the_demo_waits_for_it_is_counted_and_the_others_finish() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    // One of the demo's runs left unfinished where no demo can execute it: started at a version
+    // of its workflow the demo does not register, it stays pending until an operator acts.
+    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    rt.block_on(async {
+        let store = durable::SqliteStore::open(&db).expect("create the database");
+        let client = durable::Engine::builder().store(store).client_only().build().expect("a client");
+        client.register("demo_sleep", 99, |_: durable::WorkflowCtx, _: Value| async move {
+            Ok::<_, durable::WorkflowError>(())
+        });
+        client
+            .start("demo_sleep", &serde_json::json!({ "n": 1 }), durable::StartOptions::id("demo-sleep-1"))
+            .await
+            .expect("start the stranded run");
+        client.shutdown().await;
+    });
+
+    let mut child = durable(dir.path())
+        .args(["demo", "--runs", "50"])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("start durable demo");
+    let stderr = BufReader::new(child.stderr.take().expect("piped stderr"));
+    let (lines, progress) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in stderr.lines().map_while(Result::ok) {
+            let _ = lines.send(line);
+        }
+    });
+    // Every run but the stranded one finishes; then the demo only waits for it.
+    loop {
+        match progress.recv_timeout(std::time::Duration::from_secs(120)) {
+            Ok(line) if line.contains("49/50 runs finished") => break,
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                panic!("the demo never finished the 49 runs it can execute: {e}");
+            }
+        }
+    }
+    run_ok(dir.path(), &["runs", "delete", "demo-sleep-1", "--force"]);
+    let output = child.wait_with_output().expect("wait for the demo");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "stdout: {stdout}");
+    assert!(stdout.contains("done: 50 of 50 runs finished"), "{stdout}");
+    assert_eq!(summary_count(&stdout, "deleted"), 1, "{stdout}");
+    assert_eq!(summary_count(&stdout, "resumed"), 1, "{stdout}");
+    assert_eq!(summary_count(&stdout, "completed") + summary_count(&stdout, "compensated"), 49, "{stdout}");
+}

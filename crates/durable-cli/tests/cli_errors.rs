@@ -155,6 +155,18 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
     let stderr = String::from_utf8_lossy(&ran.stderr);
     assert_eq!(ran.status.code(), Some(2), "{stderr}");
     assert!(stderr.contains("DURABLE_DB and DURABLE_URL are both set"), "{stderr}");
+    // --schema is PostgreSQL's: without --url it is refused, not dropped while the file is
+    // listed; DURABLE_SCHEMA, set for a shell's PostgreSQL work, leaves --db alone.
+    for args in [&["runs", "list", "--schema", "app"][..], &["--schema=app", "runs", "list", "--db", dbs]] {
+        let ran = durable(dir.path()).args(args).output().expect("run durable");
+        let stderr = String::from_utf8_lossy(&ran.stderr);
+        assert_eq!(ran.status.code(), Some(2), "{args:?}: {stderr}");
+        assert!(stderr.contains("--schema names a PostgreSQL schema and needs --url"), "{stderr}");
+        assert!(ran.stdout.is_empty(), "{args:?}");
+    }
+    run_bad(dir.path(), &["runs", "list", "--url", "postgres://u@127.0.0.1:1/d", "--schema", ""], "--schema is empty");
+    let ran = durable(dir.path()).env("DURABLE_SCHEMA", "app").args(["runs", "list", "--db", dbs]).output().unwrap();
+    assert_eq!(ran.status.code(), Some(0), "{ran:?}");
 }
 
 #[test]

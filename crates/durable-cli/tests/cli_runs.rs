@@ -196,6 +196,9 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     assert!(line.contains("signal tok-cancel"), "{line}");
     let shown = run_ok(dir.path(), &["runs", "show", "to-cancel", "--db", &dbs]).stdout;
     assert!(shown.contains("waiters (1)") && shown.contains("signal tok-cancel"), "{shown}");
+    // The wait is still going: its duration is how long so far, not a finished one's.
+    let wait = shown.lines().find(|l| l.trim_start().starts_with("1 ")).unwrap_or_else(|| panic!("{shown}"));
+    assert!(wait.contains("waiting") && wait.contains(" so far"), "{wait}");
 
     // Cancel: the suspended run is cancelled; cancelling again changes nothing.
     let out = run_ok(dir.path(), &["runs", "cancel", "to-cancel", "--db", &dbs]).stdout;

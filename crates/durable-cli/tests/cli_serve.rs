@@ -41,6 +41,11 @@ fn serve_needs_a_token_unless_dev_and_dev_is_loopback_only() {
         "--dev listens on a loopback address only",
     );
     run_bad(dir.path(), &["serve", "--db", dbs, "--token", " ", "--addr", "127.0.0.1:0"], "the token is empty");
+    run_bad(
+        dir.path(),
+        &["serve", "--db", dbs, "--dev", "--addr", "localhost:0"],
+        "\"localhost\" is not an IP address: listen on one, as 127.0.0.1:0",
+    );
 }
 
 #[test]

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
 
 use durable_core::{Checkpoint, RunId, RunStatus, StepError, StepKind, Store};
-use durable_runtime::{Engine, EngineConfig, VirtualClock};
+use durable_runtime::{Engine, EngineConfig, RunOutcome, VirtualClock};
 use durable_store_memory::MemoryStore;
 use serde::de::DeserializeOwned;
 
@@ -172,21 +172,64 @@ impl TestEngine {
 
     /// Waits for the run to be terminal and asserts its status.
     pub async fn assert_status(&self, id: &RunId, status: RunStatus) {
-        let outcome = self.engine.wait_for_run(id).await.expect("wait_for_run");
+        let outcome = self.settled(id, Settled::Terminal, SETTLE_LIMIT).await;
         assert_eq!(outcome.status(), status, "run {id}: {:?}", outcome.run.error);
     }
 
     /// Waits for the run to be terminal or suspended and asserts its status.
     pub async fn assert_settled_status(&self, id: &RunId, status: RunStatus) {
-        let outcome = self.engine.wait_until_suspended_or_terminal(id).await.expect("wait_until_suspended_or_terminal");
+        let outcome = self.settled(id, Settled::SuspendedOrTerminal, SETTLE_LIMIT).await;
         assert_eq!(outcome.status(), status, "run {id}: {:?}", outcome.run.error);
     }
 
     /// Waits for the run to complete and asserts its output.
     pub async fn assert_output<O: DeserializeOwned + PartialEq + fmt::Debug>(&self, id: &RunId, expected: O) {
-        let outcome = self.engine.wait_for_run(id).await.expect("wait_for_run");
+        let outcome = self.settled(id, Settled::Terminal, SETTLE_LIMIT).await;
         let output: O = outcome.output().unwrap_or_else(|e| panic!("run {id}: {e}"));
         assert_eq!(output, expected, "run {id}");
+    }
+
+    /// The run once it is terminal (or suspended, as `until` says); panics when it is not
+    /// within `limit` of real time, saying where it stands: a run asleep past the virtual
+    /// clock's time waits for [`TestEngine::advance`], which a test calls too early when it
+    /// advances before the run's first turn parked it.
+    async fn settled(&self, id: &RunId, until: Settled, limit: Duration) -> RunOutcome {
+        let wait = async {
+            match until {
+                Settled::Terminal => self.engine.wait_for_run(id).await,
+                Settled::SuspendedOrTerminal => self.engine.wait_until_suspended_or_terminal(id).await,
+            }
+        };
+        match tokio::time::timeout(limit, wait).await {
+            Ok(outcome) => outcome.unwrap_or_else(|e| panic!("run {id}: {e}")),
+            Err(_) => panic!("{}", self.unsettled(id, until, limit).await),
+        }
+    }
+
+    /// Why the run did not settle: its status and, if it sleeps past the clock, until when.
+    async fn unsettled(&self, id: &RunId, until: Settled, limit: Duration) -> String {
+        let goal = match until {
+            Settled::Terminal => "end",
+            Settled::SuspendedOrTerminal => "park or end",
+        };
+        let run = match self.engine.get_run(id).await {
+            Ok(Some(run)) => run,
+            Ok(None) => return format!("run {id} does not exist"),
+            Err(e) => return format!("run {id} did not {goal} within {limit:?}, and reading it failed: {e}"),
+        };
+        let mut why = format!("run {id} did not {goal} within {limit:?} (real time): it is {}", run.status);
+        let now = durable_runtime::Clock::now(&self.clock);
+        if let Some(at) = run.wake_at.filter(|at| *at > now) {
+            why.push_str(&format!(
+                ", waiting until {} ms past the virtual clock's time; advance the clock after the run \
+                 parks (`assert_settled_status(&id, RunStatus::Suspended)` waits for that): an advance \
+                 made before its first turn reached the wait moves the wait's deadline along with it",
+                at - now
+            ));
+        } else if run.status == RunStatus::Suspended {
+            why.push_str(", waiting for something to arrive (a signal, an event, a child, a remote step's result)");
+        }
+        why
     }
 
     /// Asserts the run's recorded step names, in seq order.
@@ -204,6 +247,16 @@ impl Default for TestEngine {
     fn default() -> Self {
         Self::new()
     }
+}
+
+/// How long the assertions wait for a run before they fail, saying where it stands.
+const SETTLE_LIMIT: Duration = Duration::from_secs(20);
+
+/// What [`TestEngine::settled`] waits for.
+#[derive(Clone, Copy)]
+enum Settled {
+    Terminal,
+    SuspendedOrTerminal,
 }
 
 /// A step helper that fails its first `n` calls with a retryable error, then succeeds with the
@@ -299,4 +352,40 @@ pub async fn next_event(
         }
     };
     tokio::time::timeout(within, next).await.unwrap_or_else(|_| panic!("no matching event within {within:?}"))
+}
+
+#[cfg(test)]
+mod tests {
+    use durable_runtime::{StartOptions, WorkflowCtx, WorkflowError};
+
+    use super::*;
+
+    fn sleeper() -> TestEngine {
+        let t = TestEngine::new();
+        t.register("nap", 1, |ctx: WorkflowCtx, _: ()| async move {
+            ctx.sleep(Duration::from_secs(3600)).await;
+            Ok::<_, WorkflowError>(())
+        });
+        t
+    }
+
+    #[tokio::test]
+    #[should_panic(
+        expected = "run nap did not end within 100ms (real time): it is suspended, waiting until 3600000 ms"
+    )]
+    async fn an_assertion_on_a_run_asleep_past_the_clock_fails_saying_so_instead_of_hanging() {
+        let t = sleeper();
+        let run = t.start("nap", &(), StartOptions::id("nap")).await.unwrap();
+        t.assert_settled_status(&run.id, RunStatus::Suspended).await;
+        t.settled(&run.id, Settled::Terminal, Duration::from_millis(100)).await;
+    }
+
+    #[tokio::test]
+    async fn an_advance_after_the_run_parked_wakes_it() {
+        let t = sleeper();
+        let run = t.start("nap", &(), StartOptions::id("nap")).await.unwrap();
+        t.assert_settled_status(&run.id, RunStatus::Suspended).await;
+        t.advance(Duration::from_secs(3600));
+        t.assert_status(&run.id, RunStatus::Completed).await;
+    }
 }

@@ -206,9 +206,15 @@ pub(crate) async fn workers(State(state): State<Arc<AppState>>, params: Params) 
 #[derive(Debug, Default, Deserialize)]
 #[serde(deny_unknown_fields)]
 pub(crate) struct RetryBody {
-    /// A new input: a new run of the same workflow is started with it.
-    #[serde(default)]
+    /// A new input: a new run of the same workflow is started with it. Present means present:
+    /// `"input": null` is the input `null` (a workflow of `()` takes it), not a plain retry.
+    #[serde(default, deserialize_with = "present")]
     input: Option<Value>,
+}
+
+/// A field that is there, whatever its value (`null` too: `Option<Value>` would read it as absent).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Option<Value>, D::Error> {
+    Value::deserialize(d).map(Some)
 }
 
 /// `POST /api/runs/{id}/retry`: the run back to `pending`, or with `input` a new run.

@@ -180,10 +180,16 @@ fn always_open(path: &str) -> bool {
     path == "/" || path.starts_with("/assets/") || path == "/healthz" || path == "/api/openapi.json"
 }
 
-/// Checks the bearer token of mutating calls (and of reads with `protect_reads`).
+/// Checks the bearer token of mutating calls (and of reads with `protect_reads`). Without a
+/// token (`--dev`), refuses a mutating call a browser sent from another origin's page instead.
 async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
-    let Some(token) = &state.config.token else { return next.run(request).await };
     let reading = matches!(*request.method(), Method::GET | Method::HEAD);
+    let Some(token) = &state.config.token else {
+        if !reading && let Some(why) = cross_site(&request) {
+            return ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", why).into_response();
+        }
+        return next.run(request).await;
+    };
     if reading && (!state.config.protect_reads || always_open(request.uri().path())) {
         return next.run(request).await;
     }
@@ -197,7 +203,8 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
         .map(|(_, t)| t.trim().to_string());
     let given = bearer.or_else(|| query_token(&request));
     match given {
-        Some(given) if constant_time_eq(given.as_bytes(), token.as_bytes()) => next.run(request).await,
+        // Around the configured token, whitespace is no part of it (a secret file's last newline).
+        Some(given) if constant_time_eq(given.as_bytes(), token.trim().as_bytes()) => next.run(request).await,
         Some(_) => ApiError::unauthorized("the bearer token is wrong; pass the server's --token (DURABLE_TOKEN)")
             .into_response(),
         None => ApiError::unauthorized(
@@ -244,6 +251,30 @@ pub fn check_listen(addr: SocketAddr, token: Option<&str>, dev: bool) -> Result<
             .into());
     }
     Ok(())
+}
+
+/// Why a request is a browser's from a page of another origin, if it is: a page anywhere on the
+/// web can make a browser send a form-like POST (no preflight) to a server on loopback, which a
+/// `--dev` server without a token would act on. Browsers say where a request comes from:
+/// `Sec-Fetch-Site` (every current browser), else `Origin`, compared with `Host`. Other clients
+/// send neither and are not concerned. (With a token, the `Authorization` header already takes
+/// a preflight no other origin passes: the server allows none.)
+fn cross_site(request: &Request) -> Option<String> {
+    let headers = request.headers();
+    let value = |name| headers.get(name).and_then(|v: &header::HeaderValue| v.to_str().ok());
+    let from = match value("sec-fetch-site") {
+        Some(site) => (!matches!(site, "same-origin" | "none")).then(|| format!("Sec-Fetch-Site: {site}"))?,
+        None => {
+            let origin = value("origin")?;
+            let host = value("host").unwrap_or_default();
+            let origin_host = origin.split_once("://").map_or(origin, |(_, rest)| rest);
+            (!origin_host.eq_ignore_ascii_case(host)).then(|| format!("{origin}, not this server's {host}"))?
+        }
+    };
+    Some(format!(
+        "a browser sent this from a page of another origin ({from}); without a token, actions are taken only \
+         from this server's own pages or from clients outside a browser"
+    ))
 }
 
 /// How long open requests may run on after a shutdown was asked for (event streams never end

@@ -92,7 +92,7 @@ pub(crate) fn document() -> Value {
             "securitySchemes": { "bearer": { "type": "http", "scheme": "bearer" } },
             "schemas": {
                 "Error": { "type": "object", "required": ["error"], "properties": { "error": { "type": "object", "required": ["code", "message"], "properties": {
-                    "code": { "enum": ["bad_request", "not_found", "unauthorized", "conflict", "payload_too_large", "method_not_allowed", "store_failed"] },
+                    "code": { "enum": ["bad_request", "not_found", "unauthorized", "forbidden", "conflict", "payload_too_large", "method_not_allowed", "store_failed"] },
                     "message": { "type": "string" } } } } },
                 "Run": { "type": "object", "description": "durable::Run as serde serializes it (as `durable runs list --json` prints it).",
                     "required": ["id", "workflow", "version", "status", "created_at", "updated_at"],

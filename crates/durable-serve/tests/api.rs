@@ -199,6 +199,11 @@ async fn every_endpoint(store: Arc<dyn Store>) {
     assert_eq!(new["run"]["input"], false);
     assert_eq!(env.settle(&new_id).await, RunStatus::Completed);
     assert_eq!(env.get("/api/runs/bad-1").await["run"]["status"], "failed");
+    // `"input": null` is an input, not a plain retry: `job` takes a bool, so it is refused
+    // naming the input, and bad-1 stays as it was.
+    let (status, out) = env.call("POST", "/api/runs/bad-1/retry", Some(json!({"input": null})), true).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{out}");
+    assert_eq!(env.get("/api/runs/bad-1").await["run"]["status"], "failed");
     // A completed run is not retried.
     assert_error(
         &env.call("POST", "/api/runs/ok-0/retry", Some(json!({})), true).await,
@@ -375,6 +380,62 @@ async fn protected_reads_need_the_token() {
     for uri in ["/", "/healthz", "/api/openapi.json"] {
         assert_eq!(status(uri, None).await, StatusCode::OK, "{uri}");
     }
+    engine.shutdown().await;
+}
+
+/// A token read from a secret file ends in a newline: whitespace around the configured token is
+/// no part of it, so the token without it is accepted (and nothing else is).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn whitespace_around_the_configured_token_is_ignored() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = durable::SqliteStore::open(dir.path().join("t.db")).unwrap();
+    let engine = Engine::builder().store(store).client_only().build().unwrap();
+    let config = ServeConfig { token: Some(format!(" {TOKEN}\n")), protect_reads: true, ..ServeConfig::default() };
+    let app = router(engine.clone(), config);
+    for (given, expected) in [(TOKEN, StatusCode::OK), ("nope", StatusCode::UNAUTHORIZED)] {
+        let req = Request::get("/api/runs").header("authorization", format!("Bearer {given}"));
+        assert_eq!(app.clone().oneshot(req.body(Body::empty()).unwrap()).await.unwrap().status(), expected, "{given}");
+    }
+    engine.shutdown().await;
+}
+
+/// Without a token (`--dev`), an action a browser sends from another origin's page is refused
+/// and changes nothing; the server's own page, and clients outside a browser, act as before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dev_server_refuses_actions_from_pages_of_other_origins() {
+    let dir = tempfile::tempdir().unwrap();
+    let store = durable::SqliteStore::open(dir.path().join("d.db")).unwrap();
+    let engine = Engine::builder().store(store).client_only().build().unwrap();
+    let app = router(engine.clone(), ServeConfig::default());
+    let send = |headers: &[(&str, &str)], token: &str| {
+        let mut req = Request::post("/api/signals").header("host", "127.0.0.1:8080");
+        for (name, value) in headers {
+            req = req.header(*name, *value);
+        }
+        let body = Body::from(json!({ "token": token, "payload": 1 }).to_string());
+        let app = app.clone();
+        async move { app.oneshot(req.body(body).unwrap()).await.unwrap().status() }
+    };
+    let refused: [&[(&str, &str)]; 4] = [
+        &[("sec-fetch-site", "cross-site")],
+        &[("sec-fetch-site", "same-site"), ("origin", "http://127.0.0.1:3000")],
+        &[("origin", "http://evil.example")],
+        &[("origin", "null")],
+    ];
+    for headers in refused {
+        assert_eq!(send(headers, "refused").await, StatusCode::FORBIDDEN, "{headers:?}");
+    }
+    let allowed: [&[(&str, &str)]; 3] = [
+        &[],
+        &[("sec-fetch-site", "same-origin"), ("origin", "http://127.0.0.1:8080")],
+        &[("origin", "http://127.0.0.1:8080")],
+    ];
+    for headers in allowed {
+        assert_eq!(send(headers, "allowed").await, StatusCode::OK, "{headers:?}");
+    }
+    let buffered = engine.buffered(&durable::BufferedQuery::signals()).await.unwrap();
+    let tokens: Vec<(&str, u64)> = buffered.iter().map(|k| (k.key.as_str(), k.count)).collect();
+    assert_eq!(tokens, [("allowed", 3)], "only the allowed signals were sent");
     engine.shutdown().await;
 }
 

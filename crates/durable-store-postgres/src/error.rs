@@ -104,6 +104,20 @@ pub enum Error {
         /// Some of the tables found.
         tables: String,
     },
+    /// The TLS handshake the URL's `sslmode` asks for failed: the server's certificate was
+    /// refused (`verify-ca`, `verify-full`) or the two sides could not agree. Not retryable:
+    /// the URL (its `sslmode`, `sslrootcert` or host name) or the server's certificate must
+    /// change.
+    #[error("PostgreSQL at {target}: connecting: {reason}")]
+    Tls {
+        /// `user@host:port/database`.
+        target: String,
+        /// What the handshake refused, and what to set.
+        reason: String,
+        /// The driver's error.
+        #[source]
+        source: Option<Box<dyn StdError + Send + Sync>>,
+    },
     /// A statement failed on the server (or the connection failed mid-call). The transaction it
     /// was part of was rolled back.
     #[error("PostgreSQL at {target}: {message}")]
@@ -302,15 +316,15 @@ pub(crate) fn connect_error(target: &str, e: tokio_postgres::Error) -> Error {
     // not make it trusted.
     // Another TLS failure (a protocol version or an alert) is no passing one either.
     if let Some(tls) = io_error.and_then(|io| io.get_ref()).and_then(|inner| inner.downcast_ref::<rustls::Error>()) {
-        let message = match tls {
+        let reason = match tls {
             rustls::Error::InvalidCertificate(_) | rustls::Error::NoCertificatesPresented => format!(
-                "connecting: TLS: {tls}; with sslmode=verify-ca or verify-full, name the PEM file of the CA \
+                "TLS: {tls}; with sslmode=verify-ca or verify-full, name the PEM file of the CA \
                  that signed the server's certificate with sslrootcert=<path> (verify-full: or the system's CAs), \
                  and for verify-full connect by a host name the certificate is for"
             ),
-            _ => format!("connecting: the TLS handshake failed: {tls}"),
+            _ => format!("the TLS handshake failed: {tls}"),
         };
-        return Error::Postgres { target: target_s, message, retryable: false, source: Some(Box::new(e)) };
+        return Error::Tls { target: target_s, reason, source: Some(Box::new(e)) };
     }
     let io_kind = io_error.map(std::io::Error::kind);
     let reason = match io_kind {

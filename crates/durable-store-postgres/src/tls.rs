@@ -125,7 +125,22 @@ pub(crate) fn split_url(url: &str) -> Result<(String, TlsParams)> {
         (Some("require"), None) => Some(Verify::Nothing),
         (Some("verify-ca"), _) => Some(Verify::Ca),
         (Some("verify-full"), _) => Some(Verify::Full),
-        _ => None,
+        (None | Some("disable" | "prefer"), _) => None,
+        (Some("allow"), _) => {
+            return Err(Error::InvalidUrl {
+                reason: "sslmode=allow (plain first, TLS only if the server insists) is not supported: use \
+                         sslmode=prefer, or require to insist on TLS"
+                    .into(),
+            });
+        }
+        (Some(other), _) => {
+            return Err(Error::InvalidUrl {
+                reason: format!(
+                    "sslmode={} is not a mode: use disable, prefer, require, verify-ca or verify-full (lower case)",
+                    other.chars().take(40).collect::<String>()
+                ),
+            });
+        }
     };
     // The rest, without the pairs taken out (from the last, so the spans stay right).
     let mut rest = url.to_string();
@@ -543,8 +558,6 @@ mod tests {
             split("postgres://h/db?sslrootcert=system"),
             ("postgres://h/db?sslmode=require".into(), tls(Verify::Full, Some("system")))
         );
-        // A value tokio-postgres refuses goes on to it, to be refused by name.
-        assert_eq!(split("postgres://h/db?sslmode=bogus").0, "postgres://h/db?sslmode=bogus");
         assert_eq!(percent_decode("a%2Fb%zz%4"), "a/b%zz%4");
     }
 
@@ -563,6 +576,22 @@ mod tests {
         ] {
             let e = split_url(url).expect_err(url);
             assert!(matches!(e, Error::InvalidUrl { .. }), "{url}: {e:?}");
+        }
+    }
+
+    #[test]
+    fn an_sslmode_that_is_no_mode_is_refused_naming_the_modes() {
+        for (url, says) in [
+            ("postgres://h/db?sslmode=bogus", "sslmode=bogus is not a mode: use disable, prefer, require"),
+            ("host=h sslmode=VERIFY-FULL", "sslmode=VERIFY-FULL is not a mode"),
+            ("postgres://h/db?sslmode=allow", "sslmode=allow (plain first, TLS only if the server insists)"),
+        ] {
+            let e = split_url(url).expect_err(url);
+            assert!(matches!(&e, Error::InvalidUrl { reason } if reason.contains(says)), "{url}: {e:?}");
+        }
+        for mode in ["disable", "prefer"] {
+            let url = format!("postgres://h/db?sslmode={mode}");
+            assert_eq!(split_url(&url).expect(&url), (url.clone(), TlsParams::default()), "{mode}");
         }
     }
 }

@@ -253,7 +253,10 @@ pub mod __private {
 /// process) is still reading older data from the WAL or writing, the checkpoint waits for it
 /// for at most the busy timeout capped at one second, then gives up and leaves the WAL as it is
 /// (nothing is lost: the WAL is part of the database until the next checkpoint copies it).
-/// Dropping blocks the dropping thread for that long at most, plus the queued writes.
+/// Dropping blocks the dropping thread for that long at most, plus the queued writes. A store
+/// that wrote nothing (one that only read, as the command line's `runs list`) skips the
+/// checkpoint: the WAL is the writers' to fold, and SQLite folds it when the last connection
+/// to the file closes.
 pub struct SqliteStore {
     path: PathBuf,
     options: SqliteOptions,

@@ -301,8 +301,12 @@ fn writer_loop(conn: &Connection, ctx: &Ctx, rx: &Receiver<Box<dyn WriteJob>>, c
         group.push(first);
         run_group(conn, ctx, &mut group, counters, Some(&late));
     }
-    // The store is closing and every queued write is done.
-    checkpoint_on_close(conn, ctx);
+    // The store is closing and every queued write is done. A store that wrote nothing (a
+    // command that only read) leaves the WAL to those that wrote it: its checkpoint would only
+    // wait for them, up to a second, while one holds the file.
+    if counters.transactions.load(Ordering::Acquire) > 0 {
+        checkpoint_on_close(conn, ctx);
+    }
 }
 
 /// How long a closing store waits, at most, for other connections to the file (other stores,

@@ -181,6 +181,26 @@ fn closing_the_store_checkpoints_and_removes_the_wal() {
     }
 }
 
+/// A store that only read (a `durable runs list`) does not checkpoint on close: that is for
+/// the stores that wrote, and while another connection holds the write lock the checkpoint
+/// would wait for it, up to a second, for nothing.
+#[test]
+fn a_store_that_only_read_leaves_the_wal_to_the_stores_that_wrote() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("read.db");
+    let writer = common::open(&path);
+    write_runs(&writer, 0, 50);
+    let len = wal_len(&path);
+    assert!(len > 0, "the writer's commits are in the WAL");
+    let reader = common::open(&path);
+    common::block_on(async { reader.get_run(&RunId::from("big-0000")).await.unwrap().expect("the run") });
+    drop(reader);
+    assert_eq!(wal_len(&path), len, "the reader's close left the WAL as it was");
+    drop(writer);
+    assert_eq!(wal_len(&path), 0, "the writer's close checkpointed it");
+    reads_back(&path, 50);
+}
+
 /// Whether a copy of the file alone (no WAL beside it) holds run `a`.
 fn copy_holds_run_a(path: &std::path::Path) -> bool {
     let dir = tempfile::tempdir().unwrap();

@@ -345,7 +345,10 @@ impl Engine {
     /// Completes the external task `name` of a run with `value` (see
     /// [`WorkflowCtx::task`](crate::WorkflowCtx::task)). The run must exist and be active (the
     /// rule of [`Engine::update`]); a result that arrives before the run waits for it is
-    /// buffered for its wait.
+    /// buffered for its wait. The result goes to the run's task of that name, whichever it is:
+    /// sent twice (a retried webhook), the second one is buffered for the next task of the same
+    /// name, so a workflow that hands out several tasks of one kind names each one apart
+    /// (`review-1`, `review-2`).
     pub async fn complete_task<T: Serialize + ?Sized>(
         &self,
         run_id: &RunId,
