@@ -567,6 +567,8 @@ fn write_run(
                     CheckpointStatus::Completed | CheckpointStatus::Failed => {
                         duration_ms(cp.updated_at.saturating_sub(cp.started_at))
                     }
+                    // Left unfinished by a run that ended (a race's losing branch, a cancel).
+                    CheckpointStatus::Running | CheckpointStatus::Waiting if run.status.is_terminal() => "-".into(),
                     // Still going (a remote step queued, a sleep, a wait): how long so far.
                     CheckpointStatus::Running | CheckpointStatus::Waiting => {
                         format!("{} so far", duration_ms(now.saturating_sub(cp.started_at)))

@@ -208,6 +208,10 @@ async fn cancel_signal_and_delete_act_on_parked_runs() {
     assert_eq!(shown["run"]["error"]["code"], "cancelled");
     let out = run_ok(dir.path(), &["runs", "cancel", "to-cancel", "--db", &dbs]).stdout;
     assert!(out.contains("already cancelled"), "{out}");
+    // The wait the cancelled run left stays `waiting`, with no duration (not one that grows).
+    let text = run_ok(dir.path(), &["runs", "show", "to-cancel", "--db", &dbs]).stdout;
+    let wait = text.lines().find(|l| l.trim_start().starts_with("1 ")).unwrap_or_else(|| panic!("{text}"));
+    assert!(wait.contains("waiting") && !wait.contains("so far"), "{wait}");
 
     // Signal: delivered to the waiting run, which completes on a worker with the payload.
     let out = run_ok(dir.path(), &["signal", "tok-signal", r#"{"approved": true, "by": "ops"}"#, "--db", &dbs]).stdout;

@@ -518,8 +518,12 @@ function logLine(l) {
   return `[attempt ${l.attempt}] ${new Date(l.at).toISOString()} ${l.level} ${l.message}${data}`;
 }
 
-/** One checkpoint; `child` is the child run it started, when it is a `child` checkpoint. */
-function timelineEntry(c, child) {
+/**
+ * One checkpoint; `child` is the child run it started, when it is a `child` checkpoint; `ended`:
+ * the run is finished (a wait it left, as a race's losing branch or a cancelled run's, stays
+ * `waiting`: it has no duration, not one that grows).
+ */
+function timelineEntry(c, child, ended) {
   const key = `cp-${c.seq}`;
   const details = [];
   if (c.input !== null && c.input !== undefined) details.push(h('h4', {}, 'input'), jsonBlock(c.input));
@@ -537,7 +541,7 @@ function timelineEntry(c, child) {
       badge(c.status),
       // A step still going: how long so far (the badge says running or waiting).
       h('span', { class: 'duration', title: 'duration' }, c.duration_ms === null || c.duration_ms === undefined
-        ? ((c.status === 'running' || c.status === 'waiting') && c.started_at
+        ? ((c.status === 'running' || c.status === 'waiting') && c.started_at && !ended
           ? `${fmtDuration(Math.max(0, Date.now() - c.started_at))} so far` : '—')
         : fmtDuration(c.duration_ms)),
       c.attempts ? h('span', { class: 'attempts', title: 'attempts' }, c.attempts === 1 ? '1 attempt' : `${c.attempts} attempts`) : null,
@@ -666,7 +670,8 @@ function renderRun(view, d, refresh) {
   parts.push(section(`Timeline (${timeline.length})`,
     timeline.length ? null : h('p', { class: 'muted' }, 'No steps recorded yet.'),
     h('ol', { id: 'timeline', class: 'timeline' }, timeline.map((c) =>
-      timelineEntry(c, c.kind === 'child' ? (d.children || []).find((r) => r.parent && r.parent.seq === c.seq) : null)))));
+      timelineEntry(c, c.kind === 'child' ? (d.children || []).find((r) => r.parent && r.parent.seq === c.seq) : null,
+        TERMINAL.has(run.status))))));
   if ((d.children || []).length) parts.push(section(`Children (${d.children.length})`, h('div', { id: 'children' }, childList(d.children))));
   if ((d.waiters || []).length) parts.push(section('Waiting for', waitersTable(d.waiters)));
   if ((d.tasks || []).length) parts.push(section('Pending remote steps', tasksTable(d.tasks)));
