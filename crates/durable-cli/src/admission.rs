@@ -235,7 +235,13 @@ fn gate_of(run: &Run, gate: &str) -> String {
 /// A concurrency key as shown: as it is, or `""` for the empty key (a key function may
 /// return one; it is a key like any other).
 pub(crate) fn shown_key(key: &str) -> String {
-    if key.is_empty() { "\"\"".into() } else { key.to_string() }
+    // Quoted where plain text would hide it (empty, blank, spaces at an end), and cut when long
+    // (a key may be 1,024 bytes: a table of such keys would be that wide).
+    if key.trim().is_empty() || key.trim() != key || key.chars().count() > 80 {
+        protocol::shown(key)
+    } else {
+        key.to_string()
+    }
 }
 
 /// The seq of a step holder of `run` (`<run>:<seq>`, [`protocol::step_id`]).
@@ -287,6 +293,18 @@ async fn position(engine: &Engine, run: &Run, mine: &WaiterRecord, waiting: Opti
 mod tests {
     use super::*;
     use durable::admission::Rate;
+
+    #[test]
+    fn keys_are_quoted_where_plain_text_would_hide_them_and_cut_when_long() {
+        assert_eq!(shown_key("acme"), "acme");
+        assert_eq!(shown_key("acme corp"), "acme corp");
+        assert_eq!(shown_key(""), "\"\"");
+        assert_eq!(shown_key("   "), "\"   \"");
+        assert_eq!(shown_key(" acme"), "\" acme\"");
+        let long = "k".repeat(1024);
+        let shown = shown_key(&long);
+        assert!(shown.len() < 100 && shown.ends_with("… (1024 bytes)"), "{shown}");
+    }
 
     #[test]
     fn gate_names_come_apart() {

@@ -202,9 +202,13 @@ fn write_schedule(
             st.fires, st.skipped, st.missed
         ),
     ]);
+    // The scheduler decides a fire (and creates its run, due then) a few seconds ahead: one
+    // still to come is said to be decided, not done.
+    let ahead = st.last_fire_at.is_some_and(|at| at > now);
     fields.row(vec![
-        "last fire".into(),
+        if ahead { "decided fire" } else { "last fire" }.into(),
         match (st.last_fire_at, &st.last_run_id) {
+            (Some(at), Some(run)) if ahead => format!("{}: run {run}, due then", local_and_utc(at)),
             (Some(at), Some(run)) => format!("{}: run {run}", local_and_utc(at)),
             (Some(at), None) => local_and_utc(at),
             (None, _) => "none yet".into(),

@@ -146,6 +146,23 @@ fn show_gives_the_last_fire_its_run_and_a_held_buffer_one_fire() {
     assert_eq!(millis(&doc["schedule"]["state"]["buffered_fire"]), held);
     let table = run_ok(dir.path(), &["schedules", "list", "--db", dbs]).stdout;
     assert!(line(&table, "hourly").contains(" 1/1/0 "), "{table}");
+
+    // A fire decided ahead (its run created, due at the fire time) is not said to be past.
+    let ahead = with_client(&db, register, async |engine| {
+        let mut record = engine.get_schedule("hourly").await.unwrap().unwrap();
+        let ahead = record.state.next_fire_at.unwrap();
+        record.state.last_fire_at = Some(ahead);
+        record.state.last_run_id = Some(RunId::new(format!("sched:hourly:{ahead}")));
+        record.state.buffered_fire = None;
+        let expected = Some(record.revision);
+        let saved = engine.store().save_schedule(SaveSchedule { record, expected, start: Vec::new() }).await;
+        assert!(matches!(saved, Ok(durable::store::SaveOutcome::Saved(_))), "{saved:?}");
+        ahead
+    });
+    let text = run_ok(dir.path(), &["schedules", "show", "hourly", "--db", dbs]).stdout;
+    assert!(!text.lines().any(|l| l.starts_with("last fire")), "{text}");
+    let decided = text.lines().find(|l| l.starts_with("decided fire")).unwrap_or_else(|| panic!("{text}"));
+    assert!(decided.contains(&format!("run sched:hourly:{ahead}, due then")) && decided.contains(", in "), "{decided}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

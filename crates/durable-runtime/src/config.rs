@@ -110,7 +110,11 @@ pub struct EngineConfig {
     /// them with `remote_timeout`) and for runs to mark `blocked` (no live worker can take
     /// their step) or to unblock. Default 5 s.
     pub blocked_poll: Duration,
-    /// A worker that has not heartbeated for this long counts as gone. Default 30 s.
+    /// A worker that has not heartbeated for this long counts as gone. Default 30 s. Workers
+    /// refresh their descriptor every 5 s: keep this well above that (15 s or more), or live
+    /// workers drop out between refreshes and their steps' runs show `blocked`. It is this
+    /// engine's view only: a descriptor is forgotten (deleted) once it is an hour old, or
+    /// older than this if that is longer.
     pub worker_ttl: Duration,
     /// A step waiting for a slot of its queue asks again at least this often (a release
     /// wakes it at once; this heals a slot whose holder died: it is reclaimed once its lease

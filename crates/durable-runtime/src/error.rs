@@ -242,7 +242,7 @@ pub enum Error {
         reason: String,
     },
     /// [`Engine::register_queue`](crate::Engine::register_queue) refused the options.
-    #[error("step queue {name:?}: {reason}")]
+    #[error("step queue {}: {reason}", durable_core::protocol::shown(name))]
     BadQueue {
         /// The queue.
         name: String,
@@ -255,11 +255,14 @@ pub enum Error {
 }
 
 impl Error {
-    /// A stable code for the error where one applies (`queue_full`, …), for callers that
-    /// branch on it.
+    /// A stable code for the error where one applies (`queue_full`, `bad_key`, `bad_queue`,
+    /// `bad_schedule`), for callers that branch on it.
     pub fn code(&self) -> Option<&'static str> {
         match self {
             Error::QueueFull { .. } => Some("queue_full"),
+            Error::BadKey { .. } => Some("bad_key"),
+            Error::BadQueue { .. } => Some("bad_queue"),
+            Error::BadSchedule { .. } => Some("bad_schedule"),
             _ => None,
         }
     }

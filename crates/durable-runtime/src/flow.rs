@@ -25,6 +25,9 @@ use serde::de::DeserializeOwned;
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct QueueOptions {
     limits: Limits,
+    /// A rate window that is no whole number of milliseconds (the store keeps milliseconds):
+    /// refused at registration rather than rounded.
+    odd_period: Option<Duration>,
 }
 
 impl QueueOptions {
@@ -34,12 +37,23 @@ impl QueueOptions {
         self
     }
 
-    /// At most `n` steps of the queue start per `period` (a fixed window).
+    /// At most `n` steps of the queue are admitted per `period` (a fixed window, a whole
+    /// number of milliseconds).
     pub fn rate(mut self, n: u32, period: Duration) -> Self {
         // Not `Rate::per`, which rounds a window under 1 ms up to 1 ms: registering it is
-        // refused instead ([`Error::BadQueue`]).
+        // refused instead ([`Error::BadQueue`]), as is a window of 1.5 ms (kept as 1 ms, it
+        // would admit half as much again as asked).
         self.limits.rate = Some(Rate { limit: n, period_ms: durable_core::millis(period) });
+        self.odd_period = (!period.subsec_nanos().is_multiple_of(1_000_000) && !period.is_zero()).then_some(period);
         self
+    }
+
+    /// Why these options cannot be registered, if they cannot.
+    pub(crate) fn problem(&self) -> Option<String> {
+        if let Err(reason) = self.limits.validate() {
+            return Some(reason);
+        }
+        self.odd_period.map(|p| format!("a rate window is a whole number of milliseconds, not {p:?}"))
     }
 
     /// Waiting steps of different fairness keys ([`Step::fairness_key`](crate::Step::fairness_key))
@@ -91,9 +105,18 @@ impl ConcurrencyKey {
         }
     }
 
-    /// The key of a run with `input`.
+    /// The key of a run with `input`. A key function that panics is an error like one whose
+    /// input does not decode: the caller (a start, a publish, a parent's child call) is told,
+    /// rather than unwound by another workflow's code.
     pub(crate) fn key_of(&self, input: &Payload) -> std::result::Result<String, String> {
-        let key = (self.key)(input)?;
+        let key = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.key)(input)))
+            .map_err(|panic| format!("the key function panicked: {}", crate::turn::panic_message(panic.as_ref())))??;
+        if key.trim().is_empty() {
+            return Err(format!(
+                "the concurrency key {} is empty: runs without a key of their own would all share one",
+                protocol::shown(&key)
+            ));
+        }
         match protocol::storage_problem(&key) {
             None => Ok(key),
             Some(problem) => Err(format!("the concurrency key {}: {problem}", protocol::shown(&key))),

@@ -53,6 +53,8 @@ struct TaskInner {
     /// The worker is shutting down and hands the task back: whatever the handler returns is
     /// dropped (another worker runs the attempt; it is not counted as failed).
     handed_back: AtomicBool,
+    /// A heartbeat found the attempt no longer this worker's (taken over, or replaced).
+    lost: AtomicBool,
 }
 
 #[derive(Default)]
@@ -129,7 +131,11 @@ impl TaskContext {
         };
         match self.inner.store.heartbeat_task(&beat).await {
             Ok(BeatOutcome::Extended(_)) => {}
-            Ok(BeatOutcome::Lost | BeatOutcome::Cancelled) => self.cancel(),
+            Ok(BeatOutcome::Lost) => {
+                self.inner.lost.store(true, Ordering::Release);
+                self.cancel();
+            }
+            Ok(BeatOutcome::Cancelled) => self.cancel(),
             Err(e) => tracing::warn!(step_id = %self.step_id(), error = %e, "heartbeat failed; the lease runs on"),
         }
         !self.is_cancelled()
@@ -978,6 +984,7 @@ impl Worker {
                 beat: Mutex::new(BeatState::default()),
                 stop: watch::channel(false).0,
                 handed_back: AtomicBool::new(false),
+                lost: AtomicBool::new(false),
             }),
         }
     }
@@ -1051,6 +1058,15 @@ impl Worker {
             crate::metrics::task_result_dropped("expired");
             return Outcome::dropped(key);
         }
+        // A failure from a worker the attempt is no longer with is not its to report: another
+        // worker took the attempt over (this one's lease lapsed) and is at it, and recorded,
+        // this error would end that worker's attempt too. A success is reported (the work is
+        // done; the first result counts).
+        if result.is_err() && !self.still_holds(&ctx).await {
+            crate::metrics::task_result_dropped("lease_lost");
+            tracing::info!(step_id = %ctx.step_id(), attempt = ctx.attempt(), "the attempt was taken over by another worker; this worker's error is dropped");
+            return Outcome::dropped(key);
+        }
         crate::trace::outcome(&tracing::Span::current(), if result.is_ok() { "completed" } else { "failed" });
         let logs = std::mem::take(&mut ctx.inner.beat.lock().logs);
         let done = TaskDone {
@@ -1064,6 +1080,25 @@ impl Worker {
         };
         let completion = self.report(done, task.task.namespace.clone(), &task.task.queue).await;
         Outcome { key, completion, dropped: false }
+    }
+
+    /// Whether the attempt of `ctx` is still this worker's: not if a heartbeat found it lost,
+    /// else as a beat now says (one store call, made only before a failure is reported). A
+    /// store that cannot answer leaves the decision to `complete_task`.
+    async fn still_holds(&self, ctx: &TaskContext) -> bool {
+        if ctx.inner.lost.load(Ordering::Acquire) {
+            return false;
+        }
+        let beat = TaskBeat {
+            run_id: ctx.run_id().clone(),
+            seq: ctx.seq(),
+            attempt: ctx.attempt(),
+            worker: self.inner.id.clone(),
+            progress: None,
+            logs: Vec::new(),
+            now: self.inner.clock.now(),
+        };
+        !matches!(self.inner.store.heartbeat_task(&beat).await, Ok(BeatOutcome::Lost))
     }
 
     /// Hands a result to the store (retrying a failing store a few times; after that the task's

@@ -226,6 +226,39 @@ async fn a_schedule_or_a_debounce_whose_runs_could_not_take_their_key_is_refused
     t.publish_event("tick", &"acme").await.unwrap();
 }
 
+/// A key function that panics, or gives an empty key, refuses the start (and a publish whose
+/// event would start a run) with `BadKey`, naming why: the caller is not unwound by another
+/// workflow's code, and runs without a key of their own do not all share one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_function_that_panics_or_gives_an_empty_key_refuses_the_start() {
+    let t = TestEngine::new();
+    let keyed = WorkflowOptions::default()
+        .concurrency(
+            |key: &String| {
+                assert!(key != "boom", "no key for boom");
+                key.clone()
+            },
+            1,
+        )
+        .on_event("tick", serde_json::json!({}));
+    t.register_with(
+        "keyed",
+        1,
+        keyed,
+        |_ctx: WorkflowCtx, key: String| async move { Ok::<_, WorkflowError>(key.len()) },
+    );
+    for (input, says) in [("boom", "the key function panicked: no key for boom"), (" ", "is empty")] {
+        let refused = t.start("keyed", &input, StartOptions::id(format!("k-{input}"))).await;
+        let Err(e @ Error::BadKey { reason, .. }) = &refused else { panic!("{input:?}: {refused:?}") };
+        assert!(reason.contains(says), "{reason}");
+        assert_eq!(e.code(), Some("bad_key"));
+        assert!(t.get_run(&RunId::from(format!("k-{input}").as_str())).await.unwrap().is_none(), "nothing saved");
+        let refused = t.publish_event("tick", &input).await;
+        assert!(matches!(&refused, Err(Error::BadKey { reason, .. }) if reason.contains(says)), "{refused:?}");
+    }
+    t.start("keyed", &"acme", StartOptions::id("k-acme")).await.unwrap();
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_concurrency_key_runs_at_most_its_limit_and_hands_each_slot_to_the_next_waiter() {
     let t = TestEngine::new();
@@ -552,13 +585,19 @@ async fn queues_that_could_not_work_are_refused_at_registration() {
         (QueueOptions::default().rate(0, Duration::from_secs(1)), "rate of 0"),
         (QueueOptions::default().rate(1, Duration::ZERO), "at least 1 ms"),
         (QueueOptions::default().rate(5, Duration::from_micros(500)), "at least 1 ms"),
+        (QueueOptions::default().rate(5, Duration::from_micros(1500)), "whole number of milliseconds, not 1.5ms"),
     ] {
         let e = t.register_queue("api", options).expect_err("refused");
         let Error::BadQueue { name, reason } = &e else { panic!("{options:?}: expected BadQueue, got {e:?}") };
         assert_eq!(name, "api");
         assert!(reason.contains(says), "{reason}");
+        assert_eq!(e.code(), Some("bad_queue"));
         // The queue is named once.
         assert_eq!(e.to_string().matches("api").count(), 1, "{e}");
     }
+    // A name too long to keep is quoted once, cut.
+    let e = t.register_queue(&"q".repeat(2000), QueueOptions::default().concurrency(1)).expect_err("too long");
+    assert!(e.to_string().starts_with("step queue \"qqq") && !e.to_string().contains("\\\""), "{e}");
+    assert!(e.to_string().contains("(2000 bytes)"), "{e}");
     t.register_queue("api", QueueOptions::default().rate(1, Duration::from_millis(1))).unwrap();
 }

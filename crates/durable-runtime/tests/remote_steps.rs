@@ -161,22 +161,19 @@ async fn an_eager_task_whose_handler_returns_at_once_records_its_result_with_the
     assert_eq!((report.eager, report.completed), (2, 2), "{report:?}");
 }
 
-/// A commit that settles the run hands no task to a worker beside the engine: when one step's
-/// input is over the payload limit, the run fails in the commit that also carries (and
-/// finishes) the other step's task, whose handler never runs.
+/// A commit that settles the run hands no task to a worker beside the engine: when the body
+/// fails in the turn that dispatches a remote step (a race it loses at once), the run fails in
+/// the commit that also carries (and finishes) the step's task, whose handler never runs.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_commit_that_settles_the_run_hands_over_none_of_its_tasks() {
-    let mut config = test_config();
-    config.max_payload_bytes = 1_024;
-    let t =
-        TestEngine::with_parts(Arc::new(MemoryStore::new()), durable_runtime::VirtualClock::starting_2026(), config);
+    let t = TestEngine::new();
     t.register("doomed", 1, |ctx: WorkflowCtx, n: u32| async move {
-        let huge = "x".repeat(4_096);
-        let (a, b) = tokio::join!(
-            ctx.remote_step::<u32, _>("double", &n).into_future(),
-            ctx.remote_step::<u32, _>("add_one", &huge).into_future()
-        );
-        Ok::<_, WorkflowError>(a? + b?)
+        let step = ctx.remote_step::<u32, _>("double", &n).into_future();
+        tokio::select! {
+            biased;
+            a = step => Ok::<_, WorkflowError>(a?),
+            e = std::future::ready(WorkflowError::new("doomed")) => Err(e),
+        }
     });
     let ran = Arc::new(AtomicU32::new(0));
     let counted = ran.clone();
@@ -192,6 +189,10 @@ async fn a_commit_that_settles_the_run_hands_over_none_of_its_tasks() {
     let report = w.stop().await;
     assert_eq!((report.claimed, report.eager), (0, 0), "{report:?}");
     assert_eq!(ran.load(Ordering::SeqCst), 0, "the handler of a finished task ran");
+    // The settle carried the task, and finished it.
+    let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+    let states: Vec<_> = tasks.iter().map(|t| t.state).collect();
+    assert_eq!(states, [durable_core::task::TaskState::Finished], "{tasks:?}");
 }
 
 /// A commit with a task for a worker beside the engine that the store applied but answered
@@ -445,6 +446,46 @@ async fn an_output_over_the_payload_limit_fails_the_step_and_is_not_stored() {
     let cp = &t.checkpoints(&big.id).await[0];
     assert_eq!((cp.status, cp.output.is_none()), (CheckpointStatus::Failed, true), "{cp:?}");
     w.stop().await;
+}
+
+/// A remote step's input over the engine's payload limit fails that step (fatal,
+/// `payload_too_large`), as a local step's output over it does: the workflow handles it, and
+/// no task is written (it used to fail the whole run).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_input_over_the_payload_limit_fails_the_step_and_dispatches_nothing() {
+    let mut config = test_config();
+    config.max_payload_bytes = 300;
+    let store = Arc::new(MemoryStore::new());
+    let t = TestEngine::with_parts(store.clone(), durable_runtime::VirtualClock::starting_2026(), config);
+    t.register("send", 1, |ctx: WorkflowCtx, len: usize| async move {
+        let r: Result<u32, _> = ctx.remote_step("big", &"x".repeat(len)).retry(3, Backoff::None).await;
+        Ok::<_, WorkflowError>(r.map_err(|e| (e.attempts, e.error.code().map(str::to_string), e.error.message)))
+    });
+    let run = t.start("send", &400usize, StartOptions::id("send")).await.unwrap();
+    let out = settled(&t, &run.id).await.output::<Result<u32, (u32, Option<String>, String)>>().unwrap();
+    let (attempts, code, message) = out.expect_err("402 bytes of JSON are over 300");
+    assert_eq!((attempts, code.as_deref()), (1, Some("payload_too_large")));
+    assert!(message.contains(r#"the input of remote step "big" (seq 0) of run send is 402 bytes"#), "{message}");
+    let tasks = store.list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..TaskFilter::default() }).await.unwrap();
+    assert!(tasks.is_empty(), "nothing dispatched: {tasks:?}");
+}
+
+/// A zero heartbeat timeout would make every claim lapse at once (each attempt run by several
+/// workers): the option refuses it, failing the run with a message naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_timeout_under_a_millisecond_fails_the_run_naming_the_option() {
+    let t = TestEngine::new();
+    t.register("zero", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let v: u32 = ctx.remote_step("resize", &()).heartbeat_timeout(Duration::ZERO).await?;
+        Ok::<_, WorkflowError>(v)
+    });
+    let run = t.start("zero", &(), StartOptions::id("zero")).await.unwrap();
+    let outcome = settled(&t, &run.id).await;
+    assert_eq!(outcome.status(), RunStatus::Failed);
+    let message = &outcome.error().unwrap().message;
+    assert!(message.contains("remote step option heartbeat_timeout(0ns) is under a millisecond"), "{message}");
+    let tasks = t.shared_store().list_tasks(&TaskFilter::default()).await.unwrap();
+    assert!(tasks.is_empty(), "nothing dispatched: {tasks:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -891,6 +932,91 @@ async fn worker_health_lists_queues_and_live_workers() {
     let double = health.queues.iter().find(|q| q.queue == "double").expect("the served queue");
     assert_eq!(double.workers, vec!["w-1".to_string()]);
     w.stop().await;
+}
+
+/// Which workers count live is each engine's own view (its `worker_ttl`): an engine with a
+/// short one does not make the store forget workers another engine still counts live.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_worker_ttl_hides_no_worker_from_other_engines() {
+    let store: Arc<dyn Store> = Arc::new(MemoryStore::new());
+    let clock = durable_runtime::VirtualClock::starting_2026();
+    let mut short = test_config();
+    short.worker_ttl = Duration::from_secs(3);
+    let brief = TestEngine::with_parts(store.clone(), clock.clone(), short);
+    let patient = TestEngine::with_parts(store.clone(), clock.clone(), test_config());
+    let now = clock.now();
+    store
+        .register_worker(&durable_core::task::WorkerInfo {
+            id: "w-cpu".into(),
+            queues: vec!["resize".into()],
+            capabilities: vec![],
+            protocol_min: 1,
+            protocol_max: 1,
+            concurrency: 4,
+            started_at: now - 60_000,
+            heartbeat_at: now - 10_000,
+        })
+        .await
+        .unwrap();
+    let live = |h: durable_runtime::WorkerHealth| h.workers.into_iter().map(|w| w.id).collect::<Vec<_>>();
+    assert!(live(brief.worker_health().await.unwrap()).is_empty(), "10 s silent is gone for a 3 s ttl");
+    assert_eq!(live(patient.worker_health().await.unwrap()), ["w-cpu"], "and live for a 30 s one");
+    // Forgotten once it is an hour old.
+    clock.advance(Duration::from_secs(3600));
+    assert!(store.workers(0).await.unwrap().iter().any(|w| w.id == "w-cpu"), "kept until someone looks");
+    assert!(live(patient.worker_health().await.unwrap()).is_empty());
+    assert!(store.workers(0).await.unwrap().is_empty(), "forgotten");
+}
+
+/// A worker that stalled past its lease and finds out from a heartbeat (`false`) stops with an
+/// error, as the docs show: that error is dropped, not recorded, so the worker that took the
+/// attempt over finishes it (recorded, it failed the attempt under that worker and, with no
+/// retry left, the step).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_from_a_worker_whose_attempt_was_taken_over_is_dropped() {
+    let t = TestEngine::new();
+    t.register("stall", 1, |ctx: WorkflowCtx, _: ()| async move {
+        let r: Result<String, _> =
+            ctx.remote_step("stall", &()).heartbeat_timeout(Duration::from_secs(10)).retry(0, Backoff::None).await;
+        Ok::<_, WorkflowError>(r.map_err(|e| e.error.message))
+    });
+    let (said, mut heard) = tokio::sync::mpsc::unbounded_channel::<String>();
+    let (go_a, go_a_rx) = tokio::sync::watch::channel(false);
+    let (go_b, go_b_rx) = tokio::sync::watch::channel(false);
+    let said_a = said.clone();
+    let a = spawn(Worker::builder().engine(t.engine()).id("a").handle("stall", move |ctx: TaskContext, _: ()| {
+        let (said, mut go) = (said_a.clone(), go_a_rx.clone());
+        async move {
+            let _ = said.send("a started".into());
+            let _ = go.wait_for(|g| *g).await;
+            let kept = ctx.heartbeat(&()).await;
+            let _ = said.send(format!("a kept the lease: {kept}"));
+            Err::<String, _>(StepError::retryable("heartbeat said stop"))
+        }
+    }));
+    let run = t.start("stall", &(), StartOptions::id("stall")).await.unwrap();
+    assert_eq!(heard.recv().await.as_deref(), Some("a started"));
+    let b = spawn(Worker::builder().engine(t.engine()).id("b").handle("stall", move |_ctx: TaskContext, _: ()| {
+        let (said, mut go) = (said.clone(), go_b_rx.clone());
+        async move {
+            let _ = said.send("b started".into());
+            let _ = go.wait_for(|g| *g).await;
+            Ok::<_, StepError>("b".to_string())
+        }
+    }));
+    // Past A's lease, B takes the same attempt over.
+    t.advance(Duration::from_secs(11));
+    assert_eq!(heard.recv().await.as_deref(), Some("b started"));
+    go_a.send_replace(true);
+    assert_eq!(heard.recv().await.as_deref(), Some("a kept the lease: false"));
+    // A has ended (its result handled) before B returns.
+    let report = a.stop().await;
+    assert_eq!((report.completed, report.dropped), (0, 1), "{report:?}");
+    go_b.send_replace(true);
+    t.assert_output(&run.id, Ok::<String, String>("b".into())).await;
+    let tasks = t.store().list_tasks(&TaskFilter { run_id: Some(run.id.clone()), ..Default::default() }).await.unwrap();
+    assert_eq!((tasks[0].claims, tasks[0].task.attempt, tasks[0].worker.as_deref()), (2, 1, Some("b")));
+    b.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1007,7 +1007,7 @@ impl Turn {
         {
             self.fail_invalid_name(format!(
                 "the remote step {:?} at seq {seq} has the {what} {}: {problem}; route remote steps with names \
-                 without control characters, in at most {} bytes",
+                 that are not empty, without control characters, in at most {} bytes",
                 call.name,
                 protocol::shown(value),
                 protocol::MAX_NAME_BYTES
@@ -1148,11 +1148,18 @@ impl Turn {
 
     fn dispatch(&mut self, seq: u32, call: &RemoteCall<'_>, attempt: u32, now: Millis) -> RemoteBegin {
         let input = match &call.input {
+            // The step fails, not the run (as a local step's output over the limit): nothing
+            // is dispatched, no retry could shrink it, and the workflow may handle it.
             Ok(p) if self.too_large(p) => {
                 let error =
                     self.payload_too_large(&format!("the input of remote step {:?} (seq {seq})", call.name), p.len());
-                self.stop(TurnStop::Fail(error));
-                return RemoteBegin::Stopped;
+                let started_at = self.history.get(seq).map_or(now, |c| c.started_at);
+                let mut cp =
+                    self.checkpoint(seq, call.name, StepKind::Remote, CheckpointStatus::Failed, started_at, now);
+                cp.attempts = attempt;
+                cp.error = Some(error.clone());
+                self.record(cp);
+                return RemoteBegin::Fail { error, attempts: attempt };
             }
             Ok(p) => p.clone(),
             Err(e) => {
@@ -1204,6 +1211,11 @@ impl Turn {
 /// not every store can keep ([`protocol::storage_problem`]): what it is, its value and why.
 fn unstorable_routing<'a>(call: &RemoteCall<'a>) -> Option<(&'static str, &'a str, String)> {
     let o = call.options;
+    // No worker serves an empty name (`Worker::handle` refuses one): the task would wait forever.
+    let empty = |what: &'static str, v: &'a str| v.trim().is_empty().then(|| (what, v, "it is empty".to_string()));
+    if let Some(problem) = empty("name", call.name).or_else(|| o.queue.as_deref().and_then(|q| empty("queue", q))) {
+        return Some(problem);
+    }
     let queue = o.queue.as_deref().map(|q| ("queue", q));
     let requires = o.requires.iter().map(|c| ("required capability", c.as_str()));
     let fairness = call.gate.map(|g| ("fairness key", g.fairness_key));

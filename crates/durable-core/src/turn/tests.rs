@@ -1063,6 +1063,26 @@ fn a_queued_step_whose_gate_and_fairness_key_pass_the_gate_limit_fails_the_run()
 }
 
 #[test]
+fn a_remote_step_with_an_empty_name_or_queue_fails_the_run_and_dispatches_nothing() {
+    let input = p("img.png");
+    let fresh = remote_options(RetryPolicy::none());
+    let empty_queue = crate::task::RemoteOptions { queue: Some(" ".into()), ..remote_options(RetryPolicy::none()) };
+    for (call, what) in [
+        (RemoteCall { name: "", ..remote(&input, &fresh) }, "has the name \"\""),
+        (remote(&input, &empty_queue), "has the queue \" \""),
+    ] {
+        let mut t = turn(vec![]);
+        let seq = t.take_seq();
+        assert_eq!(t.remote_step(seq, call, 10), RemoteBegin::Stopped);
+        let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("{what}: not failed: {:?}", t.stopped()) };
+        assert_eq!(e.code(), Some(codes::INVALID_NAME));
+        assert!(e.message.contains(what) && e.message.contains("it is empty"), "{}", e.message);
+        let Some(Ended::Settle { commit, .. }) = t.t_pending(11) else { panic!("the run does not settle") };
+        assert!(commit.tasks.is_empty() && commit.waits.is_empty(), "nothing dispatched: {commit:?}");
+    }
+}
+
+#[test]
 fn a_new_wait_on_one_of_the_engines_own_tokens_fails_the_run() {
     for token in ["child:r:0", "update:r:qty", "task:r:review", "remote:r:0"] {
         let mut t = turn(vec![]);
@@ -3000,6 +3020,38 @@ fn remote_fatal_or_last_failure_fails_the_step_and_records_it() {
 }
 
 #[test]
+fn a_remote_steps_input_over_the_limit_fails_the_step_and_dispatches_nothing() {
+    let input = p(&"x".repeat(100));
+    let options = remote_options(durable());
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    let error = StepError::fatal(
+        "the input of remote step \"resize\" (seq 0) of run r is 102 bytes, over the 64-byte payload limit \
+         (max_payload_bytes)",
+    )
+    .with_code(codes::PAYLOAD_TOO_LARGE);
+    // The step fails (the workflow may handle it), not the run; no retry could shrink it.
+    assert_eq!(
+        t.remote_step(seq, remote(&input, &options), 1_000),
+        RemoteBegin::Fail { error: error.clone(), attempts: 1 }
+    );
+    let c = flush(&mut t, 1_000);
+    assert_eq!(
+        c.checkpoints,
+        vec![Checkpoint {
+            error: Some(error.clone()),
+            attempts: 1,
+            ..cp(0, "resize", StepKind::Remote, CheckpointStatus::Failed, 1_000)
+        }]
+    );
+    assert!(c.tasks.is_empty() && c.waits.is_empty(), "nothing dispatched: {c:?}");
+    // Replayed, the same failure.
+    let mut t = turn(c.checkpoints);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, remote(&input, &options), 2_000), RemoteBegin::Fail { error, attempts: 1 });
+}
+
+#[test]
 fn remote_redispatch_sends_the_next_attempt_at_once_outside_the_policy() {
     let input = p("img.png");
     let options = remote_options(RetryPolicy::none());
@@ -3009,18 +3061,6 @@ fn remote_redispatch_sends_the_next_attempt_at_once_outside_the_policy() {
     assert_eq!(t.remote_step(seq, remote(&input, &options), 2_000), RemoteBegin::Park(Some(2_000 + RECONCILE)));
     let Some(Ended::Suspend { commit: c, .. }) = t.t_pending(2_000) else { panic!("no suspend") };
     assert_eq!(c.tasks, vec![task_of(2, 2_000, &input)]);
-}
-
-#[test]
-fn remote_input_over_the_limit_fails_the_run_naming_the_step() {
-    let options = remote_options(RetryPolicy::none());
-    let big = p(&"x".repeat(100));
-    let mut t = turn(vec![]);
-    let seq = t.take_seq();
-    assert_eq!(t.remote_step(seq, remote(&big, &options), 1), RemoteBegin::Stopped);
-    let Some(TurnStop::Fail(e)) = t.stopped() else { panic!("not failed") };
-    assert_eq!(e.code(), Some(codes::PAYLOAD_TOO_LARGE));
-    assert!(e.message.contains("remote step \"resize\" (seq 0)"), "{}", e.message);
 }
 
 // ---- admission (step queues) ----

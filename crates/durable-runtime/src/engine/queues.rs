@@ -20,13 +20,15 @@ impl Engine {
     /// [`Error::BadQueue`] for limits that would admit nothing (a concurrency or rate of 0) or
     /// a rate window under 1 ms.
     pub fn register_queue(&self, name: &str, options: QueueOptions) -> Result<()> {
+        if let Some(reason) = options.problem() {
+            return Err(Error::BadQueue { name: name.into(), reason });
+        }
         let limits = options.limits();
-        limits.validate().map_err(|reason| Error::BadQueue { name: name.into(), reason })?;
         if name.is_empty() {
             return Err(Error::BadQueue { name: name.into(), reason: "a queue needs a non-empty name".into() });
         }
         if let Some(reason) = durable_core::protocol::storage_problem(name) {
-            return Err(Error::BadQueue { name: durable_core::protocol::shown(name), reason });
+            return Err(Error::BadQueue { name: name.into(), reason });
         }
         self.shared().flow.set_queue(name, limits);
         Ok(())

@@ -123,11 +123,20 @@ impl Shared {
         Ok(())
     }
 
-    /// Workers that heartbeated within `worker_ttl` (the store forgets the others).
+    /// Workers that heartbeated within `worker_ttl`. The store forgets only descriptors past
+    /// [`FORGET_WORKERS_AFTER`] (or the ttl, if longer): deleting all those past this engine's
+    /// ttl hid live workers from engines and operators that count a longer one.
     pub(crate) async fn live_workers(&self, now: Millis) -> StoreResult<Vec<WorkerInfo>> {
-        self.store.workers(millis_before(now, self.config.worker_ttl)).await
+        let ttl = self.config.worker_ttl;
+        let known = self.store.workers(millis_before(now, ttl.max(FORGET_WORKERS_AFTER))).await?;
+        let live_since = millis_before(now, ttl);
+        Ok(known.into_iter().filter(|w| w.heartbeat_at >= live_since).collect())
     }
 }
+
+/// How long a worker's descriptor is kept after its last refresh, whatever an engine's
+/// `worker_ttl` (which decides only whom that engine counts live).
+const FORGET_WORKERS_AFTER: std::time::Duration = std::time::Duration::from_secs(3600);
 
 /// `blocked: no compatible worker (requires a, b)`, or for a step without requirements,
 /// `blocked: no worker serves queue "q"`.

@@ -60,21 +60,34 @@ impl<O> RemoteStep<O> {
     /// Start-to-close of one attempt, from its first claim by a worker. A worker past it sees
     /// `ctx.cancelled()` resolve, its result is dropped, and the attempt fails with
     /// `remote_timeout` (retried by the policy). Default: none.
+    ///
+    /// # Panics
+    /// If `timeout` is under a millisecond: every attempt would be over before it began.
     pub fn timeout(mut self, timeout: Duration) -> Self {
+        at_least_a_millisecond("timeout", timeout);
         self.options.timeout = Some(timeout);
         self
     }
 
     /// How long an attempt may wait for a worker to claim it before it fails with
     /// `remote_timeout`. Default: forever.
+    ///
+    /// # Panics
+    /// If `timeout` is under a millisecond: no worker could claim an attempt in time.
     pub fn pickup_timeout(mut self, timeout: Duration) -> Self {
+        at_least_a_millisecond("pickup_timeout", timeout);
         self.options.pickup_timeout = Some(timeout);
         self
     }
 
     /// The lease a worker's claim (and each heartbeat) takes: a worker silent for longer loses
     /// the task, which goes to another worker (same attempt). Default 30 s.
+    ///
+    /// # Panics
+    /// If `timeout` is under a millisecond: every claim would lapse at once and each attempt
+    /// would run on several workers.
     pub fn heartbeat_timeout(mut self, timeout: Duration) -> Self {
+        at_least_a_millisecond("heartbeat_timeout", timeout);
         self.options.heartbeat_timeout = timeout;
         self
     }
@@ -127,6 +140,15 @@ impl<O: DeserializeOwned + Send + 'static> IntoFuture for RemoteStep<O> {
     fn into_future(self) -> Self::IntoFuture {
         Box::pin(run_remote(self))
     }
+}
+
+/// Refuses a remote step's timeout under a millisecond (the store keeps milliseconds), by a
+/// panic naming the option: the run fails with it (a mistake in the workflow's code).
+fn at_least_a_millisecond(option: &str, timeout: Duration) {
+    assert!(
+        timeout >= Duration::from_millis(1),
+        "remote step option {option}({timeout:?}) is under a millisecond: give it at least 1 ms"
+    );
 }
 
 async fn run_remote<O: DeserializeOwned>(s: RemoteStep<O>) -> Result<O, StepFailed> {
