@@ -724,9 +724,11 @@ fn parse_name(s: &str) -> Result<String, String> {
 /// resolve to several) is refused, naming the address to write instead.
 fn parse_addr(s: &str) -> Result<std::net::SocketAddr, String> {
     s.parse().map_err(|_| match s.rsplit_once(':') {
+        Some((host, port)) if port.parse::<u16>().is_ok() && host.eq_ignore_ascii_case("localhost") => {
+            format!("{host:?} is not an IP address: listen on one, as 127.0.0.1:{port} ([::1]:{port} for IPv6)")
+        }
         Some((host, port)) if port.parse::<u16>().is_ok() && !host.is_empty() => {
-            let ip = if host.eq_ignore_ascii_case("localhost") { "127.0.0.1" } else { "0.0.0.0" };
-            format!("{host:?} is not an IP address: listen on one, as {ip}:{port} ([::1]:{port} for IPv6)")
+            format!("{host:?} is not an IP address: give the address of the interface to listen on, as 10.0.0.5:{port}")
         }
         _ => "expected an IP address and a port, as 127.0.0.1:8080 or [::1]:8080".to_string(),
     })

@@ -190,7 +190,8 @@ impl TestEngine {
     }
 
     /// The run once it is terminal (or suspended, as `until` says); panics when it is not
-    /// within `limit` of real time, saying where it stands: a run asleep past the virtual
+    /// within `limit` of tokio's time (real time, except under a paused tokio clock, where
+    /// waiting on a store's own threads lets it jump ahead), saying where it stands: a run asleep past the virtual
     /// clock's time waits for [`TestEngine::advance`], which a test calls too early when it
     /// advances before the run's first turn parked it.
     async fn settled(&self, id: &RunId, until: Settled, limit: Duration) -> RunOutcome {
@@ -249,7 +250,9 @@ impl Default for TestEngine {
     }
 }
 
-/// How long the assertions wait for a run before they fail, saying where it stands.
+/// How long the assertions wait for a run before they fail, saying where it stands (on
+/// tokio's clock: a test on a paused one, `start_paused`, with a store doing I/O on its own
+/// threads waits with `wait_for_run` instead).
 const SETTLE_LIMIT: Duration = Duration::from_secs(20);
 
 /// What [`TestEngine::settled`] waits for.

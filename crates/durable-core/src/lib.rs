@@ -163,6 +163,10 @@ pub mod codes {
     /// A run the workflow meant to create (a child, a successor) has a concurrency key that
     /// could not be computed from its input.
     pub const BAD_KEY: &str = "bad_key";
+    /// `Engine::register_queue` refused a queue's options or name (`Error::BadQueue`).
+    pub const BAD_QUEUE: &str = "bad_queue";
+    /// A schedule could not be saved as given (`Error::BadSchedule`).
+    pub const BAD_SCHEDULE: &str = "bad_schedule";
     /// An operator re-dispatched a remote step's attempt (`redispatch_pending`): the next
     /// attempt goes out at once, outside the retry policy.
     pub const REDISPATCH: &str = "redispatch";

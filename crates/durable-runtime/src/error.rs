@@ -4,7 +4,7 @@
 use std::fmt;
 use std::time::Duration;
 
-use durable_core::{InvalidId, RunId, RunStatus, StepError, StoreError};
+use durable_core::{InvalidId, RunId, RunStatus, StepError, StoreError, codes};
 
 /// The result type of engine calls.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
@@ -260,9 +260,9 @@ impl Error {
     pub fn code(&self) -> Option<&'static str> {
         match self {
             Error::QueueFull { .. } => Some("queue_full"),
-            Error::BadKey { .. } => Some("bad_key"),
-            Error::BadQueue { .. } => Some("bad_queue"),
-            Error::BadSchedule { .. } => Some("bad_schedule"),
+            Error::BadKey { .. } => Some(codes::BAD_KEY),
+            Error::BadQueue { .. } => Some(codes::BAD_QUEUE),
+            Error::BadSchedule { .. } => Some(codes::BAD_SCHEDULE),
             _ => None,
         }
     }

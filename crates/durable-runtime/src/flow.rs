@@ -111,12 +111,6 @@ impl ConcurrencyKey {
     pub(crate) fn key_of(&self, input: &Payload) -> std::result::Result<String, String> {
         let key = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| (self.key)(input)))
             .map_err(|panic| format!("the key function panicked: {}", crate::turn::panic_message(panic.as_ref())))??;
-        if key.trim().is_empty() {
-            return Err(format!(
-                "the concurrency key {} is empty: runs without a key of their own would all share one",
-                protocol::shown(&key)
-            ));
-        }
         match protocol::storage_problem(&key) {
             None => Ok(key),
             Some(problem) => Err(format!("the concurrency key {}: {problem}", protocol::shown(&key))),

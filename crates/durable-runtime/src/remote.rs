@@ -161,7 +161,9 @@ impl TaskContext {
     /// shutting down and its drain timeout passed. The handler then has 5 s to return before
     /// it is dropped, and its slot is free again. What it returns is recorded only if the
     /// store still takes it: a result for an attempt that ended or a run that settled is
-    /// dropped, and so is one returned during a shutdown (its task goes to another worker).
+    /// dropped, and so is one returned during a shutdown (its task goes to another worker),
+    /// and a failure returned after a heartbeat said another worker took the attempt over
+    /// (that worker finishes it; past 5 claims of the attempt the failure counts again).
     pub async fn cancelled(&self) {
         let mut rx = self.inner.stop.subscribe();
         let _ = rx.wait_for(|stop| *stop).await;
@@ -1058,11 +1060,12 @@ impl Worker {
             crate::metrics::task_result_dropped("expired");
             return Outcome::dropped(key);
         }
-        // A failure from a worker the attempt is no longer with is not its to report: another
-        // worker took the attempt over (this one's lease lapsed) and is at it, and recorded,
-        // this error would end that worker's attempt too. A success is reported (the work is
-        // done; the first result counts).
-        if result.is_err() && !self.still_holds(&ctx).await {
+        // A failure after a heartbeat said the attempt is no longer this worker's (another
+        // worker took it over once this one's lease lapsed) is not its to report: recorded, it
+        // would end that worker's attempt too. A success is reported (the work is done; the
+        // first result counts). Past a few takeovers of the attempt the failure is reported
+        // all the same, so stalls that keep recurring still reach the retry policy.
+        if result.is_err() && ctx.inner.lost.load(Ordering::Acquire) && task.claims < DROP_FAILURES_UP_TO_CLAIMS {
             crate::metrics::task_result_dropped("lease_lost");
             tracing::info!(step_id = %ctx.step_id(), attempt = ctx.attempt(), "the attempt was taken over by another worker; this worker's error is dropped");
             return Outcome::dropped(key);
@@ -1080,25 +1083,6 @@ impl Worker {
         };
         let completion = self.report(done, task.task.namespace.clone(), &task.task.queue).await;
         Outcome { key, completion, dropped: false }
-    }
-
-    /// Whether the attempt of `ctx` is still this worker's: not if a heartbeat found it lost,
-    /// else as a beat now says (one store call, made only before a failure is reported). A
-    /// store that cannot answer leaves the decision to `complete_task`.
-    async fn still_holds(&self, ctx: &TaskContext) -> bool {
-        if ctx.inner.lost.load(Ordering::Acquire) {
-            return false;
-        }
-        let beat = TaskBeat {
-            run_id: ctx.run_id().clone(),
-            seq: ctx.seq(),
-            attempt: ctx.attempt(),
-            worker: self.inner.id.clone(),
-            progress: None,
-            logs: Vec::new(),
-            now: self.inner.clock.now(),
-        };
-        !matches!(self.inner.store.heartbeat_task(&beat).await, Ok(BeatOutcome::Lost))
     }
 
     /// Hands a result to the store (retrying a failing store a few times; after that the task's
@@ -1199,6 +1183,10 @@ impl Outcome {
 
 /// How long a cancelled handler may take to return before it is dropped.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
+
+/// A failure reported after a heartbeat found the attempt taken over is dropped while the
+/// attempt has been claimed fewer times than this (see `Worker::execute`).
+const DROP_FAILURES_UP_TO_CLAIMS: u32 = 5;
 
 /// How long an attempt runs before its worker looks, at this interval, whether it ended in
 /// the store meanwhile (`Worker::stop_ended_attempts`).

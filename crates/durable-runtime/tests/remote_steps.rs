@@ -984,18 +984,24 @@ async fn an_error_from_a_worker_whose_attempt_was_taken_over_is_dropped() {
     let (go_a, go_a_rx) = tokio::sync::watch::channel(false);
     let (go_b, go_b_rx) = tokio::sync::watch::channel(false);
     let said_a = said.clone();
-    let a = spawn(Worker::builder().engine(t.engine()).id("a").handle("stall", move |ctx: TaskContext, _: ()| {
-        let (said, mut go) = (said_a.clone(), go_a_rx.clone());
-        async move {
-            let _ = said.send("a started".into());
-            let _ = go.wait_for(|g| *g).await;
-            let kept = ctx.heartbeat(&()).await;
-            let _ = said.send(format!("a kept the lease: {kept}"));
-            Err::<String, _>(StepError::retryable("heartbeat said stop"))
-        }
-    }));
+    // One slot, held by the stalled handler: A cannot claim its own lapsed task back.
+    let a = spawn(Worker::builder().engine(t.engine()).id("a").concurrency(1).handle(
+        "stall",
+        move |ctx: TaskContext, _: ()| {
+            let (said, mut go) = (said_a.clone(), go_a_rx.clone());
+            async move {
+                let _ = said.send("a started".into());
+                let _ = go.wait_for(|g| *g).await;
+                let kept = ctx.heartbeat(&()).await;
+                let _ = said.send(format!("a kept the lease: {kept}"));
+                Err::<String, _>(StepError::retryable("heartbeat said stop"))
+            }
+        },
+    ));
+    // A hang guard on each wait for a handler's word, not a timing assertion.
+    let mut next = async || tokio::time::timeout(Duration::from_secs(60), heard.recv()).await.expect("in time");
     let run = t.start("stall", &(), StartOptions::id("stall")).await.unwrap();
-    assert_eq!(heard.recv().await.as_deref(), Some("a started"));
+    assert_eq!(next().await.as_deref(), Some("a started"));
     let b = spawn(Worker::builder().engine(t.engine()).id("b").handle("stall", move |_ctx: TaskContext, _: ()| {
         let (said, mut go) = (said.clone(), go_b_rx.clone());
         async move {
@@ -1006,9 +1012,9 @@ async fn an_error_from_a_worker_whose_attempt_was_taken_over_is_dropped() {
     }));
     // Past A's lease, B takes the same attempt over.
     t.advance(Duration::from_secs(11));
-    assert_eq!(heard.recv().await.as_deref(), Some("b started"));
+    assert_eq!(next().await.as_deref(), Some("b started"));
     go_a.send_replace(true);
-    assert_eq!(heard.recv().await.as_deref(), Some("a kept the lease: false"));
+    assert_eq!(next().await.as_deref(), Some("a kept the lease: false"));
     // A has ended (its result handled) before B returns.
     let report = a.stop().await;
     assert_eq!((report.completed, report.dropped), (0, 1), "{report:?}");

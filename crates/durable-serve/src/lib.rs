@@ -88,6 +88,7 @@ type Result<T, E = ApiError> = std::result::Result<T, E>;
 #[derive(Debug, Clone)]
 pub struct ServeConfig {
     /// The bearer token mutating calls need (`None`: none needed — a development server).
+    /// Whitespace around it is ignored; an empty one lets nobody act.
     pub token: Option<String>,
     /// Reads need the token too.
     pub protect_reads: bool,
@@ -141,7 +142,9 @@ pub fn openapi_document() -> serde_json::Value {
 }
 
 /// The API and the dashboard over `engine`'s store (see the [crate docs](crate)).
-pub fn router(engine: Engine, config: ServeConfig) -> Router {
+pub fn router(engine: Engine, mut config: ServeConfig) -> Router {
+    // Whitespace around the token is no part of it (a secret file's last newline).
+    config.token = config.token.map(|t| t.trim().to_string());
     let metrics = config.metrics.clone().unwrap_or_default();
     let state = Arc::new(AppState { engine, config, metrics });
     Router::new()
@@ -185,7 +188,8 @@ fn always_open(path: &str) -> bool {
 async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: Next) -> Response {
     let reading = matches!(*request.method(), Method::GET | Method::HEAD);
     let Some(token) = &state.config.token else {
-        if !reading && let Some(why) = cross_site(&request) {
+        let refused = foreign_host(&request).or_else(|| if reading { None } else { cross_site(&request) });
+        if let Some(why) = refused {
             return ApiError::new(axum::http::StatusCode::FORBIDDEN, "forbidden", why).into_response();
         }
         return next.run(request).await;
@@ -203,8 +207,10 @@ async fn authorize(State(state): State<Arc<AppState>>, request: Request, next: N
         .map(|(_, t)| t.trim().to_string());
     let given = bearer.or_else(|| query_token(&request));
     match given {
-        // Around the configured token, whitespace is no part of it (a secret file's last newline).
-        Some(given) if constant_time_eq(given.as_bytes(), token.trim().as_bytes()) => next.run(request).await,
+        // An empty token (a library caller's, never checked by `check_listen`) matches nothing.
+        Some(given) if !given.is_empty() && constant_time_eq(given.as_bytes(), token.as_bytes()) => {
+            next.run(request).await
+        }
         Some(_) => ApiError::unauthorized("the bearer token is wrong; pass the server's --token (DURABLE_TOKEN)")
             .into_response(),
         None => ApiError::unauthorized(
@@ -251,6 +257,27 @@ pub fn check_listen(addr: SocketAddr, token: Option<&str>, dev: bool) -> Result<
             .into());
     }
     Ok(())
+}
+
+/// Why a request to a server without a token is refused for the host it names, if it is: only
+/// a loopback name or address (`127.0.0.1`, `[::1]`, `localhost`). A web page whose own name
+/// was made to resolve to 127.0.0.1 (DNS rebinding) is the same origin as the server to the
+/// browser, and the `Host` it sends is that name, not this one.
+fn foreign_host(request: &Request) -> Option<String> {
+    let host = request.headers().get(header::HOST)?.to_str().unwrap_or("?");
+    let name = match host.strip_prefix('[') {
+        Some(v6) => v6.split(']').next().unwrap_or(""),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    let loopback =
+        name.eq_ignore_ascii_case("localhost") || name.parse::<std::net::IpAddr>().is_ok_and(|ip| ip.is_loopback());
+    (!loopback).then(|| {
+        format!(
+            "this server has no token and answers only requests addressed to a loopback host (127.0.0.1, [::1], \
+             localhost), not {}: start it with --token to serve others",
+            durable::protocol::shown(host)
+        )
+    })
 }
 
 /// Why a request is a browser's from a page of another origin, if it is: a page anywhere on the

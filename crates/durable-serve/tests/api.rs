@@ -400,7 +400,8 @@ async fn whitespace_around_the_configured_token_is_ignored() {
 }
 
 /// Without a token (`--dev`), an action a browser sends from another origin's page is refused
-/// and changes nothing; the server's own page, and clients outside a browser, act as before.
+/// and changes nothing, and so is any request addressed to a host that is not loopback; the
+/// server's own page, and clients outside a browser, act as before.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_dev_server_refuses_actions_from_pages_of_other_origins() {
     let dir = tempfile::tempdir().unwrap();
@@ -436,6 +437,19 @@ async fn a_dev_server_refuses_actions_from_pages_of_other_origins() {
     let buffered = engine.buffered(&durable::BufferedQuery::signals()).await.unwrap();
     let tokens: Vec<(&str, u64)> = buffered.iter().map(|k| (k.key.as_str(), k.count)).collect();
     assert_eq!(tokens, [("allowed", 3)], "only the allowed signals were sent");
+    // A page whose own name was made to resolve to 127.0.0.1 (DNS rebinding) is the server's
+    // origin to the browser, but names its own host: refused, reads too.
+    for (host, expected) in [
+        ("evil.example:8080", StatusCode::FORBIDDEN),
+        ("127.0.0.1.nip.io:8080", StatusCode::FORBIDDEN),
+        ("localhost:8080", StatusCode::OK),
+        ("LOCALHOST", StatusCode::OK),
+        ("[::1]:8080", StatusCode::OK),
+        ("127.0.0.2:8080", StatusCode::OK),
+    ] {
+        let req = Request::get("/api/runs").header("host", host).body(Body::empty()).unwrap();
+        assert_eq!(app.clone().oneshot(req).await.unwrap().status(), expected, "{host}");
+    }
     engine.shutdown().await;
 }
 

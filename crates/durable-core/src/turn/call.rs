@@ -1091,6 +1091,21 @@ impl Turn {
     /// Records attempt `attempt` of the remote step at `seq` as out and queues its task.
     /// Dispatches attempt `attempt`, or with a gate asks for its slot first.
     fn dispatch_gated(&mut self, seq: u32, call: &RemoteCall<'_>, attempt: u32, now: Millis) -> RemoteBegin {
+        // An input over the limit fails the step (not the run, as a local step's output over
+        // it does): nothing is dispatched, no retry could shrink it, the workflow may handle
+        // it. Before a slot is asked for, which no result would give back.
+        if let Ok(p) = &call.input
+            && self.too_large(p)
+        {
+            let error =
+                self.payload_too_large(&format!("the input of remote step {:?} (seq {seq})", call.name), p.len());
+            let started_at = self.history.get(seq).map_or(now, |c| c.started_at);
+            let mut cp = self.checkpoint(seq, call.name, StepKind::Remote, CheckpointStatus::Failed, started_at, now);
+            cp.attempts = attempt;
+            cp.error = Some(error.clone());
+            self.record(cp);
+            return RemoteBegin::Fail { error, attempts: attempt };
+        }
         let Some(g) = call.gate else {
             return self.dispatch(seq, call, attempt, now);
         };
@@ -1148,19 +1163,7 @@ impl Turn {
 
     fn dispatch(&mut self, seq: u32, call: &RemoteCall<'_>, attempt: u32, now: Millis) -> RemoteBegin {
         let input = match &call.input {
-            // The step fails, not the run (as a local step's output over the limit): nothing
-            // is dispatched, no retry could shrink it, and the workflow may handle it.
-            Ok(p) if self.too_large(p) => {
-                let error =
-                    self.payload_too_large(&format!("the input of remote step {:?} (seq {seq})", call.name), p.len());
-                let started_at = self.history.get(seq).map_or(now, |c| c.started_at);
-                let mut cp =
-                    self.checkpoint(seq, call.name, StepKind::Remote, CheckpointStatus::Failed, started_at, now);
-                cp.attempts = attempt;
-                cp.error = Some(error.clone());
-                self.record(cp);
-                return RemoteBegin::Fail { error, attempts: attempt };
-            }
+            // (An input over the limit failed the step in `dispatch_gated`.)
             Ok(p) => p.clone(),
             Err(e) => {
                 self.fail_serialize(format!("the input of remote step {:?} (seq {seq})", call.name), e);

@@ -3048,7 +3048,21 @@ fn a_remote_steps_input_over_the_limit_fails_the_step_and_dispatches_nothing() {
     // Replayed, the same failure.
     let mut t = turn(c.checkpoints);
     let seq = t.take_seq();
-    assert_eq!(t.remote_step(seq, remote(&input, &options), 2_000), RemoteBegin::Fail { error, attempts: 1 });
+    assert_eq!(
+        t.remote_step(seq, remote(&input, &options), 2_000),
+        RemoteBegin::Fail { error: error.clone(), attempts: 1 }
+    );
+    // Through a step queue: failed before a slot is asked for (no result would give it back).
+    let limits = crate::admission::Limits { concurrency: Some(1), ..Default::default() };
+    let gate = protocol::queue_gate("", "pool");
+    let gated = RemoteCall {
+        gate: Some(GateCall { gate: &gate, limits, priority: 0, fairness_key: "" }),
+        ..remote(&input, &options)
+    };
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.remote_step(seq, gated, 1_000), RemoteBegin::Fail { error, attempts: 1 });
+    assert!(flush(&mut t, 1_000).release_slots.is_empty());
 }
 
 #[test]

@@ -24,8 +24,9 @@ impl Engine {
             return Err(Error::BadQueue { name: name.into(), reason });
         }
         let limits = options.limits();
-        if name.is_empty() {
-            return Err(Error::BadQueue { name: name.into(), reason: "a queue needs a non-empty name".into() });
+        if name.trim().is_empty() {
+            // No remote step can be routed to a blank name (`invalid_name`).
+            return Err(Error::BadQueue { name: name.into(), reason: "a queue needs a name that is not blank".into() });
         }
         if let Some(reason) = durable_core::protocol::storage_problem(name) {
             return Err(Error::BadQueue { name: name.into(), reason });
