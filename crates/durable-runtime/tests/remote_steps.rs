@@ -961,9 +961,8 @@ async fn a_short_worker_ttl_hides_no_worker_from_other_engines() {
     let live = |h: durable_runtime::WorkerHealth| h.workers.into_iter().map(|w| w.id).collect::<Vec<_>>();
     assert!(live(brief.worker_health().await.unwrap()).is_empty(), "10 s silent is gone for a 3 s ttl");
     assert_eq!(live(patient.worker_health().await.unwrap()), ["w-cpu"], "and live for a 30 s one");
-    // Forgotten once it is an hour old.
+    // Forgotten once it is an hour old (by the next look of any engine: here, ours).
     clock.advance(Duration::from_secs(3600));
-    assert!(store.workers(0).await.unwrap().iter().any(|w| w.id == "w-cpu"), "kept until someone looks");
     assert!(live(patient.worker_health().await.unwrap()).is_empty());
     assert!(store.workers(0).await.unwrap().is_empty(), "forgotten");
 }
