@@ -265,6 +265,19 @@ Refused:
   durable serve --dev --addr 0.0.0.0:8080    # exits 2: --dev listens on loopback only")]
     Serve(ServeArgs),
 
+    /// Migrate the database (the SQLite file of --db, or the PostgreSQL schema of --url and
+    /// --schema) that an older durable wrote to this build's schema version.
+    ///
+    /// Workers migrate it when they start; the other operator commands refuse an older
+    /// database rather than upgrade it while they look. Once migrated, builds older than this
+    /// one refuse the database: upgrade every worker that shares it. A database already at this
+    /// build's version is left as it is.
+    #[command(after_help = "\
+Examples:
+  durable migrate                 # ./durable.db
+  (PostgreSQL:)   durable migrate --url postgres://app@db.example.com/app --schema durable")]
+    Migrate,
+
     /// Print a shell completion script, e.g. `durable completions bash > /etc/bash_completion.d/durable`.
     Completions(CompletionsArgs),
 }

@@ -58,7 +58,13 @@ impl Error {
 /// Whether an error of the SQLite store is about the file given (bad input) rather than a
 /// failure while using it.
 fn sqlite_is_bad_input(e: &SqliteError) -> bool {
-    matches!(e, SqliteError::NotADatabase { .. } | SqliteError::InvalidPath { .. } | SqliteError::SchemaTooNew { .. })
+    matches!(
+        e,
+        SqliteError::NotADatabase { .. }
+            | SqliteError::InvalidPath { .. }
+            | SqliteError::SchemaTooNew { .. }
+            | SqliteError::SchemaTooOld { .. }
+    )
 }
 
 impl From<SqliteError> for Error {
@@ -78,6 +84,7 @@ fn postgres_is_bad_input(e: &PostgresError) -> bool {
             | PostgresError::DatabaseNotFound { .. }
             | PostgresError::AuthFailed { .. }
             | PostgresError::SchemaTooNew { .. }
+            | PostgresError::SchemaTooOld { .. }
             | PostgresError::SchemaNotFound { .. }
             | PostgresError::ForeignSchema { .. }
             | PostgresError::Tls { .. }

@@ -21,6 +21,7 @@
 //! durable workers [--json]                      remote steps: queue depths, live workers
 //! durable queues [--kind K] [--namespace N] [--json]  flow control: step queues and concurrency keys
 //! durable serve [--addr A] [--token T | --dev] [--protect-reads] [--poll D]  the JSON API, /metrics, the dashboard
+//! durable migrate                               migrate a database an older durable wrote
 //! durable completions <shell>                   a shell completion script
 //! ```
 //!
@@ -38,7 +39,8 @@
 //! schedule; a fire's run is started by the scheduler of a worker with the schedule's workflow
 //! registered. Operator commands open an existing database
 //! only: a missing, empty or foreign file is refused ("… is not a durable database") and
-//! nothing is created.
+//! nothing is created; so is a database an older durable wrote, which they do not migrate
+//! (its older workers would refuse it then): `durable migrate` does, on purpose.
 //!
 //! ## Exit codes
 //!
@@ -122,6 +124,7 @@ pub async fn run(cli: Cli) -> Result<()> {
         Command::Workers(args) => workers::workers(&cli.store, args, &mut out).await,
         Command::Queues(args) => queues::queues(&cli.store, args, &mut out).await,
         Command::Serve(args) => serve::serve(&cli.store, args, &mut out).await,
+        Command::Migrate => store::migrate(&cli.store, &mut out).await,
         Command::Completions(args) => {
             clap_complete::generate(args.shell, &mut Cli::command(), "durable", &mut out);
             Ok(())

@@ -4,7 +4,9 @@ use std::sync::Arc;
 
 use durable::store::Store;
 use durable::transport::ControlPlane;
-use durable::{Durability, Engine, PostgresOptions, PostgresStore, SqliteError, SqliteOptions, SqliteStore};
+use durable::{
+    Durability, Engine, PostgresError, PostgresOptions, PostgresStore, SqliteError, SqliteOptions, SqliteStore,
+};
 
 use crate::cli::StoreArgs;
 use crate::error::{Error, Result};
@@ -12,9 +14,13 @@ use crate::error::{Error, Result};
 /// Whether a command may create the database.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Access {
-    /// Operator commands: only an existing durable database is opened; a missing or empty file
-    /// (or a PostgreSQL schema without durable's tables) is refused and nothing is created.
+    /// Operator commands: only an existing durable database of this build's schema version is
+    /// opened; a missing or empty file (or a PostgreSQL schema without durable's tables) is
+    /// refused and nothing is created, and so is one an older durable wrote (looking must not
+    /// upgrade a fleet's database: `durable migrate` does).
     Existing,
+    /// `durable migrate`: an existing durable database, migrated to this build's version.
+    Migrate,
     /// The demo (a worker): a missing file (or schema) is created and initialised.
     CreateIfMissing,
 }
@@ -41,19 +47,21 @@ impl StoreArgs {
             let options = PostgresOptions::new().schema(&self.schema).application_name("durable-cli");
             let options = match access {
                 // One short-lived command: two connections are plenty (the writer and a reader).
-                Access::Existing => options.create_if_missing(false).pool_size(2),
+                Access::Existing => options.create_if_missing(false).migrate(false).pool_size(2),
+                Access::Migrate => options.create_if_missing(false).pool_size(2),
                 Access::CreateIfMissing => options.pool_size(8),
             };
             let store = PostgresStore::connect_with(url, options).await?;
             let plane: Option<Arc<dyn ControlPlane>> = match access {
                 Access::Existing => Some(Arc::new(store.control_plane().await?)),
-                Access::CreateIfMissing => None,
+                Access::Migrate | Access::CreateIfMissing => None,
             };
             return Ok(Opened { store: Arc::new(store), plane });
         }
         let options = match access {
             // One short-lived command: one reader is plenty.
-            Access::Existing => SqliteOptions::new().create_if_missing(false).readers(1),
+            Access::Existing => SqliteOptions::new().create_if_missing(false).migrate(false).readers(1),
+            Access::Migrate => SqliteOptions::new().create_if_missing(false).readers(1),
             // The demo shows throughput, and a crash (kill -9) still loses nothing with
             // `Normal`; only a power loss could lose the last commits of a demo.
             Access::CreateIfMissing => SqliteOptions::new().durability(Durability::Normal),
@@ -61,6 +69,48 @@ impl StoreArgs {
         let store = SqliteStore::open_with(&self.db, options).map_err(sqlite_open_error)?;
         Ok(Opened { store: Arc::new(store), plane: None })
     }
+}
+
+/// `durable migrate`: brings the database to this build's schema version, saying from which.
+pub(crate) async fn migrate(args: &StoreArgs, out: &mut dyn std::io::Write) -> Result<()> {
+    // A look that migrates nothing first: it says whether there is anything to do, and from
+    // which version.
+    let older = match &args.url {
+        Some(url) => {
+            let options = PostgresOptions::new()
+                .schema(&args.schema)
+                .application_name("durable-cli")
+                .create_if_missing(false)
+                .migrate(false)
+                .pool_size(1);
+            match PostgresStore::connect_with(url, options).await {
+                Ok(_) => None,
+                Err(PostgresError::SchemaTooOld { found, supported, .. }) => Some((found, supported)),
+                Err(e) => return Err(e.into()),
+            }
+        }
+        None => {
+            let options = SqliteOptions::new().create_if_missing(false).migrate(false).readers(1);
+            match SqliteStore::open_with(&args.db, options) {
+                Ok(_) => None,
+                Err(SqliteError::SchemaTooOld { found, supported, .. }) => Some((found, supported)),
+                Err(e) => return Err(sqlite_open_error(e)),
+            }
+        }
+    };
+    match older {
+        None => writeln!(out, "{} is at this build's durable schema version: nothing to migrate", args.describe())?,
+        Some((found, supported)) => {
+            args.open(Access::Migrate).await?;
+            writeln!(
+                out,
+                "migrated {} from durable schema version {found} to {supported}; builds older than this one now \
+                 refuse it",
+                args.describe()
+            )?;
+        }
+    }
+    Ok(())
 }
 
 /// A store, and its control plane when it has one.

@@ -74,6 +74,46 @@ fn a_database_from_a_newer_build_is_refused() {
     run_bad(dir.path(), &["demo", "--runs", "1", "--db", path_str(&db)], "upgrade durable");
 }
 
+/// A database an older durable wrote: operator commands refuse it and leave it as it is (looking
+/// must not upgrade a fleet's database: its older workers would then refuse it), naming
+/// `durable migrate`, which migrates it and says from which version; a second run has nothing
+/// to do.
+#[test]
+fn an_older_database_is_refused_by_operator_commands_until_durable_migrate() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = default_db(dir.path());
+    let dbs = path_str(&db);
+    run_ok(dir.path(), &["demo", "--runs", "1", "--db", dbs]);
+    // Back to version 11, as a build before the claim count left it.
+    let version = |db: &std::path::Path| -> i64 {
+        let conn = rusqlite::Connection::open(db).unwrap();
+        conn.query_row("SELECT max(version) FROM durable_schema", [], |r| r.get(0)).unwrap()
+    };
+    let latest = version(&db);
+    let conn = rusqlite::Connection::open(&db).unwrap();
+    conn.execute_batch(&format!(
+        "ALTER TABLE runs DROP COLUMN claims; DELETE FROM durable_schema WHERE version = {latest};"
+    ))
+    .unwrap();
+    drop(conn);
+    for args in operator_commands(dbs) {
+        let err = run_bad(dir.path(), &args, &format!("older than version {latest} of this build"));
+        assert!(err.contains("durable migrate"), "{err}");
+    }
+    run_bad(dir.path(), &["serve", "--dev", "--addr", "127.0.0.1:0", "--db", dbs], "durable migrate");
+    assert_eq!(version(&db), latest - 1, "left as it was");
+    let out = run_ok(dir.path(), &["migrate", "--db", dbs]).stdout;
+    assert!(out.contains(&format!("from durable schema version {} to {latest}", latest - 1)), "{out}");
+    assert_eq!(version(&db), latest);
+    let listed = run_ok(dir.path(), &["runs", "list", "--db", dbs]).stdout;
+    assert!(listed.contains("demo-order-0"), "{listed}");
+    let out = run_ok(dir.path(), &["migrate", "--db", dbs]).stdout;
+    assert!(out.contains("nothing to migrate"), "{out}");
+    // A file that is not there is not created by `migrate` either.
+    run_bad(dir.path(), &["migrate", "--db", "nope.db"], "does not exist");
+    assert!(!dir.path().join("nope.db").exists());
+}
+
 #[test]
 fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
     let dir = tempfile::tempdir().unwrap();
@@ -192,6 +232,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
         &["workers", "--help"],
         &["queues", "--help"],
         &["serve", "--help"],
+        &["migrate", "--help"],
         &["completions", "--help"],
         &["help", "runs", "list"],
     ] {
@@ -203,7 +244,7 @@ fn help_works_on_every_command_and_completions_are_printed() {
     run_bad(
         dir.path(),
         &[],
-        "'durable' needs a command: demo, runs, schedules, signal, signals, workers, queues, serve, completions",
+        "'durable' needs a command: demo, runs, schedules, signal, signals, workers, queues, serve, migrate, completions",
     );
     for shell in ["bash", "zsh", "fish", "powershell", "elvish"] {
         let ran = run_ok(dir.path(), &["completions", shell]);

@@ -77,6 +77,23 @@ pub enum Error {
         /// The newest version this build knows.
         supported: u32,
     },
+    /// The schema was written by an older durable, and the store was told not to migrate it
+    /// ([`PostgresOptions::migrate`](crate::PostgresOptions::migrate)). Nothing was changed.
+    #[error(
+        "schema {schema:?} on PostgreSQL at {target} has durable schema version {found}, older than version \
+         {supported} of this build: upgrade it with `durable migrate` (or start an upgraded worker, which \
+         migrates it); then builds older than this one refuse it, so upgrade the whole fleet"
+    )]
+    SchemaTooOld {
+        /// `user@host:port/database`.
+        target: String,
+        /// The schema.
+        schema: String,
+        /// The version recorded in the schema.
+        found: u32,
+        /// This build's version.
+        supported: u32,
+    },
     /// The schema does not exist or holds no durable tables, and the store was told not to
     /// create it ([`PostgresOptions::create_if_missing`](crate::PostgresOptions::create_if_missing)).
     /// Nothing was changed.

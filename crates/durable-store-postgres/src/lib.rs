@@ -526,7 +526,7 @@ impl PostgresStore {
             Some(t) => t,
             None => schema::server_target(&client).await,
         };
-        schema::migrate(&client, &target, &options.schema, options.create_if_missing).await?;
+        schema::migrate(&client, &target, &options.schema, options.create_if_missing, options.migrate).await?;
         drop(client);
         let sql = Statements::new(&options.schema);
         let queue_sql = queue::QueueStatements::new(&sql.schema);

@@ -32,6 +32,7 @@ pub struct PostgresOptions {
     pub(crate) write_connections: usize,
     pub(crate) notify_channel: Option<String>,
     pub(crate) create_if_missing: bool,
+    pub(crate) migrate: bool,
 }
 
 impl Default for PostgresOptions {
@@ -47,6 +48,7 @@ impl Default for PostgresOptions {
             write_connections: 1,
             notify_channel: None,
             create_if_missing: true,
+            migrate: true,
         }
     }
 }
@@ -148,9 +150,21 @@ impl PostgresOptions {
     /// tables (default `true`). With `false`, connecting to a schema without durable's tables
     /// fails with [`Error::SchemaNotFound`](crate::Error::SchemaNotFound) and changes nothing:
     /// for tools that inspect runs and must not initialise a database by mistake (an older
-    /// durable schema is still migrated forward).
+    /// durable schema is still migrated forward, unless [`PostgresOptions::migrate`] says no).
     pub fn create_if_missing(mut self, create: bool) -> Self {
         self.create_if_missing = create;
+        self
+    }
+
+    /// Whether connecting may migrate a schema written by an older durable to this build's
+    /// version (default `true`). Once migrated, builds older than this one refuse the schema
+    /// ([`Error::SchemaTooNew`](crate::Error::SchemaTooNew)): there is no way back. With
+    /// `false`, an older schema is refused with
+    /// [`Error::SchemaTooOld`](crate::Error::SchemaTooOld) and left as it is: for tools that
+    /// only look (the command line's operator commands), so that looking never upgrades a
+    /// fleet's database behind its workers' backs.
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
         self
     }
 
@@ -202,6 +216,11 @@ impl PostgresOptions {
     /// Whether connecting may create the schema.
     pub fn get_create_if_missing(&self) -> bool {
         self.create_if_missing
+    }
+
+    /// Whether connecting may migrate an older schema.
+    pub fn get_migrate(&self) -> bool {
+        self.migrate
     }
 
     /// Checks the values that PostgreSQL would refuse later, with a clearer message.

@@ -243,12 +243,20 @@ async fn read_version(client: &Client, target: &str, schema: &str) -> Result<Opt
 /// Brings `schema` to [`SCHEMA_VERSION`], creating it if needed (and `create` allows), in one
 /// transaction holding the schema's migration advisory lock (concurrent engines wait for each
 /// other; a failed migration leaves everything as it was).
-pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create: bool) -> Result<()> {
+pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create: bool, upgrade: bool) -> Result<()> {
     // A quick look first, so connecting to an up-to-date schema takes no lock.
     match read_version(client, target, schema).await? {
         Some(v) if v == SCHEMA_VERSION => return Ok(()),
         Some(found) if found > SCHEMA_VERSION => {
             return Err(too_new(target, schema, found));
+        }
+        Some(found) if !upgrade => {
+            return Err(Error::SchemaTooOld {
+                target: target.into(),
+                schema: schema.into(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
         }
         None if !create => {
             // Say which: another program's schema (a worker would refuse it too), or none.
@@ -259,10 +267,27 @@ pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create:
         }
         _ => {}
     }
-    client.batch_execute("BEGIN").await.map_err(|e| query_error(target, "starting the schema migration", e))?;
+    // The server's notices while the scripts run (`DROP … IF EXISTS` of what is not there yet)
+    // are no news: only warnings get through.
+    client
+        .batch_execute("BEGIN; SET LOCAL client_min_messages = warning")
+        .await
+        .map_err(|e| query_error(target, "starting the schema migration", e))?;
     match migrate_locked(client, target, schema).await {
-        Ok(()) => {
-            client.batch_execute("COMMIT").await.map_err(|e| query_error(target, "committing the schema migration", e))
+        Ok(from) => {
+            client
+                .batch_execute("COMMIT")
+                .await
+                .map_err(|e| query_error(target, "committing the schema migration", e))?;
+            if from < SCHEMA_VERSION {
+                match from {
+                    0 => tracing::info!(schema, version = SCHEMA_VERSION, %target, "created the durable schema"),
+                    _ => {
+                        tracing::info!(schema, from, to = SCHEMA_VERSION, %target, "migrated the durable schema; builds older than this one now refuse it")
+                    }
+                }
+            }
+            Ok(())
         }
         Err(e) => {
             let _ = client.batch_execute("ROLLBACK").await;
@@ -290,7 +315,8 @@ fn too_new(target: &str, schema: &str, found: u32) -> Error {
     Error::SchemaTooNew { target: target.into(), schema: schema.into(), found, supported: SCHEMA_VERSION }
 }
 
-async fn migrate_locked(client: &Client, target: &str, schema: &str) -> Result<()> {
+/// Migrates under the lock; the version the schema had (0: none).
+async fn migrate_locked(client: &Client, target: &str, schema: &str) -> Result<u32> {
     let q = quote_ident(schema);
     client
         .execute("SELECT pg_advisory_xact_lock($1)", &[&migration_lock_key(schema)])
@@ -341,7 +367,7 @@ async fn migrate_locked(client: &Client, target: &str, schema: &str) -> Result<(
             .await
             .map_err(|e| query_error(target, &doing, e))?;
     }
-    Ok(())
+    Ok(from)
 }
 
 #[cfg(test)]

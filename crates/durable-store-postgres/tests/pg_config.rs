@@ -246,6 +246,36 @@ async fn newer_schema_is_refused_naming_both_versions() {
     assert_eq!(n, 1);
 }
 
+/// Told not to migrate (`migrate(false)`, as the command line's operator commands connect), an
+/// older schema is refused naming both versions and `durable migrate`, and left as it is; a
+/// store allowed to migrates it.
+#[tokio::test]
+async fn an_older_schema_is_refused_without_migrate_and_left_as_it_is() {
+    let Some(url) = url_or_skip("an_older_schema_is_refused_without_migrate_and_left_as_it_is") else { return };
+    let scratch = ScratchSchema::new(&url, "older").await.unwrap();
+    drop(scratch.connect().await.unwrap());
+    let admin = scratch.client().await.unwrap();
+    let version = async || -> i32 {
+        let q = format!("SELECT max(version) FROM \"{}\".schema_version", scratch.name());
+        admin.query_one(&q, &[]).await.unwrap().get(0)
+    };
+    // The last migration's scripts replace what they define: running it again is harmless.
+    let q = format!("DELETE FROM \"{}\".schema_version WHERE version = {SCHEMA_VERSION}", scratch.name());
+    admin.execute(&q, &[]).await.unwrap();
+    let e = PostgresStore::connect_with(&url, scratch.options().migrate(false)).await.expect_err("older");
+    let msg = assert_one_line(&e);
+    assert!(
+        matches!(&e, Error::SchemaTooOld { found, supported, .. } if (*found, *supported) == (SCHEMA_VERSION - 1, SCHEMA_VERSION)),
+        "{e:?}"
+    );
+    assert!(msg.contains("durable migrate") && !e.is_retryable(), "{msg}");
+    assert_eq!(version().await, SCHEMA_VERSION as i32 - 1, "left as it was");
+    drop(PostgresStore::connect_with(&url, scratch.options()).await.expect("migrated"));
+    assert_eq!(version().await, SCHEMA_VERSION as i32);
+    // At this build's version, `migrate(false)` connects.
+    drop(PostgresStore::connect_with(&url, scratch.options().migrate(false)).await.expect("up to date"));
+}
+
 #[tokio::test]
 async fn schema_with_foreign_tables_is_refused() {
     let Some(url) = url_or_skip("schema_with_foreign_tables_is_refused") else { return };

@@ -38,6 +38,22 @@ pub enum Error {
         /// Why it is refused.
         reason: &'static str,
     },
+    /// The file was written by an older durable, and the store was told not to migrate it
+    /// ([`SqliteOptions::migrate`](crate::SqliteOptions::migrate)). Nothing was written to it.
+    #[error(
+        "{} has durable schema version {found}, older than version {supported} of this build: upgrade it with \
+         `durable migrate` (or start an upgraded worker, which migrates it); then builds older than this one \
+         refuse it, so upgrade every process that opens it",
+        path.display()
+    )]
+    SchemaTooOld {
+        /// The file.
+        path: PathBuf,
+        /// The schema version found in the file.
+        found: u32,
+        /// This build's schema version.
+        supported: u32,
+    },
     /// The file was written by a newer version of this crate, with a schema this build does
     /// not know. Nothing was written to it.
     #[error(
@@ -117,6 +133,7 @@ impl Error {
             Error::NotADatabase { path, .. }
             | Error::InvalidPath { path, .. }
             | Error::SchemaTooNew { path, .. }
+            | Error::SchemaTooOld { path, .. }
             | Error::Busy { path, .. }
             | Error::Sqlite { path, .. }
             | Error::Corrupt { path, .. }

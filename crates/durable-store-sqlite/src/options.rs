@@ -42,6 +42,7 @@ pub struct SqliteOptions {
     pub(crate) readers: usize,
     pub(crate) max_group: usize,
     pub(crate) create_if_missing: bool,
+    pub(crate) migrate: bool,
 }
 
 impl Default for SqliteOptions {
@@ -52,6 +53,7 @@ impl Default for SqliteOptions {
             readers: 2,
             max_group: 512,
             create_if_missing: true,
+            migrate: true,
         }
     }
 }
@@ -126,6 +128,21 @@ impl SqliteOptions {
     /// Whether opening may create and initialise the database.
     pub fn get_create_if_missing(&self) -> bool {
         self.create_if_missing
+    }
+
+    /// Whether opening may migrate a file written by an older durable to this build's schema
+    /// version (default `true`). Once migrated, builds older than this one refuse the file
+    /// ([`Error::SchemaTooNew`](crate::Error::SchemaTooNew)): there is no way back. With
+    /// `false`, an older file is refused with [`Error::SchemaTooOld`](crate::Error::SchemaTooOld)
+    /// and left as it is: for tools that only look (the command line's operator commands).
+    pub fn migrate(mut self, migrate: bool) -> Self {
+        self.migrate = migrate;
+        self
+    }
+
+    /// Whether opening may migrate an older file.
+    pub fn get_migrate(&self) -> bool {
+        self.migrate
     }
 
     /// The durability.

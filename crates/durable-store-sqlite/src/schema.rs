@@ -543,6 +543,10 @@ pub(crate) fn open_writer(path: &Path, opts: &SqliteOptions) -> Result<Connectio
         Some(v) if v > SCHEMA_VERSION => {
             return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
         }
+        // Refused before the switch to WAL, which rewrites the header: left exactly as it was.
+        Some(v) if v < SCHEMA_VERSION && !opts.migrate => {
+            return Err(Error::SchemaTooOld { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
+        }
         Some(_) => {}
     }
     configure(&conn, path, opts)?;
@@ -607,10 +611,16 @@ fn migrate(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
     conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| err("starting the schema migration", e))?;
     let result = migrate_locked(conn, path, opts);
     match result {
-        Ok(()) => conn.execute_batch("COMMIT").map_err(|e| {
-            let _ = conn.execute_batch("ROLLBACK");
-            err("committing the schema migration", e)
-        }),
+        Ok(from) => {
+            conn.execute_batch("COMMIT").map_err(|e| {
+                let _ = conn.execute_batch("ROLLBACK");
+                err("committing the schema migration", e)
+            })?;
+            if from > 0 && from < SCHEMA_VERSION {
+                tracing::info!(path = %path.display(), from, to = SCHEMA_VERSION, "migrated the durable schema; builds older than this one now refuse the file");
+            }
+            Ok(())
+        }
         Err(e) => {
             if !conn.is_autocommit() {
                 let _ = conn.execute_batch("ROLLBACK");
@@ -621,8 +631,8 @@ fn migrate(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
 }
 
 /// The migration proper, inside `BEGIN IMMEDIATE` (another process may have migrated since
-/// the first look, so everything is read again).
-fn migrate_locked(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
+/// the first look, so everything is read again); the version the file had (0: none).
+fn migrate_locked(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<u32> {
     let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
     let current = schema_version(conn).map_err(|e| err("reading the schema version", e))?;
     let from = match current {
@@ -659,7 +669,7 @@ fn migrate_locked(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Resul
         .map_err(|e| err(&doing, e))?;
     }
     conn.pragma_update(None, "application_id", APPLICATION_ID).map_err(|e| err("writing the header", e))?;
-    Ok(())
+    Ok(from)
 }
 
 /// The SQL of every migration, in order.

@@ -210,6 +210,26 @@ CREATE TABLE run_state (run_id TEXT NOT NULL, key TEXT NOT NULL, value TEXT NOT 
 PRAGMA application_id = 1146442305;
 ";
 
+/// Told not to migrate (`migrate(false)`, as the command line's operator commands open it), a
+/// file an older durable wrote is refused naming both versions and `durable migrate`, and left
+/// byte for byte as it was.
+#[test]
+fn an_older_file_is_refused_without_migrate_and_left_as_it_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v1.db");
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(V1_SCHEMA).unwrap();
+    drop(conn);
+    let before = std::fs::read(&path).unwrap();
+    let e = SqliteStore::open_with(&path, SqliteOptions::new().migrate(false)).unwrap_err();
+    assert!(matches!(&e, Error::SchemaTooOld { found: 1, supported, .. } if *supported == SCHEMA_VERSION), "{e:?}");
+    assert!(e.to_string().contains("durable migrate"), "{e}");
+    assert_names_path(&e, &path);
+    assert_eq!(std::fs::read(&path).unwrap(), before, "left as it was");
+    drop(SqliteStore::open(&path).unwrap());
+    assert_eq!(versions(&path), (1..=SCHEMA_VERSION).collect::<Vec<_>>());
+}
+
 #[test]
 fn a_version_1_file_is_migrated_forward_with_its_data() {
     let dir = tempfile::tempdir().unwrap();
