@@ -29,7 +29,8 @@ Exit codes:
   0    success
   2    the command was wrong: a usage error, an unknown run or schedule, malformed JSON, a run
        in the wrong state, or a --db / --url that cannot be opened as given (a missing directory, a file that
-       is not a durable database, a newer schema, a malformed URL, an unknown database)
+       is not a durable database, a newer schema or an older one (durable migrate), a malformed URL, an
+       unknown database)
   1    it failed while running: the store is busy or unreachable, an I/O error (trying again
        later may help)
   130  interrupted (Ctrl-C or SIGTERM) before the work was done (`durable serve` exits 0)";
@@ -155,13 +156,15 @@ impl Cli {
 #[derive(Debug, Clone, Args)]
 pub struct StoreArgs {
     /// The SQLite database file. Operator commands only open an existing durable database and
-    /// never create one; `demo` creates it if needed.
+    /// never create one (nor migrate one an older durable wrote: `durable migrate` does); `demo`
+    /// creates it if needed.
     #[arg(long, global = true, value_name = "PATH", env = "DURABLE_DB", default_value = "./durable.db")]
     pub db: PathBuf,
 
     /// A PostgreSQL database instead of the SQLite file:
     /// `postgres://user[:password]@host[:port]/database`. Operator commands only open an existing
-    /// durable schema and never create one; `demo` creates it if needed.
+    /// durable schema and never create one (nor migrate one an older durable wrote: `durable
+    /// migrate` does); `demo` creates it if needed.
     #[arg(long, global = true, value_name = "URL", env = "DURABLE_URL", hide_env_values = true, conflicts_with = "db")]
     pub url: Option<String>,
 

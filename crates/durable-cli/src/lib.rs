@@ -47,8 +47,8 @@
 //! `0` success; `2` the command was wrong: a usage error, an unknown run id or schedule key,
 //! malformed JSON, a
 //! run in the wrong state, or a `--db` / `--url` that cannot be opened as given (a missing
-//! directory, a file that is not a durable database, a newer schema, a malformed URL, an
-//! unknown database); `1` it failed while running (the store is busy or unreachable, an I/O
+//! directory, a file that is not a durable database, a newer schema or an older one (`durable
+//! migrate`), a malformed URL, an unknown database); `1` it failed while running (the store is busy or unreachable, an I/O
 //! error: trying again later may help); `130` interrupted. Errors are one line on stderr.
 //! `durable --help` ends with the same list.
 //!

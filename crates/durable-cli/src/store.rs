@@ -11,7 +11,7 @@ use durable::{
 use crate::cli::StoreArgs;
 use crate::error::{Error, Result};
 
-/// Whether a command may create the database.
+/// What a command may do to the database as it opens it: create it, migrate it, or neither.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Access {
     /// Operator commands: only an existing durable database of this build's schema version is
@@ -126,7 +126,7 @@ impl From<Arc<dyn Store>> for Opened {
 }
 
 /// An error opening the SQLite file is about the path as given (exit 2: a missing directory, a
-/// parent that is a file, no permission, not a durable database, a newer schema), unless
+/// parent that is a file, no permission, not a durable database, a newer or an older schema), unless
 /// trying again may pass: another writer held the lock too long, or the store's threads
 /// stopped (exit 1). Errors later, while a command works, keep their own classification.
 fn sqlite_open_error(e: SqliteError) -> Error {

@@ -26,6 +26,9 @@ fn operator_commands(db: &str) -> Vec<Vec<&str>> {
         vec!["schedules", "delete", "some-key", "--db", db],
         vec!["queues", "--db", db],
         vec!["queues", "--json", "--kind", "key", "--db", db],
+        vec!["workers", "--db", db],
+        vec!["signals", "list", "--db", db],
+        vec!["signals", "purge", "some-token", "--db", db],
     ]
 }
 
@@ -90,6 +93,7 @@ fn an_older_database_is_refused_by_operator_commands_until_durable_migrate() {
         conn.query_row("SELECT max(version) FROM durable_schema", [], |r| r.get(0)).unwrap()
     };
     let latest = version(&db);
+    assert_eq!(latest, 12, "this test undoes migration 12 (the claims column): make it undo the new last one");
     let conn = rusqlite::Connection::open(&db).unwrap();
     conn.execute_batch(&format!(
         "ALTER TABLE runs DROP COLUMN claims; DELETE FROM durable_schema WHERE version = {latest};"

@@ -199,3 +199,29 @@ fn bad_postgres_configuration_is_one_line_with_the_right_exit_code() {
     assert_eq!(ran.code, Some(2), "{ran:?}");
     assert!(ran.stderr.contains("--url") && ran.stderr.contains("--db"), "{}", ran.stderr);
 }
+
+/// An older schema: operator commands refuse it (exit 2) and leave it; `durable migrate`
+/// migrates it and says from which version; then it has nothing to do.
+#[test]
+fn an_older_schema_is_refused_until_durable_migrate() {
+    let Some(url) = url_or_skip("an_older_schema_is_refused_until_durable_migrate") else { return };
+    let dir = tempfile::tempdir().unwrap();
+    let schema = scratch_schema(&url);
+    let pg = ["--url", url.as_str(), "--schema", schema.name()];
+    run_ok(dir.path(), &[&["demo", "--runs", "1"][..], &pg].concat());
+    let version = || -> i32 {
+        sql(&url, &format!("SELECT max(version) FROM \"{}\".schema_version", schema.name())).unwrap()[0].get(0)
+    };
+    let latest = version();
+    // The last migration's scripts replace what they define: it runs again unharmed.
+    sql(&url, &format!("DELETE FROM \"{}\".schema_version WHERE version = {latest}", schema.name())).unwrap();
+    let err = run_bad(dir.path(), &[&["runs", "list"][..], &pg].concat(), &format!("older than version {latest}"));
+    assert!(err.contains("durable migrate"), "{err}");
+    assert_eq!(version(), latest - 1, "left as it was");
+    let out = run_ok(dir.path(), &[&["migrate"][..], &pg].concat()).stdout;
+    assert!(out.contains(&format!("from durable schema version {} to {latest}", latest - 1)), "{out}");
+    assert_eq!(version(), latest);
+    assert!(run_ok(dir.path(), &[&["runs", "list"][..], &pg].concat()).stdout.contains("demo-order-0"));
+    let out = run_ok(dir.path(), &[&["migrate"][..], &pg].concat()).stdout;
+    assert!(out.contains("nothing to migrate"), "{out}");
+}

@@ -81,8 +81,9 @@ pub enum Error {
     /// ([`PostgresOptions::migrate`](crate::PostgresOptions::migrate)). Nothing was changed.
     #[error(
         "schema {schema:?} on PostgreSQL at {target} has durable schema version {found}, older than version \
-         {supported} of this build: upgrade it with `durable migrate` (or start an upgraded worker, which \
-         migrates it); then builds older than this one refuse it, so upgrade the whole fleet"
+         {supported} of this build, which was told not to migrate it: look at it with a durable of the version \
+         its workers run; to upgrade it (builds older than this one then refuse it, so upgrade every worker \
+         too), run `durable migrate` or start an upgraded worker"
     )]
     SchemaTooOld {
         /// `user@host:port/database`.

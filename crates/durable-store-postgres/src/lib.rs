@@ -70,7 +70,8 @@
 //!   due runs each walk an index of their own, from the earliest due.
 //! - **Versioned schema.** A `schema_version` table records the version. Connecting creates the
 //!   schema or migrates it forward, in one transaction holding an advisory lock (concurrent
-//!   engines do not race); a schema written by a newer build is refused
+//!   engines do not race), unless told not to ([`PostgresOptions::migrate`]`(false)`: an older
+//!   schema is refused as it is, [`Error::SchemaTooOld`]); a schema written by a newer build is refused
 //!   ([`Error::SchemaTooNew`]); a schema holding someone else's tables is refused
 //!   ([`Error::ForeignSchema`]).
 //! - **Network faults are retryable.** A dropped connection, a server restarting or refusing
@@ -459,6 +460,8 @@ impl PostgresStore {
     /// - [`Error::Connect`]: refused, unreachable or timed out (retryable).
     /// - [`Error::DatabaseNotFound`], [`Error::AuthFailed`]: fix the URL or the server.
     /// - [`Error::SchemaTooNew`], [`Error::ForeignSchema`]: nothing was changed.
+    /// - [`Error::SchemaNotFound`]: with `create_if_missing(false)`, no durable schema is there.
+    /// - [`Error::SchemaTooOld`]: with `migrate(false)`, an older build wrote the schema.
     /// - [`Error::Postgres`]: a statement of the migration failed (no permission to create the
     ///   schema, …); it was rolled back.
     /// - [`Error::NoRuntime`]: called outside a tokio runtime.

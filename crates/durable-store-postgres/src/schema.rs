@@ -7,7 +7,8 @@ use crate::error::{Error, Result, query_error};
 use crate::options::{PostgresOptions, quote_ident};
 
 /// The schema version this build writes and reads. A schema with an older version is migrated
-/// forward on connect; one with a newer version is refused ([`Error::SchemaTooNew`]).
+/// forward on connect (unless `migrate(false)`: [`Error::SchemaTooOld`]); one with a newer
+/// version is refused ([`Error::SchemaTooNew`]).
 pub const SCHEMA_VERSION: u32 = 21;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
@@ -273,7 +274,7 @@ pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create:
         .batch_execute("BEGIN; SET LOCAL client_min_messages = warning")
         .await
         .map_err(|e| query_error(target, "starting the schema migration", e))?;
-    match migrate_locked(client, target, schema).await {
+    match migrate_locked(client, target, schema, upgrade).await {
         Ok(from) => {
             client
                 .batch_execute("COMMIT")
@@ -315,8 +316,9 @@ fn too_new(target: &str, schema: &str, found: u32) -> Error {
     Error::SchemaTooNew { target: target.into(), schema: schema.into(), found, supported: SCHEMA_VERSION }
 }
 
-/// Migrates under the lock; the version the schema had (0: none).
-async fn migrate_locked(client: &Client, target: &str, schema: &str) -> Result<u32> {
+/// Migrates under the lock; the version the schema had (0: none). Without `upgrade`, a schema
+/// an older build made meanwhile is refused (the transaction is rolled back).
+async fn migrate_locked(client: &Client, target: &str, schema: &str, upgrade: bool) -> Result<u32> {
     let q = quote_ident(schema);
     client
         .execute("SELECT pg_advisory_xact_lock($1)", &[&migration_lock_key(schema)])
@@ -336,6 +338,14 @@ async fn migrate_locked(client: &Client, target: &str, schema: &str) -> Result<u
     }
     let from = match read_version(client, target, schema).await? {
         Some(found) if found > SCHEMA_VERSION => return Err(too_new(target, schema, found)),
+        Some(found) if found < SCHEMA_VERSION && !upgrade => {
+            return Err(Error::SchemaTooOld {
+                target: target.into(),
+                schema: schema.into(),
+                found,
+                supported: SCHEMA_VERSION,
+            });
+        }
         Some(v) => v,
         None => {
             // No durable schema here: only an empty schema may be initialised, never one holding

@@ -41,9 +41,10 @@ pub enum Error {
     /// The file was written by an older durable, and the store was told not to migrate it
     /// ([`SqliteOptions::migrate`](crate::SqliteOptions::migrate)). Nothing was written to it.
     #[error(
-        "{} has durable schema version {found}, older than version {supported} of this build: upgrade it with \
-         `durable migrate` (or start an upgraded worker, which migrates it); then builds older than this one \
-         refuse it, so upgrade every process that opens it",
+        "{} has durable schema version {found}, older than version {supported} of this build, which was told \
+         not to migrate it: look at it with a durable of the version its workers run; to upgrade it (builds \
+         older than this one then refuse it, so upgrade every process that opens it), run `durable migrate` or \
+         start an upgraded worker",
         path.display()
     )]
     SchemaTooOld {

@@ -36,7 +36,8 @@
 //!   waits for another process's lock longer than [`SqliteOptions::busy_timeout`] fails with a
 //!   retryable [`StoreError::Unavailable`](durable_core::StoreError::Unavailable).
 //! - **Versioned schema.** A `durable_schema` table records the schema version. An empty file
-//!   gets the latest schema; an older file is migrated forward in one transaction when opened;
+//!   gets the latest schema; an older file is migrated forward in one transaction when opened
+//!   (or, with [`SqliteOptions::migrate`]`(false)`, refused as it is: [`Error::SchemaTooOld`]);
 //!   a file from a newer build is refused ([`Error::SchemaTooNew`]); a file that is not a
 //!   durable database is refused without being written ([`Error::NotADatabase`]). Tools that
 //!   must never create a database (an operator's command line) open with
@@ -282,12 +283,14 @@ impl SqliteStore {
     /// A missing or empty file, or an SQLite database without tables, gets the latest schema
     /// (unless [`SqliteOptions::create_if_missing`] is `false`: then it is refused and nothing
     /// is created); a file with an older schema is migrated forward (in one transaction: a
-    /// failed migration leaves the file as it was).
+    /// failed migration leaves the file as it was), unless [`SqliteOptions::migrate`] is
+    /// `false`.
     ///
     /// # Errors
     /// - [`Error::NotADatabase`]: the file is not SQLite, or is another program's database; or,
     ///   with `create_if_missing(false)`, it is missing, empty, or has no durable schema.
     /// - [`Error::SchemaTooNew`]: the file was written by a newer build; upgrade to open it.
+    /// - [`Error::SchemaTooOld`]: with `migrate(false)`, the file was written by an older build.
     /// - [`Error::Busy`]: another connection held the write lock past the busy timeout while
     ///   this one had to create or migrate the schema.
     /// - [`Error::Sqlite`]: the directory or the file is read-only, the disk is full, …

@@ -108,7 +108,8 @@ impl SqliteOptions {
     /// database (the `durable` command line's `runs` and `signal` commands) open it this way, so
     /// a mistyped path is an error instead of a new, empty database.
     ///
-    /// An existing durable database with an older schema is still migrated forward.
+    /// An existing durable database with an older schema is still migrated forward, unless
+    /// [`SqliteOptions::migrate`]`(false)`.
     ///
     /// ```
     /// use durable_store_sqlite::{Error, SqliteOptions, SqliteStore};

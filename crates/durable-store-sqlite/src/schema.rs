@@ -11,7 +11,8 @@ use crate::error::{Error, Result};
 use crate::options::SqliteOptions;
 
 /// The schema version this build writes and reads. Files with an older version are migrated
-/// forward when opened; files with a newer one are refused ([`Error::SchemaTooNew`]).
+/// forward when opened (unless `migrate(false)`: [`Error::SchemaTooOld`]); files with a newer
+/// one are refused ([`Error::SchemaTooNew`]).
 pub const SCHEMA_VERSION: u32 = 12;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
@@ -638,6 +639,10 @@ fn migrate_locked(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Resul
     let from = match current {
         Some(v) if v > SCHEMA_VERSION => {
             return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
+        }
+        // An older build made the schema since the first look (rolled back: nothing written).
+        Some(v) if v < SCHEMA_VERSION && !opts.migrate => {
+            return Err(Error::SchemaTooOld { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
         }
         Some(v) => v,
         None => {
