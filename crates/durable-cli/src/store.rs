@@ -44,30 +44,38 @@ impl StoreArgs {
     /// an engine on it hears the events of the other engines on the schema at once).
     pub(crate) async fn open_with_events(&self, access: Access) -> Result<Opened> {
         if let Some(url) = &self.url {
-            let options = PostgresOptions::new().schema(&self.schema).application_name("durable-cli");
-            let options = match access {
-                // One short-lived command: two connections are plenty (the writer and a reader).
-                Access::Existing => options.create_if_missing(false).migrate(false).pool_size(2),
-                Access::Migrate => options.create_if_missing(false).pool_size(2),
-                Access::CreateIfMissing => options.pool_size(8),
-            };
-            let store = PostgresStore::connect_with(url, options).await?;
+            let store = PostgresStore::connect_with(url, self.postgres_options(access)).await?;
             let plane: Option<Arc<dyn ControlPlane>> = match access {
                 Access::Existing => Some(Arc::new(store.control_plane().await?)),
                 Access::Migrate | Access::CreateIfMissing => None,
             };
             return Ok(Opened { store: Arc::new(store), plane });
         }
-        let options = match access {
+        let store = SqliteStore::open_with(&self.db, Self::sqlite_options(access)).map_err(sqlite_open_error)?;
+        Ok(Opened { store: Arc::new(store), plane: None })
+    }
+
+    /// The options `access` opens the PostgreSQL schema with.
+    fn postgres_options(&self, access: Access) -> PostgresOptions {
+        let options = PostgresOptions::new().schema(&self.schema).application_name("durable-cli");
+        match access {
+            // One short-lived command: two connections are plenty (the writer and a reader).
+            Access::Existing => options.create_if_missing(false).migrate(false).pool_size(2),
+            Access::Migrate => options.create_if_missing(false).pool_size(2),
+            Access::CreateIfMissing => options.pool_size(8),
+        }
+    }
+
+    /// The options `access` opens the SQLite file with.
+    fn sqlite_options(access: Access) -> SqliteOptions {
+        match access {
             // One short-lived command: one reader is plenty.
             Access::Existing => SqliteOptions::new().create_if_missing(false).migrate(false).readers(1),
             Access::Migrate => SqliteOptions::new().create_if_missing(false).readers(1),
             // The demo shows throughput, and a crash (kill -9) still loses nothing with
             // `Normal`; only a power loss could lose the last commits of a demo.
             Access::CreateIfMissing => SqliteOptions::new().durability(Durability::Normal),
-        };
-        let store = SqliteStore::open_with(&self.db, options).map_err(sqlite_open_error)?;
-        Ok(Opened { store: Arc::new(store), plane: None })
+        }
     }
 }
 
@@ -76,27 +84,16 @@ pub(crate) async fn migrate(args: &StoreArgs, out: &mut dyn std::io::Write) -> R
     // A look that migrates nothing first: it says whether there is anything to do, and from
     // which version.
     let older = match &args.url {
-        Some(url) => {
-            let options = PostgresOptions::new()
-                .schema(&args.schema)
-                .application_name("durable-cli")
-                .create_if_missing(false)
-                .migrate(false)
-                .pool_size(1);
-            match PostgresStore::connect_with(url, options).await {
-                Ok(_) => None,
-                Err(PostgresError::SchemaTooOld { found, supported, .. }) => Some((found, supported)),
-                Err(e) => return Err(e.into()),
-            }
-        }
-        None => {
-            let options = SqliteOptions::new().create_if_missing(false).migrate(false).readers(1);
-            match SqliteStore::open_with(&args.db, options) {
-                Ok(_) => None,
-                Err(SqliteError::SchemaTooOld { found, supported, .. }) => Some((found, supported)),
-                Err(e) => return Err(sqlite_open_error(e)),
-            }
-        }
+        Some(url) => match PostgresStore::connect_with(url, args.postgres_options(Access::Existing)).await {
+            Ok(_) => None,
+            Err(PostgresError::SchemaTooOld { found, supported, .. }) => Some((found, supported)),
+            Err(e) => return Err(e.into()),
+        },
+        None => match SqliteStore::open_with(&args.db, StoreArgs::sqlite_options(Access::Existing)) {
+            Ok(_) => None,
+            Err(SqliteError::SchemaTooOld { found, supported, .. }) => Some((found, supported)),
+            Err(e) => return Err(sqlite_open_error(e)),
+        },
     };
     match older {
         None => writeln!(out, "{} is at this build's durable schema version: nothing to migrate", args.describe())?,

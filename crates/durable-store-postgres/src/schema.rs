@@ -248,17 +248,7 @@ pub(crate) async fn migrate(client: &Client, target: &str, schema: &str, create:
     // A quick look first, so connecting to an up-to-date schema takes no lock.
     match read_version(client, target, schema).await? {
         Some(v) if v == SCHEMA_VERSION => return Ok(()),
-        Some(found) if found > SCHEMA_VERSION => {
-            return Err(too_new(target, schema, found));
-        }
-        Some(found) if !upgrade => {
-            return Err(Error::SchemaTooOld {
-                target: target.into(),
-                schema: schema.into(),
-                found,
-                supported: SCHEMA_VERSION,
-            });
-        }
+        Some(found) => check_version(target, schema, found, upgrade)?,
         None if !create => {
             // Say which: another program's schema (a worker would refuse it too), or none.
             return Err(match foreign_tables(client, target, schema).await? {
@@ -312,8 +302,15 @@ async fn foreign_tables(client: &Client, target: &str, schema: &str) -> Result<O
     Ok((!tables.is_empty()).then(|| tables.join(", ")))
 }
 
-fn too_new(target: &str, schema: &str, found: u32) -> Error {
-    Error::SchemaTooNew { target: target.into(), schema: schema.into(), found, supported: SCHEMA_VERSION }
+/// Refuses a schema of version `found` this build cannot use: a newer build's
+/// ([`Error::SchemaTooNew`]), or an older build's without `upgrade` ([`Error::SchemaTooOld`]).
+fn check_version(target: &str, schema: &str, found: u32, upgrade: bool) -> Result<()> {
+    let (target, schema, supported) = (target.to_string(), schema.to_string(), SCHEMA_VERSION);
+    match found {
+        v if v > SCHEMA_VERSION => Err(Error::SchemaTooNew { target, schema, found, supported }),
+        v if v < SCHEMA_VERSION && !upgrade => Err(Error::SchemaTooOld { target, schema, found, supported }),
+        _ => Ok(()),
+    }
 }
 
 /// Migrates under the lock; the version the schema had (0: none). Without `upgrade`, a schema
@@ -337,16 +334,11 @@ async fn migrate_locked(client: &Client, target: &str, schema: &str, upgrade: bo
             .map_err(|e| query_error(target, &format!("creating schema {schema:?}"), e))?;
     }
     let from = match read_version(client, target, schema).await? {
-        Some(found) if found > SCHEMA_VERSION => return Err(too_new(target, schema, found)),
-        Some(found) if found < SCHEMA_VERSION && !upgrade => {
-            return Err(Error::SchemaTooOld {
-                target: target.into(),
-                schema: schema.into(),
-                found,
-                supported: SCHEMA_VERSION,
-            });
+        // An older build may have made the schema since the first look (a refusal rolls back).
+        Some(found) => {
+            check_version(target, schema, found, upgrade)?;
+            found
         }
-        Some(v) => v,
         None => {
             // No durable schema here: only an empty schema may be initialised, never one holding
             // another program's tables.

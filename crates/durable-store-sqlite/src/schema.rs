@@ -541,14 +541,8 @@ pub(crate) fn open_writer(path: &Path, opts: &SqliteOptions) -> Result<Connectio
                 return Err(no_schema(path));
             }
         }
-        Some(v) if v > SCHEMA_VERSION => {
-            return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
-        }
         // Refused before the switch to WAL, which rewrites the header: left exactly as it was.
-        Some(v) if v < SCHEMA_VERSION && !opts.migrate => {
-            return Err(Error::SchemaTooOld { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
-        }
-        Some(_) => {}
+        Some(v) => check_version(path, v, opts)?,
     }
     configure(&conn, path, opts)?;
     migrate(&conn, path, opts)?;
@@ -604,10 +598,8 @@ fn migrate(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
     let current = schema_version(conn).map_err(|e| err("reading the schema version", e))?;
     match current {
         Some(v) if v == SCHEMA_VERSION => return Ok(()),
-        Some(v) if v > SCHEMA_VERSION => {
-            return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
-        }
-        _ => {}
+        Some(v) => check_version(path, v, opts)?,
+        None => {}
     }
     conn.execute_batch("BEGIN IMMEDIATE").map_err(|e| err("starting the schema migration", e))?;
     let result = migrate_locked(conn, path, opts);
@@ -631,20 +623,29 @@ fn migrate(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<()> {
     }
 }
 
+/// Refuses a file of schema version `found` this build cannot open as `opts` say: a newer
+/// build's ([`Error::SchemaTooNew`]), or an older build's without `migrate`
+/// ([`Error::SchemaTooOld`]).
+fn check_version(path: &Path, found: u32, opts: &SqliteOptions) -> Result<()> {
+    let (path, supported) = (path.to_path_buf(), SCHEMA_VERSION);
+    match found {
+        v if v > SCHEMA_VERSION => Err(Error::SchemaTooNew { path, found, supported }),
+        v if v < SCHEMA_VERSION && !opts.migrate => Err(Error::SchemaTooOld { path, found, supported }),
+        _ => Ok(()),
+    }
+}
+
 /// The migration proper, inside `BEGIN IMMEDIATE` (another process may have migrated since
 /// the first look, so everything is read again); the version the file had (0: none).
 fn migrate_locked(conn: &Connection, path: &Path, opts: &SqliteOptions) -> Result<u32> {
     let err = |doing: &str, e| Error::sqlite(path, opts.busy_timeout, doing, e);
     let current = schema_version(conn).map_err(|e| err("reading the schema version", e))?;
     let from = match current {
-        Some(v) if v > SCHEMA_VERSION => {
-            return Err(Error::SchemaTooNew { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
+        // An older build may have made the schema since the first look (a refusal rolls back).
+        Some(v) => {
+            check_version(path, v, opts)?;
+            v
         }
-        // An older build made the schema since the first look (rolled back: nothing written).
-        Some(v) if v < SCHEMA_VERSION && !opts.migrate => {
-            return Err(Error::SchemaTooOld { path: path.to_path_buf(), found: v, supported: SCHEMA_VERSION });
-        }
-        Some(v) => v,
         None => {
             // No durable schema: only an empty database may be initialised, never another
             // program's, and only when the options allow it.
