@@ -184,6 +184,7 @@ macro_rules! __store_cases {
             delete::delete_removes_run_and_subtree(Store, []),
             delete::delete_child_keeps_parent(Store, []),
             delete::delete_missing_run_is_zero(Store, []),
+            delete::child_results_never_reach_another_run_with_the_parents_id(Store, []),
             payloads::large_payloads_round_trip(Store, []),
             payloads::unicode_ids_and_tokens_round_trip(Store, []),
             handles::handles_share_data_and_leases(TwoHandles, [SharedAcrossProcesses, SecondHandle]),

@@ -100,6 +100,12 @@ impl RunStatus {
         matches!(self, RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Dead)
     }
 
+    /// Whether no transition leaves the status: completed or cancelled (a failed or dead run
+    /// can be retried).
+    pub fn is_final(self) -> bool {
+        matches!(self, RunStatus::Completed | RunStatus::Cancelled)
+    }
+
     /// Whether the transition `self → next` is in the [`TRANSITIONS`] table.
     pub fn can_become(self, next: RunStatus) -> bool {
         TRANSITIONS.contains(&(self, next))

@@ -73,6 +73,13 @@ pub fn child_token(parent: &RunId, seq: u32) -> String {
     format!("child:{parent}:{seq}")
 }
 
+/// The parent a [`child_token`] belongs to (`None` for any other token). The seq is the
+/// digits after the last `:`, so a parent id holding `:` parses too.
+pub fn child_token_parent(token: &str) -> Option<&str> {
+    let (parent, seq) = token.strip_prefix("child:")?.rsplit_once(':')?;
+    (!parent.is_empty() && !seq.is_empty() && seq.bytes().all(|b| b.is_ascii_digit())).then_some(parent)
+}
+
 /// The token `ctx.on_update(name)` waits on.
 pub fn update_token(run: &RunId, name: &str) -> String {
     format!("update:{run}:{name}")
@@ -388,6 +395,10 @@ mod tests {
         assert_eq!(child_id(&r, 3).as_str(), "order:42.child.3");
         assert_eq!(retry_id(&r, 1).as_str(), "order:42~retry~1");
         assert_eq!(child_token(&r, 3), "child:order:42:3");
+        assert_eq!(child_token_parent("child:order:42:3"), Some("order:42"));
+        for other in ["child:order:42:", "child:order", "child::3", "child:order:4x", "update:order:42:3"] {
+            assert_eq!(child_token_parent(other), None, "{other}");
+        }
         assert_eq!(update_token(&r, "approve"), "update:order:42:approve");
         assert_eq!(task_token(&r, "review"), "task:order:42:review");
         assert_eq!(task_step_name("review"), "task:review");

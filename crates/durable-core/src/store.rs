@@ -963,8 +963,13 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// Atomically: the oldest waiter registered on `token` is removed, the payload recorded as
     /// the `completed` checkpoint at the waiter's seq, the run's `wake_gen` incremented and, if
     /// the run is `suspended`, its `wake_at` set to `now` → `Delivered`. With no waiter, the
-    /// payload is appended to the token's FIFO buffer → `Buffered`. Concurrent senders and
-    /// waiters: every payload is consumed exactly once.
+    /// payload is appended to the token's FIFO buffer → `Buffered` — except a child's result
+    /// (a [`protocol::child_token`](crate::protocol::child_token)) whose parent is gone or
+    /// [final](RunStatus::is_final), which no wait can ever take: it is dropped, nothing
+    /// written → `Buffered` (kept, a later run given the parent's id would take it for its own
+    /// child's; a failed parent's is kept for its retry). Concurrent senders
+    /// and waiters: every payload is consumed exactly once. The same holds for the signals of
+    /// a [`Commit`] and of a [`RunPatch`].
     async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery>;
 
     /// Publishes a plain event ([`Store::publish`] without dedupe or triggers).
@@ -1284,8 +1289,10 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// # Contract
     /// Removes the run, its checkpoints, waiters, state, tasks and admission records (handing
     /// freed slots on), and the same for every descendant
-    /// (runs whose parent chain leads to it), atomically. Returns how many runs were removed
-    /// (0 when it did not exist). Buffered signals are not tied to runs and are kept.
+    /// (runs whose parent chain leads to it), atomically, with the buffered results of the
+    /// removed runs' children (signals on their [`protocol::child_token`](crate::protocol::child_token)s:
+    /// a later run given a removed id must not take them). Returns how many runs were removed
+    /// (0 when it did not exist). Other buffered signals are not tied to runs and are kept.
     async fn delete_run(&self, id: &RunId) -> StoreResult<u64>;
 }
 

@@ -17,6 +17,7 @@ on_every_store!(
     a_parent_waits_on_a_sleeping_child_across_a_restart,
     failed_cancelled_and_dead_children_surface_in_the_parent,
     a_fan_out_of_200_children_resumes_without_starting_any_twice,
+    a_run_given_a_deleted_parents_id_waits_for_its_own_child,
 );
 
 fn register_family(t: &TestEngine) {
@@ -47,6 +48,27 @@ async fn a_parent_waits_on_a_sleeping_child_across_a_restart(s: StoreFixture) {
     t.assert_output(&parent.id, "child said 10".to_string()).await;
     assert_eq!(t.children(&parent.id).await.unwrap().len(), 1);
     assert!(t.store().waiters(&parent.id).await.unwrap().is_empty());
+}
+
+/// Run ids are the callers' idempotency keys, so a deleted parent's id may be started again:
+/// the new run's child answers it, not the result of the deleted run's cancelled child (its
+/// wait is at the same seq, on the same token).
+async fn a_run_given_a_deleted_parents_id_waits_for_its_own_child(s: StoreFixture) {
+    let t = s.engine();
+    register_family(&t);
+    let parent = t.start("parent", &5u64, StartOptions::id("order-7")).await.unwrap();
+    let child_id = parent.id.child(0);
+    t.assert_settled_status(&parent.id, RunStatus::Suspended).await;
+    t.assert_settled_status(&child_id, RunStatus::Suspended).await;
+    t.cancel(&parent.id).await.unwrap();
+    t.assert_settled_status(&child_id, RunStatus::Cancelled).await;
+    assert_eq!(t.delete_run(&parent.id).await.unwrap(), 2);
+
+    t.start("parent", &1u64, StartOptions::id("order-7")).await.unwrap();
+    t.assert_settled_status(&parent.id, RunStatus::Suspended).await;
+    t.assert_settled_status(&child_id, RunStatus::Suspended).await;
+    t.advance(Duration::from_secs(60));
+    t.assert_output(&parent.id, "child said 2".to_string()).await;
 }
 
 async fn failed_cancelled_and_dead_children_surface_in_the_parent(s: StoreFixture) {

@@ -482,7 +482,12 @@ impl Inner {
             self.resolve(&w.run_id, w.seq, &w.name, StepKind::Signal, payload, now);
             return Delivery::Delivered { run_id: w.run_id, seq: w.seq };
         }
-        self.signal_buffer.entry(token.to_string()).or_default().push_back((now, payload));
+        // A child's result for a parent no wait of which can ever take it is dropped.
+        let orphan = protocol::child_token_parent(token)
+            .is_some_and(|parent| self.runs.get(parent).is_none_or(|p| p.status.is_final()));
+        if !orphan {
+            self.signal_buffer.entry(token.to_string()).or_default().push_back((now, payload));
+        }
         Delivery::Buffered
     }
 
@@ -1163,6 +1168,10 @@ impl Store for MemoryStore {
         for d in &doomed {
             inner.delete_one(d);
         }
+        // Their children's results kept for them: a later run given one of these ids must
+        // not take them.
+        let gone: HashSet<&str> = doomed.iter().map(RunId::as_str).collect();
+        inner.signal_buffer.retain(|token, _| protocol::child_token_parent(token).is_none_or(|p| !gone.contains(p)));
         Ok(doomed.len() as u64)
     }
 }

@@ -9,7 +9,7 @@ use crate::options::{PostgresOptions, quote_ident};
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect (unless `migrate(false)`: [`Error::SchemaTooOld`]); one with a newer
 /// version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 21;
+pub const SCHEMA_VERSION: u32 = 22;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -140,6 +140,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "a claim that takes a run out of blocked drops its blocked error (a row trigger on the \
                       transition to running)",
         sql: include_str!("sql/v21.sql"),
+    },
+    Migration {
+        version: 22,
+        description: "a child's result for a parent that is gone, completed or cancelled is dropped, and \
+                      deleting a run deletes its children's buffered results (a run given its id later took them)",
+        sql: include_str!("sql/v22.sql"),
     },
 ];
 

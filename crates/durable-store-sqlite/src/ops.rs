@@ -1004,9 +1004,42 @@ pub(crate) fn send_signal(conn: &Connection, token: &str, payload: &str, now: Mi
         resolve(conn, &run_id, seq, &name, StepKind::Signal, payload, now)?;
         return Ok(Delivery::Delivered { run_id: RunId::new(run_id), seq: seq_of(seq)? });
     }
+    if let Some(parent) = protocol::child_token_parent(token) {
+        // A child's result for a parent no wait of which can ever take it is dropped.
+        let status: Option<String> = conn
+            .prepare_cached("SELECT status FROM runs WHERE id = ?1")?
+            .query_row([parent], |r| r.get(0))
+            .optional()?;
+        let live = status.is_some_and(|s| s.parse::<RunStatus>().is_ok_and(|s| !s.is_final()));
+        if !live {
+            return Ok(Delivery::Buffered);
+        }
+    }
     conn.prepare_cached("INSERT INTO buffered_signals (token, payload, created_at) VALUES (?1, ?2, ?3)")?
         .execute(params![token, payload, now])?;
     Ok(Delivery::Buffered)
+}
+
+/// Deletes the buffered results of `parent`'s children ([`protocol::child_token`]s): the
+/// tokens `child:<parent>:<digits>`, found by their prefix in the token index.
+fn purge_child_results(conn: &Connection, parent: &str) -> OpResult<()> {
+    let prefix = format!("child:{parent}:");
+    // Every token with the prefix sorts from it up to the prefix with its last byte (`:`)
+    // raised by one (`;`).
+    let end = format!("child:{parent};");
+    let mut stmt = conn.prepare_cached("SELECT id, token FROM buffered_signals WHERE token >= ?1 AND token < ?2")?;
+    let doomed: Vec<i64> = stmt
+        .query_map([&prefix, &end], |r| Ok((r.get::<_, i64>(0)?, r.get::<_, String>(1)?)))?
+        .filter_map(|row| match row {
+            Ok((id, token)) => (protocol::child_token_parent(&token) == Some(parent)).then_some(Ok(id)),
+            Err(e) => Some(Err(e)),
+        })
+        .collect::<rusqlite::Result<_>>()?;
+    let mut delete = conn.prepare_cached("DELETE FROM buffered_signals WHERE id = ?1")?;
+    for id in doomed {
+        delete.execute([id])?;
+    }
+    Ok(())
 }
 
 /// Delivers an event to every waiter on `name` whose matcher accepts it, or, if none does,
@@ -1549,6 +1582,8 @@ pub(crate) fn delete_run(conn: &Connection, id: &RunId) -> OpResult<u64> {
     let mut stmt = conn.prepare_cached("DELETE FROM runs WHERE id = ?1")?;
     for d in &doomed {
         stmt.execute([d.as_str()])?;
+        // A later run given this id must not take them.
+        purge_child_results(conn, d)?;
     }
     Ok(doomed.len() as u64)
 }

@@ -2,7 +2,9 @@
 
 use std::sync::Arc;
 
-use durable_core::{Delivery, NewRun, ParentLink, RunFilter, RunId, Store};
+use durable_core::{
+    BufferedKind, BufferedQuery, Delivery, NewRun, ParentLink, RunFilter, RunId, RunStatus, Store, protocol,
+};
 use serde_json::json;
 
 use super::fixtures::*;
@@ -86,4 +88,59 @@ pub async fn delete_missing_run_is_zero(store: Arc<dyn Store>) -> CaseResult {
     seed(s, "r", None).await?;
     assert_eq!(s.delete_run(&RunId::from("missing")).await?, 0);
     assert_kept(s, "r").await
+}
+
+/// The buffered child results (`child:<parent>:<seq>` tokens) whose parent is `parent`.
+async fn child_results_of(s: &dyn Store, parent: &str) -> CaseResult<Vec<String>> {
+    let query = BufferedQuery {
+        kind: Some(BufferedKind::Signal),
+        prefix: Some(format!("child:{parent}:")),
+        oldest_before: None,
+        limit: 100,
+    };
+    let keys = s.buffered(&query).await?.into_iter().map(|b| b.key);
+    Ok(keys.filter(|k| protocol::child_token_parent(k) == Some(parent)).collect())
+}
+
+/// A child's result never reaches another run given its parent's id: one sent to a parent
+/// that is gone, completed or cancelled is dropped (a failed parent's is kept, for its retry),
+/// and deleting a run deletes the results buffered for it — not those of a run whose id
+/// merely starts like it (`p:1`'s tokens start with `child:p:`).
+pub async fn child_results_never_reach_another_run_with_the_parents_id(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let token = |parent: &str, seq: u32| protocol::child_token(&RunId::from(parent), seq);
+    for id in ["p", "p:1", "done", "gone", "failed"] {
+        create(s, new_run(id)).await?;
+    }
+    // Buffered while the parent has not reached its join yet.
+    for (parent, seq) in [("p", 0), ("p:1", 0), ("failed", 0)] {
+        assert_eq!(s.send_signal(&token(parent, seq), json(json!(seq)), T0).await?, Delivery::Buffered);
+    }
+    drive(s, "done", &[RunStatus::Running, RunStatus::Completed]).await?;
+    drive(s, "gone", &[RunStatus::Running, RunStatus::Cancelled]).await?;
+    drive(s, "failed", &[RunStatus::Running, RunStatus::Failed]).await?;
+    assert_eq!(s.delete_run(&RunId::from("gone")).await?, 1);
+    for parent in ["done", "gone", "failed", "never"] {
+        assert_eq!(s.send_signal(&token(parent, 1), json(json!(1)), T0).await?, Delivery::Buffered, "{parent}");
+    }
+    assert_eq!(child_results_of(s, "done").await?, Vec::<String>::new(), "a completed parent's is dropped");
+    assert_eq!(child_results_of(s, "gone").await?, Vec::<String>::new(), "a deleted parent's is dropped");
+    assert_eq!(child_results_of(s, "never").await?, Vec::<String>::new(), "no parent: dropped");
+    assert_eq!(
+        child_results_of(s, "failed").await?,
+        strings(&["child:failed:0", "child:failed:1"]),
+        "kept for a retry"
+    );
+
+    drive(s, "p", &[RunStatus::Running, RunStatus::Cancelled]).await?;
+    assert_eq!(child_results_of(s, "p").await?, strings(&["child:p:0"]), "buffered before the cancel");
+    assert_eq!(s.delete_run(&RunId::from("p")).await?, 1);
+    assert_eq!(child_results_of(s, "p").await?, Vec::<String>::new(), "deleted with its parent");
+    assert_eq!(child_results_of(s, "p:1").await?, strings(&["child:p:1:0"]), "another parent's is kept");
+
+    // A new run with the deleted parent's id waits for its own child.
+    start(s, "p").await?;
+    register_wait(s, signal_wait("p", 0, &token("p", 0))).await?;
+    assert_eq!(waiter_seqs(s, "p").await?, [0], "the new run took a deleted run's child result");
+    Ok(())
 }
