@@ -172,10 +172,11 @@ impl Engine {
     /// it was delivered, which runs it started, whether it was a duplicate.
     ///
     /// Everything happens in one store write: the deliveries, the runs of matching triggers
-    /// (`evt:<workflow>:<dedupe id>`, or a fresh UUID without one), and the payload added to
-    /// every debounce or batch it feeds. With [`PublishOptions::dedupe`] the same id published
+    /// (one per trigger, `evt:<workflow>:<UUID>`), and the payload added to every debounce or
+    /// batch it feeds. With [`PublishOptions::dedupe`] the same `(event name, id)` published
     /// again — by any engine on the store, within the dedupe window — does nothing and comes
-    /// back with `duplicate: true`.
+    /// back with `duplicate: true`; past the window it is a new event, and starts its triggers'
+    /// runs again.
     ///
     /// A payload that does not decode into a triggered workflow's input (the element type
     /// for a batch) fails the publish with [`Error::InvalidInput`] naming the workflow, and
@@ -230,8 +231,11 @@ impl Engine {
             };
             match trigger.gather {
                 None => {
-                    let suffix = options.dedupe_id.clone().unwrap_or_else(|| uuid::Uuid::now_v7().to_string());
-                    let id = RunId::parse(&format!("evt:{workflow}:{suffix}"))?;
+                    // A fresh id for each trigger an event starts: a publish with a dedupe id
+                    // starts once per id and window by the store's record of the id (the same
+                    // write), and two triggers of a workflow, two event names or a window
+                    // passed are distinct starts.
+                    let id = RunId::parse(&format!("evt:{workflow}:{}", uuid::Uuid::now_v7()))?;
                     let admission = shared
                         .flow
                         .start_request(&workflow, &run.namespace, &id, &run.input, run.priority, now)

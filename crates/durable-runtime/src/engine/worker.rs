@@ -43,9 +43,9 @@ impl WorkflowOptions {
     /// [`WorkflowOptions::batch`] to gather events first; call `on_event` again for another
     /// event.
     ///
-    /// The run's id is `evt:<workflow>:<dedupe id>` when the publish has a dedupe id
-    /// ([`PublishOptions::dedupe`](crate::PublishOptions::dedupe)), so the same event
-    /// published twice starts one run.
+    /// The run's id is `evt:<workflow>:<UUID>`. A publish with a dedupe id
+    /// ([`PublishOptions::dedupe`](crate::PublishOptions::dedupe)) starts it once: the same
+    /// event published again within the dedupe window starts nothing.
     pub fn on_event(mut self, event: impl Into<String>, matcher: serde_json::Value) -> Self {
         self.triggers.push(EventTrigger { event: event.into(), matcher, gather: None, key_field: None });
         self
