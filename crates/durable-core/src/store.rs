@@ -966,8 +966,8 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// payload is appended to the token's FIFO buffer → `Buffered` — except a child's result
     /// (a [`protocol::child_token`](crate::protocol::child_token)) whose parent is gone or
     /// [final](RunStatus::is_final), which no wait can ever take: it is dropped, nothing
-    /// written → `Buffered` (kept, a later run given the parent's id would take it for its own
-    /// child's; a failed parent's is kept for its retry). Concurrent senders
+    /// written → `Buffered` (if it were kept, a later run given the parent's id would take it
+    /// for its own child's; a failed parent's is kept, for its retry). Concurrent senders
     /// and waiters: every payload is consumed exactly once. The same holds for the signals of
     /// a [`Commit`] and of a [`RunPatch`].
     async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery>;

@@ -486,3 +486,44 @@ async fn a_version_13_schema_gets_the_claim_count_with_its_runs() {
     assert_eq!(migrated, new);
     assert!(new.3.contains(&"claims bigint NO 0".to_string()), "{:?}", new.3);
 }
+
+/// Version 22 deletes the child results an older build buffered for parents no wait of which
+/// can take them (gone, completed or cancelled): a run given such a parent's id took them.
+/// Those of active or failed parents, and tokens that only look like a child's, are kept.
+#[tokio::test]
+async fn version_22_deletes_the_child_results_no_parent_can_take() {
+    let Some(url) = url_or_skip("version_22_deletes_the_child_results_no_parent_can_take") else { return };
+    let scratch = ScratchSchema::new(&url, "v21").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    for id in ["p", "p:1", "done", "cancelled", "failed"] {
+        store.create_run(new_run(id)).await.unwrap();
+    }
+    drop(store);
+    let admin = scratch.client().await.unwrap();
+    let s = format!("\"{}\"", scratch.name());
+    admin
+        .batch_execute(&format!(
+            "UPDATE {s}.runs SET status = 'completed' WHERE id = 'done';
+             UPDATE {s}.runs SET status = 'cancelled' WHERE id = 'cancelled';
+             UPDATE {s}.runs SET status = 'failed' WHERE id = 'failed';
+             INSERT INTO {s}.buffered_signals (token, payload, created_at) VALUES
+                 ('child:done:0', '1', 1), ('child:cancelled:3', '1', 1), ('child:gone:0', '1', 1),
+                 ('child:p:0', '1', 1), ('child:p:1:0', '1', 1), ('child:failed:2', '1', 1),
+                 ('child:p:1:x', '1', 1), ('child::4', '1', 1), ('approve', '1', 1);
+             DELETE FROM {s}.schema_version WHERE version >= 22;"
+        ))
+        .await
+        .unwrap();
+    drop(scratch.connect().await.unwrap());
+    let kept: Vec<String> = admin
+        .query(&format!("SELECT token FROM {s}.buffered_signals ORDER BY token COLLATE \"C\""), &[])
+        .await
+        .unwrap()
+        .iter()
+        .map(|r| r.get(0))
+        .collect();
+    assert_eq!(kept, ["approve", "child::4", "child:failed:2", "child:p:0", "child:p:1:0", "child:p:1:x"]);
+    let version: i32 =
+        admin.query_one(&format!("SELECT max(version) FROM {s}.schema_version"), &[]).await.unwrap().get(0);
+    assert_eq!(version, SCHEMA_VERSION as i32);
+}

@@ -13,7 +13,7 @@ use crate::options::SqliteOptions;
 /// The schema version this build writes and reads. Files with an older version are migrated
 /// forward when opened (unless `migrate(false)`: [`Error::SchemaTooOld`]); files with a newer
 /// one are refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 12;
+pub const SCHEMA_VERSION: u32 = 13;
 
 /// `PRAGMA application_id` of a durable database ("DURA"), so tools like `file(1)` and this
 /// crate can tell a durable file from another program's SQLite database.
@@ -396,6 +396,24 @@ CREATE INDEX runs_due ON runs (wake_at, id)
 -- Incremented by every claim_run that acquires the run. An engine that kept a suspended run's
 -- turn in memory resumes it only when its next claim finds the count one past its own last claim.
 ALTER TABLE runs ADD COLUMN claims INTEGER NOT NULL DEFAULT 0;
+",
+    },
+    Migration {
+        version: 13,
+        description: "the results buffered for parents that are gone, completed or cancelled are deleted (a run given \
+                      a deleted parent's id took them)",
+        sql: "
+-- From this version a child's result for such a parent is dropped, and deleting a run deletes
+-- its children's buffered results (ops::send_signal, ops::delete_run); these are the ones an
+-- older build left. A token `child:<parent>:<digits>`: rtrim drops the seq, leaving the `:`.
+DELETE FROM buffered_signals
+ WHERE token GLOB 'child:*'
+   AND length(token) > length(rtrim(token, '0123456789'))
+   AND substr(rtrim(token, '0123456789'), -1) = ':'
+   AND length(rtrim(token, '0123456789')) > 7
+   AND NOT EXISTS (SELECT 1 FROM runs r
+                    WHERE r.id = substr(token, 7, length(rtrim(token, '0123456789')) - 7)
+                      AND r.status NOT IN ('completed', 'cancelled'));
 ",
     },
 ];

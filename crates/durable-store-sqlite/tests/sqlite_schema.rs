@@ -524,7 +524,13 @@ fn slot_request(holder: &str, now: u64) -> durable_core::admission::SlotRequest 
 
 /// Takes a file back from version 12 to version 11: no claim count on the runs.
 fn undo_version_12(conn: &Connection) {
+    undo_version_13(conn);
     conn.execute_batch("ALTER TABLE runs DROP COLUMN claims; DELETE FROM durable_schema WHERE version = 12;").unwrap();
+}
+
+/// Takes a file back from version 13 to version 12: a data cleanup, so only the record.
+fn undo_version_13(conn: &Connection) {
+    conn.execute_batch("DELETE FROM durable_schema WHERE version = 13;").unwrap();
 }
 
 /// Takes a file back from version 11 to version 10: `runs_due` with its old `IN` list.
@@ -621,4 +627,38 @@ fn an_empty_or_in_memory_path_is_refused() {
         assert!(matches!(&e, Error::InvalidPath { path: p, .. } if p == Path::new(path)), "{e}");
         assert!(e.to_string().contains("give the path of a file"), "{e}");
     }
+}
+
+/// Version 13 deletes the child results an older build buffered for parents no wait of which
+/// can take them (gone, completed or cancelled): a run given such a parent's id took them.
+/// Those of active parents, and tokens that only look like a child's, are kept.
+#[test]
+fn version_13_deletes_the_child_results_no_parent_can_take() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("v12.db");
+    let store = SqliteStore::open(&path).unwrap();
+    for id in ["p", "p:1", "done", "cancelled", "failed"] {
+        block_on(store.create_run(new_run(id, 1))).unwrap();
+    }
+    drop(store);
+    let conn = Connection::open(&path).unwrap();
+    conn.execute_batch(
+        "UPDATE runs SET status = 'completed' WHERE id = 'done';
+         UPDATE runs SET status = 'cancelled' WHERE id = 'cancelled';
+         UPDATE runs SET status = 'failed' WHERE id = 'failed';
+         INSERT INTO buffered_signals (token, payload, created_at) VALUES
+             ('child:done:0', '1', 1), ('child:cancelled:3', '1', 1), ('child:gone:0', '1', 1),
+             ('child:p:0', '1', 1), ('child:p:1:0', '1', 1), ('child:failed:2', '1', 1),
+             ('child:p:1:x', '1', 1), ('child::4', '1', 1), ('approve', '1', 1);",
+    )
+    .unwrap();
+    undo_version_13(&conn);
+    drop(conn);
+    assert_eq!(versions(&path).last(), Some(&12));
+    drop(SqliteStore::open(&path).unwrap());
+    assert_eq!(versions(&path).last(), Some(&13));
+    let conn = Connection::open(&path).unwrap();
+    let mut stmt = conn.prepare("SELECT token FROM buffered_signals ORDER BY token").unwrap();
+    let kept: Vec<String> = stmt.query_map([], |r| r.get(0)).unwrap().collect::<Result<_, _>>().unwrap();
+    assert_eq!(kept, ["approve", "child::4", "child:failed:2", "child:p:0", "child:p:1:0", "child:p:1:x"]);
 }

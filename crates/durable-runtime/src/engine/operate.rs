@@ -92,7 +92,9 @@ impl Engine {
     }
 
     /// Deletes a run and its whole subtree (children, grandchildren, …) with their histories,
-    /// waiters and state. Returns how many runs were deleted (0: no such run).
+    /// waiters and state, and the results of their children buffered for them (a run started
+    /// later with one of their ids waits for its own children). Returns how many runs were
+    /// deleted (0: no such run).
     ///
     /// It deletes a run in any status, active ones too — there is no `--force` here: a turn
     /// executing the run stops when its next write finds the run gone, and its remote steps'

@@ -12,6 +12,8 @@
 --   still "buffered" (NULL).
 -- * `delete_run` deletes the buffered results of the removed runs' children too, after the runs
 --   (so a child's settle that committed first, under its row lock, is seen by the purge).
+-- * The results an older build buffered for parents that are gone, completed or cancelled are
+--   deleted now, by the same rule.
 --
 -- A template, like v1.sql: `__SCHEMA__` is replaced by the quoted schema name.
 
@@ -88,3 +90,10 @@ BEGIN
     RETURN jsonb_build_object('deleted', v_count);
 END
 $$;
+
+DELETE FROM __SCHEMA__.buffered_signals AS b
+ WHERE starts_with(b.token, 'child:')
+   AND substring(b.token FROM '^child:(.+):[0-9]+$') IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM __SCHEMA__.runs AS r
+                    WHERE r.id = substring(b.token FROM '^child:(.+):[0-9]+$')
+                      AND r.status NOT IN ('completed', 'cancelled'));
