@@ -64,11 +64,14 @@ impl RedisControlPlane {
     /// the deployment's [`RedisTransport`](crate::RedisTransport), typically). Fails when the
     /// URL does not parse or the server cannot be reached now.
     pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self, ControlError> {
-        let client = redis::Client::open(url).map_err(control_error)?;
+        let prefix = prefix.into();
+        crate::keys::check_prefix(&prefix).map_err(ControlError)?;
+        let failed = |e| ControlError(crate::keys::connect_error(url, e));
+        let client = redis::Client::open(url).map_err(failed)?;
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(RESPONSE_TIMEOUT))
             .await
-            .map_err(control_error)?;
-        let channel = Keys::new(prefix.into()).control();
+            .map_err(failed)?;
+        let channel = Keys::new(prefix).control();
         Ok(RedisControlPlane { inner: Arc::new(Inner { client, conn, channel, subscribers: Mutex::new(Vec::new()) }) })
     }
 

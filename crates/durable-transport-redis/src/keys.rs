@@ -3,6 +3,37 @@
 /// The consumer group every consumer of a run stream belongs to.
 pub(crate) const GROUP: &str = "durable";
 
+/// Why `prefix` cannot name a deployment's keys, if it cannot: an empty (or blank) one would
+/// put them at the top of the key space, beside everything else on the server.
+pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
+    let problem = if prefix.trim().is_empty() {
+        Some("it is empty")
+    } else if prefix.chars().any(char::is_control) {
+        Some("it contains a control character")
+    } else {
+        None
+    };
+    match problem {
+        Some(why) => Err(format!("invalid Redis prefix {prefix:?}: {why}; give each deployment a name of its own")),
+        None => Ok(()),
+    }
+}
+
+/// `url` as an error may show it: a password in it replaced by `***`.
+pub(crate) fn shown_url(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
+    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_string() };
+    match userinfo.split_once(':') {
+        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
+        None => url.to_string(),
+    }
+}
+
+/// What connecting to `url` failed with, naming the server.
+pub(crate) fn connect_error(url: &str, e: impl std::fmt::Display) -> String {
+    format!("could not connect to Redis at {}: {e}", shown_url(url))
+}
+
 /// Key names under one prefix.
 #[derive(Debug, Clone)]
 pub(crate) struct Keys {
@@ -75,6 +106,19 @@ impl Keys {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn blank_prefixes_are_refused_and_passwords_are_not_shown() {
+        for bad in ["", "  ", "a\nb"] {
+            assert!(check_prefix(bad).unwrap_err().starts_with("invalid Redis prefix"), "{bad:?}");
+        }
+        assert_eq!(check_prefix("prod:orders"), Ok(()));
+        assert_eq!(shown_url("redis://:s3cret@h:6379/0"), "redis://:***@h:6379/0");
+        assert_eq!(shown_url("redis://me:s3cret@h:6379"), "redis://me:***@h:6379");
+        assert_eq!(shown_url("redis://h:6379"), "redis://h:6379");
+        let e = connect_error("redis://:pw@h:1", "Connection refused");
+        assert_eq!(e, "could not connect to Redis at redis://:***@h:1: Connection refused");
+    }
 
     #[test]
     fn keys_are_under_the_prefix_and_do_not_collide() {

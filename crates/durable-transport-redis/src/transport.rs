@@ -87,14 +87,17 @@ impl RedisTransport {
     /// Fails when the URL does not parse or the server cannot be reached now; once connected,
     /// lost connections are re-established on their own.
     pub async fn connect(url: &str, prefix: impl Into<String>) -> Result<Self, TransportError> {
-        let client = redis::Client::open(url).map_err(unavailable)?;
+        let prefix = prefix.into();
+        crate::keys::check_prefix(&prefix).map_err(TransportError::Unavailable)?;
+        let failed = |e| TransportError::Unavailable(crate::keys::connect_error(url, e));
+        let client = redis::Client::open(url).map_err(failed)?;
         let conn = ConnectionManager::new_with_config(client.clone(), manager_config(RESPONSE_TIMEOUT))
             .await
-            .map_err(unavailable)?;
+            .map_err(failed)?;
         Ok(RedisTransport {
             client,
             conn,
-            keys: Keys::new(prefix.into()),
+            keys: Keys::new(prefix),
             redeliver_after: Duration::from_secs(60),
             claim_batch: 32,
             dedupe_window: Duration::from_secs(120),

@@ -509,3 +509,25 @@ async fn a_consumer_whose_connection_fails_resumes_by_itself_when_the_server_is_
     assert_eq!(seen.runs(), ["before", "during"]);
     direct.destroy().await.unwrap();
 }
+
+/// A server that cannot be reached is named in the error (its password hidden), and a blank
+/// prefix is refused before connecting; the control plane says the same. No server needed.
+#[tokio::test]
+async fn connect_errors_name_the_server_and_blank_prefixes_are_refused() {
+    use durable_transport_redis::RedisControlPlane;
+    let port = std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port();
+    let url = format!("redis://:hunter2@127.0.0.1:{port}/0");
+    let e = RedisTransport::connect(&url, "p").await.expect_err("nothing listens there").to_string();
+    assert!(e.contains(&format!("could not connect to Redis at redis://:***@127.0.0.1:{port}/0")), "{e}");
+    assert!(!e.contains("hunter2"), "{e}");
+    let e = RedisControlPlane::connect(&url, "p").await.expect_err("nothing listens there").to_string();
+    assert!(e.contains(&format!("127.0.0.1:{port}")) && !e.contains("hunter2"), "{e}");
+    for blank in ["", " "] {
+        let e = RedisTransport::connect(&url, blank).await.expect_err("blank prefix").to_string();
+        assert!(e.contains("invalid Redis prefix"), "{e}");
+        let e = RedisControlPlane::connect(&url, blank).await.expect_err("blank prefix").to_string();
+        assert!(e.contains("invalid Redis prefix"), "{e}");
+    }
+    let e = RedisTransport::connect("http://127.0.0.1:6379", "p").await.expect_err("not a Redis URL").to_string();
+    assert!(e.contains("could not connect to Redis at http://127.0.0.1:6379"), "{e}");
+}

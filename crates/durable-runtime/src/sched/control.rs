@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -51,6 +51,8 @@ pub(super) struct Control {
     dropped: AtomicU64,
     dropped_report: Mutex<Option<Instant>>,
     publish_report: Mutex<Option<Instant>>,
+    /// The last publish failed (its recovery is reported).
+    publish_failing: AtomicBool,
     /// Queues to nudge: `(namespace, task queue)`; `None` queue: the run queue.
     nudges: Mutex<BTreeSet<(Option<String>, Option<String>)>>,
     nudged: Notify,
@@ -89,6 +91,7 @@ impl Control {
             dropped: AtomicU64::new(0),
             dropped_report: Mutex::new(None),
             publish_report: Mutex::new(None),
+            publish_failing: AtomicBool::new(false),
             nudges: Mutex::new(BTreeSet::new()),
             nudged: Notify::new(),
             turns: Mutex::new(HashMap::new()),
@@ -370,10 +373,19 @@ impl Shared {
             return;
         }
         let n = messages.len();
-        if let Err(e) = self.control.plane.publish_all(messages).await
-            && due(&self.control.publish_report)
-        {
-            tracing::warn!(error = %e, "the control plane is failing: {n} {what} not published (reported at most once a minute)");
+        let failing = &self.control.publish_failing;
+        match self.control.plane.publish_all(messages).await {
+            Ok(()) => {
+                if failing.swap(false, Ordering::Relaxed) {
+                    tracing::info!("the control plane is working again");
+                }
+            }
+            Err(e) => {
+                failing.store(true, Ordering::Relaxed);
+                if due(&self.control.publish_report) {
+                    tracing::warn!(error = %e, "the control plane is failing: {n} {what} not published (reported at most once a minute)");
+                }
+            }
         }
     }
 }

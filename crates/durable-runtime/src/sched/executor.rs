@@ -360,7 +360,10 @@ impl Shared {
             };
             let (run, history, previous, recovered) = match claimed {
                 Ok(ClaimOutcome::Acquired { run, history, previous, recovered }) => (run, history, previous, recovered),
-                Ok(ClaimOutcome::NotFound) => return drop_warm(warm),
+                Ok(ClaimOutcome::NotFound) => {
+                    self.missing_run(id);
+                    return drop_warm(warm);
+                }
                 Ok(ClaimOutcome::Terminal(_)) => {
                     drop_warm(warm);
                     return self.notify_run(id);

@@ -26,6 +26,8 @@ pub(super) struct Fleet {
     outbox_full: Notify,
     consumer: Mutex<Option<Consumer>>,
     queue_failures: Mutex<QueueFailures>,
+    /// When a run the store does not have was last reported ([`Shared::missing_run`]).
+    missing_report: Mutex<Option<Instant>>,
 }
 
 impl Fleet {
@@ -37,6 +39,7 @@ impl Fleet {
             outbox_full: Notify::new(),
             consumer: Mutex::new(None),
             queue_failures: Mutex::new(QueueFailures::default()),
+            missing_report: Mutex::new(None),
         }
     }
 
@@ -183,7 +186,9 @@ impl Shared {
                     Ok(()) => {
                         // Consumers elsewhere look now (`ControlWakeups`), not at their next poll.
                         self.nudge(namespace.as_deref(), None);
-                        self.fleet.queue_failures.lock().down = false;
+                        if std::mem::take(&mut self.fleet.queue_failures.lock().down) {
+                            tracing::info!("the run queue is working again");
+                        }
                         self.metrics.batches.fetch_add(1, Ordering::Relaxed);
                         self.metrics.queued_runs.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     }
@@ -240,6 +245,33 @@ impl Shared {
                 let since = self.mark_of(&item.dedupe_key);
                 self.dispatch_as(item.run_id.clone(), Nudge::queued(true, since));
             }
+        }
+    }
+
+    /// A run to execute here is not in the store. Deleted meanwhile, usually; but with a run
+    /// queue it may be another deployment's, handed over because the two share the
+    /// transport's prefix (each then loses the other's items until its pollers find them, a
+    /// lease or a poll later): said at most once a minute.
+    pub(super) fn missing_run(&self, id: &RunId) {
+        if !self.fleet.has_queue() {
+            return;
+        }
+        let due = {
+            let mut last = self.fleet.missing_report.lock();
+            let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
+            if due {
+                *last = Some(Instant::now());
+            }
+            due
+        };
+        if due {
+            tracing::warn!(
+                run_id = %id,
+                "run {id} was handed to this engine but its store has no such run: deleted meanwhile, or \
+                 another deployment (another database or schema) shares this run queue (the transport's prefix or \
+                 stream), and the two take each other's runs; give each deployment its own (reported at most once \
+                 a minute)"
+            );
         }
     }
 
