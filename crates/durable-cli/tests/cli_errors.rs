@@ -87,18 +87,15 @@ fn an_older_database_is_refused_by_operator_commands_until_durable_migrate() {
     let db = default_db(dir.path());
     let dbs = path_str(&db);
     run_ok(dir.path(), &["demo", "--runs", "1", "--db", dbs]);
-    // Back to version 11, as a build before the claim count left it.
+    // Back to version 12, as a build before the cleanup of children's results left it.
     let version = |db: &std::path::Path| -> i64 {
         let conn = rusqlite::Connection::open(db).unwrap();
         conn.query_row("SELECT max(version) FROM durable_schema", [], |r| r.get(0)).unwrap()
     };
     let latest = version(&db);
-    assert_eq!(latest, 12, "this test undoes migration 12 (the claims column): make it undo the new last one");
+    assert_eq!(latest, 13, "this test undoes migration 13 (a data cleanup): make it undo the new last one");
     let conn = rusqlite::Connection::open(&db).unwrap();
-    conn.execute_batch(&format!(
-        "ALTER TABLE runs DROP COLUMN claims; DELETE FROM durable_schema WHERE version = {latest};"
-    ))
-    .unwrap();
+    conn.execute_batch(&format!("DELETE FROM durable_schema WHERE version = {latest};")).unwrap();
     drop(conn);
     for args in operator_commands(dbs) {
         let err = run_bad(dir.path(), &args, &format!("older than version {latest} of this build"));

@@ -114,14 +114,15 @@ pub async fn assert_replayable_dir(register: impl FnOnce(&Engine), dir: impl AsR
     let mut replayed = Vec::new();
     let mut failures = String::new();
     for path in files {
+        // A file that does not load says so naming its path already.
         let outcome = match read_export(&path) {
-            Ok(history) => engine.check_replay(&history).await.map_err(|e| e.to_string()),
+            Ok(history) => engine.check_replay(&history).await.map_err(|e| format!("{}: {e}", path.display())),
             Err(e) => Err(e),
         };
         match outcome {
             Ok(r) => replayed.push((path, r)),
             Err(e) => {
-                let _ = writeln!(failures, "  {}: {e}", path.display());
+                let _ = writeln!(failures, "  {e}");
             }
         }
     }

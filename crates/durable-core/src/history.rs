@@ -61,7 +61,9 @@ impl fmt::Display for NonDeterminism {
         write!(
             f,
             "run {}: non-determinism at seq {}: the workflow code asked for {} {:?} but history recorded {} {:?}; \
-             the body changed under a running run — register the change as a new version, or guard it with ctx.patched(..)",
+             the body changed under a running run — register the change as a new version, or guard it with ctx.patched(..); \
+             or the body is not deterministic (it decides by random numbers, the clock or a HashMap's order: use \
+             ctx.random_u64(), ctx.now() and ordered maps)",
             self.run_id, self.seq, self.expected.1, self.expected.0, self.recorded.1, self.recorded.0
         )
     }

@@ -548,6 +548,7 @@ async fn a_directory_of_exports_is_checked_file_by_file_and_every_failure_is_lis
     let message = panicked.downcast_ref::<String>().expect("a message");
     assert!(message.contains("a-good.json: run order:42: non-determinism at seq 0"), "{message}");
     assert!(message.contains("b-newer.json: this history export has format 7"), "{message}");
+    assert_eq!(message.matches("b-newer.json").count(), 1, "the path once: {message}");
 
     // An empty directory (a mistyped path) does not pass.
     let empty = tempfile::tempdir().unwrap();

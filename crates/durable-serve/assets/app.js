@@ -405,9 +405,11 @@ async function runsPage(view, params) {
       empty),
     paging);
 
-  // Live: rows on the page change in place; new runs that match appear on the first page.
+  // Live: rows on the page change in place (the stream follows them by id, however old);
+  // new runs that match appear on the first page.
   const stream = new URLSearchParams();
   if (filters.workflow) stream.set('workflow', filters.workflow);
+  if (page.runs.length) stream.set('runs', JSON.stringify(page.runs.map((r) => r.id)));
   follow(view, stream.toString(), (run) => {
     const rows = [...tbody.rows];
     const old = rows.find((r) => r.dataset.runId === run.id);

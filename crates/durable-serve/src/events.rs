@@ -1,5 +1,7 @@
 //! `GET /api/events`: a server-sent event stream of the runs of one view that appear or
-//! change (`run`, data: the run), or are deleted (`deleted`, data: `{"id": ...}`).
+//! change (`run`, data: the run), or are deleted (`deleted`, data: `{"id": ...}`). A view is one
+//! run (`run`), or the newest 500 runs of a filter together with the runs `runs` names (a
+//! page the client shows, however old).
 //!
 //! Each connection polls its view every [`ServeConfig::poll`](crate::ServeConfig::poll), and
 //! at once when its engine's subscription reports an event (the other engines' events arrive
@@ -33,8 +35,21 @@ const HEARTBEAT: Duration = Duration::from_secs(15);
 enum View {
     /// One run.
     Run(RunId),
-    /// The newest runs matching a filter (at most [`MAX_LIMIT`]).
-    Filter(RunFilter),
+    /// The newest runs matching a filter (at most [`MAX_LIMIT`]), and the runs named by the
+    /// `runs` parameter wherever they are (a page of older runs, which the filter's newest
+    /// would miss).
+    Filter(RunFilter, Vec<RunId>),
+}
+
+/// `runs=["a","b"]`: a JSON array of at most [`MAX_LIMIT`] run ids (ids may hold commas).
+fn parse_runs(params: &Params) -> Result<Vec<RunId>> {
+    let Some(text) = params.get("runs") else { return Ok(Vec::new()) };
+    let ids: Vec<String> = serde_json::from_str(text)
+        .map_err(|e| ApiError::bad_request(format!("runs must be a JSON array of run ids: {e}")))?;
+    if ids.len() > MAX_LIMIT {
+        return Err(ApiError::bad_request(format!("runs names {} runs; at most {MAX_LIMIT}", ids.len())));
+    }
+    ids.iter().map(|id| parse_run_id(id)).collect()
 }
 
 /// One connection's state.
@@ -55,11 +70,11 @@ pub(crate) async fn events(
     params: Params,
 ) -> Result<Sse<impl Stream<Item = std::result::Result<Event, Infallible>>>> {
     let mut known = FILTER_PARAMS.to_vec();
-    known.extend(["run", "access_token"]);
+    known.extend(["run", "runs", "access_token"]);
     params.only(&known)?;
     let view = match params.get("run") {
         Some(id) => View::Run(parse_run_id(id)?),
-        None => View::Filter(RunFilter { limit: MAX_LIMIT, ..parse_filter(&params)? }),
+        None => View::Filter(RunFilter { limit: MAX_LIMIT, ..parse_filter(&params)? }, parse_runs(&params)?),
     };
     let events = Some(state.engine.subscribe());
     let mut poll = tokio::time::interval_at(Instant::now() + state.config.poll, state.config.poll);
@@ -109,7 +124,15 @@ impl Watch {
     async fn refresh(&mut self) -> std::result::Result<(), ApiError> {
         let runs: Vec<Run> = match &self.view {
             View::Run(id) => self.engine.get_run(id).await?.into_iter().collect(),
-            View::Filter(filter) => self.engine.list_runs(filter).await?.runs,
+            View::Filter(filter, named) => {
+                let mut runs = self.engine.list_runs(filter).await?.runs;
+                let listed: std::collections::HashSet<RunId> = runs.iter().map(|r| r.id.clone()).collect();
+                let rest: Vec<RunId> = named.iter().filter(|id| !listed.contains(*id)).cloned().collect();
+                if !rest.is_empty() {
+                    runs.extend(self.engine.store().get_runs(&rest).await?);
+                }
+                runs
+            }
         };
         // Runs that left the view (their status changed, or newer runs pushed them off the
         // page): read once more, and sent if they changed, so a client sees what took them away;

@@ -9,7 +9,7 @@
 //! GET    /api/runs/{id}/history      its checkpoints as stored
 //! GET    /api/workflows              workflows and their runs by status
 //! GET    /api/schedules | /api/queues | /api/workers
-//! GET    /api/events?status=&workflow=&run=   server-sent events: `run` when a run appears or changes
+//! GET    /api/events?status=&workflow=&runs=&run=   server-sent events: `run` when a run appears or changes
 //! GET    /api/openapi.json           the OpenAPI 3.1 document of all of it
 //! GET    /metrics                    Prometheus text
 //! GET    /healthz                    {"ok": true}

@@ -35,6 +35,11 @@ pub(crate) fn document() -> Value {
         q("workflow", "Workflow name.", json!({"type": "string"})),
         q("run", "Only this run.", json!({"type": "string"})),
         q(
+            "runs",
+            "A JSON array of at most 500 run ids followed besides the filter's newest 500 runs (the page a client shows).",
+            json!({"type": "string"}),
+        ),
+        q(
             "access_token",
             "The bearer token, for clients that cannot set headers (EventSource), when reads are protected.",
             json!({"type": "string"}),

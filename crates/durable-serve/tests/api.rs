@@ -262,6 +262,8 @@ async fn every_endpoint(store: Arc<dyn Store>) {
         ("GET", "/api/runs/a%0Ab", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/nothing", None, StatusCode::NOT_FOUND, "not_found"),
         ("GET", "/api/events?status=done", None, StatusCode::BAD_REQUEST, "bad_request"),
+        ("GET", "/api/events?runs=ok-3", None, StatusCode::BAD_REQUEST, "bad_request"),
+        ("GET", "/api/events?runs=%5B%22a%0Ab%22%5D", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/runs/nope/retry", Some(json!({})), StatusCode::NOT_FOUND, "not_found"),
         ("POST", "/api/runs/ok-3/cancel", Some(json!({"compensate": "yes"})), StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/runs/ok-3/cancel", Some(json!([1])), StatusCode::BAD_REQUEST, "bad_request"),
@@ -469,11 +471,49 @@ fn the_openapi_document_matches_the_routes() {
     assert_eq!(documented, served);
 }
 
+/// Opens `GET /api/events?<query>` on a real TCP connection and reads past the response's
+/// headers: the view was read before they were sent.
+async fn open_events(
+    addr: std::net::SocketAddr,
+    query: &str,
+) -> tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>> {
+    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    let request = format!("GET /api/events?{query} HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut lines = BufReader::new(stream).lines();
+    loop {
+        let line = lines.next_line().await.unwrap().unwrap();
+        if line.is_empty() {
+            return lines;
+        }
+    }
+}
+
+/// The next event of a stream [`open_events`] opened: its kind and data.
+async fn next_event(lines: &mut tokio::io::Lines<tokio::io::BufReader<tokio::net::TcpStream>>) -> (String, Value) {
+    tokio::time::timeout(Duration::from_secs(30), async {
+        let mut kind = String::new();
+        loop {
+            let line = lines.next_line().await.unwrap().unwrap();
+            if let Some(k) = line.strip_prefix("event: ") {
+                kind = k.to_string();
+            }
+            if let Some(data) = line.strip_prefix("data: ") {
+                return (kind.clone(), serde_json::from_str::<Value>(data).unwrap());
+            }
+        }
+    })
+    .await
+    .expect("an event arrives")
+}
+
 /// A run that changes status produces a `run` event on a connected stream (a real TCP
-/// connection), at once through the engine's subscription; a run deleted, a `deleted` event.
+/// connection), at once through the engine's subscription, whether the stream follows the run
+/// itself or names it in `runs` beside a filter it does not match (a dashboard page of runs
+/// older than the filter's newest 500); a run deleted, a `deleted` event.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_event_stream_sends_a_run_that_changes() {
-    use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
     let dir = tempfile::tempdir().unwrap();
     let store: Arc<dyn Store> = Arc::new(durable::SqliteStore::open(dir.path().join("e.db")).unwrap());
     let env = Env::new(store);
@@ -487,41 +527,21 @@ async fn the_event_stream_sends_a_run_that_changes() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(durable_serve::serve(listener, app, std::future::pending()));
 
-    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
-    stream.write_all(b"GET /api/events?run=ev HTTP/1.1\r\nhost: x\r\naccept: text/event-stream\r\n\r\n").await.unwrap();
-    let mut lines = BufReader::new(stream).lines();
-    // The headers: the view was read before they were sent.
-    loop {
-        let line = lines.next_line().await.unwrap().unwrap();
-        if line.is_empty() {
-            break;
-        }
-    }
+    let mut run_view = open_events(addr, "run=ev").await;
+    let mut named_view = open_events(addr, "workflow=other&runs=%5B%22ev%22%5D").await;
     env.post("/api/runs/ev/cancel", json!({})).await;
-    let mut next_event = async || {
-        tokio::time::timeout(Duration::from_secs(30), async {
-            let mut kind = String::new();
-            loop {
-                let line = lines.next_line().await.unwrap().unwrap();
-                if let Some(k) = line.strip_prefix("event: ") {
-                    kind = k.to_string();
-                }
-                if let Some(data) = line.strip_prefix("data: ") {
-                    return (kind.clone(), serde_json::from_str::<Value>(data).unwrap());
-                }
-            }
-        })
-        .await
-        .expect("an event arrives")
-    };
-    let event = next_event().await;
-    assert_eq!(event.0, "run");
-    assert_eq!(event.1["id"], "ev");
-    assert_eq!(event.1["status"], "cancelled");
+    for lines in [&mut run_view, &mut named_view] {
+        let event = next_event(lines).await;
+        assert_eq!(event.0, "run");
+        assert_eq!(event.1["id"], "ev");
+        assert_eq!(event.1["status"], "cancelled");
+    }
     // Deleted: a `deleted` event names it, at once (the engine's `RunDeleted`).
     let (status, _) = env.call("DELETE", "/api/runs/ev", None, true).await;
     assert_eq!(status, StatusCode::OK);
-    assert_eq!(next_event().await, ("deleted".to_string(), json!({ "id": "ev" })));
+    for lines in [&mut run_view, &mut named_view] {
+        assert_eq!(next_event(lines).await, ("deleted".to_string(), json!({ "id": "ev" })));
+    }
     server.abort();
     env.shutdown().await;
 }

@@ -1071,7 +1071,8 @@ async fn a_changed_workflow_fails_the_replay_of_its_exports() {
         err.to_string(),
         "run sleep: non-determinism at seq 0: the workflow code asked for sleep \"sleep\" but history recorded step \
          \"before\"; the body changed under a running run — register the change as a new version, or guard it with \
-         ctx.patched(..)"
+         ctx.patched(..); or the body is not deterministic (it decides by random numbers, the clock or a HashMap's \
+         order: use ctx.random_u64(), ctx.now() and ordered maps)"
     );
 }
 

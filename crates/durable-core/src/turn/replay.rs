@@ -135,7 +135,8 @@ impl fmt::Display for ReplayMismatch {
                 f,
                 "run {run_id}: the workflow code finished without asking for {} {:?}, which history recorded at seq {seq}; \
                  the body changed under a running run — register the change as a new version, or guard it with \
-                 ctx.patched(..)",
+                 ctx.patched(..); or the body is not deterministic (it decides by random numbers, the clock or a \
+                 HashMap's order: use ctx.random_u64(), ctx.now() and ordered maps)",
                 recorded.1, recorded.0
             ),
             ReplayMismatch::End { run_id, recorded, replayed } => write!(
