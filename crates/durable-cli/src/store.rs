@@ -59,9 +59,10 @@ impl StoreArgs {
     fn postgres_options(&self, access: Access) -> PostgresOptions {
         let options = PostgresOptions::new().schema(&self.schema).application_name("durable-cli");
         match access {
-            // One short-lived command: two connections are plenty (the writer and a reader).
-            Access::Existing => options.create_if_missing(false).migrate(false).pool_size(2),
-            Access::Migrate => options.create_if_missing(false).pool_size(2),
+            // One short-lived command (or `durable serve`): two connections are plenty, the
+            // writer's one batch at a time and a reader.
+            Access::Existing => options.create_if_missing(false).migrate(false).pool_size(2).write_connections(1),
+            Access::Migrate => options.create_if_missing(false).pool_size(2).write_connections(1),
             Access::CreateIfMissing => options.pool_size(8),
         }
     }

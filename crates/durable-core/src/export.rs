@@ -165,7 +165,7 @@ impl HistoryExport {
         if probe.format > FORMAT {
             return Err(ExportError::NewerFormat {
                 format: probe.format,
-                written_by: probe.durable_version.unwrap_or_else(|| "of an unknown version".into()),
+                written_by: probe.durable_version.unwrap_or_else(|| "(version unknown)".into()),
             });
         }
         let export: HistoryExport = serde_json::from_str(text).map_err(|source| ExportError::Json { source })?;

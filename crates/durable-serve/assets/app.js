@@ -405,11 +405,16 @@ async function runsPage(view, params) {
       empty),
     paging);
 
-  // Live: rows on the page change in place (the stream follows them by id, however old);
-  // new runs that match appear on the first page.
+  // Live: rows on the page change in place; new runs that match appear on the first page. The
+  // stream follows the newest runs of the workflow, and on a later page (older runs, maybe past
+  // those) the page's rows by id too, as many as fit a request line proxies accept.
   const stream = new URLSearchParams();
   if (filters.workflow) stream.set('workflow', filters.workflow);
-  if (page.runs.length) stream.set('runs', JSON.stringify(page.runs.map((r) => r.id)));
+  if (cursor && page.runs.length) {
+    const ids = page.runs.map((r) => r.id);
+    while (ids.length && encodeURIComponent(JSON.stringify(ids)).length > 6000) ids.pop();
+    if (ids.length) stream.set('runs', JSON.stringify(ids));
+  }
   follow(view, stream.toString(), (run) => {
     const rows = [...tbody.rows];
     const old = rows.find((r) => r.dataset.runId === run.id);

@@ -69,9 +69,10 @@ impl PostgresOptions {
         self
     }
 
-    /// Sets the largest number of connections the store opens (default 16, at least 2: each of
-    /// the two writers — everything else, and the run queue — holds one while a batch is in
-    /// flight; reads and queue claims use the others). Ignored by
+    /// Sets the largest number of connections the store opens (default 16, at least 2). Each of
+    /// the two writers — everything else, and the run queue — holds one per batch in flight
+    /// (up to [`PostgresOptions::write_connections`] each); reads and queue claims use the
+    /// others, and wait for one when all are taken. Ignored by
     /// [`PostgresStore::from_pool`](crate::PostgresStore::from_pool), whose pool is already sized.
     pub fn pool_size(mut self, size: usize) -> Self {
         self.pool_size = size.max(2);

@@ -19,14 +19,26 @@ pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
     }
 }
 
-/// `url` as an error may show it: a password in it replaced by `***`.
+/// `url` as an error may show it: a password in it (the user info's, or the `pass` or
+/// `password` of a socket URL's query) replaced by `***`; one that does not parse as
+/// `scheme://…` is not shown at all (`user:secret@host` reads as a scheme and a path).
 pub(crate) fn shown_url(url: &str) -> String {
-    let Some((scheme, rest)) = url.split_once("://") else { return url.to_string() };
-    let Some((userinfo, host)) = rest.rsplit_once('@') else { return url.to_string() };
-    match userinfo.split_once(':') {
-        Some((user, _password)) => format!("{scheme}://{user}:***@{host}"),
-        None => url.to_string(),
+    let parsed = url::Url::parse(url).ok().filter(|u| !u.cannot_be_a_base());
+    let Some(mut parsed) = parsed else { return "a URL that does not parse".into() };
+    if parsed.password().is_some() {
+        let _ = parsed.set_password(Some("***"));
     }
+    if parsed.query_pairs().any(|(k, _)| k == "pass" || k == "password") {
+        let pairs: Vec<(String, String)> = parsed
+            .query_pairs()
+            .map(|(k, v)| {
+                let v = if k == "pass" || k == "password" { "***".to_string() } else { v.into_owned() };
+                (k.into_owned(), v)
+            })
+            .collect();
+        parsed.query_pairs_mut().clear().extend_pairs(pairs);
+    }
+    parsed.to_string()
 }
 
 /// What connecting to `url` failed with, naming the server.
@@ -116,6 +128,12 @@ mod tests {
         assert_eq!(shown_url("redis://:s3cret@h:6379/0"), "redis://:***@h:6379/0");
         assert_eq!(shown_url("redis://me:s3cret@h:6379"), "redis://me:***@h:6379");
         assert_eq!(shown_url("redis://h:6379"), "redis://h:6379");
+        assert_eq!(shown_url("redis://u:p%40ss@word@h:6379"), "redis://u:***@h:6379");
+        assert_eq!(
+            shown_url("redis+unix:///run/redis.sock?db=1&pass=s3cret"),
+            "redis+unix:///run/redis.sock?db=1&pass=***"
+        );
+        assert_eq!(shown_url("default:s3cret@redis:6379"), "a URL that does not parse");
         let e = connect_error("redis://:pw@h:1", "Connection refused");
         assert_eq!(e, "could not connect to Redis at redis://:***@h:1: Connection refused");
     }

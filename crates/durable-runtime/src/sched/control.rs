@@ -11,7 +11,7 @@
 
 use std::collections::{BTreeSet, HashMap};
 use std::future::Future;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -51,8 +51,8 @@ pub(super) struct Control {
     dropped: AtomicU64,
     dropped_report: Mutex<Option<Instant>>,
     publish_report: Mutex<Option<Instant>>,
-    /// The last publish failed (its recovery is reported).
-    publish_failing: AtomicBool,
+    /// The kinds of messages whose last publish failed (each one's recovery is reported).
+    publish_failing: Mutex<BTreeSet<String>>,
     /// Queues to nudge: `(namespace, task queue)`; `None` queue: the run queue.
     nudges: Mutex<BTreeSet<(Option<String>, Option<String>)>>,
     nudged: Notify,
@@ -91,7 +91,7 @@ impl Control {
             dropped: AtomicU64::new(0),
             dropped_report: Mutex::new(None),
             publish_report: Mutex::new(None),
-            publish_failing: AtomicBool::new(false),
+            publish_failing: Mutex::new(BTreeSet::new()),
             nudges: Mutex::new(BTreeSet::new()),
             nudged: Notify::new(),
             turns: Mutex::new(HashMap::new()),
@@ -373,15 +373,14 @@ impl Shared {
             return;
         }
         let n = messages.len();
-        let failing = &self.control.publish_failing;
         match self.control.plane.publish_all(messages).await {
             Ok(()) => {
-                if failing.swap(false, Ordering::Relaxed) {
-                    tracing::info!("the control plane is working again");
+                if self.control.publish_failing.lock().remove(what) {
+                    tracing::info!("the control plane is working again: {what} are published");
                 }
             }
             Err(e) => {
-                failing.store(true, Ordering::Relaxed);
+                self.control.publish_failing.lock().insert(what.to_string());
                 if due(&self.control.publish_report) {
                     tracing::warn!(error = %e, "the control plane is failing: {n} {what} not published (reported at most once a minute)");
                 }

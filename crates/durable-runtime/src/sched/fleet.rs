@@ -180,21 +180,27 @@ impl Shared {
         for item in items {
             groups.entry(item.namespace.clone()).or_default().push(item);
         }
+        let mut failed = false;
         for (namespace, group) in groups {
             for chunk in group.chunks(self.config.dispatch_batch.max(1)) {
                 match transport.dispatch_runs(namespace.as_deref(), chunk.to_vec()).await {
                     Ok(()) => {
                         // Consumers elsewhere look now (`ControlWakeups`), not at their next poll.
                         self.nudge(namespace.as_deref(), None);
-                        if std::mem::take(&mut self.fleet.queue_failures.lock().down) {
-                            tracing::info!("the run queue is working again");
-                        }
                         self.metrics.batches.fetch_add(1, Ordering::Relaxed);
                         self.metrics.queued_runs.fetch_add(chunk.len() as u64, Ordering::Relaxed);
                     }
-                    Err(e) => self.queue_failed(chunk, &e),
+                    Err(e) => {
+                        failed = true;
+                        self.queue_failed(chunk, &e);
+                    }
                 }
             }
+        }
+        // Up again once a whole flush went through (one namespace's sends may keep failing
+        // while another's pass).
+        if !failed && std::mem::take(&mut self.fleet.queue_failures.lock().down) {
+            tracing::info!("the run queue is working again");
         }
     }
 

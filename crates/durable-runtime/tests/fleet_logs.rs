@@ -1,0 +1,130 @@
+//! The operator's log lines about a run queue: a run handed over that the store does not have,
+//! and a queue that works again. Each test reads what its own subscriber (a thread-local default
+//! on a current-thread runtime, where the engine's tasks run) logged. In a binary of their own:
+//! tracing caches whether a call site is enabled, and a test elsewhere in the binary logging
+//! the same line with no subscriber could make the cache say "never" for it.
+
+use std::sync::Arc;
+
+use async_trait::async_trait;
+use durable_conformance::test_config;
+use durable_core::{QueueReason, RunId};
+use durable_runtime::{Engine, StartOptions, WorkflowCtx, WorkflowError};
+use durable_store_memory::MemoryStore;
+use durable_transport::{Consumer, Handled, QueuedRun, RunHandler, Transport, TransportError};
+
+/// Logs into a buffer from here on (this thread), and makes every call site look again.
+fn capture() -> (Logged, tracing::subscriber::DefaultGuard) {
+    let logged = Logged::default();
+    let writer = logged.clone();
+    let subscriber = tracing_subscriber::fmt().with_ansi(false).with_writer(move || writer.clone()).finish();
+    let guard = tracing::subscriber::set_default(subscriber);
+    tracing::callsite::rebuild_interest_cache();
+    (logged, guard)
+}
+
+/// A run queue that hands its consumer one item for a run no store has (another deployment's,
+/// sharing the queue) and reports what the engine did with it.
+#[derive(Debug)]
+struct GhostTransport(parking_lot::Mutex<Option<tokio::sync::oneshot::Sender<Handled>>>);
+
+#[async_trait]
+impl Transport for GhostTransport {
+    async fn dispatch_runs(&self, _: Option<&str>, _: Vec<QueuedRun>) -> Result<(), TransportError> {
+        Ok(())
+    }
+
+    fn consume_runs(&self, _: Option<String>, _: usize, handler: Arc<dyn RunHandler>) -> Consumer {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        let done = self.0.lock().take();
+        Consumer::new(
+            stop,
+            tokio::spawn(async move {
+                let ghost = QueuedRun {
+                    id: 1,
+                    run_id: RunId::from("ghost"),
+                    reason: QueueReason::Start,
+                    namespace: None,
+                    priority: 0,
+                    dedupe_key: "start:ghost:0".into(),
+                };
+                let handled = handler.handle(ghost).await;
+                if let Some(done) = done {
+                    let _ = done.send(handled);
+                }
+                drop(stopped.wait_for(|s| *s).await);
+            }),
+        )
+    }
+}
+
+/// What a test's subscriber logged.
+#[derive(Clone, Default)]
+struct Logged(Arc<parking_lot::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Logged {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// A run the transport hands over that the store does not have (two deployments sharing a
+/// broker prefix) is logged as such, naming the run and what to check.
+#[tokio::test]
+async fn a_run_handed_over_that_the_store_does_not_have_is_reported() {
+    let (logged, _log) = capture();
+    let (done, handled) = tokio::sync::oneshot::channel();
+    let ghost = GhostTransport(parking_lot::Mutex::new(Some(done)));
+    let engine = Engine::builder().store(MemoryStore::new()).transport(ghost).config(test_config()).build().unwrap();
+    assert_eq!(handled.await.unwrap(), Handled::Done);
+    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
+    assert!(
+        text.contains("WARN") && text.contains("run ghost was handed to this engine but its store has no such run"),
+        "{text}"
+    );
+    assert!(text.contains("shares this run queue"), "{text}");
+    engine.shutdown().await;
+}
+
+/// A run queue down for its first send only; it tells the test of each send.
+#[derive(Debug)]
+struct BackTransport(tokio::sync::mpsc::UnboundedSender<usize>, std::sync::atomic::AtomicUsize);
+
+#[async_trait]
+impl Transport for BackTransport {
+    async fn dispatch_runs(&self, _: Option<&str>, _: Vec<QueuedRun>) -> Result<(), TransportError> {
+        let n = self.1.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        let _ = self.0.send(n);
+        if n == 0 { Err(TransportError::Unavailable("broker unreachable".into())) } else { Ok(()) }
+    }
+
+    fn consume_runs(&self, _: Option<String>, _: usize, _: Arc<dyn RunHandler>) -> Consumer {
+        let (stop, mut stopped) = tokio::sync::watch::channel(false);
+        Consumer::new(stop, tokio::spawn(async move { drop(stopped.wait_for(|s| *s).await) }))
+    }
+}
+
+/// A run queue that failed and works again is said to, once: an operator who read the
+/// failure learns it is over.
+#[tokio::test]
+async fn a_queue_that_works_again_is_reported() {
+    let (logged, _log) = capture();
+    let (sent, mut sends) = tokio::sync::mpsc::unbounded_channel();
+    let back = BackTransport(sent, std::sync::atomic::AtomicUsize::new(0));
+    let engine = Engine::builder().store(MemoryStore::new()).transport(back).config(test_config()).build().unwrap();
+    engine.register("nap", 1, |_: WorkflowCtx, i: u64| async move { Ok::<_, WorkflowError>(i) });
+    // Each start is one send; the flusher finishes one (and logs) before it makes the next.
+    for i in 0..3u64 {
+        engine.start("nap", &i, StartOptions::id(format!("back-{i}"))).await.unwrap();
+        assert_eq!(sends.recv().await, Some(i as usize));
+    }
+    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
+    assert_eq!(text.matches("the run queue is failing").count(), 1, "{text}");
+    assert_eq!(text.matches("the run queue is working again").count(), 1, "{text}");
+    engine.shutdown().await;
+}
