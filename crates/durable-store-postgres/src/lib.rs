@@ -12,7 +12,7 @@
 //!   every write waiting at that moment (up to [`PostgresOptions::max_batch`]) into one
 //!   transaction, and pipelines `BEGIN`, the batch and `COMMIT` on one connection: one network
 //!   round trip and one WAL flush for the whole batch, answered only after `COMMIT` succeeded.
-//!   Up to [`PostgresOptions::write_connections`] batches are in flight at once (2). A bulk
+//!   One batch is in flight at a time, or up to [`PostgresOptions::write_connections`]. A bulk
 //!   create ([`Store::create_runs`]) is one group of operations the writer never splits: one
 //!   transaction, one round trip. [`PostgresStore::stats`] counts them. Reads are one query each, on the pool.
 //! - **One lock order per batch.** Before its first operation runs, a batch takes every advisory

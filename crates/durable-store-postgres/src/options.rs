@@ -45,7 +45,7 @@ impl Default for PostgresOptions {
             acquire_timeout: Duration::from_secs(30),
             application_name: None,
             max_batch: 256,
-            write_connections: 2,
+            write_connections: 1,
             notify_channel: None,
             create_if_missing: true,
             migrate: true,
@@ -56,7 +56,7 @@ impl Default for PostgresOptions {
 impl PostgresOptions {
     /// The defaults: schema `durable`, 16 pooled connections, a 30 s statement timeout, a 10 s
     /// connect timeout, a 30 s wait for a pooled connection, application name `durable` (unless
-    /// the URL sets one), batches of at most 256 writes, two batches in flight at once, no NOTIFY.
+    /// the URL sets one), batches of at most 256 writes, one batch at a time, no NOTIFY.
     pub fn new() -> Self {
         Self::default()
     }
@@ -120,11 +120,12 @@ impl PostgresOptions {
     }
 
     /// Sets how many write batches may be in flight at once, each on its own pooled
-    /// connection (default 2, at least 1). More lets the server work on several batches in
-    /// parallel, and one batch fill while another waits for its commit to be flushed: on a
-    /// 2-core machine two measured faster than one on every workload of `cargo xtask bench`
-    /// (signals +28%, fan-out +15%, `chain` with three processes +10%). 1 writes strictly one
-    /// batch after the other. Batches in flight together are separate transactions; each takes its locks
+    /// connection (default 1, at least 1). More lets the server work on several batches in
+    /// parallel, and one batch fill while another waits for its commit to be flushed. Measured
+    /// with `cargo xtask bench` against a server on the same 2-core machine, 2 against 1: one
+    /// busy process gains (signals +50%, fan-out +15%, `chain` +20%), but three processes
+    /// sharing the server lose 20% on `chain` (six batches in flight for two cores). Try 2 for
+    /// a process that writes much, on a server with cores to spare. Batches in flight together are separate transactions; each takes its locks
     /// in one global order before its first operation (every advisory key of its signal
     /// tokens, event names and waits, ascending, then the rows of the runs it wakes, in id
     /// order), so batches touching the same runs and tokens (children waking their parents in

@@ -1,8 +1,8 @@
-//! The writer task: group commit over pooled connections (two batches in flight by default).
+//! The writer task: group commit over pooled connections (one batch in flight by default).
 //!
 //! Every write of the store is queued here as one JSON operation (a bulk create as a group
 //! of them, which always travels in one batch, so it is one transaction). Once one of its
-//! `write_connections` (default 2) is free, the writer takes every operation waiting at that
+//! `write_connections` (default 1) is free, the writer takes every operation waiting at that
 //! moment (up to `max_batch`), and sends them in one pipelined flight on one connection —
 //! `BEGIN`, `SELECT apply($ops)`, `COMMIT` — so a batch costs one network round trip and one
 //! WAL flush however many commits it carries, and the server works on up to that many batches
