@@ -100,10 +100,10 @@ impl RunStatus {
         matches!(self, RunStatus::Completed | RunStatus::Failed | RunStatus::Cancelled | RunStatus::Dead)
     }
 
-    /// Whether no transition leaves the status: completed or cancelled (a failed or dead run
-    /// can be retried).
+    /// Whether no transition leaves the status ([`TRANSITIONS`]): completed or cancelled (a
+    /// failed or dead run can be retried).
     pub fn is_final(self) -> bool {
-        matches!(self, RunStatus::Completed | RunStatus::Cancelled)
+        !TRANSITIONS.iter().any(|&(from, _)| from == self)
     }
 
     /// Whether the transition `self → next` is in the [`TRANSITIONS`] table.
@@ -643,6 +643,14 @@ pub struct Waiter {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The stores' SQL names the final statuses (`completed`, `cancelled`): a new transition out
+    /// of one must change it there too.
+    #[test]
+    fn the_final_statuses_are_completed_and_cancelled() {
+        let finals: Vec<RunStatus> = RunStatus::ALL.into_iter().filter(|s| s.is_final()).collect();
+        assert_eq!(finals, [RunStatus::Completed, RunStatus::Cancelled]);
+    }
 
     #[test]
     fn transition_table() {

@@ -126,10 +126,12 @@ impl Watch {
             View::Run(id) => self.engine.get_run(id).await?.into_iter().collect(),
             View::Filter(filter, named) => {
                 let mut runs = self.engine.list_runs(filter).await?.runs;
-                let listed: std::collections::HashSet<RunId> = runs.iter().map(|r| r.id.clone()).collect();
-                let rest: Vec<RunId> = named.iter().filter(|id| !listed.contains(*id)).cloned().collect();
-                if !rest.is_empty() {
-                    runs.extend(self.engine.store().get_runs(&rest).await?);
+                if !named.is_empty() {
+                    let listed: std::collections::HashSet<&RunId> = runs.iter().map(|r| &r.id).collect();
+                    let rest: Vec<RunId> = named.iter().filter(|id| !listed.contains(id)).cloned().collect();
+                    if !rest.is_empty() {
+                        runs.extend(self.engine.store().get_runs(&rest).await?);
+                    }
                 }
                 runs
             }

@@ -105,7 +105,7 @@ impl Control {
 }
 
 /// Whether the last report of a kind of failure is older than a minute (then it is now).
-fn due(last: &Mutex<Option<Instant>>) -> bool {
+pub(super) fn due(last: &Mutex<Option<Instant>>) -> bool {
     let mut last = last.lock();
     if last.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
         return false;

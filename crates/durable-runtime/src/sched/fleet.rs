@@ -259,18 +259,7 @@ impl Shared {
     /// transport's prefix (each then loses the other's items until its pollers find them, a
     /// lease or a poll later): said at most once a minute.
     pub(super) fn missing_run(&self, id: &RunId) {
-        if !self.fleet.has_queue() {
-            return;
-        }
-        let due = {
-            let mut last = self.fleet.missing_report.lock();
-            let due = last.is_none_or(|t| t.elapsed() >= Duration::from_secs(60));
-            if due {
-                *last = Some(Instant::now());
-            }
-            due
-        };
-        if due {
+        if self.fleet.has_queue() && super::control::due(&self.fleet.missing_report) {
             tracing::warn!(
                 run_id = %id,
                 "run {id} was handed to this engine but its store has no such run: deleted meanwhile, or \
