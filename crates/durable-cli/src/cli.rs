@@ -38,10 +38,10 @@ Exit codes:
 /// Operate durable workflow runs: inspect, retry, cancel and delete them, send signals, operate
 /// the stored schedules, and try the engine with a demo.
 ///
-/// Operator commands (`runs`, `signal`, `schedules`, `workers`, `queues`) never execute workflow code: workers are
-/// your own binaries, which embed the workflow code and an engine. A run set back to `pending`
-/// by `runs retry`, woken by `signal`, or started by a schedule continues when a worker with its
-/// workflow registered picks it up.
+/// Operator commands (`runs`, `signal`, `signals`, `schedules`, `workers`, `queues`, `serve`,
+/// `migrate`) never execute workflow code: workers are your own binaries, which embed the
+/// workflow code and an engine. A run set back to `pending` by `runs retry`, woken by `signal`,
+/// or started by a schedule continues when a worker with its workflow registered picks it up.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "durable",
@@ -289,7 +289,7 @@ Examples:
 #[derive(Debug, Clone, Args)]
 pub struct DemoArgs {
     /// How many runs to execute (a mix of the five example workflows, in turn).
-    #[arg(long, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value_t = 200, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub runs: u32,
 }
 
@@ -449,11 +449,11 @@ pub struct ListArgs {
     /// Only active runs with a remote step silent for at least this long: its worker has not
     /// heartbeated (or, never claimed, no worker has picked it up) since. A number and a unit:
     /// 90s, 15m, 1h30m, 2d (units ms, s, m, h, d).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_name = "DURATION", value_parser = parse_duration)]
     pub stale: Option<Duration>,
 
     /// At most this many runs (0: all of them).
-    #[arg(long, value_name = "N", default_value_t = 50)]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value_t = 50)]
     pub limit: usize,
 
     /// One JSON object per run and per line (the run as stored), instead of a table.
@@ -481,7 +481,7 @@ pub struct ServeArgs {
     pub protect_reads: bool,
 
     /// How often an open event stream (/api/events) reads its view: 500ms, 1s, 5s.
-    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
     pub poll: Duration,
 }
 
@@ -641,11 +641,11 @@ pub struct SignalsListArgs {
     pub prefix: Option<String>,
 
     /// Only keys whose oldest delivery was buffered longer ago than this (e.g. 7d, 12h).
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_name = "DURATION", value_parser = parse_duration)]
     pub older_than: Option<Duration>,
 
     /// At most this many keys.
-    #[arg(long, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    #[arg(long, allow_hyphen_values = true, value_name = "N", default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..=100_000))]
     pub limit: u32,
 
     /// One JSON object per line: `{"kind", "key", "count", "oldest_at", "newest_at"}` (times in
@@ -666,7 +666,7 @@ pub struct SignalsPurgeArgs {
     pub kind: BufferKindArg,
 
     /// Only those buffered longer ago than this (e.g. 30d); without it, all of them.
-    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    #[arg(long, allow_hyphen_values = true, value_name = "DURATION", value_parser = parse_duration)]
     pub older_than: Option<Duration>,
 }
 

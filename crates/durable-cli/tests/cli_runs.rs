@@ -359,8 +359,12 @@ fn signals_list_and_purge_the_buffered_deliveries() {
     assert_eq!(listed(&[]), [entry("signal", "approve:x", 1)], "the other token is kept");
 
     // Bad keys: refused with what is wrong, nothing purged.
-    run_bad(dir.path(), &["signals", "purge", "", "--db", dbs], "must be non-empty");
+    run_bad(dir.path(), &["signals", "purge", "", "--db", dbs], "empty or only whitespace");
+    run_bad(dir.path(), &["signals", "purge", "   ", "--db", dbs], "empty or only whitespace");
     run_bad(dir.path(), &["signals", "purge", "approve:\u{7}x", "--db", dbs], "control character");
     run_bad(dir.path(), &["signals", "list", "--older-than", "soon", "--db", dbs], "invalid duration");
+    // A negative value is a bad value of its flag, not an unknown argument.
+    run_bad(dir.path(), &["signals", "list", "--older-than", "-1d", "--db", dbs], "for '--older-than <DURATION>'");
+    run_bad(dir.path(), &["runs", "list", "--limit", "-5", "--db", dbs], "for '--limit <N>'");
     assert_eq!(listed(&[]), [entry("signal", "approve:x", 1)]);
 }

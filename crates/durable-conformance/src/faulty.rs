@@ -59,6 +59,9 @@ pub enum Method {
     OrphanedRuns,
     /// [`Store::send_signal`].
     SendSignal,
+    /// [`Store::send_signal_and_claim`] (an engine's signal to a run whose suspended turn it
+    /// keeps in memory; a fault on [`Method::SendSignal`] does not select it).
+    SendSignalAndClaim,
     /// [`Store::publish`] (and `publish_event`, which calls it).
     PublishEvent,
     /// [`Store::due_buffers`].
@@ -119,7 +122,7 @@ pub enum Method {
 
 impl Method {
     /// Every method, in trait order.
-    pub const ALL: [Method; 46] = [
+    pub const ALL: [Method; 47] = [
         Method::CreateRun,
         Method::CreateRuns,
         Method::GetRun,
@@ -138,6 +141,7 @@ impl Method {
         Method::ClaimDueRuns,
         Method::OrphanedRuns,
         Method::SendSignal,
+        Method::SendSignalAndClaim,
         Method::PublishEvent,
         Method::DueBuffers,
         Method::FlushBuffer,
@@ -189,6 +193,7 @@ impl Method {
             Method::ClaimDueRuns => "claim_due_runs",
             Method::OrphanedRuns => "orphaned_runs",
             Method::SendSignal => "send_signal",
+            Method::SendSignalAndClaim => "send_signal_and_claim",
             Method::PublishEvent => "publish",
             Method::DueBuffers => "due_buffers",
             Method::FlushBuffer => "flush_buffer",
@@ -669,6 +674,18 @@ impl<S: Store + ?Sized> Store for FaultyStore<S> {
 
     async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery> {
         self.call(Method::SendSignal, None, Some(token), self.inner.send_signal(token, payload, now)).await
+    }
+
+    async fn send_signal_and_claim(
+        &self,
+        token: &str,
+        payload: Payload,
+        claim: Claim,
+        from_seq: u32,
+    ) -> StoreResult<(Delivery, Option<ClaimOutcome>)> {
+        let id = claim.run_id.clone();
+        let inner = self.inner.send_signal_and_claim(token, payload, claim, from_seq);
+        self.call(Method::SendSignalAndClaim, Some(&id), Some(token), inner).await
     }
 
     async fn publish(&self, event: Publish) -> StoreResult<Published> {

@@ -101,6 +101,7 @@ macro_rules! __store_cases {
             commit::children_are_created_idempotently(Store, []),
             commit::outgoing_signals_report_deliveries(Store, []),
             signals::signal_to_waiter_records_and_wakes(Store, []),
+            signals::signal_and_claim_claims_the_run_it_wakes(Store, []),
             signals::signals_are_buffered_fifo_per_token(Store, []),
             signals::oldest_waiter_is_served_first(Store, []),
             signals::concurrent_signals_and_waits_lose_nothing(Store, []),

@@ -214,13 +214,23 @@ impl Schedule {
     /// Checks the expression, the zone and the interval, and that a cron expression matches
     /// some time at all (`0 0 30 2 *`, the 30th of February, parses but never fires).
     pub fn validate(&self) -> Result<(), ScheduleError> {
+        self.validate_at(0)
+    }
+
+    /// [`Schedule::validate`], and that a cron expression matches some time after `now`: one
+    /// whose years have all passed (`0 0 1 1 * 2020`) would never fire again.
+    pub fn validate_at(&self, now: Millis) -> Result<(), ScheduleError> {
         let compiled = self.compiled()?;
         match &self.cadence {
-            Cadence::Cron { expr } if compiled.next_after(0).is_none() => Err(ScheduleError::BadCron {
+            Cadence::Cron { expr } if compiled.next_after(now).is_none() => Err(ScheduleError::BadCron {
                 expr: expr.clone(),
-                reason: "it matches no time from 1970 on: a day its months never have (such as the 30th of \
-                         February), or only years that have passed"
-                    .into(),
+                reason: if now == 0 {
+                    "it matches no time from 1970 on: a day its months never have (such as the 30th of February)".into()
+                } else {
+                    "it matches no time from now on: only years that have passed, or a day its months never \
+                     have (such as the 30th of February)"
+                        .into()
+                },
             }),
             _ => Ok(()),
         }
@@ -625,7 +635,9 @@ impl ScheduleRecord {
             }
         };
         st.recheck_at = st.buffered_fire.map(|_| now.saturating_add(RECHECK_MS));
-        fires.extend(st.trigger_at.take());
+        // A manual fire starts now: no jitter.
+        let manual = st.trigger_at.take();
+        fires.extend(manual);
         fires.sort_unstable();
         fires.dedup();
         if let Some(last) = fires.last() {
@@ -636,7 +648,8 @@ impl ScheduleRecord {
         let fires = fires
             .into_iter()
             .map(|nominal| {
-                let start = nominal.saturating_add(self.schedule.jitter_of(&self.key, nominal));
+                let jitter = if manual == Some(nominal) { 0 } else { self.schedule.jitter_of(&self.key, nominal) };
+                let start = nominal.saturating_add(jitter);
                 Fire { run_id: self.fire_id(nominal), nominal, start_at: (start > now).then_some(start) }
             })
             .collect();
@@ -680,6 +693,13 @@ mod tests {
             assert!(e.to_string().contains("matches no time"), "{e}");
         }
         Schedule::cron("0 0 29 2 *").validate().expect("the 29th of February comes every four years");
+        // Its year has passed: valid from 1970, refused from now on.
+        let past = Schedule::cron("0 0 0 1 1 * 2020");
+        past.validate().expect("it fired once, in 2020");
+        let now = 1_796_083_200_000; // 2026-12-01
+        let e = past.validate_at(now).unwrap_err();
+        assert!(e.to_string().contains("matches no time from now on: only years that have passed"), "{e}");
+        Schedule::cron("0 0 0 1 1 * 2020-2099").validate_at(now).expect("years to come");
         assert!(check_schedule_key("").is_err());
         assert!(check_schedule_key("a\nb").is_err());
         assert!(check_schedule_key("report").is_ok());
@@ -910,6 +930,16 @@ mod tests {
         let plan = r.plan(T2026 + 60_000, false).unwrap();
         let start = plan.fires[0].start_at.unwrap_or(T2026 + 60_000);
         assert_eq!(start, T2026 + 60_000 + r.schedule.jitter_of("k", T2026 + 60_000));
+    }
+
+    #[test]
+    fn a_manual_fire_is_not_jittered() {
+        let r = record(Schedule::every(Duration::from_secs(3600)).jitter(Duration::from_secs(600)), T2026);
+        let asked = T2026 + 5;
+        assert!(r.schedule.jitter_of("k", asked) > 0, "this fire time would be jittered");
+        let plan = r.trigger(asked).plan(asked + 1, false).unwrap();
+        assert_eq!(nominals(&plan), vec![asked]);
+        assert_eq!(plan.fires[0].start_at, None, "the manual fire starts now");
     }
 
     #[test]

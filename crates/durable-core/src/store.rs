@@ -972,6 +972,34 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
     /// a [`Commit`] and of a [`RunPatch`].
     async fn send_signal(&self, token: &str, payload: Payload, now: Millis) -> StoreResult<Delivery>;
 
+    /// Sends a signal and, when it is delivered to `claim.run_id`, claims that run: one round
+    /// trip where an engine that keeps the run's suspended turn in memory would otherwise call
+    /// [`Store::send_signal`] and then [`Store::claim_run_from`] to continue it.
+    ///
+    /// # Contract
+    /// The signal is sent exactly as [`Store::send_signal`] sends it, at `claim.now`. When the answer is
+    /// [`Delivery::Delivered`] to `claim.run_id`, that run is then claimed exactly as
+    /// [`Store::claim_run_from`]`(claim, from_seq)` claims it (after the wake, so an `Acquired`
+    /// claim's history holds the signal) and the claim's outcome is returned with the delivery;
+    /// otherwise (buffered, or delivered to another run: the token's oldest wait is not
+    /// `claim.run_id`'s) nothing is claimed → `(delivery, None)`. A store that can do both in
+    /// one atomic write does; the default makes the two calls one after the other, and when
+    /// the claim fails after the delivery it answers `(delivery, None)`: the signal stands and
+    /// the caller wakes the run as after [`Store::send_signal`].
+    async fn send_signal_and_claim(
+        &self,
+        token: &str,
+        payload: Payload,
+        claim: Claim,
+        from_seq: u32,
+    ) -> StoreResult<(Delivery, Option<ClaimOutcome>)> {
+        let delivery = self.send_signal(token, payload, claim.now).await?;
+        if !matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id) {
+            return Ok((delivery, None));
+        }
+        Ok((delivery, self.claim_run_from(claim, from_seq).await.ok()))
+    }
+
     /// Publishes a plain event ([`Store::publish`] without dedupe or triggers).
     async fn publish_event(&self, name: &str, payload: Payload, now: Millis) -> StoreResult<Vec<Delivery>> {
         match self.publish(Publish::event(name, payload, now)).await? {

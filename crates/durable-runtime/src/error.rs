@@ -178,11 +178,21 @@ pub enum Error {
     Export(#[from] durable_core::ExportError),
     /// An item of [`Engine::start_many`](crate::Engine::start_many) was refused (an unknown
     /// workflow, an input that does not serialize, is too large or does not decode into the
-    /// workflow's input type, a bad id). Nothing of the call was persisted.
-    #[error("start_many item {index} (workflow {workflow:?}{}): {source}; nothing was started", id.as_ref().map(|id| format!(", id {id}")).unwrap_or_default())]
+    /// workflow's input type, a bad id, an id a run of another workflow holds). Refused before
+    /// anything was written, nothing of the call was persisted (`started` is 0); an id found
+    /// held in the store is refused once its batch was written, so the items of the batches
+    /// up to it were started (`started` says how many).
+    #[error(
+        "start_many item {index} (workflow {workflow:?}{}): {source}; {}",
+        id.as_ref().map(|id| format!(", id {id}")).unwrap_or_default(),
+        started_so_far(*started)
+    )]
     BadStart {
         /// The item's position in the call, from 0.
         index: usize,
+        /// How many items were started: 0 when nothing was; else every item up to the end of
+        /// the refused item's batch but that one.
+        started: usize,
         /// Its workflow.
         workflow: String,
         /// Its run id, if one was given.
@@ -387,6 +397,17 @@ impl fmt::Display for WorkflowError {
 impl fmt::Debug for WorkflowError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("WorkflowError").field("message", &self.message).field("code", &self.code).finish()
+    }
+}
+
+/// The end of a [`Error::BadStart`] message: what the call started.
+fn started_so_far(started: usize) -> String {
+    match started {
+        0 => "nothing was started".into(),
+        n => format!(
+            "{n} items were started (those up to the end of this item's batch, but this one), the rest were \
+             not: call again without this item to start them (ids are idempotent)"
+        ),
     }
 }
 

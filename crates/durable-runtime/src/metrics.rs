@@ -28,7 +28,7 @@
 //! | `durable_store_commit_batch_size` | histogram | — | Records written by each acknowledged commit: checkpoints, waits, expired waits, state values, children, signals and tasks, plus one for a turn's end (suspend or settle). |
 //! | `durable_tasks_total` | counter | `queue`, `outcome` | Remote-step attempts whose result the store recorded, counted by the process that reported it: `completed` or `failed` (a worker's handler), `timed_out` (an engine expired the attempt past its deadline) or `redispatched` ([`Engine::redispatch_pending`](crate::Engine::redispatch_pending)). Once per attempt across the fleet. |
 //! | `durable_task_duration_seconds` | histogram | `queue`, `outcome` | One sample per handler run on a worker of this process that returned in time: `outcome` is `completed` or `failed`. |
-//! | `durable_task_results_dropped_total` | counter | `reason` | Results of remote steps that changed nothing: `duplicate` (the store had recorded a result of that attempt already, or the attempt had ended), `run_settled` (the run was terminal), `expired` (the worker dropped it itself: the attempt's deadline passed, or a cancelled handler did not return within its grace). |
+//! | `durable_task_results_dropped_total` | counter | `reason` | Results of remote steps that changed nothing: `duplicate` (the store had recorded a result of that attempt already, or the attempt had ended), `run_settled` (the run was terminal), `expired` (the worker dropped it itself: the attempt's deadline passed, or a cancelled handler did not return within its grace), `lease_lost` (a failure returned after a heartbeat said another worker took the attempt over). |
 //!
 //! Queue depth and oldest age per queue and runs by status are read from the store, not
 //! counted here: `durable serve` computes them at scrape time (see
@@ -178,7 +178,7 @@ pub fn describe() {
     describe_counter!(
         TASK_RESULTS_DROPPED,
         Unit::Count,
-        "Remote-step results that changed nothing, by reason (duplicate, run_settled, expired)."
+        "Remote-step results that changed nothing, by reason (duplicate, run_settled, expired, lease_lost)."
     );
 }
 

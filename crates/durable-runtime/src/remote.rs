@@ -415,6 +415,7 @@ impl WorkerBuilder {
                 drain_timeout: self.drain_timeout,
                 register_interval: self.register_interval,
                 max_payload_bytes: self.max_payload_bytes.unwrap_or(crate::config::DEFAULT_MAX_PAYLOAD_BYTES),
+                wake_failures: Mutex::new(WakeFailures::default()),
             }),
         }
     }
@@ -470,6 +471,29 @@ struct WorkerInner {
     drain_timeout: Duration,
     register_interval: Duration,
     max_payload_bytes: usize,
+    /// The wakes the transport refused since they were last reported.
+    wake_failures: Mutex<WakeFailures>,
+}
+
+/// Wakes a worker could not send its runs through the transport (a broker outage): reported
+/// once a minute with a count, not once per result.
+#[derive(Default)]
+struct WakeFailures {
+    since_report: u64,
+    last_report: Option<std::time::Instant>,
+}
+
+impl WakeFailures {
+    /// Counts a failure; returns how many to report now (all since the last report), if a
+    /// report is due.
+    fn failed(&mut self) -> Option<u64> {
+        self.since_report += 1;
+        if self.last_report.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
+            return None;
+        }
+        self.last_report = Some(std::time::Instant::now());
+        Some(std::mem::take(&mut self.since_report))
+    }
 }
 
 impl fmt::Debug for Worker {
@@ -1119,8 +1143,17 @@ impl Worker {
                                     dedupe_key: format!("remote:{}:{}:{}", run_id, done.seq, done.attempt),
                                     run_id,
                                 };
-                                if let Err(e) = t.dispatch_runs(Some(&namespace), vec![item]).await {
-                                    tracing::warn!(error = %e, "could not send the run its wake; engines find it at their next poll");
+                                if let Err(e) = t.dispatch_runs(Some(&namespace), vec![item]).await
+                                    && let Some(failures) = w.wake_failures.lock().failed()
+                                {
+                                    tracing::warn!(
+                                        run_id = %done.run_id,
+                                        seq = done.seq,
+                                        error = %e,
+                                        failures,
+                                        "could not send {failures} runs their wakes since the last report, the latest \
+                                         this one (the transport refused them; engines find the runs at their next poll)"
+                                    );
                                 }
                             }
                         }

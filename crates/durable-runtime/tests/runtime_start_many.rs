@@ -136,7 +136,10 @@ async fn an_id_of_another_workflow_is_refused(s: StoreFixture) {
     };
     // In the call: item 5 names `x-5` for `double`, item 600 for `triple`: nothing written.
     let err = t.start_many(items(("triple", "x-5"))).await.expect_err("x-5 given to two workflows");
-    let Error::BadStart { index: 600, source, .. } = &err else { panic!("expected BadStart at 600, got {err:?}") };
+    let Error::BadStart { index: 600, started: 0, source, .. } = &err else {
+        panic!("expected BadStart at 600, nothing started, got {err:?}")
+    };
+    assert!(err.to_string().ends_with("nothing was started"), "{err}");
     assert!(
         matches!(&**source, Error::IdTaken { existing, requested, .. } if existing == "double" && requested == "triple"),
         "{err}"
@@ -145,7 +148,13 @@ async fn an_id_of_another_workflow_is_refused(s: StoreFixture) {
     // In the store: `held` is a run of `triple`. Item 600 is in the second batch (of 500):
     // both batches are written but for it, and `held` is left as it was.
     let err = t.start_many(items(("double", "held"))).await.expect_err("held by triple");
-    let Error::BadStart { index: 600, source, .. } = &err else { panic!("expected BadStart at 600, got {err:?}") };
+    let Error::BadStart { index: 600, started: 799, source, .. } = &err else {
+        panic!("expected BadStart at 600 with 799 started, got {err:?}")
+    };
+    assert!(
+        err.to_string().contains("799 items were started (those up to the end of this item's batch, but this one)"),
+        "{err}"
+    );
     assert!(
         matches!(&**source, Error::IdTaken { existing, requested, .. } if existing == "triple" && requested == "double"),
         "{err}"

@@ -8,7 +8,7 @@ mod support;
 use std::sync::Arc;
 use std::time::Duration;
 
-use durable_conformance::{Counter, TestEngine, next_event, test_config};
+use durable_conformance::{Counter, FaultyStore, Method, TestEngine, next_event, test_config};
 use durable_core::{Checkpoint, Claim, Run, RunStatus, Store};
 use durable_runtime::{
     Cancel, EngineConfig, EngineEvent, Metrics, StartOptions, StepError, VirtualClock, WorkflowCtx, WorkflowError,
@@ -410,7 +410,42 @@ async fn an_unjoined_child_keeps_the_parent_cold(store: StoreFixture) {
     assert_eq!(entries.get(), 2, "kept only after the child settled");
 }
 
+/// A signal this engine sends to a run whose turn it keeps in memory claims the run in the
+/// same store write (`send_signal_and_claim`): the wake resumes the turn without a claim of its
+/// own. A signal to a token no kept turn waits on is sent the usual way.
+async fn a_signal_here_claims_its_warm_run_in_the_same_write(store: StoreFixture) {
+    let counted = Arc::new(FaultyStore::over(store.store.clone()));
+    let a = engine(&(counted.clone() as Arc<dyn Store>), &VirtualClock::starting_2026(), quiet_config(16));
+    let entries = Counter::new();
+    register_signals(&a, &entries);
+    let mut events = a.subscribe();
+    let run = a.start("signals", &7u64, StartOptions::id("folded")).await.unwrap();
+    a.until_run(&mut events, &run.id, kept_waiting_at(0, 1)).await;
+    for (token, wait) in [("a-7", 1), ("b-7", 2)] {
+        counted.reset_counts();
+        a.signal(token, &(wait as u64)).await.unwrap();
+        if wait == 1 {
+            a.until_run(&mut events, &run.id, kept_waiting_at(1, 1)).await;
+        } else {
+            a.assert_output(&run.id, 3u64).await;
+        }
+        let calls = counted.call_counts();
+        let n = |m| calls.get(&m).copied().unwrap_or(0);
+        assert_eq!((n(Method::SendSignalAndClaim), n(Method::SendSignal)), (1, 0), "signal {token}: {calls:?}");
+        assert_eq!(n(Method::ClaimRun), 0, "signal {token}: the wake took the signal's claim: {calls:?}");
+    }
+    assert_eq!(entries.get(), 1, "never replayed");
+    assert_eq!(a.metrics().warm_resumes, 2);
+
+    // No turn kept for the token: a plain signal, buffered.
+    counted.reset_counts();
+    a.signal("c-7", &1u64).await.unwrap();
+    let calls = counted.call_counts();
+    assert_eq!((calls.get(&Method::SendSignal), calls.get(&Method::SendSignalAndClaim)), (Some(&1), None));
+}
+
 on_every_store!(
+    a_signal_here_claims_its_warm_run_in_the_same_write,
     an_unjoined_child_keeps_the_parent_cold,
     woken_here_resumes_without_replay,
     without_the_cache_every_wake_replays,

@@ -170,6 +170,7 @@ async fn bad_schedules_are_refused_by_name_and_nothing_is_saved(store: StoreFixt
         ("bad-zone", Schedule::cron("0 9 * * *").timezone("Europe/Atlantis"), "Europe/Atlantis"),
         ("zero", Schedule::every(Duration::ZERO), "interval of zero"),
         ("never", Schedule::cron("0 0 30 2 *"), "matches no time"),
+        ("past", Schedule::cron("0 0 0 1 1 * 2020"), "only years that have passed"),
     ];
     for (key, schedule, named) in cases {
         let err = t.schedule(key, schedule, "echo", &1).await.unwrap_err();

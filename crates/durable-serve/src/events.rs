@@ -73,7 +73,14 @@ pub(crate) async fn events(
     known.extend(["run", "runs", "access_token"]);
     params.only(&known)?;
     let view = match params.get("run") {
-        Some(id) => View::Run(parse_run_id(id)?),
+        Some(id) => {
+            if let Some(other) = FILTER_PARAMS.iter().chain(&["runs"]).find(|p| params.get(p).is_some()) {
+                return Err(ApiError::bad_request(format!(
+                    "run and {other} cannot go together: a view is one run, or a filter (with the runs a page shows)"
+                )));
+            }
+            View::Run(parse_run_id(id)?)
+        }
         None => View::Filter(RunFilter { limit: MAX_LIMIT, ..parse_filter(&params)? }, parse_runs(&params)?),
     };
     let events = Some(state.engine.subscribe());
@@ -82,6 +89,11 @@ pub(crate) async fn events(
     let mut watch =
         Watch { engine: state.engine.clone(), view, seen: HashMap::new(), queue: VecDeque::new(), events, poll };
     watch.refresh().await?;
+    if let View::Run(id) = &watch.view
+        && watch.seen.is_empty()
+    {
+        return Err(durable::Error::RunNotFound(id.clone()).into());
+    }
     watch.queue.clear();
     let stream = futures_util::stream::unfold(watch, |mut watch| async move {
         let event = watch.next().await;

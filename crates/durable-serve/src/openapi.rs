@@ -33,7 +33,7 @@ pub(crate) fn document() -> Value {
     let mut event_params = vec![
         q("status", "As for GET /api/runs.", json!({"type": "string"})),
         q("workflow", "Workflow name.", json!({"type": "string"})),
-        q("run", "Only this run.", json!({"type": "string"})),
+        q("run", "Only this run (404 if it does not exist; not with a filter or runs).", json!({"type": "string"})),
         q(
             "runs",
             "A JSON array of at most 500 run ids followed besides the filter's newest 500 runs (the page a client shows).",

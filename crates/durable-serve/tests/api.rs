@@ -264,6 +264,8 @@ async fn every_endpoint(store: Arc<dyn Store>) {
         ("GET", "/api/events?status=done", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/events?runs=ok-3", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("GET", "/api/events?runs=%5B%22a%0Ab%22%5D", None, StatusCode::BAD_REQUEST, "bad_request"),
+        ("GET", "/api/events?run=nope", None, StatusCode::NOT_FOUND, "not_found"),
+        ("GET", "/api/events?run=ok-3&status=failed", None, StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/runs/nope/retry", Some(json!({})), StatusCode::NOT_FOUND, "not_found"),
         ("POST", "/api/runs/ok-3/cancel", Some(json!({"compensate": "yes"})), StatusCode::BAD_REQUEST, "bad_request"),
         ("POST", "/api/runs/ok-3/cancel", Some(json!([1])), StatusCode::BAD_REQUEST, "bad_request"),

@@ -780,6 +780,22 @@ impl Store for MemoryStore {
         Ok(self.inner.lock().send_signal(token, payload, now))
     }
 
+    /// One lock: the delivery, then the claim of the run it woke if that is `claim.run_id`.
+    async fn send_signal_and_claim(
+        &self,
+        token: &str,
+        payload: Payload,
+        claim: Claim,
+        from_seq: u32,
+    ) -> StoreResult<(Delivery, Option<ClaimOutcome>)> {
+        let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
+        let mut inner = self.inner.lock();
+        let delivery = inner.send_signal(token, payload, claim.now);
+        let to_claimed = matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id);
+        let claimed = to_claimed.then(|| inner.claim_run(claim, ignore, from_seq));
+        Ok((delivery, claimed))
+    }
+
     async fn publish(&self, event: Publish) -> StoreResult<Published> {
         let mut inner = self.inner.lock();
         let now = event.now;

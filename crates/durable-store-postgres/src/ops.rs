@@ -250,13 +250,7 @@ pub(crate) enum Op<'a> {
     CreateRuns {
         runs: Vec<KeyedRunJson<'a>>,
     },
-    ClaimRun {
-        id: &'a str,
-        owner: &'a str,
-        until: i64,
-        now: i64,
-        from: i64,
-    },
+    ClaimRun(ClaimJson<'a>),
     RenewLease {
         id: &'a str,
         owner: &'a str,
@@ -274,6 +268,9 @@ pub(crate) enum Op<'a> {
         token: &'a str,
         payload: &'a str,
         now: i64,
+        /// The claim of the run the signal wakes, if it is this one (schema version 23).
+        #[serde(skip_serializing_if = "Option::is_none")]
+        claim: Option<ClaimJson<'a>>,
     },
     Publish(PublishJson<'a>),
     FlushBuffer {
@@ -460,7 +457,7 @@ impl BatchLocks {
             Op::ReleaseSlot { gate, .. } => locks.gates.push(gate.to_string()),
             Op::FlushBuffer { admission, .. } => locks.gates.extend(admission.as_ref().map(|a| a.gate.to_string())),
             Op::SaveSchedule(save) => locks.keyed(&save.start),
-            Op::ClaimRun { .. }
+            Op::ClaimRun(_)
             | Op::StepCommit(_)
             | Op::RenewLease { .. }
             | Op::ReleaseLease { .. }
@@ -1187,16 +1184,32 @@ pub(crate) fn queue_ids(ids: &[u64]) -> Vec<i64> {
     ids.iter().filter_map(|id| i64::try_from(*id).ok()).collect()
 }
 
-/// The claim of `c`, whose answer's history holds the checkpoints from `from_seq` on (the
-/// operation's `from`).
-pub(crate) fn claim_op(c: &Claim, from_seq: u32) -> Op<'_> {
-    Op::ClaimRun {
-        id: c.run_id.as_str(),
-        owner: &c.owner,
-        until: millis_to_sql(c.lease_until),
-        now: millis_to_sql(c.now),
-        from: i64::from(from_seq),
+/// `claim_run()`'s fields: the claim of a run whose answer's history holds the checkpoints from
+/// `from` on.
+#[derive(Debug, Serialize)]
+pub(crate) struct ClaimJson<'a> {
+    id: &'a str,
+    owner: &'a str,
+    until: i64,
+    now: i64,
+    from: i64,
+}
+
+impl<'a> ClaimJson<'a> {
+    pub(crate) fn new(c: &'a Claim, from_seq: u32) -> Self {
+        ClaimJson {
+            id: c.run_id.as_str(),
+            owner: &c.owner,
+            until: millis_to_sql(c.lease_until),
+            now: millis_to_sql(c.now),
+            from: i64::from(from_seq),
+        }
     }
+}
+
+/// The claim of `c`, whose answer's history holds the checkpoints from `from_seq` on.
+pub(crate) fn claim_op(c: &Claim, from_seq: u32) -> Op<'_> {
+    Op::ClaimRun(ClaimJson::new(c, from_seq))
 }
 
 // ---- writes: what the server answers --------------------------------------------------------
@@ -1430,6 +1443,26 @@ pub(crate) fn beat_answer(text: &str, run_id: &RunId) -> Result<BeatOutcome, Ans
 pub(crate) fn signal_answer(text: &str) -> Result<Delivery, Answer> {
     let mut v = parse(text, &RunId::new(""), None)?;
     delivery(field(&mut v, "delivery")?)
+}
+
+/// `signal_op()`'s answer to a signal sent with a claim: the delivery and, when it went to the
+/// claim's run, the claim's outcome.
+pub(crate) fn signal_and_claim_answer(text: &str, claim: &Claim) -> Result<(Delivery, Option<ClaimOutcome>), Answer> {
+    let mut v = parse(text, &claim.run_id, None)?;
+    let answer = v.get_mut("claim").map(Value::take);
+    let delivered = delivery(field(&mut v, "delivery")?)?;
+    let to_claimed = matches!(&delivered, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id);
+    match answer {
+        Some(answer) if to_claimed => {
+            Ok((delivered, Some(claim_value(checked(answer, &claim.run_id, Some(&claim.owner))?)?)))
+        }
+        None if !to_claimed => Ok((delivered, None)),
+        Some(_) => Err(Answer::Corrupt("a signal claimed a run it was not delivered to".into())),
+        None => Err(Answer::Corrupt(format!(
+            "a signal delivered to run {} was answered without the outcome of its claim",
+            claim.run_id
+        ))),
+    }
 }
 
 /// A run a write created or found: `create_run`'s answer, read with the row it carries (always
@@ -2146,15 +2179,16 @@ mod tests {
             ..Publish::event("e", Payload::null(), 5)
         };
         let target = RunId::from("u");
+        let claim = Claim { run_id: RunId::from("c"), owner: "o".into(), lease_until: 9, now: 5 };
         let ops = [
             Op::Commit(CommitJson::new(&c)),
             Op::UpdateRunIf(PatchJson::new(&target, &[], &patch)),
-            Op::SendSignal { token: "sig", payload: "1", now: 5 },
+            Op::SendSignal { token: "sig", payload: "1", now: 5, claim: None },
             Op::CompleteTask(TaskDoneJson::new(&done)),
             Op::Publish(PublishJson::new(&event).unwrap()),
             Op::DeleteRun { id: "gone" },
             Op::Enqueue { items: vec![], now: 5 },
-            Op::ClaimRun { id: "c", owner: "o", until: 9, now: 5, from: 0 },
+            claim_op(&claim, 0),
         ];
         let mut locks = BatchLocks::default();
         for op in &ops {

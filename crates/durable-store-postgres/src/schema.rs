@@ -9,7 +9,7 @@ use crate::options::{PostgresOptions, quote_ident};
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect (unless `migrate(false)`: [`Error::SchemaTooOld`]); one with a newer
 /// version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 22;
+pub const SCHEMA_VERSION: u32 = 23;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -146,6 +146,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "a child's result for a parent that is gone, completed or cancelled is dropped, and \
                       deleting a run deletes its children's buffered results (a run given its id later took them)",
         sql: include_str!("sql/v22.sql"),
+    },
+    Migration {
+        version: 23,
+        description: "a signal sent with a claim claims the run it wakes in the same transaction (an engine \
+                      signalling a run whose suspended turn it keeps in memory)",
+        sql: include_str!("sql/v23.sql"),
     },
 ];
 

@@ -451,6 +451,22 @@ impl Store for SqliteStore {
         self.workers.write("send_signal", move |c| ops::send_signal(c, &token, payload.as_str(), now)).await
     }
 
+    /// One write: the delivery, and the claim of the run it woke if that is `claim.run_id`.
+    async fn send_signal_and_claim(
+        &self,
+        token: &str,
+        payload: Payload,
+        claim: Claim,
+        from_seq: u32,
+    ) -> StoreResult<(Delivery, Option<ClaimOutcome>)> {
+        let token = token.to_string();
+        self.workers
+            .write("send_signal_and_claim", move |c| {
+                ops::send_signal_and_claim(c, &token, payload.as_str(), claim, from_seq)
+            })
+            .await
+    }
+
     async fn publish(&self, event: Publish) -> StoreResult<Published> {
         self.workers.write("publish", move |c| ops::publish(c, event)).await
     }

@@ -989,6 +989,22 @@ pub(crate) fn seq_of(v: i64) -> OpResult<u32> {
     u32_from_sql(v, || "waiter seq".to_string())
 }
 
+/// [`send_signal`], then [`claim_run_from`] if the signal woke `claim.run_id`
+/// ([`Store::send_signal_and_claim`](durable_core::Store::send_signal_and_claim)).
+pub(crate) fn send_signal_and_claim(
+    conn: &Connection,
+    token: &str,
+    payload: &str,
+    claim: Claim,
+    from_seq: u32,
+) -> OpResult<(Delivery, Option<ClaimOutcome>)> {
+    let delivery = send_signal(conn, token, payload, claim.now)?;
+    if !matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id) {
+        return Ok((delivery, None));
+    }
+    Ok((delivery, Some(claim_run_from(conn, claim, from_seq)?)))
+}
+
 pub(crate) fn send_signal(conn: &Connection, token: &str, payload: &str, now: Millis) -> OpResult<Delivery> {
     let now = millis_to_sql(now);
     let waiter = conn

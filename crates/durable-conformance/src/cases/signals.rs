@@ -3,8 +3,8 @@
 use std::sync::Arc;
 
 use durable_core::{
-    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, CheckpointStatus, Delivery, Millis, RunId,
-    RunQuery, RunStatus, Store,
+    BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, CheckpointStatus, ClaimOutcome, Delivery, Millis,
+    RunId, RunQuery, RunStatus, Store,
 };
 use serde_json::json;
 
@@ -32,6 +32,54 @@ pub async fn signal_to_waiter_records_and_wakes(store: Arc<dyn Store>) -> CaseRe
         s.due_runs(&RunQuery { namespace: None, workflows: None, now, limit: 10, leave_queued_since: None }).await?;
     assert_eq!(due, [RunId::from("w")]);
     assert_eq!(s.send_signal("tok", json(json!(2)), now).await?, Delivery::Buffered, "one waiter, one delivery");
+    Ok(())
+}
+
+/// `send_signal_and_claim` delivers as `send_signal` does and claims the run it woke when it
+/// is the claim's run, as `claim_run_from` claims it (history from the seq asked, the signal
+/// included); delivered to another run, or buffered, it claims nothing and that run is only
+/// woken.
+pub async fn signal_and_claim_claims_the_run_it_wakes(store: Arc<dyn Store>) -> CaseResult {
+    let s = &*store;
+    let parked = park_on_signal(s, "w", 2, "tok", Some(T0 + 10 * LEASE)).await?;
+    let now = T0 + 50;
+    let (delivery, claimed) = s.send_signal_and_claim("tok", json(json!("yes")), claim("w", OTHER, now), 2).await?;
+    assert_eq!(delivery, Delivery::Delivered { run_id: RunId::from("w"), seq: 2 });
+    match claimed {
+        Some(ClaimOutcome::Acquired { run, history, previous, recovered }) => {
+            assert_eq!((previous, recovered), (RunStatus::Suspended, false));
+            assert_eq!(
+                history.iter().map(|cp| (cp.seq, cp.status)).collect::<Vec<_>>(),
+                [(2, CheckpointStatus::Completed)]
+            );
+            assert_eq!(history[0].output, Some(json(json!("yes"))), "the claim reads the signal");
+            assert_eq!(
+                (run.status, run.lease_owner.as_deref(), run.lease_until),
+                (RunStatus::Running, Some(OTHER), Some(now + LEASE))
+            );
+            assert_eq!(run.wake_gen, parked.wake_gen + 1, "woken by the delivery");
+            assert_eq!(run.claims, parked.claims + 1, "one claim more");
+            assert_eq!(get(s, "w").await?, run, "the claim's run is the stored one");
+        }
+        other => panic!("expected the signal to claim run w, got {other:?}"),
+    }
+    assert_eq!(waiter_seqs(s, "w").await?, Vec::<u32>::new(), "the waiter was taken");
+
+    // Delivered to another run (the token's oldest wait is not the claim's run's): that run is
+    // woken, nobody claims it, and the claim's run is untouched.
+    let x = park_on_signal(s, "x", 0, "shared", None).await?;
+    let y = park_on_signal(s, "y", 0, "shared", None).await?;
+    let (delivery, claimed) = s.send_signal_and_claim("shared", json(json!(1)), claim("y", OTHER, now), 0).await?;
+    assert_eq!((delivery, claimed), (Delivery::Delivered { run_id: RunId::from("x"), seq: 0 }, None));
+    let woken = get(s, "x").await?;
+    assert_eq!((woken.status, woken.wake_at, woken.lease_owner), (RunStatus::Suspended, Some(now), None));
+    assert_eq!(woken.claims, x.claims, "not claimed");
+    assert_eq!(get(s, "y").await?, y, "the claim's run is untouched");
+
+    // Buffered: nothing claimed.
+    let (delivery, claimed) = s.send_signal_and_claim("nobody", json(json!(2)), claim("y", OTHER, now), 0).await?;
+    assert_eq!((delivery, claimed), (Delivery::Buffered, None));
+    assert_eq!(get(s, "y").await?, y);
     Ok(())
 }
 

@@ -32,11 +32,7 @@ pub struct Publication {
 impl Engine {
     /// Sends a signal and wakes the run that received it.
     async fn deliver(&self, token: &str, payload: Payload) -> Result<Delivery> {
-        let shared = self.shared();
-        let mark = shared.mark();
-        let delivery = shared.store.send_signal(token, payload, shared.clock.now()).await?;
-        shared.wake_delivered(std::slice::from_ref(&delivery), mark);
-        Ok(delivery)
+        Ok(self.shared().send_signal(token, payload).await?)
     }
 
     pub(super) fn encode_payload<T: Serialize + ?Sized>(
@@ -101,7 +97,8 @@ impl Engine {
     /// deleted. Runs and their waits are untouched; a delivery buffered after the purge is kept.
     ///
     /// # Errors
-    /// [`Error::InvalidName`] for an empty key or one with a control character; store errors.
+    /// [`Error::InvalidName`] for a key that is empty, only whitespace or has a control
+    /// character (no delivery can be buffered under it); store errors.
     pub async fn purge_buffered(&self, purge: &BufferedPurge) -> Result<u64> {
         let what = match purge.kind {
             BufferedKind::Signal => protocol::SIGNAL_TOKEN,
@@ -109,8 +106,9 @@ impl Engine {
         };
         // Any key a buffer may have (one buffered before the length limit too), but none that
         // no store can hold.
-        let reason = if purge.key.is_empty() {
-            Some("it must be non-empty")
+        let reason = if purge.key.trim().is_empty() {
+            // No signal or wait can have such a key (see `Engine::signal`).
+            Some("it is empty or only whitespace: pass the key `durable signals list` shows")
         } else {
             protocol::has_control_char(&purge.key).then_some("it contains a control character")
         };

@@ -62,7 +62,8 @@ impl Engine {
     /// a run of another workflow holds in the store fails it the same way (its source
     /// [`Error::IdTaken`], as `start` says) once the store answered that run: the batches up
     /// to and including the item's are started then (the others of its batch too), the rest
-    /// not — call again without that item to start them (ids are idempotent).
+    /// not, and the error's `started` says how many — call again without that item to start
+    /// them (ids are idempotent).
     ///
     /// Items are written in batches, each whole or not at all: a
     /// batch that would overfill a concurrency key (`max_queue_depth`) is refused whole —
@@ -91,8 +92,9 @@ impl Engine {
         let mut news = Vec::new();
         // Each id the call names, with its first item and that item's workflow.
         let mut named: HashMap<RunId, (usize, String)> = HashMap::new();
-        let taken = |index: usize, id: &RunId, requested: &str, existing: &str| Error::BadStart {
+        let taken = |index: usize, started: usize, id: &RunId, requested: &str, existing: &str| Error::BadStart {
             index,
+            started,
             workflow: requested.to_string(),
             id: Some(id.to_string()),
             source: Box::new(Error::IdTaken {
@@ -107,6 +109,7 @@ impl Engine {
             let given = id.is_some();
             let new = self.new_run(workflow, &input, options, now).map_err(|source| Error::BadStart {
                 index,
+                started: 0,
                 workflow: workflow.to_string(),
                 id,
                 source: Box::new(source),
@@ -114,7 +117,7 @@ impl Engine {
             if given {
                 match named.get(&new.id) {
                     Some((_, first)) if *first != new.workflow => {
-                        return Err(taken(index, &new.id, &new.workflow, first));
+                        return Err(taken(index, 0, &new.id, &new.workflow, first));
                     }
                     Some(_) => {}
                     None => {
@@ -140,13 +143,23 @@ impl Engine {
             // the rest of this batch is written and dispatched, and the call stops there, as
             // `start` refuses it. (Reading every id first, to write nothing, cost a quarter of
             // the throughput.)
-            let held_elsewhere = created.iter().find_map(|c| match c {
-                CreateRun::Existing(run) => named
-                    .get(&run.id)
-                    .filter(|(_, workflow)| *workflow != run.workflow)
-                    .map(|(index, workflow)| taken(*index, &run.id, workflow, &run.workflow)),
-                CreateRun::Created(_) => None,
-            });
+            fn held<'a>(
+                named: &'a HashMap<RunId, (usize, String)>,
+                c: &'a CreateRun,
+            ) -> Option<(&'a Run, &'a (usize, String))> {
+                match c {
+                    CreateRun::Existing(run) => {
+                        named.get(&run.id).filter(|(_, workflow)| *workflow != run.workflow).map(|found| (run, found))
+                    }
+                    CreateRun::Created(_) => None,
+                }
+            }
+            // Started: the items up to this batch's end, but those refused.
+            let so_far = started.len() + created.len() - created.iter().filter(|c| held(&named, c).is_some()).count();
+            let held_elsewhere = created
+                .iter()
+                .find_map(|c| held(&named, c))
+                .map(|(run, (index, workflow))| taken(*index, so_far, &run.id, workflow, &run.workflow));
             started.extend(created.into_iter().map(|c| self.started(c, mark)));
             if let Some(e) = held_elsewhere {
                 return Err(e);

@@ -49,7 +49,7 @@ impl Engine {
         let shared = self.shared();
         let bad = |source| Error::BadSchedule { key: key.to_string(), source };
         durable_core::schedule::check_schedule_key(key).map_err(bad)?;
-        schedule.validate().map_err(bad)?;
+        schedule.validate_at(shared.clock.now()).map_err(bad)?;
         let (_, handler) =
             shared.registry.latest(workflow).ok_or_else(|| Error::UnknownWorkflow { name: workflow.to_string() })?;
         let input = self.encode_payload(|| format!("the input of schedule {key:?}"), input)?;
@@ -121,7 +121,9 @@ impl Engine {
     /// at times the new one does not fire, are cancelled (see [`Engine::schedule`]); a
     /// definition with `paused(true)` cancels them all, as [`Engine::pause_schedule`] does.
     pub async fn update_schedule(&self, key: &str, schedule: Schedule) -> Result<ScheduleRecord> {
-        schedule.validate().map_err(|source| Error::BadSchedule { key: key.to_string(), source })?;
+        schedule
+            .validate_at(self.shared().clock.now())
+            .map_err(|source| Error::BadSchedule { key: key.to_string(), source })?;
         let mut ahead = Vec::new();
         let updated = self
             .modify_schedule(key, |current, now| {

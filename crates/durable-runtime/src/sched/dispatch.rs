@@ -7,11 +7,11 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use durable_core::task::{TaskCompletion, TaskDone};
-use durable_core::{Millis, Run, RunId, RunStatus, StoreError, StoreResult};
+use durable_core::{Delivery, Millis, Payload, Run, RunId, RunStatus, StoreError, StoreResult};
 use parking_lot::Mutex;
 use tokio::sync::{Notify, OwnedSemaphorePermit, Semaphore};
 
-use super::executor::ResultToRecord;
+use super::executor::FirstClaim;
 use super::{Mark, Nudge, Shared};
 
 /// Who executes what on this engine.
@@ -375,7 +375,7 @@ impl Shared {
         mut guard: TaskGuard,
         slot: OwnedSemaphorePermit,
         check: bool,
-        result: Option<ResultToRecord>,
+        first: Option<FirstClaim>,
     ) {
         let id = guard.id.clone();
         // Dropped last, whatever ends the drive (a panic in it included).
@@ -383,7 +383,7 @@ impl Shared {
         guard.quiet = tokio::select! {
             biased;
             () = self.shutdown_signal() => false,
-            () = self.run_until_quiet(&id, check, result) => true,
+            () = self.run_until_quiet(&id, check, first) => true,
         };
         drop(guard);
         drop(slot);
@@ -415,11 +415,40 @@ impl Shared {
         let guard = TaskGuard::new(self, id);
         let shared = self.clone();
         tokio::spawn(async move {
-            shared.run_in_slot(guard, slot, false, Some(ResultToRecord { done, reply })).await;
+            shared.run_in_slot(guard, slot, false, Some(FirstClaim::Result { done, reply })).await;
         });
         answer.await.unwrap_or_else(|_| {
             Err(StoreError::unavailable("the engine stopped before the worker's result was recorded"))
         })
+    }
+
+    /// Sends a signal from this engine and wakes the run it reaches. When a run whose suspended
+    /// turn this engine keeps in memory waits on the token, and an execution slot is free at
+    /// once, the run takes the slot and its drive's first claim sends the signal and claims the
+    /// run in the same store call ([`Store::send_signal_and_claim`](durable_core::Store::send_signal_and_claim)):
+    /// the turn goes on without a claim of its own. Otherwise the signal is sent alone.
+    pub(crate) async fn send_signal(self: &Arc<Self>, token: &str, payload: Payload) -> StoreResult<Delivery> {
+        let mark = self.mark();
+        let kept = self.warm.waiting_on(token);
+        let slot = kept.as_ref().and_then(|(id, namespace, _)| Some((id.clone(), self.slot_now(id, namespace)?)));
+        let (Some((_, _, from_seq)), Some((id, slot))) = (kept, slot) else {
+            let delivery = self.store.send_signal(token, payload, self.clock.now()).await?;
+            self.wake_delivered(std::slice::from_ref(&delivery), mark);
+            return Ok(delivery);
+        };
+        let (reply, answer) = tokio::sync::oneshot::channel();
+        let guard = TaskGuard::new(self, id.clone());
+        let shared = self.clone();
+        let first = FirstClaim::Signal { token: token.to_string(), payload, from_seq, reply };
+        tokio::spawn(async move { shared.run_in_slot(guard, slot, false, Some(first)).await });
+        let delivery = answer
+            .await
+            .unwrap_or_else(|_| Err(StoreError::unavailable("the engine stopped before the signal was sent")))?;
+        // Another run's wait took it: that run is woken as usual (this one's drive ends).
+        if !matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == id) {
+            self.wake_delivered(std::slice::from_ref(&delivery), mark);
+        }
+        Ok(delivery)
     }
 
     /// An execution slot for `id` at once, with the run marked as executing here (see
@@ -447,10 +476,10 @@ impl Shared {
     /// came before it, so the read sees it). `check`: read before the first drive too.
     /// Removes the run's dispatcher entry when it returns, recording it as gone quiet: from
     /// then on, a new nudge starts a new task.
-    async fn run_until_quiet(self: &Arc<Self>, id: &RunId, mut check: bool, mut result: Option<ResultToRecord>) {
+    async fn run_until_quiet(self: &Arc<Self>, id: &RunId, mut check: bool, mut first: Option<FirstClaim>) {
         loop {
-            if let Some(result) = result.take() {
-                self.drive_run(id, Some(result)).await;
+            if let Some(first) = first.take() {
+                self.drive_run(id, Some(first)).await;
             } else if !check || self.has_work(id).await {
                 self.drive_run(id, None).await;
             }

@@ -10,8 +10,8 @@ use std::time::Duration;
 
 use durable_core::task::{TaskCompletion, TaskDone};
 use durable_core::{
-    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Run, RunId, RunPatch,
-    RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, Turn, TurnConfig, TurnEnd, codes,
+    Checkpoint, Claim, ClaimOutcome, Commit, CommitOutcome, Delivery, End, Halt, History, Millis, Payload, Run, RunId,
+    RunPatch, RunStatus, StepError, StoreError, StoreErrorKind, StoreResult, Turn, TurnConfig, TurnEnd, codes,
 };
 use parking_lot::Mutex;
 use tracing::Instrument;
@@ -107,11 +107,20 @@ impl Tally {
     }
 }
 
-/// A worker's result for a run, recorded by the run's first claim
-/// ([`Shared::drive_run`]); the worker hears the completion on `reply`.
-pub(crate) struct ResultToRecord {
-    pub(crate) done: TaskDone,
-    pub(crate) reply: tokio::sync::oneshot::Sender<StoreResult<TaskCompletion>>,
+/// A write for a run that its drive's first claim makes, in the same store call
+/// ([`Shared::drive_run`]); whoever asked for it hears the answer on `reply`.
+pub(crate) enum FirstClaim {
+    /// A worker's result ([`Store::complete_task_and_claim`](durable_core::Store::complete_task_and_claim)).
+    Result { done: TaskDone, reply: tokio::sync::oneshot::Sender<StoreResult<TaskCompletion>> },
+    /// A signal sent by this engine to a token the run's turn kept in memory waits on
+    /// ([`Store::send_signal_and_claim`](durable_core::Store::send_signal_and_claim)); the
+    /// claim reads the history from `from_seq` (the kept turn's).
+    Signal {
+        token: String,
+        payload: Payload,
+        from_seq: u32,
+        reply: tokio::sync::oneshot::Sender<StoreResult<Delivery>>,
+    },
 }
 
 /// A claimed run, ready for its turn.
@@ -297,7 +306,7 @@ impl Shared {
     /// `result`, a worker's result for the run is recorded first, in the same store call as
     /// the first claim ([`Store::complete_task_and_claim`](durable_core::Store::complete_task_and_claim));
     /// the worker gets the completion, and nothing more happens unless it was accepted.
-    pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId, mut result: Option<ResultToRecord>) {
+    pub(super) async fn drive_run(self: &Arc<Self>, id: &RunId, mut first: Option<FirstClaim>) {
         // A cancel heard while the run executes here stops its turn (see `control`).
         let watch = self.watch_turns(id);
         let mut own_busy = 0u32;
@@ -323,24 +332,63 @@ impl Shared {
                 lease_until: now.saturating_add(self.lease_ms()),
                 now,
             };
-            let claimed = match result.take() {
+            // The seq the claim's history begins at: 0 (all of it) unless the claim read only
+            // what the turn kept in memory needs.
+            let mut read_from = 0;
+            let claimed = match first.take() {
                 None => match self.take_handed(id, now).await {
                     Some(claimed) => Ok(claimed),
                     None => match &warm {
                         // Only the checkpoints the parked calls look at: the rest is in memory.
-                        Some(w) => self.store.claim_run_from(claim, w.from_seq).await,
+                        Some(w) => {
+                            read_from = w.from_seq;
+                            self.store.claim_run_from(claim, w.from_seq).await
+                        }
                         None => self.store.claim_run(claim).await,
                     },
                 },
-                Some(r) => {
+                Some(FirstClaim::Signal { token, payload, from_seq, reply }) => {
+                    match self.store.send_signal_and_claim(&token, payload, claim, from_seq).await {
+                        Ok((delivery, claimed)) => {
+                            let to_this = matches!(&delivery, Delivery::Delivered { run_id, .. } if run_id == id);
+                            let _ = reply.send(Ok(delivery));
+                            match claimed {
+                                Some(outcome) => {
+                                    read_from = from_seq;
+                                    Ok(outcome)
+                                }
+                                // Delivered, but not claimed (a store whose two calls are
+                                // apart): claim it as any wake does.
+                                None if to_this => continue,
+                                // Another run's wait took it, or it was buffered: nothing new
+                                // for this run, whose turn stays kept.
+                                None => {
+                                    if let Some(w) = warm.take() {
+                                        self.put_back_warm(id, w);
+                                    }
+                                    return;
+                                }
+                            }
+                        }
+                        Err(e) => {
+                            // Nothing written: the caller hears the error.
+                            let _ = reply.send(Err(e));
+                            if let Some(w) = warm.take() {
+                                self.put_back_warm(id, w);
+                            }
+                            return;
+                        }
+                    }
+                }
+                Some(FirstClaim::Result { done, reply }) => {
                     // A result recorded with the claim: a claim a settle made is stale now, and
                     // a turn kept warm replays (no warm turn waits on a remote step: that park
                     // halts for good).
                     self.executor.handed.lock().remove(id);
                     drop_warm(warm.take());
-                    match self.store.complete_task_and_claim(r.done, claim).await {
+                    match self.store.complete_task_and_claim(done, claim).await {
                         Ok((completion, claimed)) => {
-                            let _ = r.reply.send(Ok(completion));
+                            let _ = reply.send(Ok(completion));
                             match claimed {
                                 Some(outcome) => Ok(outcome),
                                 // Accepted, but not claimed (a store whose two calls are apart):
@@ -352,7 +400,7 @@ impl Shared {
                         }
                         Err(e) => {
                             // Nothing written: the worker tries again.
-                            let _ = r.reply.send(Err(e));
+                            let _ = reply.send(Err(e));
                             return;
                         }
                     }
@@ -427,21 +475,29 @@ impl Shared {
             // Resume the turn kept in memory only if this claim is the run's very next one
             // since that turn's (nobody else ran it), and the store holds that turn's history
             // plus deliveries to its parked calls; on any doubt, replay over the whole history.
+            // A replay reads the whole history if the claim read only a part (for a turn kept in
+            // memory that is gone or stale now).
             let (history, resumed) = match warm.take() {
-                None => (history, None),
-                Some(w) => {
-                    let next_claim = w.claims > 0 && run.claims == w.claims + 1 && !recovered;
-                    let resumable = next_claim && matches!(previous, RunStatus::Suspended | RunStatus::Running);
-                    if resumable && w.t.resume(run.clone(), history) {
-                        self.warm.count_resumed();
-                        (Vec::new(), Some(w))
-                    } else {
+                None if read_from == 0 => (history, None),
+                Some(w)
+                    if w.claims > 0
+                        && run.claims == w.claims + 1
+                        && !recovered
+                        && matches!(previous, RunStatus::Suspended | RunStatus::Running)
+                        && read_from <= w.from_seq
+                        && w.t.resume(run.clone(), history) =>
+                {
+                    self.warm.count_resumed();
+                    (Vec::new(), Some(w))
+                }
+                stale => {
+                    if stale.is_some() {
                         tracing::debug!(run_id = %id, "the run's turn kept in memory is stale; replaying");
-                        drop_warm(Some(w));
-                        match self.store.history(id).await {
-                            Ok(history) => (history, None),
-                            Err(e) => return self.retry_after_store_error(id, &e),
-                        }
+                        drop_warm(stale);
+                    }
+                    match self.store.history(id).await {
+                        Ok(history) => (history, None),
+                        Err(e) => return self.retry_after_store_error(id, &e),
                     }
                 }
             };
@@ -559,7 +615,8 @@ impl Shared {
         if claims == 0 {
             return;
         }
-        self.warm.put(id.clone(), Parked { t: t.clone(), driver, claims, from_seq });
+        let tokens = t.parked_tokens();
+        self.warm.put(id.clone(), Parked { t: t.clone(), driver, claims, from_seq, tokens });
         if self.is_stopping() {
             // The engine stopped meanwhile: what it keeps would keep it alive.
             self.warm.remove(id);

@@ -32,6 +32,9 @@ pub(super) struct Parked {
     /// The lowest seq the parked calls look at: the next claim reads the checkpoints from
     /// here on.
     pub(super) from_seq: u32,
+    /// The signal tokens the parked calls wait on: a signal this engine sends to one of them
+    /// claims the run in the same write ([`Warm::waiting_on`]).
+    pub(super) tokens: Vec<String>,
 }
 
 /// The bounded cache of parked turns, by run.
@@ -51,7 +54,23 @@ struct Inner {
     runs: HashMap<RunId, (u64, Parked)>,
     /// The entries by tick: the oldest is evicted first.
     order: BTreeMap<u64, RunId>,
+    /// The run of an entry waiting on each signal token (the last one put, if several).
+    tokens: HashMap<String, RunId>,
     tick: u64,
+}
+
+impl Inner {
+    /// Takes the run's entry out, with its tokens.
+    fn remove(&mut self, id: &RunId) -> Option<Parked> {
+        let (tick, parked) = self.runs.remove(id)?;
+        self.order.remove(&tick);
+        for token in &parked.tokens {
+            if self.tokens.get(token) == Some(id) {
+                self.tokens.remove(token);
+            }
+        }
+        Some(parked)
+    }
 }
 
 impl Warm {
@@ -75,17 +94,15 @@ impl Warm {
             let mut inner = self.inner.lock();
             inner.tick += 1;
             let tick = inner.tick;
-            let mut evicted = Vec::new();
-            if let Some((old, entry)) = inner.runs.insert(id.clone(), (tick, parked)) {
-                inner.order.remove(&old);
-                evicted.push(entry);
+            let mut evicted: Vec<Parked> = inner.remove(&id).into_iter().collect();
+            for token in &parked.tokens {
+                inner.tokens.insert(token.clone(), id.clone());
             }
+            inner.runs.insert(id.clone(), (tick, parked));
             inner.order.insert(tick, id);
             while inner.runs.len() > self.capacity {
                 let Some((_, oldest)) = inner.order.pop_first() else { break };
-                if let Some((_, entry)) = inner.runs.remove(&oldest) {
-                    evicted.push(entry);
-                }
+                evicted.extend(inner.remove(&oldest));
             }
             evicted
         };
@@ -108,10 +125,15 @@ impl Warm {
 
     /// Takes the run's entry out, if there is one.
     pub(super) fn take(&self, id: &RunId) -> Option<Parked> {
-        let mut inner = self.inner.lock();
-        let (tick, parked) = inner.runs.remove(id)?;
-        inner.order.remove(&tick);
-        Some(parked)
+        self.inner.lock().remove(id)
+    }
+
+    /// The run of an entry whose parked calls wait on the signal `token`, with its namespace
+    /// and the seq its next claim reads the checkpoints from.
+    pub(super) fn waiting_on(&self, token: &str) -> Option<(RunId, String, u32)> {
+        let inner = self.inner.lock();
+        let id = inner.tokens.get(token)?;
+        inner.runs.get(id).map(|(_, parked)| (id.clone(), parked.t.run.namespace.clone(), parked.from_seq))
     }
 
     /// Drops the run's entry, if there is one.

@@ -623,7 +623,7 @@ async fn durable_sleep(t: &Arc<TurnState>, seq: u32, until: Millis) {
             SleepBegin::Done => return,
             SleepBegin::Stopped => halt().await,
             // A warm resume wakes it to begin again (as a replay of this seq would).
-            SleepBegin::Park(_) => t.park_warm(seq, seq).await,
+            SleepBegin::Park(_) => t.park_warm(seq, seq, None).await,
         }
     }
 }

@@ -53,10 +53,9 @@ pub(crate) struct TurnState {
     ///
     /// [`interrupt`]: TurnState::interrupt
     driver: Mutex<Option<Waker>>,
-    /// Calls parked so that a warm resume ([`TurnState::resume`]) can wake them: by seq, the
-    /// lowest seq the call looks at (its deadline's, or its own) and the waker of its last
-    /// poll. Calls parked otherwise never resolve, so a turn with one is not kept warm.
-    warm_parked: Mutex<HashMap<u32, (u32, Option<Waker>)>>,
+    /// Calls parked so that a warm resume ([`TurnState::resume`]) can wake them, by seq.
+    /// Calls parked otherwise never resolve, so a turn with one is not kept warm.
+    warm_parked: Mutex<HashMap<u32, ParkedCall>>,
     /// How many times the turn was resumed warm: a parked call whose count moved begins again.
     resumes: AtomicU64,
     /// The turn waits out a held sleep ([`TurnState::hold_wait`]) and no caller waiting for a
@@ -113,10 +112,18 @@ impl TurnState {
         let warm = self.warm_parked.lock();
         let mut from: Option<u32> = None;
         for (seq, _) in turn.parked() {
-            let (lowest, _) = warm.get(&seq)?;
-            from = Some(from.map_or(*lowest, |f| f.min(*lowest)));
+            let lowest = warm.get(&seq)?.lowest;
+            from = Some(from.map_or(lowest, |f| f.min(lowest)));
         }
         from
+    }
+
+    /// The signal tokens the turn's parked calls wait on (what a signal sent by this engine
+    /// may claim the run for: [`Store::send_signal_and_claim`](durable_core::Store::send_signal_and_claim)).
+    pub(crate) fn parked_tokens(&self) -> Vec<String> {
+        let turn = self.turn.lock();
+        let warm = self.warm_parked.lock();
+        turn.parked().filter_map(|(seq, _)| warm.get(&seq)?.token.clone()).collect()
     }
 
     /// Resumes the suspended turn for a new claim of its run (see [`Turn::resume`]): the core
@@ -135,16 +142,18 @@ impl TurnState {
     /// Wakes every call parked for a warm resume to begin again.
     fn wake_parked(&self) {
         self.resumes.fetch_add(1, Ordering::AcqRel);
-        let parked: Vec<_> = self.warm_parked.lock().drain().filter_map(|(_, (_, w))| w).collect();
+        let parked: Vec<_> = self.warm_parked.lock().drain().filter_map(|(_, call)| call.waker).collect();
         for waker in parked {
             waker.wake();
         }
     }
 
-    /// Parks the call at `seq` (which looks at seqs from `lowest` on) until the turn is
-    /// resumed warm; the end of a turn that is not kept drops it.
-    fn park_warm(self: &Arc<Self>, seq: u32, lowest: u32) -> WarmPark {
-        WarmPark { t: self.clone(), seq, lowest, resumes: self.resumes.load(Ordering::Acquire) }
+    /// Parks the call at `seq` (which looks at seqs from `lowest` on, and waits for a signal to
+    /// `token` if it names one) until the turn is resumed warm; the end of a turn that is not
+    /// kept drops it.
+    fn park_warm(self: &Arc<Self>, seq: u32, lowest: u32, token: Option<&str>) -> WarmPark {
+        let resumes = self.resumes.load(Ordering::Acquire);
+        WarmPark { t: self.clone(), seq, lowest, token: token.map(str::to_string), resumes }
     }
 
     /// Wakes the task polling the driver, so that it asks the core again (the engine started
@@ -351,11 +360,22 @@ impl Drop for CallGuard {
     }
 }
 
+/// A call parked for a warm resume, as the turn lists it.
+struct ParkedCall {
+    /// The lowest seq the call looks at (its deadline's, or its own).
+    lowest: u32,
+    /// The waker of its last poll.
+    waker: Option<Waker>,
+    /// The token of the signal it waits for, if it waits for one.
+    token: Option<String>,
+}
+
 /// A parked call waiting for a warm resume ([`TurnState::park_warm`]).
 struct WarmPark {
     t: Arc<TurnState>,
     seq: u32,
     lowest: u32,
+    token: Option<String>,
     /// The turn's resume count when the call parked.
     resumes: u64,
 }
@@ -368,7 +388,8 @@ impl Future for WarmPark {
             warm.remove(&self.seq);
             return Poll::Ready(());
         }
-        warm.insert(self.seq, (self.lowest, Some(cx.waker().clone())));
+        let call = ParkedCall { lowest: self.lowest, waker: Some(cx.waker().clone()), token: self.token.clone() };
+        warm.insert(self.seq, call);
         Poll::Pending
     }
 }

@@ -125,7 +125,13 @@ async fn await_delivery(
             }
             WaitBegin::Stopped => return halt().await,
             // A warm resume wakes it to begin again (as a replay of this seq would).
-            WaitBegin::Park(_) => t.park_warm(seq, lowest).await,
+            WaitBegin::Park(_) => {
+                let token = match &wait {
+                    WaitKind::Signal { token } => Some(token.as_str()),
+                    WaitKind::Event { .. } => None,
+                };
+                t.park_warm(seq, lowest, token).await;
+            }
         }
     }
 }
