@@ -422,6 +422,9 @@ async fn a_signal_here_claims_its_warm_run_in_the_same_write(store: StoreFixture
     let run = a.start("signals", &7u64, StartOptions::id("folded")).await.unwrap();
     a.until_run(&mut events, &run.id, kept_waiting_at(0, 1)).await;
     for (token, wait) in [("a-7", 1), ("b-7", 2)] {
+        // The run's last drive has ended (a drive still under way, or queued, takes the
+        // signal's wake instead: the signal is then sent alone).
+        a.until_idle().await;
         counted.reset_counts();
         a.signal(token, &(wait as u64)).await.unwrap();
         if wait == 1 {

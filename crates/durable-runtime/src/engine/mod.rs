@@ -421,6 +421,13 @@ impl Engine {
         self.inner.shared.hooks.subscribe()
     }
 
+    /// Resolves once no run executes on this engine: every turn in flight here ended and its
+    /// run went quiet ([`Metrics::turns_in_flight`] is 0). New work may start at once after;
+    /// for tests and tools that want a still moment (say, between two measured phases).
+    pub async fn until_idle(&self) {
+        self.shared().until_idle().await;
+    }
+
     /// The engine's counters.
     pub fn metrics(&self) -> Metrics {
         let shared = &self.inner.shared;
