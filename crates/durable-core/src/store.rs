@@ -364,6 +364,13 @@ pub enum Delivery {
     Buffered,
 }
 
+impl Delivery {
+    /// Whether a wait of run `id` took it.
+    pub fn is_to(&self, id: &RunId) -> bool {
+        matches!(self, Delivery::Delivered { run_id, .. } if run_id == id)
+    }
+}
+
 /// What a buffered delivery is kept under: a signal's token or an event's name.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub enum BufferedKind {
@@ -994,7 +1001,7 @@ pub trait Store: Send + Sync + fmt::Debug + 'static {
         from_seq: u32,
     ) -> StoreResult<(Delivery, Option<ClaimOutcome>)> {
         let delivery = self.send_signal(token, payload, claim.now).await?;
-        if !matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id) {
+        if !delivery.is_to(&claim.run_id) {
             return Ok((delivery, None));
         }
         Ok((delivery, self.claim_run_from(claim, from_seq).await.ok()))

@@ -28,8 +28,8 @@ use durable_transport::Transport;
 
 use crate::clock::{BoxFuture, Clock, SystemClock};
 use crate::engine::Engine;
-use crate::sched::Shared;
 use crate::sched::eager::{Handed, LocalWorker};
+use crate::sched::{FailureTally, Shared};
 
 type Handler = Arc<dyn Fn(TaskContext, Payload) -> BoxFuture<'static, Result<Payload, StepError>> + Send + Sync>;
 
@@ -415,7 +415,7 @@ impl WorkerBuilder {
                 drain_timeout: self.drain_timeout,
                 register_interval: self.register_interval,
                 max_payload_bytes: self.max_payload_bytes.unwrap_or(crate::config::DEFAULT_MAX_PAYLOAD_BYTES),
-                wake_failures: Mutex::new(WakeFailures::default()),
+                wake_failures: Mutex::new(FailureTally::default()),
             }),
         }
     }
@@ -471,29 +471,8 @@ struct WorkerInner {
     drain_timeout: Duration,
     register_interval: Duration,
     max_payload_bytes: usize,
-    /// The wakes the transport refused since they were last reported.
-    wake_failures: Mutex<WakeFailures>,
-}
-
-/// Wakes a worker could not send its runs through the transport (a broker outage): reported
-/// once a minute with a count, not once per result.
-#[derive(Default)]
-struct WakeFailures {
-    since_report: u64,
-    last_report: Option<std::time::Instant>,
-}
-
-impl WakeFailures {
-    /// Counts a failure; returns how many to report now (all since the last report), if a
-    /// report is due.
-    fn failed(&mut self) -> Option<u64> {
-        self.since_report += 1;
-        if self.last_report.is_some_and(|t| t.elapsed() < Duration::from_secs(60)) {
-            return None;
-        }
-        self.last_report = Some(std::time::Instant::now());
-        Some(std::mem::take(&mut self.since_report))
-    }
+    /// The wakes the transport refused (a broker outage), reported once a minute with a count.
+    wake_failures: Mutex<FailureTally>,
 }
 
 impl fmt::Debug for Worker {
@@ -1144,7 +1123,7 @@ impl Worker {
                                     run_id,
                                 };
                                 if let Err(e) = t.dispatch_runs(Some(&namespace), vec![item]).await
-                                    && let Some(failures) = w.wake_failures.lock().failed()
+                                    && let Some(failures) = w.wake_failures.lock().failed(1)
                                 {
                                     tracing::warn!(
                                         run_id = %done.run_id,

@@ -791,8 +791,7 @@ impl Store for MemoryStore {
         let ignore = self.ignore_live_leases.load(std::sync::atomic::Ordering::Relaxed);
         let mut inner = self.inner.lock();
         let delivery = inner.send_signal(token, payload, claim.now);
-        let to_claimed = matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id);
-        let claimed = to_claimed.then(|| inner.claim_run(claim, ignore, from_seq));
+        let claimed = delivery.is_to(&claim.run_id).then(|| inner.claim_run(claim, ignore, from_seq));
         Ok((delivery, claimed))
     }
 

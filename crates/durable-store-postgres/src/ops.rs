@@ -1451,7 +1451,7 @@ pub(crate) fn signal_and_claim_answer(text: &str, claim: &Claim) -> Result<(Deli
     let mut v = parse(text, &claim.run_id, None)?;
     let answer = v.get_mut("claim").map(Value::take);
     let delivered = delivery(field(&mut v, "delivery")?)?;
-    let to_claimed = matches!(&delivered, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id);
+    let to_claimed = delivered.is_to(&claim.run_id);
     match answer {
         Some(answer) if to_claimed => {
             Ok((delivered, Some(claim_value(checked(answer, &claim.run_id, Some(&claim.owner))?)?)))

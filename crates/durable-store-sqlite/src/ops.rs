@@ -999,7 +999,7 @@ pub(crate) fn send_signal_and_claim(
     from_seq: u32,
 ) -> OpResult<(Delivery, Option<ClaimOutcome>)> {
     let delivery = send_signal(conn, token, payload, claim.now)?;
-    if !matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == claim.run_id) {
+    if !delivery.is_to(&claim.run_id) {
         return Ok((delivery, None));
     }
     Ok((delivery, Some(claim_run_from(conn, claim, from_seq)?)))

@@ -143,23 +143,19 @@ impl Engine {
             // the rest of this batch is written and dispatched, and the call stops there, as
             // `start` refuses it. (Reading every id first, to write nothing, cost a quarter of
             // the throughput.)
-            fn held<'a>(
-                named: &'a HashMap<RunId, (usize, String)>,
-                c: &'a CreateRun,
-            ) -> Option<(&'a Run, &'a (usize, String))> {
-                match c {
+            let refused: Vec<(&Run, &(usize, String))> = created
+                .iter()
+                .filter_map(|c| match c {
                     CreateRun::Existing(run) => {
                         named.get(&run.id).filter(|(_, workflow)| *workflow != run.workflow).map(|found| (run, found))
                     }
                     CreateRun::Created(_) => None,
-                }
-            }
+                })
+                .collect();
             // Started: the items up to this batch's end, but those refused.
-            let so_far = started.len() + created.len() - created.iter().filter(|c| held(&named, c).is_some()).count();
-            let held_elsewhere = created
-                .iter()
-                .find_map(|c| held(&named, c))
-                .map(|(run, (index, workflow))| taken(*index, so_far, &run.id, workflow, &run.workflow));
+            let so_far = started.len() + created.len() - refused.len();
+            let held_elsewhere =
+                refused.first().map(|(run, (index, workflow))| taken(*index, so_far, &run.id, workflow, &run.workflow));
             started.extend(created.into_iter().map(|c| self.started(c, mark)));
             if let Some(e) = held_elsewhere {
                 return Err(e);

@@ -104,6 +104,28 @@ impl Control {
     }
 }
 
+/// Failures of one kind counted between reports: reported at most once a minute, with how
+/// many there were since the last report (a broker outage would otherwise log one line per
+/// refused item).
+#[derive(Debug, Default)]
+pub(crate) struct FailureTally {
+    since_report: u64,
+    last_report: Option<Instant>,
+}
+
+impl FailureTally {
+    /// Counts `n` failures; returns how many to report now (all since the last report) if a
+    /// report is due.
+    pub(crate) fn failed(&mut self, n: u64) -> Option<u64> {
+        self.since_report += n;
+        if self.last_report.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
+            return None;
+        }
+        self.last_report = Some(Instant::now());
+        Some(std::mem::take(&mut self.since_report))
+    }
+}
+
 /// Whether the last report of a kind of failure is older than a minute (then it is now).
 pub(super) fn due(last: &Mutex<Option<Instant>>) -> bool {
     let mut last = last.lock();

@@ -411,15 +411,26 @@ impl Shared {
             }
             return Ok(completion);
         };
+        self.drive_with_first(id, slot, |reply| FirstClaim::Result { done, reply }, "the worker's result was recorded")
+            .await
+    }
+
+    /// Drives `id` in `slot` (taken with [`Shared::slot_now`]), its first claim making the
+    /// write `first` builds; returns that write's answer (`Err` too if the engine stopped
+    /// before `what`).
+    async fn drive_with_first<T: Send + 'static>(
+        self: &Arc<Self>,
+        id: RunId,
+        slot: OwnedSemaphorePermit,
+        first: impl FnOnce(tokio::sync::oneshot::Sender<StoreResult<T>>) -> FirstClaim,
+        what: &str,
+    ) -> StoreResult<T> {
         let (reply, answer) = tokio::sync::oneshot::channel();
+        let first = first(reply);
         let guard = TaskGuard::new(self, id);
         let shared = self.clone();
-        tokio::spawn(async move {
-            shared.run_in_slot(guard, slot, false, Some(FirstClaim::Result { done, reply })).await;
-        });
-        answer.await.unwrap_or_else(|_| {
-            Err(StoreError::unavailable("the engine stopped before the worker's result was recorded"))
-        })
+        tokio::spawn(async move { shared.run_in_slot(guard, slot, false, Some(first)).await });
+        answer.await.unwrap_or_else(|_| Err(StoreError::unavailable(format!("the engine stopped before {what}"))))
     }
 
     /// Sends a signal from this engine and wakes the run it reaches. When a run whose suspended
@@ -436,16 +447,11 @@ impl Shared {
             self.wake_delivered(std::slice::from_ref(&delivery), mark);
             return Ok(delivery);
         };
-        let (reply, answer) = tokio::sync::oneshot::channel();
-        let guard = TaskGuard::new(self, id.clone());
-        let shared = self.clone();
-        let first = FirstClaim::Signal { token: token.to_string(), payload, from_seq, reply };
-        tokio::spawn(async move { shared.run_in_slot(guard, slot, false, Some(first)).await });
-        let delivery = answer
-            .await
-            .unwrap_or_else(|_| Err(StoreError::unavailable("the engine stopped before the signal was sent")))?;
+        let token = token.to_string();
+        let first = |reply| FirstClaim::Signal { token, payload, from_seq, reply };
+        let delivery = self.drive_with_first(id.clone(), slot, first, "the signal was sent").await?;
         // Another run's wait took it: that run is woken as usual (this one's drive ends).
-        if !matches!(&delivery, Delivery::Delivered { run_id, .. } if *run_id == id) {
+        if !delivery.is_to(&id) {
             self.wake_delivered(std::slice::from_ref(&delivery), mark);
         }
         Ok(delivery)

@@ -319,6 +319,12 @@ impl Shared {
                 drop(w);
             }
         };
+        // Nothing new for the run: its kept turn goes back, still the latest.
+        let keep_warm = |w: Option<Parked>| {
+            if let Some(w) = w {
+                self.put_back_warm(id, w);
+            }
+        };
         loop {
             // A turn that suspended woken, and runs again: what it dispatched to workers
             // beside this engine goes to them before the next turn.
@@ -350,7 +356,7 @@ impl Shared {
                 Some(FirstClaim::Signal { token, payload, from_seq, reply }) => {
                     match self.store.send_signal_and_claim(&token, payload, claim, from_seq).await {
                         Ok((delivery, claimed)) => {
-                            let to_this = matches!(&delivery, Delivery::Delivered { run_id, .. } if run_id == id);
+                            let to_this = delivery.is_to(id);
                             let _ = reply.send(Ok(delivery));
                             match claimed {
                                 Some(outcome) => {
@@ -362,21 +368,13 @@ impl Shared {
                                 None if to_this => continue,
                                 // Another run's wait took it, or it was buffered: nothing new
                                 // for this run, whose turn stays kept.
-                                None => {
-                                    if let Some(w) = warm.take() {
-                                        self.put_back_warm(id, w);
-                                    }
-                                    return;
-                                }
+                                None => return keep_warm(warm),
                             }
                         }
                         Err(e) => {
                             // Nothing written: the caller hears the error.
                             let _ = reply.send(Err(e));
-                            if let Some(w) = warm.take() {
-                                self.put_back_warm(id, w);
-                            }
-                            return;
+                            return keep_warm(warm);
                         }
                     }
                 }

@@ -144,8 +144,7 @@ impl Outbox {
 /// Counts queue failures between the (at most once a minute) reports.
 #[derive(Default)]
 struct QueueFailures {
-    since_report: u64,
-    last_report: Option<Instant>,
+    tally: super::FailureTally,
     /// The last send failed: the pollers execute what they find here instead of queueing it.
     down: bool,
 }
@@ -229,13 +228,7 @@ impl Shared {
         let report = {
             let mut f = self.fleet.queue_failures.lock();
             f.down = true;
-            f.since_report += items.len() as u64;
-            if f.last_report.is_none_or(|t| t.elapsed() >= Duration::from_secs(60)) {
-                f.last_report = Some(Instant::now());
-                Some(std::mem::take(&mut f.since_report))
-            } else {
-                None
-            }
+            f.tally.failed(items.len() as u64)
         };
         if let Some(failures) = report {
             tracing::warn!(

@@ -54,6 +54,7 @@
 //! like any caller, and never waits.
 
 mod control;
+pub(crate) use control::FailureTally;
 mod dispatch;
 pub(crate) mod eager;
 mod executor;
