@@ -126,7 +126,8 @@ impl From<EngineError> for Error {
             | EngineError::NotRetryable { .. }
             | EngineError::Compensated { .. }
             | EngineError::ScheduleNotFound { .. }
-            | EngineError::BadSchedule { .. }) => Error::BadInput(e.to_string()),
+            | EngineError::BadSchedule { .. }
+            | EngineError::StartTooLate { .. }) => Error::BadInput(e.to_string()),
             e => Error::Failed(e.to_string()),
         }
     }

@@ -208,6 +208,9 @@ fn write_schedule(
     fields.row(vec![
         if ahead { "decided fire" } else { "last fire" }.into(),
         match (st.last_fire_at, &st.last_run_id) {
+            (Some(at), Some(run)) if record.withdrawn_ahead(now) => {
+                format!("{}: run {run} cancelled by a pause or change before its time", local_and_utc(at))
+            }
             (Some(at), Some(run)) if ahead => format!("{}: run {run}, due then", local_and_utc(at)),
             (Some(at), Some(run)) => format!("{}: run {run}", local_and_utc(at)),
             (Some(at), None) => local_and_utc(at),

@@ -163,6 +163,15 @@ fn show_gives_the_last_fire_its_run_and_a_held_buffer_one_fire() {
     assert!(!text.lines().any(|l| l.starts_with("last fire")), "{text}");
     let decided = text.lines().find(|l| l.starts_with("decided fire")).unwrap_or_else(|| panic!("{text}"));
     assert!(decided.contains(&format!("run sched:hourly:{ahead}, due then")) && decided.contains(", in "), "{decided}");
+
+    // Paused before its time: that run is cancelled, and said to be.
+    run_ok(dir.path(), &["schedules", "pause", "hourly", "--db", dbs]);
+    let text = run_ok(dir.path(), &["schedules", "show", "hourly", "--db", dbs]).stdout;
+    let decided = text.lines().find(|l| l.starts_with("decided fire")).unwrap_or_else(|| panic!("{text}"));
+    assert!(
+        decided.contains(&format!("run sched:hourly:{ahead} cancelled by a pause or change before its time")),
+        "{decided}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

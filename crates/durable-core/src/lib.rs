@@ -114,7 +114,7 @@ pub use store::{
     SaveOutcome, SaveSchedule, Store, StoreError, StoreErrorKind, StoreExt, StoreResult, TaskFilter, TurnEnd,
     decode_cursor, encode_cursor,
 };
-pub use time::{millis, millis_after, millis_before};
+pub use time::{LATEST_START, millis, millis_after, millis_before};
 pub use trigger::{BufferAppend, Dedupe, Gather, Gathered, Publish, Published, TriggerBuffer};
 pub use turn::{
     ChildCall, ChildJoin, Deadline, End, GateCall, Halt, Next, Pending, RecordBegin, RecordOutcome, RemoteBegin,

@@ -142,7 +142,16 @@ pub enum ScheduleError {
         "a schedule interval of zero (or under 1 ms, which rounds to zero) fires continuously; use an interval of at least 1 ms"
     )]
     ZeroInterval,
-    /// The key is empty, too long or has control characters.
+    /// The schedule's first fire would come after [`LATEST_START`](crate::LATEST_START) (the
+    /// year 9999): an interval or a cron year too far out.
+    #[error(
+        "its first fire would come after the year 9999 (at {first_at} ms since 1970); use an interval or a cron expression that fires before then"
+    )]
+    TooLate {
+        /// When the first fire would be, in milliseconds since 1970.
+        first_at: Millis,
+    },
+    /// The key is empty, only whitespace, too long or has control characters.
     #[error("bad schedule key {key:?}: {reason}")]
     BadKey {
         /// The key as given.
@@ -218,11 +227,16 @@ impl Schedule {
     }
 
     /// [`Schedule::validate`], and that a cron expression matches some time after `now`: one
-    /// whose years have all passed (`0 0 1 1 * 2020`) would never fire again.
+    /// whose years have all passed (`0 0 1 1 * 2020`) would never fire again. The first fire
+    /// after `now` must come by [`LATEST_START`](crate::LATEST_START) (the year 9999).
     pub fn validate_at(&self, now: Millis) -> Result<(), ScheduleError> {
         let compiled = self.compiled()?;
+        let first = compiled.next_after(now);
+        if let Some(first_at) = first.filter(|at| *at > crate::LATEST_START) {
+            return Err(ScheduleError::TooLate { first_at });
+        }
         match &self.cadence {
-            Cadence::Cron { expr } if compiled.next_after(now).is_none() => Err(ScheduleError::BadCron {
+            Cadence::Cron { expr } if first.is_none() => Err(ScheduleError::BadCron {
                 expr: expr.clone(),
                 reason: if now == 0 {
                     "it matches no time from 1970 on: a day its months never have (such as the 30th of February)".into()
@@ -323,6 +337,8 @@ pub fn fire_run_id(key: &str, nominal: Millis) -> RunId {
 pub fn check_schedule_key(key: &str) -> Result<(), ScheduleError> {
     let reason = if key.is_empty() {
         "it is empty"
+    } else if key.trim().is_empty() {
+        "it is only whitespace"
     } else if key.len() > 200 {
         "it is longer than 200 bytes"
     } else if key.chars().any(char::is_control) {
@@ -443,7 +459,10 @@ impl ScheduleRecord {
     /// a run of its own instead of the cancelled one ([`ScheduleRecord::fire_id`]).
     pub fn redefine(&self, fresh: &ScheduleRecord, now: Millis) -> Result<Self, ScheduleError> {
         let mut record = self.clone();
-        for at in self.fires_dropped_by(fresh, now) {
+        let dropped = self.fires_dropped_by(fresh, now);
+        // Their runs are cancelled: they no longer count as fires started.
+        record.state.fires = record.state.fires.saturating_sub(dropped.len() as u64);
+        for at in dropped {
             *record.state.redecided.entry(at).or_default() += 1;
         }
         while record.state.redecided.len() > MAX_REDECIDED {
@@ -573,9 +592,23 @@ impl ScheduleRecord {
     /// deleted).
     pub fn fires_ahead(&self, now: Millis) -> Vec<Millis> {
         let Some(last) = self.state.last_fire_at.filter(|at| *at > now) else { return Vec::new() };
+        if self.withdrawn_ahead(now) {
+            // Cancelled by a pause or change already, and not decided again since.
+            return Vec::new();
+        }
         let mut out = self.schedule.upcoming(now, MAX_AHEAD).unwrap_or_default();
         out.retain(|at| *at <= last);
         out
+    }
+
+    /// Whether the latest fire, decided ahead of its time (still to come at `now`), had its
+    /// run cancelled by a pause or change since ([`ScheduleRecord::redefine`]) and was not
+    /// decided again: its run id is no longer the one [`ScheduleRecord::fire_id`] gives.
+    pub fn withdrawn_ahead(&self, now: Millis) -> bool {
+        match (self.state.last_fire_at, &self.state.last_run_id) {
+            (Some(at), Some(run)) if at > now => *run != self.fire_id(at),
+            _ => false,
+        }
     }
 
     /// What to do at `now`, given whether the run of the latest fire is still active.
@@ -700,7 +733,15 @@ mod tests {
         let e = past.validate_at(now).unwrap_err();
         assert!(e.to_string().contains("matches no time from now on: only years that have passed"), "{e}");
         Schedule::cron("0 0 0 1 1 * 2020-2099").validate_at(now).expect("years to come");
+        // Its first fire after the year 9999: a mistake, refused.
+        let e = Schedule::every(Duration::MAX).validate_at(now).unwrap_err();
+        assert!(matches!(e, ScheduleError::TooLate { first_at } if first_at > crate::LATEST_START), "{e}");
+        assert!(e.to_string().contains("after the year 9999"), "{e}");
+        assert!(Schedule::every(Duration::from_secs(9_000 * 366 * 86_400)).validate_at(now).is_err());
+        Schedule::every(Duration::from_secs(7_000 * 365 * 86_400)).validate_at(now).expect("before 9999");
+        Schedule::cron("0 0 0 1 1 * 2099").validate_at(now).expect("a year to come");
         assert!(check_schedule_key("").is_err());
+        assert!(check_schedule_key(" ").unwrap_err().to_string().contains("only whitespace"));
         assert!(check_schedule_key("a\nb").is_err());
         assert!(check_schedule_key("report").is_ok());
     }
@@ -872,6 +913,31 @@ mod tests {
         let later = plan.record.plan(fire + 1, false).unwrap();
         assert!(later.record.state.redecided.is_empty(), "{:?}", later.record.state.redecided);
         assert_eq!(later.record.fire_id(fire).as_str(), format!("sched:k:{fire}"));
+    }
+
+    #[test]
+    fn a_pause_uncounts_the_fires_it_cancels_once() {
+        let every_2s = record(Schedule::every(Duration::from_secs(2)), T2026);
+        let now = T2026 + 1_000;
+        // Decided ahead: the fires at +2 s, +4 s and +6 s (within FIRE_AHEAD_MS of now).
+        let decided = every_2s.plan(now, false).unwrap().record;
+        assert_eq!(decided.state.fires, 3);
+        assert!(!decided.withdrawn_ahead(now));
+        let paused = decided.set_paused(true, now).unwrap();
+        assert_eq!(paused.state.fires, 0, "the cancelled runs are not fires started");
+        assert!(paused.withdrawn_ahead(now));
+        // Resumed and paused again before the scheduler decided them again: nothing more is
+        // cancelled or uncounted.
+        let resumed = paused.set_paused(false, now).unwrap();
+        assert!(resumed.fires_ahead(now).is_empty());
+        let again = resumed.set_paused(true, now).unwrap();
+        assert_eq!(again.state.fires, 0);
+        assert_eq!(again.state.redecided, paused.state.redecided);
+        // Decided again after a resume: counted once more, under new run ids.
+        let redecided = resumed.plan(now, false).unwrap();
+        assert_eq!(redecided.record.state.fires, 3);
+        assert!(!redecided.record.withdrawn_ahead(now));
+        assert!(redecided.fires.iter().all(|f| f.run_id.as_str().ends_with("~1")), "{:?}", redecided.fires);
     }
 
     #[test]

@@ -8,6 +8,11 @@ use std::time::Duration;
 
 use crate::Millis;
 
+/// 9999-12-31T23:59:59.999Z: the latest time a run may be started at or a schedule may first
+/// fire at. Times are printed with four-digit years (RFC 3339), and a later one is a mistake
+/// (`start_at(u64::MAX)`, `delay(Duration::MAX)`, `every(Duration::MAX)`), not a plan.
+pub const LATEST_START: Millis = 253_402_300_799_999;
+
 /// `d` in whole milliseconds, saturating at [`Millis::MAX`].
 pub fn millis(d: Duration) -> Millis {
     u64::try_from(d.as_millis()).unwrap_or(Millis::MAX)

@@ -200,6 +200,19 @@ pub enum Error {
         /// Why it was refused.
         source: Box<Error>,
     },
+    /// A start's time ([`StartOptions::start_at`](crate::StartOptions::start_at) or
+    /// [`delay`](crate::StartOptions::delay)) comes after
+    /// [`LATEST_START`](durable_core::LATEST_START), the year 9999: refused, nothing was written.
+    #[error(
+        "the start of workflow {workflow:?} is set for {at} ms since 1970, after the year 9999: give start_at in milliseconds since 1970 (at most {}) or a shorter delay",
+        durable_core::LATEST_START
+    )]
+    StartTooLate {
+        /// The workflow.
+        workflow: String,
+        /// The start time asked for, in milliseconds since 1970.
+        at: durable_core::Millis,
+    },
     /// The store failed during [`Engine::start_many`](crate::Engine::start_many) after the
     /// first `started` items were persisted and dispatched (whole batches: the failed batch
     /// persisted nothing). Starting the rest again is safe for items with ids (an existing id

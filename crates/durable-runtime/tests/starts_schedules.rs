@@ -171,6 +171,7 @@ async fn bad_schedules_are_refused_by_name_and_nothing_is_saved(store: StoreFixt
         ("zero", Schedule::every(Duration::ZERO), "interval of zero"),
         ("never", Schedule::cron("0 0 30 2 *"), "matches no time"),
         ("past", Schedule::cron("0 0 0 1 1 * 2020"), "only years that have passed"),
+        ("far", Schedule::every(Duration::MAX), "after the year 9999"),
     ];
     for (key, schedule, named) in cases {
         let err = t.schedule(key, schedule, "echo", &1).await.unwrap_err();
@@ -181,8 +182,10 @@ async fn bad_schedules_are_refused_by_name_and_nothing_is_saved(store: StoreFixt
     }
     let err = t.schedule("k", Schedule::every(H), "nope", &1).await.unwrap_err();
     assert!(matches!(err, Error::UnknownWorkflow { .. }), "{err}");
-    let err = t.schedule("", Schedule::every(H), "echo", &1).await.unwrap_err();
-    assert!(matches!(err, Error::BadSchedule { .. }), "{err}");
+    for key in ["", " "] {
+        let err = t.schedule(key, Schedule::every(H), "echo", &1).await.unwrap_err();
+        assert!(matches!(err, Error::BadSchedule { .. }), "{key:?}: {err}");
+    }
     assert!(matches!(t.pause_schedule("missing").await.unwrap_err(), Error::ScheduleNotFound { .. }));
     assert!(t.list_schedules().await.unwrap().is_empty());
 }
@@ -314,6 +317,7 @@ async fn fires_are_decided_ahead_start_at_their_time_and_a_pause_cancels_them(st
     assert_eq!((run.status, run.wake_at), (RunStatus::Pending, Some(t0 + ms(H))), "due at the fire time");
     t.pause_schedule("paused-ahead").await.unwrap();
     assert_eq!(t.get_run(&paused).await.unwrap().unwrap().status, RunStatus::Cancelled, "a pause cancels it");
+    assert_eq!(t.get_schedule("paused-ahead").await.unwrap().unwrap().state.fires, 0, "and uncounts it");
     t.advance(Duration::from_secs(3));
     assert_eq!(t.wait_for_run(&ahead).await.unwrap().output::<i32>().unwrap(), 1);
     let run = t.get_run(&ahead).await.unwrap().unwrap();
@@ -352,7 +356,7 @@ async fn a_fire_cancelled_by_a_pause_is_decided_again_by_a_resume_before_its_tim
         assert_eq!(t.get_run(id).await.unwrap().unwrap().status, RunStatus::Cancelled, "{id}");
     }
     let state = t.get_schedule("again").await.unwrap().unwrap().state;
-    assert_eq!((state.last_run_id, state.fires), (Some(runs), 3));
+    assert_eq!((state.last_run_id, state.fires), (Some(runs), 1), "the fire counted once, not once per decision");
 
     // Deleted and declared again before a fire's time: the new schedule's fire gets a run of
     // its own too.
@@ -437,6 +441,19 @@ async fn a_delayed_start_waits_pending_then_completes(store: StoreFixture) {
     let past = t.start("echo", &6, StartOptions::id("past").start_at(now)).await.unwrap();
     assert_eq!(past.run.wake_at, None);
     assert_eq!(t.wait_for_run(&past.id).await.unwrap().output::<i32>().unwrap(), 6);
+    // A start after the year 9999 is a mistake: refused by name, nothing written.
+    for (id, options) in [
+        ("max", StartOptions::id("max").start_at(u64::MAX)),
+        ("forever", StartOptions::id("forever").delay(Duration::MAX)),
+    ] {
+        let err = t.start("echo", &7, options).await.unwrap_err();
+        assert!(matches!(&err, Error::StartTooLate { workflow, .. } if workflow == "echo"), "{err}");
+        assert!(err.to_string().contains("after the year 9999"), "{err}");
+        assert_eq!(t.get_run(&RunId::new(id)).await.unwrap(), None, "{id}: nothing written");
+    }
+    t.start("echo", &8, StartOptions::id("last-year").start_at(durable_core::LATEST_START))
+        .await
+        .expect("9999 is fine");
 }
 
 async fn a_delayed_start_survives_a_restart(store: StoreFixture) {

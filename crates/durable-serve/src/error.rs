@@ -87,9 +87,11 @@ impl From<durable::Error> for ApiError {
             }
             e @ (E::NotRetryable { .. } | E::Compensated { .. }) => ApiError::conflict(e.to_string()),
             e @ E::PayloadTooLarge { .. } => ApiError::payload_too_large(e.to_string()),
-            e @ (E::InvalidInput { .. } | E::Serialize { .. } | E::InvalidName { .. } | E::InvalidId(_)) => {
-                ApiError::bad_request(e.to_string())
-            }
+            e @ (E::InvalidInput { .. }
+            | E::Serialize { .. }
+            | E::InvalidName { .. }
+            | E::InvalidId(_)
+            | E::StartTooLate { .. }) => ApiError::bad_request(e.to_string()),
             e => ApiError::store_failed(e.to_string()),
         }
     }

@@ -201,6 +201,9 @@ impl Engine {
             return Err(e);
         }
         let start_at = options.start_at.or_else(|| options.delay.map(|d| durable_core::millis_after(now, d)));
+        if let Some(at) = start_at.filter(|at| *at > durable_core::LATEST_START) {
+            return Err(Error::StartTooLate { workflow: workflow.to_string(), at });
+        }
         let trace_context = match options.trace_context {
             Some(given) => durable_core::trace::TraceParent::parse(&given)?.to_string(),
             None => crate::trace::new_trace_context(Some(&id), workflow, version),
