@@ -11,7 +11,7 @@ use durable_conformance::test_config;
 use durable_core::{QueueReason, RunId};
 use durable_runtime::{Engine, StartOptions, WorkflowCtx, WorkflowError};
 use durable_store_memory::MemoryStore;
-use durable_transport::{Consumer, Handled, QueuedRun, RunHandler, Transport, TransportError};
+use durable_transport::{Consumer, Handled, InProcessTransport, QueuedRun, RunHandler, Transport, TransportError};
 
 /// Logs into a buffer from here on (this thread), and makes every call site look again.
 fn capture() -> (Logged, tracing::subscriber::DefaultGuard) {
@@ -127,4 +127,45 @@ async fn a_queue_that_works_again_is_reported() {
     assert_eq!(text.matches("the run queue is failing").count(), 1, "{text}");
     assert_eq!(text.matches("the run queue is working again").count(), 1, "{text}");
     engine.shutdown().await;
+}
+
+/// Workers and a client whose run queues differ (two brokers, or two prefixes on one): the
+/// client's start items reach no consumer, the workers' pending poller sends the runs again
+/// after the poll grace, and says what to check, once. Engines sharing one queue never wait
+/// the grace, and nothing is said.
+#[tokio::test]
+async fn starts_that_never_reach_the_run_queue_are_reported() {
+    let (logged, _log) = capture();
+    let mut config = test_config();
+    config.poll_grace = std::time::Duration::from_millis(50);
+    let store: Arc<dyn durable_core::Store> = Arc::new(MemoryStore::new());
+    let engine = |transport: InProcessTransport, client: bool| {
+        let builder = Engine::builder().shared_store(store.clone()).transport(transport).config(config.clone());
+        let engine = if client { builder.client_only() } else { builder }.build().unwrap();
+        engine.register("nap", 1, |_: WorkflowCtx, i: u64| async move { Ok::<_, WorkflowError>(i) });
+        engine
+    };
+    let warning = "never reached this engine's run queue while it had a slot free";
+
+    let shared = InProcessTransport::new();
+    let (client, worker) = (engine(shared.clone(), true), engine(shared, false));
+    for i in 0..3u64 {
+        let id = client.start("nap", &i, StartOptions::id(format!("same-{i}"))).await.unwrap().id;
+        assert_eq!(client.wait_for_run(&id).await.unwrap().output::<u64>().unwrap(), i);
+    }
+    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
+    assert!(!text.contains(warning), "{text}");
+    client.shutdown().await;
+    worker.shutdown().await;
+
+    let (client, worker) = (engine(InProcessTransport::new(), true), engine(InProcessTransport::new(), false));
+    for i in 0..3u64 {
+        let id = client.start("nap", &i, StartOptions::id(format!("other-{i}"))).await.unwrap().id;
+        assert_eq!(client.wait_for_run(&id).await.unwrap().output::<u64>().unwrap(), i, "run by the poller");
+    }
+    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
+    assert_eq!(text.matches(warning).count(), 1, "once a minute: {text}");
+    assert!(text.contains("WARN") && text.contains("the same transport and prefix"), "{text}");
+    client.shutdown().await;
+    worker.shutdown().await;
 }

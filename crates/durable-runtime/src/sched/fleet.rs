@@ -28,6 +28,8 @@ pub(super) struct Fleet {
     queue_failures: Mutex<QueueFailures>,
     /// When a run the store does not have was last reported ([`Shared::missing_run`]).
     missing_report: Mutex<Option<Instant>>,
+    /// Runs the pending poller sent again while slots here were free ([`Shared::stray_starts`]).
+    stray_starts: Mutex<super::FailureTally>,
 }
 
 impl Fleet {
@@ -40,6 +42,7 @@ impl Fleet {
             consumer: Mutex::new(None),
             queue_failures: Mutex::new(QueueFailures::default()),
             missing_report: Mutex::new(None),
+            stray_starts: Mutex::new(super::FailureTally::default()),
         }
     }
 
@@ -261,6 +264,27 @@ impl Shared {
                  a minute)"
             );
         }
+    }
+
+    /// The pending poller sends `n` runs to the run queue again: they were still pending after
+    /// the poll grace while this engine, which executes runs, had a slot free, so their start
+    /// items never reached its consumer. Now and then that is a start whose engine died before
+    /// sending it; again and again, it is an engine or tool that starts runs on another run
+    /// queue (another broker or prefix) or on none, and each of its runs waits the grace:
+    /// said at most once a minute, with the count since the last report.
+    pub(super) fn stray_starts(&self, n: usize, grace: Duration) {
+        if !self.config.execute || !self.has_free_slot() {
+            return;
+        }
+        let Some(runs) = self.fleet.stray_starts.lock().failed(n as u64) else { return };
+        tracing::warn!(
+            runs,
+            "{runs} pending run(s) never reached this engine's run queue while it had a slot free: the pending \
+             poller sent them again after the poll grace ({grace:?}). If this keeps happening, the engines or tools \
+             that start runs use another run queue (another broker or prefix) or none, and every run they start \
+             waits the grace: give every engine of the deployment the same transport and prefix (reported at most \
+             once a minute)"
+        );
     }
 
     /// Registers this engine's consumer with the transport: it hands runs to

@@ -231,6 +231,9 @@ impl Shared {
         }
         // With a run queue, what a poller finds is handed to every instance, not executed here.
         let pending = pending.map(|found| self.pending_to_hand_on(found, now, pending_grace)).unwrap_or_default();
+        if pending_grace > 0 && !pending.is_empty() {
+            self.stray_starts(pending.len(), Duration::from_millis(pending_grace));
+        }
         for id in pending {
             self.queue_found(id, QueueReason::Start, mark);
         }
