@@ -183,13 +183,15 @@ fn usage_error(e: &clap::Error) -> ExitCode {
             ExitCode::from(2)
         }
         _ => {
-            // clap's message, without the usage block, on one line.
+            // clap's message, without the usage block, on one line; and without its tip to
+            // pass an unknown flag as a value after `--` (`runs cancel <id> -- --force`): no
+            // command here takes such a value, so the tip only leads to another error.
             let rendered = e.render().to_string();
             let parts: Vec<&str> = rendered
                 .lines()
                 .map(str::trim)
                 .take_while(|l| !l.starts_with("Usage:") && !l.starts_with("For more information"))
-                .filter(|l| !l.is_empty())
+                .filter(|l| !l.is_empty() && !l.starts_with("tip: to pass '"))
                 .collect();
             let text = parts.join(" ");
             let line = if text.starts_with("error:") { text } else { format!("error: {text}") };
