@@ -9,7 +9,7 @@ use crate::options::{PostgresOptions, quote_ident};
 /// The schema version this build writes and reads. A schema with an older version is migrated
 /// forward on connect (unless `migrate(false)`: [`Error::SchemaTooOld`]); one with a newer
 /// version is refused ([`Error::SchemaTooNew`]).
-pub const SCHEMA_VERSION: u32 = 23;
+pub const SCHEMA_VERSION: u32 = 24;
 
 /// One step of the schema's history, applied in the same transaction as the row recording it.
 struct Migration {
@@ -152,6 +152,12 @@ const MIGRATIONS: &[Migration] = &[
         description: "a signal sent with a claim claims the run it wakes in the same transaction (an engine \
                       signalling a run whose suspended turn it keeps in memory)",
         sql: include_str!("sql/v23.sql"),
+    },
+    Migration {
+        version: 24,
+        description: "a batch's delivery targets are found and locked by one index probe each (a batch of \
+                      signals read every signal waiter, and scanned the runs, on a schema without statistics)",
+        sql: include_str!("sql/v24.sql"),
     },
 ];
 

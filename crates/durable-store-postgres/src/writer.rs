@@ -14,7 +14,7 @@
 //! each request's operations): `apply` takes every advisory key of the batch, ascending, the rows
 //! of the admission gates it names, in gate order, and the rows of the runs it delivers to, in
 //! id order, before its first operation runs, so batches in flight together cannot deadlock on
-//! each other's keys, gates or woken runs (schema versions 12 and 18, `lock_batch`).
+//! each other's keys, gates or woken runs (schema versions 12, 18 and 24, `lock_batch`).
 //!
 //! Contract outcomes (lease lost, conflict, …) are answers, not errors, so one refused
 //! operation does not disturb its batch. If the batch fails for another reason: a deadlock or a

@@ -404,3 +404,46 @@ async fn a_settle_that_waited_for_its_runs_row_looks_again() {
     assert_eq!(store.get_run(&RunId::from("r")).await.unwrap().unwrap().status, RunStatus::Completed);
     assert!(store.waiters(&RunId::from("r")).await.unwrap().is_empty(), "the settle removed the waiter");
 }
+
+/// What `lock_batch` reads of `waiters` (by any scan) and of `runs` by sequential scans, for a
+/// batch of signals to `tokens`, in a transaction rolled back.
+async fn read_by_lock_batch(client: &Client, schema: &str, tokens: &[String]) -> (i64, i64) {
+    client.batch_execute("BEGIN").await.unwrap();
+    let locks = serde_json::json!({"keys": [], "tokens": tokens}).to_string();
+    let sql = format!("SELECT \"{schema}\".lock_batch($1::text::jsonb)");
+    client.execute(&sql, &[&locks]).await.unwrap();
+    let read = |table: &str| {
+        format!(
+            "SELECT COALESCE(seq_tup_read, 0) + COALESCE(idx_tup_fetch, 0), COALESCE(seq_tup_read, 0)
+               FROM pg_stat_xact_user_tables WHERE schemaname = '{schema}' AND relname = '{table}'"
+        )
+    };
+    let waiters: i64 = client.query_one(&read("waiters"), &[]).await.unwrap().get(0);
+    let runs_scanned: i64 = client.query_one(&read("runs"), &[]).await.unwrap().get(1);
+    client.batch_execute("ROLLBACK").await.unwrap();
+    (waiters, runs_scanned)
+}
+
+/// A batch of signals finds the runs it wakes with one index probe per token and locks their
+/// rows with one per run, on a new schema (no statistics: the planner's guess for
+/// `kind = 'signal'` is a handful of rows). Before version 24 a batch of 150 signals read every
+/// signal waiter and scanned all of `runs`, each row compared with each token: at scale, millions
+/// of rows per batch.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_of_signals_reads_only_the_waiters_and_runs_it_wakes() {
+    let Some(url) = url_or_skip("a_batch_of_signals_reads_only_the_waiters_and_runs_it_wakes") else { return };
+    let scratch = ScratchSchema::new(&url, "lockprobe").await.unwrap();
+    let store = scratch.connect().await.unwrap();
+    const PARKED: usize = 400;
+    for i in 0..PARKED {
+        park(&store, &format!("run-{i:03}"), &[&format!("token-{i:03}")]).await;
+    }
+    let client = scratch.client().await.unwrap();
+    for batch in [2, 150] {
+        let tokens: Vec<String> = (0..batch).map(|i| format!("token-{:03}", i * 2)).collect();
+        let (waiters, runs_scanned) = read_by_lock_batch(&client, scratch.name(), &tokens).await;
+        // About one waiter per token (a probe may step over a row or two), not all of them.
+        assert!(waiters <= batch as i64 + 5, "{batch} signals read {waiters} of {PARKED} waiters");
+        assert!(runs_scanned <= 1, "{batch} signals scanned {runs_scanned} of {PARKED} runs");
+    }
+}

@@ -8,9 +8,8 @@ pub(crate) const GROUP: &str = "durable";
 pub(crate) fn check_prefix(prefix: &str) -> Result<(), String> {
     let problem = if prefix.trim().is_empty() {
         Some("it is empty")
-    } else if prefix.chars().any(|c| c.is_whitespace() || c.is_control()) {
-        // As the NATS transport refuses it: one prefix names a deployment on either broker.
-        Some("it contains whitespace or a control character")
+    } else if prefix.chars().any(char::is_control) {
+        Some("it contains a control character")
     } else {
         None
     };
@@ -122,7 +121,7 @@ mod tests {
 
     #[test]
     fn blank_prefixes_are_refused_and_passwords_are_not_shown() {
-        for bad in ["", "  ", "a\nb", "my app", " prod"] {
+        for bad in ["", "  ", "a\nb"] {
             assert!(check_prefix(bad).unwrap_err().starts_with("invalid Redis prefix"), "{bad:?}");
         }
         assert_eq!(check_prefix("prod:orders"), Ok(()));
