@@ -364,7 +364,8 @@ pub struct ScheduleState {
     pub recheck_at: Option<Millis>,
     /// A manual fire asked for at this time ([`ScheduleRecord::trigger`]).
     pub trigger_at: Option<Millis>,
-    /// Fires started.
+    /// Fires started, less those decided ahead whose runs a pause or change cancelled before
+    /// their time.
     pub fires: u64,
     /// Fires skipped by the overlap policy.
     pub skipped: u64,
@@ -452,14 +453,26 @@ impl ScheduleRecord {
 
     /// The record with a new definition, workflow or input (as [`ScheduleRecord::new`] would
     /// make them); what the scheduler did so far is kept. A changed cadence or zone, or a
-    /// resume, counts from `now`: fires it would have had before are not caught up.
+    /// resume, counts from `now` (or from the last fire decided ahead that it keeps): fires it
+    /// would have had before are not caught up.
     ///
     /// The fires decided ahead that the change drops ([`ScheduleRecord::fires_dropped_by`]) are
     /// remembered, so one decided again (a resume before its time, a cadence changed back) gets
-    /// a run of its own instead of the cancelled one ([`ScheduleRecord::fire_id`]).
+    /// a run of its own instead of the cancelled one ([`ScheduleRecord::fire_id`]); they no
+    /// longer count in [`ScheduleState::fires`], and if the latest fire is one of them, the
+    /// latest one kept takes its place.
     pub fn redefine(&self, fresh: &ScheduleRecord, now: Millis) -> Result<Self, ScheduleError> {
         let mut record = self.clone();
         let dropped = self.fires_dropped_by(fresh, now);
+        // The fires decided ahead that keep their runs: the latest of them is the latest fire
+        // now, and the cadence goes on after it (they are not decided, nor counted, again).
+        let kept = self.fires_ahead(now).into_iter().filter(|at| !dropped.contains(at)).max();
+        if let (Some(last), Some(kept)) = (record.state.last_fire_at, kept)
+            && dropped.contains(&last)
+        {
+            record.state.last_fire_at = Some(kept);
+            record.state.last_run_id = Some(self.fire_id(kept));
+        }
         // Their runs are cancelled: they no longer count as fires started.
         record.state.fires = record.state.fires.saturating_sub(dropped.len() as u64);
         for at in dropped {
@@ -474,7 +487,7 @@ impl ScheduleRecord {
         record.input = fresh.input.clone();
         record.schedule = fresh.schedule.clone();
         if retimed {
-            record.state.next_fire_at = record.schedule.next_after(now)?;
+            record.state.next_fire_at = record.schedule.next_after(kept.map_or(now, |at| at.max(now)))?;
         }
         record.updated_at = now;
         record.due_at = record.compute_due();
@@ -851,14 +864,14 @@ mod tests {
         let ahead = decided.fires_ahead(now);
         assert_eq!(ahead.len(), MAX_AHEAD);
         // Every 20 ms: the fires at odd multiples of 10 ms go, those it shares stay. It counts
-        // from now.
+        // on from the last of those (they are not decided again).
         let mut slower = decided.clone();
         slower.schedule = Schedule::every(Duration::from_millis(20));
         assert!(decided.retimed_by(&slower));
         let dropped = decided.fires_dropped_by(&slower, now);
         assert_eq!(dropped.len(), MAX_AHEAD / 2, "{dropped:?}");
         assert!(dropped.iter().all(|at| at % 20 == 10), "{dropped:?}");
-        assert_eq!(decided.redefine(&slower, now).unwrap().state.next_fire_at, Some(T2026 + 20));
+        assert_eq!(decided.redefine(&slower, now).unwrap().state.next_fire_at, Some(T2026 + 660));
         // Paused: all of them go. A new input alone: none.
         let mut paused = decided.clone();
         paused.schedule.paused = true;
@@ -938,6 +951,33 @@ mod tests {
         assert_eq!(redecided.record.state.fires, 3);
         assert!(!redecided.record.withdrawn_ahead(now));
         assert!(redecided.fires.iter().all(|f| f.run_id.as_str().ends_with("~1")), "{:?}", redecided.fires);
+    }
+
+    #[test]
+    fn a_new_cadence_keeps_the_fires_it_shares_counted_once_and_moves_the_latest_fire() {
+        let every_1s = record(Schedule::every(Duration::from_secs(1)), T2026);
+        let now = T2026 + 500;
+        // Decided ahead: +1 s … +5 s.
+        let decided = every_1s.plan(now, false).unwrap().record;
+        assert_eq!((decided.state.fires, decided.state.last_fire_at), (5, Some(T2026 + 5_000)));
+        // Every 2 s: +2 s and +4 s keep their runs, +1 s, +3 s and +5 s are cancelled.
+        let mut every_2s = decided.clone();
+        every_2s.schedule = Schedule::every(Duration::from_secs(2));
+        assert_eq!(decided.fires_dropped_by(&every_2s, now), vec![T2026 + 1_000, T2026 + 3_000, T2026 + 5_000]);
+        let changed = decided.redefine(&every_2s, now).unwrap();
+        assert_eq!(changed.state.fires, 2);
+        assert_eq!(changed.state.last_fire_at, Some(T2026 + 4_000), "the latest fire kept");
+        assert_eq!(changed.state.last_run_id, Some(decided.fire_id(T2026 + 4_000)));
+        assert!(!changed.withdrawn_ahead(now));
+        assert_eq!(changed.state.next_fire_at, Some(T2026 + 6_000), "the cadence goes on after them");
+        // Planned again: the kept fires are not decided (or counted) a second time.
+        let planned = changed.plan(now, false).unwrap();
+        assert!(planned.fires.is_empty(), "{:?}", planned.fires);
+        assert_eq!(planned.record.state.fires, 2);
+        // A pause now cancels the two kept ones.
+        assert_eq!(changed.fires_ahead(now), vec![T2026 + 2_000, T2026 + 4_000]);
+        let paused = changed.set_paused(true, now).unwrap();
+        assert_eq!(paused.state.fires, 0);
     }
 
     #[test]

@@ -129,43 +129,134 @@ async fn a_queue_that_works_again_is_reported() {
     engine.shutdown().await;
 }
 
+/// An engine on `store` and `transport` with a 50 ms poll grace (a client, or a worker with
+/// `queue_concurrency` items at once), `nap` and `hold` registered: `hold` waits in its step
+/// until `release` is notified, after saying so on `entered`.
+fn fleet_engine(
+    store: &Arc<dyn durable_core::Store>,
+    transport: impl Transport,
+    client: bool,
+    queue_concurrency: usize,
+    gate: &Gate,
+) -> Engine {
+    let mut config = test_config();
+    config.poll_grace = std::time::Duration::from_millis(50);
+    config.queue_concurrency = queue_concurrency;
+    let builder = Engine::builder().shared_store(store.clone()).transport(transport).config(config);
+    let engine = if client { builder.client_only() } else { builder }.build().unwrap();
+    engine.register("nap", 1, |_: WorkflowCtx, i: u64| async move { Ok::<_, WorkflowError>(i) });
+    let gate = gate.clone();
+    engine.register("hold", 1, move |ctx: WorkflowCtx, _: u64| {
+        let gate = gate.clone();
+        async move {
+            let held: u64 = ctx
+                .step("hold", move |_| {
+                    let gate = gate.clone();
+                    async move {
+                        if let Some(entered) = gate.entered.lock().take() {
+                            let _ = entered.send(());
+                        }
+                        gate.release.notified().await;
+                        Ok::<_, durable_core::StepError>(1u64)
+                    }
+                })
+                .await?;
+            Ok::<_, WorkflowError>(held)
+        }
+    });
+    engine
+}
+
+/// Where `hold` says it is in its step, and what lets it go on.
+#[derive(Clone)]
+struct Gate {
+    entered: Arc<parking_lot::Mutex<Option<tokio::sync::oneshot::Sender<()>>>>,
+    release: Arc<tokio::sync::Notify>,
+}
+
+fn gate() -> (Gate, tokio::sync::oneshot::Receiver<()>) {
+    let (entered, inside) = tokio::sync::oneshot::channel();
+    (Gate { entered: Arc::new(parking_lot::Mutex::new(Some(entered))), release: Arc::default() }, inside)
+}
+
+const STRAY: &str = "never reached this engine's run queue while it was idle";
+
 /// Workers and a client whose run queues differ (two brokers, or two prefixes on one): the
-/// client's start items reach no consumer, the workers' pending poller sends the runs again
-/// after the poll grace, and says what to check, once. Engines sharing one queue never wait
-/// the grace, and nothing is said.
+/// client's start items reach no consumer, the worker's pending poller sends the runs again
+/// after the poll grace, and says what to check, once.
 #[tokio::test]
 async fn starts_that_never_reach_the_run_queue_are_reported() {
     let (logged, _log) = capture();
-    let mut config = test_config();
-    config.poll_grace = std::time::Duration::from_millis(50);
     let store: Arc<dyn durable_core::Store> = Arc::new(MemoryStore::new());
-    let engine = |transport: InProcessTransport, client: bool| {
-        let builder = Engine::builder().shared_store(store.clone()).transport(transport).config(config.clone());
-        let engine = if client { builder.client_only() } else { builder }.build().unwrap();
-        engine.register("nap", 1, |_: WorkflowCtx, i: u64| async move { Ok::<_, WorkflowError>(i) });
-        engine
-    };
-    let warning = "never reached this engine's run queue while it had a slot free";
-
-    let shared = InProcessTransport::new();
-    let (client, worker) = (engine(shared.clone(), true), engine(shared, false));
-    for i in 0..3u64 {
-        let id = client.start("nap", &i, StartOptions::id(format!("same-{i}"))).await.unwrap().id;
-        assert_eq!(client.wait_for_run(&id).await.unwrap().output::<u64>().unwrap(), i);
-    }
-    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
-    assert!(!text.contains(warning), "{text}");
-    client.shutdown().await;
-    worker.shutdown().await;
-
-    let (client, worker) = (engine(InProcessTransport::new(), true), engine(InProcessTransport::new(), false));
+    let (gate, _) = gate();
+    let client = fleet_engine(&store, InProcessTransport::new(), true, 64, &gate);
+    let worker = fleet_engine(&store, InProcessTransport::new(), false, 64, &gate);
     for i in 0..3u64 {
         let id = client.start("nap", &i, StartOptions::id(format!("other-{i}"))).await.unwrap().id;
         assert_eq!(client.wait_for_run(&id).await.unwrap().output::<u64>().unwrap(), i, "run by the poller");
     }
     let text = String::from_utf8(logged.0.lock().clone()).unwrap();
-    assert_eq!(text.matches(warning).count(), 1, "once a minute: {text}");
+    assert_eq!(text.matches(STRAY).count(), 1, "once a minute: {text}");
     assert!(text.contains("WARN") && text.contains("the same transport and prefix"), "{text}");
+    client.shutdown().await;
+    worker.shutdown().await;
+}
+
+/// One run queue, tells the test of each run sent to it a second time.
+#[derive(Debug)]
+struct Resent {
+    queue: InProcessTransport,
+    seen: parking_lot::Mutex<std::collections::HashSet<RunId>>,
+    again: tokio::sync::mpsc::UnboundedSender<RunId>,
+}
+
+#[async_trait]
+impl Transport for Resent {
+    async fn dispatch_runs(&self, namespace: Option<&str>, batch: Vec<QueuedRun>) -> Result<(), TransportError> {
+        for item in &batch {
+            if !self.seen.lock().insert(item.run_id.clone()) {
+                let _ = self.again.send(item.run_id.clone());
+            }
+        }
+        self.queue.dispatch_runs(namespace, batch).await
+    }
+
+    fn consume_runs(&self, namespace: Option<String>, concurrency: usize, handler: Arc<dyn RunHandler>) -> Consumer {
+        self.queue.consume_runs(namespace, concurrency, handler)
+    }
+
+    fn routes_without_namespace(&self) -> bool {
+        self.queue.routes_without_namespace()
+    }
+
+    fn merges_runs(&self) -> bool {
+        self.queue.merges_runs()
+    }
+}
+
+/// A backlog on a shared queue is not a stray start: runs wait in the queue past the grace
+/// (the pending poller sends them again) while the worker's consumer holds all it may, with
+/// execution slots to spare, and nothing is said.
+#[tokio::test]
+async fn a_backlog_is_not_reported_as_stray_starts() {
+    let (logged, _log) = capture();
+    let store: Arc<dyn durable_core::Store> = Arc::new(MemoryStore::new());
+    let (sent_again, mut again) = tokio::sync::mpsc::unbounded_channel();
+    let queue = Arc::new(Resent { queue: InProcessTransport::new(), seen: Default::default(), again: sent_again });
+    let (gate, inside) = gate();
+    let client = fleet_engine(&store, queue.clone(), true, 64, &gate);
+    let worker = fleet_engine(&store, queue, false, 1, &gate);
+    let held = client.start("hold", &0, StartOptions::id("held")).await.unwrap().id;
+    inside.await.unwrap();
+    let waiting = client.start("nap", &1, StartOptions::id("waiting")).await.unwrap().id;
+    // The worker's only queue item is `held`: `waiting` stays in the queue past the grace and
+    // is sent again.
+    while again.recv().await.unwrap() != waiting {}
+    gate.release.notify_one();
+    assert_eq!(client.wait_for_run(&held).await.unwrap().output::<u64>().unwrap(), 1);
+    assert_eq!(client.wait_for_run(&waiting).await.unwrap().output::<u64>().unwrap(), 1);
+    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
+    assert!(!text.contains(STRAY), "{text}");
     client.shutdown().await;
     worker.shutdown().await;
 }

@@ -423,6 +423,14 @@ async fn a_new_cadence_cancels_the_fires_ahead_it_does_not_share(store: StoreFix
     for key in ["updated", "redeclared"] {
         assert_eq!(t.get_run(&fire_id(key, t0 + ms(H))).await.unwrap().unwrap().status, RunStatus::Cancelled);
     }
+    // Counted as they went: the cancelled fires not at all, a kept one once (the new cadence
+    // counts on after it, not from the change).
+    for (key, fires) in [("updated", 0), ("redeclared", 0), ("halved", 1), ("new-input", 1)] {
+        let state = t.get_schedule(key).await.unwrap().unwrap().state;
+        assert_eq!(state.fires, fires, "{key}: {state:?}");
+    }
+    let halved = t.get_schedule("halved").await.unwrap().unwrap().state;
+    assert_eq!(halved.next_fire_at, Some(t0 + ms(H) + ms(H / 2)));
 }
 
 async fn a_delayed_start_waits_pending_then_completes(store: StoreFixture) {

@@ -302,13 +302,16 @@ impl StartOptions {
     /// Starts the run at `at` (epoch milliseconds on the engine's clock) rather than at once:
     /// it is created `pending` with that start time (shown by `runs show`) and executes when
     /// it comes — one durable timer, no polling per run, surviving restarts. A time in the
-    /// past starts at once.
+    /// past starts at once; one after the year 9999
+    /// ([`LATEST_START`](durable_core::LATEST_START)) is refused as
+    /// [`Error::StartTooLate`](crate::Error::StartTooLate).
     pub fn start_at(mut self, at: Millis) -> Self {
         self.start_at = Some(at);
         self
     }
 
-    /// Starts the run `delay` after it is created ([`StartOptions::start_at`]).
+    /// Starts the run `delay` after it is created ([`StartOptions::start_at`]; a delay that
+    /// ends after the year 9999 is refused as [`Error::StartTooLate`](crate::Error::StartTooLate)).
     pub fn delay(mut self, delay: Duration) -> Self {
         self.delay = Some(delay);
         self

@@ -20,13 +20,14 @@ impl Engine {
     ///
     /// Idempotent: declaring the same definition again (at every boot, say) changes nothing;
     /// a different one replaces it and keeps what was fired so far. A new cadence or time zone
-    /// counts from now: runs of fires the old one decided ahead of their time
+    /// counts from now (or from the last fire decided ahead that it shares): runs of fires the old one decided ahead of their time
     /// ([`FIRE_AHEAD_MS`](durable_core::schedule::FIRE_AHEAD_MS)) at times the new one does
     /// not fire are cancelled, as a pause cancels them; a new workflow or input alone leaves
     /// them to start as decided. `Schedule::paused` applies when the schedule is created: declaring an existing
     /// schedule again keeps it paused or running as it is (an operator's `durable schedules
     /// pause` survives the next deploy); [`Engine::pause_schedule`] and
-    /// [`Engine::resume_schedule`] change it. A bad cron expression, an unknown time zone or an interval of zero is
+    /// [`Engine::resume_schedule`] change it. A bad cron expression, an unknown time zone, an interval of zero, a
+    /// first fire after the year 9999 or a blank key is
     /// [`Error::BadSchedule`] naming it; an unregistered workflow is
     /// [`Error::UnknownWorkflow`]; an input the workflow cannot decode is
     /// [`Error::InvalidInput`]; an input that gives no usable concurrency key is

@@ -2,7 +2,7 @@
 //! sending end, the transport's consumer handing runs to this engine's slots on the other.
 
 use std::collections::{BTreeMap, HashMap};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
@@ -28,8 +28,12 @@ pub(super) struct Fleet {
     queue_failures: Mutex<QueueFailures>,
     /// When a run the store does not have was last reported ([`Shared::missing_run`]).
     missing_report: Mutex<Option<Instant>>,
-    /// Runs the pending poller sent again while slots here were free ([`Shared::stray_starts`]).
+    /// Runs the pending poller sent again while this engine's consumer held none
+    /// ([`Shared::stray_starts`]).
     stray_starts: Mutex<super::FailureTally>,
+    /// Items the consumer holds: handed to this engine and not yet done (each is executing here
+    /// or waiting for a slot).
+    in_hand: AtomicUsize,
 }
 
 impl Fleet {
@@ -43,6 +47,7 @@ impl Fleet {
             queue_failures: Mutex::new(QueueFailures::default()),
             missing_report: Mutex::new(None),
             stray_starts: Mutex::new(super::FailureTally::default()),
+            in_hand: AtomicUsize::new(0),
         }
     }
 
@@ -267,19 +272,21 @@ impl Shared {
     }
 
     /// The pending poller sends `n` runs to the run queue again: they were still pending after
-    /// the poll grace while this engine, which executes runs, had a slot free, so their start
-    /// items never reached its consumer. Now and then that is a start whose engine died before
-    /// sending it; again and again, it is an engine or tool that starts runs on another run
-    /// queue (another broker or prefix) or on none, and each of its runs waits the grace:
-    /// said at most once a minute, with the count since the last report.
+    /// the poll grace while this engine, which executes runs, held no item of the queue and had
+    /// a slot free, so their start items never reached its consumer (a backlog keeps the
+    /// consumer's hands full). Now and then that is a start whose engine died before sending it,
+    /// or one written by a tool without the run queue (`durable runs retry`); again and again, it
+    /// is an engine that starts runs on another run queue (another broker or prefix) or on
+    /// none, and each of its runs waits the grace: said at most once a minute, with the count
+    /// since the last report.
     pub(super) fn stray_starts(&self, n: usize, grace: Duration) {
-        if !self.config.execute || !self.has_free_slot() {
+        if !self.config.execute || self.fleet.in_hand.load(Ordering::Acquire) > 0 || !self.has_free_slot() {
             return;
         }
         let Some(runs) = self.fleet.stray_starts.lock().failed(n as u64) else { return };
         tracing::warn!(
             runs,
-            "{runs} pending run(s) never reached this engine's run queue while it had a slot free: the pending \
+            "{runs} pending run(s) never reached this engine's run queue while it was idle: the pending \
              poller sent them again after the poll grace ({grace:?}). If this keeps happening, the engines or tools \
              that start runs use another run queue (another broker or prefix) or none, and every run they start \
              waits the grace: give every engine of the deployment the same transport and prefix (reported at most \
@@ -345,8 +352,27 @@ struct EngineHandler(Weak<Shared>);
 impl RunHandler for EngineHandler {
     async fn handle(&self, item: QueuedRun) -> Handled {
         match self.0.upgrade() {
-            Some(shared) => shared.run_queued(item).await,
+            Some(shared) => {
+                let _held = InHand::new(&shared.fleet.in_hand);
+                shared.run_queued(item).await
+            }
             None => Handled::HandBack,
         }
+    }
+}
+
+/// One item in the consumer's hands ([`Fleet::in_hand`]) until dropped.
+struct InHand<'a>(&'a AtomicUsize);
+
+impl<'a> InHand<'a> {
+    fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::AcqRel);
+        InHand(count)
+    }
+}
+
+impl Drop for InHand<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
