@@ -9,9 +9,11 @@
 -- `kind = 'signal'` is a handful of rows) and, for a hundred targets or more, scanned the whole
 -- `runs` table, comparing each row with each element: a batch of 150 signals read all 2,000
 -- signal waiters twice and all 2,000 runs of the `signals` benchmark, and would read millions of
--- rows at scale. Now each run probed or deleted (and each child of one), token, event name and
--- run locked is one index probe (a LATERAL subquery, which the planner cannot turn into a scan
--- of the whole table), and the runs are still locked in id order. Everything else of `lock_batch` is unchanged.
+-- rows at scale. Now each run probed, token, event name and run locked is one index probe (a
+-- LATERAL subquery over the array, which the planner cannot turn into a scan of the whole
+-- table, and whose cost it guesses small: no JIT), and the runs are still locked in id order.
+-- The runs a batch deletes, with their descendants, are read once into an array, and only when
+-- it deletes some (the recursive query used to run twice per batch).
 --
 -- A template, like v1.sql: `__SCHEMA__` is replaced by the quoted schema name.
 
@@ -21,20 +23,28 @@ DECLARE
     v_tokens text[] := ARRAY(SELECT jsonb_array_elements_text(p -> 'tokens'));
     v_events text[] := ARRAY(SELECT jsonb_array_elements_text(p -> 'events'));
     v_task_runs text[] := ARRAY(SELECT jsonb_array_elements_text(p -> 'task_runs'));
+    v_probe text[] := ARRAY(SELECT jsonb_array_elements_text(p -> 'probe'));
+    -- The runs the batch deletes and their descendants (read only when it deletes some).
+    v_doomed text[] := '{}';
     v_targets text[];
 BEGIN
+    IF jsonb_array_length(COALESCE(p -> 'delete', '[]'::jsonb)) > 0 THEN
+        v_doomed := ARRAY(
+            WITH RECURSIVE doomed (id, path) AS (
+                SELECT r.id, ARRAY[r.id] FROM __SCHEMA__.runs AS r
+                 WHERE r.id = ANY (ARRAY(SELECT jsonb_array_elements_text(p -> 'delete')))
+                UNION ALL
+                SELECT r.id, d.path || r.id FROM __SCHEMA__.runs AS r JOIN doomed AS d ON r.parent_id = d.id
+                 WHERE NOT (r.id = ANY (d.path)))
+            SELECT doomed.id FROM doomed);
+    END IF;
+
     -- 1. Every advisory key, ascending (one statement: the locks are taken in the order the
-    --    sorted keys are read).
+    --    sorted keys are read). The waiters of the runs probed or deleted: one index probe per
+    --    run (a LATERAL subquery, which the planner cannot turn into a scan of `waiters`).
     PERFORM pg_advisory_xact_lock(s.k) FROM (SELECT DISTINCT k FROM (
-        WITH RECURSIVE doomed (id, path) AS (
-            SELECT r.id, ARRAY[r.id] FROM jsonb_array_elements_text(p -> 'delete') AS x (id),
-                   LATERAL (SELECT r.id FROM __SCHEMA__.runs AS r WHERE r.id = x.id COLLATE "C" OFFSET 0) AS r
-            UNION ALL
-            SELECT c.id, d.path || c.id FROM doomed AS d,
-                   LATERAL (SELECT r.id FROM __SCHEMA__.runs AS r
-                             WHERE r.parent_id = d.id AND NOT (r.id = ANY (d.path)) OFFSET 0) AS c)
         SELECT __SCHEMA__.lock_key(l.kind, l.key) AS k
-          FROM (SELECT jsonb_array_elements_text(p -> 'probe') AS id UNION ALL SELECT d.id FROM doomed AS d) AS t,
+          FROM unnest(v_probe || v_doomed) AS t (id),
                LATERAL (SELECT w.kind, w.key FROM __SCHEMA__.waiters AS w
                          WHERE w.run_id = t.id COLLATE "C" OFFSET 0) AS l
         UNION ALL
@@ -56,24 +66,14 @@ BEGIN
             SELECT unnest(__SCHEMA__.admission_gates_of(r.id)) FROM (
                 SELECT jsonb_array_elements_text(COALESCE(p -> 'settles', '[]'::jsonb)) AS id
                 UNION SELECT unnest(v_task_runs)
-                UNION SELECT d.id FROM (
-                    WITH RECURSIVE doomed (id, path) AS (
-                        SELECT r.id, ARRAY[r.id] FROM jsonb_array_elements_text(p -> 'delete') AS x (id),
-                               LATERAL (SELECT r.id FROM __SCHEMA__.runs AS r
-                                         WHERE r.id = x.id COLLATE "C" OFFSET 0) AS r
-                        UNION ALL
-                        SELECT c.id, d.path || c.id FROM doomed AS d,
-                               LATERAL (SELECT r.id FROM __SCHEMA__.runs AS r
-                                         WHERE r.parent_id = d.id AND NOT (r.id = ANY (d.path)) OFFSET 0) AS c)
-                    SELECT doomed.id FROM doomed) AS d) AS r));
+                UNION SELECT unnest(v_doomed)) AS r));
     END IF;
 
     -- 3. The runs the batch delivers to, when there are two or more: their rows, in id order.
+    --    One index probe per token or event name (`waiters_key`) and per run (`runs_pkey`).
     IF cardinality(v_tokens) + cardinality(v_task_runs) < 2 AND cardinality(v_events) = 0 THEN
         RETURN;
     END IF;
-    -- One index probe per token or event name (`waiters_key`), and one per run (`runs_pkey`),
-    -- whatever the planner knows of the tables: a LATERAL subquery is run once per element.
     v_targets := ARRAY(
         SELECT l.run_id FROM unnest(v_tokens) AS t (key),
                LATERAL (SELECT w.run_id FROM __SCHEMA__.waiters AS w
