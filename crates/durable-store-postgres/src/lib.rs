@@ -458,7 +458,10 @@ impl PostgresStore {
     /// libpq's `key=value` form), creates or migrates the schema, and starts the writer task.
     ///
     /// One connection is opened now (so a wrong URL fails here, not on the first call); the pool
-    /// opens more as calls need them, up to [`PostgresOptions::pool_size`].
+    /// opens more as calls need them, up to [`PostgresOptions::pool_size`]. The connections run
+    /// with `jit = off` unless the URL's `options` set `jit`: the store's statements read a few
+    /// rows by index, and a planner that guesses them costly (tables without statistics) would
+    /// compile them for 100-350 ms first.
     ///
     /// # Errors
     /// - [`Error::InvalidUrl`], [`Error::InvalidOptions`]: nothing was attempted.
@@ -495,7 +498,7 @@ impl PostgresStore {
     /// Uses a pool you built (for TLS, custom connection hooks, or to share it), creates or
     /// migrates the schema and starts the writer task.
     ///
-    /// The pool's own settings stand: [`PostgresOptions::pool_size`], `statement_timeout`,
+    /// The pool's own settings stand: [`PostgresOptions::pool_size`], `statement_timeout`, `jit`,
     /// `connect_timeout`, `acquire_timeout` and `application_name` are not applied (set them on
     /// the pool and its `tokio_postgres::Config`). Build it with `Runtime::Tokio1` and a wait
     /// timeout, so an exhausted pool fails calls instead of blocking them forever. The store

@@ -210,6 +210,14 @@ pub(crate) fn config(url: &str, opts: &PostgresOptions) -> Result<tokio_postgres
         };
         cfg.options(&options);
     }
+    // JIT compiles a statement the planner guesses costly (`jit_above_cost`) before running it:
+    // 100-350 ms, for statements that read a few rows by index (a guess that high comes of
+    // tables without statistics, a new schema or autovacuum off). Off, unless the URL's
+    // `options` say otherwise.
+    let existing = cfg.get_options().unwrap_or_default().trim().to_string();
+    if !existing.contains("jit") {
+        cfg.options(format!("{existing} -c jit=off").trim_start());
+    }
     Ok(cfg)
 }
 
@@ -422,10 +430,13 @@ mod tests {
         let opts = PostgresOptions::new().statement_timeout(Some(std::time::Duration::from_secs(2)));
         let cfg = config("postgres://u:secret@db.example:6543/app?options=-c%20search_path%3Dx", &opts).unwrap();
         assert_eq!(cfg.get_application_name(), Some("durable"));
-        assert_eq!(cfg.get_options(), Some("-c search_path=x -c statement_timeout=2000"));
+        assert_eq!(cfg.get_options(), Some("-c search_path=x -c statement_timeout=2000 -c jit=off"));
         assert_eq!(target(&cfg), "u@db.example:6543/app");
         let cfg = config("postgres://u@h/d?application_name=mine", &PostgresOptions::new()).unwrap();
         assert_eq!(cfg.get_application_name(), Some("mine"));
+        assert_eq!(cfg.get_options(), Some("-c statement_timeout=30000 -c jit=off"));
+        let cfg = config("postgres://u@h/d?options=-c%20jit%3Don", &PostgresOptions::new().statement_timeout(None));
+        assert_eq!(cfg.unwrap().get_options(), Some("-c jit=on"), "the URL's own jit stands");
         let err = config("postgres://u:secret@h:notaport/d", &opts).unwrap_err().to_string();
         assert!(err.starts_with("invalid PostgreSQL URL") && !err.contains("secret"), "{err}");
         assert!(config("postgres:///d", &opts).unwrap_err().to_string().contains("no host"));

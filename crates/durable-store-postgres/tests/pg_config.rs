@@ -98,6 +98,25 @@ async fn sslmode_require_encrypts_every_connection_of_the_store() {
     assert!(all >= 1 && tls < all, "the plain store's connection is not encrypted: {tls} of {all}");
 }
 
+/// The store's connections run with JIT off (a statement the planner guesses costly, as on a
+/// table without statistics, was compiled for 100-350 ms before it read its few rows), unless
+/// the URL's `options` set `jit`.
+#[tokio::test]
+async fn the_stores_connections_run_without_jit_unless_the_url_says() {
+    let Some(url) = url_or_skip("the_stores_connections_run_without_jit_unless_the_url_says") else { return };
+    let scratch = common::ScratchSchema::new(&url, "jit").await.expect("scratch");
+    let jit = |store: PostgresStore| async move {
+        let client = store.pool().get().await.unwrap();
+        let row = client.query_one("SELECT current_setting('jit'), current_setting('statement_timeout')", &[]);
+        let row = row.await.unwrap();
+        (row.get::<_, String>(0), row.get::<_, String>(1))
+    };
+    let store = PostgresStore::connect_with(&url, scratch.options()).await.unwrap();
+    assert_eq!(jit(store).await, ("off".to_string(), "30s".to_string()), "JIT off, the statement timeout kept");
+    let store = PostgresStore::connect_with(&with_params(&url, "options=-c%20jit%3Don"), scratch.options()).await;
+    assert_eq!(jit(store.unwrap()).await.0, "on", "the URL's own setting stands");
+}
+
 /// `verify-ca` and `verify-full` check the server's certificate against the CA file
 /// `sslrootcert` names (or the system's CAs), `verify-full` its host name too. A refusal is
 /// one clear line naming what to fix, and not retryable.
