@@ -252,7 +252,7 @@ impl Shared {
         if let Ok(permit) = self.dispatch.slots.clone().try_acquire_owned() {
             return Some(permit);
         }
-        let _wanted = SlotWanted::new(&self.dispatch.slot_wanted);
+        let _wanted = Counted::new(&self.dispatch.slot_wanted);
         // Sequentially consistent with `hold_began`: either this sees the hold counted, or the
         // turn that began it sees this wait.
         if self.dispatch.held.load(Ordering::SeqCst) > 0 {
@@ -563,17 +563,18 @@ impl Drop for HandStashed<'_> {
     }
 }
 
-/// Counts a caller waiting for an execution slot while it waits (its future may be dropped).
-struct SlotWanted<'a>(&'a AtomicUsize);
+/// Counts one of something in `count` while it lasts: a caller waiting for an execution slot,
+/// an item in the run queue consumer's hands (their futures may be dropped).
+pub(super) struct Counted<'a>(&'a AtomicUsize);
 
-impl<'a> SlotWanted<'a> {
-    fn new(wanted: &'a AtomicUsize) -> Self {
-        wanted.fetch_add(1, Ordering::SeqCst);
-        SlotWanted(wanted)
+impl<'a> Counted<'a> {
+    pub(super) fn new(count: &'a AtomicUsize) -> Self {
+        count.fetch_add(1, Ordering::SeqCst);
+        Counted(count)
     }
 }
 
-impl Drop for SlotWanted<'_> {
+impl Drop for Counted<'_> {
     fn drop(&mut self) {
         self.0.fetch_sub(1, Ordering::SeqCst);
     }

@@ -12,7 +12,7 @@ use durable_transport::{Consumer, Handled, RunHandler, Transport};
 use parking_lot::Mutex;
 use tokio::sync::Notify;
 
-use super::dispatch::TaskGuard;
+use super::dispatch::{Counted, TaskGuard};
 use super::{Nudge, Shared};
 use crate::events::EngineEvent;
 
@@ -353,26 +353,10 @@ impl RunHandler for EngineHandler {
     async fn handle(&self, item: QueuedRun) -> Handled {
         match self.0.upgrade() {
             Some(shared) => {
-                let _held = InHand::new(&shared.fleet.in_hand);
+                let _held = Counted::new(&shared.fleet.in_hand);
                 shared.run_queued(item).await
             }
             None => Handled::HandBack,
         }
-    }
-}
-
-/// One item in the consumer's hands ([`Fleet::in_hand`]) until dropped.
-struct InHand<'a>(&'a AtomicUsize);
-
-impl<'a> InHand<'a> {
-    fn new(count: &'a AtomicUsize) -> Self {
-        count.fetch_add(1, Ordering::AcqRel);
-        InHand(count)
-    }
-}
-
-impl Drop for InHand<'_> {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
     }
 }
