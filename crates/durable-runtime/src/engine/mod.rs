@@ -431,6 +431,15 @@ impl Engine {
         self.shared().until_idle().await;
     }
 
+    /// Resolves once the engine's poller has looked at the store (for pending, due and orphaned
+    /// runs of the workflows registered then) at least once since the engine was built. Its
+    /// first look runs on a task of its own, so it may come late: a test that has a second
+    /// engine act on runs this one could find waits for it first. At once on an engine that
+    /// executes nothing ([`EngineBuilder::client_only`]): it has no poller.
+    pub async fn until_polled(&self) {
+        self.inner.shared.until_polled().await;
+    }
+
     /// The engine's counters.
     pub fn metrics(&self) -> Metrics {
         let shared = &self.inner.shared;

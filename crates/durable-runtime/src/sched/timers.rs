@@ -30,6 +30,8 @@ pub(super) struct Timers {
     /// With a poll grace: the runs the last poll found pending, with when this poller first
     /// saw them pending (or last handed them on).
     pending_seen: Mutex<HashMap<RunId, Millis>>,
+    /// How many looks the poller has finished (one with nothing registered counts).
+    polls: tokio::sync::watch::Sender<u64>,
 }
 
 /// One timer per run: the time its last turn here parked it until.
@@ -135,6 +137,16 @@ impl Shared {
         self.timers.cancel(id);
     }
 
+    /// Resolves once the poller has finished a look at the store (its first, at least); at once
+    /// on an engine that executes nothing (it has no poller).
+    pub(crate) async fn until_polled(&self) {
+        if !self.config.execute {
+            return;
+        }
+        let mut polls = self.timers.polls.subscribe();
+        let _ = polls.wait_for(|n| *n > 0).await;
+    }
+
     /// Has the poller look at the store now instead of at its next tick.
     pub(crate) fn poll_now(&self) {
         self.timers.poke.notify_one();
@@ -168,6 +180,7 @@ impl Shared {
                 last_orphan_scan = Some(tokio::time::Instant::now());
                 self.enforce_timeouts().await;
             }
+            self.timers.polls.send_modify(|n| *n += 1);
             tokio::select! {
                 biased;
                 () = tokio::time::sleep(self.config.poll_interval) => {}
