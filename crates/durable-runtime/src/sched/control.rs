@@ -48,9 +48,8 @@ pub(super) struct Control {
     /// receive; the shutdown takes it to publish what is left).
     pending_events: tokio::sync::Mutex<mpsc::Receiver<EngineEvent>>,
     /// Events dropped because the queue was full, since the last report.
-    dropped: AtomicU64,
-    dropped_report: Mutex<Option<Instant>>,
-    publish_report: Mutex<Option<Instant>>,
+    dropped_report: Mutex<FailureTally>,
+    publish_report: Mutex<FailureTally>,
     /// The kinds of messages whose last publish failed (each one's recovery is reported).
     publish_failing: Mutex<BTreeSet<String>>,
     /// Queues to nudge: `(namespace, task queue)`; `None` queue: the run queue.
@@ -88,9 +87,8 @@ impl Control {
             forwarding,
             events,
             pending_events: tokio::sync::Mutex::new(pending_events),
-            dropped: AtomicU64::new(0),
-            dropped_report: Mutex::new(None),
-            publish_report: Mutex::new(None),
+            dropped_report: Mutex::new(FailureTally::default()),
+            publish_report: Mutex::new(FailureTally::default()),
             publish_failing: Mutex::new(BTreeSet::new()),
             nudges: Mutex::new(BTreeSet::new()),
             nudged: Notify::new(),
@@ -124,16 +122,6 @@ impl FailureTally {
         self.last_report = Some(Instant::now());
         Some(std::mem::take(&mut self.since_report))
     }
-}
-
-/// Whether the last report of a kind of failure is older than a minute (then it is now).
-pub(super) fn due(last: &Mutex<Option<Instant>>) -> bool {
-    let mut last = last.lock();
-    if last.is_some_and(|t| t.elapsed() < REPORT_EVERY) {
-        return false;
-    }
-    *last = Some(Instant::now());
-    true
 }
 
 /// The registration of a run executing here (from its first claim to the end of its last
@@ -243,9 +231,7 @@ impl Shared {
         if control.events.try_send(event.clone()).is_ok() {
             return;
         }
-        let dropped = control.dropped.fetch_add(1, Ordering::Relaxed) + 1;
-        if due(&control.dropped_report) {
-            control.dropped.fetch_sub(dropped, Ordering::Relaxed);
+        if let Some(dropped) = control.dropped_report.lock().failed(1) {
             tracing::warn!(
                 dropped,
                 "the control plane is not keeping up: {dropped} engine events were not forwarded to other engines \
@@ -403,7 +389,7 @@ impl Shared {
             }
             Err(e) => {
                 self.control.publish_failing.lock().insert(what.to_string());
-                if due(&self.control.publish_report) {
+                if self.control.publish_report.lock().failed(1).is_some() {
                     tracing::warn!(error = %e, "the control plane is failing: {n} {what} not published (reported at most once a minute)");
                 }
             }

@@ -4,7 +4,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use async_trait::async_trait;
 use durable_core::{Millis, QueueReason, QueuedRun, RunId};
@@ -26,8 +26,8 @@ pub(super) struct Fleet {
     outbox_full: Notify,
     consumer: Mutex<Option<Consumer>>,
     queue_failures: Mutex<QueueFailures>,
-    /// When a run the store does not have was last reported ([`Shared::missing_run`]).
-    missing_report: Mutex<Option<Instant>>,
+    /// Runs handed over that the store does not have ([`Shared::missing_run`]).
+    missing_report: Mutex<super::FailureTally>,
     /// Runs the pending poller sent again while this engine's consumer held none
     /// ([`Shared::stray_starts`]).
     stray_starts: Mutex<super::FailureTally>,
@@ -45,7 +45,7 @@ impl Fleet {
             outbox_full: Notify::new(),
             consumer: Mutex::new(None),
             queue_failures: Mutex::new(QueueFailures::default()),
-            missing_report: Mutex::new(None),
+            missing_report: Mutex::new(super::FailureTally::default()),
             stray_starts: Mutex::new(super::FailureTally::default()),
             in_hand: AtomicUsize::new(0),
         }
@@ -260,7 +260,7 @@ impl Shared {
     /// transport's prefix (each then loses the other's items until its pollers find them, a
     /// lease or a poll later): said at most once a minute.
     pub(super) fn missing_run(&self, id: &RunId) {
-        if self.fleet.has_queue() && super::control::due(&self.fleet.missing_report) {
+        if self.fleet.has_queue() && self.fleet.missing_report.lock().failed(1).is_some() {
             tracing::warn!(
                 run_id = %id,
                 "run {id} was handed to this engine but its store has no such run: deleted meanwhile, or \

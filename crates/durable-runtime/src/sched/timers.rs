@@ -30,8 +30,8 @@ pub(super) struct Timers {
     /// With a poll grace: the runs the last poll found pending, with when this poller first
     /// saw them pending (or last handed them on).
     pending_seen: Mutex<HashMap<RunId, Millis>>,
-    /// How many looks the poller has finished (one with nothing registered counts).
-    polls: tokio::sync::watch::Sender<u64>,
+    /// Whether the poller has finished a look (one with nothing registered counts).
+    polled: tokio::sync::watch::Sender<bool>,
 }
 
 /// One timer per run: the time its last turn here parked it until.
@@ -143,8 +143,7 @@ impl Shared {
         if !self.config.execute {
             return;
         }
-        let mut polls = self.timers.polls.subscribe();
-        let _ = polls.wait_for(|n| *n > 0).await;
+        let _ = self.timers.polled.subscribe().wait_for(|polled| *polled).await;
     }
 
     /// Has the poller look at the store now instead of at its next tick.
@@ -180,7 +179,7 @@ impl Shared {
                 last_orphan_scan = Some(tokio::time::Instant::now());
                 self.enforce_timeouts().await;
             }
-            self.timers.polls.send_modify(|n| *n += 1);
+            self.timers.polled.send_if_modified(|polled| !std::mem::replace(polled, true));
             tokio::select! {
                 biased;
                 () = tokio::time::sleep(self.config.poll_interval) => {}
