@@ -231,7 +231,7 @@ impl Schedule {
     /// after `now` must come by [`LATEST_START`](crate::LATEST_START) (the year 9999).
     pub fn validate_at(&self, now: Millis) -> Result<(), ScheduleError> {
         let compiled = self.compiled()?;
-        let first = compiled.next_after(now);
+        let first = compiled.next_after_unbounded(now);
         if let Some(first_at) = first.filter(|at| *at > crate::LATEST_START) {
             return Err(ScheduleError::TooLate { first_at });
         }
@@ -268,7 +268,8 @@ impl Schedule {
     }
 
     /// The first fire time strictly after `t`; `None` if the cadence never fires again (a
-    /// cron expression whose years have passed).
+    /// cron expression whose years have passed, or a next fire after
+    /// [`LATEST_START`](crate::LATEST_START), the year 9999).
     pub fn next_after(&self, t: Millis) -> Result<Option<Millis>, ScheduleError> {
         Ok(self.compiled()?.next_after(t))
     }
@@ -306,7 +307,14 @@ enum Compiled {
 }
 
 impl Compiled {
+    /// The next fire strictly after `t`, if it comes by the year 9999: a run cannot start
+    /// later ([`LATEST_START`](crate::LATEST_START)), so a cadence whose next fire is later
+    /// fires no more, like a cron expression whose years have passed.
     fn next_after(&self, t: Millis) -> Option<Millis> {
+        self.next_after_unbounded(t).filter(|at| *at <= crate::LATEST_START)
+    }
+
+    fn next_after_unbounded(&self, t: Millis) -> Option<Millis> {
         match self {
             Compiled::Every(every) => (t / every).checked_add(1)?.checked_mul(*every),
             Compiled::Cron(cron, zone) => {
@@ -751,7 +759,13 @@ mod tests {
         assert!(matches!(e, ScheduleError::TooLate { first_at } if first_at > crate::LATEST_START), "{e}");
         assert!(e.to_string().contains("after the year 9999"), "{e}");
         assert!(Schedule::every(Duration::from_secs(9_000 * 366 * 86_400)).validate_at(now).is_err());
-        Schedule::every(Duration::from_secs(7_000 * 365 * 86_400)).validate_at(now).expect("before 9999");
+        let far = Schedule::every(Duration::from_secs(7_000 * 365 * 86_400));
+        far.validate_at(now).expect("before 9999");
+        // Its second fire would come after 9999: it fires once, then no more.
+        let first = far.next_after(now).unwrap().expect("a first fire");
+        assert!(first <= crate::LATEST_START);
+        assert_eq!(far.next_after(first).unwrap(), None);
+        assert_eq!(far.upcoming(now, 3).unwrap(), vec![first]);
         Schedule::cron("0 0 0 1 1 * 2099").validate_at(now).expect("a year to come");
         assert!(check_schedule_key("").is_err());
         assert!(check_schedule_key(" ").unwrap_err().to_string().contains("only whitespace"));
