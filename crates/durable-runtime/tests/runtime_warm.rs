@@ -452,7 +452,68 @@ async fn a_signal_here_claims_its_warm_run_in_the_same_write(store: StoreFixture
     assert_eq!((calls.get(&Method::SendSignal), calls.get(&Method::SendSignalAndClaim)), (Some(&1), None));
 }
 
+/// A signal sent here claims its warm run reading only the history from the parked wait on
+/// (`send_signal_and_claim` with the turn's `from_seq`). When that claim shows another owner
+/// ran the run in between (it rewrote the step's checkpoint the parked turn holds in memory),
+/// the turn is stale: the engine reads the whole history and replays, and the run returns the
+/// store's value, not the one in memory, nor a step executed again over the partial history.
+async fn a_signal_claim_of_a_stale_warm_turn_replays_over_the_whole_history(store: StoreFixture) {
+    let counted = Arc::new(FaultyStore::over(store.store.clone()));
+    let clock = VirtualClock::starting_2026();
+    let a = engine(&(counted.clone() as Arc<dyn Store>), &clock, quiet_config(16));
+    let entries = Counter::new();
+    let e = entries.clone();
+    let executed = Counter::new();
+    let x_runs = executed.clone();
+    a.register("step_then_signal", 1, move |ctx: WorkflowCtx, _: ()| {
+        e.bump();
+        let x_runs = x_runs.clone();
+        async move {
+            let x: u64 = ctx
+                .step("x", move |_| {
+                    x_runs.bump();
+                    async { Ok(1u64) }
+                })
+                .await?;
+            let y: u64 = ctx.wait_for_signal("go").await?;
+            Ok::<_, WorkflowError>(x + y)
+        }
+    });
+    let mut events = a.subscribe();
+    let run = a.start("step_then_signal", &(), StartOptions::id("stale-signal")).await.unwrap();
+    a.until_run(&mut events, &run.id, kept_waiting_at(1, 1)).await;
+
+    // Another owner claims the run, rewrites the step's checkpoint and suspends it again.
+    let other = store.second_handle();
+    let now = durable_runtime::Clock::now(&clock);
+    let claim = Claim { run_id: run.id.clone(), owner: "intruder".into(), lease_until: now + 60_000, now };
+    let (claimed, history) = match other.claim_run(claim).await.unwrap() {
+        durable_core::ClaimOutcome::Acquired { run, history, .. } => (run, history),
+        other => panic!("expected the intruder to claim the run, got {other:?}"),
+    };
+    let mut rewritten = history[0].clone();
+    rewritten.output = Some(durable_core::Payload::encode(&42u64).unwrap());
+    let mut commit = durable_core::Commit::new(run.id.clone(), "intruder", now);
+    commit.checkpoints.push(rewritten);
+    commit.end = Some(durable_core::TurnEnd::Suspend { wake_at: None, seen_wake_gen: claimed.wake_gen });
+    other.commit(commit).await.unwrap();
+
+    a.until_idle().await;
+    counted.reset_counts();
+    a.signal("go", &5u64).await.unwrap();
+    a.assert_output(&run.id, 47u64).await;
+    let calls = counted.call_counts();
+    let n = |m| calls.get(&m).copied().unwrap_or(0);
+    assert_eq!(n(Method::SendSignalAndClaim), 1, "the signal claimed the run: {calls:?}");
+    assert_eq!(n(Method::History), 1, "the stale turn read the whole history: {calls:?}");
+    let m = a.metrics();
+    assert_eq!((m.warm_resumes, m.warm_dropped), (0, 1), "the claim count showed the other owner");
+    assert_eq!(entries.get(), 2, "replayed once");
+    assert_eq!(executed.get(), 1, "the step's checkpoint was replayed, not executed again");
+}
+
 on_every_store!(
+    a_signal_claim_of_a_stale_warm_turn_replays_over_the_whole_history,
     a_signal_here_claims_its_warm_run_in_the_same_write,
     an_unjoined_child_keeps_the_parent_cold,
     woken_here_resumes_without_replay,
