@@ -53,17 +53,18 @@
 /// store implementations.
 pub use durable_core::task;
 pub use durable_core::{
-    Backoff, Cadence, Checkpoint, CheckpointStatus, ExportError, Gather, HistoryExport, Millis, Overlap, Payload,
-    ReplayMismatch, Replayed, RetryPolicy, Run, RunEnd, RunFilter, RunId, RunPage, RunStatus, Schedule, ScheduleError,
-    ScheduleRecord, ScheduleState, StepError, StepKind, codes,
+    Backoff, Cadence, Checkpoint, CheckpointStatus, ExportError, Gather, HistoryExport, InvalidId, LATEST_START,
+    Millis, Overlap, Payload, ReplayMismatch, Replayed, RetryDecision, RetryPolicy, Run, RunEnd, RunFilter, RunId,
+    RunPage, RunStatus, Schedule, ScheduleError, ScheduleRecord, ScheduleState, StepError, StepKind, codes,
+    millis_after, millis_before,
 };
 pub use durable_runtime::{
     All, BoxFuture, BufferedDeliveries, BufferedKind, BufferedPurge, BufferedQuery, Cancel, ChildFailed, ChildHandle,
-    ChildOptions, Clock, Delivery, Engine, EngineBuilder, EngineConfig, EngineEvent, Error, EventTrigger, Metrics,
-    Publication, PublishOptions, QueueHealth, QueueOptions, RemoteStep, ReplayError, Result, RunOutcome, SignalError,
-    StartOptions, Started, Step, StepContext, StepFailed, StepOptions, SystemClock, TaskContext, TaskError, TokioClock,
-    UpdateOutcome, VirtualClock, Worker, WorkerBuilder, WorkerHealth, WorkerReport, WorkflowCtx, WorkflowError,
-    WorkflowOptions, shutdown_signal, uuid,
+    ChildOptions, Clock, Delivery, Engine, EngineBuilder, EngineConfig, EngineEvent, Error, EventForwarding,
+    EventTrigger, Metrics, Publication, PublishOptions, QueueHealth, QueueOptions, RemoteStep, ReplayError, Result,
+    RunOutcome, SignalError, StartOptions, Started, Step, StepContext, StepFailed, StepOptions, SystemClock,
+    TaskContext, TaskError, TokioClock, UpdateOutcome, VirtualClock, Worker, WorkerBuilder, WorkerHealth, WorkerReport,
+    WorkflowCtx, WorkflowError, WorkflowOptions, shutdown_signal, uuid,
 };
 pub use durable_store_memory::MemoryStore;
 #[cfg(feature = "postgres")]
@@ -73,7 +74,7 @@ pub use durable_store_postgres::{
 };
 #[cfg(feature = "sqlite")]
 #[cfg_attr(docsrs, doc(cfg(feature = "sqlite")))]
-pub use durable_store_sqlite::{Durability, Error as SqliteError, SqliteOptions, SqliteStore};
+pub use durable_store_sqlite::{Durability, Error as SqliteError, SqliteOptions, SqliteStats, SqliteStore};
 pub use durable_transport::{
     ControlMessage, ControlPlane, ControlWakeups, InProcessControlPlane, InProcessTransport, QueueTransport, Transport,
 };
@@ -171,6 +172,7 @@ pub use durable_runtime::metrics::PrometheusRecorder;
 pub use durable_core::protocol;
 
 #[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing {
     //! Testing your workflows (feature `testing`): an engine on a virtual clock, steps that fail on
     //! purpose, and a store that fails on purpose.

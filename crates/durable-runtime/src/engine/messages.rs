@@ -68,8 +68,9 @@ impl Engine {
     /// ([`Engine::purge_buffered`]). `durable signals list` prints this.
     ///
     /// ```no_run
-    /// # async fn demo(engine: durable_runtime::Engine) -> durable_runtime::Result<()> {
-    /// use durable_core::{BufferedQuery, millis_before};
+    /// # mod durable { pub use durable_core::millis_before; pub use durable_runtime::*; }
+    /// # async fn demo(engine: durable::Engine) -> durable::Result<()> {
+    /// use durable::{BufferedQuery, millis_before};
     /// let week_ago = millis_before(engine.clock().now(), std::time::Duration::from_secs(7 * 86_400));
     /// for key in engine.buffered(&BufferedQuery::signals().oldest_before(week_ago)).await? {
     ///     println!("{} {:?}: {} waiting since {}", key.kind, key.key, key.count, key.oldest_at);
