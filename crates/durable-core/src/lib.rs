@@ -170,4 +170,14 @@ pub mod codes {
     /// An operator re-dispatched a remote step's attempt (`redispatch_pending`): the next
     /// attempt goes out at once, outside the retry policy.
     pub const REDISPATCH: &str = "redispatch";
+    /// An attempt of a local step ran past its timeout (`StepOptions::timeout`): it fails,
+    /// retryable.
+    pub const TIMEOUT: &str = "timeout";
+    /// Set on the error `Engine::get_run` shows for an active run whose workflow version is
+    /// not registered on the engine while another version is: the run is left untouched.
+    pub const VERSION_NOT_REGISTERED: &str = "version_not_registered";
+    /// A start was refused: its workflow's concurrency key already has `limit +
+    /// max_queue_depth` runs pending, running or suspended (`Error::QueueFull`). Nothing was
+    /// written.
+    pub const QUEUE_FULL: &str = "queue_full";
 }

@@ -128,7 +128,7 @@ impl RunStatus {
 
 impl fmt::Display for RunStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -477,7 +477,7 @@ impl StepKind {
 
 impl fmt::Display for StepKind {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -523,7 +523,7 @@ impl CheckpointStatus {
 
 impl fmt::Display for CheckpointStatus {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.as_str())
+        f.pad(self.as_str())
     }
 }
 
@@ -683,6 +683,16 @@ mod tests {
             assert_eq!(s.as_str().parse::<CheckpointStatus>().unwrap(), s);
         }
         assert!("bogus".parse::<StepKind>().is_err());
+    }
+
+    /// The names honour width and alignment, as in a table of checkpoints (`{:<10}`).
+    #[test]
+    fn names_pad_to_a_width() {
+        assert_eq!(format!("[{:<8}]", StepKind::Step), "[step    ]");
+        assert_eq!(format!("[{:>10}]", CheckpointStatus::Waiting), "[   waiting]");
+        assert_eq!(format!("[{:^11}]", RunStatus::Running), "[  running  ]");
+        assert_eq!(format!("[{:.3}]", RunStatus::Completed), "[com]");
+        assert_eq!(format!("{}", RunStatus::Suspended), "suspended");
     }
 
     #[test]

@@ -282,7 +282,7 @@ impl Error {
     /// `bad_schedule`), for callers that branch on it.
     pub fn code(&self) -> Option<&'static str> {
         match self {
-            Error::QueueFull { .. } => Some("queue_full"),
+            Error::QueueFull { .. } => Some(codes::QUEUE_FULL),
             Error::BadKey { .. } => Some(codes::BAD_KEY),
             Error::BadQueue { .. } => Some(codes::BAD_QUEUE),
             Error::BadSchedule { .. } => Some(codes::BAD_SCHEDULE),

@@ -6,7 +6,7 @@ use std::time::Duration;
 use durable_core::protocol;
 
 use durable_core::{
-    Checkpoint, CreateRun, HistoryExport, NewRun, Payload, Run, RunFilter, RunId, RunPage, StepError, StepKind,
+    Checkpoint, CreateRun, HistoryExport, NewRun, Payload, Run, RunFilter, RunId, RunPage, StepError, StepKind, codes,
 };
 use serde::Serialize;
 
@@ -308,7 +308,7 @@ impl Engine {
                          register version {} again to resume it, or cancel it",
                     r.id, r.workflow, r.version, r.version
                 ))
-                .with_code("version_not_registered"),
+                .with_code(codes::VERSION_NOT_REGISTERED),
             );
         }
         Ok(run)

@@ -81,7 +81,8 @@ pub struct StepOptions {
     pub backoff: Backoff,
     /// Fraction (0.0–1.0) of each delay randomized away, from a seed derived from the step.
     pub jitter: f64,
-    /// Upper bound of one attempt; an attempt that exceeds it fails with a retryable error.
+    /// Upper bound of one attempt; an attempt that exceeds it fails with a retryable error
+    /// (code `timeout`).
     pub timeout: Option<Duration>,
 }
 
@@ -411,7 +412,7 @@ async fn run_attempt<'a, T>(
             tokio::select! {
                 biased;
                 r = attempt => r,
-                () = deadline => Err(StepError::retryable(format!("step attempt timed out after {limit:?}")).with_code("timeout")),
+                () = deadline => Err(StepError::retryable(format!("step attempt timed out after {limit:?}")).with_code(codes::TIMEOUT)),
             }
         }
     }
