@@ -72,7 +72,9 @@ pub struct EngineConfig {
     /// the runs this engine's callers wait on are read together (`Store::get_runs`), one
     /// call per interval however many callers wait. Default 250 ms.
     pub wait_poll_interval: Duration,
-    /// First delay before retrying a turn that a store error aborted (doubles up to 30 s).
+    /// First delay before retrying a turn that a store error aborted: after the run's n-th
+    /// store error in a row (the count restarts once one of its turns ends) the delay is this
+    /// × 2^min(n−1, 8), at most 30 s — with the default, 100 ms, 200 ms, … up to 25.6 s.
     /// Default 100 ms.
     pub store_retry_backoff: Duration,
     /// With a transport: most runs per batch sent to the run queue. Default 500.

@@ -55,17 +55,18 @@ pub enum EngineEvent {
     RunBlocked {
         /// The run.
         run_id: RunId,
-        /// `blocked: no compatible worker (requires …)`.
+        /// `blocked: no worker serves queue …` or `blocked: no compatible worker (requires …)`.
         message: String,
     },
-    /// A `blocked` run is `suspended` again: a worker that can take its step is live.
+    /// A `blocked` run is `suspended` again: a worker that can take its step is live. Sent
+    /// after the store applied the change.
     RunUnblocked {
         /// The run.
         run_id: RunId,
     },
     /// An attempt of a remote step passed its pickup timeout or its timeout with no result:
     /// it was recorded as failed with `remote_timeout` and the run woken (its policy decides
-    /// whether to re-dispatch).
+    /// whether to re-dispatch). Sent after the store accepted the failure.
     RemoteStepTimedOut {
         /// The run.
         run_id: RunId,
@@ -76,8 +77,9 @@ pub enum EngineEvent {
     },
     /// A turn begins: sent after the store granted the run's lease and loaded it, once the
     /// engine decided to execute it (its version is registered here, its namespace is served,
-    /// recovery has not given up on it), before the body is first polled. Nothing else is
-    /// committed yet.
+    /// recovery has not given up on it), before the turn polls the body: from the top, or,
+    /// for a run resumed warm ([`EngineConfig::warm_runs`](crate::EngineConfig::warm_runs)),
+    /// where the body this engine kept in memory parked. Nothing else is committed yet.
     TurnStarted {
         /// The run.
         run_id: RunId,

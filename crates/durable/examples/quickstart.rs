@@ -104,7 +104,7 @@ fn print_events(engine: &Engine) -> tokio::task::JoinHandle<()> {
 fn describe(event: &EngineEvent) -> Option<String> {
     Some(match event {
         EngineEvent::RunCreated { run_id, workflow } => format!("created   {run_id} ({workflow})"),
-        EngineEvent::TurnStarted { .. } => "turn      lease taken, body polled from the top".to_string(),
+        EngineEvent::TurnStarted { .. } => "turn      lease taken".to_string(),
         EngineEvent::StepCompleted { seq, name, attempts, .. } => {
             format!("step      #{seq} {name} completed after {attempts} attempt(s) — checkpointed")
         }

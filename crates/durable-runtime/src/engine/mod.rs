@@ -197,8 +197,9 @@ impl EngineBuilder {
     }
 
     /// Which of this engine's events are published on its control plane (default
-    /// [`EventForwarding::Runs`](crate::EventForwarding::Runs)). Same as
-    /// `EngineConfig { event_forwarding, .. }`.
+    /// [`EventForwarding::Runs`](crate::EventForwarding::Runs)). Same as setting
+    /// `config.event_forwarding = forwarding` on the [`EngineConfig`] given to
+    /// [`config`](Self::config).
     pub fn event_forwarding(mut self, forwarding: crate::events::EventForwarding) -> Self {
         self.config.event_forwarding = forwarding;
         self
@@ -214,7 +215,8 @@ impl EngineBuilder {
     }
 
     /// A client engine: it starts, signals, queries and waits for runs but executes none
-    /// (workers do). Same as `EngineConfig { execute: false, .. }`.
+    /// (workers do). Same as setting `config.execute = false` on the [`EngineConfig`] given
+    /// to [`config`](Self::config).
     pub fn client_only(mut self) -> Self {
         self.config.execute = false;
         self

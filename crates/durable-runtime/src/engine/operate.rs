@@ -16,8 +16,10 @@ impl Engine {
     }
 
     /// Cancels an active run at once (its children too, recursively; its parent is told, as of
-    /// a failed child). A turn executing it stops at its next commit. A terminal run is left as
-    /// it is. Returns the run's status after the call.
+    /// a failed child). A turn executing it stops at once, on this engine or, through a shared
+    /// control plane, on the engine executing it; on an engine that shares only the store, at
+    /// its next write (a held sleep: its next read of the run). A terminal run is left as it
+    /// is. Returns the run's status after the call.
     pub async fn cancel(&self, id: &RunId) -> Result<RunStatus> {
         self.cancel_with(id, Cancel::Abandon).await
     }
@@ -101,8 +103,10 @@ impl Engine {
     /// late results are dropped. An active child run of an active parent is cancelled first
     /// (its error says it was deleted), so its parent is told, as of any cancel, instead of
     /// waiting forever for a child that no longer exists.
-    /// Cancel a run first ([`Engine::cancel`]) to let it compensate; `durable runs delete`
-    /// and the HTTP API refuse an active run unless told to force.
+    /// To let a run compensate, cancel it first with
+    /// [`cancel_with(id, Cancel::Compensate)`](Engine::cancel_with) and delete it once it
+    /// settled; `durable runs delete` and the HTTP API refuse an active run unless told to
+    /// force.
     pub async fn delete_run(&self, id: &RunId) -> Result<u64> {
         let shared = self.shared();
         let Some(run) = shared.store.get_run(id).await? else { return Ok(0) };

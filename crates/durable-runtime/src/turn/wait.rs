@@ -81,9 +81,14 @@ pub enum UpdateOutcome {
         /// Whether a waiting `on_update` call took it at once.
         delivered: bool,
     },
-    /// Refused; the run was not touched.
+    /// Refused by the update's validator
+    /// ([`Engine::register_update_validator`](crate::Engine::register_update_validator)); the
+    /// run was not touched. (An unknown or finished run is an error instead:
+    /// [`Error::RunNotFound`](crate::Error::RunNotFound),
+    /// [`Error::RunFinished`](crate::Error::RunFinished).)
     Rejected {
-        /// Why (unknown run, finished run, argument that does not decode, validator said no).
+        /// Why: the validator's answer, or that the argument does not decode into the type the
+        /// validator takes.
         reason: String,
     },
 }
