@@ -3,7 +3,10 @@
 //! No step may run again after its checkpoint committed; a step may run twice only when a kill
 //! landed between its side effect and its commit (at most one duplicate per kill). The same
 //! again with a short durable sleep after each step, held in the turn
-//! (`EngineConfig::hold_sleeps_under`): kills land during holds too.
+//! (`EngineConfig::hold_sleeps_under`): kills land during holds too. And again with steps that
+//! fail twice before they succeed, retried in memory: kills land during the backoffs, and a
+//! step's attempts never start over (each failed attempt's count is committed before its
+//! retry).
 
 use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
@@ -33,11 +36,27 @@ impl Rng {
     }
 }
 
-fn worker(files: &Files, held: bool) -> std::process::Child {
+/// What the worker's workflow does besides its steps.
+#[derive(Clone, Copy, PartialEq)]
+enum Mode {
+    /// Steps only.
+    Plain,
+    /// A held durable sleep after each step.
+    Held,
+    /// Each step fails twice (retried in memory after 100 ms), then succeeds.
+    Retries,
+}
+
+fn worker(files: &Files, mode: Mode) -> std::process::Child {
+    let arg = match mode {
+        Mode::Plain => None,
+        Mode::Held => Some("held"),
+        Mode::Retries => Some("retries"),
+    };
     Command::new(env!("CARGO_BIN_EXE_crash_worker"))
         .arg(&files.db)
         .arg(&files.ledger)
-        .args(held.then_some("held"))
+        .args(arg)
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
         .spawn()
@@ -46,18 +65,24 @@ fn worker(files: &Files, held: bool) -> std::process::Child {
 
 #[test]
 fn a_run_survives_repeated_sigkills_without_repeating_committed_steps() {
-    survives_sigkills(false);
+    survives_sigkills(Mode::Plain);
 }
 
 #[test]
 fn a_run_of_held_sleeps_survives_repeated_sigkills() {
-    survives_sigkills(true);
+    survives_sigkills(Mode::Held);
 }
 
-/// Kills the worker at random points (after 0 to 4 more lines: commits, and with `held` the
-/// holds as well) until it has been killed [`KILLS`] times, then lets it finish; checks the
-/// output and the ledger.
-fn survives_sigkills(held: bool) {
+#[test]
+fn retries_in_memory_survive_repeated_sigkills_without_starting_over() {
+    survives_sigkills(Mode::Retries);
+}
+
+/// Kills the worker at random points (after 0 to 4 more lines: commits, and the holds or
+/// retries of its mode) until it has been killed [`KILLS`] times, then lets it finish; checks
+/// the output and the ledger.
+fn survives_sigkills(mode: Mode) {
+    let held = mode == Mode::Held;
     let seed = std::env::var("CRASH_SEED")
         .ok()
         .and_then(|s| s.parse().ok())
@@ -69,9 +94,12 @@ fn survives_sigkills(held: bool) {
 
     let mut kills = 0;
     let mut holds = 0;
+    let mut retries = 0;
+    // (seq, attempt, ledger lines then) for each failed attempt whose count was committed.
+    let mut retried = Vec::new();
     let mut committed_before_kills = Vec::new();
     let output = loop {
-        let mut child = worker(&files, held);
+        let mut child = worker(&files, mode);
         let stdout = BufReader::new(child.stdout.take().unwrap());
         // Kill after a random number of further commits (0 = at start-up), unless enough
         // kills happened: then let it finish.
@@ -90,6 +118,14 @@ fn survives_sigkills(held: bool) {
                     break;
                 }
                 holds += usize::from(line.starts_with("held "));
+                if let Some(rest) = line.strip_prefix("retrying ") {
+                    // The attempt's failure is committed: from here on the ledger may not show
+                    // it, or an earlier attempt of the step, again.
+                    let (seq, attempt) = rest.split_once(' ').expect("retrying <seq> <attempt>");
+                    let written = std::fs::read_to_string(&files.ledger).map_or(0, |l| l.lines().count());
+                    retried.push((seq.parse::<u32>().expect("seq"), attempt.parse::<u32>().expect("attempt"), written));
+                    retries += 1;
+                }
                 seen += 1;
                 if Some(seen) == kill_after {
                     break;
@@ -116,8 +152,40 @@ fn survives_sigkills(held: bool) {
     // The ledger: every step ran; a step ran again only right after a kill that landed
     // before its commit, and never after its checkpoint committed.
     let ledger = std::fs::read_to_string(&files.ledger).expect("ledger");
-    let seqs: Vec<u32> =
-        ledger.lines().map(|l| l.rsplit_once(':').expect("step id <run>:<seq>").1.parse().expect("seq")).collect();
+    // `<run>:<seq>`, and with `Retries` ` <attempt>` after it.
+    let entries: Vec<(u32, u32)> = ledger
+        .lines()
+        .map(|l| {
+            let (id, attempt) = l.split_once(' ').unwrap_or((l, "1"));
+            let seq = id.rsplit_once(':').expect("step id <run>:<seq>").1.parse().expect("seq");
+            (seq, attempt.parse().expect("attempt"))
+        })
+        .collect();
+    if mode == Mode::Retries {
+        // Per step, attempts never go back: a kill may repeat the attempt it cut off (before its
+        // failure was committed), never an earlier one; each step ends with its third.
+        for seq in 0..STEPS {
+            let attempts: Vec<u32> = entries.iter().filter(|e| e.0 == seq).map(|e| e.1).collect();
+            assert!(attempts.windows(2).all(|w| w[0] <= w[1]), "step {seq} started its attempts over: {attempts:?}");
+            assert_eq!(attempts.first(), Some(&1), "step {seq}: {attempts:?}");
+            assert_eq!(attempts.last(), Some(&3), "step {seq}: {attempts:?}");
+        }
+        for (seq, attempt, written) in &retried {
+            let again = entries[*written..].iter().find(|e| e.0 == *seq && e.1 <= *attempt);
+            assert!(
+                again.is_none(),
+                "step {seq} ran attempt {again:?} after attempt {attempt}'s failure was committed"
+            );
+        }
+        let repeated = entries.len() - 3 * STEPS as usize;
+        assert!(repeated <= kills, "{repeated} repeated attempts for {kills} kills: {entries:?}");
+        assert!(retries > 0, "no retry was seen");
+        eprintln!(
+            "{kills} kills after {committed_before_kills:?} lines; {repeated} repeated attempts; {retries} retries seen"
+        );
+        return;
+    }
+    let seqs: Vec<u32> = entries.iter().map(|e| e.0).collect();
     let mut deduped = seqs.clone();
     deduped.dedup();
     // With `held`, a sleep takes the seq after each step's.

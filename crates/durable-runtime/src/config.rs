@@ -47,7 +47,8 @@ pub struct EngineConfig {
     /// is failing. Default 5 s.
     pub poll_grace: Duration,
     /// Retry backoffs longer than this are durable waits (the run suspends); shorter ones are
-    /// waited in memory. Default 1 s.
+    /// waited in memory, the run held. Either way the failed attempt's count is committed
+    /// before the wait, so a crash never starts a step's retries over. Default 1 s.
     pub durable_retry_threshold: Duration,
     /// How long a workflow body may await something that is not a ctx future — a
     /// `tokio::time::sleep`, a channel receive, an HTTP call — before its run fails with code

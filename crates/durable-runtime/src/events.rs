@@ -5,9 +5,7 @@ use durable_core::{Millis, RunId, RunStatus, StepError};
 use serde::{Deserialize, Serialize};
 
 /// Something that happened to a run or a step. Most events report a store write and are sent
-/// once the store acknowledged it; each variant says exactly when it is sent — in particular, a
-/// [`StepRetrying`](EngineEvent::StepRetrying) for an in-memory retry is sent with nothing
-/// committed. Subscribe with [`Engine::subscribe`](crate::Engine::subscribe); a receiver that
+/// once the store acknowledged it; each variant says exactly when it is sent. Subscribe with [`Engine::subscribe`](crate::Engine::subscribe); a receiver that
 /// falls more than 4,096 events behind loses the oldest ones.
 ///
 /// An engine sees the events of what it did itself and, with a control plane shared with
@@ -106,12 +104,11 @@ pub enum EngineEvent {
         /// Attempts it took.
         attempts: u32,
     },
-    /// A step attempt failed and will be retried. For a delay up to
-    /// `EngineConfig::durable_retry_threshold` (waited in memory) it is sent as soon as the
-    /// attempt failed, before the wait, and nothing is committed: the failed attempt is not
-    /// recorded (a crash before the step's next commit starts its attempts over). For a longer delay
-    /// (a durable backoff) it is sent after the store acknowledged the commit that records the
-    /// attempt count and `retry_at`; the run then suspends.
+    /// A step attempt failed and will be retried: sent after the store acknowledged the commit
+    /// that records the attempt count and `retry_at` (a `waiting` checkpoint), so a crash
+    /// during the wait resumes with the next attempt. For a delay up to
+    /// `EngineConfig::durable_retry_threshold` the turn then waits in memory, holding the run;
+    /// for a longer one (a durable backoff) the run suspends.
     StepRetrying {
         /// The run.
         run_id: RunId,

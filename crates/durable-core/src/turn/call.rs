@@ -81,7 +81,8 @@ pub enum StepAfter {
         /// The commit recording it.
         commit: Commit,
     },
-    /// The attempt failed; wait in memory until `at`, then run attempt `attempt`.
+    /// The attempt failed; apply `commit` (the attempt count), then wait in memory until `at`
+    /// and run attempt `attempt`.
     RetryAt {
         /// When to retry.
         at: Millis,
@@ -89,6 +90,10 @@ pub enum StepAfter {
         attempt: u32,
         /// Why the last attempt failed.
         error: StepError,
+        /// The commit recording the failed attempt's count and the retry time (a `waiting`
+        /// checkpoint, as a durable backoff writes): a turn cut off during the wait resumes
+        /// with the next attempt.
+        commit: Commit,
     },
     /// The attempt failed; apply `commit` (the durable backoff), then park until `at`.
     Park {
@@ -536,9 +541,19 @@ impl Turn {
                 RetryDecision::RetryAfter(delay) => {
                     let at = millis_after(now, delay);
                     if delay <= self.config.durable_retry_threshold {
+                        // Waited in memory, but the count is durable: a turn cut off during
+                        // the wait (a crash, a lost lease) is followed by one that replays this
+                        // record and makes the next attempt at `at`, not the first again.
+                        let mut cp =
+                            self.checkpoint(seq, a.name.clone(), a.kind, CheckpointStatus::Waiting, a.started_at, now);
+                        cp.attempts = attempt;
+                        cp.error = Some(error.clone());
+                        cp.wake_at = Some(at);
+                        self.record(cp);
                         a.last_error = Some(error.clone());
                         self.attempts.insert(seq, a);
-                        return StepAfter::RetryAt { at, attempt: attempt + 1, error };
+                        let commit = self.commit_for_retry(seq, now);
+                        return StepAfter::RetryAt { at, attempt: attempt + 1, error, commit };
                     }
                     let mut cp = self.checkpoint(seq, a.name, a.kind, CheckpointStatus::Waiting, a.started_at, now);
                     cp.attempts = attempt;

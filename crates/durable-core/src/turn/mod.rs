@@ -15,8 +15,9 @@
 //!    `side_effect`), [`Turn::sleep`], [`Turn::wait`] (signals, events, updates, task
 //!    results, with deadlines), [`Turn::spawn_child`] / [`Turn::join_child`],
 //!    [`Turn::set_state`], [`Turn::patched`], [`Turn::continue_as_new`], [`Turn::remote_step`].
-//!    After [`StepAfter::RetryAt`] the runtime waits and calls [`Turn::finish_step`] again with
-//!    the next attempt's result (no second `begin`); a task checks its name first with
+//!    After [`StepAfter::RetryAt`] the runtime applies its commit (the failed attempt's count),
+//!    waits and calls [`Turn::finish_step`] again with the next attempt's result (no second
+//!    `begin`); a task checks its name first with
 //!    [`Turn::check_name`].
 //! 3. An answer that carries a [`Commit`] is applied to the store, and its outcome handed back
 //!    with [`Turn::committed`] **before** the workflow sees anything. A commit that creates
@@ -143,6 +144,9 @@ enum Flight {
     /// Its commit is being applied; afterwards it parks until the given time (a durable
     /// backoff) or returns (`None`).
     Committing { then_park: Option<Millis> },
+    /// The commit of a failed attempt's count is being applied; afterwards its in-memory
+    /// backoff goes on ([`Flight::Running`]).
+    CommittingRetry,
 }
 
 /// A step between its attempts.
@@ -393,8 +397,14 @@ impl Turn {
                 false
             }
             Ok(_) => {
-                if let Some(Flight::Committing { then_park: Some(at) }) = flight {
-                    self.parked.insert(seq, Some(at));
+                match flight {
+                    Some(Flight::Committing { then_park: Some(at) }) => {
+                        self.parked.insert(seq, Some(at));
+                    }
+                    Some(Flight::CommittingRetry) => {
+                        self.flights.insert(seq, Flight::Running);
+                    }
+                    _ => {}
                 }
                 self.stop.is_none()
             }
@@ -604,6 +614,13 @@ impl Turn {
     /// A commit of everything buffered, applied while `seq` stays in flight.
     fn commit_for(&mut self, seq: u32, then_park: Option<Millis>, now: Millis) -> Commit {
         self.flights.insert(seq, Flight::Committing { then_park });
+        self.drain(now)
+    }
+
+    /// [`Turn::commit_for`] a failed attempt whose backoff is waited in memory: `seq` stays
+    /// in flight, and executes again after the wait.
+    fn commit_for_retry(&mut self, seq: u32, now: Millis) -> Commit {
+        self.flights.insert(seq, Flight::CommittingRetry);
         self.drain(now)
     }
 

@@ -901,9 +901,12 @@ impl<'a> Sim<'a> {
                 StepAfter::Completed { output, commit } => {
                     return Ok(if self.apply(Some(seq), commit)? { StepFlow::Ok(output) } else { StepFlow::Pending });
                 }
-                StepAfter::RetryAt { at, attempt: next, .. } => {
+                StepAfter::RetryAt { at, attempt: next, commit, .. } => {
                     if next != attempt + 1 || at < now {
                         return bug(format!("retry of seq {seq} as attempt {next} at {at}, after attempt {attempt}"));
+                    }
+                    if !self.apply(Some(seq), commit)? {
+                        return Ok(StepFlow::Pending);
                     }
                     if self.turn.t_pending(now).is_some() {
                         return bug(format!("the turn ends while seq {seq} waits in memory to retry"));

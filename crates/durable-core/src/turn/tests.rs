@@ -102,6 +102,16 @@ fn undo_step<'a>(name: &'a str, policy: &'a RetryPolicy) -> StepCall<'a> {
     StepCall { name, kind: StepKind::Step, policy, undo: true, gate: None }
 }
 
+/// The `RetryAt` answer's retry time, next attempt and error, and the attempt count its commit
+/// records (its one checkpoint is `waiting` until that time).
+fn retry_of(after: StepAfter) -> (Millis, u32, StepError, u32) {
+    let StepAfter::RetryAt { at, attempt, error, commit } = after else { panic!("expected RetryAt, got {after:?}") };
+    let [cp] = commit.checkpoints.as_slice() else { panic!("one checkpoint: {commit:?}") };
+    assert_eq!((cp.status, cp.wake_at, cp.error.as_ref()), (CheckpointStatus::Waiting, Some(at), Some(&error)));
+    assert!(commit.end.is_none(), "the turn goes on: {commit:?}");
+    (at, attempt, error.clone(), cp.attempts)
+}
+
 /// Three retries, 100 ms apart: waited in memory (under the 1 s threshold).
 fn in_memory() -> RetryPolicy {
     RetryPolicy::new(3, Backoff::Fixed(Duration::from_millis(100)))
@@ -181,14 +191,34 @@ fn step_in_memory_retry_keeps_the_last_error_on_the_final_checkpoint() {
     assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
     let e1 = StepError::retryable("e1");
     let e2 = StepError::retryable("e2").with_code("flaky");
-    assert_eq!(t.finish_step(seq, 1, Err(e1.clone()), 20), StepAfter::RetryAt { at: 120, attempt: 2, error: e1 });
+    // The failed attempt's count is committed before the wait: a `waiting` record, as a
+    // durable backoff writes, so a turn cut off during the wait resumes with attempt 2.
+    assert_eq!(
+        t.finish_step(seq, 1, Err(e1.clone()), 20),
+        StepAfter::RetryAt {
+            at: 120,
+            attempt: 2,
+            error: e1.clone(),
+            commit: Commit {
+                checkpoints: vec![Checkpoint {
+                    error: Some(e1.clone()),
+                    attempts: 1,
+                    wake_at: Some(120),
+                    updated_at: 20,
+                    ..cp(0, "charge", StepKind::Step, CheckpointStatus::Waiting, 10)
+                }],
+                ..commit(20)
+            },
+        }
+    );
+    assert_eq!(t.in_flight(), 1, "in flight while the count is committed");
+    assert_eq!(t.t_pending(21), None);
+    assert!(t.committed(seq, Ok(&ok())));
     assert_eq!(t.in_flight(), 1, "an in-memory backoff stays in flight");
     assert_eq!(t.t_pending(50), None);
     assert_eq!(t.parked().count(), 0);
-    assert_eq!(
-        t.finish_step(seq, 2, Err(e2.clone()), 120),
-        StepAfter::RetryAt { at: 220, attempt: 3, error: e2.clone() }
-    );
+    assert_eq!(retry_of(t.finish_step(seq, 2, Err(e2.clone()), 120)), (220, 3, e2.clone(), 2));
+    assert!(t.committed(seq, Ok(&ok())));
     assert_eq!(
         t.finish_step(seq, 3, Ok(p(&1)), 230),
         StepAfter::Completed {
@@ -209,13 +239,49 @@ fn step_in_memory_retry_keeps_the_last_error_on_the_final_checkpoint() {
 }
 
 #[test]
+fn a_turn_cut_off_during_an_in_memory_backoff_resumes_with_the_next_attempt() {
+    let mut t = turn(vec![]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    let StepAfter::RetryAt { commit, .. } = t.finish_step(seq, 1, Err(StepError::retryable("e1")), 20) else {
+        panic!("an in-memory retry")
+    };
+    assert!(t.committed(seq, Ok(&ok())));
+    // The process dies during the wait; the next turn replays what was committed.
+    let recorded = commit.checkpoints;
+    let mut before = turn(recorded.clone());
+    let seq = before.take_seq();
+    assert_eq!(before.begin_step(seq, step("charge", &policy), 100), StepBegin::Park(Some(120)), "not yet due");
+    let mut after = turn(recorded);
+    let seq = after.take_seq();
+    assert_eq!(
+        after.begin_step(seq, step("charge", &policy), 120),
+        StepBegin::Run { attempt: 2 },
+        "not attempt 1 again"
+    );
+    // And the retry budget counts on: attempt 4 is the last of three retries.
+    for attempt in 2..4 {
+        assert!(matches!(
+            after.finish_step(seq, attempt, Err(StepError::retryable("e")), 200),
+            StepAfter::RetryAt { .. }
+        ));
+        assert!(after.committed(seq, Ok(&ok())));
+    }
+    assert!(matches!(
+        after.finish_step(seq, 4, Err(StepError::retryable("e4")), 500),
+        StepAfter::Failed { attempts: 4, .. }
+    ));
+}
+
+#[test]
 fn step_retry_delay_equal_to_the_threshold_is_waited_in_memory() {
     let mut t = turn(vec![]);
     let policy = RetryPolicy::new(1, Backoff::Fixed(Duration::from_secs(1)));
     let seq = t.take_seq();
     assert_eq!(t.begin_step(seq, step("a", &policy), 0), StepBegin::Run { attempt: 1 });
     let e = StepError::retryable("e");
-    assert_eq!(t.finish_step(seq, 1, Err(e.clone()), 10), StepAfter::RetryAt { at: 1010, attempt: 2, error: e });
+    assert_eq!(retry_of(t.finish_step(seq, 1, Err(e.clone()), 10)), (1010, 2, e, 1));
 }
 
 #[test]
@@ -263,7 +329,8 @@ fn step_gives_up_after_its_last_retry() {
     let seq = t.take_seq();
     assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
     let (e1, e2) = (StepError::retryable("e1"), StepError::retryable("e2"));
-    assert_eq!(t.finish_step(seq, 1, Err(e1.clone()), 20), StepAfter::RetryAt { at: 30, attempt: 2, error: e1 });
+    assert_eq!(retry_of(t.finish_step(seq, 1, Err(e1.clone()), 20)), (30, 2, e1, 1));
+    assert!(t.committed(seq, Ok(&ok())));
     assert_eq!(
         t.finish_step(seq, 2, Err(e2.clone()), 30),
         StepAfter::Failed {
@@ -2213,7 +2280,8 @@ fn in_flight_or_parked_work_never_counts_as_idle() {
     let seq = t.take_seq();
     assert_eq!(t.begin_step(seq, step("flaky", &policy), 10), StepBegin::Run { attempt: 1 });
     let e = StepError::retryable("e");
-    assert_eq!(t.finish_step(seq, 1, Err(e.clone()), 20), StepAfter::RetryAt { at: 120, attempt: 2, error: e });
+    assert_eq!(retry_of(t.finish_step(seq, 1, Err(e.clone()), 20)), (120, 2, e, 1));
+    assert!(t.committed(seq, Ok(&ok())));
     assert_eq!(t.t_pending(5_000), None, "an in-memory backoff is in flight");
     // A branch parked (a join! of a sleep and a step): the turn suspends, it never idles.
     let mut t = turn(vec![]);

@@ -77,7 +77,8 @@ pub struct StepOptions {
     /// Retries after the first attempt (`retries = n`: at most n+1 attempts). Default 0.
     pub retries: u32,
     /// Delay between attempts. Delays above the engine's `durable_retry_threshold` are
-    /// durable: the run suspends and the attempt count survives crashes.
+    /// durable: the run suspends. Shorter ones are waited in memory. Either way the attempt
+    /// count is committed first and survives crashes.
     pub backoff: Backoff,
     /// Fraction (0.0–1.0) of each delay randomized away, from a seed derived from the step.
     pub jitter: f64,
@@ -344,7 +345,11 @@ pub(crate) async fn run_step<'a, T: Serialize + DeserializeOwned + Send + 'a>(
                 register_undo(&t, seq, on_complete, &value);
                 return Ok(value);
             }
-            StepAfter::RetryAt { at, attempt: next, error } => {
+            StepAfter::RetryAt { at, attempt: next, error, commit } => {
+                // The attempt count first: a turn cut off during the wait resumes with `next`.
+                if !t.apply(seq, commit).instrument(span).await {
+                    return halt().await;
+                }
                 tracing::debug!(run_id = %run_id, seq, attempt, error = %error, "step attempt failed; retrying in memory");
                 t.emit(retrying(attempt, at, error));
                 t.env.sleep_until(at).await;
