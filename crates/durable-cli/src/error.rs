@@ -46,6 +46,13 @@ impl Error {
         self.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
     }
 
+    /// `name` as a message shows it: quoted when it has whitespace (which [`Error::one_line`]
+    /// would otherwise fold into the words around it: `run  c1 not found` for the id `" c1"`)
+    /// or is empty.
+    pub(crate) fn shown(name: &str) -> String {
+        if name.is_empty() || name.chars().any(char::is_whitespace) { format!("{name:?}") } else { name.to_string() }
+    }
+
     pub(crate) fn bad(message: impl Into<String>) -> Self {
         Error::BadInput(message.into())
     }

@@ -57,7 +57,10 @@ fn op_error(e: ops::OpError) -> Error {
 }
 
 fn not_found(id: &RunId) -> Error {
-    Error::bad(format!("run {id} not found (list the runs with `durable runs list`, or check --db / --url)"))
+    Error::bad(format!(
+        "run {} not found (list the runs with `durable runs list`, or check --db / --url)",
+        Error::shown(id.as_str())
+    ))
 }
 
 /// `workflow@version`.

@@ -33,7 +33,8 @@ fn check_key(key: &str) -> Result<()> {
 
 fn not_found(key: &str) -> Error {
     Error::bad(format!(
-        "schedule {key} not found (list the schedules with `durable schedules list`, or check --db / --url)"
+        "schedule {} not found (list the schedules with `durable schedules list`, or check --db / --url)",
+        Error::shown(key)
     ))
 }
 

@@ -133,6 +133,9 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
         (vec!["runs", "delete", "nope", "--db", dbs], "run nope not found"),
         (vec!["schedules", "show", "nope", "--db", dbs], "schedule nope not found"),
         (vec!["schedules", "trigger", "nope", "--db", dbs], "schedule nope not found"),
+        // An id or key with a space is quoted: the space is not folded into the words around it.
+        (vec!["runs", "show", " nope", "--db", dbs], "run \" nope\" not found"),
+        (vec!["schedules", "show", "no pe", "--db", dbs], "schedule \"no pe\" not found"),
         (vec!["runs", "show", "", "--db", dbs], "invalid run id"),
         // A run in the wrong state.
         (vec!["runs", "retry", "demo-order-0", "--db", dbs], "only failed or dead runs can be retried"),

@@ -175,11 +175,18 @@ async fn checking_a_history_on_the_engine_that_holds_it_writes_and_emits_nothing
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn exporting_an_unknown_run_is_run_not_found() {
+async fn exporting_or_reading_an_unknown_run_is_run_not_found() {
     let t = TestEngine::new();
     let err = t.export_history(&RunId::from("nope")).await.unwrap_err();
     assert!(matches!(&err, Error::RunNotFound(id) if id.as_str() == "nope"), "{err:?}");
     assert_eq!(err.to_string(), "run nope not found");
+    // So is reading its history: not an empty one, which a run with no checkpoint yet has.
+    let err = t.history(&RunId::from("nope")).await.unwrap_err();
+    assert!(matches!(&err, Error::RunNotFound(id) if id.as_str() == "nope"), "{err:?}");
+    t.register("idle", 1, |_ctx: WorkflowCtx, _: ()| async { Ok::<_, WorkflowError>(()) });
+    let later = StartOptions::id("fresh").delay(Duration::from_secs(3600));
+    let run = t.start("idle", &(), later).await.unwrap();
+    assert_eq!(t.history(&run.id).await.unwrap(), vec![], "started, not yet run");
 }
 
 /// Two steps in the given order, then a sleep; every closure bumps `ran`.

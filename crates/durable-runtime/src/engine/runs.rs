@@ -314,9 +314,14 @@ impl Engine {
         Ok(run)
     }
 
-    /// The run's checkpoints by seq.
+    /// The run's checkpoints by seq. [`Error::RunNotFound`] for an unknown id (a run with no
+    /// checkpoint yet has an empty history).
     pub async fn history(&self, id: &RunId) -> Result<Vec<Checkpoint>> {
-        Ok(self.inner.shared.store.history(id).await?)
+        let history = self.inner.shared.store.history(id).await?;
+        if history.is_empty() && self.inner.shared.store.get_run(id).await?.is_none() {
+            return Err(Error::RunNotFound(id.clone()));
+        }
+        Ok(history)
     }
 
     /// Exports a run's history as a versioned document ([`HistoryExport`]): the run row as
