@@ -75,7 +75,15 @@ impl Registry {
         O: Serialize + Send + 'static,
     {
         let handler: Arc<dyn ErasedWorkflow> = Arc::new(Handler { f, _types: PhantomData });
-        self.by_name.write().entry(name.to_string()).or_default().insert(version, handler);
+        let replaced = self.by_name.write().entry(name.to_string()).or_default().insert(version, handler);
+        if replaced.is_some() {
+            tracing::warn!(
+                workflow = name,
+                version,
+                "workflow {name:?} version {version} was registered already: the new body replaces the old one for \
+                 every run of that version, those started before included; register a changed body as a new version"
+            );
+        }
     }
 
     /// The newest version of `name`.

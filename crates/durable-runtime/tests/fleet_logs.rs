@@ -1,6 +1,7 @@
-//! The operator's log lines about a run queue: a run handed over that the store does not have,
-//! and a queue that works again. Each test reads what its own subscriber (a thread-local default
-//! on a current-thread runtime, where the engine's tasks run) logged. In a binary of their own:
+//! The operator's log lines: a workflow version registered again, and about a run queue (a run
+//! handed over that the store does not have, a queue that works again). Each test reads what
+//! its own subscriber (a thread-local default on a current-thread runtime, where the engine's
+//! tasks run) logged. In a binary of their own:
 //! tracing caches whether a call site is enabled, and a test elsewhere in the binary logging
 //! the same line with no subscriber could make the cache say "never" for it.
 
@@ -71,6 +72,26 @@ impl std::io::Write for Logged {
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
     }
+}
+
+/// Registering a workflow version again replaces its body: that is logged, naming the fix.
+#[tokio::test]
+async fn registering_a_version_again_is_reported() {
+    let (logged, _log) = capture();
+    let engine = Engine::builder().store(MemoryStore::new()).config(test_config()).build().unwrap();
+    engine.register("echo", 1, |_: WorkflowCtx, x: u64| async move { Ok::<_, WorkflowError>(x) });
+    engine.register("echo", 2, |_: WorkflowCtx, x: u64| async move { Ok::<_, WorkflowError>(x) });
+    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
+    assert!(!text.contains("registered already"), "a new version is no replacement: {text}");
+    engine.register("echo", 1, |_: WorkflowCtx, x: u64| async move { Ok::<_, WorkflowError>(2 * x) });
+    let text = String::from_utf8(logged.0.lock().clone()).unwrap();
+    assert!(
+        text.contains("WARN")
+            && text.contains("workflow \"echo\" version 1 was registered already")
+            && text.contains("register a changed body as a new version"),
+        "{text}"
+    );
+    engine.shutdown().await;
 }
 
 /// A run the transport hands over that the store does not have (two deployments sharing a

@@ -132,7 +132,9 @@ impl WorkflowOptions {
 
 impl Engine {
     /// Registers (or replaces) version `version` of workflow `name`. New runs start on the
-    /// newest registered version; a run always resumes on the version it started on.
+    /// newest registered version; a run always resumes on the version it started on. Replacing
+    /// a version's body logs a warning: the runs already started on it resume on the new body,
+    /// so a changed body belongs in a new version.
     ///
     /// # Panics
     /// On a name no store could keep and index for its runs' listings — empty, with a control
