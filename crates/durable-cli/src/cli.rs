@@ -310,10 +310,13 @@ Examples:
     /// waits for, its pending remote steps (worker, last heartbeat, progress, redeliveries
     /// and the lines their handlers logged), and the admission slots it holds and waits for
     /// (its concurrency key, with its place in the line; its steps' queues).
-    #[command(after_help = "\
+    #[command(
+        alias = "history",
+        after_help = "\
 Examples:
   durable runs show demo-saga-3
-  durable runs show demo-fanout-4 --json")]
+  durable runs show demo-fanout-4 --json"
+    )]
     Show(ShowArgs),
 
     /// Export a run's history as one versioned JSON document (the run, its checkpoints by seq,

@@ -209,10 +209,16 @@ fn missing_subcommand(e: &clap::Error) -> String {
         Some(ContextValue::String(name)) => name.clone(),
         _ => "durable".to_string(),
     };
-    let subcommands = match e.get(ContextKind::ValidSubcommand) {
-        Some(ContextValue::Strings(names)) => names.iter().filter(|n| *n != "help").cloned().collect(),
-        _ => Vec::new(),
-    };
+    // The command's own subcommands, by name: clap's list in the error has their aliases too.
+    let mut cmd = Cli::command();
+    for word in name.split(' ').skip(1) {
+        match cmd.find_subcommand(word) {
+            Some(sub) => cmd = sub.clone(),
+            None => break,
+        }
+    }
+    let subcommands: Vec<&str> =
+        cmd.get_subcommands().filter(|s| !s.is_hide_set() && s.get_name() != "help").map(|s| s.get_name()).collect();
     let what = if name.contains(' ') { "subcommand" } else { "command" };
     format!("error: '{name}' needs a {what}: {} (see '{name} --help')", subcommands.join(", "))
 }

@@ -126,6 +126,8 @@ fn bad_arguments_and_unknown_runs_exit_2_with_one_line() {
         // Unknown runs.
         (vec!["runs", "show", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "show", "nope", "--json", "--db", dbs], "run nope not found"),
+        // `runs history` is `runs show`.
+        (vec!["runs", "history", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "export", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "retry", "nope", "--db", dbs], "run nope not found"),
         (vec!["runs", "cancel", "nope", "--db", dbs], "run nope not found"),
