@@ -177,7 +177,7 @@ fn survives_sigkills(mode: Mode) {
                 "step {seq} ran attempt {again:?} after attempt {attempt}'s failure was committed"
             );
         }
-        let repeated = entries.len() - 3 * STEPS as usize;
+        let repeated = entries.len().checked_sub(3 * STEPS as usize).expect("three attempts per step in the ledger");
         assert!(repeated <= kills, "{repeated} repeated attempts for {kills} kills: {entries:?}");
         assert!(retries > 0, "no retry was seen");
         eprintln!(

@@ -399,10 +399,13 @@ async fn ending_of(engine: &Engine, run: &Run) -> Result<Ending> {
         RunStatus::Completed => Ending::Completed,
         RunStatus::Cancelled => Ending::Cancelled,
         RunStatus::Dead => Ending::Dead,
-        _ => {
-            let history = engine.history(&run.id).await?;
-            if history.iter().any(|c| c.kind == StepKind::Compensation) { Ending::Compensated } else { Ending::Failed }
-        }
+        _ => match engine.history(&run.id).await {
+            Ok(history) if history.iter().any(|c| c.kind == StepKind::Compensation) => Ending::Compensated,
+            Ok(_) => Ending::Failed,
+            // Deleted from another shell since it finished.
+            Err(durable::Error::RunNotFound(_)) => Ending::Deleted,
+            Err(e) => return Err(e.into()),
+        },
     })
 }
 

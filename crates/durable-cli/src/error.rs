@@ -43,12 +43,12 @@ impl Error {
 
     /// The message on one line (newlines in wrapped errors become spaces).
     pub fn one_line(&self) -> String {
-        self.to_string().split_whitespace().collect::<Vec<_>>().join(" ")
+        // Line by line: the spaces within a line (in a quoted id, say) stay as they are.
+        self.to_string().lines().map(str::trim).filter(|l| !l.is_empty()).collect::<Vec<_>>().join(" ")
     }
 
-    /// `name` as a message shows it: quoted when it has whitespace (which [`Error::one_line`]
-    /// would otherwise fold into the words around it: `run  c1 not found` for the id `" c1"`)
-    /// or is empty.
+    /// `name` as a message shows it: quoted when it has whitespace (which would otherwise read
+    /// as part of the words around it: `run  c1 not found` for the id `" c1"`) or is empty.
     pub(crate) fn shown(name: &str) -> String {
         if name.is_empty() || name.chars().any(char::is_whitespace) { format!("{name:?}") } else { name.to_string() }
     }
@@ -161,6 +161,8 @@ mod tests {
 
     #[test]
     fn messages_are_one_line() {
-        assert_eq!(Error::bad("a\nb  c").one_line(), "a b c");
+        assert_eq!(Error::bad("a\n  b c\n").one_line(), "a b c");
+        // The spaces within a line stay: a quoted id keeps its own.
+        assert_eq!(Error::bad(format!("run {} not found", Error::shown("a  b"))).one_line(), "run \"a  b\" not found");
     }
 }

@@ -109,7 +109,12 @@ pub(crate) async fn list_runs(engine: &Engine, args: &ListArgs, out: &mut dyn Wr
     }
     let mut table = Table::new(&["ID", "WORKFLOW", "STATUS", "UPDATED", "RETRIES/RECOV", "WAITING ON / ERROR"]);
     for run in &runs {
-        let history = engine.history(&run.id).await?;
+        let history = match engine.history(&run.id).await {
+            Ok(history) => history,
+            // Deleted since it was listed (from another shell, the API): not a row any more.
+            Err(durable::Error::RunNotFound(_)) => continue,
+            Err(e) => return Err(e.into()),
+        };
         let admission = if waits_for_admission(run) { RunAdmission::of(engine, run, false).await? } else { None };
         let retries: u32 = history.iter().map(|c| c.attempts.saturating_sub(1)).sum();
         table.row(vec![

@@ -80,8 +80,9 @@ impl Registry {
             tracing::warn!(
                 workflow = name,
                 version,
-                "workflow {name:?} version {version} was registered already: the new body replaces the old one for \
-                 every run of that version, those started before included; register a changed body as a new version"
+                "workflow {name:?} version {version} was registered already: the new body replaces the old one, and \
+                 every run of that version replays on it, those started before included; register a changed body as \
+                 a new version"
             );
         }
     }

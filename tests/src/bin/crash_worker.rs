@@ -37,11 +37,10 @@ async fn ledger_workflow(ctx: WorkflowCtx, (ledger, nap, flaky): (String, bool, 
                 let ledger = ledger.clone();
                 async move {
                     let mut f = std::fs::OpenOptions::new().create(true).append(true).open(&ledger)?;
-                    if flaky {
-                        writeln!(f, "{} {}", s.step_id(), s.attempt())?;
-                    } else {
-                        writeln!(f, "{}", s.step_id())?;
-                    }
+                    let line =
+                        if flaky { format!("{} {}\n", s.step_id(), s.attempt()) } else { format!("{}\n", s.step_id()) };
+                    // One write: a kill never leaves half a line for the next worker's to join.
+                    f.write_all(line.as_bytes())?;
                     // Some work between the side effect and the commit: kills land here too.
                     tokio::time::sleep(Duration::from_millis(2)).await;
                     if flaky && s.attempt() <= FAILING_ATTEMPTS {

@@ -871,6 +871,12 @@ impl<'a> Sim<'a> {
         };
         if attempt > 1 && expected > 1 {
             self.hit("a durable backoff resumes");
+            // Its wait was short enough to be waited in memory: the turn waiting was cut off.
+            if let Some(c) = self.world.cps.get(&seq)
+                && c.wake_at.is_some_and(|at| at.saturating_sub(c.updated_at) <= 1_000)
+            {
+                self.hit("an in-memory retry resumes in a later turn");
+            }
         }
         if attempt != expected {
             return bug(format!("seq {seq} runs attempt {attempt}, the committed checkpoint says {expected}"));
@@ -1322,6 +1328,7 @@ fn random_scripts_reach_every_path() {
         "in-memory retry",
         "durable backoff",
         "a durable backoff resumes",
+        "an in-memory retry resumes in a later turn",
         "a wait expires",
         "a timeout replayed",
         "a delivery races a deadline",

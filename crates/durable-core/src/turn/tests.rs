@@ -275,6 +275,32 @@ fn a_turn_cut_off_during_an_in_memory_backoff_resumes_with_the_next_attempt() {
 }
 
 #[test]
+fn a_step_dropped_or_refused_while_its_retry_count_is_committed_stops_there() {
+    use crate::admission::Admission;
+    // Dropped (a `select!` loser) while the count's commit is applied: nothing of it stays in
+    // flight, and the slot it held is released with the turn's next commit.
+    let mut t = turn(vec![]);
+    let policy = in_memory();
+    let seq = t.take_seq();
+    t.begin_step(seq, gated("call", &policy, GATE), 10);
+    assert_eq!(t.admitted(seq, Admission::Admitted, 10), StepBegin::Run { attempt: 1 });
+    assert!(matches!(t.finish_step(seq, 1, Err(StepError::retryable("e")), 20), StepAfter::RetryAt { .. }));
+    assert_eq!(t.in_flight(), 1);
+    t.abandon(seq);
+    assert!(t.committed(seq, Ok(&ok())), "the commit itself was applied");
+    assert_eq!(t.in_flight(), 0, "abandoned: not back to executing");
+    assert_eq!(t.finish_step(seq, 2, Ok(p(&2)), 200), StepAfter::Stopped, "nothing of it runs on");
+    assert_eq!(flush(&mut t, 300).release_slots.len(), 1);
+    // The store refused the count's commit (the lease was lost): the turn stops.
+    let mut t = turn(vec![]);
+    let seq = t.take_seq();
+    assert_eq!(t.begin_step(seq, step("charge", &policy), 10), StepBegin::Run { attempt: 1 });
+    assert!(matches!(t.finish_step(seq, 1, Err(StepError::retryable("e")), 20), StepAfter::RetryAt { .. }));
+    assert!(!t.committed(seq, Err((StoreErrorKind::LeaseLost, "taken".into()))));
+    assert_eq!(t.finish_step(seq, 2, Ok(p(&2)), 200), StepAfter::Stopped);
+}
+
+#[test]
 fn step_retry_delay_equal_to_the_threshold_is_waited_in_memory() {
     let mut t = turn(vec![]);
     let policy = RetryPolicy::new(1, Backoff::Fixed(Duration::from_secs(1)));
@@ -3223,7 +3249,11 @@ fn a_durable_backoff_releases_the_slot_and_an_in_memory_retry_keeps_it() {
     let seq = t.take_seq();
     t.begin_step(seq, gated("call", &policy, GATE), 10);
     assert_eq!(t.admitted(seq, Admission::Admitted, 10), StepBegin::Run { attempt: 1 });
-    assert!(matches!(t.finish_step(seq, 1, Err(StepError::retryable("e")), 20), StepAfter::RetryAt { .. }));
+    let StepAfter::RetryAt { commit: c, .. } = t.finish_step(seq, 1, Err(StepError::retryable("e")), 20) else {
+        panic!("an in-memory retry")
+    };
+    assert!(c.release_slots.is_empty(), "the count's commit keeps the slot: {c:?}");
+    assert!(t.committed(seq, Ok(&ok())));
     let StepAfter::Completed { commit: c, .. } = t.finish_step(seq, 2, Ok(p(&2)), 200) else { panic!("completes") };
     assert_eq!(c.release_slots.len(), 1, "released once, when the step's result is committed");
 

@@ -32,7 +32,10 @@ impl Engine {
     /// Retries a `failed` or `dead` run: it goes back to `pending` and resumes from its first
     /// failed checkpoint — that step and everything after it run again (with fresh attempts);
     /// the completed steps before it are kept. Failed children behind that point are retried
-    /// with it. Returns the run's status after the call.
+    /// with it. A `dead` run (given up on by recovery) has no failed checkpoint: it resumes
+    /// where it stopped, and a step it stopped between two attempts goes on with the attempts
+    /// it had left (each failed attempt's count is recorded). Returns the run's status after
+    /// the call.
     pub async fn retry(&self, id: &RunId) -> Result<RunStatus> {
         let shared = self.shared();
         let run = shared.store.get_run(id).await?.ok_or_else(|| Error::RunNotFound(id.clone()))?;

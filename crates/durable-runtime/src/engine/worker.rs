@@ -133,7 +133,7 @@ impl WorkflowOptions {
 impl Engine {
     /// Registers (or replaces) version `version` of workflow `name`. New runs start on the
     /// newest registered version; a run always resumes on the version it started on. Replacing
-    /// a version's body logs a warning: the runs already started on it resume on the new body,
+    /// a version's body logs a warning: the runs already started on it replay on the new body,
     /// so a changed body belongs in a new version.
     ///
     /// # Panics
