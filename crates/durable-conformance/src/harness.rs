@@ -130,9 +130,10 @@ impl TestEngine {
         Self::with_parts(self.store.clone(), self.clock.clone(), self.config.clone())
     }
 
-    /// The run's checkpoints (panics if the store fails).
+    /// The run's checkpoints as the store holds them: none for a run deleted or never created
+    /// (panics if the store fails).
     pub async fn checkpoints(&self, id: &RunId) -> Vec<Checkpoint> {
-        self.engine.history(id).await.expect("history")
+        self.store.history(id).await.expect("history")
     }
 
     /// Waits, on the engine's events and never sleeping, until `ok` holds of run `id`, its
