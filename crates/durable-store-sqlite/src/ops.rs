@@ -157,7 +157,12 @@ const RUN_COLS_QUALIFIED: &str = "runs.id, runs.workflow, runs.version, runs.nam
      runs.trace_context, runs.claims";
 
 fn run_from_row(row: &Row<'_>) -> OpResult<Run> {
-    let id = RunId::new(text(row, 0)?);
+    let raw_id = text(row, 0)?;
+    // No run is created with such an id, and a list cursor could not name it: a damaged file.
+    if durable_core::protocol::has_control_char(raw_id) {
+        return Err(corrupt(format!("run id {raw_id:?} has a control character, which no run id has")));
+    }
+    let id = RunId::new(raw_id);
     let what = |col: &str| format!("run {id}: {col}");
     let tags: Vec<String> =
         serde_json::from_str(text(row, 8)?).map_err(|e| corrupt(format!("{}: {e}", what("tags"))))?;
