@@ -540,26 +540,22 @@ impl Turn {
             Err(error) => match a.policy.after_failure(attempt, &error, seed_for(self.run.id.as_str(), seq, attempt)) {
                 RetryDecision::RetryAfter(delay) => {
                     let at = millis_after(now, delay);
+                    // The failed attempt's count and the retry time, committed before the
+                    // wait either way: a turn cut off during an in-memory wait (a crash, a
+                    // lost lease) is followed by one that replays this record and makes the
+                    // next attempt at `at`, not the first again.
+                    let mut cp =
+                        self.checkpoint(seq, a.name.clone(), a.kind, CheckpointStatus::Waiting, a.started_at, now);
+                    cp.attempts = attempt;
+                    cp.error = Some(error.clone());
+                    cp.wake_at = Some(at);
+                    self.record(cp);
                     if delay <= self.config.durable_retry_threshold {
-                        // Waited in memory, but the count is durable: a turn cut off during
-                        // the wait (a crash, a lost lease) is followed by one that replays this
-                        // record and makes the next attempt at `at`, not the first again.
-                        let mut cp =
-                            self.checkpoint(seq, a.name.clone(), a.kind, CheckpointStatus::Waiting, a.started_at, now);
-                        cp.attempts = attempt;
-                        cp.error = Some(error.clone());
-                        cp.wake_at = Some(at);
-                        self.record(cp);
                         a.last_error = Some(error.clone());
                         self.attempts.insert(seq, a);
                         let commit = self.commit_for_retry(seq, now);
                         return StepAfter::RetryAt { at, attempt: attempt + 1, error, commit };
                     }
-                    let mut cp = self.checkpoint(seq, a.name, a.kind, CheckpointStatus::Waiting, a.started_at, now);
-                    cp.attempts = attempt;
-                    cp.error = Some(error.clone());
-                    cp.wake_at = Some(at);
-                    self.record(cp);
                     self.release_slot_of(seq, a.gate);
                     StepAfter::Park { at, error, commit: self.commit_for(seq, Some(at), now) }
                 }

@@ -873,7 +873,9 @@ impl<'a> Sim<'a> {
             self.hit("a durable backoff resumes");
             // Its wait was short enough to be waited in memory: the turn waiting was cut off.
             if let Some(c) = self.world.cps.get(&seq)
-                && c.wake_at.is_some_and(|at| at.saturating_sub(c.updated_at) <= 1_000)
+                && c.wake_at.is_some_and(|at| {
+                    at.saturating_sub(c.updated_at) <= crate::millis(config().durable_retry_threshold)
+                })
             {
                 self.hit("an in-memory retry resumes in a later turn");
             }
